@@ -1,0 +1,1 @@
+"""Build-time helpers imported by setup.py only (not shipped in the wheel)."""

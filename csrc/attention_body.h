@@ -1,0 +1,234 @@
+/* attention_body.h -- one query block of fused attention, instantiated once per ISA by
+ * attention.c (see fa_simd.h for FA_SFX / FA_VL).
+ *
+ * The block works "transposed": queries run along vector lanes, so the online softmax's
+ * per-query max and sum are plain element-wise vector ops and no horizontal reduction is needed.
+ *   scalar math, per query row i:  s_j = (q_i . k_j) * scale + bias_ij;  m = max_j s_j;
+ *                                  out_i = sum_j exp(s_j - m) v_j / sum_j exp(s_j - m)
+ * Scores are kept in base 2 (q is pre-multiplied by scale * log2 e) so exp is one exp2.
+ *
+ * Per-thread scratch (floats), carved from one buffer by the caller:
+ *   qt  (D, BQ)    q block, transposed and pre-scaled; lanes past the last query are 0
+ *   kt  (D, BK)    key block, transposed
+ *   st  (BK, BQ)   scores, then probabilities, of one key block
+ *   ot  (Dv, BQ)   output accumulator, transposed
+ *   m, l (BQ)      running max (base 2) and running sum per query
+ * Masking rules (DESIGN.md): causal lets query i see key j iff j <= i + (Lk - Lq), aligned to
+ * the bottom right; key blocks wholly above the diagonal are skipped, not computed. A query with
+ * no visible key gets a zero output and lse = -inf. NaN in q, k or v propagates as NaN.
+ */
+#define NR ATT_NR
+#define BQ (ATT_NR * FA_VL)
+#define MR_S ATT_MR_S
+#define MR_P ATT_MR_P
+
+static int64_t FA_CAT(attention_block_q_, FA_SFX)(void) { return BQ; }
+
+static int64_t FA_CAT(attention_scratch_, FA_SFX)(int64_t D, int64_t Dv)
+{
+    return D * BQ + D * ATT_BK + ATT_BK * BQ + Dv * BQ + 2 * BQ;
+}
+
+/* st[j][:] = qt^T kt[:, j] for j < nb, rows in register tiles of MR_S keys x BQ queries;
+ * mx = lane-wise max of everything written. */
+static void FA_CAT(score_tile_, FA_SFX)(float *FA_RESTRICT st, VF *FA_RESTRICT mx,
+                                        const float *FA_RESTRICT qt, const float *FA_RESTRICT kt,
+                                        int64_t nb, int64_t D)
+{
+    int64_t j = 0;
+    for (; j + MR_S <= nb; j += MR_S) {
+        VF acc[MR_S][NR];
+        for (int r = 0; r < MR_S; r++)
+            for (int c = 0; c < NR; c++) acc[r][c] = vsplat(0.0f);
+        const float *kd = kt + j;
+        const float *qd = qt;
+        for (int64_t d = 0; d < D; d++, kd += ATT_BK, qd += BQ) {
+            VF qv[NR];
+            for (int c = 0; c < NR; c++) qv[c] = vload(qd + c * FA_VL);
+            for (int r = 0; r < MR_S; r++) {
+                VF kk = vsplat(kd[r]);
+                for (int c = 0; c < NR; c++) acc[r][c] += kk * qv[c];
+            }
+        }
+        for (int r = 0; r < MR_S; r++)
+            for (int c = 0; c < NR; c++) {
+                vstore(st + (j + r) * BQ + c * FA_VL, acc[r][c]);
+                mx[c] = vmax(mx[c], acc[r][c]);
+            }
+    }
+    for (; j < nb; j++) { /* tail keys, one at a time */
+        VF acc[NR];
+        for (int c = 0; c < NR; c++) acc[c] = vsplat(0.0f);
+        for (int64_t d = 0; d < D; d++) {
+            VF kk = vsplat(kt[d * ATT_BK + j]);
+            for (int c = 0; c < NR; c++) acc[c] += kk * vload(qt + d * BQ + c * FA_VL);
+        }
+        for (int c = 0; c < NR; c++) {
+            vstore(st + j * BQ + c * FA_VL, acc[c]);
+            mx[c] = vmax(mx[c], acc[c]);
+        }
+    }
+}
+
+/* ot[e][:] += sum_{j<nb} v_j[e] * st[j][:], rows e in register tiles of MR_P. */
+static void FA_CAT(pv_tile_, FA_SFX)(float *FA_RESTRICT ot, const float *FA_RESTRICT st,
+                                     const float *FA_RESTRICT v, int64_t vsl, int64_t nb,
+                                     int64_t Dv)
+{
+    int64_t e = 0;
+    for (; e + MR_P <= Dv; e += MR_P) {
+        VF acc[MR_P][NR];
+        for (int r = 0; r < MR_P; r++)
+            for (int c = 0; c < NR; c++) acc[r][c] = vload(ot + (e + r) * BQ + c * FA_VL);
+        const float *vj = v + e;
+        const float *pj = st;
+        for (int64_t j = 0; j < nb; j++, vj += vsl, pj += BQ) {
+            VF pv[NR];
+            for (int c = 0; c < NR; c++) pv[c] = vload(pj + c * FA_VL);
+            for (int r = 0; r < MR_P; r++) {
+                VF vv = vsplat(vj[r]);
+                for (int c = 0; c < NR; c++) acc[r][c] += vv * pv[c];
+            }
+        }
+        for (int r = 0; r < MR_P; r++)
+            for (int c = 0; c < NR; c++) vstore(ot + (e + r) * BQ + c * FA_VL, acc[r][c]);
+    }
+    for (; e < Dv; e++) { /* tail value features */
+        VF acc[NR];
+        for (int c = 0; c < NR; c++) acc[c] = vload(ot + e * BQ + c * FA_VL);
+        for (int64_t j = 0; j < nb; j++) {
+            VF vv = vsplat(v[j * vsl + e]);
+            for (int c = 0; c < NR; c++) acc[c] += vv * vload(st + j * BQ + c * FA_VL);
+        }
+        for (int c = 0; c < NR; c++) vstore(ot + e * BQ + c * FA_VL, acc[c]);
+    }
+}
+
+/* Scores of key block [jb, jb+nb) for query block [i0, i0+nq), masks applied, into st;
+ * mx receives the lane-wise max. Shared by the forward pass and the weights pass. */
+static void FA_CAT(masked_scores_, FA_SFX)(const fa_att_args *a, int64_t b, int64_t h,
+                                           int64_t i0, int64_t nq, int64_t jb, int64_t nb,
+                                           const float *qt, float *kt, float *st, VF *mx)
+{
+    const float *k_bh = a->k + b * a->ks[0] + h * a->ks[1];
+    const int64_t D = a->D, ksl = a->ks[2], off = a->Lk - a->Lq;
+    for (int64_t jj = 0; jj < nb; jj++) { /* kt = k block transposed */
+        const float *k_j = k_bh + (jb + jj) * ksl;
+        for (int64_t d = 0; d < D; d++) kt[d * ATT_BK + jj] = k_j[d];
+    }
+    for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
+    FA_CAT(score_tile_, FA_SFX)(st, mx, qt, kt, nb, D);
+
+    const int diag = a->causal && jb + nb - 1 > i0 + off;
+    if (!diag && !a->mask && !a->key_bias) return;
+    /* Slow path, only on tiles a mask touches: add biases, cut the causal corner, redo max. */
+    for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
+    for (int64_t jj = 0; jj < nb; jj++) {
+        const int64_t j = jb + jj;
+        float *s_j = st + jj * BQ;
+        if (a->key_bias) {
+            const float kb = a->key_bias[b * a->Lk + j] * FA_LOG2E;
+            for (int64_t i = 0; i < BQ; i++) s_j[i] += kb;
+        }
+        if (a->mask) {
+            const float *m_bhj = a->mask + b * a->ms[0] + h * a->ms[1] + j * a->ms[3];
+            for (int64_t i = 0; i < nq; i++) s_j[i] += m_bhj[(i0 + i) * a->ms[2]] * FA_LOG2E;
+        }
+        if (diag) { /* query i0+i sees key j iff j <= i0 + i + off */
+            for (int64_t i = 0; i < nq && j > i0 + i + off; i++) s_j[i] = -INFINITY;
+        }
+        for (int c = 0; c < NR; c++) mx[c] = vmax(mx[c], vload(s_j + c * FA_VL));
+    }
+}
+
+static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int64_t h,
+                                            int64_t qb, float *scratch)
+{
+    const int64_t D = a->D, Dv = a->Dv, Lq = a->Lq, Lk = a->Lk, off = Lk - Lq;
+    const int64_t i0 = qb * BQ, nq = Lq - i0 < BQ ? Lq - i0 : BQ;
+    float *qt = scratch, *kt = qt + D * BQ, *st = kt + D * ATT_BK, *ot = st + ATT_BK * BQ;
+    float *m = ot + Dv * BQ, *l = m + BQ;
+
+    /* Keys this block can see: all, or up to the last row's causal limit. */
+    int64_t jend = Lk;
+    if (a->causal) jend = i0 + nq + off < Lk ? i0 + nq + off : Lk;
+    if (jend < 0) jend = 0;
+
+    const float *q_bh = a->q + b * a->qs[0] + h * a->qs[1];
+    const float *v_bh = a->v + b * a->vs[0] + h * a->vs[1];
+    const float qscale = a->scale * FA_LOG2E;
+    for (int64_t d = 0; d < D; d++)
+        for (int64_t i = 0; i < BQ; i++)
+            qt[d * BQ + i] = i < nq ? q_bh[(i0 + i) * a->qs[2] + d] * qscale : 0.0f;
+    for (int64_t i = 0; i < Dv * BQ; i++) ot[i] = 0.0f;
+    for (int64_t i = 0; i < BQ; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
+
+    for (int64_t jb = 0; jb < jend; jb += ATT_BK) {
+        const int64_t nb = jend - jb < ATT_BK ? jend - jb : ATT_BK;
+        VF mx[NR], muse[NR], alpha[NR], lsum[NR];
+        FA_CAT(masked_scores_, FA_SFX)(a, b, h, i0, nq, jb, nb, qt, kt, st, mx);
+        /* online softmax: m_new = max(m, block max); rescale old sums by 2^(m - m_new).
+         * A lane still at -inf uses 0 as its reference so 2^(-inf - 0) = 0, never NaN. */
+        int rescale = 0;
+        for (int c = 0; c < NR; c++) {
+            VF mo = vload(m + c * FA_VL), mn = vmax(mo, mx[c]);
+            VI dead = (VI)(mn == vsplat(-INFINITY));
+            muse[c] = (VF)(~dead & (VI)mn);
+            alpha[c] = vexp2(mo - muse[c]);
+            vstore(m + c * FA_VL, mn);
+            lsum[c] = vsplat(0.0f);
+            for (int i = 0; i < FA_VL; i++) rescale |= alpha[c][i] != 1.0f;
+        }
+        for (int64_t jj = 0; jj < nb; jj++) {
+            for (int c = 0; c < NR; c++) {
+                VF p = vexp2(vload(st + jj * BQ + c * FA_VL) - muse[c]);
+                vstore(st + jj * BQ + c * FA_VL, p);
+                lsum[c] += p;
+            }
+        }
+        for (int c = 0; c < NR; c++)
+            vstore(l + c * FA_VL, vload(l + c * FA_VL) * alpha[c] + lsum[c]);
+        if (rescale && jb > 0) {
+            for (int64_t e = 0; e < Dv; e++)
+                for (int c = 0; c < NR; c++)
+                    vstore(ot + e * BQ + c * FA_VL, vload(ot + e * BQ + c * FA_VL) * alpha[c]);
+        }
+        FA_CAT(pv_tile_, FA_SFX)(ot, st, v_bh + jb * a->vs[2], a->vs[2], nb, Dv);
+    }
+
+    /* out_i = ot[:, i] / l_i (0 for a row with no visible key); lse_i = (m_i + log2 l_i) ln 2 */
+    float *o_bh = a->out + b * a->os[0] + h * a->os[1];
+    for (int64_t i = 0; i < nq; i++) {
+        const float inv = l[i] == 0.0f ? 0.0f : 1.0f / l[i];
+        float *o_i = o_bh + (i0 + i) * a->os[2];
+        for (int64_t e = 0; e < Dv; e++) o_i[e] = ot[e * BQ + i] * inv;
+        m[i] = l[i] == 0.0f ? -INFINITY : (m[i] + log2f(l[i])) * FA_LN2;
+    }
+    if (a->lse) {
+        float *lse_bh = a->lse + (b * a->H + h) * Lq + i0;
+        for (int64_t i = 0; i < nq; i++) lse_bh[i] = m[i];
+    }
+    if (!a->weights) return;
+
+    /* Optional second pass: weights[i][j] = exp(s_ij - lse_i), zeros where nothing is visible. */
+    float *w_bh = a->weights + ((b * a->H + h) * Lq + i0) * Lk;
+    for (int64_t i = 0; i < nq * Lk; i++) w_bh[i] = 0.0f;
+    for (int64_t jb = 0; jb < jend; jb += ATT_BK) {
+        const int64_t nb = jend - jb < ATT_BK ? jend - jb : ATT_BK;
+        VF mx[NR];
+        FA_CAT(masked_scores_, FA_SFX)(a, b, h, i0, nq, jb, nb, qt, kt, st, mx);
+        for (int64_t i = 0; i < nq; i++) {
+            const float lse2 = m[i] * FA_LOG2E;
+            if (m[i] == -INFINITY) continue;
+            for (int64_t jj = 0; jj < nb; jj++) {
+                VF x = vsplat(st[jj * BQ + i] - lse2);
+                w_bh[i * Lk + jb + jj] = vexp2(x)[0];
+            }
+        }
+    }
+}
+
+#undef NR
+#undef BQ
+#undef MR_S
+#undef MR_P

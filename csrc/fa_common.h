@@ -1,0 +1,55 @@
+/* fa_common.h -- shared macros for the fastattn kernels: restrict/inline, the one guarded
+ * OpenMP surface, and the per-ISA instantiation helpers used by the *_body.h files. */
+#ifndef FA_COMMON_H
+#define FA_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FA_RESTRICT __restrict__
+#define FA_INLINE static inline __attribute__((always_inline))
+#define FA_CAT_(a, b) a##b
+#define FA_CAT(a, b) FA_CAT_(a, b)
+
+/* ---- OpenMP: included only here; no-op fallbacks for a FASTATTN_NO_OPENMP build. ---------- */
+#ifdef _OPENMP
+#include <omp.h>
+#define FA_OMP 1
+FA_INLINE int fa_thread_id(void) { return omp_get_thread_num(); }
+FA_INLINE int fa_in_parallel(void) { return omp_in_parallel(); }
+#else
+#define FA_OMP 0
+FA_INLINE int fa_thread_id(void) { return 0; }
+FA_INLINE int fa_in_parallel(void) { return 0; }
+#endif
+
+/* Threads to use for `work` units of roughly `grain` flops each: 1 below the grain or when
+ * already inside a parallel region (no nested teams), else the caller's count. */
+FA_INLINE int fa_team_size(int nthreads, double work, double grain)
+{
+    if (nthreads < 1 || fa_in_parallel() || work < grain) return 1;
+    return nthreads;
+}
+
+/* ---- ISA levels (user names: generic / avx2 / avx512). ------------------------------------ */
+typedef enum { FA_ISA_GENERIC = 0, FA_ISA_AVX2 = 1, FA_ISA_AVX512 = 2 } fa_isa_t;
+
+fa_isa_t fa_cpu_level(void);
+
+/* Dispatch: `fn_<SFX>` bodies exist for generic, v3 and v4 (when the compiler has them).
+ * FA_DISPATCH(fn_) evaluates to the pointer for the level chosen at import. */
+#if defined(FA_HAVE_V4)
+#define FA_PICK_V4(fn) FA_CAT(fn, v4)
+#else
+#define FA_PICK_V4(fn) FA_PICK_V3(fn)
+#endif
+#if defined(FA_HAVE_V3)
+#define FA_PICK_V3(fn) FA_CAT(fn, v3)
+#else
+#define FA_PICK_V3(fn) FA_CAT(fn, generic)
+#endif
+#define FA_DISPATCH(fn)                                                                   \
+    (fa_cpu_level() == FA_ISA_AVX512 ? FA_PICK_V4(fn)                                     \
+     : fa_cpu_level() == FA_ISA_AVX2 ? FA_PICK_V3(fn) : FA_CAT(fn, generic))
+
+#endif /* FA_COMMON_H */

@@ -1,0 +1,63 @@
+/* fa_simd.h -- tiny vector helpers, included by a *_body.h under one ISA at a time.
+ *
+ * Before including, the instantiating .c file defines
+ *   FA_SFX  name suffix (generic | v3 | v4)    FA_VL  floats per vector (4 | 8 | 16)
+ * and wraps the include in `#pragma GCC target(...)`, so every helper here is compiled for that
+ * ISA. Vectors are GCC vector extensions: one source, three instruction sets.
+ */
+#define VF FA_CAT(vf_, FA_SFX)    /* FA_VL floats, unaligned loads allowed */
+#define VI FA_CAT(vi_, FA_SFX)    /* FA_VL int32 */
+typedef float VF __attribute__((vector_size(FA_VL * 4), aligned(4), may_alias));
+typedef int32_t VI __attribute__((vector_size(FA_VL * 4), aligned(4), may_alias));
+
+#define vload(p) (*(const VF *)(p))
+#define vstore(p, x) (*(VF *)(p) = (x))
+#define vsplat(s) ((VF){0} + (float)(s))
+
+FA_INLINE VF FA_CAT(vmax_, FA_SFX)(VF a, VF b) { return (VF)(((VI)(a > b) & (VI)a) | (~(VI)(a > b) & (VI)b)); }
+#define vmax FA_CAT(vmax_, FA_SFX)
+
+/* Horizontal reductions in a fixed lane order (deterministic). */
+FA_INLINE float FA_CAT(hsum_, FA_SFX)(VF a)
+{
+    float s = 0.0f;
+    for (int i = 0; i < FA_VL; i++) s += a[i];
+    return s;
+}
+#define hsum FA_CAT(hsum_, FA_SFX)
+FA_INLINE float FA_CAT(hmax_, FA_SFX)(VF a)
+{
+    float m = a[0];
+    for (int i = 1; i < FA_VL; i++) m = a[i] > m ? a[i] : m;
+    return m;
+}
+#define hmax FA_CAT(hmax_, FA_SFX)
+
+/* 2^x for x <= ~128: x = n + f, |f| <= 1/2, 2^f by a degree-6 polynomial (rel. err ~1e-7),
+ * 2^n by exponent-field arithmetic. x < -126 gives exactly 0 (so -inf -> 0, as the masks need);
+ * NaN in gives NaN out (the compare below is false for NaN, so the polynomial's NaN survives). */
+FA_INLINE VF FA_CAT(vexp2_, FA_SFX)(VF x)
+{
+    const VF hi = vsplat(127.0f);
+    VF xc = (VF)(((VI)(x > hi) & (VI)hi) | (~(VI)(x > hi) & (VI)x));  /* clamp above */
+    VF fn = xc + vsplat(12582912.0f) - vsplat(12582912.0f);            /* round to nearest */
+    VF f = xc - fn;
+    VF p = vsplat(1.5353362e-4f);
+    p = p * f + vsplat(1.3398874e-3f);
+    p = p * f + vsplat(9.6181291e-3f);
+    p = p * f + vsplat(5.5504109e-2f);
+    p = p * f + vsplat(2.4022651e-1f);
+    p = p * f + vsplat(6.9314718e-1f);
+    p = p * f + vsplat(1.0f);
+    VI n = __builtin_convertvector(fn, VI);
+    VI keep = ~(VI)(x < vsplat(-126.0f));
+    VI bits = ((VI)p + (n << 23)) & keep;
+    return (VF)bits;
+}
+#define vexp2 FA_CAT(vexp2_, FA_SFX)
+
+/* e^x via 2^(x*log2 e). */
+#define FA_LOG2E 1.4426950408889634f
+#define FA_LN2 0.6931471805599453f
+FA_INLINE VF FA_CAT(vexp_, FA_SFX)(VF x) { return vexp2(x * vsplat(FA_LOG2E)); }
+#define vexp FA_CAT(vexp_, FA_SFX)

@@ -1,0 +1,131 @@
+/* fastattn.h -- THE contract: every exported kernel, with the shape and layout of each argument.
+ *
+ * Dimension letters (same legend as fastattn/reference.py):
+ *   B batch   H heads   Lq / Lk query / key length   D head dim   Dv value dim
+ *   C d_model (or any last axis)   F d_ff   K in-features   M out-features   N flattened rows
+ * Data: float32; sizes, offsets and strides are int64_t and counted in elements, not bytes.
+ * Argument order: outputs, saved-for-backward buffers, inputs, parameters, sizes, scalars/flags.
+ * `nthreads` is resolved once in Python and passed down; kernels never read the environment.
+ * The C layer trusts its callers: fastattn/ops.py validates every shape before calling.
+ */
+#ifndef FASTATTN_H
+#define FASTATTN_H
+
+#include <stdint.h>
+
+#include "fa_common.h"
+
+/* ---- runtime: ISA dispatch, threads, BLAS --------------------------------------------------- */
+
+/* fa_cpu_init -- pick the SIMD level once (called at import).
+ *   forced  -1 = best the CPU and the build support; else a fa_isa_t to force.
+ *   Returns 0, or -1 if `forced` is not supported by this CPU or this build (level unchanged). */
+int fa_cpu_init(int forced);
+int fa_cpu_supports(int level);     /* 1 if this CPU and this build can run `level` */
+int fa_openmp_enabled(void);        /* 1 if built with OpenMP */
+int fa_max_threads(void);           /* omp_get_max_threads(), 1 without OpenMP */
+void fa_blas_set_num_threads(int n);
+int fa_blas_get_num_threads(void);
+const char *fa_blas_config(void);   /* OpenBLAS's build string, "" for another BLAS */
+const char *fa_blas_corename(void); /* OpenBLAS's kernel set, "" for another BLAS */
+const char *fa_build_compiler(void); /* compiler name and version the extension was built with */
+int fa_build_native(void);           /* 1 for a FASTATTN_NATIVE=1 (-march=native) build */
+
+/* ---- attention -------------------------------------------------------------------------------- */
+
+/* fa_attention_forward -- out = softmax(q k^T * scale + masks) v, fused and tiled.
+ *
+ *   out       (B, H, Lq, Dv)  out; strides out_st[3] = (batch, head, row), last axis contiguous
+ *   lse       (B, H, Lq)      out, may be NULL; C-contiguous; natural-log log-sum-exp of each
+ *                             query row's scaled, masked scores; -inf for a row with no key
+ *   weights   (B, H, Lq, Lk)  out, may be NULL; C-contiguous; the softmax weights (only for
+ *                             return_weights: this is the one case an (Lq, Lk) matrix is stored)
+ *   q         (B, H, Lq, D)   in; strides q_st[3]
+ *   k         (B, H, Lk, D)   in; strides k_st[3]
+ *   v         (B, H, Lk, Dv)  in; strides v_st[3]
+ *   mask      (B, H, Lq, Lk)  in, may be NULL; float added to the scaled scores (-inf = blocked);
+ *                             strides mask_st[4] may be 0 to broadcast
+ *   key_bias  (B, Lk)         in, may be NULL; C-contiguous; float added to every query's score
+ *                             for key j (-inf = padding)
+ *   causal    query i sees key j iff j <= i + (Lk - Lq) (bottom-right aligned); key blocks above
+ *             the diagonal are skipped.
+ *   A query row with no visible key yields zeros (and lse = -inf). NaN propagates.
+ *   Threads: (batch, head, query block) tasks, dynamically scheduled; each task is computed by
+ *   one thread in a fixed order -> results independent of the thread count.
+ *   Scratch: one buffer per thread, (D*BQ + D*BK + BK*BQ + Dv*BQ + 2*BQ) floats, BQ/BK per ISA.
+ *   Twin: fastattn.reference.attention / attention_forward
+ */
+int fa_attention_forward(float *out, float *lse, float *weights,
+                          const float *q, const float *k, const float *v,
+                          const float *mask, const float *key_bias,
+                          int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t D, int64_t Dv,
+                          const int64_t *q_st, const int64_t *k_st, const int64_t *v_st,
+                          const int64_t *out_st, const int64_t *mask_st,
+                          float scale, int causal, int nthreads);  /* 0, or -1: out of memory */
+
+/* ---- softmax ---------------------------------------------------------------------------------- */
+
+/* fa_softmax_forward -- y = exp(x - max) / sum(exp(x - max)) over the last axis.
+ *
+ *   y  (N, C)  out; may alias x
+ *   x  (N, C)  in
+ *   One read pass (running max and rescaled sum per vector lane) and one write pass.
+ *   A row of all -inf yields zeros. NaN propagates.
+ *   Threads: rows split statically; no cross-thread reduction.
+ *   Twin: fastattn.reference.softmax
+ */
+void fa_softmax_forward(float *y, const float *x, int64_t N, int64_t C, int nthreads);
+
+/* ---- layer norm ------------------------------------------------------------------------------- */
+
+/* fa_layer_norm_forward -- y = norm(x + residual) * weight + bias, over the last axis.
+ *
+ *   y         (N, C)  out; may alias x or residual
+ *   sum_out   (N, C)  out, may be NULL; keeps s = x + residual (the pre-norm residual stream)
+ *   mean      (N)     out, may be NULL
+ *   rstd      (N)     out, may be NULL; 1 / sqrt(var + eps), biased (population) variance
+ *   x         (N, C)  in
+ *   residual  (N, C)  in, may be NULL
+ *   weight    (C)     in, may be NULL (= 1)
+ *   bias      (C)     in, may be NULL (= 0)
+ *   Moments in one pass over s, shifted by s[0] of the row so that a large mean does not cancel.
+ *   Threads: rows split statically; no cross-thread reduction.
+ *   Twin: fastattn.reference.layer_norm / layer_norm_forward
+ */
+void fa_layer_norm_forward(float *y, float *sum_out, float *mean, float *rstd,
+                           const float *x, const float *residual,
+                           const float *weight, const float *bias,
+                           int64_t N, int64_t C, float eps, int nthreads);
+
+/* ---- linear and feed-forward ------------------------------------------------------------------ */
+
+enum { FA_ACT_NONE = 0, FA_ACT_RELU = 1, FA_ACT_GELU = 2 }; /* gelu: exact, erf form */
+
+/* fa_linear_forward -- y = act(x weight^T + bias).
+ *
+ *   y       (N, M)  out
+ *   x       (N, K)  in
+ *   weight  (M, K)  in (torch layout: out_features x in_features)
+ *   bias    (M)     in, may be NULL
+ *   GEMM through BLAS; bias + activation applied to each row block right after its GEMM, while
+ *   it is in cache. Many rows: OpenMP over row blocks, BLAS single-threaded inside. Few rows: one
+ *   multi-threaded BLAS call, then the epilogue.
+ *   Twin: fastattn.reference.linear
+ */
+void fa_linear_forward(float *y, const float *x, const float *weight, const float *bias,
+                       int64_t N, int64_t K, int64_t M, int activation, int nthreads);
+
+/* fa_ffn_forward -- y = act(x w1^T + b1) w2^T + b2, in row blocks.
+ *
+ *   y   (N, C)  out
+ *   x   (N, C)  in
+ *   w1  (F, C)  in     b1 (F)  in, may be NULL
+ *   w2  (C, F)  in     b2 (C)  in, may be NULL
+ *   The hidden (N, F) never exists whole: each thread owns one (rows_per_block, F) scratch block.
+ *   Twin: fastattn.reference.ffn
+ */
+int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
+                   const float *w2, const float *b2, int64_t N, int64_t C, int64_t F,
+                   int activation, int nthreads);  /* 0, or -1: out of memory */
+
+#endif /* FASTATTN_H */

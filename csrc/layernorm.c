@@ -1,0 +1,27 @@
+/* layernorm.c -- layer norm forward over the last axis, fused with the residual add. */
+#include <math.h>
+
+#include "fastattn.h"
+
+#define FA_BODY "layernorm_body.h"
+#include "fa_instantiate.h"
+
+typedef void (*ln_rows_fn)(float *, float *, float *, float *, const float *, const float *,
+                           const float *, const float *, int64_t, int64_t, int64_t, float);
+
+void fa_layer_norm_forward(float *y, float *sum_out, float *mean, float *rstd,
+                           const float *x, const float *residual,
+                           const float *weight, const float *bias,
+                           int64_t N, int64_t C, float eps, int nthreads)
+{
+    if (N <= 0) return;
+    const ln_rows_fn rows = FA_DISPATCH(layer_norm_rows_);
+    const int nt = fa_team_size(nthreads, 8.0 * (double)N * (double)C, 1e5);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        /* static split: each row is computed by one thread in one fixed order */
+        const int64_t t = fa_thread_id(), per = (N + nt - 1) / nt;
+        const int64_t r0 = t * per, r1 = r0 + per < N ? r0 + per : N;
+        if (r0 < r1) rows(y, sum_out, mean, rstd, x, residual, weight, bias, r0, r1, C, eps);
+    }
+}

@@ -1,0 +1,20 @@
+"""fastattn: fast CPU Transformer kernels (C + OpenMP) with a NumPy twin of every op.
+
+    from fastattn import ops as F        # the kernels
+    from fastattn import reference as F  # the same functions in plain NumPy
+"""
+import scipy_openblas32  # noqa: F401  -- must load OpenBLAS into the process before _kernels
+
+from . import _runtime
+from ._runtime import build_info, get_num_threads, set_num_threads
+
+_runtime.init()
+
+from . import ops, reference  # noqa: E402
+from .ops import attention, ffn, layer_norm, linear, positional_encoding, softmax  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = [
+    "attention", "softmax", "layer_norm", "linear", "ffn", "positional_encoding",
+    "set_num_threads", "get_num_threads", "build_info", "ops", "reference", "__version__",
+]

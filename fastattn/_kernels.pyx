@@ -1,0 +1,165 @@
+# cython: language_level=3
+"""Binding of csrc/ (the C kernels): typed memoryviews in, `with nogil` calls out, no logic.
+
+Shapes are validated by fastattn/ops.py; this module trusts its caller. Strides are passed to
+C in elements (memoryview strides are bytes).
+"""
+from libc.stdint cimport int64_t
+
+
+cdef extern from "fastattn.h" nogil:
+    int fa_cpu_init(int forced)
+    int fa_cpu_supports(int level)
+    int fa_cpu_level()
+    int fa_openmp_enabled()
+    int fa_max_threads()
+    void fa_blas_set_num_threads(int n)
+    int fa_blas_get_num_threads()
+    const char *fa_blas_config()
+    const char *fa_blas_corename()
+    const char *fa_build_compiler()
+    int fa_build_native()
+    int fa_attention_forward(float *out, float *lse, float *weights,
+                             const float *q, const float *k, const float *v,
+                             const float *mask, const float *key_bias,
+                             int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t D, int64_t Dv,
+                             const int64_t *q_st, const int64_t *k_st, const int64_t *v_st,
+                             const int64_t *out_st, const int64_t *mask_st,
+                             float scale, int causal, int nthreads)
+    void fa_softmax_forward(float *y, const float *x, int64_t N, int64_t C, int nthreads)
+    void fa_layer_norm_forward(float *y, float *sum_out, float *mean, float *rstd,
+                               const float *x, const float *residual,
+                               const float *weight, const float *bias,
+                               int64_t N, int64_t C, float eps, int nthreads)
+    void fa_linear_forward(float *y, const float *x, const float *weight, const float *bias,
+                           int64_t N, int64_t K, int64_t M, int activation, int nthreads)
+    int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
+                       const float *w2, const float *b2, int64_t N, int64_t C, int64_t F,
+                       int activation, int nthreads)
+
+
+def cpu_init(int forced):
+    return fa_cpu_init(forced)
+
+
+def cpu_supports(int level):
+    return fa_cpu_supports(level)
+
+
+def cpu_level():
+    return fa_cpu_level()
+
+
+def openmp_enabled():
+    return fa_openmp_enabled()
+
+
+def max_threads():
+    return fa_max_threads()
+
+
+def blas_set_num_threads(int n):
+    fa_blas_set_num_threads(n)
+
+
+def blas_get_num_threads():
+    return fa_blas_get_num_threads()
+
+
+def blas_config():
+    return fa_blas_config().decode("ascii", "replace")
+
+
+def build_compiler():
+    return fa_build_compiler().decode("ascii", "replace")
+
+
+def build_native():
+    return fa_build_native()
+
+
+def blas_corename():
+    return fa_blas_corename().decode("ascii", "replace")
+
+
+cdef inline float *_opt1(float[::1] a):
+    return NULL if a is None else &a[0]
+
+
+cdef inline const float *_copt1(const float[::1] a):
+    return NULL if a is None else &a[0]
+
+
+def attention_forward(float[:, :, :, ::1] out, float[::1] lse, float[::1] weights,
+                      const float[:, :, :, ::1] q, const float[:, :, :, ::1] k,
+                      const float[:, :, :, ::1] v, const float[:, :, :, :] mask,
+                      const float[::1] key_bias, float scale, bint causal, int nthreads):
+    """out (B,H,Lq,Dv), lse (B*H*Lq) or None, weights (B*H*Lq*Lk) or None, q/k/v strided with a
+    contiguous last axis, mask broadcast view (B,H,Lq,Lk) or None, key_bias (B*Lk) or None."""
+    cdef int64_t q_st[3]
+    cdef int64_t k_st[3]
+    cdef int64_t v_st[3]
+    cdef int64_t o_st[3]
+    cdef int64_t m_st[4]
+    cdef int i
+    for i in range(3):
+        q_st[i] = q.strides[i] // 4
+        k_st[i] = k.strides[i] // 4
+        v_st[i] = v.strides[i] // 4
+        o_st[i] = out.strides[i] // 4
+    cdef const float *mp = NULL
+    if mask is not None:
+        mp = &mask[0, 0, 0, 0]
+        for i in range(4):
+            m_st[i] = mask.strides[i] // 4
+    cdef float *lp = _opt1(lse)
+    cdef float *wp = _opt1(weights)
+    cdef const float *kb = _copt1(key_bias)
+    cdef int rc
+    with nogil:
+        rc = fa_attention_forward(&out[0, 0, 0, 0], lp, wp, &q[0, 0, 0, 0], &k[0, 0, 0, 0],
+                                  &v[0, 0, 0, 0], mp, kb, q.shape[0], q.shape[1], q.shape[2],
+                                  k.shape[2], q.shape[3], v.shape[3], q_st, k_st, v_st, o_st,
+                                  m_st, scale, causal, nthreads)
+    if rc != 0:
+        raise MemoryError("attention: could not allocate per-thread scratch")
+
+
+def softmax_forward(float[:, ::1] y, const float[:, ::1] x, int nthreads):
+    with nogil:
+        fa_softmax_forward(&y[0, 0], &x[0, 0], x.shape[0], x.shape[1], nthreads)
+
+
+def layer_norm_forward(float[:, ::1] y, float[:, ::1] sum_out, float[::1] mean, float[::1] rstd,
+                       const float[:, ::1] x, const float[:, ::1] residual,
+                       const float[::1] weight, const float[::1] bias, float eps, int nthreads):
+    cdef float *sp = NULL if sum_out is None else &sum_out[0, 0]
+    cdef const float *rp = NULL if residual is None else &residual[0, 0]
+    cdef float *mp = _opt1(mean)
+    cdef float *rsp = _opt1(rstd)
+    cdef const float *wp = _copt1(weight)
+    cdef const float *bp = _copt1(bias)
+    with nogil:
+        fa_layer_norm_forward(&y[0, 0], sp, mp, rsp, &x[0, 0], rp, wp, bp, x.shape[0],
+                              x.shape[1], eps, nthreads)
+
+
+def linear_forward(float[:, ::1] y, const float[:, ::1] x, const float[:, ::1] weight,
+                   const float[::1] bias, int activation, int nthreads):
+    cdef const float *bp = _copt1(bias)
+    with nogil:
+        fa_linear_forward(&y[0, 0], &x[0, 0], &weight[0, 0], bp, x.shape[0], x.shape[1],
+                          weight.shape[0], activation, nthreads)
+
+
+def ffn_forward(float[:, ::1] y, const float[:, ::1] x, const float[:, ::1] w1,
+                const float[::1] b1, const float[:, ::1] w2, const float[::1] b2,
+                int activation, int nthreads):
+    cdef const float *b1p = _copt1(b1)
+    cdef const float *b2p = _copt1(b2)
+    cdef int rc
+    with nogil:
+        rc = fa_ffn_forward(&y[0, 0], &x[0, 0], &w1[0, 0], b1p, &w2[0, 0], b2p, x.shape[0],
+                            x.shape[1], w1.shape[0], activation, nthreads)
+    if rc != 0:
+        raise MemoryError("ffn: could not allocate the hidden row blocks")

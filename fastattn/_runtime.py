@@ -1,0 +1,88 @@
+"""Process-wide runtime state: SIMD level (chosen once at import), thread count, build_info().
+
+The thread count is resolved here once and passed to every kernel call; kernels never read the
+environment. OMP_NUM_THREADS is honoured at import; set_num_threads() changes it later and sets
+OpenBLAS's own pool to the same number.
+"""
+import os
+
+from . import _kernels
+
+ISA_NAMES = ("generic", "avx2", "avx512")  # index = fa_isa_t in csrc/fa_common.h
+_state = {"threads": 1}
+
+
+def _cpu_count():
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _resolve_threads(n):
+    """sklearn semantics: None = all CPUs, -1 = all, -2 = all but one, ...; 0 is an error."""
+    if n is None:
+        return _cpu_count()
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"set_num_threads: n must be an int or None, got {type(n).__name__}")
+    if n == 0:
+        raise ValueError("set_num_threads: n must be non-zero (None or -1 = all CPUs)")
+    if n < 0:
+        if _cpu_count() + 1 + n < 1:
+            raise ValueError(f"set_num_threads: n={n} leaves no thread on {_cpu_count()} CPUs")
+        return _cpu_count() + 1 + n
+    return n
+
+
+def set_num_threads(n=None):
+    """Set the threads fastattn's kernels (OpenMP) and its BLAS use. Returns the resolved count."""
+    count = _resolve_threads(n)
+    _state["threads"] = count
+    _kernels.blas_set_num_threads(count)
+    return count
+
+
+def get_num_threads():
+    """Threads the kernels use (set_num_threads, else OMP_NUM_THREADS at import, else all CPUs)."""
+    return _state["threads"]
+
+
+def _isa_from_env():
+    name = os.environ.get("FASTATTN_CPU_ISA", "").strip().lower()
+    if not name:
+        return -1
+    if name not in ISA_NAMES:
+        raise ValueError(f"FASTATTN_CPU_ISA={name!r}: expected one of {', '.join(ISA_NAMES)}")
+    level = ISA_NAMES.index(name)
+    if not _kernels.cpu_supports(level):
+        raise RuntimeError(f"FASTATTN_CPU_ISA={name}: this CPU or this build cannot run it "
+                           f"(available: {', '.join(available_isas())})")
+    return level
+
+
+def available_isas():
+    """ISA levels this CPU and this build can run, lowest first."""
+    return [name for i, name in enumerate(ISA_NAMES) if _kernels.cpu_supports(i)]
+
+
+def init():
+    _kernels.cpu_init(_isa_from_env())
+    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    threads = int(env) if env.isdigit() and int(env) > 0 else None
+    set_num_threads(threads)
+
+
+def build_info():
+    """What this build and this process run with: compiler, OpenMP, BLAS, SIMD level, threads."""
+    return {
+        "version": "0.1.0",
+        "compiler": _kernels.build_compiler(),
+        "openmp": bool(_kernels.openmp_enabled()),
+        "native_build": bool(_kernels.build_native()),
+        "blas": _kernels.blas_config(),
+        "blas_core": _kernels.blas_corename(),
+        "blas_threads": _kernels.blas_get_num_threads(),
+        "simd": ISA_NAMES[_kernels.cpu_level()],
+        "simd_available": available_isas(),
+        "threads": get_num_threads(),
+    }

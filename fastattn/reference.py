@@ -1,0 +1,318 @@
+"""Pure-NumPy twins of the fastattn functional API: the prototype and the oracle.
+
+Every public function here has a twin of the same name, signature and results in
+``fastattn.ops``; switching ``from fastattn import reference as F`` to
+``from fastattn import ops as F`` is the whole migration. The code is meant to be read:
+one function per concept, no tiling, a shape comment on nearly every line.
+
+Dimension letters (the same legend opens ``csrc/fastattn.h``)::
+
+    B   batch
+    H   heads
+    Lq  query length
+    Lk  key (and value) length
+    D   head dim of queries and keys
+    Dv  head dim of values
+    C   d_model (features normalised by layer norm, in/out features of linear)
+    F   d_ff (hidden width of the feed-forward block)
+    V   vocabulary size
+    N   flattened rows (= B * L, every leading dim of an input folded together)
+
+Conventions:
+
+- Inputs may be any float dtype, any memory layout (non-contiguous views are fine). They are
+  converted to float64 and every function computes in float64, the natural precision for an
+  oracle; results are returned as float32 arrays, as the kernels return them.
+- Linear weights are (out_features, in_features), as in torch: ``y = x @ weight.T + bias``.
+- Masks: ``mask`` is bool (True = NOT allowed) or float (added to the scores, 0 / -inf),
+  broadcastable to (B, H, Lq, Lk). ``key_padding_mask`` is (B, Lk), bool True = padding, or
+  float (added). ``causal=True`` lets query i see key j iff ``j <= i + (Lk - Lq)``: aligned to
+  the bottom right, so it holds for a KV cache and equals the usual triangle when Lq == Lk.
+  All given masks are applied together.
+- Softmax subtracts the row maximum. A row in which every score is -inf gets weights of all
+  zeros (never NaN), so an attention query with no allowed key outputs zeros and has
+  ``lse = -inf``. NaN in the inputs propagates as NaN.
+- Layer norm uses the biased (population) variance, as the Transformer paper and torch do.
+- GELU is the exact erf form ``0.5 * x * (1 + erf(x / sqrt(2)))`` (torch's default).
+- Training-style variants ``<op>_forward(...)`` return ``(out, cache)``; cache entries carry
+  the names shared with the C kernels: ``lse`` (attention), ``mean`` and ``rstd`` (layer norm).
+- Input validation lives in ``fastattn.ops``; the reference assumes well-formed arguments.
+"""
+
+import math
+
+import numpy as np
+
+__all__ = [
+    "attention",
+    "attention_forward",
+    "softmax",
+    "layer_norm",
+    "layer_norm_forward",
+    "linear",
+    "ffn",
+    "positional_encoding",
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers (float64 in, float64 out)
+
+def _f64(x):
+    return np.asarray(x, dtype=np.float64)
+
+
+def _f32(x):
+    return np.asarray(x, dtype=np.float32)
+
+
+def _softmax64(x, axis):
+    """Stable softmax in float64; all -inf rows -> zeros. Returns (weights, lse)."""
+    m = np.max(x, axis=axis, keepdims=True, initial=-np.inf)   # row max; -inf for empty rows
+    m_safe = np.where(m == -np.inf, 0.0, m)                     # all -inf row: subtract 0 instead
+    with np.errstate(divide="ignore", invalid="ignore"):        # NaN/inf inputs propagate quietly
+        e = np.exp(x - m_safe)                                  # masked entries -> exp(-inf) = 0
+        s = np.sum(e, axis=axis, keepdims=True)                 # 0 for an all -inf row
+        w = np.where(s > 0, e / s, 0.0)                         # no 0/0: all -inf row -> zeros
+        w = np.where(np.isnan(s), np.nan, w)                    # ... but NaN stays NaN
+        lse = m_safe + np.log(s)                                # log(0) = -inf for an all -inf row
+    return w, np.squeeze(lse, axis=axis)
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _gelu64(x):
+    # exact GELU: 0.5 * x * (1 + erf(x / sqrt(2))); gelu(-inf) = 0, not -inf * 0 = NaN
+    with np.errstate(invalid="ignore"):
+        y = 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+    return np.where(x == -np.inf, 0.0, y)
+
+
+def _linear64(x, weight, bias, activation):
+    y = x @ weight.T                                            # (..., in) @ (in, out)
+    if bias is not None:
+        y = y + bias                                            # (..., out)
+    if activation is None:
+        return y
+    if activation == "relu":
+        return np.maximum(y, 0.0)
+    if activation == "gelu":
+        return _gelu64(y)
+    raise ValueError(f"activation must be None, 'relu' or 'gelu', got {activation!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+# attention
+
+def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=None):
+    """Scaled dot-product attention, returning the log-sum-exp saved for the backward pass.
+
+    ====================  ==============  =====================================================
+    q                     (B, H, Lq, D)   queries
+    k                     (B, H, Lk, D)   keys
+    v                     (B, H, Lk, Dv)  values
+    mask                  broadcastable   bool (True = not allowed) or float (added), to
+                          to (B,H,Lq,Lk)  (B, H, Lq, Lk): (Lq, Lk), (B, 1, Lq, Lk), ...
+    key_padding_mask      (B, Lk)         bool (True = padding) or float (added)
+    causal                bool            query i sees key j iff j <= i + (Lk - Lq)
+    scale                 float           default 1 / sqrt(D)
+    -> out                (B, H, Lq, Dv)  float32; zeros for a query with no allowed key
+    -> cache["lse"]       (B, H, Lq)      float32; logsumexp of the scaled, masked scores
+                                          per query row; -inf for a fully masked row
+    ====================  ==============  =====================================================
+
+    scores = (q @ k^T) * scale, then every mask is applied, then a stable softmax over the keys
+    (an all -inf row gives weights of zeros), then out = weights @ v.
+    """
+    out, weights, lse = _attention64(q, k, v, mask, key_padding_mask, causal, scale)
+    return _f32(out), {"lse": _f32(lse)}
+
+
+def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=None,
+              return_weights=False):
+    """Scaled dot-product attention: softmax((q @ k^T) * scale + masks) @ v.
+
+    ====================  ==============  =====================================================
+    q                     (B, H, Lq, D)   queries
+    k                     (B, H, Lk, D)   keys
+    v                     (B, H, Lk, Dv)  values
+    mask                  broadcastable   bool (True = not allowed) or float (added), to
+                          to (B,H,Lq,Lk)  (B, H, Lq, Lk): (Lq, Lk), (B, 1, Lq, Lk), ...
+    key_padding_mask      (B, Lk)         bool (True = padding) or float (added)
+    causal                bool            query i sees key j iff j <= i + (Lk - Lq)
+    scale                 float           default 1 / sqrt(D)
+    return_weights        bool            also return the attention weights
+    -> out                (B, H, Lq, Dv)  float32; zeros for a query with no allowed key
+    -> weights            (B, H, Lq, Lk)  float32, only with return_weights=True; rows sum
+                                          to 1, or are all zeros for a fully masked row
+    ====================  ==============  =====================================================
+    """
+    out, weights, lse = _attention64(q, k, v, mask, key_padding_mask, causal, scale)
+    if return_weights:
+        return _f32(out), _f32(weights)
+    return _f32(out)
+
+
+def _attention64(q, k, v, mask, key_padding_mask, causal, scale):
+    q, k, v = _f64(q), _f64(k), _f64(v)          # (B,H,Lq,D), (B,H,Lk,D), (B,H,Lk,Dv)
+    Lq, D = q.shape[-2], q.shape[-1]
+    Lk = k.shape[-2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    scores = (q @ np.swapaxes(k, -1, -2)) * scale  # (B,H,Lq,Lk)
+
+    if mask is not None:
+        mask = np.asarray(mask)
+        mask = np.broadcast_to(mask, scores.shape)                  # (B,H,Lq,Lk)
+        if mask.dtype == np.bool_:
+            scores = np.where(mask, -np.inf, scores)                # True = not allowed
+        else:
+            scores = scores + _f64(mask)                            # additive (0 / -inf)
+
+    if key_padding_mask is not None:
+        kpm = np.asarray(key_padding_mask)[:, None, None, :]        # (B,1,1,Lk)
+        if kpm.dtype == np.bool_:
+            scores = np.where(kpm, -np.inf, scores)                 # True = padding
+        else:
+            scores = scores + _f64(kpm)                             # additive
+
+    if causal:
+        i = np.arange(Lq)[:, None]                                  # (Lq,1) query index
+        j = np.arange(Lk)[None, :]                                  # (1,Lk) key index
+        allowed = j <= i + (Lk - Lq)                                # (Lq,Lk) bottom-right aligned
+        scores = np.where(allowed, scores, -np.inf)                 # (B,H,Lq,Lk)
+
+    weights, lse = _softmax64(scores, axis=-1)    # (B,H,Lq,Lk), (B,H,Lq)
+    out = weights @ v                             # (B,H,Lq,Lk) @ (B,H,Lk,Dv) -> (B,H,Lq,Dv)
+    return out, weights, lse
+
+
+# ----------------------------------------------------------------------------------------------
+# softmax
+
+def softmax(x, axis=-1):
+    """Numerically stable softmax along ``axis``.
+
+    ====================  ==============  =====================================================
+    x                     (..., L, ...)   scores; -inf entries get weight 0
+    axis                  int             axis to normalise, default the last
+    -> y                  same as x       float32; sums to 1 along axis, or all zeros where
+                                          every entry along axis is -inf (torch gives NaN)
+    ====================  ==============  =====================================================
+    """
+    w, _ = _softmax64(_f64(x), axis=axis)
+    return _f32(w)
+
+
+# ----------------------------------------------------------------------------------------------
+# layer norm
+
+def layer_norm_forward(x, weight, bias, *, eps=1e-5, residual=None):
+    """Layer norm of (x + residual) over the last axis, returning mean and rstd for backward.
+
+    ====================  ==============  =====================================================
+    x                     (..., C)        input; every leading dim is a row (N rows in all)
+    weight                (C,)            gain, or None (= 1)
+    bias                  (C,)            shift, or None (= 0)
+    eps                   float           added to the variance
+    residual              (..., C)        optional, added to x before normalising
+    -> y                  (..., C)        float32; (s - mean) * rstd * weight + bias,
+                                          s = x + residual
+    -> cache["mean"]      (N,)            float32; mean of s per row
+    -> cache["rstd"]      (N,)            float32; 1 / sqrt(var + eps), biased (population) var
+    ====================  ==============  =====================================================
+    """
+    s = _f64(x)                                   # (..., C)
+    if residual is not None:
+        s = s + _f64(residual)                    # (..., C)
+    mean = s.mean(axis=-1, keepdims=True)         # (..., 1)
+    var = ((s - mean) ** 2).mean(axis=-1, keepdims=True)   # (..., 1) population variance
+    rstd = 1.0 / np.sqrt(var + eps)               # (..., 1)
+    y = (s - mean) * rstd                         # (..., C)
+    if weight is not None:
+        y = y * _f64(weight)                      # gain; None = 1
+    if bias is not None:
+        y = y + _f64(bias)                        # shift; None = 0
+    cache = {"mean": _f32(mean.reshape(-1)),      # (N,)
+             "rstd": _f32(rstd.reshape(-1))}      # (N,)
+    return _f32(y), cache
+
+
+def layer_norm(x, weight, bias, *, eps=1e-5, residual=None):
+    """Layer norm of (x + residual) over the last axis (biased variance).
+
+    ====================  ==============  =====================================================
+    x                     (..., C)        input; every leading dim is a row
+    weight                (C,)            gain, or None (= 1)
+    bias                  (C,)            shift, or None (= 0)
+    eps                   float           added to the variance
+    residual              (..., C)        optional, added to x before normalising
+    -> y                  (..., C)        float32; (s - mean) / sqrt(var + eps) * weight + bias
+    ====================  ==============  =====================================================
+    """
+    y, _ = layer_norm_forward(x, weight, bias, eps=eps, residual=residual)
+    return y
+
+
+# ----------------------------------------------------------------------------------------------
+# linear and feed-forward
+
+def linear(x, weight, bias=None, *, activation=None):
+    """Affine map with an optional fused activation: act(x @ weight.T + bias).
+
+    ====================  ==============  =====================================================
+    x                     (..., C_in)     input; every leading dim is a row
+    weight                (C_out, C_in)   torch layout
+    bias                  (C_out,)        optional
+    activation            str or None     None, "relu" or "gelu" (exact erf form)
+    -> y                  (..., C_out)    float32
+    ====================  ==============  =====================================================
+    """
+    y = _linear64(_f64(x), _f64(weight), None if bias is None else _f64(bias), activation)
+    return _f32(y)
+
+
+def ffn(x, w1, b1, w2, b2, *, activation="relu"):
+    """Position-wise feed-forward block: linear(act(linear(x, w1, b1)), w2, b2).
+
+    ====================  ==============  =====================================================
+    x                     (..., C)        input; every leading dim is a row
+    w1                    (F, C)          first layer weight
+    b1                    (F,)            first layer bias (may be None)
+    w2                    (C, F)          second layer weight
+    b2                    (C,)            second layer bias (may be None)
+    activation            str or None     "relu" (default), "gelu" or None
+    -> y                  (..., C)        float32
+    ====================  ==============  =====================================================
+
+    The hidden activations (..., F) stay in float64 between the two layers.
+    """
+    b1 = None if b1 is None else _f64(b1)
+    b2 = None if b2 is None else _f64(b2)
+    h = _linear64(_f64(x), _f64(w1), b1, activation)   # (..., F)
+    y = _linear64(h, _f64(w2), b2, None)                # (..., C)
+    return _f32(y)
+
+
+# ----------------------------------------------------------------------------------------------
+# positional encoding
+
+def positional_encoding(length, d_model):
+    """Sinusoidal positional encoding of "Attention Is All You Need".
+
+    ====================  ==============  =====================================================
+    length                int             number of positions p = 0 .. length-1
+    d_model               int             number of features (odd allowed: last column is sin)
+    -> pe                 (length, C)     float32, C = d_model;
+                                          pe[p, 2i]   = sin(p / 10000^(2i / d_model))
+                                          pe[p, 2i+1] = cos(p / 10000^(2i / d_model))
+    ====================  ==============  =====================================================
+    """
+    pos = np.arange(length, dtype=np.float64)[:, None]           # (length, 1)
+    two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]  # (1, ceil(C/2)) even features
+    angle = pos / np.power(10000.0, two_i / d_model)             # (length, ceil(C/2))
+    pe = np.zeros((length, d_model), dtype=np.float64)           # (length, C)
+    pe[:, 0::2] = np.sin(angle)                                  # even features
+    pe[:, 1::2] = np.cos(angle[:, : d_model // 2])               # odd features share the angle
+    return _f32(pe)

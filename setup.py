@@ -1,0 +1,43 @@
+"""Build the one extension, fastattn._kernels (Cython binding + csrc/*.c).
+
+All probing (OpenMP, BLAS, compiler flags) lives in build_tools/; this file only assembles it.
+"""
+import glob
+import os
+import sys
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from build_tools import blas, cpu, openmp  # noqa: E402
+
+omp = openmp.configure()
+blas_cfg = blas.configure()
+flags = cpu.configure()
+
+ext = Extension(
+    "fastattn._kernels",
+    sources=["fastattn/_kernels.pyx"] + sorted(glob.glob("csrc/*.c")),
+    include_dirs=["csrc", blas_cfg["include_dir"]],
+    library_dirs=[blas_cfg["lib_dir"]],
+    libraries=[blas_cfg["library"]],
+    define_macros=blas_cfg["define_macros"] + flags["define_macros"] + omp["define_macros"],
+    extra_compile_args=flags["compile_args"] + omp["compile_args"],
+    extra_link_args=flags["link_args"] + omp["link_args"],
+)
+
+setup(
+    ext_modules=cythonize(
+        [ext],
+        compiler_directives={
+            "language_level": 3,
+            "boundscheck": flags["debug"],
+            "wraparound": False,
+            "cdivision": True,
+            "initializedcheck": False,
+            "nonecheck": False,
+            "embedsignature": True,
+        },
+    ),
+)
