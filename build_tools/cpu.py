@@ -11,7 +11,8 @@ import platform
 
 from ._probe import run_c
 
-BASE = ["-std=c11", "-fno-math-errno", "-fno-trapping-math", "-fvisibility=hidden",
+BASE = ["-std=c11", "-ffp-contract=fast", "-fno-math-errno", "-fno-trapping-math",
+        "-fvisibility=hidden",
         "-Wall", "-Wextra", "-Wno-unused-function", "-Wno-unused-parameter"]
 
 ISA_PROBE = r"""

@@ -6,7 +6,7 @@
 
 #include "fastattn.h"
 
-#define ATT_BK 96 /* keys per block: a multiple of every ATT_MR_S; st (BK, BQ) stays in L1 */
+#define ATT_BK 192 /* keys per block: a multiple of every ATT_MR_S; st (BK, BQ) stays in L1 */
 
 typedef struct {
     float *out, *lse, *weights;

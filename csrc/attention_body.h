@@ -9,7 +9,6 @@
  *
  * Per-thread scratch (floats), carved from one buffer by the caller:
  *   qt  (D, BQ)    q block, transposed and pre-scaled; lanes past the last query are 0
- *   kt  (D, BK)    key block, transposed
  *   st  (BK, BQ)   scores, then probabilities, of one key block
  *   ot  (Dv, BQ)   output accumulator, transposed
  *   m, l (BQ)      running max (base 2) and running sum per query
@@ -26,27 +25,29 @@ static int64_t FA_CAT(attention_block_q_, FA_SFX)(void) { return BQ; }
 
 static int64_t FA_CAT(attention_scratch_, FA_SFX)(int64_t D, int64_t Dv)
 {
-    return D * BQ + D * ATT_BK + ATT_BK * BQ + Dv * BQ + 2 * BQ;
+    return D * BQ + ATT_BK * BQ + Dv * BQ + 2 * BQ;
 }
 
-/* st[j][:] = qt^T kt[:, j] for j < nb, rows in register tiles of MR_S keys x BQ queries;
- * mx = lane-wise max of everything written. */
+/* st[j][:] = k_j . qt[:, :] for j < nb (k_j = row j of the key block, read in place through
+ * its row stride), in register tiles of MR_S keys x BQ queries; mx = lane-wise max of st. */
 static void FA_CAT(score_tile_, FA_SFX)(float *FA_RESTRICT st, VF *FA_RESTRICT mx,
-                                        const float *FA_RESTRICT qt, const float *FA_RESTRICT kt,
-                                        int64_t nb, int64_t D)
+                                        const float *FA_RESTRICT qt, const float *FA_RESTRICT k,
+                                        int64_t ksl, int64_t nb, int64_t D)
 {
     int64_t j = 0;
     for (; j + MR_S <= nb; j += MR_S) {
         VF acc[MR_S][NR];
-        for (int r = 0; r < MR_S; r++)
+        const float *k_r[MR_S];
+        for (int r = 0; r < MR_S; r++) {
+            k_r[r] = k + (j + r) * ksl;
             for (int c = 0; c < NR; c++) acc[r][c] = vsplat(0.0f);
-        const float *kd = kt + j;
+        }
         const float *qd = qt;
-        for (int64_t d = 0; d < D; d++, kd += ATT_BK, qd += BQ) {
+        for (int64_t d = 0; d < D; d++, qd += BQ) {
             VF qv[NR];
             for (int c = 0; c < NR; c++) qv[c] = vload(qd + c * FA_VL);
             for (int r = 0; r < MR_S; r++) {
-                VF kk = vsplat(kd[r]);
+                VF kk = vsplat(k_r[r][d]);
                 for (int c = 0; c < NR; c++) acc[r][c] += kk * qv[c];
             }
         }
@@ -58,9 +59,10 @@ static void FA_CAT(score_tile_, FA_SFX)(float *FA_RESTRICT st, VF *FA_RESTRICT m
     }
     for (; j < nb; j++) { /* tail keys, one at a time */
         VF acc[NR];
+        const float *k_j = k + j * ksl;
         for (int c = 0; c < NR; c++) acc[c] = vsplat(0.0f);
         for (int64_t d = 0; d < D; d++) {
-            VF kk = vsplat(kt[d * ATT_BK + j]);
+            VF kk = vsplat(k_j[d]);
             for (int c = 0; c < NR; c++) acc[c] += kk * vload(qt + d * BQ + c * FA_VL);
         }
         for (int c = 0; c < NR; c++) {
@@ -108,16 +110,12 @@ static void FA_CAT(pv_tile_, FA_SFX)(float *FA_RESTRICT ot, const float *FA_REST
  * mx receives the lane-wise max. Shared by the forward pass and the weights pass. */
 static void FA_CAT(masked_scores_, FA_SFX)(const fa_att_args *a, int64_t b, int64_t h,
                                            int64_t i0, int64_t nq, int64_t jb, int64_t nb,
-                                           const float *qt, float *kt, float *st, VF *mx)
+                                           const float *qt, float *st, VF *mx)
 {
     const float *k_bh = a->k + b * a->ks[0] + h * a->ks[1];
-    const int64_t D = a->D, ksl = a->ks[2], off = a->Lk - a->Lq;
-    for (int64_t jj = 0; jj < nb; jj++) { /* kt = k block transposed */
-        const float *k_j = k_bh + (jb + jj) * ksl;
-        for (int64_t d = 0; d < D; d++) kt[d * ATT_BK + jj] = k_j[d];
-    }
+    const int64_t off = a->Lk - a->Lq;
     for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
-    FA_CAT(score_tile_, FA_SFX)(st, mx, qt, kt, nb, D);
+    FA_CAT(score_tile_, FA_SFX)(st, mx, qt, k_bh + jb * a->ks[2], a->ks[2], nb, a->D);
 
     const int diag = a->causal && jb + nb - 1 > i0 + off;
     if (!diag && !a->mask && !a->key_bias) return;
@@ -141,18 +139,32 @@ static void FA_CAT(masked_scores_, FA_SFX)(const fa_att_args *a, int64_t b, int6
     }
 }
 
+/* Size of the key block starting at jb: up to ATT_BK keys, but never straddling jdiag, so that
+ * blocks left of the causal diagonal take the unmasked fast path and only the < BQ keys right
+ * of it are masked element by element. */
+static int64_t FA_CAT(key_block_, FA_SFX)(int64_t jb, int64_t jend, int64_t jdiag)
+{
+    int64_t nb = jend - jb < ATT_BK ? jend - jb : ATT_BK;
+    if (jb < jdiag && jb + nb > jdiag) nb = jdiag - jb;
+    return nb;
+}
+
 static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int64_t h,
                                             int64_t qb, float *scratch)
 {
     const int64_t D = a->D, Dv = a->Dv, Lq = a->Lq, Lk = a->Lk, off = Lk - Lq;
     const int64_t i0 = qb * BQ, nq = Lq - i0 < BQ ? Lq - i0 : BQ;
-    float *qt = scratch, *kt = qt + D * BQ, *st = kt + D * ATT_BK, *ot = st + ATT_BK * BQ;
+    float *qt = scratch, *st = qt + D * BQ, *ot = st + ATT_BK * BQ;
     float *m = ot + Dv * BQ, *l = m + BQ;
 
     /* Keys this block can see: all, or up to the last row's causal limit. */
-    int64_t jend = Lk;
-    if (a->causal) jend = i0 + nq + off < Lk ? i0 + nq + off : Lk;
-    if (jend < 0) jend = 0;
+    int64_t jend = Lk, jdiag = Lk;
+    if (a->causal) {
+        jend = i0 + nq + off < Lk ? i0 + nq + off : Lk;
+        jdiag = i0 + off + 1 < jend ? i0 + off + 1 : jend; /* first key hidden from query i0 */
+        if (jend < 0) jend = 0;
+        if (jdiag < 0) jdiag = 0;
+    }
 
     const float *q_bh = a->q + b * a->qs[0] + h * a->qs[1];
     const float *v_bh = a->v + b * a->vs[0] + h * a->vs[1];
@@ -163,10 +175,10 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
     for (int64_t i = 0; i < Dv * BQ; i++) ot[i] = 0.0f;
     for (int64_t i = 0; i < BQ; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
 
-    for (int64_t jb = 0; jb < jend; jb += ATT_BK) {
-        const int64_t nb = jend - jb < ATT_BK ? jend - jb : ATT_BK;
+    for (int64_t jb = 0, nb; jb < jend; jb += nb) {
+        nb = FA_CAT(key_block_, FA_SFX)(jb, jend, jdiag);
         VF mx[NR], muse[NR], alpha[NR], lsum[NR];
-        FA_CAT(masked_scores_, FA_SFX)(a, b, h, i0, nq, jb, nb, qt, kt, st, mx);
+        FA_CAT(masked_scores_, FA_SFX)(a, b, h, i0, nq, jb, nb, qt, st, mx);
         /* online softmax: m_new = max(m, block max); rescale old sums by 2^(m - m_new).
          * A lane still at -inf uses 0 as its reference so 2^(-inf - 0) = 0, never NaN. */
         int rescale = 0;
@@ -213,10 +225,10 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
     /* Optional second pass: weights[i][j] = exp(s_ij - lse_i), zeros where nothing is visible. */
     float *w_bh = a->weights + ((b * a->H + h) * Lq + i0) * Lk;
     for (int64_t i = 0; i < nq * Lk; i++) w_bh[i] = 0.0f;
-    for (int64_t jb = 0; jb < jend; jb += ATT_BK) {
-        const int64_t nb = jend - jb < ATT_BK ? jend - jb : ATT_BK;
+    for (int64_t jb = 0, nb; jb < jend; jb += nb) {
+        nb = FA_CAT(key_block_, FA_SFX)(jb, jend, jdiag);
         VF mx[NR];
-        FA_CAT(masked_scores_, FA_SFX)(a, b, h, i0, nq, jb, nb, qt, kt, st, mx);
+        FA_CAT(masked_scores_, FA_SFX)(a, b, h, i0, nq, jb, nb, qt, st, mx);
         for (int64_t i = 0; i < nq; i++) {
             const float lse2 = m[i] * FA_LOG2E;
             if (m[i] == -INFINITY) continue;

@@ -12,7 +12,8 @@ typedef int32_t VI __attribute__((vector_size(FA_VL * 4), aligned(4), may_alias)
 
 #define vload(p) (*(const VF *)(p))
 #define vstore(p, x) (*(VF *)(p) = (x))
-#define vsplat(s) ((VF){0} + (float)(s))
+/* broadcast: x + (-0.0) == x exactly, so the add folds away (x + 0.0 would not, for x = -0) */
+#define vsplat(s) (-(VF){0} + (float)(s))
 
 FA_INLINE VF FA_CAT(vmax_, FA_SFX)(VF a, VF b) { return (VF)(((VI)(a > b) & (VI)a) | (~(VI)(a > b) & (VI)b)); }
 #define vmax FA_CAT(vmax_, FA_SFX)

@@ -52,7 +52,7 @@ int fa_build_native(void);           /* 1 for a FASTATTN_NATIVE=1 (-march=native
  *   A query row with no visible key yields zeros (and lse = -inf). NaN propagates.
  *   Threads: (batch, head, query block) tasks, dynamically scheduled; each task is computed by
  *   one thread in a fixed order -> results independent of the thread count.
- *   Scratch: one buffer per thread, (D*BQ + D*BK + BK*BQ + Dv*BQ + 2*BQ) floats, BQ/BK per ISA.
+ *   Scratch: one buffer per thread, (D*BQ + BK*BQ + Dv*BQ + 2*BQ) floats, BQ/BK per ISA.
  *   Twin: fastattn.reference.attention / attention_forward
  */
 int fa_attention_forward(float *out, float *lse, float *weights,

@@ -83,11 +83,15 @@ def blas_corename():
 
 
 cdef inline float *_opt1(float[::1] a):
-    return NULL if a is None else &a[0]
+    if a is None:
+        return NULL
+    return &a[0]
 
 
 cdef inline const float *_copt1(const float[::1] a):
-    return NULL if a is None else &a[0]
+    if a is None:
+        return NULL
+    return &a[0]
 
 
 def attention_forward(float[:, :, :, ::1] out, float[::1] lse, float[::1] weights,
@@ -133,8 +137,12 @@ def softmax_forward(float[:, ::1] y, const float[:, ::1] x, int nthreads):
 def layer_norm_forward(float[:, ::1] y, float[:, ::1] sum_out, float[::1] mean, float[::1] rstd,
                        const float[:, ::1] x, const float[:, ::1] residual,
                        const float[::1] weight, const float[::1] bias, float eps, int nthreads):
-    cdef float *sp = NULL if sum_out is None else &sum_out[0, 0]
-    cdef const float *rp = NULL if residual is None else &residual[0, 0]
+    cdef float *sp = NULL
+    cdef const float *rp = NULL
+    if sum_out is not None:
+        sp = &sum_out[0, 0]
+    if residual is not None:
+        rp = &residual[0, 0]
     cdef float *mp = _opt1(mean)
     cdef float *rsp = _opt1(rstd)
     cdef const float *wp = _copt1(weight)

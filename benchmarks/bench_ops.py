@@ -1,0 +1,52 @@
+"""pytest-benchmark: fastattn.ops vs the NumPy twin (fastattn.reference) vs torch.
+
+The cases and their inputs are those of ``fastattn bench`` (``fastattn.bench.CASES``); here each
+(case, implementation) pair is one benchmark, grouped by case so that pytest-benchmark prints
+the implementations of a case side by side. Not part of the normal test run; run with
+
+    pytest benchmarks/ --benchmark-only
+
+(``--benchmark-group-by=group`` is the default; add ``--benchmark-columns=median,mean,rounds``
+for a shorter table.) torch benchmarks are skipped when torch is not installed. The float64 NumPy
+twin is slow and gets a few pedantic rounds; the attention memory case records the peak RSS
+growth of its call in ``extra_info`` (see ``--benchmark-json``).
+"""
+import pytest
+
+from fastattn import bench
+
+NUMPY_ROUNDS = 3   # the float64 twin: rounds of one call each
+MEMORY_ROUNDS = 1  # attention_memory: one call is seconds long
+
+PAIRS = [(name, impl) for name in bench.DEFAULT_CASES
+         for impl in bench.CASES[name].implementations]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _torch_threads():
+    """Run inside bench's thread setting (fastattn, NumPy's BLAS and torch alike)."""
+    with bench._threads(None):
+        yield
+
+
+@pytest.mark.parametrize("case_name, impl", PAIRS, ids=[f"{c}-{i}" for c, i in PAIRS])
+def test_op(benchmark, case_name, impl):
+    case = bench.CASES[case_name]
+    try:
+        fn = case.callable(impl)
+    except bench.Unavailable as exc:
+        pytest.skip(str(exc))
+    benchmark.group = case_name
+    benchmark.extra_info["title"] = case.title
+    if case.flops:
+        benchmark.extra_info["flops"] = case.flops
+    if case.kind == "memory":
+        result = benchmark.pedantic(lambda: bench.peak_memory_growth(fn),
+                                    rounds=MEMORY_ROUNDS, iterations=1)
+        _, mib, _, method = result
+        benchmark.extra_info.update(peak_rss_growth_mib=mib, method=method,
+                                    matrix_mib=case.matrix_mib)
+    elif impl in case.slow:
+        benchmark.pedantic(fn, rounds=NUMPY_ROUNDS, iterations=1, warmup_rounds=1)
+    else:
+        benchmark(fn)

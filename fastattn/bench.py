@@ -1,0 +1,602 @@
+"""Benchmark cases shared by ``fastattn bench`` and ``benchmarks/bench_ops.py`` (pytest-benchmark).
+
+Each case builds its inputs once (seeded) and hands out one zero-argument callable per
+implementation:
+
+- ``fastattn``: ``fastattn.ops`` (the C kernels),
+- ``numpy``: ``fastattn.reference`` (the float64 NumPy twin; for ``sgemm``, ``np.matmul``),
+- ``torch``: the equivalent ``torch.nn.functional`` ops on ``torch.from_numpy`` tensors, under
+  ``torch.inference_mode()`` with ``torch.set_num_threads(fastattn.get_num_threads())``. torch is
+  optional: it is imported only here, lazily, and a missing torch shows as "n/a".
+
+``run()`` times the implementations of a case interleaved (fastattn, numpy, torch, fastattn, ...),
+so that machine noise hits all of them alike, and reports medians. Before timing, one call of each
+implementation is checked against the NumPy twin (validate, then benchmark). ``format_table()``
+turns the rows into a Markdown table and ``check_targets()`` compares them with the performance
+targets:
+
+    python -m fastattn.cli bench            # or: fastattn bench [--quick] [--case NAME ...]
+
+Work counted (useful FLOPs): attention 4*B*H*Lq*Lk*D, half of that when causal; FFN 4*N*C*F;
+sgemm 2*M*N*K. Layer norm is memory-bound: it is reported in GB/s (x and residual read, y
+written). The memory case reports the growth of the process's peak resident set during one
+call (VmHWM reset through /proc/self/clear_refs on Linux; elsewhere the ru_maxrss delta, a
+lower bound), without subtracting the output's own size.
+"""
+import contextlib
+import ctypes
+import functools
+import gc
+import math
+import os
+import statistics
+import time
+
+import numpy as np
+
+from . import _runtime, ops, reference
+
+__all__ = [
+    "CASES", "DEFAULT_CASES", "IMPLEMENTATIONS", "TARGETS", "Case", "Unavailable", "run",
+    "format_table", "check_targets", "format_targets", "describe_environment", "torch_version",
+]
+
+IMPLEMENTATIONS = ("fastattn", "numpy", "torch")
+DEFAULT_REPEAT = 20        # timed calls of fastattn and torch per case
+DEFAULT_NUMPY_REPEAT = 3   # timed calls of the (slow, float64) NumPy twin per case
+MISMATCH_ATOL = 1e-3       # max |fastattn - numpy twin| above which a row is flagged
+
+
+class Unavailable(RuntimeError):
+    """An implementation that cannot run here (torch not installed)."""
+
+
+# ---- torch, optional and lazy ------------------------------------------------------------------
+
+_torch_cache = []
+
+
+def _torch():
+    """The torch module, or None when it is not installed (imported once, on first use)."""
+    if not _torch_cache:
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        _torch_cache.append(torch)
+    return _torch_cache[0]
+
+
+def torch_version():
+    torch = _torch()
+    return None if torch is None else torch.__version__
+
+
+# ---- cases -------------------------------------------------------------------------------------
+
+class Case:
+    """One benchmark: inputs built once from a seeded generator, one callable per implementation.
+
+    name      registry key (``fastattn bench --case NAME``, the pytest-benchmark group)
+    title     what the table's "case" column shows
+    build     rng -> dict of float32 arrays
+    impls     {implementation: inputs -> zero-argument callable}
+    flops     useful floating-point work of one call (0: not a FLOP-bound op)
+    nbytes    bytes one call must move at least (memory-bound ops: reported as GB/s), or 0
+    kind      "time" (medians of interleaved calls) or "memory" (peak RSS growth of one call)
+    slow      implementations given fewer timed calls (the float64 twin)
+    """
+
+    def __init__(self, name, title, build, impls, *, flops=0, nbytes=0, kind="time",
+                 slow=("numpy",), seed=0):
+        self.name, self.title, self.kind = name, title, kind
+        self.flops, self.nbytes, self.slow, self.seed = flops, nbytes, tuple(slow), seed
+        self._build, self._impls, self._inputs = build, dict(impls), None
+
+    def __repr__(self):
+        return f"Case({self.name!r})"
+
+    @property
+    def implementations(self):
+        return tuple(i for i in IMPLEMENTATIONS if i in self._impls)
+
+    def inputs(self):
+        """The case's inputs, built on first use and kept."""
+        if self._inputs is None:
+            self._inputs = self._build(np.random.default_rng(self.seed))
+        return self._inputs
+
+    def release(self):
+        """Drop the cached inputs (they are rebuilt, identically, when next needed)."""
+        self._inputs = None
+
+    def callable(self, impl):
+        """A zero-argument callable running this case with `impl`; Unavailable if it cannot."""
+        if impl not in self._impls:
+            raise Unavailable(f"{self.name} has no {impl} implementation")
+        return self._impls[impl](self.inputs())
+
+
+def _torch_impl(body):
+    """Wrap body(F, tensors) -> callable into an implementation factory for torch."""
+    def factory(inputs):
+        torch = _torch()
+        if torch is None:
+            raise Unavailable("torch is not installed")
+        torch.set_num_threads(_runtime.get_num_threads())
+        tensors = {k: torch.from_numpy(a) for k, a in inputs.items()}  # zero-copy views
+        call = body(torch.nn.functional, tensors)
+
+        def run_torch():
+            with torch.inference_mode():
+                return call()
+        return run_torch
+    return factory
+
+
+def _normal(rng, shape, scale=1.0):
+    return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale))
+
+
+def _attention_case(name, title, B, H, L, D, causal, **kw):
+    def build(rng):
+        return {t: _normal(rng, (B, H, L, D)) for t in ("q", "k", "v")}
+
+    def impl(fn):
+        return lambda i: functools.partial(fn, i["q"], i["k"], i["v"], causal=causal)
+
+    impls = {
+        "fastattn": impl(ops.attention),
+        "numpy": impl(reference.attention),
+        "torch": _torch_impl(lambda F, t: functools.partial(
+            F.scaled_dot_product_attention, t["q"], t["k"], t["v"], is_causal=causal)),
+    }
+    flops = 4 * B * H * L * L * D // (2 if causal else 1)
+    return Case(name, f"{title} (B={B} H={H} L={L} D={D})", build, impls, flops=flops, **kw)
+
+
+def _layer_norm_case(N=2048, C=512):
+    def build(rng):
+        return {"x": _normal(rng, (N, C)), "r": _normal(rng, (N, C)),
+                "w": 1 + _normal(rng, C, 0.1), "b": _normal(rng, C, 0.1)}
+
+    impls = {
+        "fastattn": lambda i: functools.partial(ops.layer_norm, i["x"], i["w"], i["b"],
+                                                residual=i["r"]),
+        "numpy": lambda i: functools.partial(reference.layer_norm, i["x"], i["w"], i["b"],
+                                             residual=i["r"]),
+        "torch": _torch_impl(lambda F, t: lambda: F.layer_norm(t["x"] + t["r"], (C,), t["w"],
+                                                               t["b"])),
+    }
+    return Case("layer_norm", f"layer norm + residual ({N}, {C})", build, impls,
+                nbytes=3 * N * C * 4)
+
+
+def _ffn_case(N=2048, C=512, F_=2048):
+    def build(rng):
+        return {"x": _normal(rng, (N, C)),
+                "w1": _normal(rng, (F_, C), 1 / math.sqrt(C)), "b1": _normal(rng, F_, 0.1),
+                "w2": _normal(rng, (C, F_), 1 / math.sqrt(F_)), "b2": _normal(rng, C, 0.1)}
+
+    def impl(fn):
+        return lambda i: functools.partial(fn, i["x"], i["w1"], i["b1"], i["w2"], i["b2"],
+                                           activation="relu")
+
+    impls = {
+        "fastattn": impl(ops.ffn),
+        "numpy": impl(reference.ffn),
+        "torch": _torch_impl(lambda F, t: lambda: F.linear(
+            F.relu(F.linear(t["x"], t["w1"], t["b1"])), t["w2"], t["b2"])),
+    }
+    return Case("ffn", f"FFN relu ({N}, {C}) -> {F_} -> {C}", build, impls,
+                flops=4 * N * C * F_)
+
+
+def _sgemm_case(n=2048):
+    def build(rng):
+        return {"a": _normal(rng, (n, n)), "b": _normal(rng, (n, n)),
+                "c": np.empty((n, n), np.float32)}
+
+    impls = {"numpy": lambda i: functools.partial(np.matmul, i["a"], i["b"], out=i["c"])}
+    return Case("sgemm", f"sgemm roofline, np.matmul float32 {n}^3", build, impls,
+                flops=2 * n ** 3, slow=())
+
+
+def _memory_case(B=1, H=4, L=16384, D=64):
+    case = _attention_case("attention_memory", "attention memory, causal", B, H, L, D, True,
+                           kind="memory", slow=())
+    del case._impls["numpy"]  # the twin would materialise B*H*L*L float64 scores (8 GiB)
+    case.matrix_mib = L * L * 4 / 2 ** 20  # one (L, L) float32 matrix, for comparison
+    return case
+
+
+CASES = {c.name: c for c in (
+    _attention_case("attention_causal", "attention causal", 4, 8, 512, 64, True),
+    _attention_case("attention_full", "attention full", 4, 8, 512, 64, False),
+    _layer_norm_case(),
+    _ffn_case(),
+    _sgemm_case(),
+    _memory_case(),
+    # A tiny case for the command line's own tests; not run by default.
+    _attention_case("smoke", "smoke: attention causal", 1, 2, 128, 32, True),
+)}
+DEFAULT_CASES = ("attention_causal", "attention_full", "layer_norm", "ffn", "sgemm",
+                 "attention_memory")
+
+
+# ---- thread pools ------------------------------------------------------------------------------
+
+_OPENBLAS_SET = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                 "openblas_set_num_threads64_", "openblas_set_num_threads")
+
+
+def _loaded_openblas():
+    """(set, get) ctypes functions of every OpenBLAS loaded in this process (Linux only)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split(None, 5)[-1].strip() for line in f if "openblas" in line.lower()}
+    except OSError:
+        return []
+    found = []
+    for path in sorted(p for p in paths if os.path.isfile(p)):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in _OPENBLAS_SET:
+            setter = getattr(lib, name, None)
+            getter = getattr(lib, name.replace("_set_", "_get_"), None)
+            if setter is not None and getter is not None:
+                setter.argtypes, setter.restype, getter.restype = [ctypes.c_int], None, ctypes.c_int
+                found.append((setter, getter))
+                break
+    return found
+
+
+@contextlib.contextmanager
+def _threads(n):
+    """fastattn, NumPy's BLAS and torch all at `n` threads (None: fastattn's current count)."""
+    saved_fast = _runtime.get_num_threads()
+    count = _runtime.set_num_threads(n) if n is not None else saved_fast
+    blas = [(s, g, g()) for s, g in _loaded_openblas()]
+    for setter, _, _ in blas:
+        setter(count)
+    torch = _torch()
+    saved_torch = torch.get_num_threads() if torch is not None else None
+    try:
+        yield count
+    finally:
+        for setter, _, old in blas:
+            setter(old)
+        _runtime.set_num_threads(saved_fast)
+        if torch is not None:
+            torch.set_num_threads(saved_torch)
+
+
+# ---- measurement -------------------------------------------------------------------------------
+
+def _spread(i, n, rounds):
+    """True on n of the rounds 0..rounds-1, spread evenly (the last round always included)."""
+    return (i + 1) * n // rounds > i * n // rounds
+
+
+def _time_interleaved(fns, counts):
+    """Call each fn counts[name] times, round-robin across fns; returns seconds per call."""
+    rounds = max(counts.values())
+    times = {name: [] for name in fns}
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        for i in range(rounds):
+            for name, fn in fns.items():
+                if _spread(i, counts[name], rounds):
+                    t0 = time.perf_counter()
+                    fn()
+                    times[name].append(time.perf_counter() - t0)
+    finally:
+        if gc_was_on:
+            gc.enable()
+    return times
+
+
+def _malloc_trim():
+    """Give freed heap pages back to the OS (glibc), so reused pages do not hide a peak."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _vmhwm_kib():
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def peak_memory_growth(fn):
+    """(result, MiB, seconds, method): growth of the peak resident set during one call of fn,
+    and the call's duration."""
+    gc.collect()
+    _malloc_trim()
+    method = "VmHWM"
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak (VmHWM) to the current resident set
+        before = _vmhwm_kib()
+    except OSError:
+        before = None
+    if before is None:
+        import resource
+        import sys
+        unit = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, else KiB
+        method = "ru_maxrss delta (lower bound)"
+        peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit / 1024  # noqa
+        before = peak()
+    else:
+        peak = _vmhwm_kib
+    t0 = time.perf_counter()
+    result = fn()
+    seconds = time.perf_counter() - t0
+    return result, (peak() - before) / 1024, seconds, method
+
+
+def _as_numpy(out):
+    return out.numpy() if hasattr(out, "numpy") else np.asarray(out)
+
+
+def _max_abs_diff(a, b):
+    return float(np.max(np.abs(_as_numpy(a).astype(np.float64) - _as_numpy(b))))
+
+
+def _empty_row(case, threads):
+    row = {"case": case.name, "title": case.title, "kind": case.kind, "threads": threads,
+           "flops": case.flops, "notes": []}
+    for impl in IMPLEMENTATIONS:
+        row.update({f"{impl}_ms": None, f"{impl}_runs": 0, f"{impl}_times_ms": [],
+                    f"{impl}_gflops": None,
+                    f"{impl}_status": "ok" if impl in case.implementations else "skipped"})
+    return row
+
+
+def _callables(case, row):
+    fns = {}
+    for impl in case.implementations:
+        try:
+            fns[impl] = case.callable(impl)
+        except Unavailable as exc:
+            row[f"{impl}_status"] = f"n/a: {exc}"
+    return fns
+
+
+def _finish_row(case, row):
+    for impl in IMPLEMENTATIONS:
+        ms = row[f"{impl}_times_ms"]
+        if ms:
+            row[f"{impl}_ms"] = statistics.median(ms)
+            row[f"{impl}_runs"] = len(ms)
+            if case.flops:
+                row[f"{impl}_gflops"] = case.flops / (row[f"{impl}_ms"] * 1e6)
+    fast = row["fastattn_ms"]
+    for other in ("torch", "numpy"):
+        ms = row[f"{other}_ms"]
+        row[f"speedup_vs_{other}"] = ms / fast if ms and fast else None
+    if case.nbytes and fast:
+        row["fastattn_gbps"] = case.nbytes / (fast * 1e6)
+        row["notes"].append(f"{row['fastattn_gbps']:.1f} GB/s")
+    return row
+
+
+def _run_time_case(case, threads, repeat, numpy_repeat):
+    row = _empty_row(case, threads)
+    fns = _callables(case, row)
+    outs = {impl: fn() for impl, fn in fns.items()}  # warm-up call, kept for validation
+    if "numpy" in outs and case.name != "sgemm":
+        row["max_abs_diff_vs_numpy"] = diffs = {
+            impl: _max_abs_diff(out, outs["numpy"]) for impl, out in outs.items()
+            if impl != "numpy"}
+        bad = {i: d for i, d in diffs.items() if not d <= MISMATCH_ATOL}
+        if bad:
+            row["notes"].append("MISMATCH vs numpy twin: " + ", ".join(
+                f"{i} max|diff| {d:.2g}" for i, d in bad.items()))
+    del outs
+    counts = {impl: numpy_repeat if impl in case.slow else repeat for impl in fns}
+    times = _time_interleaved(fns, counts)
+    for impl, ts in times.items():
+        row[f"{impl}_times_ms"] = [t * 1e3 for t in ts]
+    if "numpy" in fns and "numpy" in case.slow:
+        row["notes"].append(f"numpy twin is float64: {counts['numpy']} runs")
+    if case.name == "sgemm":
+        _finish_row(case, row)
+        row["notes"].append(f"np.matmul {row['numpy_gflops']:.0f} GFLOP/s (FFN roofline)")
+        return row
+    return _finish_row(case, row)
+
+
+def _run_memory_case(case, threads):
+    row = _empty_row(case, threads)
+    fns = _callables(case, row)
+    outs, method = {}, None
+    for impl, fn in fns.items():
+        outs[impl], mib, seconds, method = peak_memory_growth(fn)
+        row[f"{impl}_times_ms"] = [seconds * 1e3]
+        row[f"{impl}_peak_mib"] = mib
+    if len(outs) > 1:
+        row["max_abs_diff_fastattn_vs_torch"] = _max_abs_diff(outs["fastattn"], outs["torch"])
+    row["output_mib"] = outs["fastattn"].nbytes / 2 ** 20 if "fastattn" in outs else None
+    row["matrix_mib"] = case.matrix_mib
+    row["memory_method"] = method
+    del outs
+    _finish_row(case, row)
+    growth = ", ".join(f"{impl} {row[f'{impl}_peak_mib']:.0f} MiB" for impl in fns)
+    row["notes"].append(f"peak RSS growth of one call: {growth} (output "
+                        f"{row['output_mib']:.0f} MiB included); one L x L float32 matrix "
+                        f"= {case.matrix_mib:.0f} MiB; numpy twin skipped")
+    return row
+
+
+def _select(cases):
+    if cases is None:
+        return [CASES[n] for n in DEFAULT_CASES]
+    if isinstance(cases, str):
+        cases = [cases]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise ValueError(f"unknown case(s) {', '.join(map(repr, unknown))}; "
+                         f"known: {', '.join(CASES)}")
+    return [CASES[n] for n in dict.fromkeys(cases)]
+
+
+def run(cases=None, repeat=DEFAULT_REPEAT, threads=None, *, numpy_repeat=DEFAULT_NUMPY_REPEAT,
+        progress=None):
+    """Benchmark `cases` (names; None = DEFAULT_CASES) and return one dict per case.
+
+    repeat        timed calls of fastattn and torch per case (medians are reported)
+    threads       threads for fastattn, torch and NumPy's BLAS during the run (None: fastattn's
+                  current count); every count is restored afterwards
+    numpy_repeat  timed calls of the float64 NumPy twin (slow), at most `repeat`
+    progress      optional callable(str), told which case is starting
+
+    Row keys: case, title, kind, threads, flops, notes, and per implementation (fastattn, numpy,
+    torch) <impl>_ms (median), <impl>_runs, <impl>_times_ms, <impl>_gflops, <impl>_status
+    ("ok", "skipped" or "n/a: why"); speedup_vs_torch, speedup_vs_numpy (= their ms / fastattn
+    ms); max_abs_diff_vs_numpy; memory case: <impl>_peak_mib, output_mib, matrix_mib.
+    """
+    selected = _select(cases)
+    if repeat < 1 or numpy_repeat < 1:
+        raise ValueError("repeat and numpy_repeat must be >= 1")
+    numpy_repeat = min(numpy_repeat, repeat)
+    rows = []
+    with _threads(threads) as count:
+        for case in selected:
+            if progress is not None:
+                progress(case.name)
+            if case.kind == "memory":
+                rows.append(_run_memory_case(case, count))
+            else:
+                rows.append(_run_time_case(case, count, repeat, numpy_repeat))
+    return rows
+
+
+# ---- reporting ---------------------------------------------------------------------------------
+
+def _fmt_ms(v):
+    """About three significant digits, never an exponent (also used for GFLOP/s)."""
+    if v is None:
+        return None
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}" if v >= 1 \
+        else f"{v:.3f}"
+
+
+def _cell(row, impl):
+    status = row[f"{impl}_status"]
+    if status.startswith("n/a"):
+        return "n/a"
+    return _fmt_ms(row[f"{impl}_ms"]) or "-"
+
+
+def format_table(rows):
+    """The rows as a Markdown table (speedups are the other's time over fastattn's)."""
+    head = ["case", "fastattn ms", "torch ms", "numpy ms", "speedup vs torch",
+            "speedup vs numpy", "GFLOP/s fastattn", "notes"]
+    body = []
+    for r in rows:
+        body.append([
+            r["title"], _cell(r, "fastattn"), _cell(r, "torch"), _cell(r, "numpy"),
+            *(f"{r[k]:.2f}x" if r.get(k) else "-" for k in ("speedup_vs_torch",
+                                                            "speedup_vs_numpy")),
+            _fmt_ms(r["fastattn_gflops"]) if r.get("fastattn_gflops") else "-",
+            "; ".join(r["notes"]),
+        ])
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h)
+              for i, h in enumerate(head)]
+    right = {1, 2, 3, 4, 5, 6}
+
+    def line(cells):
+        return "| " + " | ".join(c.rjust(w) if i in right else c.ljust(w)
+                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+    rule = "|" + "|".join(("-" * (w + 1) + ":") if i in right else "-" * (w + 2)
+                          for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(head), rule, *(line(b) for b in body)])
+
+
+def _row(rows, name):
+    return next((r for r in rows if r["case"] == name), None)
+
+
+def _speedup_target(case, other, threshold):
+    def measure(rows):
+        r = _row(rows, case)
+        if r is None:
+            return None, "not run"
+        v = r.get(f"speedup_vs_{other}")
+        if v is None:
+            return None, f"{other} not measured ({r[f'{other}_status']})"
+        return v, f"{v:.2f}x {other} (fastattn {_fmt_ms(r['fastattn_ms'])} ms, {other} " \
+                  f"{_fmt_ms(r[f'{other}_ms'])} ms)"
+    return (case, f"speedup vs {other} >= {threshold}x", measure, lambda v: v >= threshold)
+
+
+def _memory_target(rows):
+    r = _row(rows, "attention_memory")
+    if r is None:
+        return None, "not run"
+    v = r.get("fastattn_peak_mib")
+    return v, f"peak RSS growth {v:.1f} MiB (one L x L float32 matrix: {r['matrix_mib']:.0f} MiB)"
+
+
+def _ffn_target(rows):
+    f, s = _row(rows, "ffn"), _row(rows, "sgemm")
+    if f is None:
+        return None, "not run"
+    if s is None or not s.get("numpy_gflops"):
+        return None, "needs the sgemm case in the same run"
+    v = f["fastattn_gflops"] / s["numpy_gflops"]
+    return v, f"{100 * v:.0f}% of sgemm ({f['fastattn_gflops']:.0f} vs " \
+              f"{s['numpy_gflops']:.0f} GFLOP/s)"
+
+
+# (case, target text, measure(rows) -> (value or None, detail), passes(value) -> bool)
+TARGETS = (
+    _speedup_target("attention_causal", "torch", 1.8),
+    _speedup_target("attention_causal", "numpy", 10),
+    _speedup_target("attention_full", "torch", 1.2),
+    ("attention_memory", "peak memory growth < 64 MiB", _memory_target, lambda v: v < 64),
+    ("ffn", "GFLOP/s >= 90% of sgemm GFLOP/s", _ffn_target, lambda v: v >= 0.9),
+    _speedup_target("layer_norm", "torch", 1.5),
+)
+
+
+def check_targets(rows):
+    """One dict per target: case, target, value, detail, status ("PASS", "MISS" or "SKIP")."""
+    results = []
+    for case, text, measure, passes in TARGETS:
+        value, detail = measure(rows)
+        status = "SKIP" if value is None else "PASS" if passes(value) else "MISS"
+        results.append({"case": case, "target": text, "value": value, "detail": detail,
+                        "status": status})
+    return results
+
+
+def format_targets(results, *, include_skipped=False):
+    """One line per target: PASS/MISS, case, target, what was measured."""
+    shown = [r for r in results if include_skipped or r["status"] != "SKIP"]
+    if not shown:
+        return ""
+    wc = max(len(r["case"]) for r in shown)
+    wt = max(len(r["target"]) for r in shown)
+    return "\n".join(f"{r['status']:4}  {r['case']:{wc}}  {r['target']:{wt}}  {r['detail']}"
+                     for r in shown)
+
+
+def describe_environment(threads=None):
+    """One line: version, SIMD level, threads, BLAS core, torch version."""
+    info = _runtime.build_info()
+    torch = torch_version()
+    return (f"fastattn {info['version']}, simd {info['simd']}, "
+            f"{threads or info['threads']} threads, OpenBLAS {info['blas_core']}, "
+            f"numpy {np.__version__}, torch {torch or 'n/a'}")

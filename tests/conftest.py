@@ -1,0 +1,124 @@
+"""Shared test configuration: hypothesis profiles, tolerances, the torch helper, assert_close.
+
+The thread count is left as the process resolved it at import (OMP_NUM_THREADS or all CPUs);
+tests that change it restore it (see test_threads.py).
+
+Hypothesis profiles, chosen with the HYPOTHESIS_PROFILE environment variable:
+  ci   (default) few examples, derandomized, no deadline: fast and reproducible
+  dev  many more examples, randomized: for a local hunt after touching a kernel
+"""
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci", max_examples=30, deadline=None, derandomize=True, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "dev", max_examples=300, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+EPS32 = float(np.finfo(np.float32).eps)   # 1.19e-7
+
+# Float32 kernels against the float64-evaluated reference (DESIGN: oracle (b)).
+# rtol is relative to the expected value; where an entry says "x scale" the test multiplies
+# atol by the magnitude named (max |v| for attention, the sum of |terms| for a dot product).
+TOL = {
+    # out: atol x max|v| (the output is a convex combination of the rows of v)
+    "attention": dict(rtol=1e-4, atol=2e-5),
+    "attention_weights": dict(rtol=1e-4, atol=1e-6),
+    # lse: an absolute error of ~eps * |largest score| is all float32 can hold
+    "attention_lse": dict(rtol=1e-5, atol=1e-5),
+    "softmax": dict(rtol=1e-5, atol=1e-7),
+    # layer norm output is O(|weight|) + |bias|; atol x (1 + max|weight| + max|bias|)
+    "layer_norm": dict(rtol=1e-4, atol=1e-5),
+    "layer_norm_mean": dict(rtol=1e-6, atol=1e-6),   # atol x max|x + residual|
+    "layer_norm_rstd": dict(rtol=1e-4, atol=0.0),
+    # dot products: atol x EPS32 x sqrt(K) x max(|x| @ |w|^T) (K terms summed in float32)
+    "linear": dict(rtol=1e-5, atol=4.0),
+    "ffn": dict(rtol=1e-5, atol=4.0),
+    # torch float32 against our float32: both carry float32 error
+    "torch": dict(rtol=1e-4, atol=1e-5),
+}
+
+
+def dot_atol(x, w, *, bias=None, factor=TOL["linear"]["atol"]):
+    """Absolute tolerance for act(x @ w.T + bias) computed in float32: factor * eps * sqrt(K) *
+    max(|x| @ |w|.T + |bias|), the size of the terms each output sums (not of the result)."""
+    x = np.abs(np.asarray(x, np.float64)).reshape(-1, np.shape(w)[1])
+    w = np.abs(np.asarray(w, np.float64))
+    if x.size == 0 or w.size == 0:
+        return 0.0
+    mag = x @ w.T
+    if bias is not None:
+        mag = mag + np.abs(np.asarray(bias, np.float64))
+    return factor * EPS32 * np.sqrt(w.shape[1]) * float(mag.max())
+
+
+def requires_torch():
+    """The torch module, or skip the calling test (torch is optional)."""
+    return pytest.importorskip("torch")
+
+
+def to_torch(x):
+    torch = requires_torch()
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def _describe_mismatch(actual, expected, bad, rtol, atol, name, limit=8):
+    a64 = actual.astype(np.float64)
+    e64 = expected.astype(np.float64)
+    finite = np.isfinite(a64) & np.isfinite(e64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        diff = np.where(finite, np.abs(a64 - e64), 0.0)
+        rel = np.where(finite & (e64 != 0), diff / np.abs(e64), 0.0)
+    idx = np.argwhere(bad)
+    lines = [f"{name}: {len(idx)} of {actual.size} elements differ "
+             f"(rtol={rtol:g}, atol={atol:g}); max abs diff {diff.max(initial=0.0):.6g}, "
+             f"max rel diff {rel.max(initial=0.0):.6g}"]
+    if diff.size:
+        worst = np.unravel_index(np.argmax(diff), diff.shape)
+        lines.append(f"  worst at {tuple(int(i) for i in worst)}: actual {a64[worst]!r} "
+                     f"expected {e64[worst]!r}")
+    for i in idx[:limit]:
+        i = tuple(int(t) for t in i)
+        lines.append(f"  at {i}: actual {a64[i]!r} expected {e64[i]!r}")
+    if len(idx) > limit:
+        lines.append(f"  ... and {len(idx) - limit} more")
+    return "\n".join(lines)
+
+
+def assert_close(actual, expected, rtol, atol, name="tensor", dtype=np.float32):
+    """Shape, then dtype, then values: |actual - expected| <= atol + rtol * |expected|.
+
+    NaN must sit where NaN is expected and +-inf where the same inf is expected. On failure the
+    message shows the first mismatches and the max abs/rel diff (llm.c's check_tensor).
+    `expected` may have any float dtype; `actual` must have `dtype` (None: skip that check).
+    """
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    assert actual.shape == expected.shape, (
+        f"{name}: shape {actual.shape} != expected {expected.shape}")
+    if dtype is not None:
+        assert actual.dtype == dtype, f"{name}: dtype {actual.dtype} != expected {dtype}"
+    a64 = actual.astype(np.float64)
+    e64 = expected.astype(np.float64)
+    nan_a, nan_e = np.isnan(a64), np.isnan(e64)
+    inf_a, inf_e = np.isinf(a64), np.isinf(e64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        special_bad = (nan_a != nan_e) | (inf_a != inf_e) | (inf_e & (a64 != e64))
+        both_finite = ~(nan_a | nan_e | inf_a | inf_e)
+        value_bad = both_finite & ~(np.abs(a64 - e64) <= atol + rtol * np.abs(e64))
+    bad = special_bad | value_bad
+    if bad.any():
+        raise AssertionError(_describe_mismatch(actual, expected, bad, rtol, atol, name))
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(20240611)

@@ -1,0 +1,122 @@
+"""fastattn.ops.softmax (the C kernel) against the NumPy twin, and torch when installed."""
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conftest import TOL, assert_close, requires_torch, to_torch
+from fastattn import ops, reference
+from strategies import features, rand, rows, seeds
+
+SOFTMAX_TOL = TOL["softmax"]
+
+
+def softmax_tol(x):
+    """exp(x - max) carries a relative error of about eps * |x - max|: scale rtol with the
+    spread of the finite entries (calibrated for a spread up to 100)."""
+    finite = np.asarray(x, np.float64)[np.isfinite(x)]
+    spread = float(finite.max() - finite.min()) if finite.size else 0.0
+    growth = max(1.0, spread / 100.0)
+    return dict(rtol=SOFTMAX_TOL["rtol"] * growth, atol=SOFTMAX_TOL["atol"])
+
+
+def make_scores(rng, shape, magnitude, p_neg_inf, p_dead_row):
+    x = rand(rng, shape, magnitude)
+    if p_neg_inf:
+        x[rng.random(shape) < p_neg_inf] = -np.inf
+    if p_dead_row and x.ndim >= 1 and x.size:
+        flat = x.reshape(-1, shape[-1])
+        flat[rng.random(flat.shape[0]) < p_dead_row] = -np.inf     # all -inf rows
+    return x
+
+
+def check_softmax(x, axis=-1):
+    y = ops.softmax(x, axis=axis)
+    assert_close(y, reference.softmax(x, axis=axis), name=f"softmax(axis={axis})",
+                 **softmax_tol(x))
+    return y
+
+
+@given(N=rows(), C=features(), magnitude=st.sampled_from([1.0, 30.0]),
+       p_neg_inf=st.sampled_from([0.0, 0.3, 0.95]), p_dead_row=st.sampled_from([0.0, 0.2]),
+       seed=seeds)
+def test_softmax_matches_reference(N, C, magnitude, p_neg_inf, p_dead_row, seed):
+    x = make_scores(np.random.default_rng(seed), (N, C), magnitude, p_neg_inf, p_dead_row)
+    y = check_softmax(x)
+    dead = np.all(x == -np.inf, axis=-1)
+    assert np.all(y[dead] == 0), "an all -inf row must give zeros"
+    if (~dead).any():
+        assert_close(y[~dead].sum(-1), np.ones(int((~dead).sum())), rtol=0, atol=1e-5,
+                     name="row sums")
+
+
+@given(shape=st.lists(st.integers(1, 40), min_size=1, max_size=4), data=st.data(), seed=seeds)
+def test_softmax_any_axis(shape, data, seed):
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1), label="axis")
+    x = make_scores(np.random.default_rng(seed), tuple(shape), 3.0, 0.1, 0.0)
+    y = check_softmax(x, axis=axis)
+    assert y.shape == x.shape
+
+
+@pytest.mark.parametrize("C", [1, 15, 16, 17, 511, 512, 513])
+def test_all_neg_inf_row_gives_zeros(C):
+    x = np.zeros((3, C), np.float32)
+    x[1] = -np.inf
+    y = check_softmax(x)
+    assert np.all(y[1] == 0) and not np.isnan(y).any()
+    assert_close(y[[0, 2]], np.full((2, C), 1.0 / C), rtol=1e-6, atol=0, name="uniform rows")
+
+
+@pytest.mark.parametrize("C", [2, 17, 513])
+def test_neg_inf_entries_get_zero_weight(rng, C):
+    x = rand(rng, (5, C), 4.0)
+    x[:, 1::2] = -np.inf
+    y = check_softmax(x)
+    assert np.all(y[:, 1::2] == 0)
+    assert_close(y.sum(-1), np.ones(5), rtol=0, atol=1e-6, name="row sums")
+
+
+def test_single_finite_entry_is_one(rng):
+    x = np.full((4, 100), -np.inf, np.float32)
+    x[np.arange(4), [0, 31, 64, 99]] = [1e30, -1e30, 0.0, 5.0]
+    y = check_softmax(x)
+    np.testing.assert_array_equal(y, (x > -np.inf).astype(np.float32))
+
+
+def test_large_values_do_not_overflow(rng):
+    x = rand(rng, (7, 33), 1.0) + np.float32(1e4)
+    y = check_softmax(x)
+    assert np.isfinite(y).all()
+    assert_close(y, ops.softmax(x - np.float32(1e4)), rtol=1e-3, atol=1e-7, name="shifted")
+
+
+def test_nan_propagates_to_its_row(rng):
+    x = rand(rng, (4, 37))
+    x[2, 5] = np.nan
+    y = check_softmax(x)
+    assert np.isnan(y[2]).all() and not np.isnan(y[[0, 1, 3]]).any()
+
+
+def test_empty_and_noncontiguous(rng):
+    assert ops.softmax(np.zeros((0, 5), np.float32)).shape == (0, 5)
+    assert ops.softmax(np.zeros((3, 0), np.float32)).shape == (3, 0)
+    x = rand(rng, (40, 30))
+    for view in (x.T, x[::3], x[:, ::2], np.broadcast_to(x[0], (4, 30))):
+        y = check_softmax(view)
+        np.testing.assert_array_equal(y, ops.softmax(np.ascontiguousarray(view)))
+    y = ops.softmax(x.astype(np.float64))
+    assert y.dtype == np.float32
+    np.testing.assert_array_equal(y, ops.softmax(x))
+
+
+def test_large_rows_multithreaded(rng):
+    check_softmax(make_scores(rng, (1000, 1025), 5.0, 0.05, 0.01))
+
+
+@pytest.mark.parametrize("shape,axis", [((4, 7), -1), ((2, 3, 513), 1), ((600,), 0),
+                                        ((17, 33), 0), ((3, 5, 129), -1)])
+def test_softmax_vs_torch(rng, shape, axis):
+    torch = requires_torch()
+    x = rand(rng, shape, 5.0)
+    assert_close(ops.softmax(x, axis=axis), torch.softmax(to_torch(x), dim=axis).numpy(),
+                 name="softmax vs torch", **TOL["torch"])
