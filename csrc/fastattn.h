@@ -107,9 +107,9 @@ enum { FA_ACT_NONE = 0, FA_ACT_RELU = 1, FA_ACT_GELU = 2 }; /* gelu: exact, erf 
  *   x       (N, K)  in
  *   weight  (M, K)  in (torch layout: out_features x in_features)
  *   bias    (M)     in, may be NULL
- *   GEMM through BLAS; bias + activation applied to each row block right after its GEMM, while
- *   it is in cache. Many rows: OpenMP over row blocks, BLAS single-threaded inside. Few rows: one
- *   multi-threaded BLAS call, then the epilogue.
+ *   GEMM through BLAS; bias + activation applied to each block right after its GEMM, while it
+ *   is in cache. OpenMP splits the work (row blocks when there are many rows, slices of the M
+ *   output features when there are few) and BLAS runs single-threaded inside every thread.
  *   Twin: fastattn.reference.linear
  */
 void fa_linear_forward(float *y, const float *x, const float *weight, const float *bias,
@@ -121,7 +121,9 @@ void fa_linear_forward(float *y, const float *x, const float *weight, const floa
  *   x   (N, C)  in
  *   w1  (F, C)  in     b1 (F)  in, may be NULL
  *   w2  (C, F)  in     b2 (C)  in, may be NULL
- *   The hidden (N, F) never exists whole: each thread owns one (rows_per_block, F) scratch block.
+ *   Many rows: the hidden (N, F) never exists whole; each thread owns one (<= 512, F) block and
+ *   runs both GEMMs and epilogues on it. Few rows (N < 128 per thread): the small (N, F) hidden
+ *   is split by features across threads, then the second GEMM by output features.
  *   Twin: fastattn.reference.ffn
  */
 int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,

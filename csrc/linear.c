@@ -1,8 +1,9 @@
 /* linear.c -- GEMM-based linear and feed-forward layers with fused bias/activation epilogues.
  *
- * Threading rule (never oversubscribed): with enough rows, OpenMP splits the rows into blocks
- * and each thread runs single-threaded BLAS on its block, then the epilogue while the block is
- * still in cache; with few rows, one multi-threaded BLAS call, then the epilogue. */
+ * One thread pool: OpenMP splits the work and every BLAS call runs single-threaded inside it,
+ * so OpenBLAS never starts (or spins) threads of its own next to ours. Many rows: each thread
+ * takes blocks of rows, runs the GEMM and then the epilogue while the block is in cache. Few
+ * rows (decode steps): each thread takes a slice of the output features instead. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -13,15 +14,37 @@
 #include "fa_instantiate.h"
 
 #define ROW_BLOCK 512  /* rows per GEMM block: large enough for BLAS to run near its peak */
-#define MIN_ROWS 128   /* below this many rows per thread, let BLAS thread a single call */
+#define MIN_ROWS 128   /* below this many rows per thread, split the output features instead */
+#define COL_ALIGN 16   /* feature slices start on a 64-byte boundary */
 
 typedef void (*epi_fn)(float *, const float *, int64_t, int64_t, int64_t, int);
 
-/* Row blocks: nblk blocks of about N / nblk rows, a multiple of the team size. */
+/* [lo, hi) of `n` items for member t of a team of nt, rounded to `align`. */
+static void slice(int64_t n, int t, int nt, int64_t align, int64_t *lo, int64_t *hi)
+{
+    int64_t per = (n + nt - 1) / nt;
+    per = (per + align - 1) / align * align;
+    *lo = t * per < n ? t * per : n;
+    *hi = *lo + per < n ? *lo + per : n;
+}
+
+/* Number of row blocks: about N / ROW_BLOCK, rounded up to a multiple of the team size so that
+ * every thread gets the same number of (equal) blocks. */
 static int64_t row_blocks(int64_t N, int nt)
 {
-    int64_t nblk = (N + ROW_BLOCK - 1) / ROW_BLOCK;
+    const int64_t nblk = (N + ROW_BLOCK - 1) / ROW_BLOCK;
     return (nblk + nt - 1) / nt * nt;
+}
+
+/* y[:, m0:m1] = act(x w[m0:m1]^T + b[m0:m1]) for this thread's slice of the M features. */
+static void linear_cols(float *y, const float *x, const float *w, const float *b, int64_t N,
+                        int64_t K, int64_t M, int act, epi_fn epi, int t, int nt)
+{
+    int64_t m0, m1;
+    slice(M, t, nt, COL_ALIGN, &m0, &m1);
+    if (m0 >= m1) return;
+    fa_sgemm_rowmajor(0, 1, N, m1 - m0, K, 1.0f, x, K, w + m0 * K, K, 0.0f, y + m0, M);
+    epi(y + m0, b ? b + m0 : NULL, N, m1 - m0, M, act);
 }
 
 void fa_linear_forward(float *y, const float *x, const float *weight, const float *bias,
@@ -29,28 +52,23 @@ void fa_linear_forward(float *y, const float *x, const float *weight, const floa
 {
     if (N <= 0 || M <= 0) return;
     const epi_fn epi = FA_DISPATCH(bias_act_rows_);
-    const double flops = 2.0 * (double)N * (double)K * (double)M;
-    const int nt = fa_team_size(nthreads, flops, 4e6);
-    if (nt == 1 || N < (int64_t)nt * MIN_ROWS) {
-        const int prev = fa_blas_threads_push(fa_in_parallel() || nthreads < 1 ? 1 : nthreads);
-        fa_sgemm_rowmajor(0, 1, N, M, K, 1.0f, x, K, weight, K, 0.0f, y, M);
-        fa_blas_threads_pop(prev);
-        const int et = fa_team_size(nthreads, 10.0 * (double)N * (double)M, 1e5);
-#pragma omp parallel for num_threads(et) if (et > 1) schedule(static)
-        for (int64_t r = 0; r < N; r++) epi(y + r * M, bias, 1, M, M, activation);
-        return;
-    }
+    const int nt = fa_team_size(nthreads, 2.0 * (double)N * (double)K * (double)M, 2e6);
+    const int by_rows = N >= (int64_t)nt * MIN_ROWS;
     const int64_t nblk = row_blocks(N, nt), per = (N + nblk - 1) / nblk;
     const int prev = fa_blas_threads_push(1);
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (nt > 1)
     {
+        if (by_rows) {
 #pragma omp for schedule(static)
-        for (int64_t blk = 0; blk < nblk; blk++) {
-            const int64_t r0 = blk * per, rows = N - r0 < per ? N - r0 : per;
-            if (rows <= 0) continue;
-            fa_sgemm_rowmajor(0, 1, rows, M, K, 1.0f, x + r0 * K, K, weight, K, 0.0f,
-                              y + r0 * M, M);
-            epi(y + r0 * M, bias, rows, M, M, activation);
+            for (int64_t blk = 0; blk < nblk; blk++) {
+                const int64_t r0 = blk * per, rows = N - r0 < per ? N - r0 : per;
+                if (rows <= 0) continue;
+                fa_sgemm_rowmajor(0, 1, rows, M, K, 1.0f, x + r0 * K, K, weight, K, 0.0f,
+                                  y + r0 * M, M);
+                epi(y + r0 * M, bias, rows, M, M, activation);
+            }
+        } else {
+            linear_cols(y, x, weight, bias, N, K, M, activation, epi, fa_thread_id(), nt);
         }
     }
     fa_blas_threads_pop(prev);
@@ -62,25 +80,31 @@ int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
 {
     if (N <= 0) return 0;
     const epi_fn epi = FA_DISPATCH(bias_act_rows_);
-    const double flops = 4.0 * (double)N * (double)C * (double)F;
-    int nt = fa_team_size(nthreads, flops, 4e6);
-    if (N < (int64_t)nt * MIN_ROWS) nt = 1;
+    const int nt = fa_team_size(nthreads, 4.0 * (double)N * (double)C * (double)F, 2e6);
+    const int by_rows = N >= (int64_t)nt * MIN_ROWS;
     const int64_t nblk = row_blocks(N, nt), per = (N + nblk - 1) / nblk;
-    float *hidden = malloc((size_t)(per * F * nt) * sizeof(float));
+    /* by rows: one (per, F) hidden block per thread; by features: the whole (N, F), N small */
+    float *hidden = malloc((size_t)(by_rows ? per * F * nt : N * F) * sizeof(float));
     if (!hidden) return -1;
-    /* one team member: BLAS may use the caller's threads; a team: BLAS single-threaded */
-    const int prev = fa_blas_threads_push(nt > 1 || fa_in_parallel() ? 1 : nthreads);
+    const int prev = fa_blas_threads_push(1);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        float *h = hidden + per * F * fa_thread_id();   /* (per, F): this thread's hidden block */
+        const int t = fa_thread_id();
+        if (by_rows) {
+            float *h = hidden + per * F * t;
 #pragma omp for schedule(static)
-        for (int64_t blk = 0; blk < nblk; blk++) {
-            const int64_t r0 = blk * per, rows = N - r0 < per ? N - r0 : per;
-            if (rows <= 0) continue;
-            fa_sgemm_rowmajor(0, 1, rows, F, C, 1.0f, x + r0 * C, C, w1, C, 0.0f, h, F);
-            epi(h, b1, rows, F, F, activation);
-            fa_sgemm_rowmajor(0, 1, rows, C, F, 1.0f, h, F, w2, F, 0.0f, y + r0 * C, C);
-            epi(y + r0 * C, b2, rows, C, C, FA_ACT_NONE);
+            for (int64_t blk = 0; blk < nblk; blk++) {
+                const int64_t r0 = blk * per, rows = N - r0 < per ? N - r0 : per;
+                if (rows <= 0) continue;
+                fa_sgemm_rowmajor(0, 1, rows, F, C, 1.0f, x + r0 * C, C, w1, C, 0.0f, h, F);
+                epi(h, b1, rows, F, F, activation);
+                fa_sgemm_rowmajor(0, 1, rows, C, F, 1.0f, h, F, w2, F, 0.0f, y + r0 * C, C);
+                epi(y + r0 * C, b2, rows, C, C, FA_ACT_NONE);
+            }
+        } else {
+            linear_cols(hidden, x, w1, b1, N, C, F, activation, epi, t, nt);
+#pragma omp barrier
+            linear_cols(y, hidden, w2, b2, N, F, C, FA_ACT_NONE, epi, t, nt);
         }
     }
     fa_blas_threads_pop(prev);
