@@ -34,19 +34,20 @@ static void FA_CAT(layer_norm_rows_, FA_SFX)(float *y, float *sum_out, float *me
         const double m1 = s1 / (double)C;
         double var = s2 / (double)C - m1 * m1;
         if (var < 0.0) var = 0.0;
-        const float mu = (float)((double)shift + m1);
+        const float m1f = (float)m1; /* mean - shift: normalise as (s - shift) - m1, which
+                                        keeps the digits a rounded float mean would lose */
         const float rs = (float)(1.0 / sqrt(var + (double)eps));
-        if (mean) mean[n] = mu;
+        if (mean) mean[n] = (float)((double)shift + m1);
         if (rstd) rstd[n] = rs;
         c = 0;
         for (; c < Cv; c += FA_VL) {
-            VF t = (vload(s_n + c) - vsplat(mu)) * vsplat(rs);
+            VF t = (vload(s_n + c) - vsplat(shift) - vsplat(m1f)) * vsplat(rs);
             if (weight) t *= vload(weight + c);
             if (bias) t += vload(bias + c);
             vstore(y_n + c, t);
         }
         for (; c < C; c++) {
-            float t = (s_n[c] - mu) * rs;
+            float t = (s_n[c] - shift - m1f) * rs;
             if (weight) t *= weight[c];
             if (bias) t += bias[c];
             y_n[c] = t;

@@ -6,7 +6,8 @@
 FA_INLINE VF FA_CAT(vgelu_, FA_SFX)(VF t)
 {
     const VI neg = (VI)(t < vsplat(0.0f));
-    const VF z = (VF)((VI)t & ~(VI)vsplat(-0.0f)) * vsplat(0.70710678118654752f); /* |t|/sqrt2 */
+    const VI abs_mask = (VI)vsplat(0.0f) | 0x7fffffff;                 /* clears the sign bit */
+    const VF z = (VF)((VI)t & abs_mask) * vsplat(0.70710678118654752f); /* |t| / sqrt 2 */
     const VF u = vsplat(1.0f) / (vsplat(1.0f) + vsplat(0.5f) * z);
     VF p = vsplat(0.17087277f);
     p = p * u + vsplat(-0.82215223f);
@@ -19,14 +20,15 @@ FA_INLINE VF FA_CAT(vgelu_, FA_SFX)(VF t)
     p = p * u + vsplat(1.00002368f);
     p = p * u + vsplat(-1.26551223f);
     const VF half_erfc = vsplat(0.5f) * u * vexp(p - z * z);   /* = 1 - Phi(|t|) */
-    const VF pos = t - t * half_erfc;                          /* t >= 0: t * Phi(t) */
-    const VF negv = t * half_erfc;                             /* t < 0:  t * (1 - Phi(|t|)) */
+    const VF pos = t * (vsplat(1.0f) - half_erfc);             /* t >= 0: t Phi(t); inf -> inf */
+    const VI zero = (VI)(half_erfc == vsplat(0.0f));           /* far left tail, -inf: 0 */
+    const VF negv = (VF)(~zero & (VI)(t * half_erfc));         /* t < 0:  t (1 - Phi(|t|)) */
     return (VF)((neg & (VI)negv) | (~neg & (VI)pos));
 }
 
 FA_INLINE VF FA_CAT(vact_, FA_SFX)(VF t, int act)
 {
-    if (act == FA_ACT_RELU) return vmax(t, vsplat(0.0f));
+    if (act == FA_ACT_RELU) return (VF)(~(VI)(t < vsplat(0.0f)) & (VI)t); /* NaN stays NaN */
     if (act == FA_ACT_GELU) return FA_CAT(vgelu_, FA_SFX)(t);
     return t;
 }

@@ -94,12 +94,13 @@ cdef inline const float *_copt1(const float[::1] a):
     return &a[0]
 
 
-def attention_forward(float[:, :, :, ::1] out, float[::1] lse, float[::1] weights,
-                      const float[:, :, :, ::1] q, const float[:, :, :, ::1] k,
-                      const float[:, :, :, ::1] v, const float[:, :, :, :] mask,
+def attention_forward(float[:, :, :, :] out, float[::1] lse, float[::1] weights,
+                      const float[:, :, :, :] q, const float[:, :, :, :] k,
+                      const float[:, :, :, :] v, const float[:, :, :, :] mask,
                       const float[::1] key_bias, float scale, bint causal, int nthreads):
-    """out (B,H,Lq,Dv), lse (B*H*Lq) or None, weights (B*H*Lq*Lk) or None, q/k/v strided with a
-    contiguous last axis, mask broadcast view (B,H,Lq,Lk) or None, key_bias (B*Lk) or None."""
+    """out (B,H,Lq,Dv), lse (B*H*Lq) or None, weights (B*H*Lq*Lk) or None, key_bias (B*Lk) or
+    None. out, q, k, v may be strided views whose last axis is contiguous (ops.py checks that);
+    mask is a broadcast view (B,H,Lq,Lk) with any strides, or None."""
     cdef int64_t q_st[3]
     cdef int64_t k_st[3]
     cdef int64_t v_st[3]

@@ -33,7 +33,8 @@ Conventions:
   zeros (never NaN), so an attention query with no allowed key outputs zeros and has
   ``lse = -inf``. NaN in the inputs propagates as NaN.
 - Layer norm uses the biased (population) variance, as the Transformer paper and torch do.
-- GELU is the exact erf form ``0.5 * x * (1 + erf(x / sqrt(2)))`` (torch's default).
+- GELU is the exact erf form ``0.5 * x * (1 + erf(x / sqrt(2)))`` (torch's default),
+  evaluated as ``0.5 * x * erfc(-x / sqrt(2))`` so the left tail keeps its relative accuracy.
 - Training-style variants ``<op>_forward(...)`` return ``(out, cache)``; cache entries carry
   the names shared with the C kernels: ``lse`` (attention), ``mean`` and ``rstd`` (layer norm).
 - Input validation lives in ``fastattn.ops``; the reference assumes well-formed arguments.
@@ -79,13 +80,14 @@ def _softmax64(x, axis):
     return w, np.squeeze(lse, axis=axis)
 
 
-_erf = np.vectorize(math.erf, otypes=[np.float64])
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
 
 
 def _gelu64(x):
-    # exact GELU: 0.5 * x * (1 + erf(x / sqrt(2))); gelu(-inf) = 0, not -inf * 0 = NaN
+    # exact GELU: x * Phi(x) = 0.5 * x * erfc(-x / sqrt(2)); the erfc form keeps its accuracy in
+    # the left tail, where 1 + erf(x / sqrt(2)) cancels. gelu(-inf) = 0, not -inf * 0 = NaN.
     with np.errstate(invalid="ignore"):
-        y = 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+        y = 0.5 * x * _erfc(-x / math.sqrt(2.0))
     return np.where(x == -np.inf, 0.0, y)
 
 

@@ -78,10 +78,12 @@ def _describe_mismatch(actual, expected, bad, rtol, atol, name, limit=8):
         diff = np.where(finite, np.abs(a64 - e64), 0.0)
         rel = np.where(finite & (e64 != 0), diff / np.abs(e64), 0.0)
     idx = np.argwhere(bad)
+    special = int((bad & ~finite).sum())
     lines = [f"{name}: {len(idx)} of {actual.size} elements differ "
-             f"(rtol={rtol:g}, atol={atol:g}); max abs diff {diff.max(initial=0.0):.6g}, "
-             f"max rel diff {rel.max(initial=0.0):.6g}"]
-    if diff.size:
+             f"(rtol={rtol:g}, atol={atol:g}), {special} of them NaN/inf mismatches; "
+             f"max abs diff {diff.max(initial=0.0):.6g}, max rel diff {rel.max(initial=0.0):.6g}"
+             " (over entries finite in both)"]
+    if diff.size and diff.max() > 0:
         worst = np.unravel_index(np.argmax(diff), diff.shape)
         lines.append(f"  worst at {tuple(int(i) for i in worst)}: actual {a64[worst]!r} "
                      f"expected {e64[worst]!r}")

@@ -9,11 +9,11 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 
 from conftest import TOL, assert_close, requires_torch, to_torch
 from fastattn import ops, reference
-from strategies import attention_problems, rand
+from strategies import AttentionProblem, attention_problems, build_attention, rand
 
 # ----------------------------------------------------------------------------------------------
 # helpers
@@ -72,14 +72,38 @@ def qkv(rng):
 # property tests over the shared problem generator
 
 
+# The attention kernel is the most intricate: a few times the profile's example budget (each
+# example takes milliseconds).
+MORE_EXAMPLES = settings(max_examples=4 * settings.default.max_examples)
+
+
+@MORE_EXAMPLES
 @given(p=attention_problems())
 def test_attention_forward_matches_reference(p):
     check_attention(p.q, p.k, p.v, **p.kwargs())
 
 
+@MORE_EXAMPLES
 @given(p=attention_problems(max_len=160))
 def test_attention_weights_match_reference(p):
     check_attention(p.q, p.k, p.v, weights=True, **p.kwargs())
+
+
+# Lengths straddling the query-block widths (8, 16, 32 queries per ISA) and the 96-key block,
+# with and without causal alignment offsets: a deterministic sweep of the tile edges.
+EDGE_LENGTHS = [(1, 96), (1, 97), (7, 9), (8, 8), (9, 8), (16, 17), (17, 16), (31, 33),
+                (33, 31), (95, 96), (96, 96), (97, 96), (96, 193), (129, 191), (190, 95),
+                (257, 289)]
+
+
+@pytest.mark.parametrize("Lq,Lk", EDGE_LENGTHS)
+@pytest.mark.parametrize("mask_kind", ["none", "bool_broadcast", "additive", "key_padding"])
+def test_tile_edges(Lq, Lk, mask_kind):
+    for causal in (False, True):
+        p = build_attention(AttentionProblem(
+            B=1, H=2, Lq=Lq, Lk=Lk, D=32, Dv=17, mask_kind=mask_kind, with_padding=False,
+            causal=causal, fully_masked=False, magnitude=1.0, seed=Lq * 1000 + Lk))
+        check_attention(p.q, p.k, p.v, weights=Lq * Lk < 20000, **p.kwargs())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -148,6 +172,20 @@ def test_nan_in_query_row_propagates_to_that_row_only(qkv):
     others = np.ones(out.shape[:3], dtype=bool)
     others[0, 1, 5] = False
     assert not np.isnan(out[others]).any() and not np.isnan(lse[others]).any()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_nan_in_key_propagates_to_queries_that_see_it(qkv, causal):
+    # a NaN score poisons every query whose softmax includes that key; causal-blocked queries
+    # never see it and stay finite
+    q, k, v = qkv(1, 2, 40, 40, 16, 8)
+    k[0, 0, 20, 3] = np.nan
+    out, lse = check_attention(q, k, v, causal=causal)
+    seen = slice(20, None) if causal else slice(None)
+    assert np.isnan(out[0, 0, seen]).all() and np.isnan(lse[0, 0, seen]).all()
+    if causal:
+        assert np.isfinite(out[0, 0, :20]).all() and np.isfinite(lse[0, 0, :20]).all()
+    assert np.isfinite(out[0, 1]).all()
 
 
 def test_noncontiguous_inputs_match_contiguous(rng):

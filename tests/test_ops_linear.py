@@ -1,0 +1,186 @@
+"""fastattn.ops.linear and ops.ffn (BLAS GEMM + fused epilogue) against the twin and torch.
+
+Tolerance of a float32 dot product of K terms: a few eps * sqrt(K) times the size of the terms
+(max of |x| @ |w|^T + |b|), not of the result, which may cancel to ~0.
+"""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conftest import TOL, assert_close, dot_atol, requires_torch, to_torch
+from fastattn import ops, reference
+from strategies import features, rand, rows, seeds
+
+ACTIVATIONS = [None, "relu", "gelu"]
+GELU_MAX_SLOPE = 1.13   # max |gelu'(x)|: an error in the hidden layer grows by at most this
+
+
+def check_linear(x, w, b=None, activation=None):
+    y = ops.linear(x, w, b, activation=activation)
+    ref = reference.linear(x, w, b, activation=activation)
+    assert_close(y, ref, rtol=TOL["linear"]["rtol"], atol=dot_atol(x, w, bias=b),
+                 name=f"linear(activation={activation})")
+    return y
+
+
+def ffn_atol(x, w1, b1, w2, b2, activation):
+    """Error of the first GEMM carried through the activation and the second GEMM, plus the
+    second GEMM's own rounding."""
+    h = reference.linear(x, w1, b1, activation=activation)          # float32 of the f64 hidden
+    first = dot_atol(x, w1, bias=b1, factor=TOL["ffn"]["atol"]) * GELU_MAX_SLOPE
+    carried = first * float(np.abs(np.asarray(w2, np.float64)).sum(axis=1).max(initial=0.0))
+    return carried + dot_atol(h, w2, bias=b2, factor=TOL["ffn"]["atol"])
+
+
+def check_ffn(x, w1, b1, w2, b2, activation="relu"):
+    y = ops.ffn(x, w1, b1, w2, b2, activation=activation)
+    ref = reference.ffn(x, w1, b1, w2, b2, activation=activation)
+    assert_close(y, ref, rtol=TOL["ffn"]["rtol"], atol=ffn_atol(x, w1, b1, w2, b2, activation),
+                 name=f"ffn(activation={activation})")
+    return y
+
+
+# ----------------------------------------------------------------------------------------------
+# linear
+
+
+@given(N=rows(), K=features(), M=features(1, 600), activation=st.sampled_from(ACTIVATIONS),
+       with_bias=st.booleans(), seed=seeds)
+def test_linear_matches_reference(N, K, M, activation, with_bias, seed):
+    rng = np.random.default_rng(seed)
+    x, w = rand(rng, (N, K)), rand(rng, (M, K), 1.0 / math.sqrt(K))
+    b = rand(rng, (M,)) if with_bias else None
+    y = check_linear(x, w, b, activation)
+    assert y.shape == (N, M) and y.dtype == np.float32
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("N", [255, 256, 257, 600, 1300])
+def test_linear_many_rows_multiblock(rng, activation, N):
+    # N >= 128 * threads takes the row-block path (OpenMP over blocks, BLAS single-threaded)
+    x, w, b = rand(rng, (N, 64)), rand(rng, (129, 64), 0.125), rand(rng, (129,))
+    check_linear(x, w, b, activation)
+
+
+def test_linear_leading_dims_and_noncontiguous(rng):
+    x, w, b = rand(rng, (2, 3, 17)), rand(rng, (5, 17)), rand(rng, (5,))
+    y = check_linear(x, w, b, "gelu")
+    assert y.shape == (2, 3, 5)
+    x_t = rand(rng, (17, 6)).T                                # (6, 17) non-contiguous
+    w_t = rand(rng, (17, 5)).T                                # (5, 17) non-contiguous
+    y_t = check_linear(x_t, w_t, b)
+    np.testing.assert_array_equal(y_t, ops.linear(np.ascontiguousarray(x_t),
+                                                  np.ascontiguousarray(w_t), b))
+    y64 = ops.linear(x_t.astype(np.float64), w_t.astype(np.float64), b.astype(np.float64))
+    assert y64.dtype == np.float32
+    np.testing.assert_array_equal(y64, y_t)
+
+
+def test_linear_empty(rng):
+    w, b = rand(rng, (5, 4)), rand(rng, (5,))
+    assert ops.linear(np.zeros((0, 4), np.float32), w, b).shape == (0, 5)
+    assert ops.linear(np.zeros((2, 0, 4), np.float32), w, b).shape == (2, 0, 5)
+    # K = 0: an empty sum; only the bias (and activation) remain
+    y = ops.linear(np.zeros((3, 0), np.float32), np.zeros((5, 0), np.float32), b,
+                   activation="relu")
+    assert_close(y, np.broadcast_to(np.maximum(b, 0), (3, 5)), rtol=0, atol=0, name="K=0")
+
+
+def test_activation_special_values():
+    x = np.array([[0.0, 1.0, -1.0, 10.0, -10.0, 3e38, np.inf, -np.inf, np.nan]],
+                 np.float32).T                                 # (9, 1)
+    eye = np.eye(1, dtype=np.float32)
+    for activation in ACTIVATIONS:
+        y = ops.linear(x, eye, activation=activation)
+        ref = reference.linear(x, eye, activation=activation)
+        assert_close(y, ref, rtol=1e-6, atol=1e-7, name=f"{activation} special values")
+
+
+def test_gelu_accuracy_over_range():
+    x = np.linspace(-12.0, 12.0, 4001, dtype=np.float32)[:, None]
+    y = ops.linear(x, np.eye(1, dtype=np.float32), activation="gelu")
+    assert_close(y, reference.linear(x, np.eye(1), activation="gelu"), rtol=1e-6, atol=2e-7,
+                 name="gelu")
+
+
+# ----------------------------------------------------------------------------------------------
+# ffn
+
+
+@given(N=rows(), C=features(1, 520), F=features(), activation=st.sampled_from(ACTIVATIONS),
+       with_b1=st.booleans(), with_b2=st.booleans(), seed=seeds)
+def test_ffn_matches_reference(N, C, F, activation, with_b1, with_b2, seed):
+    rng = np.random.default_rng(seed)
+    x = rand(rng, (N, C))
+    w1, w2 = rand(rng, (F, C), 1.0 / math.sqrt(C)), rand(rng, (C, F), 1.0 / math.sqrt(F))
+    b1 = rand(rng, (F,)) if with_b1 else None
+    b2 = rand(rng, (C,)) if with_b2 else None
+    y = check_ffn(x, w1, b1, w2, b2, activation)
+    assert y.shape == (N, C) and y.dtype == np.float32
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("N", [600, 1300])
+def test_ffn_large_multiblock(rng, activation, N):
+    # x (N, 64), w1 (256, 64): N >= 128 * threads splits the rows over threads, each with its
+    # own (rows_per_block, F) hidden block
+    x = rand(rng, (N, 64))
+    w1, b1 = rand(rng, (256, 64), 0.125), rand(rng, (256,))
+    w2, b2 = rand(rng, (64, 256), 0.0625), rand(rng, (64,))
+    check_ffn(x, w1, b1, w2, b2, activation)
+
+
+def test_ffn_leading_dims_none_biases_and_composition(rng):
+    x = rand(rng, (2, 5, 33))
+    w1, w2 = rand(rng, (65, 33), 0.2), rand(rng, (33, 65), 0.15)
+    y = check_ffn(x, w1, None, w2, None, "gelu")
+    assert y.shape == (2, 5, 33)
+    composed = ops.linear(ops.linear(x, w1, activation="gelu"), w2)
+    assert_close(y, composed, rtol=1e-5, atol=ffn_atol(x, w1, None, w2, None, "gelu"),
+                 name="ffn == linear(linear)")
+
+
+def test_ffn_empty(rng):
+    w1, b1, w2, b2 = rand(rng, (8, 4)), rand(rng, (8,)), rand(rng, (4, 8)), rand(rng, (4,))
+    assert ops.ffn(np.zeros((0, 4), np.float32), w1, b1, w2, b2).shape == (0, 4)
+    # F = 0: the hidden layer is empty and y = b2
+    y = ops.ffn(np.ones((3, 4), np.float32), np.zeros((0, 4), np.float32), None,
+                np.zeros((4, 0), np.float32), b2)
+    assert_close(y, np.broadcast_to(b2, (3, 4)), rtol=0, atol=0, name="F=0")
+
+
+# ----------------------------------------------------------------------------------------------
+# against torch (skipped without torch)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("N,K,M", [(10, 12, 7), (300, 513, 17), (600, 64, 256)])
+def test_linear_vs_torch(rng, activation, with_bias, N, K, M):
+    torch = requires_torch()
+    x, w, b = rand(rng, (N, K)), rand(rng, (M, K), 1 / math.sqrt(K)), rand(rng, (M,))
+    y = ops.linear(x, w, b if with_bias else None, activation=activation)
+    ref = torch.nn.functional.linear(to_torch(x), to_torch(w), to_torch(b) if with_bias else None)
+    if activation == "relu":
+        ref = torch.relu(ref)
+    elif activation == "gelu":
+        ref = torch.nn.functional.gelu(ref)
+    assert_close(y, ref.numpy(), rtol=TOL["torch"]["rtol"],
+                 atol=2 * dot_atol(x, w, bias=b if with_bias else None), name="linear vs torch")
+
+
+@pytest.mark.parametrize("N", [12, 600])
+def test_ffn_vs_torch(rng, N):
+    torch = requires_torch()
+    x = rand(rng, (N, 64))
+    w1, b1, w2, b2 = rand(rng, (256, 64), 0.125), rand(rng, (256,)), rand(rng, (64, 256), 0.0625), \
+        rand(rng, (64,))
+    fl = torch.nn.functional.linear
+    for act, tact in (("relu", torch.relu), ("gelu", torch.nn.functional.gelu)):
+        y = ops.ffn(x, w1, b1, w2, b2, activation=act)
+        ref = fl(tact(fl(to_torch(x), to_torch(w1), to_torch(b1))), to_torch(w2), to_torch(b2))
+        assert_close(y, ref.numpy(), rtol=TOL["torch"]["rtol"],
+                     atol=2 * ffn_atol(x, w1, b1, w2, b2, act), name=f"ffn({act}) vs torch")

@@ -1,0 +1,121 @@
+"""One thread vs several: the kernels split work so that each output is computed by one thread in
+one fixed order, so attention, softmax and layer norm must be bitwise identical. Linear and FFN
+go through BLAS, whose blocking may change with its thread count: within 1e-6 relative.
+
+Sizes are chosen above each kernel's parallel grain (and, for linear/ffn, above 128 rows per
+thread, where the rows are split into blocks), so the multi-threaded path really runs.
+"""
+import numpy as np
+import pytest
+
+import fastattn
+from conftest import assert_close
+from fastattn import ops
+from strategies import rand
+
+THREAD_COUNTS = [2, 3]   # 3 also exercises an uneven split (more threads than cores is fine)
+
+
+@pytest.fixture
+def restore_threads():
+    saved = fastattn.get_num_threads()
+    yield
+    fastattn.set_num_threads(saved)
+
+
+def run_with(n, fn):
+    assert fastattn.set_num_threads(n) == n
+    assert fastattn.get_num_threads() == n
+    assert fastattn.build_info()["threads"] == n
+    return fn()
+
+
+def assert_identical(fn, n):
+    one = run_with(1, fn)
+    many = run_with(n, fn)
+    for a, b in zip(one if isinstance(one, tuple) else (one,),
+                    many if isinstance(many, tuple) else (many,)):
+        np.testing.assert_array_equal(a, b, err_msg=f"1 thread vs {n} threads")
+
+
+def test_set_get_num_threads(restore_threads):
+    for n in (1, 2, 3, 7):
+        assert fastattn.set_num_threads(n) == n
+        assert fastattn.get_num_threads() == n
+        assert fastattn.build_info()["blas_threads"] == n
+    ncpu = fastattn.set_num_threads(None)
+    assert ncpu >= 1 and fastattn.get_num_threads() == ncpu
+    assert fastattn.set_num_threads(-1) == ncpu
+    if ncpu > 1:
+        assert fastattn.set_num_threads(-2) == ncpu - 1
+
+
+@pytest.mark.parametrize("n", THREAD_COUNTS)
+@pytest.mark.parametrize("case", ["plain", "causal", "masked", "padded_causal", "weights"])
+def test_attention_identical(restore_threads, rng, n, case):
+    B, H, Lq, Lk, D, Dv = 2, 3, 161, 203, 64, 40
+    q, k, v = rand(rng, (B, H, Lq, D)), rand(rng, (B, H, Lk, D)), rand(rng, (B, H, Lk, Dv))
+    kwargs = {}
+    if case == "causal":
+        kwargs["causal"] = True
+    elif case == "masked":
+        kwargs["mask"] = rng.random((B, 1, Lq, Lk)) < 0.3
+    elif case == "padded_causal":
+        kpm = rng.random((B, Lk)) < 0.2
+        kpm[1] = True                                      # one batch element fully padded
+        kwargs.update(key_padding_mask=kpm, causal=True,
+                      mask=np.where(rng.random((Lq, Lk)) < 0.1, -np.inf, 0.5))
+
+    def fn():
+        if case == "weights":
+            return ops.attention(q, k, v, causal=True, return_weights=True)
+        out, cache = ops.attention_forward(q, k, v, **kwargs)
+        return out, cache["lse"]
+    assert_identical(fn, n)
+
+
+@pytest.mark.parametrize("n", THREAD_COUNTS)
+@pytest.mark.parametrize("C", [17, 512, 1025])
+def test_softmax_identical(restore_threads, rng, n, C):
+    x = rand(rng, (701, C), 3.0)
+    x[::7, ::2] = -np.inf
+    x[5] = -np.inf
+    assert_identical(lambda: ops.softmax(x), n)
+    assert_identical(lambda: ops.softmax(x[:64].T, axis=0), n)
+
+
+@pytest.mark.parametrize("n", THREAD_COUNTS)
+@pytest.mark.parametrize("C", [17, 512, 1025])
+def test_layer_norm_identical(restore_threads, rng, n, C):
+    x, r = rand(rng, (701, C)) + np.float32(1e3), rand(rng, (701, C))
+    w, b = rand(rng, (C,)), rand(rng, (C,))
+
+    def fn():
+        y, cache = ops.layer_norm_forward(x, w, b, residual=r)
+        return y, cache["mean"], cache["rstd"]
+    assert_identical(fn, n)
+
+
+def assert_close_relative(fn, n, name):
+    one = run_with(1, fn)
+    many = run_with(n, fn)
+    scale = float(np.abs(one).max())
+    assert_close(many, one, rtol=1e-6, atol=1e-6 * scale, name=f"{name}: {n} threads vs 1")
+
+
+@pytest.mark.parametrize("n", THREAD_COUNTS)
+@pytest.mark.parametrize("N", [64, 600, 1300])
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_linear_close(restore_threads, rng, n, N, activation):
+    x, w, b = rand(rng, (N, 96)), rand(rng, (257, 96), 0.1), rand(rng, (257,))
+    assert_close_relative(lambda: ops.linear(x, w, b, activation=activation), n, "linear")
+
+
+@pytest.mark.parametrize("n", THREAD_COUNTS)
+@pytest.mark.parametrize("N", [64, 600, 1300])
+def test_ffn_close(restore_threads, rng, n, N):
+    x = rand(rng, (N, 64))
+    w1, b1, w2, b2 = rand(rng, (256, 64), 0.125), rand(rng, (256,)), \
+        rand(rng, (64, 256), 0.0625), rand(rng, (64,))
+    for act in ("relu", "gelu"):
+        assert_close_relative(lambda: ops.ffn(x, w1, b1, w2, b2, activation=act), n, f"ffn {act}")
