@@ -284,3 +284,36 @@ def positional_encoding(length, d_model):
         if val < 0:
             raise ValueError(f"positional_encoding: {name} must be >= 0, got {val}")
     return reference.positional_encoding(int(length), int(d_model))
+
+
+# ---- private entry points for fastattn.nn ------------------------------------------------------
+# The model layer checks its inputs once at the model boundary and then runs many ops on arrays
+# it owns: float32, C-contiguous (attention: last axis contiguous), shapes already consistent.
+# These write into caller-owned buffers so a forward pass reuses its activations.
+
+def _linear_into(y, x, weight, bias, act):
+    """y (N, M) = act(x (N, K) @ weight (M, K).T + bias); act is an FA_ACT code."""
+    _kernels.linear_forward(y, x, weight, bias, act, get_num_threads())
+    return y
+
+
+def _ffn_into(y, x, w1, b1, w2, b2, act):
+    """y (N, C) = act(x @ w1.T + b1) @ w2.T + b2."""
+    _kernels.ffn_forward(y, x, w1, b1, w2, b2, act, get_num_threads())
+    return y
+
+
+def _layer_norm_into(y, x, weight, bias, eps, residual=None, sum_out=None):
+    """y (N, C) = LN(x + residual); sum_out (N, C) receives x + residual. y may alias x,
+    residual or sum_out; sum_out may alias residual."""
+    _kernels.layer_norm_forward(y, sum_out, None, None, x, residual, weight, bias, eps,
+                                get_num_threads())
+    return y
+
+
+def _attention_into(out, q, k, v, bias, key_bias, causal, scale):
+    """out (B, H, Lq, Dv) view (any strides, last axis contiguous) = attention(q, k, v);
+    bias: float (B, H, Lq, Lk) broadcast view or None; key_bias: float (B*Lk,) or None."""
+    _kernels.attention_forward(out, None, None, q, k, v, bias, key_bias, scale, causal,
+                               get_num_threads())
+    return out
