@@ -23,8 +23,8 @@ PAIRS = [(name, impl) for name in bench.DEFAULT_CASES
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _torch_threads():
-    """Run inside bench's thread setting (fastattn, NumPy's BLAS and torch alike)."""
+def _same_threads():
+    """fastattn, NumPy's BLAS and torch at the same thread count, as in ``fastattn bench``."""
     with bench._threads(None):
         yield
 
@@ -40,6 +40,7 @@ def test_op(benchmark, case_name, impl):
     benchmark.extra_info["title"] = case.title
     if case.flops:
         benchmark.extra_info["flops"] = case.flops
+    bench.settle()  # let the previous test's BLAS threads stop spinning
     if case.kind == "memory":
         result = benchmark.pedantic(lambda: bench.peak_memory_growth(fn),
                                     rounds=MEMORY_ROUNDS, iterations=1)
@@ -47,6 +48,7 @@ def test_op(benchmark, case_name, impl):
         benchmark.extra_info.update(peak_rss_growth_mib=mib, method=method,
                                     matrix_mib=case.matrix_mib)
     elif impl in case.slow:
-        benchmark.pedantic(fn, rounds=NUMPY_ROUNDS, iterations=1, warmup_rounds=1)
+        benchmark.pedantic(fn, setup=bench.settle, rounds=NUMPY_ROUNDS, iterations=1,
+                           warmup_rounds=1)
     else:
         benchmark(fn)

@@ -10,10 +10,14 @@ implementation:
   optional: it is imported only here, lazily, and a missing torch shows as "n/a".
 
 ``run()`` times the implementations of a case interleaved (fastattn, numpy, torch, fastattn, ...),
-so that machine noise hits all of them alike, and reports medians. Before timing, one call of each
-implementation is checked against the NumPy twin (validate, then benchmark). ``format_table()``
-turns the rows into a Markdown table and ``check_targets()`` compares them with the performance
-targets:
+so that machine noise hits all of them alike, and reports medians. Each timed call waits until
+the previous implementation's thread pools have gone idle (``settle()``) and follows ~20 ms of
+untimed calls of its own implementation, so each is timed in its steady state (threads awake,
+allocations reused) rather than just after another one; the slow float64 twin is timed without
+them. A row is flagged when other processes used a noticeable share of the CPUs meanwhile.
+Before timing, one call of each implementation is checked against the NumPy twin (validate,
+then benchmark). ``format_table()`` turns the rows into a Markdown table and ``check_targets()``
+compares them with the performance targets:
 
     python -m fastattn.cli bench            # or: fastattn bench [--quick] [--case NAME ...]
 
@@ -39,12 +43,15 @@ from . import _runtime, ops, reference
 __all__ = [
     "CASES", "DEFAULT_CASES", "IMPLEMENTATIONS", "TARGETS", "Case", "Unavailable", "run",
     "format_table", "check_targets", "format_targets", "describe_environment", "torch_version",
+    "peak_memory_growth", "settle",
 ]
 
 IMPLEMENTATIONS = ("fastattn", "numpy", "torch")
 DEFAULT_REPEAT = 20        # timed calls of fastattn and torch per case
 DEFAULT_NUMPY_REPEAT = 3   # timed calls of the (slow, float64) NumPy twin per case
 MISMATCH_ATOL = 1e-3       # max |fastattn - numpy twin| above which a row is flagged
+WARM_SECONDS = 0.02        # untimed calls before each timed one (not for the slow twin)
+NOISY_SHARE = 0.10         # share of the CPUs used by other processes above which a row is flagged
 
 
 class Unavailable(RuntimeError):
@@ -280,8 +287,61 @@ def _spread(i, n, rounds):
     return (i + 1) * n // rounds > i * n // rounds
 
 
-def _time_interleaved(fns, counts):
-    """Call each fn counts[name] times, round-robin across fns; returns seconds per call."""
+def settle(max_wait=0.5, interval=0.01):
+    """Wait until this process's threads are idle, at most max_wait seconds.
+
+    A BLAS thread pool keeps spinning after a call (NumPy's OpenBLAS for about 0.1 s), which
+    would take cores from whichever implementation is timed next; so each timed call starts
+    once the process uses less than a quarter of a core.
+    """
+    deadline = time.perf_counter() + max_wait
+    while True:
+        cpu, wall = time.process_time(), time.perf_counter()
+        time.sleep(interval)
+        busy = (time.process_time() - cpu) / (time.perf_counter() - wall)
+        if busy < 0.25 or time.perf_counter() > deadline:
+            return
+
+
+def _machine_cpu():
+    """(CPU seconds used by the whole machine, by this process, wall seconds) or None."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(t) for t in f.readline().split()[1:9]]
+        with open("/proc/self/stat") as f:
+            mine = f.read().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
+    return busy / hz, (int(mine[11]) + int(mine[12])) / hz, time.perf_counter()
+
+
+def _others_share(before, after):
+    """Share of the machine's CPUs that other processes used between two _machine_cpu()s."""
+    if before is None or after is None:
+        return None
+    wall = after[2] - before[2]
+    others = (after[0] - before[0]) - (after[1] - before[1])
+    return max(0.0, others / (wall * (os.cpu_count() or 1))) if wall > 0 else None
+
+
+def _warm(fn, seconds):
+    """Untimed calls of fn for about `seconds` (at least one): threads awake, allocator reused."""
+    end = time.perf_counter() + seconds
+    fn()
+    while time.perf_counter() < end:
+        fn()
+
+
+def _time_interleaved(fns, counts, warm=None):
+    """Time each fn counts[name] times, round-robin across fns; returns seconds per call.
+
+    Each turn: settle(), then warm[name] seconds of untimed calls (0 or missing: none), then
+    the timed call; so every implementation is timed in its steady state, not just after
+    another one's.
+    """
+    warm = warm or {}
     rounds = max(counts.values())
     times = {name: [] for name in fns}
     gc_was_on = gc.isenabled()
@@ -290,6 +350,9 @@ def _time_interleaved(fns, counts):
         for i in range(rounds):
             for name, fn in fns.items():
                 if _spread(i, counts[name], rounds):
+                    settle()
+                    if warm.get(name):
+                        _warm(fn, warm[name])
                     t0 = time.perf_counter()
                     fn()
                     times[name].append(time.perf_counter() - t0)
@@ -323,6 +386,7 @@ def peak_memory_growth(fn):
     and the call's duration."""
     gc.collect()
     _malloc_trim()
+    settle()
     method = "VmHWM"
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -405,11 +469,13 @@ def _run_time_case(case, threads, repeat, numpy_repeat):
                 f"{i} max|diff| {d:.2g}" for i, d in bad.items()))
     del outs
     counts = {impl: numpy_repeat if impl in case.slow else repeat for impl in fns}
-    times = _time_interleaved(fns, counts)
+    warm = {impl: 0 if impl in case.slow else WARM_SECONDS for impl in fns}
+    times = _time_interleaved(fns, counts, warm)
     for impl, ts in times.items():
         row[f"{impl}_times_ms"] = [t * 1e3 for t in ts]
     if "numpy" in fns and "numpy" in case.slow:
-        row["notes"].append(f"numpy twin is float64: {counts['numpy']} runs")
+        n = counts["numpy"]
+        row["notes"].append(f"numpy twin is float64: {n} run{'s' if n > 1 else ''}")
     if case.name == "sgemm":
         _finish_row(case, row)
         row["notes"].append(f"np.matmul {row['numpy_gflops']:.0f} GFLOP/s (FFN roofline)")
@@ -464,7 +530,8 @@ def run(cases=None, repeat=DEFAULT_REPEAT, threads=None, *, numpy_repeat=DEFAULT
     Row keys: case, title, kind, threads, flops, notes, and per implementation (fastattn, numpy,
     torch) <impl>_ms (median), <impl>_runs, <impl>_times_ms, <impl>_gflops, <impl>_status
     ("ok", "skipped" or "n/a: why"); speedup_vs_torch, speedup_vs_numpy (= their ms / fastattn
-    ms); max_abs_diff_vs_numpy; memory case: <impl>_peak_mib, output_mib, matrix_mib.
+    ms); max_abs_diff_vs_numpy; others_cpu (share of the CPUs other processes used meanwhile,
+    Linux); memory case: <impl>_peak_mib, output_mib, matrix_mib.
     """
     selected = _select(cases)
     if repeat < 1 or numpy_repeat < 1:
@@ -475,10 +542,16 @@ def run(cases=None, repeat=DEFAULT_REPEAT, threads=None, *, numpy_repeat=DEFAULT
         for case in selected:
             if progress is not None:
                 progress(case.name)
+            before = _machine_cpu()
             if case.kind == "memory":
-                rows.append(_run_memory_case(case, count))
+                row = _run_memory_case(case, count)
             else:
-                rows.append(_run_time_case(case, count, repeat, numpy_repeat))
+                row = _run_time_case(case, count, repeat, numpy_repeat)
+            row["others_cpu"] = share = _others_share(before, _machine_cpu())
+            if share is not None and share >= NOISY_SHARE:
+                row["notes"].append(f"noisy: other processes used {100 * share:.0f}% of the "
+                                    "CPUs")
+            rows.append(row)
     return rows
 
 
@@ -556,7 +629,7 @@ def _ffn_target(rows):
     if s is None or not s.get("numpy_gflops"):
         return None, "needs the sgemm case in the same run"
     v = f["fastattn_gflops"] / s["numpy_gflops"]
-    return v, f"{100 * v:.0f}% of sgemm ({f['fastattn_gflops']:.0f} vs " \
+    return v, f"{100 * v:.1f}% of sgemm ({f['fastattn_gflops']:.0f} vs " \
               f"{s['numpy_gflops']:.0f} GFLOP/s)"
 
 

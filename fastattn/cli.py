@@ -57,6 +57,7 @@ def _parser():
     b.add_argument("--json", metavar="PATH", help="also write rows and targets as JSON to PATH")
     b.add_argument("--quick", action="store_true", help="fewer repeats (a rough look)")
     b.add_argument("--list", action="store_true", help="list the cases and exit")
+    b.set_defaults(subparser=b)
 
     sub.add_parser("demo", help="causal attention with ops and with the NumPy reference",
                    description="A few-second demonstration: causal attention on a small random "
@@ -80,7 +81,12 @@ def _info(args):
 
 
 def _bench(args):
+    import os
+
     from . import bench
+
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        args.subparser.error(f"argument --json: no such directory for {args.json!r}")  # exit 2
 
     if args.list:
         for name, case in bench.CASES.items():
