@@ -1,8 +1,11 @@
 """Process-wide runtime state: SIMD level (chosen once at import), thread count, build_info().
 
 The thread count is resolved here once and passed to every kernel call; kernels never read the
-environment. OMP_NUM_THREADS is honoured at import; set_num_threads() changes it later and sets
-OpenBLAS's own pool to the same number.
+environment. OMP_NUM_THREADS is honoured at import; set_num_threads() changes it later.
+
+One thread pool: the kernels split every GEMM across their OpenMP threads and call OpenBLAS
+single-threaded inside them, so OpenBLAS's own pool is kept at one thread. (Letting it grow
+would only add workers that spin after each call and take cores from the next kernel.)
 """
 import os
 
@@ -35,10 +38,11 @@ def _resolve_threads(n):
 
 
 def set_num_threads(n=None):
-    """Set the threads fastattn's kernels (OpenMP) and its BLAS use. Returns the resolved count."""
+    """Set the threads fastattn's kernels use (OpenMP; the GEMMs are split across the same
+    threads, each calling BLAS single-threaded). Returns the resolved count."""
     count = _resolve_threads(n)
     _state["threads"] = count
-    _kernels.blas_set_num_threads(count)
+    _kernels.blas_set_num_threads(1)
     return count
 
 

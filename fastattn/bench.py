@@ -217,6 +217,68 @@ def _memory_case(B=1, H=4, L=16384, D=64):
     return case
 
 
+BASE = dict(d_model=512, nhead=8, num_encoder_layers=6, num_decoder_layers=6,
+            dim_feedforward=2048)  # Transformer-base of "Attention Is All You Need"
+
+
+@functools.lru_cache(maxsize=None)
+def _base_model(backend):
+    """Transformer-base with seeded random weights (the same weights for every backend)."""
+    from . import nn
+    return nn.Transformer(**BASE, backend=backend, seed=0)
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_base_model():
+    """torch's nn.Transformer (batch_first, eval) holding the weights of _base_model."""
+    torch = _torch()
+    model = torch.nn.Transformer(**BASE, dropout=0.0, batch_first=True).eval()
+    weights = {k: torch.from_numpy(v) for k, v in _base_model("fast").state_dict().items()}
+    model.load_state_dict(weights)
+    return model
+
+
+def _model_case(name, B, S, T):
+    """Transformer-base forward: the encoder alone (T = 0), or encoder + decoder with a causal
+    target; fastattn's fast backend vs its reference backend vs torch's nn.Transformer."""
+    C = BASE["d_model"]
+
+    def build(rng):
+        inputs = {"src": _normal(rng, (B, S, C))}
+        if T:
+            inputs["tgt"] = _normal(rng, (B, T, C))
+            from . import nn
+            inputs["tgt_mask"] = nn.generate_square_subsequent_mask(T)
+        return inputs
+
+    def impl(backend):
+        def factory(i):
+            m = _base_model(backend)
+            if not T:
+                return functools.partial(m.encoder, i["src"])
+            return functools.partial(m, i["src"], i["tgt"], tgt_mask=i["tgt_mask"],
+                                     tgt_is_causal=True)
+        return factory
+
+    def torch_body(F, t):
+        m = _torch_base_model()
+        if not T:
+            return functools.partial(m.encoder, t["src"])
+        return functools.partial(m, t["src"], t["tgt"], tgt_mask=t["tgt_mask"],
+                                 tgt_is_causal=True)
+
+    L = lambda n: 2 * B * n * (4 * C * C + 2 * C * BASE["dim_feedforward"])  # noqa: E731
+    flops = 6 * L(S)                                             # encoder layers (GEMMs only)
+    if T:
+        flops += 6 * (L(T) + 2 * B * T * 2 * C * C + 2 * B * S * 2 * C * C)  # + cross-attn
+    what = f"encoder B={B} L={S}" if not T else f"encoder-decoder B={B} S={S} T={T} causal"
+    case = Case(name, f"Transformer-base {what}", build,
+                {"fastattn": impl("fast"), "numpy": impl("reference"),
+                 "torch": _torch_impl(torch_body)}, flops=flops)
+    case.numpy_label = "reference backend"
+    return case
+
+
 CASES = {c.name: c for c in (
     _attention_case("attention_causal", "attention causal", 4, 8, 512, 64, True),
     _attention_case("attention_full", "attention full", 4, 8, 512, 64, False),
@@ -224,11 +286,13 @@ CASES = {c.name: c for c in (
     _ffn_case(),
     _sgemm_case(),
     _memory_case(),
+    _model_case("encoder", 8, 128, 0),
+    _model_case("transformer", 8, 128, 128),
     # A tiny case for the command line's own tests; not run by default.
     _attention_case("smoke", "smoke: attention causal", 1, 2, 128, 32, True),
 )}
 DEFAULT_CASES = ("attention_causal", "attention_full", "layer_norm", "ffn", "sgemm",
-                 "attention_memory")
+                 "attention_memory", "encoder", "transformer")
 
 
 # ---- thread pools ------------------------------------------------------------------------------
@@ -641,6 +705,9 @@ TARGETS = (
     ("attention_memory", "peak memory growth < 64 MiB", _memory_target, lambda v: v < 64),
     ("ffn", "GFLOP/s >= 90% of sgemm GFLOP/s", _ffn_target, lambda v: v >= 0.9),
     _speedup_target("layer_norm", "torch", 1.5),
+    _speedup_target("encoder", "torch", 1.05),
+    _speedup_target("transformer", "torch", 1.15),
+    _speedup_target("transformer", "numpy", 2),
 )
 
 
