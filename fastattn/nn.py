@@ -365,7 +365,8 @@ class LayerNorm(Module):
 
     _params = ("weight", "bias")
 
-    def __init__(self, normalized_shape, eps=1e-5, *, backend="fast"):
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, *,
+                 backend="fast"):
         super().__init__(backend)
         if isinstance(normalized_shape, (tuple, list)):
             if len(normalized_shape) != 1:
@@ -376,8 +377,9 @@ class LayerNorm(Module):
         if not (isinstance(eps, numbers.Real) and eps > 0):
             raise ValueError(f"LayerNorm: eps must be positive, got {eps!r}")
         self.eps = float(eps)
-        self.weight = np.ones(self.normalized_shape, np.float32)
-        self.bias = np.zeros(self.normalized_shape, np.float32)
+        self.weight = np.ones(self.normalized_shape, np.float32) if elementwise_affine else None
+        self.bias = (np.zeros(self.normalized_shape, np.float32)
+                     if elementwise_affine and bias else None)
 
     def __call__(self, x, residual=None):
         if self.backend == "fast":
@@ -558,8 +560,8 @@ class TransformerEncoderLayer(Module):
         self.self_attn = MultiheadAttention(d_model, nhead, bias=bias, backend=backend, seed=rng)
         self.linear1 = Linear(d_model, dim_feedforward, bias=bias, backend=backend, seed=rng)
         self.linear2 = Linear(dim_feedforward, d_model, bias=bias, backend=backend, seed=rng)
-        self.norm1 = LayerNorm(d_model, layer_norm_eps, backend=backend)
-        self.norm2 = LayerNorm(d_model, layer_norm_eps, backend=backend)
+        self.norm1 = LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)
+        self.norm2 = LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)
 
     def _ffn(self, h, ws):
         return self._ops.ffn(h, self.linear1.weight, self.linear1.bias, self.linear2.weight,
@@ -606,7 +608,7 @@ class TransformerDecoderLayer(TransformerEncoderLayer):
                          batch_first, norm_first, bias, backend=backend, seed=rng)
         self.multihead_attn = MultiheadAttention(d_model, nhead, bias=bias, backend=backend,
                                                  seed=rng)
-        self.norm3 = LayerNorm(d_model, layer_norm_eps, backend=backend)
+        self.norm3 = LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)
 
     def _forward(self, x, memory, tgt_mask, memory_mask, ws, B):
         T = x.shape[0] // B
@@ -757,10 +759,9 @@ class Transformer(Module):
                   backend=backend)
         enc = TransformerEncoderLayer(d_model, nhead, seed=rng, **kw)
         dec = TransformerDecoderLayer(d_model, nhead, seed=rng, **kw)
-        self.encoder = TransformerEncoder(enc, num_encoder_layers,
-                                          LayerNorm(d_model, layer_norm_eps, backend=backend))
-        self.decoder = TransformerDecoder(dec, num_decoder_layers,
-                                          LayerNorm(d_model, layer_norm_eps, backend=backend))
+        norm = lambda: LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)  # noqa
+        self.encoder = TransformerEncoder(enc, num_encoder_layers, norm())
+        self.decoder = TransformerDecoder(dec, num_decoder_layers, norm())
         for name, p in self.named_parameters():        # torch's _reset_parameters: xavier
             if p.ndim > 1:
                 p[...] = _xavier(rng, p.shape)
@@ -839,7 +840,7 @@ class Seq2SeqTransformer(Module):
         return np.asarray(ids) == self.pad_id
 
     def _embed(self, emb, name, ids):
-        ids = np.asarray(ids)
+        ids = _token_ids(name, ids, emb.embedding.num_embeddings)
         if ids.ndim != 2:
             raise ValueError(f"{name} must be (B, L) token ids, got shape {ids.shape}")
         return self.positional_encoding(emb(ids))           # (B, L, C) * sqrt(C) + pe
