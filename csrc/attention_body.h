@@ -139,6 +139,40 @@ static void FA_CAT(masked_scores_, FA_SFX)(const fa_att_args *a, int64_t b, int6
     }
 }
 
+/* dst[c][r] = src[r][c] * scale * (cscale ? cscale[c] : 1) for r < rows, c < cols: the q block
+ * packing and the output write-back, in 4x4 register transposes with a scalar rim. */
+static void FA_CAT(transpose_, FA_SFX)(float *FA_RESTRICT dst, int64_t ldd,
+                                       const float *FA_RESTRICT src, int64_t lds, int64_t rows,
+                                       int64_t cols, float scale, const float *cscale)
+{
+    typedef float v4 __attribute__((vector_size(16), aligned(4), may_alias));
+    const int64_t r4 = rows - rows % 4, c4 = cols - cols % 4;
+    for (int64_t r = 0; r < r4; r += 4) {
+        for (int64_t c = 0; c < c4; c += 4) {
+            const v4 a = *(const v4 *)(src + r * lds + c), b = *(const v4 *)(src + (r + 1) * lds + c);
+            const v4 e = *(const v4 *)(src + (r + 2) * lds + c), f = *(const v4 *)(src + (r + 3) * lds + c);
+            const v4 t0 = __builtin_shufflevector(a, b, 0, 4, 1, 5);
+            const v4 t1 = __builtin_shufflevector(a, b, 2, 6, 3, 7);
+            const v4 t2 = __builtin_shufflevector(e, f, 0, 4, 1, 5);
+            const v4 t3 = __builtin_shufflevector(e, f, 2, 6, 3, 7);
+            v4 o[4] = {__builtin_shufflevector(t0, t2, 0, 1, 4, 5),
+                       __builtin_shufflevector(t0, t2, 2, 3, 6, 7),
+                       __builtin_shufflevector(t1, t3, 0, 1, 4, 5),
+                       __builtin_shufflevector(t1, t3, 2, 3, 6, 7)};
+            for (int u = 0; u < 4; u++) {
+                const float s = cscale ? scale * cscale[c + u] : scale;
+                *(v4 *)(dst + (c + u) * ldd + r) = o[u] * s;
+            }
+        }
+        for (int64_t c = c4; c < cols; c++)
+            for (int64_t rr = r; rr < r + 4; rr++)
+                dst[c * ldd + rr] = src[rr * lds + c] * (cscale ? scale * cscale[c] : scale);
+    }
+    for (int64_t r = r4; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            dst[c * ldd + r] = src[r * lds + c] * (cscale ? scale * cscale[c] : scale);
+}
+
 /* Size of the key block starting at jb: up to ATT_BK keys, but never straddling jdiag, so that
  * blocks left of the causal diagonal take the unmasked fast path and only the < BQ keys right
  * of it are masked element by element. */
@@ -169,9 +203,10 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
     const float *q_bh = a->q + b * a->qs[0] + h * a->qs[1];
     const float *v_bh = a->v + b * a->vs[0] + h * a->vs[1];
     const float qscale = a->scale * FA_LOG2E;
-    for (int64_t d = 0; d < D; d++)
-        for (int64_t i = 0; i < BQ; i++)
-            qt[d * BQ + i] = i < nq ? q_bh[(i0 + i) * a->qs[2] + d] * qscale : 0.0f;
+    if (nq < BQ) /* lanes past the last query stay 0 */
+        for (int64_t d = 0; d < D; d++)
+            for (int64_t i = nq; i < BQ; i++) qt[d * BQ + i] = 0.0f;
+    FA_CAT(transpose_, FA_SFX)(qt, BQ, q_bh + i0 * a->qs[2], a->qs[2], nq, D, qscale, NULL);
     for (int64_t i = 0; i < Dv * BQ; i++) ot[i] = 0.0f;
     for (int64_t i = 0; i < BQ; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
 
@@ -210,12 +245,11 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
 
     /* out_i = ot[:, i] / l_i (0 for a row with no visible key); lse_i = (m_i + log2 l_i) ln 2 */
     float *o_bh = a->out + b * a->os[0] + h * a->os[1];
-    for (int64_t i = 0; i < nq; i++) {
-        const float inv = l[i] == 0.0f ? 0.0f : 1.0f / l[i];
-        float *o_i = o_bh + (i0 + i) * a->os[2];
-        for (int64_t e = 0; e < Dv; e++) o_i[e] = ot[e * BQ + i] * inv;
+    for (int64_t i = 0; i < nq; i++) {   /* l becomes 1/l, m becomes lse */
         m[i] = l[i] == 0.0f ? -INFINITY : (m[i] + log2f(l[i])) * FA_LN2;
+        l[i] = l[i] == 0.0f ? 0.0f : 1.0f / l[i];
     }
+    FA_CAT(transpose_, FA_SFX)(o_bh + i0 * a->os[2], a->os[2], ot, BQ, Dv, nq, 1.0f, l);
     if (a->lse) {
         float *lse_bh = a->lse + (b * a->H + h) * Lq + i0;
         for (int64_t i = 0; i < nq; i++) lse_bh[i] = m[i];
