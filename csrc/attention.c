@@ -21,6 +21,7 @@ typedef struct {
 #include "fa_instantiate.h"
 
 typedef void (*att_task_fn)(const fa_att_args *, int64_t, int64_t, int64_t, float *);
+typedef void (*att_row_fn)(const fa_att_args *, int64_t, int64_t, int64_t, float *);
 
 int fa_attention_forward(float *out, float *lse, float *weights,
                           const float *q, const float *k, const float *v,
@@ -39,9 +40,13 @@ int fa_attention_forward(float *out, float *lse, float *weights,
     if (B <= 0 || H <= 0 || Lq <= 0) return 0;
 
     const int64_t bq = FA_DISPATCH(attention_block_q_)();
-    const int64_t scratch = FA_DISPATCH(attention_scratch_)(D, Dv);
+    /* Few queries: one row at a time along the head dim; else query blocks along the lanes. */
+    const int rows = Lq * 4 <= bq;
+    const int64_t scratch = rows ? FA_DISPATCH(attention_rows_scratch_)(Lk)
+                                 : FA_DISPATCH(attention_scratch_)(D, Dv);
     const att_task_fn task = FA_DISPATCH(attention_task_);
-    const int64_t nqb = (Lq + bq - 1) / bq, ntasks = B * H * nqb;
+    const att_row_fn row = FA_DISPATCH(attention_rows_);
+    const int64_t nqb = rows ? Lq : (Lq + bq - 1) / bq, ntasks = B * H * nqb;
     const double flops = 4.0 * (double)(B * H) * (double)Lq * (double)Lk * (double)(D + Dv) / 2;
     const int nt = fa_team_size(nthreads < ntasks ? nthreads : (int)ntasks, flops, 2e5);
 
@@ -55,7 +60,10 @@ int fa_attention_forward(float *out, float *lse, float *weights,
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < ntasks; t++) {
             const int64_t qb = nqb - 1 - t % nqb, bh = t / nqb;
-            task(&a, bh / H, bh % H, qb, mine);
+            if (rows)
+                row(&a, bh / H, bh % H, qb, mine);
+            else
+                task(&a, bh / H, bh % H, qb, mine);
         }
     }
     free(buf);

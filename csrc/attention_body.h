@@ -274,6 +274,76 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
     }
 }
 
+/* Few queries (a decode step, a handful of beams): one query row at a time, vectors along the
+ * head dim, so no lane is wasted on absent queries. Same masking rules and results (to
+ * rounding) as the tiled path.
+ *   scalar math:  s_j = (q_i . k_j) * scale + bias_ij;  out_i = sum_j 2^(s_j - m) v_j / l
+ * Scratch: Lk floats (the row's scores). */
+static int64_t FA_CAT(attention_rows_scratch_, FA_SFX)(int64_t Lk) { return Lk + FA_VL; }
+
+FA_INLINE float FA_CAT(dot_, FA_SFX)(const float *a, const float *b, int64_t n)
+{
+    VF acc = vsplat(0.0f);
+    int64_t d = 0;
+    for (; d + FA_VL <= n; d += FA_VL) acc += vload(a + d) * vload(b + d);
+    float s = hsum(acc);
+    for (; d < n; d++) s += a[d] * b[d];
+    return s;
+}
+
+static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int64_t h,
+                                            int64_t i, float *s)
+{
+    const int64_t D = a->D, Dv = a->Dv, Lk = a->Lk, off = Lk - a->Lq;
+    const float *q_i = a->q + b * a->qs[0] + h * a->qs[1] + i * a->qs[2];
+    const float *k_bh = a->k + b * a->ks[0] + h * a->ks[1];
+    const float *v_bh = a->v + b * a->vs[0] + h * a->vs[1];
+    float *o_i = a->out + b * a->os[0] + h * a->os[1] + i * a->os[2];
+    int64_t jend = Lk;
+    if (a->causal) jend = i + off + 1 < Lk ? (i + off + 1 > 0 ? i + off + 1 : 0) : Lk;
+
+    const float qscale = a->scale * FA_LOG2E;
+    float m = -INFINITY;
+    for (int64_t j = 0; j < jend; j++) {
+        float x = FA_CAT(dot_, FA_SFX)(q_i, k_bh + j * a->ks[2], D) * qscale;
+        if (a->key_bias) x += a->key_bias[b * Lk + j] * FA_LOG2E;
+        if (a->mask) x += a->mask[b * a->ms[0] + h * a->ms[1] + i * a->ms[2] + j * a->ms[3]]
+                          * FA_LOG2E;
+        s[j] = x;
+        m = x > m || x != x ? x : m;                  /* NaN wins, as it does in the tiles */
+    }
+    const float ref = m == -INFINITY ? 0.0f : m;
+    float l = 0.0f;
+    int64_t j = 0;
+    for (; j + FA_VL <= jend; j += FA_VL) {
+        VF p = vexp2(vload(s + j) - vsplat(ref));
+        vstore(s + j, p);
+        l += hsum(p);
+    }
+    for (; j < jend; j++) {
+        s[j] = vexp2(vsplat(s[j] - ref))[0];
+        l += s[j];
+    }
+    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
+    int64_t e = 0;
+    for (; e + FA_VL <= Dv; e += FA_VL) {           /* out_i = sum_j p_j v_j / l */
+        VF acc = vsplat(0.0f);
+        for (int64_t jj = 0; jj < jend; jj++) acc += vsplat(s[jj]) * vload(v_bh + jj * a->vs[2] + e);
+        vstore(o_i + e, acc * vsplat(inv));
+    }
+    for (; e < Dv; e++) {
+        float acc = 0.0f;
+        for (int64_t jj = 0; jj < jend; jj++) acc += s[jj] * v_bh[jj * a->vs[2] + e];
+        o_i[e] = acc * inv;
+    }
+    if (a->lse)
+        a->lse[(b * a->H + h) * a->Lq + i] = l == 0.0f ? -INFINITY : (m + log2f(l)) * FA_LN2;
+    if (a->weights) {
+        float *w_i = a->weights + ((b * a->H + h) * a->Lq + i) * Lk;
+        for (int64_t jj = 0; jj < Lk; jj++) w_i[jj] = jj < jend ? s[jj] * inv : 0.0f;
+    }
+}
+
 #undef NR
 #undef BQ
 #undef MR_S

@@ -18,13 +18,28 @@ typedef int32_t VI __attribute__((vector_size(FA_VL * 4), aligned(4), may_alias)
 FA_INLINE VF FA_CAT(vmax_, FA_SFX)(VF a, VF b) { return (VF)(((VI)(a > b) & (VI)a) | (~(VI)(a > b) & (VI)b)); }
 #define vmax FA_CAT(vmax_, FA_SFX)
 
-/* Horizontal reductions in a fixed lane order (deterministic). */
-FA_INLINE float FA_CAT(hsum_, FA_SFX)(VF a)
-{
-    float s = 0.0f;
-    for (int i = 0; i < FA_VL; i++) s += a[i];
-    return s;
-}
+/* Horizontal reductions in a fixed order (deterministic): hsum folds halves, a tree. */
+#if FA_VL == 16
+#define FA_FOLD(a) (__builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) + \
+                    __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15))
+#define FA_HSUM_BODY(a) { __typeof__(FA_FOLD(a)) h8 = FA_FOLD(a); \
+    float4_t h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + \
+                  __builtin_shufflevector(h8, h8, 4, 5, 6, 7); \
+    return (h4[0] + h4[2]) + (h4[1] + h4[3]); }
+#elif FA_VL == 8
+#define FA_HSUM_BODY(a) { float4_t h4 = __builtin_shufflevector(a, a, 0, 1, 2, 3) + \
+                                       __builtin_shufflevector(a, a, 4, 5, 6, 7); \
+    return (h4[0] + h4[2]) + (h4[1] + h4[3]); }
+#else
+#define FA_HSUM_BODY(a) { return (a[0] + a[2]) + (a[1] + a[3]); }
+#endif
+#ifndef FA_FLOAT4_T
+#define FA_FLOAT4_T
+typedef float float4_t __attribute__((vector_size(16)));
+#endif
+FA_INLINE float FA_CAT(hsum_, FA_SFX)(VF a) FA_HSUM_BODY(a)
+#undef FA_HSUM_BODY
+#undef FA_FOLD
 #define hsum FA_CAT(hsum_, FA_SFX)
 FA_INLINE float FA_CAT(hmax_, FA_SFX)(VF a)
 {

@@ -6,6 +6,7 @@
  * rows (decode steps): each thread takes a slice of the output features instead. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "fa_blas.h"
 #include "fastattn.h"
@@ -16,8 +17,12 @@
 #define ROW_BLOCK 512  /* rows per GEMM block: large enough for BLAS to run near its peak */
 #define MIN_ROWS 128   /* below this many rows per thread, split the output features instead */
 #define COL_ALIGN 16   /* feature slices start on a 64-byte boundary */
+#define SKINNY_ROWS 8  /* up to this many rows, our skinny kernel instead of BLAS (BLAS is weak
+                          on such shapes: it packs the whole weight for a few dot products) */
 
 typedef void (*epi_fn)(float *, const float *, int64_t, int64_t, int64_t, int);
+typedef void (*skinny_fn)(float *, int64_t, const float *, int64_t, const float *, int64_t,
+                          int64_t);
 
 /* [lo, hi) of `n` items for member t of a team of nt, rounded to `align`. */
 static void slice(int64_t n, int t, int nt, int64_t align, int64_t *lo, int64_t *hi)
@@ -36,15 +41,32 @@ static int64_t row_blocks(int64_t N, int nt)
     return (nblk + nt - 1) / nt * nt;
 }
 
-/* y[:, m0:m1] = act(x w[m0:m1]^T + b[m0:m1]) for this thread's slice of the M features. */
-static void linear_cols(float *y, const float *x, const float *w, const float *b, int64_t N,
-                        int64_t K, int64_t M, int act, epi_fn epi, int t, int nt)
+/* y[:, m0:m1] = act(x w[m0:m1]^T + b[m0:m1]) for this thread's slice of the M features.
+ * xp: x with rows padded to a multiple of 4 for the skinny kernel (N <= SKINNY_ROWS), or NULL
+ * to use BLAS. */
+static void linear_cols(float *y, const float *x, const float *xp, const float *w,
+                        const float *b, int64_t N, int64_t K, int64_t M, int act, epi_fn epi,
+                        skinny_fn skinny, int t, int nt)
 {
     int64_t m0, m1;
     slice(M, t, nt, COL_ALIGN, &m0, &m1);
     if (m0 >= m1) return;
-    fa_sgemm_rowmajor(0, 1, N, m1 - m0, K, 1.0f, x, K, w + m0 * K, K, 0.0f, y + m0, M);
+    if (xp)
+        skinny(y + m0, M, xp, N, w + m0 * K, m1 - m0, K);
+    else
+        fa_sgemm_rowmajor(0, 1, N, m1 - m0, K, 1.0f, x, K, w + m0 * K, K, 0.0f, y + m0, M);
     epi(y + m0, b ? b + m0 : NULL, N, m1 - m0, M, act);
+}
+
+/* x (N, K) copied into rows padded with zeros to a multiple of 4, for the skinny kernel; NULL
+ * when N is too large for it (or out of memory: BLAS then takes the call). */
+static float *skinny_rows(const float *x, int64_t N, int64_t K)
+{
+    if (N > SKINNY_ROWS) return NULL;
+    const int64_t n4 = (N + 3) / 4 * 4;
+    float *xp = calloc((size_t)(n4 * K), sizeof(float));
+    if (xp) memcpy(xp, x, (size_t)(N * K) * sizeof(float));
+    return xp;
 }
 
 void fa_linear_forward(float *y, const float *x, const float *weight, const float *bias,
@@ -55,6 +77,8 @@ void fa_linear_forward(float *y, const float *x, const float *weight, const floa
     const int nt = fa_team_size(nthreads, 2.0 * (double)N * (double)K * (double)M, 2e6);
     const int by_rows = N >= (int64_t)nt * MIN_ROWS;
     const int64_t nblk = row_blocks(N, nt), per = (N + nblk - 1) / nblk;
+    const skinny_fn skinny = FA_DISPATCH(skinny_gemm_);
+    float *xp = by_rows ? NULL : skinny_rows(x, N, K);
     const int prev = fa_blas_threads_push(1);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -68,10 +92,12 @@ void fa_linear_forward(float *y, const float *x, const float *weight, const floa
                 epi(y + r0 * M, bias, rows, M, M, activation);
             }
         } else {
-            linear_cols(y, x, weight, bias, N, K, M, activation, epi, fa_thread_id(), nt);
+            linear_cols(y, x, xp, weight, bias, N, K, M, activation, epi, skinny,
+                        fa_thread_id(), nt);
         }
     }
     fa_blas_threads_pop(prev);
+    free(xp);
 }
 
 int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
@@ -84,8 +110,12 @@ int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
     const int by_rows = N >= (int64_t)nt * MIN_ROWS;
     const int64_t nblk = row_blocks(N, nt), per = (N + nblk - 1) / nblk;
     /* by rows: one (per, F) hidden block per thread; by features: the whole (N, F), N small */
-    float *hidden = malloc((size_t)(by_rows ? per * F * nt : N * F) * sizeof(float));
+    float *hidden = malloc((size_t)(by_rows ? per * F * nt : (N + 3) / 4 * 4 * F) * sizeof(float));
     if (!hidden) return -1;
+    const skinny_fn skinny = FA_DISPATCH(skinny_gemm_);
+    float *xp = by_rows ? NULL : skinny_rows(x, N, C);
+    /* skinny: the hidden doubles as the padded input of the second GEMM (pad rows zeroed) */
+    if (xp) memset(hidden + N * F, 0, (size_t)(((N + 3) / 4 * 4 - N) * F) * sizeof(float));
     const int prev = fa_blas_threads_push(1);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -102,12 +132,14 @@ int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
                 epi(y + r0 * C, b2, rows, C, C, FA_ACT_NONE);
             }
         } else {
-            linear_cols(hidden, x, w1, b1, N, C, F, activation, epi, t, nt);
+            linear_cols(hidden, x, xp, w1, b1, N, C, F, activation, epi, skinny, t, nt);
 #pragma omp barrier
-            linear_cols(y, hidden, w2, b2, N, F, C, FA_ACT_NONE, epi, t, nt);
+            linear_cols(y, hidden, xp ? hidden : NULL, w2, b2, N, F, C, FA_ACT_NONE, epi,
+                        skinny, t, nt);
         }
     }
     fa_blas_threads_pop(prev);
+    free(xp);
     free(hidden);
     return 0;
 }

@@ -53,6 +53,7 @@ CHILD = textwrap.dedent(r"""
         dict(B=2, H=3, Lq=37, Lk=53, D=7, Dv=33, causal=True, mask="bool", kpm=True),
         dict(B=1, H=2, Lq=129, Lk=97, D=80, Dv=80, causal=True, mask="float", kpm=False),
         dict(B=3, H=1, Lq=1, Lk=200, D=64, Dv=16, causal=True, mask=None, kpm=True),
+        dict(B=2, H=3, Lq=2, Lk=150, D=33, Dv=17, causal=True, mask="float", kpm=True),
         dict(B=2, H=2, Lq=65, Lk=65, D=1, Dv=128, causal=False, mask="bool", kpm=False),
     ]
     for i, c in enumerate(cases):
