@@ -280,6 +280,7 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
  *   scalar math:  s_j = (q_i . k_j) * scale + bias_ij;  out_i = sum_j 2^(s_j - m) v_j / l
  * Scratch: Lk floats (the row's scores). */
 static int64_t FA_CAT(attention_rows_scratch_, FA_SFX)(int64_t Lk) { return Lk + FA_VL; }
+/* (scores, padded to whole vectors) */
 
 FA_INLINE float FA_CAT(dot_, FA_SFX)(const float *a, const float *b, int64_t n)
 {
@@ -313,16 +314,15 @@ static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int
         m = x > m || x != x ? x : m;                  /* NaN wins, as it does in the tiles */
     }
     const float ref = m == -INFINITY ? 0.0f : m;
+    /* l in whole vectors, the last one padded with -inf -> 0: the same sum, in the same order,
+     * whether or not masked (padding) keys follow, so padding never changes a row's result */
+    const int64_t jpad = (jend + FA_VL - 1) / FA_VL * FA_VL;
+    for (int64_t j = jend; j < jpad; j++) s[j] = -INFINITY;
     float l = 0.0f;
-    int64_t j = 0;
-    for (; j + FA_VL <= jend; j += FA_VL) {
+    for (int64_t j = 0; j < jpad; j += FA_VL) {
         VF p = vexp2(vload(s + j) - vsplat(ref));
         vstore(s + j, p);
         l += hsum(p);
-    }
-    for (; j < jend; j++) {
-        s[j] = vexp2(vsplat(s[j] - ref))[0];
-        l += s[j];
     }
     const float inv = l == 0.0f ? 0.0f : 1.0f / l;
     int64_t e = 0;

@@ -872,6 +872,40 @@ class Seq2SeqTransformer(Module):
         out = self.transformer.decoder._forward(_stream(y, ws), mem, tm, mm, ws, B)
         return out.reshape(B, T, C).copy()
 
+    def generate(self, src_ids, *, max_new_tokens, start_id, end_id=None, pad_id=0,
+                 src_key_padding_mask=None, method="greedy", beam_size=4, length_penalty=1.0,
+                 temperature=1.0, top_k=None, top_p=None, seed=None):
+        """Generate target ids (B, T) int64 from src_ids (B, S): greedy, beam or sample, with a
+        KV cache on the fast backend. See fastattn.generate for the exact rules."""
+        from .generate import generate
+        return generate(self, src_ids, max_new_tokens=max_new_tokens, start_id=start_id,
+                        end_id=end_id, pad_id=pad_id,
+                        src_key_padding_mask=src_key_padding_mask, method=method,
+                        beam_size=beam_size, length_penalty=length_penalty,
+                        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+
+    def translate(self, texts, src_tokenizer, tgt_tokenizer, **generate_kwargs):
+        """Text in, text out: encode `texts` with src_tokenizer (with <start>/<end> when it has
+        them), generate, decode with tgt_tokenizer (specials dropped). generate_kwargs go to
+        generate(); start_id, end_id and pad_id default to tgt_tokenizer's specials."""
+        if isinstance(texts, str):
+            raise TypeError("translate: texts must be a list of strings, got a single str")
+        texts = list(texts)
+        if not texts:
+            return []
+        v = tgt_tokenizer.vocab
+        kw = dict(start_id=v.start_id, end_id=v.end_id,
+                  pad_id=v.pad_id if v.pad_id is not None else 0)
+        kw.update(generate_kwargs)
+        if kw["start_id"] is None:
+            raise ValueError("translate: tgt_tokenizer has no <start> token; pass start_id")
+        kw.setdefault("max_new_tokens", 64)
+        sv = src_tokenizer.vocab
+        ids, kpm = src_tokenizer.encode_batch(
+            texts, add_start_end=sv.start_id is not None and sv.end_id is not None)
+        out = self.generate(ids, src_key_padding_mask=kpm, **kw)
+        return [tgt_tokenizer.decode(row.tolist()) for row in out]
+
     def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None,
                  src_key_padding_mask=None, tgt_key_padding_mask=None,
                  memory_key_padding_mask=None, tgt_is_causal=True):
