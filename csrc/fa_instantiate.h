@@ -9,12 +9,16 @@
  * Per-ISA tuning knobs (vector width, register tile sizes) live here, in one table:
  *   FA_VL     floats per vector         ATT_NR    query vectors per attention tile (BQ = NR*VL)
  *   ATT_MR_S  keys per score tile       ATT_MR_P  value features per P.V tile
+ *   SK_NV     weight vectors per packed-GEMM tile   SK_RB  rows of x per packed-GEMM tile
  */
+#define FA_PANEL 48 /* features per packed weight panel: a multiple of every SK_NV * FA_VL */
 #define FA_SFX generic
 #define FA_VL 4
 #define ATT_NR 2
 #define ATT_MR_S 6
 #define ATT_MR_P 4
+#define SK_NV 2
+#define SK_RB 6
 #include "fa_simd.h"
 #include FA_BODY
 #include "fa_simd_end.h"
@@ -27,6 +31,8 @@
 #define ATT_NR 2
 #define ATT_MR_S 6
 #define ATT_MR_P 4
+#define SK_NV 2
+#define SK_RB 6
 #include "fa_simd.h"
 #include FA_BODY
 #include "fa_simd_end.h"
@@ -41,6 +47,8 @@
 #define ATT_NR 4
 #define ATT_MR_S 6
 #define ATT_MR_P 4
+#define SK_NV 3
+#define SK_RB 8
 #include "fa_simd.h"
 #include FA_BODY
 #include "fa_simd_end.h"

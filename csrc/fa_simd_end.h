@@ -11,3 +11,5 @@
 #undef ATT_NR
 #undef ATT_MR_S
 #undef ATT_MR_P
+#undef SK_NV
+#undef SK_RB

@@ -130,4 +130,24 @@ int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
                    const float *w2, const float *b2, int64_t N, int64_t C, int64_t F,
                    int activation, int nthreads);  /* 0, or -1: out of memory */
 
+/* fa_pack_panels -- weights laid out for fa_linear_packed_forward (done once per model).
+ *
+ *   wp  (ceil(M/48), K, 48)  out; fa_packed_size(M, K) floats; wp[p][k][f] = w[48p + f][k],
+ *                            zero for features past M
+ *   w   (M, K)               in (torch layout)
+ */
+int64_t fa_packed_size(int64_t M, int64_t K);
+void fa_pack_panels(float *wp, const float *w, int64_t M, int64_t K, int nthreads);
+
+/* fa_linear_packed_forward -- y = act(x weight^T + bias) for a few rows, weights packed.
+ *
+ *   y     (N, M)  out        x  (N, K)  in        bias (M)  in, may be NULL
+ *   wp    packed weight (fa_pack_panels)
+ *   For decode steps (N = a handful of rows): bound by streaming wp once, in order; threads
+ *   split the panels. Each element is computed the same way whatever N is.
+ *   Twin: fastattn.reference.linear (on the unpacked weight)
+ */
+void fa_linear_packed_forward(float *y, const float *x, const float *wp, const float *bias,
+                              int64_t N, int64_t K, int64_t M, int activation, int nthreads);
+
 #endif /* FASTATTN_H */

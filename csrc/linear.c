@@ -143,3 +143,46 @@ int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
     free(hidden);
     return 0;
 }
+
+int64_t fa_packed_size(int64_t M, int64_t K)
+{
+    return (M + FA_PANEL - 1) / FA_PANEL * FA_PANEL * K;
+}
+
+void fa_pack_panels(float *wp, const float *w, int64_t M, int64_t K, int nthreads)
+{
+    const int64_t P = (M + FA_PANEL - 1) / FA_PANEL;
+    const int nt = fa_team_size(nthreads, (double)(P * FA_PANEL * K), 1e6);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t p = 0; p < P; p++) {
+        float *w_p = wp + p * K * FA_PANEL;
+        for (int64_t f = 0; f < FA_PANEL; f++) {       /* wp[p][k][f] = w[p*PANEL + f][k] */
+            const int64_t m = p * FA_PANEL + f;
+            for (int64_t k = 0; k < K; k++) w_p[k * FA_PANEL + f] = m < M ? w[m * K + k] : 0.0f;
+        }
+    }
+}
+
+typedef void (*packed_fn)(float *, int64_t, const float *, int64_t, const float *, int64_t,
+                          int64_t, int64_t, int64_t);
+
+void fa_linear_packed_forward(float *y, const float *x, const float *wp, const float *bias,
+                              int64_t N, int64_t K, int64_t M, int activation, int nthreads)
+{
+    if (N <= 0 || M <= 0) return;
+    const packed_fn gemm = FA_DISPATCH(packed_gemm_);
+    const epi_fn epi = FA_DISPATCH(bias_act_rows_);
+    const int64_t P = (M + FA_PANEL - 1) / FA_PANEL;
+    const int nt = fa_team_size(nthreads < P ? nthreads : (int)P,
+                                2.0 * (double)N * (double)K * (double)M, 2e5);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        int64_t p0, p1;                                   /* this thread's panels */
+        slice(P, fa_thread_id(), nt, 1, &p0, &p1);
+        if (p0 < p1) {
+            gemm(y, M, x, N, wp, p0, p1, M, K);
+            const int64_t m0 = p0 * FA_PANEL, m1 = p1 * FA_PANEL < M ? p1 * FA_PANEL : M;
+            epi(y + m0, bias ? bias + m0 : NULL, N, m1 - m0, M, activation);
+        }
+    }
+}

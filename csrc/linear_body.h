@@ -102,3 +102,52 @@ static void FA_CAT(skinny_gemm_, FA_SFX)(float *FA_RESTRICT y, int64_t ldy,
         }
     }
 }
+
+/* Few-row GEMM on packed weights (decode steps): y[r][m] = x_r . w_m, for panels [p0, p1).
+ *   y   (N, ldy)  out; columns of the panels' features (< M) only
+ *   x   (N, K)    in
+ *   wp  (P, K, FA_PANEL) in; panel p holds features p*FA_PANEL .. +FA_PANEL, row k contiguous
+ *       (fa_pack_panels), features past M are zero
+ * Vectors run along the features, so no horizontal sums: per k, SK_NV weight vectors meet a
+ * broadcast of each of SK_RB rows of x. Bound by streaming wp once, which it does in order.
+ * Each y element is the same sum in the same order whatever N is (batch invariance). */
+static void FA_CAT(packed_gemm_, FA_SFX)(float *FA_RESTRICT y, int64_t ldy,
+                                         const float *FA_RESTRICT x, int64_t N,
+                                         const float *FA_RESTRICT wp, int64_t p0, int64_t p1,
+                                         int64_t M, int64_t K)
+{
+    const int64_t step = SK_NV * FA_VL;             /* features per register tile */
+    for (int64_t p = p0; p < p1; p++) {
+        const float *w_p = wp + p * K * FA_PANEL;
+        for (int64_t f0 = 0; f0 < FA_PANEL; f0 += step) {
+            const int64_t m0 = p * FA_PANEL + f0;
+            if (m0 >= M) break;
+            for (int64_t r0 = 0; r0 < N; r0 += SK_RB) {
+                const int64_t nr = N - r0 < SK_RB ? N - r0 : SK_RB;
+                VF acc[SK_RB][SK_NV];
+                for (int r = 0; r < SK_RB; r++)
+                    for (int c = 0; c < SK_NV; c++) acc[r][c] = vsplat(0.0f);
+                const float *w_k = w_p + f0;
+                const float *x_r0 = x + r0 * K;
+                for (int64_t k = 0; k < K; k++, w_k += FA_PANEL) {
+                    VF wv[SK_NV];
+                    for (int c = 0; c < SK_NV; c++) wv[c] = vload(w_k + c * FA_VL);
+                    for (int r = 0; r < SK_RB; r++) {
+                        /* rows past N read row 0 again (harmless, never stored) */
+                        const VF xv = vsplat(x_r0[(r < nr ? r : 0) * K + k]);
+                        for (int c = 0; c < SK_NV; c++) acc[r][c] += xv * wv[c];
+                    }
+                }
+                const int64_t nf = M - m0 < step ? M - m0 : step;
+                for (int r = 0; r < nr; r++) {
+                    float *y_r = y + (r0 + r) * ldy + m0;
+                    if (nf == step) {
+                        for (int c = 0; c < SK_NV; c++) vstore(y_r + c * FA_VL, acc[r][c]);
+                    } else {
+                        for (int64_t f = 0; f < nf; f++) y_r[f] = acc[r][f / FA_VL][f % FA_VL];
+                    }
+                }
+            }
+        }
+    }
+}

@@ -36,6 +36,11 @@ cdef extern from "fastattn.h" nogil:
     int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
                        const float *w2, const float *b2, int64_t N, int64_t C, int64_t F,
                        int activation, int nthreads)
+    int64_t fa_packed_size(int64_t M, int64_t K)
+    void fa_pack_panels(float *wp, const float *w, int64_t M, int64_t K, int nthreads)
+    void fa_linear_packed_forward(float *y, const float *x, const float *wp, const float *bias,
+                                  int64_t N, int64_t K, int64_t M, int activation,
+                                  int nthreads)
 
 
 def cpu_init(int forced):
@@ -172,3 +177,21 @@ def ffn_forward(float[:, ::1] y, const float[:, ::1] x, const float[:, ::1] w1,
                             x.shape[1], w1.shape[0], activation, nthreads)
     if rc != 0:
         raise MemoryError("ffn: could not allocate the hidden row blocks")
+
+
+def packed_size(int64_t M, int64_t K):
+    return fa_packed_size(M, K)
+
+
+def pack_panels(float[::1] wp, const float[:, ::1] w, int nthreads):
+    with nogil:
+        fa_pack_panels(&wp[0], &w[0, 0], w.shape[0], w.shape[1], nthreads)
+
+
+def linear_packed_forward(float[:, ::1] y, const float[:, ::1] x, const float[::1] wp,
+                          const float[::1] bias, int activation, int nthreads):
+    """y (N, M), x (N, K), wp from pack_panels of an (M, K) weight."""
+    cdef const float *bp = _copt1(bias)
+    with nogil:
+        fa_linear_packed_forward(&y[0, 0], &x[0, 0], &wp[0], bp, x.shape[0], x.shape[1],
+                                 y.shape[1], activation, nthreads)

@@ -5,7 +5,7 @@
 How the fast backend decodes (one token per step, per row):
 - the encoder runs once; each decoder layer's cross-attention keys and values are projected
   once per source and shared by that source's beams (the beams are the attention's queries);
-- self-attention keys and values go into a cache preallocated per layer, (T_max, rows, H, D),
+- self-attention keys and values go into a cache preallocated per layer, (rows, H, T_max, D),
   written in place at each step; only the last position runs through the decoder and only its
   logits are computed;
 - rows that have finished are dropped from the work (their caches compacted away), and beams
@@ -100,6 +100,41 @@ def _check(model, src_ids, max_new_tokens, start_id, end_id, pad_id, src_key_pad
 
 # ---- decoders: tokens in, last-position logits out ---------------------------------------------
 
+PACKED_MAX_ROWS = 32   # up to this many rows per step, the packed few-row kernel beats BLAS
+
+
+def _decoder_weights(model):
+    """(weight, rows) of every linear a decode step uses: rows=C for the cross-attention's
+    query projection (the first C rows of its in_proj_weight)."""
+    C = model.transformer.d_model
+    out = []
+    for layer in model.transformer.decoder.layers:
+        out += [(layer.self_attn.in_proj_weight, None), (layer.self_attn.out_proj.weight, None),
+                (layer.multihead_attn.in_proj_weight, C),
+                (layer.multihead_attn.out_proj.weight, None),
+                (layer.linear1.weight, None), (layer.linear2.weight, None)]
+    return out + [(model.generator.weight, None)]
+
+
+def _fingerprint(w):
+    """Cheap check that a weight has not been edited in place since it was packed."""
+    flat = w.reshape(-1)
+    return float(flat[:: max(1, flat.size // 4096)].astype(np.float64).sum()), flat.size
+
+
+def _packed_weights(model):
+    """{(id(weight), rows): PackedWeight} for the decoder, kept on the model between calls and
+    rebuilt when a weight was reloaded (load_state_dict) or visibly edited in place."""
+    cache = getattr(model, "_packed_cache", None)
+    ws = _decoder_weights(model)
+    stamp = [(id(w), rows, _fingerprint(w)) for w, rows in ws]
+    if cache is not None and cache[0] == stamp:
+        return cache[1]
+    packed = {(id(w), rows): ops.PackedWeight(w if rows is None else w[:rows]) for w, rows in ws}
+    model._packed_cache = (stamp, packed)
+    return packed
+
+
 class _CachedDecoder:
     """Fast backend: one position per step with per-layer KV caches (see module docstring).
 
@@ -108,6 +143,7 @@ class _CachedDecoder:
     def __init__(self, model, memory, mem_kpm, k, t_max):
         self.m, self.k = model, k
         self.ops = model._ops
+        self.packed = _packed_weights(model)
         tr = model.transformer
         self.layers = tr.decoder.layers
         self.final_norm = tr.decoder.norm
@@ -116,21 +152,33 @@ class _CachedDecoder:
         B, S, C = memory.shape
         R = B * k
         self.R = R
-        # cross-attention K|V of every layer, once per source: (B, S, 2C)
+        # cross-attention K and V of every layer, once per source, head-major so each
+        # (source, head) reads one contiguous block: (2, B, H, S, D)
         self.cross = []
         for layer in self.layers:
             mha = layer.multihead_attn
             b = None if mha.in_proj_bias is None else mha.in_proj_bias[C:]
             kv = self.ops.linear(memory.reshape(B * S, C), mha.in_proj_weight[C:], b)
-            self.cross.append(kv.reshape(B, S, 2 * C))
+            kv = kv.reshape(B, S, 2, self.H, self.D).transpose(2, 0, 3, 1, 4)
+            self.cross.append(np.ascontiguousarray(kv))
         self.mem_bias = None                                  # (B, S) float, -inf = padding
         if mem_kpm is not None:
             self.mem_bias = np.where(mem_kpm, np.float32(-np.inf), np.float32(0))
-        # self-attention caches, (T_max, R, H, D) per layer, keys and values
-        shape = (t_max, R, self.H, self.D)
+        # self-attention caches, (R, H, T_max, D) per layer, keys and values: each (row, head)
+        # reads its keys from one contiguous block
+        shape = (R, self.H, t_max, self.D)
         self.kc = [np.empty(shape, np.float32) for _ in self.layers]
         self.vc = [np.empty(shape, np.float32) for _ in self.layers]
         self.spare = np.empty(shape, np.float32)             # double buffer for reordering
+
+    def _linear(self, x, weight, bias, act=None, rows=None):
+        """x (R, K) @ weight[:rows].T + bias: packed weights for decode-sized R."""
+        packed = self.packed.get((id(weight), rows)) if x.shape[0] <= PACKED_MAX_ROWS else None
+        if packed is None:
+            w = weight if rows is None else weight[:rows]
+            return self.ops.linear(x, w, bias, act)
+        y = np.empty((x.shape[0], packed.shape[0]), np.float32)
+        return ops._linear_packed_into(y, x, packed, bias, ops.ACTIVATIONS[act])
 
     def _attend(self, q, k, v, key_bias, out):
         mask = _StepMask(key_bias)
@@ -145,38 +193,37 @@ class _CachedDecoder:
         x *= np.float32(math.sqrt(C))
         x += m.positional_encoding.pe[t]
         ctx = np.empty((R, C), np.float32)
+        lin = self._linear
         for li, layer in enumerate(self.layers):
             # masked self-attention over the cache (the new position sees every earlier one)
             def self_attn(h, li=li, layer=layer):
                 mha = layer.self_attn
-                qkv = o.linear(h, mha.in_proj_weight, mha.in_proj_bias)     # (R, 3C)
+                qkv = lin(h, mha.in_proj_weight, mha.in_proj_bias)          # (R, 3C)
                 parts = qkv.reshape(R, 3, H, D)
-                self.kc[li][t] = parts[:, 1]
-                self.vc[li][t] = parts[:, 2]
+                self.kc[li][:, :, t] = parts[:, 1]                           # written in place
+                self.vc[li][:, :, t] = parts[:, 2]
                 q = parts[:, 0][:, :, None, :]                               # (R, H, 1, D)
-                kk = self.kc[li][:t + 1].transpose(1, 2, 0, 3)               # (R, H, t+1, D)
-                vv = self.vc[li][:t + 1].transpose(1, 2, 0, 3)
+                kk = self.kc[li][:, :, :t + 1]                               # (R, H, t+1, D)
+                vv = self.vc[li][:, :, :t + 1]
                 out = ctx.reshape(R, H, 1, D)
                 self._attend(q, kk, vv, None, out)
-                return o.linear(ctx, mha.out_proj.weight, mha.out_proj.bias)
+                return lin(ctx, mha.out_proj.weight, mha.out_proj.bias)
 
             # cross-attention: the k beams of a source are its queries against its memory
             def cross_attn(h, li=li, layer=layer):
                 mha = layer.multihead_attn
                 b = None if mha.in_proj_bias is None else mha.in_proj_bias[:C]
-                qp = o.linear(h, mha.in_proj_weight[:C], b)                  # (R, C)
+                qp = lin(h, mha.in_proj_weight, b, rows=C)                   # (R, C)
                 q = qp.reshape(B, k, H, D).transpose(0, 2, 1, 3)              # (B, H, k, D)
-                kv = self.cross[li].reshape(B, -1, 2, H, D)
-                kk = kv[:, :, 0].transpose(0, 2, 1, 3)                       # (B, H, S, D)
-                vv = kv[:, :, 1].transpose(0, 2, 1, 3)
+                kk, vv = self.cross[li]                                      # (B, H, S, D)
                 out = ctx.reshape(B, k, H, D).transpose(0, 2, 1, 3)
                 mb = None if self.mem_bias is None else self.mem_bias.reshape(-1)
                 self._attend(q, kk, vv, mb, out)
-                return o.linear(ctx, mha.out_proj.weight, mha.out_proj.bias)
+                return lin(ctx, mha.out_proj.weight, mha.out_proj.bias)
 
             def ffn(h, layer=layer):
-                return o.ffn(h, layer.linear1.weight, layer.linear1.bias, layer.linear2.weight,
-                             layer.linear2.bias, layer.activation)
+                hid = lin(h, layer.linear1.weight, layer.linear1.bias, act=layer.activation)
+                return lin(hid, layer.linear2.weight, layer.linear2.bias)
 
             for norm, f in ((layer.norm1, self_attn), (layer.norm2, cross_attn),
                             (layer.norm3, ffn)):
@@ -188,25 +235,24 @@ class _CachedDecoder:
         if n is not None:
             x = o.add_norm(x, None, n.weight, n.bias, n.eps)
         g = m.generator
-        return o.linear(x, g.weight, g.bias)
+        return lin(x, g.weight, g.bias)
 
     def reorder(self, rows, t, sources=None):
         """Keep cache rows `rows` (new row i = old row rows[i]) for positions < t; `sources`
         (when whole sources were dropped) = the kept sources, for the cross-attention K/V."""
         R = len(rows)
-        shrink = R != self.kc[0].shape[1]
+        shrink = R != self.kc[0].shape[0]
         for caches in (self.kc, self.vc):
             for li, c in enumerate(caches):
-                new = np.empty((c.shape[0], R) + c.shape[2:], np.float32) if shrink \
-                    else self.spare
-                np.take(c[:t], rows, axis=1, out=new[:t])                  # gather cache rows
+                new = np.empty((R,) + c.shape[1:], np.float32) if shrink else self.spare
+                np.take(c[:, :, :t], rows, axis=0, out=new[:, :, :t])      # gather cache rows
                 caches[li] = new
                 if not shrink:
                     self.spare = c                                         # double buffer
         if shrink:
             self.spare = np.empty_like(self.kc[0])
         if sources is not None:
-            self.cross = [c[sources] for c in self.cross]
+            self.cross = [c[:, sources] for c in self.cross]
             if self.mem_bias is not None:
                 self.mem_bias = self.mem_bias[sources]
 

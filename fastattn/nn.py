@@ -247,6 +247,8 @@ class Module:
         for k, arr in own.items():
             if k in given:
                 arr[...] = given[k]                  # in place: shared views stay valid
+        for m in self.modules():                     # derived copies (packed decode weights)
+            m.__dict__.pop("_packed_cache", None)
         return missing, unexpected
 
     def to_backend(self, backend):

@@ -317,3 +317,22 @@ def _attention_into(out, q, k, v, bias, key_bias, causal, scale):
     _kernels.attention_forward(out, None, None, q, k, v, bias, key_bias, scale, causal,
                                get_num_threads())
     return out
+
+
+class PackedWeight:
+    """A linear layer's (M, K) weight repacked for decode-sized products (a few rows): the
+    kernel streams it once, in order, with vectors along the output features."""
+
+    __slots__ = ("data", "shape")
+
+    def __init__(self, weight):
+        w = np.ascontiguousarray(weight, dtype=np.float32)
+        self.shape = w.shape
+        self.data = np.empty(_kernels.packed_size(*w.shape), np.float32)
+        _kernels.pack_panels(self.data, w, get_num_threads())
+
+
+def _linear_packed_into(y, x, packed, bias, act):
+    """y (N, M) = act(x (N, K) @ weight.T + bias) with the weight as a PackedWeight."""
+    _kernels.linear_packed_forward(y, x, packed.data, bias, act, get_num_threads())
+    return y
