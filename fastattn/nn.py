@@ -895,16 +895,16 @@ class Seq2SeqTransformer(Module):
         texts = list(texts)
         if not texts:
             return []
-        v = tgt_tokenizer.vocab
-        kw = dict(start_id=v.start_id, end_id=v.end_id,
-                  pad_id=v.pad_id if v.pad_id is not None else 0)
+        t = tgt_tokenizer
+        kw = dict(start_id=t.start_id, end_id=t.end_id,
+                  pad_id=t.pad_id if t.pad_id is not None else 0)
         kw.update(generate_kwargs)
         if kw["start_id"] is None:
             raise ValueError("translate: tgt_tokenizer has no <start> token; pass start_id")
         kw.setdefault("max_new_tokens", 64)
-        sv = src_tokenizer.vocab
-        ids, kpm = src_tokenizer.encode_batch(
-            texts, add_start_end=sv.start_id is not None and sv.end_id is not None)
+        s = src_tokenizer
+        ids, kpm = s.encode_batch(
+            texts, add_start_end=s.start_id is not None and s.end_id is not None)
         out = self.generate(ids, src_key_padding_mask=kpm, **kw)
         return [tgt_tokenizer.decode(row.tolist()) for row in out]
 
