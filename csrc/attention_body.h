@@ -279,17 +279,51 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
  * rounding) as the tiled path.
  *   scalar math:  s_j = (q_i . k_j) * scale + bias_ij;  out_i = sum_j 2^(s_j - m) v_j / l
  * Scratch: Lk floats (the row's scores). */
-static int64_t FA_CAT(attention_rows_scratch_, FA_SFX)(int64_t Lk) { return Lk + FA_VL; }
+static int64_t FA_CAT(attention_rows_scratch_, FA_SFX)(int64_t Lk) { return Lk + FA_VL + 4; }
 /* (scores, padded to whole vectors) */
 
-FA_INLINE float FA_CAT(dot_, FA_SFX)(const float *a, const float *b, int64_t n)
+/* Four dot products q . k_u (u < 4) of length n, summed in one fixed order (the same for every
+ * key, whichever group of four it falls in): lanes, then a 4x4 transpose-add. */
+FA_INLINE void FA_CAT(dot4_, FA_SFX)(float *out, const float *q, const float *k0,
+                                     const float *k1, const float *k2, const float *k3,
+                                     int64_t n)
 {
-    VF acc = vsplat(0.0f);
+    VF a0 = vsplat(0.0f), a1 = a0, a2 = a0, a3 = a0;
     int64_t d = 0;
-    for (; d + FA_VL <= n; d += FA_VL) acc += vload(a + d) * vload(b + d);
-    float s = hsum(acc);
-    for (; d < n; d++) s += a[d] * b[d];
-    return s;
+    for (; d + FA_VL <= n; d += FA_VL) {
+        const VF qv = vload(q + d);
+        a0 += qv * vload(k0 + d);
+        a1 += qv * vload(k1 + d);
+        a2 += qv * vload(k2 + d);
+        a3 += qv * vload(k3 + d);
+    }
+    float4_t h[4];
+    const VF acc[4] = {a0, a1, a2, a3};
+    for (int u = 0; u < 4; u++) {
+#if FA_VL == 16
+        const __typeof__(__builtin_shufflevector(a0, a0, 0, 1, 2, 3, 4, 5, 6, 7)) h8 =
+            __builtin_shufflevector(acc[u], acc[u], 0, 1, 2, 3, 4, 5, 6, 7) +
+            __builtin_shufflevector(acc[u], acc[u], 8, 9, 10, 11, 12, 13, 14, 15);
+        h[u] = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
+#elif FA_VL == 8
+        h[u] = __builtin_shufflevector(acc[u], acc[u], 0, 1, 2, 3) +
+               __builtin_shufflevector(acc[u], acc[u], 4, 5, 6, 7);
+#else
+        h[u] = (float4_t){acc[u][0], acc[u][1], acc[u][2], acc[u][3]};
+#endif
+    }
+    const float4_t t0 = __builtin_shufflevector(h[0], h[1], 0, 4, 1, 5) +
+                        __builtin_shufflevector(h[0], h[1], 2, 6, 3, 7);
+    const float4_t t1 = __builtin_shufflevector(h[2], h[3], 0, 4, 1, 5) +
+                        __builtin_shufflevector(h[2], h[3], 2, 6, 3, 7);
+    const float4_t r = __builtin_shufflevector(t0, t1, 0, 1, 4, 5) +
+                       __builtin_shufflevector(t0, t1, 2, 3, 6, 7);
+    const float *ks[4] = {k0, k1, k2, k3};
+    for (int u = 0; u < 4; u++) {
+        float t = r[u];
+        for (int64_t dd = d; dd < n; dd++) t += q[dd] * ks[u][dd];
+        out[u] = t;
+    }
 }
 
 static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int64_t h,
@@ -304,9 +338,16 @@ static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int
     if (a->causal) jend = i + off + 1 < Lk ? (i + off + 1 > 0 ? i + off + 1 : 0) : Lk;
 
     const float qscale = a->scale * FA_LOG2E;
+    for (int64_t j = 0; j < jend; j += 4) {     /* raw dots, four keys at a time */
+        const float *k_j = k_bh + j * a->ks[2];
+        const int64_t ksl = a->ks[2];
+        FA_CAT(dot4_, FA_SFX)(s + j, q_i, k_j, j + 1 < jend ? k_j + ksl : k_j,
+                              j + 2 < jend ? k_j + 2 * ksl : k_j,
+                              j + 3 < jend ? k_j + 3 * ksl : k_j, D);
+    }
     float m = -INFINITY;
     for (int64_t j = 0; j < jend; j++) {
-        float x = FA_CAT(dot_, FA_SFX)(q_i, k_bh + j * a->ks[2], D) * qscale;
+        float x = s[j] * qscale;
         if (a->key_bias) x += a->key_bias[b * Lk + j] * FA_LOG2E;
         if (a->mask) x += a->mask[b * a->ms[0] + h * a->ms[1] + i * a->ms[2] + j * a->ms[3]]
                           * FA_LOG2E;
@@ -326,10 +367,20 @@ static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int
     }
     const float inv = l == 0.0f ? 0.0f : 1.0f / l;
     int64_t e = 0;
-    for (; e + FA_VL <= Dv; e += FA_VL) {           /* out_i = sum_j p_j v_j / l */
-        VF acc = vsplat(0.0f);
-        for (int64_t jj = 0; jj < jend; jj++) acc += vsplat(s[jj]) * vload(v_bh + jj * a->vs[2] + e);
-        vstore(o_i + e, acc * vsplat(inv));
+    for (; e + FA_VL <= Dv; e += 4 * FA_VL) {       /* out_i = sum_j p_j v_j / l */
+        const int nv = Dv - e >= 4 * FA_VL ? 4 : (int)((Dv - e) / FA_VL);
+        VF acc[4] = {vsplat(0.0f), vsplat(0.0f), vsplat(0.0f), vsplat(0.0f)};
+        for (int64_t jj = 0; jj < jend; jj++) {     /* independent chains: one per vector */
+            const VF p = vsplat(s[jj]);
+            const float *v_j = v_bh + jj * a->vs[2] + e;
+            for (int c = 0; c < 4; c++)
+                if (c < nv) acc[c] += p * vload(v_j + c * FA_VL);
+        }
+        for (int c = 0; c < nv; c++) vstore(o_i + e + c * FA_VL, acc[c] * vsplat(inv));
+        if (nv < 4) {
+            e += nv * FA_VL;
+            break;
+        }
     }
     for (; e < Dv; e++) {
         float acc = 0.0f;
