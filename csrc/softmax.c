@@ -12,7 +12,7 @@ void fa_softmax_forward(float *y, const float *x, int64_t N, int64_t C, int nthr
 {
     if (N <= 0) return;
     const sm_rows_fn rows = FA_DISPATCH(softmax_rows_);
-    const int nt = fa_team_size(nthreads, 30.0 * (double)N * (double)C, 1e5);
+    const int nt = fa_team_size(nthreads, (double)N * (double)C, 3e4);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const int64_t t = fa_thread_id(), per = (N + nt - 1) / nt;

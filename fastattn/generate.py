@@ -169,7 +169,6 @@ class _CachedDecoder:
         shape = (R, self.H, t_max, self.D)
         self.kc = [np.empty(shape, np.float32) for _ in self.layers]
         self.vc = [np.empty(shape, np.float32) for _ in self.layers]
-        self.spare = np.empty(shape, np.float32)             # double buffer for reordering
 
     def _linear(self, x, weight, bias, act=None, rows=None):
         """x (R, K) @ weight[:rows].T + bias: packed weights for decode-sized R."""
@@ -242,15 +241,15 @@ class _CachedDecoder:
         (when whole sources were dropped) = the kept sources, for the cross-attention K/V."""
         R = len(rows)
         shrink = R != self.kc[0].shape[0]
+        changed = None if shrink else np.flatnonzero(rows != np.arange(R))
         for caches in (self.kc, self.vc):
             for li, c in enumerate(caches):
-                new = np.empty((R,) + c.shape[1:], np.float32) if shrink else self.spare
-                np.take(c[:, :, :t], rows, axis=0, out=new[:, :, :t])      # gather cache rows
-                caches[li] = new
-                if not shrink:
-                    self.spare = c                                         # double buffer
-        if shrink:
-            self.spare = np.empty_like(self.kc[0])
+                if shrink:                                     # rows dropped: a smaller cache
+                    new = np.empty((R,) + c.shape[1:], np.float32)
+                    np.take(c[:, :, :t], rows, axis=0, out=new[:, :, :t])
+                    caches[li] = new
+                elif changed.size:                             # beams reordered: gather only
+                    c[changed, :, :t] = c[rows[changed], :, :t]   # the rows that moved
         if sources is not None:
             self.cross = [c[:, sources] for c in self.cross]
             if self.mem_bias is not None:
@@ -344,6 +343,21 @@ def _run_single(dec, B, a, pick):
     return _finish(seqs, B, a["pad_id"])
 
 
+def _top_k(flat, k):
+    """Indices of the k largest entries of each row, best first; ties -> the lower index
+    (what a stable sort of -flat gives, without sorting all of it)."""
+    n, width = flat.shape
+    if k >= width:
+        return np.argsort(-flat, axis=1, kind="stable")
+    kth = np.partition(flat, width - k, axis=1)[:, width - k][:, None]   # k-th largest
+    out = np.empty((n, k), dtype=np.int64)
+    for i in range(n):
+        idx = np.flatnonzero(flat[i] >= kth[i])                         # >= k candidates
+        order = np.argsort(-flat[i, idx], kind="stable")[:k]            # idx is ascending
+        out[i] = idx[order]
+    return out
+
+
 def _run_beam(dec, B, a):
     k, end, lp = a["beam_size"], a["end_id"], a["length_penalty"]
     start = a["start_id"]
@@ -359,8 +373,7 @@ def _run_beam(dec, B, a):
         V = logp.shape[2]
         cand = score[live_src][:, :, None] + logp                       # (n, k, V)
         flat = cand.reshape(n, k * V)
-        # the k best continuations; stable sort: ties -> lower slot, then lower token
-        best = np.argsort(-flat, axis=1, kind="stable")[:, :k]          # (n, k)
+        best = _top_k(flat, k)                                          # (n, k)
         parent, tok = best // V, best % V
         new_score = np.take_along_axis(flat, best, axis=1)
         rows, keep_src = [], []
