@@ -544,6 +544,41 @@ class _Workspace:
 
 # ---- layers ------------------------------------------------------------------------------------
 
+def _encoder_call(module, src, mask, key_padding_mask, is_causal, mask_name):
+    """The public forward shared by an encoder layer and an encoder stack: (B, S, C) in/out."""
+    x = _features("src", src, module.d_model)
+    B, S, C = x.shape
+    m = _prepare_mask(mask_name, mask, key_padding_mask, B, module.nhead, S, S, is_causal,
+                      "src_key_padding_mask")
+    ws = _Workspace(module._ops)
+    return module._forward(_stream(x, ws), m, ws, B).reshape(B, S, C).copy()
+
+
+def _decoder_call(module, tgt, memory, tgt_mask=None, memory_mask=None,
+                  tgt_key_padding_mask=None, memory_key_padding_mask=None, tgt_is_causal=False,
+                  memory_is_causal=False):
+    """The public forward shared by a decoder layer and a decoder stack: (B, T, C) out."""
+    x = _features("tgt", tgt, module.d_model)
+    mem = _features("memory", memory, module.d_model)
+    B, T, C = x.shape
+    _check_batch("memory", mem, B)
+    S = mem.shape[1]
+    H = module.nhead
+    tm = _prepare_mask("tgt_mask", tgt_mask, tgt_key_padding_mask, B, H, T, T, tgt_is_causal,
+                       "tgt_key_padding_mask")
+    mm = _prepare_mask("memory_mask", memory_mask, memory_key_padding_mask, B, H, T, S,
+                       memory_is_causal, "memory_key_padding_mask")
+    ws = _Workspace(module._ops)
+    return module._forward(_stream(x, ws), mem, tm, mm, ws, B).reshape(B, T, C).copy()
+
+
+def _final_norm(stack, x, ws):
+    """The optional LayerNorm closing an encoder or decoder stack, over the stream x (N, C)."""
+    n = stack.norm
+    if n is None:
+        return x
+    return stack._ops.add_norm(x, None, n.weight, n.bias, n.eps, out=_inplace(x, ws))
+
 class TransformerEncoderLayer(Module):
     """torch.nn.TransformerEncoderLayer: self-attention and FFN, each with add & norm
     (post-LN: x = norm(x + f(x)); norm_first: x = x + f(norm(x)))."""
@@ -587,12 +622,7 @@ class TransformerEncoderLayer(Module):
         return self._sublayer(x, self.norm2, lambda h: self._ffn(h, ws), ws)
 
     def __call__(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
-        x = _features("src", src, self.d_model)
-        B, S, C = x.shape
-        mask = _prepare_mask("src_mask", src_mask, src_key_padding_mask, B, self.nhead, S, S,
-                             is_causal, "src_key_padding_mask")
-        ws = _Workspace(self._ops)
-        return self._forward(_stream(x, ws), mask, ws, B).reshape(B, S, C).copy()
+        return _encoder_call(self, src, src_mask, src_key_padding_mask, is_causal, "src_mask")
 
 
 class TransformerDecoderLayer(TransformerEncoderLayer):
@@ -621,19 +651,7 @@ class TransformerDecoderLayer(TransformerEncoderLayer):
         x = self._sublayer(x, self.norm2, ca, ws)
         return self._sublayer(x, self.norm3, lambda h: self._ffn(h, ws), ws)
 
-    def __call__(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
-                 memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False):
-        x = _features("tgt", tgt, self.d_model)
-        mem = _features("memory", memory, self.d_model)
-        B, T, C = x.shape
-        _check_batch("memory", mem, B)
-        S = mem.shape[1]
-        tm = _prepare_mask("tgt_mask", tgt_mask, tgt_key_padding_mask, B, self.nhead, T, T,
-                           tgt_is_causal, "tgt_key_padding_mask")
-        mm = _prepare_mask("memory_mask", memory_mask, memory_key_padding_mask, B, self.nhead,
-                           T, S, memory_is_causal, "memory_key_padding_mask")
-        ws = _Workspace(self._ops)
-        return self._forward(_stream(x, ws), mem, tm, mm, ws, B).reshape(B, T, C).copy()
+    __call__ = _decoder_call
 
 
 def _check_batch(name, x, B):
@@ -682,18 +700,10 @@ class TransformerEncoder(Module):
     def _forward(self, x, mask, ws, B):
         for layer in self.layers:
             x = layer._forward(x, mask, ws, B)
-        if self.norm is not None:
-            n = self.norm
-            x = self._ops.add_norm(x, None, n.weight, n.bias, n.eps, out=_inplace(x, ws))
-        return x
+        return _final_norm(self, x, ws)
 
     def __call__(self, src, mask=None, src_key_padding_mask=None, is_causal=False):
-        x = _features("src", src, self.d_model)
-        B, S, C = x.shape
-        m = _prepare_mask("mask", mask, src_key_padding_mask, B, self.nhead, S, S, is_causal,
-                          "src_key_padding_mask")
-        ws = _Workspace(self._ops)
-        return self._forward(_stream(x, ws), m, ws, B).reshape(B, S, C).copy()
+        return _encoder_call(self, src, mask, src_key_padding_mask, is_causal, "mask")
 
 
 class TransformerDecoder(Module):
@@ -712,24 +722,9 @@ class TransformerDecoder(Module):
     def _forward(self, x, memory, tgt_mask, memory_mask, ws, B):
         for layer in self.layers:
             x = layer._forward(x, memory, tgt_mask, memory_mask, ws, B)
-        if self.norm is not None:
-            n = self.norm
-            x = self._ops.add_norm(x, None, n.weight, n.bias, n.eps, out=_inplace(x, ws))
-        return x
+        return _final_norm(self, x, ws)
 
-    def __call__(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
-                 memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False):
-        x = _features("tgt", tgt, self.d_model)
-        mem = _features("memory", memory, self.d_model)
-        B, T, C = x.shape
-        _check_batch("memory", mem, B)
-        S = mem.shape[1]
-        tm = _prepare_mask("tgt_mask", tgt_mask, tgt_key_padding_mask, B, self.nhead, T, T,
-                           tgt_is_causal, "tgt_key_padding_mask")
-        mm = _prepare_mask("memory_mask", memory_mask, memory_key_padding_mask, B, self.nhead,
-                           T, S, memory_is_causal, "memory_key_padding_mask")
-        ws = _Workspace(self._ops)
-        return self._forward(_stream(x, ws), mem, tm, mm, ws, B).reshape(B, T, C).copy()
+    __call__ = _decoder_call
 
 
 class Transformer(Module):

@@ -117,7 +117,31 @@ def _is_punct(c):
 
 # ---- Vocab ------------------------------------------------------------------------------------
 
-class Vocab:
+class _SpecialIds:
+    """pad_id, unk_id, start_id, end_id: the ids of the four special roles, None when absent.
+    Specials come first in every vocabulary, so a role's id is its place in ``_specials``."""
+
+    def _special(self, name):
+        return self._specials.index(name) if name in self._specials else None
+
+    @property
+    def pad_id(self):
+        return self._special(PAD)
+
+    @property
+    def unk_id(self):
+        return self._special(UNK)
+
+    @property
+    def start_id(self):
+        return self._special(START)
+
+    @property
+    def end_id(self):
+        return self._special(END)
+
+
+class Vocab(_SpecialIds):
     """Token <-> id: the specials first (ids 0..k-1, in the order given), then ``tokens``.
 
     ``token_to_id`` raises KeyError naming an absent token; ``id_to_token`` raises ValueError
@@ -178,24 +202,6 @@ class Vocab:
         """The non-special tokens in id order."""
         return self._itos[len(self._specials):]
 
-    def _role(self, name):
-        return self._stoi.get(name) if name in self._specials else None
-
-    @property
-    def pad_id(self):
-        return self._role(PAD)
-
-    @property
-    def unk_id(self):
-        return self._role(UNK)
-
-    @property
-    def start_id(self):
-        return self._role(START)
-
-    @property
-    def end_id(self):
-        return self._role(END)
 
     def token_to_id(self, token):
         if not isinstance(token, str):
@@ -233,7 +239,7 @@ class Vocab:
 
 # ---- the shared tokenizer API -------------------------------------------------------------------
 
-class Tokenizer:
+class Tokenizer(_SpecialIds):
     """Base class: encode/decode/encode_batch/save/load over a Vocab; subclasses split and join.
 
     A subclass provides ``_split(text) -> list of token strings``, ``_join(tokens) -> text``,
@@ -282,24 +288,6 @@ class Tokenizer:
     def specials(self):
         return self._specials
 
-    def _special(self, name):
-        return self._specials.index(name) if name in self._specials else None
-
-    @property
-    def pad_id(self):
-        return self._special(PAD)
-
-    @property
-    def unk_id(self):
-        return self._special(UNK)
-
-    @property
-    def start_id(self):
-        return self._special(START)
-
-    @property
-    def end_id(self):
-        return self._special(END)
 
     def _new_vocab(self, tokens):
         """The fitted Vocab; a learned token spelling a special token is refused."""
