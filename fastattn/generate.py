@@ -275,7 +275,10 @@ class _RecomputeDecoder:
     def step(self, tokens, t):
         col = tokens[:, None]
         self.prefix = col if self.prefix is None else np.concatenate([self.prefix, col], 1)
-        hidden = self.m.decode(self.prefix, self.memory, memory_key_padding_mask=self.mem_kpm)
+        # generated tokens are never padding, even one equal to pad_id: no target padding mask
+        no_pad = np.zeros(self.prefix.shape, dtype=bool)
+        hidden = self.m.decode(self.prefix, self.memory, memory_key_padding_mask=self.mem_kpm,
+                               tgt_key_padding_mask=no_pad)
         return self.m.generator(hidden[:, -1])                           # (R, V)
 
     def reorder(self, rows, t, sources=None):
