@@ -1139,3 +1139,26 @@ def test_non_contiguous_and_float64_inputs(rng):
     assert np.array_equal(m(src_nc, tgt_strided), expected)
     out64 = m(src.astype(np.float64), tgt.astype(np.float64))
     assert out64.dtype == np.float32 and np.array_equal(out64, expected)
+
+
+def test_base_forward_memory_stays_within_three_times_weights_plus_one_layer():
+    """Issue contract: a Transformer-base forward at B=8, L=128 reuses its activation buffers,
+    so the process grows by far less than 3x (weights + one layer's activations)."""
+    import sys
+
+    from fastattn.bench import peak_memory_growth
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("peak RSS is read from /proc")
+    model = fnn.Transformer(seed=0)
+    B, L, C, F = 8, 128, 512, 2048
+    rng = np.random.default_rng(0)
+    src = rng.standard_normal((B, L, C), dtype=np.float32)
+    tgt = rng.standard_normal((B, L, C), dtype=np.float32)
+    mask = fnn.generate_square_subsequent_mask(L)
+    model(src, tgt, tgt_mask=mask)                       # first call: allocator warm
+    _, grown_mib, _, _ = peak_memory_growth(lambda: model(src, tgt, tgt_mask=mask))
+    weights_mib = model.parameters_nbytes() / 2 ** 20
+    layer_mib = B * L * (3 * C + 3 * C + F) * 4 / 2 ** 20   # qkv, ctx/proj/out, ffn hidden
+    assert weights_mib + grown_mib < 3 * (weights_mib + layer_mib), (grown_mib, weights_mib)
+    assert grown_mib < weights_mib / 2, (grown_mib, weights_mib)
