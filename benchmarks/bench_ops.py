@@ -9,7 +9,10 @@ the implementations of a case side by side. Not part of the normal test run; run
 (``--benchmark-group-by=group`` is the default; add ``--benchmark-columns=median,mean,rounds``
 for a shorter table.) torch benchmarks are skipped when torch is not installed. The float64 NumPy
 twin is slow and gets a few pedantic rounds; the attention memory case records the peak RSS
-growth of its call in ``extra_info`` (see ``--benchmark-json``).
+growth of its call in ``extra_info`` (see ``--benchmark-json``). Generation cases take seconds
+a call (torch and the reference backend re-run the decoder on the prefix: tens of seconds), so
+they get the rounds of ``Case.repeats`` and record tokens/s; the decode-step case records the
+time per step and the weight bandwidth against a memory copy in ``extra_info``.
 """
 import pytest
 
@@ -47,6 +50,20 @@ def test_op(benchmark, case_name, impl):
         _, mib, _, method = result
         benchmark.extra_info.update(peak_rss_growth_mib=mib, method=method,
                                     matrix_mib=case.matrix_mib)
+    elif case.kind == "decode":
+        rounds = case.repeats.get(impl, NUMPY_ROUNDS)
+        benchmark.pedantic(fn, setup=bench.settle, rounds=rounds, iterations=1,
+                           warmup_rounds=1)
+        prefill_ms, copy_ms, copy_bytes = bench.decode_probes(case, rounds=rounds)
+        benchmark.extra_info.update(bench.decode_metrics(
+            benchmark.stats.stats.median * 1e3, prefill_ms, copy_ms,
+            bench._decoder_weight_bytes(bench._seq2seq_model("fast")), copy_bytes,
+            bench.GEN["new_tokens"]), prefill_ms=prefill_ms, copy_ms=copy_ms)
+    elif impl in case.repeats:
+        benchmark.pedantic(fn, setup=bench.settle, rounds=case.repeats[impl], iterations=1,
+                           warmup_rounds=0 if impl in case.timed_first else 1)
+        if case.tokens:
+            benchmark.extra_info["tokens_per_s"] = case.tokens / benchmark.stats.stats.median
     elif impl in case.slow:
         benchmark.pedantic(fn, setup=bench.settle, rounds=NUMPY_ROUNDS, iterations=1,
                            warmup_rounds=1)

@@ -21,6 +21,18 @@ compares them with the performance targets:
 
     python -m fastattn.cli bench            # or: fastattn bench [--quick] [--case NAME ...]
 
+Generation cases (``generate_*``) run Transformer-base Seq2SeqTransformer.generate with end_id=None
+(the same work every run): ``fastattn`` is the fast backend (KV cache), ``torch`` the translation
+tutorial's loop on nn.Transformer holding the same weights (encode once, re-run the decoder on the
+whole prefix each step; beam search likewise, by fastattn.generate's rules), ``numpy`` the
+reference backend (also re-runs; greedy only). Their calls take seconds, so each implementation
+gets a few timed calls (``Case.repeats``), torch's and numpy's single one being the checking call
+itself; outputs are token ids, which must agree exactly, and the notes give tokens/s (B * new
+tokens / median). The ``decode_step`` case derives the time of one decode step (generate minus
+the encoder and cross-attention K/V projections, over the new tokens) and the bandwidth of the
+decoder's and generator's weight reads, against a memory copy on as many threads, all timed
+interleaved in the same run.
+
 Work counted (useful FLOPs): attention 4*B*H*Lq*Lk*D, half of that when causal; FFN 4*N*C*F;
 sgemm 2*M*N*K. Layer norm is memory-bound: it is reported in GB/s (x and residual read, y
 written). The memory case reports the growth of the process's peak resident set during one
@@ -90,14 +102,23 @@ class Case:
     impls     {implementation: inputs -> zero-argument callable}
     flops     useful floating-point work of one call (0: not a FLOP-bound op)
     nbytes    bytes one call must move at least (memory-bound ops: reported as GB/s), or 0
-    kind      "time" (medians of interleaved calls) or "memory" (peak RSS growth of one call)
+    kind      "time" (medians of interleaved calls), "memory" (peak RSS growth of one call) or
+              "decode" (time per decode step and weight bandwidth; see _decode_case)
     slow      implementations given fewer timed calls (the float64 twin)
+    repeats   {implementation: most timed calls}, a cap on the run's counts (for calls of seconds)
+    warm      False: no untimed calls before the timed ones (a call of seconds is its own warm-up)
+    timed_first  implementations whose checking call is timed and counts as their first run
+              (the calls of many seconds, run once)
+    tokens    tokens one call generates (generation cases: outputs are token ids, compared
+              exactly, and tokens/s is reported), or 0
     """
 
     def __init__(self, name, title, build, impls, *, flops=0, nbytes=0, kind="time",
-                 slow=("numpy",), seed=0):
+                 slow=("numpy",), seed=0, repeats=None, warm=True, timed_first=(), tokens=0):
         self.name, self.title, self.kind = name, title, kind
         self.flops, self.nbytes, self.slow, self.seed = flops, nbytes, tuple(slow), seed
+        self.repeats, self.warm = dict(repeats or {}), warm
+        self.timed_first, self.tokens = tuple(timed_first), tokens
         self._build, self._impls, self._inputs = build, dict(impls), None
 
     def __repr__(self):
@@ -279,6 +300,271 @@ def _model_case(name, B, S, T):
     return case
 
 
+# ---- generation --------------------------------------------------------------------------------
+
+GEN = dict(vocab=8000, src_len=128, new_tokens=64, beam_size=4, start_id=2)
+GEN_REPEATS = {"fastattn": 3, "torch": 1, "numpy": 1}   # calls of seconds (torch, numpy: tens)
+
+
+@functools.lru_cache(maxsize=None)
+def _seq2seq_model(backend):
+    """Transformer-base Seq2SeqTransformer, vocabularies of GEN["vocab"], seeded random weights
+    (the same weights for every backend)."""
+    from . import nn
+    V = GEN["vocab"]
+    return nn.Seq2SeqTransformer(BASE["num_encoder_layers"], BASE["num_decoder_layers"],
+                                 BASE["d_model"], BASE["nhead"], V, V,
+                                 BASE["dim_feedforward"], backend=backend, seed=0)
+
+
+def torch_seq2seq(model):
+    """The model of PyTorch's translation tutorial (batch-first nn.Transformer, token
+    embeddings scaled by sqrt(d_model), the sinusoidal table, the generator Linear), eval, in
+    inference, holding the weights of `model`, a fastattn Seq2SeqTransformer."""
+    torch = _torch()
+    if torch is None:
+        raise Unavailable("torch is not installed")
+    nn_, cfg = torch.nn, model.config
+    C, V = cfg["emb_size"], cfg["tgt_vocab_size"]
+
+    class TokenEmbedding(nn_.Module):
+        def __init__(self, vocab):
+            super().__init__()
+            self.embedding = nn_.Embedding(vocab, C)
+
+    class Seq2Seq(nn_.Module):
+        def __init__(self):
+            super().__init__()
+            self.transformer = nn_.Transformer(
+                C, cfg["nhead"], cfg["num_encoder_layers"], cfg["num_decoder_layers"],
+                cfg["dim_feedforward"], dropout=0.0, activation=cfg["activation"],
+                layer_norm_eps=cfg["layer_norm_eps"], norm_first=cfg["norm_first"],
+                batch_first=True)
+            self.generator = nn_.Linear(C, V)
+            self.src_tok_emb = TokenEmbedding(cfg["src_vocab_size"])
+            self.tgt_tok_emb = TokenEmbedding(V)
+            den = torch.exp(-torch.arange(0, C, 2) * math.log(10000) / C)
+            pos = torch.arange(0, cfg["max_len"]).reshape(-1, 1)
+            table = torch.zeros((cfg["max_len"], C))
+            table[:, 0::2] = torch.sin(pos * den)
+            table[:, 1::2] = torch.cos(pos * den)
+            self.register_buffer("pos_embedding", table, persistent=False)
+
+        def embed(self, emb, ids):                              # (B, L) -> (B, L, C)
+            return emb.embedding(ids) * math.sqrt(C) + self.pos_embedding[:ids.shape[1]]
+
+    tm = Seq2Seq().eval()
+    tm.load_state_dict({k: torch.from_numpy(v) for k, v in model.state_dict().items()})
+    return tm
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_seq2seq_base():
+    return torch_seq2seq(_seq2seq_model("fast"))
+
+
+def _pad_rows(rows, pad_id=0):
+    out = np.full((len(rows), max(map(len, rows))), pad_id, dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
+
+
+def torch_greedy(tm, src, max_new_tokens, start_id, end_id=None, pad_id=0):
+    """The tutorial's greedy_decode, batched: encode once, then each step re-run the decoder
+    on the whole prefix (square subsequent mask) and take the argmax of the last position;
+    stops when every row has produced end_id. Returns int64 (B, T) laid out as
+    fastattn.generate's (rows cut after their end token, padded with pad_id)."""
+    torch = _torch()
+    memory = tm.transformer.encoder(tm.embed(tm.src_tok_emb, src))          # (B, S, C)
+    ys = torch.full((src.shape[0], 1), start_id, dtype=torch.long)
+    done = torch.zeros(src.shape[0], dtype=torch.bool)
+    for _ in range(max_new_tokens):
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(ys.shape[1])
+        out = tm.transformer.decoder(tm.embed(tm.tgt_tok_emb, ys), memory, tgt_mask=mask)
+        nxt = tm.generator(out[:, -1]).argmax(dim=-1)                       # (B,)
+        ys = torch.cat([ys, nxt[:, None]], dim=1)
+        if end_id is not None:
+            done |= nxt == end_id
+            if done.all():
+                break
+    rows = ys.tolist()
+    if end_id is not None:
+        rows = [r[:r.index(end_id, 1) + 1] if end_id in r[1:] else r for r in rows]
+    return _pad_rows(rows, pad_id)
+
+
+def torch_beam(tm, src, max_new_tokens, start_id, beam_size, end_id=None, length_penalty=1.0,
+               pad_id=0):
+    """Beam search under fastattn.generate's rules, written for torch the way the tutorial
+    decodes: encode once, then each step re-run the decoder on every live beam's whole prefix.
+    Scores are float64 sums of log-softmax; the k best continuations (a stable descending
+    sort: ties to the lower slot, then the lower token) fill the k slots; one ending in end_id
+    is set aside with score / (generated length) ** length_penalty and leaves its slot empty; a
+    source stops when no slot is live; the best finished-or-live one wins (ties: first found).
+    """
+    torch = _torch()
+    B, k = src.shape[0], beam_size
+    memory = tm.transformer.encoder(tm.embed(tm.src_tok_emb, src))
+    memory = memory.repeat_interleave(k, dim=0)                             # (B*k, S, C)
+    ys = torch.full((B * k, 1), start_id, dtype=torch.long)                 # live sources' slots
+    score = torch.full((B, k), -math.inf, dtype=torch.float64)
+    score[:, 0] = 0.0                                                       # one live hypothesis
+    live = torch.arange(B)                                                  # sources decoding
+    finished = [[] for _ in range(B)]                                       # (score, tokens)
+    for t in range(max_new_tokens):
+        n = len(live)
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(t + 1)
+        out = tm.transformer.decoder(tm.embed(tm.tgt_tok_emb, ys), memory, tgt_mask=mask)
+        logp = torch.log_softmax(tm.generator(out[:, -1]).double(), dim=-1)  # (n*k, V)
+        V = logp.shape[1]
+        flat = (score[live][:, :, None] + logp.view(n, k, V)).view(n, k * V)
+        best = torch.sort(flat, dim=1, descending=True, stable=True).indices[:, :k]
+        new = flat.gather(1, best)                                          # (n, k)
+        parent, tok = best // V, best % V
+        ys = torch.cat([ys[(torch.arange(n)[:, None] * k + parent).view(-1)],
+                        tok.view(-1, 1)], dim=1)                            # (n*k, t+2)
+        if end_id is not None:
+            ended = (tok == end_id) & torch.isfinite(new)
+            for i, j in ended.nonzero().tolist():
+                finished[int(live[i])].append(
+                    (float(new[i, j]) / (t + 1) ** length_penalty, ys[i * k + j].tolist()))
+            new[ended] = -math.inf                                          # the slot stays empty
+        score[live] = new
+        keep = torch.isfinite(new).any(dim=1)
+        if not keep.all():                                                  # sources done
+            rows = keep.repeat_interleave(k)
+            live, ys, memory = live[keep], ys[rows], memory[rows]
+            if not len(live):
+                break
+    results = []
+    slot_rows = {int(s): i for i, s in enumerate(live)}
+    for b in range(B):
+        cands = list(finished[b])
+        if b in slot_rows:
+            i = slot_rows[b]
+            cands += [(float(score[b, j]) / (ys.shape[1] - 1) ** length_penalty,
+                       ys[i * k + j].tolist()) for j in range(k) if math.isfinite(score[b, j])]
+        best = max(range(len(cands)), key=lambda c: (cands[c][0], -c))
+        results.append(cands[best][1])
+    return _pad_rows(results, pad_id)
+
+
+def _generate_case(name, B, method):
+    """Transformer-base generation of GEN["new_tokens"] tokens from B sources of
+    GEN["src_len"] tokens, end_id=None (every run does the same work): fastattn's fast backend
+    (KV cache) vs torch's nn.Transformer re-running its decoder on the prefix each step (the
+    tutorial's loop) vs the reference backend (re-runs too; greedy only: beam is 4x slower)."""
+    n, k, start = GEN["new_tokens"], GEN["beam_size"], GEN["start_id"]
+    kw = dict(max_new_tokens=n, start_id=start)
+    if method == "beam":
+        kw.update(method="beam", beam_size=k)
+
+    def build(rng):
+        return {"src": rng.integers(4, GEN["vocab"], size=(B, GEN["src_len"]))}
+
+    def impl(backend):
+        return lambda i: functools.partial(_seq2seq_model(backend).generate, i["src"], **kw)
+
+    def torch_body(F, t):
+        tm = _torch_seq2seq_base()
+        if method == "beam":
+            return functools.partial(torch_beam, tm, t["src"], n, start, k)
+        return functools.partial(torch_greedy, tm, t["src"], n, start)
+
+    impls = {"fastattn": impl("fast"), "torch": _torch_impl(torch_body)}
+    if method == "greedy":
+        impls["numpy"] = impl("reference")
+    what = "greedy" if method == "greedy" else f"beam {k}"
+    case = Case(name, f"Transformer-base generate {what} B={B} S={GEN['src_len']} +{n} tokens "
+                      f"V={GEN['vocab']}", build, impls, repeats=GEN_REPEATS, warm=False,
+                timed_first=("torch", "numpy"), tokens=B * n)
+    case.numpy_label = "reference backend"
+    return case
+
+
+def _decoder_weight_bytes(model):
+    """Bytes of the weights one decode step reads: per decoder layer the self-attention's
+    in_proj and out_proj, the cross-attention's query rows (the first C rows of in_proj) and
+    out_proj, linear1 and linear2; then the generator. (Biases, the KV caches and the
+    cross-attention keys and values are not counted.)"""
+    C = model.transformer.d_model
+    n = 0
+    for layer in model.transformer.decoder.layers:
+        n += layer.self_attn.in_proj_weight.size + layer.self_attn.out_proj.weight.size
+        n += layer.multihead_attn.in_proj_weight[:C].size
+        n += layer.multihead_attn.out_proj.weight.size
+        n += layer.linear1.weight.size + layer.linear2.weight.size
+    return 4 * (n + model.generator.weight.size)
+
+
+COPY_MIB = 256   # the memory-copy probe of the decode case: float32 array of this size
+
+
+def memory_copy(nbytes=COPY_MIB * 2 ** 20, threads=None):
+    """(callable, bytes moved per call): np.copyto of an nbytes float32 array into another,
+    split into one slice per thread (NumPy releases the GIL while copying); bytes moved =
+    read + write. The caller closes the pool with callable.close()."""
+    import concurrent.futures
+
+    n = threads or _runtime.get_num_threads()
+    src = np.ones(nbytes // 4, np.float32)                    # written: no shared zero pages
+    dst = np.zeros_like(src)
+    dst[:: 1024] = 1.0                                        # touched
+    bounds = np.linspace(0, src.size, n + 1).astype(np.int64)
+    slices = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=n)
+
+    def copy(sl):
+        np.copyto(dst[sl], src[sl])
+
+    def run_copy():
+        list(pool.map(copy, slices))
+    run_copy.close = pool.shutdown
+    return run_copy, 2 * src.nbytes
+
+
+def _decode_case(B=1):
+    """Greedy decoding of Transformer-base (end_id=None): the time of one decode step =
+    (generate's time - the encoder's and cross-attention K/V projections' time) / new tokens,
+    and the bandwidth its weight reads reach (see _decoder_weight_bytes), against a memory copy
+    on as many threads (memory_copy) timed in the same run."""
+    n = GEN["new_tokens"]
+
+    def build(rng):
+        return {"src": rng.integers(4, GEN["vocab"], size=(B, GEN["src_len"]))}
+
+    def impl(i):
+        return functools.partial(_seq2seq_model("fast").generate, i["src"], max_new_tokens=n,
+                                 start_id=GEN["start_id"])
+
+    return Case("decode_step", f"decode step, Transformer-base greedy B={B} "
+                               f"S={GEN['src_len']} V={GEN['vocab']} (ms per step)",
+                build, {"fastattn": impl}, kind="decode", slow=(), repeats={"fastattn": 5},
+                warm=False)
+
+
+def _prefill(model, src):
+    """What generate does once per source before decoding: encode, then each decoder layer's
+    cross-attention keys and values."""
+    memory = model.encode(src)                                               # (B, S, C)
+    B, S_, C = memory.shape
+    x = memory.reshape(B * S_, C)
+    for layer in model.transformer.decoder.layers:
+        mha = layer.multihead_attn
+        ops.linear(x, mha.in_proj_weight[C:], mha.in_proj_bias[C:])
+    return memory
+
+
+def decode_metrics(generate_ms, prefill_ms, copy_ms, weight_bytes, copy_bytes, steps):
+    """Derived numbers of the decode case (times are medians in ms)."""
+    step_ms = (generate_ms - prefill_ms) / steps
+    gbps = weight_bytes / (step_ms * 1e6)
+    copy_gbps = copy_bytes / (copy_ms * 1e6)
+    return {"step_ms": step_ms, "weight_gbps": gbps, "copy_gbps": copy_gbps,
+            "share_of_copy": gbps / copy_gbps, "weight_mb": weight_bytes / 1e6}
+
+
 CASES = {c.name: c for c in (
     _attention_case("attention_causal", "attention causal", 4, 8, 512, 64, True),
     _attention_case("attention_full", "attention full", 4, 8, 512, 64, False),
@@ -288,11 +574,17 @@ CASES = {c.name: c for c in (
     _memory_case(),
     _model_case("encoder", 8, 128, 0),
     _model_case("transformer", 8, 128, 128),
+    _generate_case("generate_greedy_b1", 1, "greedy"),
+    _generate_case("generate_greedy_b8", 8, "greedy"),
+    _generate_case("generate_beam_b1", 1, "beam"),
+    _generate_case("generate_beam_b8", 8, "beam"),
+    _decode_case(),
     # A tiny case for the command line's own tests; not run by default.
     _attention_case("smoke", "smoke: attention causal", 1, 2, 128, 32, True),
 )}
 DEFAULT_CASES = ("attention_causal", "attention_full", "layer_norm", "ffn", "sgemm",
-                 "attention_memory", "encoder", "transformer")
+                 "attention_memory", "encoder", "transformer", "generate_greedy_b1",
+                 "generate_greedy_b8", "generate_beam_b1", "generate_beam_b8", "decode_step")
 
 
 # ---- thread pools ------------------------------------------------------------------------------
@@ -516,14 +808,70 @@ def _finish_row(case, row):
     if case.nbytes and fast:
         row["fastattn_gbps"] = case.nbytes / (fast * 1e6)
         row["notes"].append(f"{row['fastattn_gbps']:.1f} GB/s")
+    if case.tokens:
+        rates = {impl: case.tokens / (row[f"{impl}_ms"] / 1e3)
+                 for impl in ("fastattn", "torch", "numpy") if row[f"{impl}_ms"]}  # table order
+        for impl, v in rates.items():
+            row[f"{impl}_tokens_per_s"] = v
+        if rates:
+            row["notes"].insert(0, "tokens/s: " + ", ".join(
+                f"{impl} {_fmt_ms(v)}" for impl, v in rates.items()))
     return row
+
+
+def _counts(case, impls, repeat, numpy_repeat):
+    """Timed calls per implementation: the run's counts, capped by case.repeats."""
+    counts = {impl: numpy_repeat if impl in case.slow else repeat for impl in impls}
+    return {impl: min(n, case.repeats.get(impl, n)) for impl, n in counts.items()}
+
+
+def _check_calls(case, fns):
+    """One call of each implementation, its output kept for validation; the calls of the
+    implementations in case.timed_first are timed (after settle()), in seconds."""
+    outs, first = {}, {}
+    for impl, fn in fns.items():
+        if impl not in case.timed_first:
+            outs[impl] = fn()
+            continue
+        settle()
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            t0 = time.perf_counter()
+            outs[impl] = fn()
+            first[impl] = time.perf_counter() - t0
+        finally:
+            if gc_was_on:
+                gc.enable()
+    return outs, first
+
+
+def _compare_tokens(row, outs):
+    """Generation cases: token ids must agree exactly with the reference backend's (numpy),
+    or with fastattn's where the reference backend does not run."""
+    ref = "numpy" if "numpy" in outs else "fastattn"
+    want = np.asarray(outs[ref])
+    differ = {}
+    for impl, out in outs.items():
+        if impl == ref:
+            continue
+        got = _as_numpy(out)
+        differ[impl] = (len(want) if got.shape != want.shape
+                        else int((got != want).any(axis=1).sum()))
+    row["rows_differ"], row["rows_compared_with"] = differ, ref
+    bad = {i: n for i, n in differ.items() if n}
+    if bad:
+        row["notes"].append(f"MISMATCH: tokens differ from {ref}'s in " + ", ".join(
+            f"{i} {n} of {len(want)} rows" for i, n in bad.items()))
 
 
 def _run_time_case(case, threads, repeat, numpy_repeat):
     row = _empty_row(case, threads)
     fns = _callables(case, row)
-    outs = {impl: fn() for impl, fn in fns.items()}  # warm-up call, kept for validation
-    if "numpy" in outs and case.name != "sgemm":
+    outs, first = _check_calls(case, fns)  # warm-up call, kept for validation
+    if case.tokens:
+        _compare_tokens(row, outs)
+    elif "numpy" in outs and case.name != "sgemm":
         row["max_abs_diff_vs_numpy"] = diffs = {
             impl: _max_abs_diff(out, outs["numpy"]) for impl, out in outs.items()
             if impl != "numpy"}
@@ -532,12 +880,21 @@ def _run_time_case(case, threads, repeat, numpy_repeat):
             row["notes"].append("MISMATCH vs numpy twin: " + ", ".join(
                 f"{i} max|diff| {d:.2g}" for i, d in bad.items()))
     del outs
-    counts = {impl: numpy_repeat if impl in case.slow else repeat for impl in fns}
-    warm = {impl: 0 if impl in case.slow else WARM_SECONDS for impl in fns}
-    times = _time_interleaved(fns, counts, warm)
-    for impl, ts in times.items():
+    counts = _counts(case, fns, repeat, numpy_repeat)
+    left = {impl: n - (impl in first) for impl, n in counts.items()}
+    warm = {impl: 0 if impl in case.slow or not case.warm else WARM_SECONDS for impl in fns}
+    times = _time_interleaved({i: fn for i, fn in fns.items() if left[i] > 0},
+                              {i: n for i, n in left.items() if n > 0}, warm)
+    for impl in fns:
+        ts = ([first[impl]] if impl in first else []) + times.get(impl, [])
         row[f"{impl}_times_ms"] = [t * 1e3 for t in ts]
-    if "numpy" in fns and "numpy" in case.slow:
+    if case.tokens:
+        label = getattr(case, "numpy_label", "numpy twin")
+        row["notes"].append("runs: " + ", ".join(
+            f"{impl} {len(row[f'{impl}_times_ms'])}" for impl in ("fastattn", "torch", "numpy")
+            if impl in fns)
+            + (f" (numpy = {label})" if "numpy" in fns else ""))
+    elif "numpy" in fns and "numpy" in case.slow:
         n = counts["numpy"]
         row["notes"].append(f"numpy twin is float64: {n} run{'s' if n > 1 else ''}")
     if case.name == "sgemm":
@@ -545,6 +902,52 @@ def _run_time_case(case, threads, repeat, numpy_repeat):
         row["notes"].append(f"np.matmul {row['numpy_gflops']:.0f} GFLOP/s (FFN roofline)")
         return row
     return _finish_row(case, row)
+
+
+def decode_probes(case, threads=None, rounds=5):
+    """The decode case's other timings: (prefill ms, memory copy ms, bytes one copy moves),
+    medians of `rounds` interleaved calls (fastattn's thread count when threads is None)."""
+    times, copy_bytes = _decode_times(case, threads, {"prefill": rounds, "copy": rounds})
+    return (statistics.median(times["prefill"]) * 1e3, statistics.median(times["copy"]) * 1e3,
+            copy_bytes)
+
+
+def _decode_times(case, threads, counts):
+    """Seconds per call of the decode case's generate, prefill and memory copy (those named
+    in counts), interleaved; returns (times, bytes one copy moves)."""
+    model, src = _seq2seq_model("fast"), case.inputs()["src"]
+    copy, copy_bytes = memory_copy(threads=threads)
+    fns = {"generate": case.callable("fastattn"),
+           "prefill": functools.partial(_prefill, model, src), "copy": copy}
+    fns = {name: fn for name, fn in fns.items() if name in counts}
+    try:
+        for fn in fns.values():
+            fn()                                   # weights packed, pages touched
+        warm = {"prefill": WARM_SECONDS, "copy": WARM_SECONDS}
+        return _time_interleaved(fns, counts, warm), copy_bytes
+    finally:
+        copy.close()
+
+
+def _run_decode_case(case, threads, repeat):
+    row = _empty_row(case, threads)
+    n = min(repeat, case.repeats.get("fastattn", repeat))
+    times, copy_bytes = _decode_times(case, threads,
+                                      {"generate": n, "prefill": n, "copy": n})
+    med = {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
+    steps = GEN["new_tokens"]
+    m = decode_metrics(med["generate"], med["prefill"], med["copy"],
+                       _decoder_weight_bytes(_seq2seq_model("fast")), copy_bytes, steps)
+    row["fastattn_times_ms"] = [(t * 1e3 - med["prefill"]) / steps for t in times["generate"]]
+    row.update(m, generate_ms=med["generate"], prefill_ms=med["prefill"], copy_ms=med["copy"],
+               copy_threads=threads)
+    _finish_row(case, row)
+    row["notes"].append(
+        f"{m['weight_mb']:.0f} MB of weights per step: {m['weight_gbps']:.1f} GB/s = "
+        f"{100 * m['share_of_copy']:.0f}% of a {threads}-thread memory copy "
+        f"({m['copy_gbps']:.1f} GB/s); generate {med['generate']:.0f} ms = encoder + cross K/V "
+        f"{med['prefill']:.1f} ms + {steps} steps; {n} runs")
+    return row
 
 
 def _run_memory_case(case, threads):
@@ -595,7 +998,10 @@ def run(cases=None, repeat=DEFAULT_REPEAT, threads=None, *, numpy_repeat=DEFAULT
     torch) <impl>_ms (median), <impl>_runs, <impl>_times_ms, <impl>_gflops, <impl>_status
     ("ok", "skipped" or "n/a: why"); speedup_vs_torch, speedup_vs_numpy (= their ms / fastattn
     ms); max_abs_diff_vs_numpy; others_cpu (share of the CPUs other processes used meanwhile,
-    Linux); memory case: <impl>_peak_mib, output_mib, matrix_mib.
+    Linux); memory case: <impl>_peak_mib, output_mib, matrix_mib; generation cases:
+    <impl>_tokens_per_s, rows_differ ({impl: rows whose tokens differ from those of
+    rows_compared_with}); decode case: step_ms (also its fastattn_ms), weight_mb, weight_gbps,
+    copy_gbps, share_of_copy, generate_ms, prefill_ms, copy_ms, copy_threads.
     """
     selected = _select(cases)
     if repeat < 1 or numpy_repeat < 1:
@@ -609,6 +1015,8 @@ def run(cases=None, repeat=DEFAULT_REPEAT, threads=None, *, numpy_repeat=DEFAULT
             before = _machine_cpu()
             if case.kind == "memory":
                 row = _run_memory_case(case, count)
+            elif case.kind == "decode":
+                row = _run_decode_case(case, count, repeat)
             else:
                 row = _run_time_case(case, count, repeat, numpy_repeat)
             row["others_cpu"] = share = _others_share(before, _machine_cpu())
@@ -697,6 +1105,30 @@ def _ffn_target(rows):
               f"{s['numpy_gflops']:.0f} GFLOP/s)"
 
 
+def _tokens_target(case, other, threshold):
+    def measure(rows):
+        r = _row(rows, case)
+        if r is None:
+            return None, "not run"
+        v = r.get(f"speedup_vs_{other}")
+        if v is None:
+            return None, f"{other} not measured ({r[f'{other}_status']})"
+        return v, f"{v:.1f}x {other} (fastattn {_fmt_ms(r['fastattn_tokens_per_s'])} " \
+                  f"tokens/s, {other} {_fmt_ms(r[f'{other}_tokens_per_s'])} tokens/s)"
+    return (case, f"tokens/s >= {threshold}x {other}", measure, lambda v: v >= threshold)
+
+
+def _decode_target(rows):
+    r = _row(rows, "decode_step")
+    if r is None:
+        return None, "not run"
+    v = r.get("share_of_copy")
+    if v is None:
+        return None, "not measured"
+    return v, f"{100 * v:.0f}% of the copy ({r['weight_gbps']:.1f} vs {r['copy_gbps']:.1f} " \
+              f"GB/s; {r['step_ms']:.2f} ms per step)"
+
+
 # (case, target text, measure(rows) -> (value or None, detail), passes(value) -> bool)
 TARGETS = (
     _speedup_target("attention_causal", "torch", 1.8),
@@ -708,6 +1140,9 @@ TARGETS = (
     _speedup_target("encoder", "torch", 1.05),
     _speedup_target("transformer", "torch", 1.15),
     _speedup_target("transformer", "numpy", 2),
+    _tokens_target("generate_greedy_b8", "torch", 10),
+    ("decode_step", "decode weight GB/s >= 70% of memory copy GB/s", _decode_target,
+     lambda v: v >= 0.7),
 )
 
 

@@ -311,8 +311,8 @@ def _sample_ids(logits, rng, temperature, top_k, top_p):
         np.put_along_axis(keep, order, keep_sorted, axis=1)
         p = np.where(keep, p, 0.0)
         p /= p.sum(axis=1, keepdims=True)
-    u = rng.random(p.shape[0])[:, None]
-    ids = (np.cumsum(p, axis=1) < u).sum(axis=1)
+    u = rng.random(p.shape[0])[:, None]                               # in [0, 1)
+    ids = (np.cumsum(p, axis=1) <= u).sum(axis=1)     # first token whose cumsum passes u: p > 0
     return np.minimum(ids, p.shape[1] - 1)
 
 

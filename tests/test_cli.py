@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from fastattn import bench
@@ -121,3 +122,78 @@ def test_interleaving_spreads_the_slow_runs():
     times = bench._time_interleaved(fns, {"fast": 6, "slow": 2})
     assert len(times["fast"]) == 6 and len(times["slow"]) == 2
     assert calls == ["fast"] * 2 + ["fast", "slow"] + ["fast"] * 2 + ["fast", "slow"]
+
+
+# ---- generation cases ----------------------------------------------------------------------------
+
+def test_generation_targets():
+    rows = [
+        _row("generate_greedy_b8", fast=1000.0, torch=12000.0, numpy=30000.0),   # 12x torch
+        _row("decode_step", fast=5.0, share_of_copy=0.65, weight_gbps=13.0, copy_gbps=20.0,
+             step_ms=5.0),
+    ]
+    assert rows[0]["fastattn_tokens_per_s"] == pytest.approx(8 * 64 / 1.0)
+    assert rows[0]["torch_tokens_per_s"] == pytest.approx(8 * 64 / 12.0)
+    assert rows[0]["notes"][0].startswith("tokens/s: fastattn 512, torch 42.7, numpy 17.1")
+    results = {r["case"]: r for r in bench.check_targets(rows)}
+    assert results["generate_greedy_b8"]["status"] == "PASS"
+    assert "512 tokens/s" in results["generate_greedy_b8"]["detail"]
+    assert results["decode_step"]["status"] == "MISS"                      # 65% < 70%
+    assert "65% of the copy" in results["decode_step"]["detail"]
+    slow = [_row("generate_greedy_b8", fast=1000.0, torch=9000.0)]
+    (t,) = [r for r in bench.check_targets(slow) if r["case"] == "generate_greedy_b8"]
+    assert t["status"] == "MISS"
+
+
+def test_decode_metrics_and_weight_bytes():
+    from fastattn import nn as fnn
+
+    m = fnn.Seq2SeqTransformer(1, 2, 16, 2, 11, 13, 24, seed=0)
+    C, F_, V = 16, 24, 13
+    per_layer = 3 * C * C + C * C + C * C + C * C + F_ * C + C * F_
+    assert bench._decoder_weight_bytes(m) == 4 * (2 * per_layer + V * C)
+    got = bench.decode_metrics(generate_ms=330.0, prefill_ms=10.0, copy_ms=20.0,
+                               weight_bytes=100e6, copy_bytes=500e6, steps=64)
+    assert got["step_ms"] == pytest.approx(5.0)
+    assert got["weight_gbps"] == pytest.approx(20.0)
+    assert got["copy_gbps"] == pytest.approx(25.0)
+    assert got["share_of_copy"] == pytest.approx(0.8)
+
+
+def test_memory_copy_moves_read_plus_write_bytes():
+    copy, moved = bench.memory_copy(nbytes=4 << 20, threads=3)
+    try:
+        copy()
+        copy()
+    finally:
+        copy.close()
+    assert moved == 2 * (4 << 20)
+
+
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor is True.*:UserWarning")
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_torch_decoding_loops_give_generates_tokens(norm_first):
+    """The bench's torch implementations (the tutorial's greedy loop, and beam search by the
+    rules of fastattn.generate) on a small model: the tokens of fastattn's generate."""
+    torch = pytest.importorskip("torch")
+    from fastattn import nn as fnn
+
+    fm = fnn.Seq2SeqTransformer(2, 2, 32, 4, 23, 29, 64, norm_first=norm_first, seed=7)
+    tm = bench.torch_seq2seq(fm)
+    src = np.random.default_rng(0).integers(1, 23, size=(3, 6))
+    ts = torch.from_numpy(src)
+    kw = dict(max_new_tokens=8, start_id=1)
+    with torch.inference_mode():
+        greedy = fm.generate(src, **kw)
+        assert np.array_equal(bench.torch_greedy(tm, ts, 8, 1), greedy)
+        end = int(greedy[0, 3])                                    # row 0 ends at step 3
+        assert np.array_equal(bench.torch_greedy(tm, ts, 8, 1, end_id=end, pad_id=5),
+                              fm.generate(src, end_id=end, pad_id=5, **kw))
+        for k, lp, e in ((3, 1.0, None), (2, 0.0, None), (3, 0.7, "row0"), (4, 1.0, "row0")):
+            want = fm.generate(src, method="beam", beam_size=k, length_penalty=lp, **kw)
+            if e is not None:
+                e = int(want[0, 2])
+                want = fm.generate(src, method="beam", beam_size=k, length_penalty=lp,
+                                   end_id=e, **kw)
+            got = bench.torch_beam(tm, ts, 8, 1, k, end_id=e, length_penalty=lp)
+            assert np.array_equal(got, want), (k, lp, e, got, want)
