@@ -118,6 +118,18 @@ CHILD = textwrap.dedent(r"""
     compare("linear.gelu_range", ops.linear(x, np.eye(1, dtype=np.float32), activation="gelu"),
             reference.linear(x, np.eye(1), activation="gelu"), 1e-6, 2e-7)
 
+    # few-row paths: the skinny kernel (<= 8 rows, row-major weight) and the packed one
+    for n_rows in (1, 5, 8, 11):
+        x, w, b = rand(n_rows, 77), rand(101, 77, scale=0.2), rand(101)
+        for act in (None, "relu", "gelu"):
+            expect = reference.linear(x, w, b, activation=act)
+            compare(f"linear.rows{n_rows}.{act}", ops.linear(x, w, b, activation=act), expect,
+                    t["rtol"], dot_atol(x, w, b, t["atol"]))
+            y = np.empty((n_rows, 101), np.float32)
+            ops._linear_packed_into(y, x, ops.PackedWeight(w), b, ops.ACTIVATIONS[act])
+            compare(f"linear_packed.rows{n_rows}.{act}", y, expect, t["rtol"],
+                    dot_atol(x, w, b, t["atol"]))
+
     x = rand(300, 65)
     w1, b1, w2, b2 = rand(129, 65, scale=0.12), rand(129), rand(65, 129, scale=0.09), rand(65)
     t = tol["ffn"]
