@@ -88,5 +88,5 @@ def build_info():
         "blas_threads": _kernels.blas_get_num_threads(),
         "simd": ISA_NAMES[_kernels.cpu_level()],
         "simd_available": available_isas(),
-        "threads": get_num_threads(),
+        "threads": get_num_threads() if _kernels.openmp_enabled() else 1,  # effective
     }
