@@ -1073,7 +1073,8 @@ def _row(rows, name):
     return next((r for r in rows if r["case"] == name), None)
 
 
-def _speedup_target(case, other, threshold):
+def _speedup_target(case, other, threshold, field="ms", unit="ms"):
+    """fastattn at least `threshold` times faster than `other` (times in ms, or tokens/s)."""
     def measure(rows):
         r = _row(rows, case)
         if r is None:
@@ -1081,9 +1082,11 @@ def _speedup_target(case, other, threshold):
         v = r.get(f"speedup_vs_{other}")
         if v is None:
             return None, f"{other} not measured ({r[f'{other}_status']})"
-        return v, f"{v:.2f}x {other} (fastattn {_fmt_ms(r['fastattn_ms'])} ms, {other} " \
-                  f"{_fmt_ms(r[f'{other}_ms'])} ms)"
-    return (case, f"speedup vs {other} >= {threshold}x", measure, lambda v: v >= threshold)
+        return v, f"{v:.2f}x {other} (fastattn {_fmt_ms(r[f'fastattn_{field}'])} {unit}, " \
+                  f"{other} {_fmt_ms(r[f'{other}_{field}'])} {unit})"
+    text = f"speedup vs {other} >= {threshold}x" if field == "ms" else \
+        f"{unit} >= {threshold}x {other}"
+    return (case, text, measure, lambda v: v >= threshold)
 
 
 def _memory_target(rows):
@@ -1103,19 +1106,6 @@ def _ffn_target(rows):
     v = f["fastattn_gflops"] / s["numpy_gflops"]
     return v, f"{100 * v:.1f}% of sgemm ({f['fastattn_gflops']:.0f} vs " \
               f"{s['numpy_gflops']:.0f} GFLOP/s)"
-
-
-def _tokens_target(case, other, threshold):
-    def measure(rows):
-        r = _row(rows, case)
-        if r is None:
-            return None, "not run"
-        v = r.get(f"speedup_vs_{other}")
-        if v is None:
-            return None, f"{other} not measured ({r[f'{other}_status']})"
-        return v, f"{v:.1f}x {other} (fastattn {_fmt_ms(r['fastattn_tokens_per_s'])} " \
-                  f"tokens/s, {other} {_fmt_ms(r[f'{other}_tokens_per_s'])} tokens/s)"
-    return (case, f"tokens/s >= {threshold}x {other}", measure, lambda v: v >= threshold)
 
 
 def _decode_target(rows):
@@ -1140,7 +1130,7 @@ TARGETS = (
     _speedup_target("encoder", "torch", 1.05),
     _speedup_target("transformer", "torch", 1.15),
     _speedup_target("transformer", "numpy", 2),
-    _tokens_target("generate_greedy_b8", "torch", 10),
+    _speedup_target("generate_greedy_b8", "torch", 10, field="tokens_per_s", unit="tokens/s"),
     ("decode_step", "decode weight GB/s >= 70% of memory copy GB/s", _decode_target,
      lambda v: v >= 0.7),
 )

@@ -684,18 +684,23 @@ def _add_into(x, y, ws):
 
 # ---- stacks ------------------------------------------------------------------------------------
 
-class TransformerEncoder(Module):
-    """num_layers copies of encoder_layer, then an optional final LayerNorm (``norm``)."""
+class _Stack(Module):
+    """num_layers copies of a layer (torch deep-copies it too), then an optional final
+    LayerNorm (``norm``)."""
 
     _children = ("layers", "norm")
 
-    def __init__(self, encoder_layer, num_layers, norm=None, *, backend=None):
-        super().__init__(backend or encoder_layer.backend)
+    def __init__(self, layer, num_layers, norm=None, *, backend=None):
+        super().__init__(backend or layer.backend)
         self.num_layers = _check_positive("num_layers", num_layers)
-        self.layers = [copy.deepcopy(encoder_layer) for _ in range(num_layers)]
+        self.layers = [copy.deepcopy(layer) for _ in range(num_layers)]
         self.norm = norm
-        self.d_model, self.nhead = encoder_layer.d_model, encoder_layer.nhead
+        self.d_model, self.nhead = layer.d_model, layer.nhead
         self.to_backend(self.backend)
+
+
+class TransformerEncoder(_Stack):
+    """torch.nn.TransformerEncoder(encoder_layer, num_layers, norm=None)."""
 
     def _forward(self, x, mask, ws, B):
         for layer in self.layers:
@@ -706,18 +711,8 @@ class TransformerEncoder(Module):
         return _encoder_call(self, src, mask, src_key_padding_mask, is_causal, "mask")
 
 
-class TransformerDecoder(Module):
-    """num_layers copies of decoder_layer, then an optional final LayerNorm (``norm``)."""
-
-    _children = ("layers", "norm")
-
-    def __init__(self, decoder_layer, num_layers, norm=None, *, backend=None):
-        super().__init__(backend or decoder_layer.backend)
-        self.num_layers = _check_positive("num_layers", num_layers)
-        self.layers = [copy.deepcopy(decoder_layer) for _ in range(num_layers)]
-        self.norm = norm
-        self.d_model, self.nhead = decoder_layer.d_model, decoder_layer.nhead
-        self.to_backend(self.backend)
+class TransformerDecoder(_Stack):
+    """torch.nn.TransformerDecoder(decoder_layer, num_layers, norm=None)."""
 
     def _forward(self, x, memory, tgt_mask, memory_mask, ws, B):
         for layer in self.layers:

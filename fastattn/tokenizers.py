@@ -474,7 +474,20 @@ def _fit_counts(tok, counts, first, min_freq, max_size):
     return kept
 
 
-class WordTokenizer(Tokenizer):
+class _CasedTokenizer(Tokenizer):
+    """A tokenizer with a ``lowercase`` option (kept in its saved config)."""
+
+    def __init__(self, lowercase, *, specials=SPECIALS):
+        super().__init__(specials=specials)
+        if not isinstance(lowercase, bool):
+            raise TypeError(f"lowercase must be bool, got {type(lowercase).__name__}")
+        self.lowercase = lowercase
+
+    def _config(self):
+        return {"lowercase": self.lowercase, **super()._config()}
+
+
+class WordTokenizer(_CasedTokenizer):
     """One token per word (see the module docstring for the splitting rules).
 
     ``fit(texts, min_freq=1, max_size=None)``: ids follow the specials in order of first
@@ -484,13 +497,7 @@ class WordTokenizer(Tokenizer):
     """
 
     def __init__(self, lowercase=True, *, specials=SPECIALS):
-        super().__init__(specials=specials)
-        if not isinstance(lowercase, bool):
-            raise TypeError(f"lowercase must be bool, got {type(lowercase).__name__}")
-        self.lowercase = lowercase
-
-    def _config(self):
-        return {"lowercase": self.lowercase, **super()._config()}
+        super().__init__(lowercase, specials=specials)
 
     def _split(self, text):
         if self.lowercase:
@@ -530,7 +537,7 @@ class WordTokenizer(Tokenizer):
 
 # ---- character level -------------------------------------------------------------------------
 
-class CharTokenizer(Tokenizer):
+class CharTokenizer(_CasedTokenizer):
     """One token per Unicode code point, whitespace included; ``decode`` concatenates.
 
     ``fit(texts, min_freq=1, max_size=None)``: ids follow the specials in code point order (the
@@ -540,13 +547,7 @@ class CharTokenizer(Tokenizer):
     """
 
     def __init__(self, lowercase=False, *, specials=SPECIALS):
-        super().__init__(specials=specials)
-        if not isinstance(lowercase, bool):
-            raise TypeError(f"lowercase must be bool, got {type(lowercase).__name__}")
-        self.lowercase = lowercase
-
-    def _config(self):
-        return {"lowercase": self.lowercase, **super()._config()}
+        super().__init__(lowercase, specials=specials)
 
     def _split(self, text):
         return list(text.lower() if self.lowercase else text)
