@@ -70,6 +70,32 @@ def to_torch(x):
     return torch.from_numpy(np.ascontiguousarray(x))
 
 
+def sdpa_masks(rng, masking, B, Lq, Lk):
+    """(fastattn kwargs, torch scaled_dot_product_attention kwargs) for one masking kind:
+    "none", "bool", "float", "padding" or "causal"; no row is fully masked (torch gives NaN
+    there). torch's bool masks mean True = ALLOWED, the opposite of ours; its is_causal is
+    top-left aligned, so causal is only comparable when Lq == Lk (skips otherwise)."""
+    kwargs, tkwargs = {}, {}
+    if masking == "bool":
+        mask = rng.random((B, 1, Lq, Lk)) < 0.3
+        mask[..., 0] = False
+        kwargs["mask"], tkwargs["attn_mask"] = mask, to_torch(~mask)
+    elif masking == "float":
+        mask = rng.standard_normal((Lq, Lk)).astype(np.float32)
+        mask[rng.random((Lq, Lk)) < 0.3] = -np.inf
+        mask[:, -1] = 0.0
+        kwargs["mask"], tkwargs["attn_mask"] = mask, to_torch(mask)
+    elif masking == "padding":
+        kpm = rng.random((B, Lk)) < 0.3
+        kpm[:, 0] = False
+        kwargs["key_padding_mask"], tkwargs["attn_mask"] = kpm, to_torch(~kpm[:, None, None, :])
+    elif masking == "causal":
+        if Lq != Lk:
+            pytest.skip("torch's is_causal is top-left aligned; ours equals it only for Lq == Lk")
+        kwargs["causal"], tkwargs["is_causal"] = True, True
+    return kwargs, tkwargs
+
+
 def _describe_mismatch(actual, expected, bad, rtol, atol, name, limit=8):
     a64 = actual.astype(np.float64)
     e64 = expected.astype(np.float64)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from conftest import TOL, assert_close, requires_torch, to_torch
+from conftest import TOL, assert_close, requires_torch, sdpa_masks, to_torch
 from fastattn import ops, reference
 from strategies import AttentionProblem, attention_problems, build_attention, rand
 
@@ -329,28 +329,7 @@ def test_seed002_causal_mask_gives_lower_triangular_weights(how):
 def test_attention_vs_torch_sdpa(rng, B, H, Lq, Lk, D, Dv, masking):
     torch = requires_torch()
     q, k, v = rand(rng, (B, H, Lq, D)), rand(rng, (B, H, Lk, D)), rand(rng, (B, H, Lk, Dv))
-    kwargs, tkwargs = {}, {}
-    if masking == "bool":
-        mask = rng.random((B, 1, Lq, Lk)) < 0.3
-        mask[..., 0] = False                              # torch gives NaN for all-masked rows
-        kwargs["mask"] = mask
-        tkwargs["attn_mask"] = to_torch(~mask)            # torch bool: True = ALLOWED
-    elif masking == "float":
-        mask = rand(rng, (Lq, Lk))
-        mask[rng.random((Lq, Lk)) < 0.3] = -np.inf
-        mask[:, -1] = 0.0
-        kwargs["mask"] = mask
-        tkwargs["attn_mask"] = to_torch(mask)
-    elif masking == "padding":
-        kpm = rng.random((B, Lk)) < 0.3
-        kpm[:, 0] = False
-        kwargs["key_padding_mask"] = kpm
-        tkwargs["attn_mask"] = to_torch(~kpm[:, None, None, :])
-    elif masking == "causal":
-        if Lq != Lk:
-            pytest.skip("torch's is_causal is top-left aligned; ours equals it only for Lq == Lk")
-        kwargs["causal"] = True
-        tkwargs["is_causal"] = True
+    kwargs, tkwargs = sdpa_masks(rng, masking, B, Lq, Lk)
     for scale in (None, 0.25):
         out = ops.attention(q, k, v, scale=scale, **kwargs)
         ref = torch.nn.functional.scaled_dot_product_attention(

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from conftest import sdpa_masks
 from fastattn import reference as F
 
 NEG_INF = -np.inf
@@ -495,28 +496,7 @@ def t(x):
 def test_attention_vs_torch_sdpa(rng, B, H, Lq, Lk, D, Dv, masking):
     torch = requires_torch()
     q, k, v = rand(rng, B, H, Lq, D), rand(rng, B, H, Lk, D), rand(rng, B, H, Lk, Dv)
-    kwargs, tkwargs = {}, {}
-    if masking == "bool":
-        mask = rng.random((B, 1, Lq, Lk)) < 0.3
-        mask[..., 0] = False                            # no fully masked rows for torch
-        kwargs["mask"] = mask
-        tkwargs["attn_mask"] = t(~mask)                 # torch bool: True = ALLOWED
-    elif masking == "float":
-        mask = rand(rng, Lq, Lk)
-        mask[rng.random((Lq, Lk)) < 0.3] = -np.inf
-        mask[:, -1] = 0.0
-        kwargs["mask"] = mask
-        tkwargs["attn_mask"] = t(mask)
-    elif masking == "padding":
-        kpm = rng.random((B, Lk)) < 0.3
-        kpm[:, 0] = False
-        kwargs["key_padding_mask"] = kpm
-        tkwargs["attn_mask"] = t(~kpm[:, None, None, :])
-    elif masking == "causal":
-        if Lq != Lk:
-            pytest.skip("torch is_causal is top-left aligned; equal only when Lq == Lk")
-        kwargs["causal"] = True
-        tkwargs["is_causal"] = True
+    kwargs, tkwargs = sdpa_masks(rng, masking, B, Lq, Lk)
     for scale in (None, 0.25):
         out = F.attention(q, k, v, scale=scale, **kwargs)
         ref = torch.nn.functional.scaled_dot_product_attention(
