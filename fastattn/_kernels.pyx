@@ -99,9 +99,9 @@ cdef inline const float *_copt1(const float[::1] a):
     return &a[0]
 
 
-def attention_forward(float[:, :, :, :] out, float[::1] lse, float[::1] weights,
-                      const float[:, :, :, :] q, const float[:, :, :, :] k,
-                      const float[:, :, :, :] v, const float[:, :, :, :] mask,
+def attention_forward(float[:, :, :, :] out not None, float[::1] lse, float[::1] weights,
+                      const float[:, :, :, :] q not None, const float[:, :, :, :] k not None,
+                      const float[:, :, :, :] v not None, const float[:, :, :, :] mask,
                       const float[::1] key_bias, float scale, bint causal, int nthreads):
     """out (B,H,Lq,Dv), lse (B*H*Lq) or None, weights (B*H*Lq*Lk) or None, key_bias (B*Lk) or
     None. out, q, k, v may be strided views whose last axis is contiguous (ops.py checks that);
@@ -135,13 +135,14 @@ def attention_forward(float[:, :, :, :] out, float[::1] lse, float[::1] weights,
         raise MemoryError("attention: could not allocate per-thread scratch")
 
 
-def softmax_forward(float[:, ::1] y, const float[:, ::1] x, int nthreads):
+def softmax_forward(float[:, ::1] y not None, const float[:, ::1] x not None, int nthreads):
     with nogil:
         fa_softmax_forward(&y[0, 0], &x[0, 0], x.shape[0], x.shape[1], nthreads)
 
 
-def layer_norm_forward(float[:, ::1] y, float[:, ::1] sum_out, float[::1] mean, float[::1] rstd,
-                       const float[:, ::1] x, const float[:, ::1] residual,
+def layer_norm_forward(float[:, ::1] y not None, float[:, ::1] sum_out, float[::1] mean,
+                       float[::1] rstd, const float[:, ::1] x not None,
+                       const float[:, ::1] residual,
                        const float[::1] weight, const float[::1] bias, float eps, int nthreads):
     cdef float *sp = NULL
     cdef const float *rp = NULL
@@ -158,7 +159,8 @@ def layer_norm_forward(float[:, ::1] y, float[:, ::1] sum_out, float[::1] mean, 
                               x.shape[1], eps, nthreads)
 
 
-def linear_forward(float[:, ::1] y, const float[:, ::1] x, const float[:, ::1] weight,
+def linear_forward(float[:, ::1] y not None, const float[:, ::1] x not None,
+                   const float[:, ::1] weight not None,
                    const float[::1] bias, int activation, int nthreads):
     cdef const float *bp = _copt1(bias)
     with nogil:
@@ -166,8 +168,9 @@ def linear_forward(float[:, ::1] y, const float[:, ::1] x, const float[:, ::1] w
                           weight.shape[0], activation, nthreads)
 
 
-def ffn_forward(float[:, ::1] y, const float[:, ::1] x, const float[:, ::1] w1,
-                const float[::1] b1, const float[:, ::1] w2, const float[::1] b2,
+def ffn_forward(float[:, ::1] y not None, const float[:, ::1] x not None,
+                const float[:, ::1] w1 not None, const float[::1] b1,
+                const float[:, ::1] w2 not None, const float[::1] b2,
                 int activation, int nthreads):
     cdef const float *b1p = _copt1(b1)
     cdef const float *b2p = _copt1(b2)
@@ -183,12 +186,13 @@ def packed_size(int64_t M, int64_t K):
     return fa_packed_size(M, K)
 
 
-def pack_panels(float[::1] wp, const float[:, ::1] w, int nthreads):
+def pack_panels(float[::1] wp not None, const float[:, ::1] w not None, int nthreads):
     with nogil:
         fa_pack_panels(&wp[0], &w[0, 0], w.shape[0], w.shape[1], nthreads)
 
 
-def linear_packed_forward(float[:, ::1] y, const float[:, ::1] x, const float[::1] wp,
+def linear_packed_forward(float[:, ::1] y not None, const float[:, ::1] x not None,
+                          const float[::1] wp not None,
                           const float[::1] bias, int activation, int nthreads):
     """y (N, M), x (N, K), wp from pack_panels of an (M, K) weight."""
     cdef const float *bp = _copt1(bias)

@@ -93,7 +93,7 @@ class _ReferenceOps:
 
     @staticmethod
     def attention(q, k, v, mask, out=None):
-        kpm = None if mask.key_bias is None else mask.key_bias.reshape(q.shape[0], -1)
+        kpm = None if mask.key_bias is None else mask.key_bias.reshape(q.shape[0], k.shape[2])
         y = reference.attention(q, k, v, mask=mask.bias, key_padding_mask=kpm,
                                 causal=mask.causal)
         return _put(out, y)
@@ -329,7 +329,7 @@ class Linear(Module):
         x = ops._array(x, "x", "Linear")
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"Linear: x must be (..., {self.in_features}), got {x.shape}")
-        x2 = np.ascontiguousarray(x).reshape(-1, self.in_features)
+        x2 = np.ascontiguousarray(x).reshape(x.size // self.in_features, self.in_features)
         return self._ops.linear(x2, self.weight, self.bias).reshape(
             x.shape[:-1] + (self.out_features,))
 
@@ -455,7 +455,7 @@ class MultiheadAttention(Module):
         w = self.in_proj_weight[rows]
         b = None if self.in_proj_bias is None else self.in_proj_bias[rows]
         out = ws.get(key, (B * L, w.shape[0]))
-        return self._ops.linear(x.reshape(B * L, C), w, b, out=out).reshape(B, L, -1)
+        return self._ops.linear(x.reshape(B * L, C), w, b, out=out).reshape(B, L, w.shape[0])
 
     def _heads(self, x, part, parts):
         """(B, L, parts*C) -> the `part`-th (B, H, L, D) view, no copy."""
@@ -495,6 +495,10 @@ class MultiheadAttention(Module):
         if k.shape[0] != B or v.shape[:2] != (B, S):
             raise ValueError(f"MultiheadAttention: key {k.shape} and value {v.shape} must be "
                              f"(B, S, C) with B = {B} from query {q.shape}")
+        if B == 0:
+            w = np.zeros((B, L, S) if average_attn_weights else (B, self.num_heads, L, S),
+                         np.float32)
+            return np.zeros((B, L, C), np.float32), (w if need_weights else None)
         mask = _prepare_mask("attn_mask", attn_mask, key_padding_mask, B, self.num_heads, L, S,
                              is_causal)
         ws = _Workspace(self._ops)
@@ -512,8 +516,8 @@ class MultiheadAttention(Module):
         for i, x in enumerate((q, k, v)):
             rows = slice(i * C, (i + 1) * C)
             b = None if self.in_proj_bias is None else self.in_proj_bias[rows]
-            p = self._ops.linear(x.reshape(-1, C), self.in_proj_weight[rows], b)
-            heads.append(p.reshape(B, -1, H, C // H).transpose(0, 2, 1, 3))
+            p = self._ops.linear(x.reshape(B * x.shape[1], C), self.in_proj_weight[rows], b)
+            heads.append(p.reshape(B, x.shape[1], H, C // H).transpose(0, 2, 1, 3))
         kpm = None if mask.key_bias is None else mask.key_bias.reshape(B, S)
         F = ops if self.backend == "fast" else reference
         ctx, w = F.attention(*heads, mask=mask.bias, key_padding_mask=kpm, causal=mask.causal,
@@ -548,6 +552,8 @@ def _encoder_call(module, src, mask, key_padding_mask, is_causal, mask_name):
     """The public forward shared by an encoder layer and an encoder stack: (B, S, C) in/out."""
     x = _features("src", src, module.d_model)
     B, S, C = x.shape
+    if B == 0:
+        return np.zeros((B, S, C), np.float32)
     m = _prepare_mask(mask_name, mask, key_padding_mask, B, module.nhead, S, S, is_causal,
                       "src_key_padding_mask")
     ws = _Workspace(module._ops)
@@ -562,6 +568,8 @@ def _decoder_call(module, tgt, memory, tgt_mask=None, memory_mask=None,
     mem = _features("memory", memory, module.d_model)
     B, T, C = x.shape
     _check_batch("memory", mem, B)
+    if B == 0:
+        return np.zeros((B, T, C), np.float32)
     S = mem.shape[1]
     H = module.nhead
     tm = _prepare_mask("tgt_mask", tgt_mask, tgt_key_padding_mask, B, H, T, T, tgt_is_causal,
@@ -616,8 +624,9 @@ class TransformerEncoderLayer(Module):
 
     def _forward(self, x, mask, ws, B):
         """x (N, C) stream owned by the caller (overwritten when fast) -> (N, C)."""
+        C = self.d_model
         L = x.shape[0] // B
-        sa = lambda h: self.self_attn._forward(h.reshape(B, L, -1), None, mask, ws, True)
+        sa = lambda h: self.self_attn._forward(h.reshape(B, L, C), None, mask, ws, True)
         x = self._sublayer(x, self.norm1, sa, ws)
         return self._sublayer(x, self.norm2, lambda h: self._ffn(h, ws), ws)
 
@@ -643,9 +652,10 @@ class TransformerDecoderLayer(TransformerEncoderLayer):
         self.norm3 = LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)
 
     def _forward(self, x, memory, tgt_mask, memory_mask, ws, B):
+        C = self.d_model
         T = x.shape[0] // B
-        sa = lambda h: self.self_attn._forward(h.reshape(B, T, -1), None, tgt_mask, ws, True)
-        ca = lambda h: self.multihead_attn._forward(h.reshape(B, T, -1), memory, memory_mask,
+        sa = lambda h: self.self_attn._forward(h.reshape(B, T, C), None, tgt_mask, ws, True)
+        ca = lambda h: self.multihead_attn._forward(h.reshape(B, T, C), memory, memory_mask,
                                                     ws, False)
         x = self._sublayer(x, self.norm1, sa, ws)
         x = self._sublayer(x, self.norm2, ca, ws)
@@ -768,6 +778,8 @@ class Transformer(Module):
         B, S, C = x.shape
         _check_batch("tgt", y, B)
         T = y.shape[1]
+        if B == 0:
+            return np.zeros((B, T, C), np.float32)
         H = self.nhead
         sm = _prepare_mask("src_mask", src_mask, src_key_padding_mask, B, H, S, S,
                            bool(src_is_causal), "src_key_padding_mask")
@@ -841,6 +853,8 @@ class Seq2SeqTransformer(Module):
         """src_ids (B, S) -> memory (B, S, C)."""
         x = self._embed(self.src_tok_emb, "src_ids", src_ids)
         B, S, C = x.shape
+        if B == 0:
+            return np.zeros((B, S, C), np.float32)
         m = _prepare_mask("src_mask", src_mask, self._padding(src_ids, src_key_padding_mask),
                           B, self.transformer.nhead, S, S, False, "src_key_padding_mask")
         ws = _Workspace(self._ops)
@@ -854,6 +868,8 @@ class Seq2SeqTransformer(Module):
         mem = _features("memory", memory, self.emb_size)
         B, T, C = y.shape
         _check_batch("memory", mem, B)
+        if B == 0:
+            return np.zeros((B, T, C), np.float32)
         S = mem.shape[1]
         H = self.transformer.nhead
         tm = _prepare_mask("tgt_mask", tgt_mask, self._padding(tgt_ids, tgt_key_padding_mask),

@@ -75,17 +75,21 @@ def _mask_bias(mask, name, op, dtype_ok="bool or float"):
         return np.where(m, np.float32(-np.inf), np.float32(0.0))
     if m.dtype.kind != "f":
         raise TypeError(f"{op}: {name} must be {dtype_ok}, got dtype {m.dtype}")
-    return m.astype(np.float32, copy=False)
+    m = m.astype(np.float32, copy=False)
+    if not (m.flags.aligned and all(s % 4 == 0 for s in m.strides)):
+        m = np.ascontiguousarray(m)   # the kernel reads whole-float strides only
+    return m
 
 
 # ---- attention ---------------------------------------------------------------------------------
 
 def _check_attention(q, k, v, mask, key_padding_mask, scale):
     op = "attention"
-    q, k, v = (_strided(_array(t, n, op)) for t, n in ((q, "q"), (k, "k"), (v, "v")))
+    q, k, v = (_array(t, n, op) for t, n in ((q, "q"), (k, "k"), (v, "v")))
     _ndim(q, 4, "q", op, "(B, H, Lq, D)")
     _ndim(k, 4, "k", op, "(B, H, Lk, D)")
     _ndim(v, 4, "v", op, "(B, H, Lk, Dv)")
+    q, k, v = _strided(q), _strided(k), _strided(v)
     B, H, Lq, D = q.shape
     if k.shape[:2] != (B, H) or k.shape[3] != D:
         raise ValueError(f"{op}: k must be (B, H, Lk, D) = ({B}, {H}, Lk, {D}) to match q "
@@ -189,8 +193,8 @@ def layer_norm_forward(x, weight, bias, *, eps=1e-5, residual=None):
                              f"got {residual.shape}")
     if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
         raise TypeError(f"{op}: eps must be a real number, got {type(eps).__name__}")
-    if not (eps > 0 and math.isfinite(eps)):
-        raise ValueError(f"{op}: eps must be positive and finite, got {eps!r}")
+    if not (eps > 0 and math.isfinite(eps)) or np.float32(eps) == 0:
+        raise ValueError(f"{op}: eps must be positive and finite in float32, got {eps!r}")
     N = x.size // C if C else 0
     y = np.empty(x.shape, np.float32)
     mean = np.empty(N, np.float32)

@@ -28,7 +28,9 @@ Conventions:
   broadcastable to (B, H, Lq, Lk). ``key_padding_mask`` is (B, Lk), bool True = padding, or
   float (added). ``causal=True`` lets query i see key j iff ``j <= i + (Lk - Lq)``: aligned to
   the bottom right, so it holds for a KV cache and equals the usual triangle when Lq == Lk.
-  All given masks are applied together.
+  All given masks are applied together, by adding them to the scores (a bool mask adds -inf),
+  as the kernels and torch's scaled_dot_product_attention do: so a NaN or +inf score stays
+  NaN even where a mask hides it. Keys beyond the causal limit are never scored at all.
 - Softmax subtracts the row maximum. A row in which every score is -inf gets weights of all
   zeros (never NaN), so an attention query with no allowed key outputs zeros and has
   ``lse = -inf``. NaN in the inputs propagates as NaN.
@@ -168,16 +170,14 @@ def _attention64(q, k, v, mask, key_padding_mask, causal, scale):
         mask = np.asarray(mask)
         mask = np.broadcast_to(mask, scores.shape)                  # (B,H,Lq,Lk)
         if mask.dtype == np.bool_:
-            scores = np.where(mask, -np.inf, scores)                # True = not allowed
-        else:
-            scores = scores + _f64(mask)                            # additive (0 / -inf)
+            mask = np.where(mask, -np.inf, 0.0)                     # True = not allowed
+        scores = scores + _f64(mask)                                # additive (0 / -inf)
 
     if key_padding_mask is not None:
         kpm = np.asarray(key_padding_mask)[:, None, None, :]        # (B,1,1,Lk)
         if kpm.dtype == np.bool_:
-            scores = np.where(kpm, -np.inf, scores)                 # True = padding
-        else:
-            scores = scores + _f64(kpm)                             # additive
+            kpm = np.where(kpm, -np.inf, 0.0)                       # True = padding
+        scores = scores + _f64(kpm)                                 # additive
 
     if causal:
         i = np.arange(Lq)[:, None]                                  # (Lq,1) query index

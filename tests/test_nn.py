@@ -1162,3 +1162,20 @@ def test_base_forward_memory_stays_within_three_times_weights_plus_one_layer():
     layer_mib = B * L * (3 * C + 3 * C + F) * 4 / 2 ** 20   # qkv, ctx/proj/out, ffn hidden
     assert weights_mib + grown_mib < 3 * (weights_mib + layer_mib), (grown_mib, weights_mib)
     assert grown_mib < weights_mib / 2, (grown_mib, weights_mib)
+
+
+def test_empty_batches_and_lengths_give_empty_outputs():
+    mha = fnn.MultiheadAttention(16, 4, seed=0)
+    x = np.zeros((0, 5, 16), np.float32)
+    out, w = mha(x, x, x)
+    assert out.shape == (0, 5, 16) and w.shape == (0, 5, 5)
+    layer = fnn.TransformerEncoderLayer(16, 4, 32, seed=0)
+    assert layer(np.zeros((2, 0, 16), np.float32)).shape == (2, 0, 16)
+    assert layer(np.zeros((0, 3, 16), np.float32)).shape == (0, 3, 16)
+    t = fnn.Transformer(16, 4, 1, 1, 32, seed=0)
+    assert t(np.zeros((0, 3, 16), np.float32), np.zeros((0, 2, 16), np.float32)).shape == \
+        (0, 2, 16)
+    s2s = fnn.Seq2SeqTransformer(1, 1, 16, 4, 10, 12, 32, seed=0)
+    mem = s2s.encode(np.zeros((0, 4), np.int64))
+    assert mem.shape == (0, 4, 16)
+    assert s2s.decode(np.zeros((0, 3), np.int64), mem).shape == (0, 3, 16)

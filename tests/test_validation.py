@@ -274,3 +274,44 @@ def test_set_num_threads_bad_value(restore_threads, n):
 def test_set_num_threads_bad_type(restore_threads, n):
     with pytest.raises(TypeError, match=r"\bn\b"):
         fastattn.set_num_threads(n)
+
+
+# ---- found in review: inputs that used to slip past the checks ---------------------------------
+
+def test_mask_with_odd_byte_strides_is_read_correctly():
+    """A float32 mask viewed out of a packed record array (strides not a multiple of 4 bytes)
+    must give the same result as its contiguous copy."""
+    rng = np.random.default_rng(0)
+    rec = np.zeros(15, [("a", "<f4"), ("b", "i1")])
+    rec["a"] = rng.standard_normal(15)
+    mask = rec["a"].reshape(3, 5)                               # strides (25, 5)
+    q = rng.standard_normal((1, 2, 3, 8), dtype=np.float32)
+    k = rng.standard_normal((1, 2, 5, 8), dtype=np.float32)
+    out = fastattn.ops.attention(q, k, k, mask=mask)
+    expect = fastattn.ops.attention(q, k, k, mask=np.ascontiguousarray(mask))
+    np.testing.assert_array_equal(out, expect)
+
+
+def test_layer_norm_eps_that_underflows_float32_is_refused():
+    with pytest.raises(ValueError, match="eps"):
+        fastattn.ops.layer_norm(np.ones((3, 4), np.float32), None, None, eps=1e-50)
+
+
+def test_zero_dim_attention_input_is_a_value_error():
+    with pytest.raises(ValueError, match="q must be 4-D"):
+        fastattn.ops.attention(np.float32(1.0), np.zeros((1, 1, 1, 1)), np.zeros((1, 1, 1, 1)))
+
+
+@pytest.mark.parametrize("how", ["bool_mask", "key_padding"])
+def test_nan_key_hidden_by_a_mask_propagates_in_both_twins(how):
+    """Masks are added to the scores (a bool mask adds -inf), in the kernels, the twin and
+    torch's SDPA alike: a NaN score stays NaN even where a mask hides it."""
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((1, 1, 2, 4), dtype=np.float32)
+    k = rng.standard_normal((1, 1, 3, 4), dtype=np.float32)
+    k[0, 0, 2, 0] = np.nan
+    kw = ({"mask": np.array([[False, False, True]] * 2)} if how == "bool_mask"
+          else {"key_padding_mask": np.array([[False, False, True]])})
+    fast = fastattn.ops.attention(q, k, k, **kw)
+    ref = fastattn.reference.attention(q, k, k, **kw)
+    assert np.isnan(fast).all() and np.isnan(ref).all()
