@@ -37,6 +37,7 @@ import numbers
 import numpy as np
 
 from . import ops
+from .nn import _Mask
 
 __all__ = ["generate", "METHODS"]
 
@@ -179,10 +180,6 @@ class _CachedDecoder:
         y = np.empty((x.shape[0], packed.shape[0]), np.float32)
         return ops._linear_packed_into(y, x, packed, bias, ops.ACTIVATIONS[act])
 
-    def _attend(self, q, k, v, key_bias, out):
-        mask = _StepMask(key_bias)
-        return self.ops.attention(q, k, v, mask, out=out)
-
     def step(self, tokens, t):
         """tokens (R,) at position t -> logits (R, V) for position t + 1."""
         m, o, C, H, D, k = self.m, self.ops, self.C, self.H, self.D, self.k
@@ -205,7 +202,7 @@ class _CachedDecoder:
                 kk = self.kc[li][:, :, :t + 1]                               # (R, H, t+1, D)
                 vv = self.vc[li][:, :, :t + 1]
                 out = ctx.reshape(R, H, 1, D)
-                self._attend(q, kk, vv, None, out)
+                o.attention(q, kk, vv, _Mask(), out=out)
                 return lin(ctx, mha.out_proj.weight, mha.out_proj.bias)
 
             # cross-attention: the k beams of a source are its queries against its memory
@@ -217,7 +214,7 @@ class _CachedDecoder:
                 kk, vv = self.cross[li]                                      # (B, H, S, D)
                 out = ctx.reshape(B, k, H, D).transpose(0, 2, 1, 3)
                 mb = None if self.mem_bias is None else self.mem_bias.reshape(-1)
-                self._attend(q, kk, vv, mb, out)
+                o.attention(q, kk, vv, _Mask(key_bias=mb), out=out)
                 return lin(ctx, mha.out_proj.weight, mha.out_proj.bias)
 
             def ffn(h, layer=layer):
@@ -254,13 +251,6 @@ class _CachedDecoder:
             self.cross = [c[:, sources] for c in self.cross]
             if self.mem_bias is not None:
                 self.mem_bias = self.mem_bias[sources]
-
-
-class _StepMask:
-    __slots__ = ("bias", "key_bias", "causal")
-
-    def __init__(self, key_bias):
-        self.bias, self.key_bias, self.causal = None, key_bias, False
 
 
 class _RecomputeDecoder:

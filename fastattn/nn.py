@@ -560,6 +560,16 @@ def _encoder_call(module, src, mask, key_padding_mask, is_causal, mask_name):
     return module._forward(_stream(x, ws), m, ws, B).reshape(B, S, C).copy()
 
 
+def _decoder_masks(H, B, T, S, tgt_mask, memory_mask, tgt_key_padding_mask,
+                   memory_key_padding_mask, tgt_is_causal, memory_is_causal):
+    """The decoder's two prepared masks: (self-attention over the target, cross-attention)."""
+    tm = _prepare_mask("tgt_mask", tgt_mask, tgt_key_padding_mask, B, H, T, T, tgt_is_causal,
+                       "tgt_key_padding_mask")
+    mm = _prepare_mask("memory_mask", memory_mask, memory_key_padding_mask, B, H, T, S,
+                       memory_is_causal, "memory_key_padding_mask")
+    return tm, mm
+
+
 def _decoder_call(module, tgt, memory, tgt_mask=None, memory_mask=None,
                   tgt_key_padding_mask=None, memory_key_padding_mask=None, tgt_is_causal=False,
                   memory_is_causal=False):
@@ -570,12 +580,9 @@ def _decoder_call(module, tgt, memory, tgt_mask=None, memory_mask=None,
     _check_batch("memory", mem, B)
     if B == 0:
         return np.zeros((B, T, C), np.float32)
-    S = mem.shape[1]
-    H = module.nhead
-    tm = _prepare_mask("tgt_mask", tgt_mask, tgt_key_padding_mask, B, H, T, T, tgt_is_causal,
-                       "tgt_key_padding_mask")
-    mm = _prepare_mask("memory_mask", memory_mask, memory_key_padding_mask, B, H, T, S,
-                       memory_is_causal, "memory_key_padding_mask")
+    tm, mm = _decoder_masks(module.nhead, B, T, mem.shape[1], tgt_mask, memory_mask,
+                            tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal,
+                            memory_is_causal)
     ws = _Workspace(module._ops)
     return module._forward(_stream(x, ws), mem, tm, mm, ws, B).reshape(B, T, C).copy()
 
@@ -783,10 +790,8 @@ class Transformer(Module):
         H = self.nhead
         sm = _prepare_mask("src_mask", src_mask, src_key_padding_mask, B, H, S, S,
                            bool(src_is_causal), "src_key_padding_mask")
-        tm = _prepare_mask("tgt_mask", tgt_mask, tgt_key_padding_mask, B, H, T, T,
-                           tgt_is_causal, "tgt_key_padding_mask")
-        mm = _prepare_mask("memory_mask", memory_mask, memory_key_padding_mask, B, H, T, S,
-                           memory_is_causal, "memory_key_padding_mask")
+        tm, mm = _decoder_masks(H, B, T, S, tgt_mask, memory_mask, tgt_key_padding_mask,
+                                memory_key_padding_mask, tgt_is_causal, memory_is_causal)
         ws = _Workspace(self._ops)
         memory = self.encoder._forward(_stream(x, ws), sm, ws, B).reshape(B, S, C)
         mem_ws = _Workspace(self._ops)           # memory lives on while the decoder runs
@@ -870,12 +875,9 @@ class Seq2SeqTransformer(Module):
         _check_batch("memory", mem, B)
         if B == 0:
             return np.zeros((B, T, C), np.float32)
-        S = mem.shape[1]
-        H = self.transformer.nhead
-        tm = _prepare_mask("tgt_mask", tgt_mask, self._padding(tgt_ids, tgt_key_padding_mask),
-                           B, H, T, T, tgt_is_causal, "tgt_key_padding_mask")
-        mm = _prepare_mask("memory_mask", None, memory_key_padding_mask, B, H, T, S, False,
-                           "memory_key_padding_mask")
+        tm, mm = _decoder_masks(self.transformer.nhead, B, T, mem.shape[1], tgt_mask, None,
+                                self._padding(tgt_ids, tgt_key_padding_mask),
+                                memory_key_padding_mask, tgt_is_causal, False)
         ws = _Workspace(self._ops)
         out = self.transformer.decoder._forward(_stream(y, ws), mem, tm, mm, ws, B)
         return out.reshape(B, T, C).copy()

@@ -70,6 +70,19 @@ def to_torch(x):
     return torch.from_numpy(np.ascontiguousarray(x))
 
 
+# seed 002's 6x6 score table ("<start> I am no man <end>") and its additive causal mask
+SEED002_SCORES = np.array([
+    # <start>  I     am    no    man   <end>
+    [33.6,  7.6, 15.5,  3.8, 20.8, 22.3],   # <start>
+    [ 7.6, 34.0, 30.6,  8.3, 26.5, 27.2],   # I
+    [15.5, 30.6, 35.9,  3.8, 34.0, 34.8],   # am
+    [ 3.8,  8.3,  3.8, 34.8, 33.3, 33.6],   # no
+    [20.8, 26.5, 34.0, 33.3, 37.0, 35.9],   # man
+    [ 3.8,  5.7, 11.3, 15.1, 16.6, 37.4],   # <end>
+])
+SEED002_MASK = np.triu(np.full((6, 6), -np.inf), k=1)   # 0 on and below the diagonal
+
+
 def sdpa_masks(rng, masking, B, Lq, Lk):
     """(fastattn kwargs, torch scaled_dot_product_attention kwargs) for one masking kind:
     "none", "bool", "float", "padding" or "causal"; no row is fully masked (torch gives NaN

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from conftest import TOL, assert_close, requires_torch, sdpa_masks, to_torch
+from conftest import (SEED002_MASK, SEED002_SCORES, TOL, assert_close, requires_torch,
+                      sdpa_masks, to_torch)
 from fastattn import ops, reference
 from strategies import AttentionProblem, attention_problems, build_attention, rand
 
@@ -285,16 +286,6 @@ def test_large_multiblock_problem(qkv, rng):
 # ----------------------------------------------------------------------------------------------
 # seed 002: the additive -inf causal mask on a 6x6 score table
 
-SEED002_SCORES = np.array([
-    # <start>  I     am    no    man   <end>
-    [33.6,  7.6, 15.5,  3.8, 20.8, 22.3],   # <start>
-    [ 7.6, 34.0, 30.6,  8.3, 26.5, 27.2],   # I
-    [15.5, 30.6, 35.9,  3.8, 34.0, 34.8],   # am
-    [ 3.8,  8.3,  3.8, 34.8, 33.3, 33.6],   # no
-    [20.8, 26.5, 34.0, 33.3, 37.0, 35.9],   # man
-    [ 3.8,  5.7, 11.3, 15.1, 16.6, 37.4],   # <end>
-])
-SEED002_MASK = np.triu(np.full((6, 6), -np.inf), k=1)   # 0 on and below the diagonal, -inf above
 
 
 @pytest.mark.parametrize("how", ["additive", "bool", "causal"])
