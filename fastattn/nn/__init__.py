@@ -1,0 +1,45 @@
+"""torch.nn-shaped Transformer modules over the kernels (inference; batch-first always).
+
+Names, constructor arguments, forward arguments, defaults and state_dict keys follow torch.nn,
+so a model trained there loads here as it is (see ``Module.load_state_dict``). Parameters are
+NumPy float32 arrays held in attributes named exactly as torch's state_dict keys.
+
+Every module takes ``backend="fast"`` (the C kernels, buffers reused across layers) or
+``backend="reference"`` (the NumPy twin, written the way a prototype would be); both give the
+same outputs. The backend is one op table per module (``backends``); the model code is one.
+Dropout is accepted for signature compatibility and never applied (inference).
+
+Masks use torch's conventions (``masks``). A query with no allowed key gives zeros where torch
+gives NaN.
+
+Decoding goes through the layers: a decoder layer, a decoder stack and a Seq2SeqTransformer
+each have ``init_cache(...)`` and ``step(...)``, one position at a time over a cache whose
+layout they own, computed by the same block as their forward.
+
+The package:
+    module       Module: parameters, state_dict, backends, derived (packed) weights
+    backends     the op tables (fast, reference) and the activation workspace
+    masks        torch-convention masks -> the kernels' form, for forward and decoding alike
+    layers       Linear, Embedding, LayerNorm, PositionalEncoding, TokenEmbedding
+    attention    MultiheadAttention and its key/value caches
+    transformer  encoder/decoder layers and stacks, Transformer, the decoder caches
+    seq2seq      Seq2SeqTransformer (the translation tutorial's model)
+
+Dimension letters: B batch, S source length, T target length, L either, C d_model, H heads,
+D head dim (C / H), F dim_feedforward, V vocabulary, R decoding rows (sources x beams).
+"""
+from .attention import MultiheadAttention
+from .backends import BACKENDS
+from .layers import Embedding, LayerNorm, Linear, PositionalEncoding, TokenEmbedding
+from .masks import generate_square_subsequent_mask
+from .module import Module
+from .seq2seq import Seq2SeqTransformer
+from .transformer import (DecoderCache, Transformer, TransformerDecoder, TransformerDecoderLayer,
+                          TransformerEncoder, TransformerEncoderLayer)
+
+__all__ = [
+    "Module", "Linear", "Embedding", "LayerNorm", "PositionalEncoding", "MultiheadAttention",
+    "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
+    "TransformerDecoder", "Transformer", "Seq2SeqTransformer", "TokenEmbedding",
+    "DecoderCache", "generate_square_subsequent_mask", "BACKENDS",
+]

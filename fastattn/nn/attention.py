@@ -1,0 +1,204 @@
+"""MultiheadAttention, and the key/value caches its decode steps read and write.
+
+One set of pieces serves the forward and the decode step: the input projections (``_project``),
+the attention plus output projection (``_attend``); a decode step differs only in where keys and
+values come from (a cache written in place) and in streaming packed weights for its few rows.
+"""
+import numpy as np
+
+from .backends import Workspace
+from .layers import Linear
+from .masks import NO_MASK, Mask, prepare_mask
+from .module import Module, check_batch_first, check_positive, features, rng_from, xavier
+
+
+class SelfAttentionCache:
+    """Keys and values of the positions decoded so far: k, v (R, H, T_max, D), one row per
+    hypothesis; each (row, head) reads its keys from one contiguous block."""
+
+    __slots__ = ("k", "v")
+
+    def __init__(self, rows, heads, max_len, head_dim):
+        shape = (rows, heads, max_len, head_dim)
+        self.k = np.empty(shape, np.float32)
+        self.v = np.empty(shape, np.float32)
+
+    def reorder(self, rows, t):
+        """Keep rows `rows` (new row i = old row rows[i]) for positions < t."""
+        R = len(rows)
+        if R != self.k.shape[0]:                             # rows dropped: a smaller cache
+            for name in ("k", "v"):
+                c = getattr(self, name)
+                new = np.empty((R,) + c.shape[1:], np.float32)
+                np.take(c[:, :, :t], rows, axis=0, out=new[:, :, :t])
+                setattr(self, name, new)
+            return
+        moved = np.flatnonzero(rows != np.arange(R))         # beams reordered: gather only
+        if moved.size:                                       # the rows that moved
+            for c in (self.k, self.v):
+                c[moved, :, :t] = c[rows[moved], :, :t]
+
+
+class CrossAttentionCache:
+    """The memory's keys and values, computed once per source: k, v (B, H, S, D) contiguous,
+    and ``key_bias`` (B, S) float (-inf = padding) or None. Decoder row r belongs to source
+    r // beams: the beams of a source are its queries."""
+
+    __slots__ = ("k", "v", "key_bias", "mask")
+
+    def __init__(self, k, v, key_bias):
+        self.k, self.v, self.key_bias = k, v, key_bias
+        self.mask = Mask(key_bias=None if key_bias is None else key_bias.reshape(-1))
+
+    def select(self, sources):
+        """Keep the sources `sources` (indices, in order)."""
+        kb = None if self.key_bias is None else self.key_bias[sources]
+        self.__init__(self.k[sources], self.v[sources], kb)
+
+
+class MultiheadAttention(Module):
+    """torch.nn.MultiheadAttention (batch_first=True): packed in_proj_weight (3C, C) rows q|k|v.
+
+    Self-attention (query is key is value) runs one GEMM for q, k and v; cross-attention (key
+    is value) one for q and one for k|v; heads are read in place through strides.
+    """
+
+    _params = ("in_proj_weight", "in_proj_bias")
+    _children = ("out_proj",)
+
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, batch_first=True, *,
+                 backend="fast", seed=None):
+        super().__init__(backend)
+        check_batch_first(batch_first)
+        self.embed_dim = check_positive("embed_dim", embed_dim)
+        self.num_heads = check_positive("num_heads", num_heads)
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
+        self.head_dim = embed_dim // num_heads
+        rng = rng_from(seed)
+        self.in_proj_weight = xavier(rng, (3 * embed_dim, embed_dim))
+        self.in_proj_bias = np.zeros(3 * embed_dim, np.float32) if bias else None
+        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, backend=backend, seed=rng)
+        if bias:
+            self.out_proj.bias[...] = 0.0
+
+    # -- pieces shared by the forward and the decode step -------------------------------------
+    def _project(self, x, part, ws, key):
+        """x (N, C) @ in_proj_weight[rows].T + in_proj_bias[rows] -> (N, len(rows)); part is
+        "qkv", "q" or "kv" (rows 0:3C, 0:C, C:3C)."""
+        C = self.embed_dim
+        lo, hi = {"qkv": (0, 3 * C), "q": (0, C), "kv": (C, 3 * C)}[part]
+        w = self.in_proj_weight[lo:hi]
+        b = None if self.in_proj_bias is None else self.in_proj_bias[lo:hi]
+        packed = None
+        if ws.decode and lo == 0:                 # decode steps project their queries (q, qkv)
+            packed = self._packed(part, self.in_proj_weight, hi)
+        return self._ops.linear(x, w, b, out=ws.get(key, (x.shape[0], hi - lo)), packed=packed)
+
+    def _heads(self, x, part, parts):
+        """(B, L, parts*C) -> the `part`-th (B, H, L, D) view, no copy."""
+        B, L, _ = x.shape
+        return x.reshape(B, L, parts, self.num_heads, self.head_dim)[:, :, part].transpose(
+            0, 2, 1, 3)
+
+    def _attend(self, q, k, v, mask, ws):
+        """(B, H, Lq, D) queries against (B, H, Lk, D) keys/values, then out_proj ->
+        (B*Lq, C) rows ordered (batch, query)."""
+        B, H, Lq, D = q.shape
+        ctx = ws.get("ctx", (B, Lq, H, D))
+        ctx_v = None if ctx is None else ctx.transpose(0, 2, 1, 3)
+        ctx_v = self._ops.attention(q, k, v, mask, out=ctx_v)               # (B, H, Lq, D)
+        ctx = ctx_v.transpose(0, 2, 1, 3).reshape(B * Lq, H * D)            # view when fast
+        return self.out_proj._apply(ctx, ws, "proj")
+
+    # -- the forward used by the layers -------------------------------------------------------
+    def _self_attention(self, x, mask, ws):
+        """x (B, L, C) -> (B*L, C)."""
+        B, L, C = x.shape
+        qkv = self._project(x.reshape(B * L, C), "qkv", ws, "qkv").reshape(B, L, 3 * C)
+        return self._attend(*(self._heads(qkv, i, 3) for i in range(3)), mask, ws)
+
+    def _cross_attention(self, x, memory, mask, ws):
+        """x (B, Lq, C) against memory (B, Lk, C) -> (B*Lq, C)."""
+        B, Lq, C = x.shape
+        Lk = memory.shape[1]
+        qp = self._project(x.reshape(B * Lq, C), "q", ws, "q").reshape(B, Lq, C)
+        kv = self._project(memory.reshape(B * Lk, C), "kv", ws, "kv").reshape(B, Lk, 2 * C)
+        return self._attend(self._heads(qp, 0, 1), self._heads(kv, 0, 2), self._heads(kv, 1, 2),
+                            mask, ws)
+
+    # -- decode steps: one new position per row ----------------------------------------------
+    def _init_self_cache(self, rows, max_len):
+        return SelfAttentionCache(rows, self.num_heads, max_len, self.head_dim)
+
+    def _init_cross_cache(self, memory, key_bias, ws):
+        """memory (B, S, C), key_bias (B, S) float or None -> CrossAttentionCache."""
+        B, S, C = memory.shape
+        kv = self._project(memory.reshape(B * S, C), "kv", ws, "kv")         # (B*S, 2C)
+        kv = kv.reshape(B, S, 2, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
+        kv = np.ascontiguousarray(kv)                                        # (2, B, H, S, D)
+        return CrossAttentionCache(kv[0], kv[1], key_bias)
+
+    def _self_attention_step(self, x, cache, t, ws):
+        """x (R, C) at position t: its key and value go into the cache, its query attends to
+        positions 0..t (the causal rule of the forward, one row of it) -> (R, C)."""
+        R = x.shape[0]
+        parts = self._project(x, "qkv", ws, "qkv").reshape(R, 3, self.num_heads, self.head_dim)
+        cache.k[:, :, t] = parts[:, 1]                                       # written in place
+        cache.v[:, :, t] = parts[:, 2]
+        q = parts[:, 0][:, :, None, :]                                       # (R, H, 1, D)
+        return self._attend(q, cache.k[:, :, :t + 1], cache.v[:, :, :t + 1], NO_MASK, ws)
+
+    def _cross_attention_step(self, x, cache, ws):
+        """x (R, C), R = sources x beams, against each source's memory -> (R, C)."""
+        B = cache.k.shape[0]
+        R, C = x.shape
+        qp = self._project(x, "q", ws, "q")                                  # (R, C)
+        q = qp.reshape(B, R // B, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
+        return self._attend(q, cache.k, cache.v, cache.mask, ws)
+
+    # -- the public forward --------------------------------------------------------------------
+    def __call__(self, query, key, value, key_padding_mask=None, need_weights=True,
+                 attn_mask=None, average_attn_weights=True, is_causal=False):
+        """-> (attn_output (B, L, C), attn_weights (B, L, S) averaged over heads, or
+        (B, H, L, S), or None when need_weights=False), as torch returns them."""
+        C = self.embed_dim
+        q = features("query", query, C)
+        k = q if key is query else features("key", key, C)
+        v = k if value is key else features("value", value, C)
+        B, L, _ = q.shape
+        S = k.shape[1]
+        if k.shape[0] != B or v.shape[:2] != (B, S):
+            raise ValueError(f"MultiheadAttention: key {k.shape} and value {v.shape} must be "
+                             f"(B, S, C) with B = {B} from query {q.shape}")
+        if B == 0:
+            w = np.zeros((B, L, S) if average_attn_weights else (B, self.num_heads, L, S),
+                         np.float32)
+            return np.zeros((B, L, C), np.float32), (w if need_weights else None)
+        mask = prepare_mask("attn_mask", attn_mask, key_padding_mask, B, self.num_heads, L, S,
+                            is_causal)
+        ws = Workspace(self._ops)
+        if need_weights or value is not key:
+            return self._general(q, k, v, mask, need_weights, average_attn_weights, ws)
+        if key is query:
+            out = self._self_attention(q, mask, ws)
+        else:
+            out = self._cross_attention(q, k, mask, ws)
+        return out.reshape(B, L, C), None
+
+    def _general(self, q, k, v, mask, need_weights, average, ws):
+        """Separate q, k, v projections, and the weights when asked (torch's slow path)."""
+        C, H = self.embed_dim, self.num_heads
+        B, L, _ = q.shape
+        heads = []
+        for i, x in enumerate((q, k, v)):
+            rows = slice(i * C, (i + 1) * C)
+            b = None if self.in_proj_bias is None else self.in_proj_bias[rows]
+            p = self._ops.linear(x.reshape(B * x.shape[1], C), self.in_proj_weight[rows], b)
+            heads.append(p.reshape(B, x.shape[1], H, C // H).transpose(0, 2, 1, 3))
+        ctx, w = self._ops.attention_weights(*heads, mask)
+        ctx = np.ascontiguousarray(ctx.transpose(0, 2, 1, 3)).reshape(B * L, C)
+        out = self.out_proj._apply(ctx, ws).reshape(B, L, C)
+        if not need_weights:
+            return out, None
+        return out, (w.mean(axis=1) if average else w)

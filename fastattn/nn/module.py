@@ -1,0 +1,201 @@
+"""The module base (parameters, children, state_dict, backends, derived weights) and the
+argument checks and initialisers the modules share."""
+import math
+import numbers
+
+import numpy as np
+
+from .. import ops
+from .backends import backend_ops
+
+
+class Module:
+    """Parameters are float32 arrays named in ``_params``; submodules in ``_children`` (a list
+    attribute holds numbered children, as torch's ModuleList).
+
+    Derived weights (the packed copies decode steps stream) are kept per module and rebuilt
+    when the weights change: ``load_state_dict`` (and every update fastattn makes) calls
+    ``invalidate_caches()``; a parameter array rebound to a new array is noticed by identity.
+    Whoever edits a parameter array *in place* by hand calls ``invalidate_caches()`` after.
+    """
+
+    _params = ()
+    _children = ()
+
+    def __init__(self, backend="fast"):
+        self.backend = backend
+        self._ops = backend_ops(backend)
+        self._version = 0            # bumped by invalidate_caches()
+        self._derived = {}           # key -> (version, source array, derived value)
+
+    # -- parameters and submodules -----------------------------------------------------------
+    def named_parameters(self, prefix=""):
+        for name in self._params:
+            value = getattr(self, name)
+            if value is not None:
+                yield prefix + name, value
+        for cname in self._children:
+            child = getattr(self, cname)
+            if child is None:
+                continue
+            if isinstance(child, list):
+                for i, c in enumerate(child):
+                    yield from c.named_parameters(f"{prefix}{cname}.{i}.")
+            else:
+                yield from child.named_parameters(f"{prefix}{cname}.")
+
+    def modules(self):
+        yield self
+        for cname in self._children:
+            child = getattr(self, cname)
+            for c in (child if isinstance(child, list) else [child]):
+                if c is not None:
+                    yield from c.modules()
+
+    def parameters_nbytes(self):
+        return sum(v.nbytes for _, v in self.named_parameters())
+
+    # -- weights -------------------------------------------------------------------------------
+    def state_dict(self):
+        """{torch key: float32 array}, in torch's order and layouts."""
+        return {k: v for k, v in self.named_parameters()}
+
+    def _ignored_keys(self):
+        """Keys torch has that are recomputed here rather than loaded."""
+        return ()
+
+    def load_state_dict(self, state_dict, strict=True):
+        """Copy parameters from a dict of NumPy arrays or torch tensors keyed as in torch.
+
+        strict=True: every missing key, unexpected key and shape mismatch is named in one
+        ValueError. strict=False: loads what matches and returns (missing, unexpected); shape
+        mismatches are still an error. Tensors are converted without importing torch here.
+        What was derived from the old weights (packed decode weights) is dropped.
+        """
+        if not hasattr(state_dict, "items"):
+            raise TypeError(f"load_state_dict: expected a mapping of name -> array, got "
+                            f"{type(state_dict).__name__}")
+        own = dict(self.named_parameters())
+        given = {k: to_numpy(k, v) for k, v in state_dict.items()}
+        ignored = set(self._ignored_keys())
+        missing = [k for k in own if k not in given]
+        unexpected = [k for k in given if k not in own and k not in ignored]
+        mismatched = [f"{k}: expected {own[k].shape}, got {given[k].shape}"
+                      for k in own if k in given and given[k].shape != own[k].shape]
+        problems = []
+        if mismatched:
+            problems.append("shape mismatch: " + "; ".join(mismatched))
+        if strict and missing:
+            problems.append("missing keys: " + ", ".join(missing))
+        if strict and unexpected:
+            problems.append("unexpected keys: " + ", ".join(unexpected))
+        if problems:
+            raise ValueError(f"load_state_dict into {type(self).__name__}: "
+                             + " | ".join(problems))
+        for k, arr in own.items():
+            if k in given:
+                arr[...] = given[k]                  # in place: shared views stay valid
+        self.invalidate_caches()
+        return missing, unexpected
+
+    def invalidate_caches(self):
+        """Drop everything derived from the weights (the packed decode weights) in this module
+        and its submodules; it is rebuilt on next use. load_state_dict calls it; call it
+        yourself after editing a parameter array in place (``m.weight[0] = ...``). Returns self."""
+        for m in self.modules():
+            m._version += 1
+            m._derived.clear()
+        return self
+
+    def _packed(self, key, param, rows=None):
+        """param[:rows] packed for decode-sized products (see backends.PACKED_MAX_ROWS), built
+        once per weights version; None on a backend that multiplies the weight itself."""
+        hit = self._derived.get(key)
+        if hit is not None and hit[0] == self._version and hit[1] is param:
+            return hit[2]
+        packed = self._ops.pack(param if rows is None else param[:rows])
+        if packed is not None:
+            self._derived[key] = (self._version, param, packed)
+        return packed
+
+    # -- backends ------------------------------------------------------------------------------
+    def to_backend(self, backend):
+        """Switch every submodule to `backend` ("fast" or "reference"); returns self."""
+        ops_ = backend_ops(backend)
+        for m in self.modules():
+            m.backend, m._ops = backend, ops_
+        return self
+
+
+# ---- conversions, checks and initialisers shared by the modules --------------------------------
+
+def to_numpy(key, value):
+    """A state_dict value (NumPy array or torch tensor, duck-typed) as float32."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        value = value.detach().cpu().float().numpy()
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "fiu" or arr.dtype == np.bool_:
+        raise TypeError(f"load_state_dict: {key} has non-numeric dtype {arr.dtype}")
+    return arr.astype(np.float32)
+
+
+def rng_from(seed):
+    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+
+
+def uniform(rng, shape, bound):
+    return rng.uniform(-bound, bound, size=shape).astype(np.float32)
+
+
+def xavier(rng, shape):
+    fan_out, fan_in = shape
+    return uniform(rng, shape, math.sqrt(6.0 / (fan_in + fan_out)))
+
+
+def check_positive(name, value):
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def check_activation(activation):
+    if activation not in ("relu", "gelu"):
+        raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
+    return activation
+
+
+def check_batch_first(batch_first):
+    if not batch_first:
+        raise ValueError("fastattn modules are always batch-first: batch_first must be True")
+
+
+def check_batch(name, x, B):
+    if x.shape[0] != B:
+        raise ValueError(f"{name} has batch {x.shape[0]} but the input has batch {B} "
+                         f"(shapes {x.shape})")
+
+
+def features(name, x, C, ndim=3):
+    """x as float32 (B, L, C) C-contiguous (a copy only when needed); ndim=2: (R, C)."""
+    x = ops._array(x, name, "forward")
+    if x.ndim != ndim or x.shape[-1] != C:
+        shape = "(B, L, d_model) = (B, L, " if ndim == 3 else "(rows, d_model) = (rows, "
+        raise ValueError(f"{name} must be {shape}{C}), got {x.shape}")
+    return contiguous(x)
+
+
+def contiguous(x):
+    """x C-contiguous and aligned (the kernels read whole floats): a copy only when needed."""
+    return np.require(x, requirements=("C", "A"))
+
+
+def token_ids(name, ids, V):
+    """Integer token ids in [0, V) as int64, or a TypeError / ValueError naming them."""
+    a = np.asarray(ids)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integer token ids, got dtype {a.dtype}")
+    if a.size and (a.min() < 0 or a.max() >= V):
+        bad = a[(a < 0) | (a >= V)].ravel()[0]
+        raise ValueError(f"{name}: token id {int(bad)} is out of range for a vocabulary of "
+                         f"{V} (ids must be in [0, {V - 1}])")
+    return a.astype(np.int64, copy=False)

@@ -1,0 +1,179 @@
+"""Seq2SeqTransformer: the encoder-decoder of PyTorch's translation tutorial, with token ids in
+and logits out, and its decode step for fastattn.generate."""
+import numpy as np
+
+from .backends import Workspace
+from .layers import Linear, PositionalEncoding, TokenEmbedding
+from .masks import decoder_masks, prepare_mask
+from .module import Module, check_batch, features, rng_from, token_ids
+from .transformer import Transformer, _stream
+
+
+class Seq2SeqTransformer(Module):
+    """The encoder-decoder of PyTorch's "Language Translation with nn.Transformer" tutorial,
+    batch-first: keys transformer.*, src_tok_emb.embedding.weight, tgt_tok_emb.embedding.weight,
+    generator.weight / generator.bias. Its positional table is recomputed (the tutorial's
+    ``positional_encoding.pos_embedding`` buffer is accepted and ignored when loading).
+
+    Token ids are int arrays (B, L). With ``pad_id`` set, padding masks are derived from the ids
+    wherever a mask is not given.
+
+    Decoding, one position per step (what fastattn.generate drives):
+
+        cache = model.init_cache(src_ids, beams=1, max_len=64)   # encoder + cross K/V, once
+        logits = model.step(tokens, cache)                       # (R,) ids -> (R, V) logits
+        cache.reorder(rows, sources=None)                        # beams moved / rows dropped
+    """
+
+    _children = ("transformer", "generator", "src_tok_emb", "tgt_tok_emb")
+
+    def __init__(self, num_encoder_layers, num_decoder_layers, emb_size, nhead, src_vocab_size,
+                 tgt_vocab_size, dim_feedforward=512, dropout=0.1, *, activation="relu",
+                 norm_first=False, layer_norm_eps=1e-5, pad_id=None, max_len=5000,
+                 backend="fast", seed=None):
+        super().__init__(backend)
+        rng = rng_from(seed)
+        self.config = dict(num_encoder_layers=num_encoder_layers,
+                           num_decoder_layers=num_decoder_layers, emb_size=emb_size,
+                           nhead=nhead, src_vocab_size=src_vocab_size,
+                           tgt_vocab_size=tgt_vocab_size, dim_feedforward=dim_feedforward,
+                           activation=activation, norm_first=bool(norm_first),
+                           layer_norm_eps=layer_norm_eps, pad_id=pad_id, max_len=max_len)
+        self.transformer = Transformer(emb_size, nhead, num_encoder_layers, num_decoder_layers,
+                                       dim_feedforward, activation=activation,
+                                       layer_norm_eps=layer_norm_eps, norm_first=norm_first,
+                                       backend=backend, seed=rng)
+        self.generator = Linear(emb_size, tgt_vocab_size, backend=backend, seed=rng)
+        self.src_tok_emb = TokenEmbedding(src_vocab_size, emb_size, backend=backend, seed=rng)
+        self.tgt_tok_emb = TokenEmbedding(tgt_vocab_size, emb_size, backend=backend, seed=rng)
+        self.positional_encoding = PositionalEncoding(emb_size, max_len, backend=backend)
+        self.pad_id = pad_id
+        self.emb_size = emb_size
+
+    @property
+    def max_len(self):
+        """Positions the model can embed (the positional table's length)."""
+        return self.positional_encoding.max_len
+
+    @property
+    def tgt_vocab_size(self):
+        return self.tgt_tok_emb.embedding.num_embeddings
+
+    def _ignored_keys(self):
+        return ("positional_encoding.pos_embedding",)
+
+    def _padding(self, ids, given):
+        if given is not None or self.pad_id is None:
+            return given
+        return np.asarray(ids) == self.pad_id
+
+    def _embed(self, emb, name, ids, offset=0):
+        """ids (B, L) -> (B, L, C): token embedding * sqrt(C) + positions offset.."""
+        ids = token_ids(name, ids, emb.embedding.num_embeddings)
+        if ids.ndim != 2:
+            raise ValueError(f"{name} must be (B, L) token ids, got shape {ids.shape}")
+        return self.positional_encoding(emb(ids), offset)
+
+    def encode(self, src_ids, src_key_padding_mask=None, src_mask=None):
+        """src_ids (B, S) -> memory (B, S, C)."""
+        x = self._embed(self.src_tok_emb, "src_ids", src_ids)
+        B, S, C = x.shape
+        if B == 0:
+            return np.zeros((B, S, C), np.float32)
+        m = prepare_mask("src_mask", src_mask, self._padding(src_ids, src_key_padding_mask),
+                         B, self.transformer.nhead, S, S, False, "src_key_padding_mask")
+        ws = Workspace(self._ops)
+        mem = self.transformer.encoder._forward(_stream(x, ws), m, ws, B)
+        return mem.reshape(B, S, C).copy()
+
+    def decode(self, tgt_ids, memory, tgt_mask=None, memory_key_padding_mask=None,
+               tgt_key_padding_mask=None, tgt_is_causal=True):
+        """tgt_ids (B, T), memory (B, S, C) -> hidden (B, T, C); causal target by default."""
+        y = self._embed(self.tgt_tok_emb, "tgt_ids", tgt_ids)
+        mem = features("memory", memory, self.emb_size)
+        B, T, C = y.shape
+        check_batch("memory", mem, B)
+        if B == 0:
+            return np.zeros((B, T, C), np.float32)
+        tm, mm = decoder_masks(self.transformer.nhead, B, T, mem.shape[1], tgt_mask, None,
+                               self._padding(tgt_ids, tgt_key_padding_mask),
+                               memory_key_padding_mask, tgt_is_causal, False)
+        ws = Workspace(self._ops)
+        out = self.transformer.decoder._forward(_stream(y, ws), mem, tm, mm, ws, B)
+        return out.reshape(B, T, C).copy()
+
+    def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None,
+                 src_key_padding_mask=None, tgt_key_padding_mask=None,
+                 memory_key_padding_mask=None, tgt_is_causal=True):
+        """-> logits (B, T, tgt_vocab_size). Padding masks come from pad_id when not given;
+        the memory padding mask defaults to the source padding mask."""
+        src_pad = self._padding(src_ids, src_key_padding_mask)
+        if memory_key_padding_mask is None:
+            memory_key_padding_mask = src_pad
+        memory = self.encode(src_ids, src_pad, src_mask)
+        hidden = self.decode(tgt_ids, memory, tgt_mask, memory_key_padding_mask,
+                             tgt_key_padding_mask, tgt_is_causal)
+        return self.generator(hidden)
+
+    # -- decoding ------------------------------------------------------------------------------
+    def init_cache(self, src_ids, src_key_padding_mask=None, *, beams=1, max_len):
+        """Encode src_ids (B, S) and prepare decoding of up to max_len positions with `beams`
+        rows per source: the memory's cross-attention keys and values are projected once here.
+        The source padding mask (given, or from pad_id) masks the memory exactly as in
+        ``model(src_ids, tgt_ids)``: a float mask is added, a bool mask blocks."""
+        if isinstance(max_len, int) and not isinstance(max_len, bool) and \
+                max_len > self.max_len:
+            raise ValueError(f"init_cache: max_len={max_len} exceeds the model's "
+                             f"max_len={self.max_len} positions")
+        kpm = self._padding(src_ids, src_key_padding_mask)
+        memory = self.encode(src_ids, kpm)
+        return self.transformer.decoder.init_cache(memory, kpm, beams=beams, max_len=max_len)
+
+    def step(self, tokens, cache):
+        """tokens (R,) int, the target token at position cache.t of each row -> logits (R, V)
+        for the next position. R = live sources x beams (row r belongs to source r // beams)."""
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 1:
+            raise ValueError(f"step: tokens must be (R,) token ids, got shape {tokens.shape}")
+        if cache.t >= cache.max_len:
+            raise ValueError(f"step: the cache holds max_len={cache.max_len} positions, all "
+                             "written")
+        x = self._embed(self.tgt_tok_emb, "tokens", tokens[:, None], offset=cache.t)[:, 0]
+        x = cache._check_step(x, self.emb_size)
+        hidden = self.transformer.decoder._step(x, cache, cache.ws)
+        cache.t += 1
+        return self.generator._apply(hidden, cache.ws)
+
+    def generate(self, src_ids, *, max_new_tokens, start_id, end_id=None, pad_id=0,
+                 src_key_padding_mask=None, method="greedy", beam_size=4, length_penalty=1.0,
+                 temperature=1.0, top_k=None, top_p=None, seed=None):
+        """Generate target ids (B, T) int64 from src_ids (B, S): greedy, beam or sample, one
+        position per step through ``step``. See fastattn.generate for the exact rules."""
+        from ..generate import generate
+        return generate(self, src_ids, max_new_tokens=max_new_tokens, start_id=start_id,
+                        end_id=end_id, pad_id=pad_id,
+                        src_key_padding_mask=src_key_padding_mask, method=method,
+                        beam_size=beam_size, length_penalty=length_penalty,
+                        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+
+    def translate(self, texts, src_tokenizer, tgt_tokenizer, **generate_kwargs):
+        """Text in, text out: encode `texts` with src_tokenizer (with <start>/<end> when it has
+        them), generate, decode with tgt_tokenizer (specials dropped). generate_kwargs go to
+        generate(); start_id, end_id and pad_id default to tgt_tokenizer's specials."""
+        if isinstance(texts, str):
+            raise TypeError("translate: texts must be a list of strings, got a single str")
+        texts = list(texts)
+        if not texts:
+            return []
+        t = tgt_tokenizer
+        kw = dict(start_id=t.start_id, end_id=t.end_id,
+                  pad_id=t.pad_id if t.pad_id is not None else 0)
+        kw.update(generate_kwargs)
+        if kw["start_id"] is None:
+            raise ValueError("translate: tgt_tokenizer has no <start> token; pass start_id")
+        kw.setdefault("max_new_tokens", 64)
+        s = src_tokenizer
+        ids, kpm = s.encode_batch(
+            texts, add_start_end=s.start_id is not None and s.end_id is not None)
+        out = self.generate(ids, src_key_padding_mask=kpm, **kw)
+        return [tgt_tokenizer.decode(row.tolist()) for row in out]

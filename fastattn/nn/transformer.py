@@ -1,0 +1,366 @@
+"""The encoder and decoder layers, their stacks, and nn.Transformer.
+
+Each layer's math is written once (``_block``): its forward and its decode step differ only in
+the attention sublayers they plug in (over the whole sequence, or one new position against a
+cache), so a change to a layer changes both.
+"""
+import copy
+
+import numpy as np
+
+from .attention import MultiheadAttention
+from .backends import Workspace
+from .layers import LayerNorm, Linear
+from .masks import decoder_masks, generate_square_subsequent_mask, key_bias, prepare_mask
+from .module import (Module, check_activation, check_batch, check_batch_first, check_positive,
+                     features, rng_from, xavier)
+
+
+# ---- the residual stream -----------------------------------------------------------------------
+
+def _stream(x, ws):
+    """The residual stream (N, C) of x (B, L, C): a workspace copy when fast (updated in
+    place), x itself on the reference backend (never written)."""
+    B, L, C = x.shape
+    s = ws.get("x", (B * L, C))
+    if s is None:
+        return x.reshape(B * L, C)
+    s[...] = x.reshape(B * L, C)
+    return s
+
+
+def _inplace(x, ws):
+    """Where a post-LN block writes its result: over the stream itself when fast."""
+    return x if ws.fast else None
+
+
+def _add_into(x, y, ws):
+    if ws.fast:
+        np.add(x, y, out=x)
+        return x
+    return x + y
+
+
+# ---- decoding caches ---------------------------------------------------------------------------
+
+class DecoderLayerCache:
+    """One decoder layer's cache: ``self_attn`` (attention.SelfAttentionCache, this layer's
+    keys and values of the positions decoded so far) and ``cross_attn``
+    (attention.CrossAttentionCache, the memory's keys and values)."""
+
+    __slots__ = ("self_attn", "cross_attn")
+
+    def __init__(self, self_attn, cross_attn):
+        self.self_attn, self.cross_attn = self_attn, cross_attn
+
+
+class DecoderCache:
+    """What decoding keeps between steps: one DecoderLayerCache per layer, the position ``t``
+    the next step writes, ``beams`` rows per source (row r belongs to source r // beams) and
+    the buffers the steps reuse. Made by ``init_cache`` of a decoder layer, a decoder stack or
+    a Seq2SeqTransformer; advanced by their ``step``."""
+
+    def __init__(self, layers, beams, max_len, ops_):
+        self.layers, self.beams, self.max_len = layers, beams, max_len
+        self.t = 0
+        self.ws = Workspace(ops_, decode=True)
+
+    @property
+    def rows(self):
+        """Rows each step takes: live sources x beams."""
+        return self.layers[0].self_attn.k.shape[0] if self.layers else 0
+
+    @property
+    def sources(self):
+        return self.layers[0].cross_attn.k.shape[0] if self.layers else 0
+
+    def reorder(self, rows, sources=None):
+        """Continue with rows `rows` (new row i = old row rows[i]); `sources`, when whole
+        sources were dropped, lists the kept ones (in order), and len(rows) must then be
+        len(sources) * beams."""
+        rows = np.asarray(rows, dtype=np.int64)
+        for lc in self.layers:
+            lc.self_attn.reorder(rows, self.t)
+            if sources is not None:
+                lc.cross_attn.select(np.asarray(sources, dtype=np.int64))
+
+    def _check_step(self, x, C):
+        x = features("x", x, C, ndim=2)
+        if x.shape[0] != self.rows:
+            raise ValueError(f"step: x has {x.shape[0]} rows but the cache holds {self.rows} "
+                             f"(sources x beams)")
+        if self.t >= self.max_len:
+            raise ValueError(f"step: the cache holds max_len={self.max_len} positions, all "
+                             "written")
+        return x.copy()                                    # the stream is updated in place
+
+
+def _init_cache(module, layers, memory, memory_key_padding_mask, beams, max_len):
+    """A DecoderCache for `layers` over memory (B, S, C)."""
+    beams = check_positive("beams", beams)
+    max_len = check_positive("max_len", max_len)
+    mem = features("memory", memory, module.d_model)
+    B, S, _ = mem.shape
+    kb = key_bias(memory_key_padding_mask, B, S, "memory_key_padding_mask")
+    ws = Workspace(module._ops)
+    caches = [DecoderLayerCache(layer.self_attn._init_self_cache(B * beams, max_len),
+                                layer.multihead_attn._init_cross_cache(mem, kb, ws))
+              for layer in layers]
+    return DecoderCache(caches, beams, max_len, module._ops)
+
+
+# ---- layers ------------------------------------------------------------------------------------
+
+def _encoder_call(module, src, mask, key_padding_mask, is_causal, mask_name):
+    """The public forward shared by an encoder layer and an encoder stack: (B, S, C) in/out."""
+    x = features("src", src, module.d_model)
+    B, S, C = x.shape
+    if B == 0:
+        return np.zeros((B, S, C), np.float32)
+    m = prepare_mask(mask_name, mask, key_padding_mask, B, module.nhead, S, S, is_causal,
+                     "src_key_padding_mask")
+    ws = Workspace(module._ops)
+    return module._forward(_stream(x, ws), m, ws, B).reshape(B, S, C).copy()
+
+
+def _decoder_call(module, tgt, memory, tgt_mask=None, memory_mask=None,
+                  tgt_key_padding_mask=None, memory_key_padding_mask=None, tgt_is_causal=False,
+                  memory_is_causal=False):
+    """The public forward shared by a decoder layer and a decoder stack: (B, T, C) out."""
+    x = features("tgt", tgt, module.d_model)
+    mem = features("memory", memory, module.d_model)
+    B, T, C = x.shape
+    check_batch("memory", mem, B)
+    if B == 0:
+        return np.zeros((B, T, C), np.float32)
+    tm, mm = decoder_masks(module.nhead, B, T, mem.shape[1], tgt_mask, memory_mask,
+                           tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal,
+                           memory_is_causal)
+    ws = Workspace(module._ops)
+    return module._forward(_stream(x, ws), mem, tm, mm, ws, B).reshape(B, T, C).copy()
+
+
+class TransformerEncoderLayer(Module):
+    """torch.nn.TransformerEncoderLayer: self-attention and FFN, each with add & norm
+    (post-LN: x = norm(x + f(x)); norm_first: x = x + f(norm(x)))."""
+
+    _children = ("self_attn", "linear1", "linear2", "norm1", "norm2")
+
+    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu",
+                 layer_norm_eps=1e-5, batch_first=True, norm_first=False, bias=True, *,
+                 backend="fast", seed=None):
+        super().__init__(backend)
+        check_batch_first(batch_first)
+        rng = rng_from(seed)
+        self.d_model, self.nhead = d_model, nhead
+        self.activation = check_activation(activation)
+        self.norm_first = bool(norm_first)
+        self.self_attn = MultiheadAttention(d_model, nhead, bias=bias, backend=backend, seed=rng)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, backend=backend, seed=rng)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, backend=backend, seed=rng)
+        self.norm1 = LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)
+        self.norm2 = LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)
+
+    def _ffn(self, h, ws):
+        """linear2(act(linear1(h))) of the (N, C) rows h; packed weights in a decode step."""
+        l1, l2 = self.linear1, self.linear2
+        packed = (l1._decode_weight(ws), l2._decode_weight(ws)) if ws.decode else None
+        return self._ops.ffn(h, l1.weight, l1.bias, l2.weight, l2.bias, self.activation,
+                             out=ws.get("ff", h.shape), packed=packed)
+
+    def _sublayer(self, x, norm, f, ws):
+        """One residual block on the (N, C) stream x, in place when fast: x <- block(x)."""
+        if self.norm_first:
+            return _add_into(x, f(norm._apply(x, out=ws.get("h", x.shape))), ws)
+        return norm._apply(f(x), x, out=_inplace(x, ws))
+
+    def _forward(self, x, mask, ws, B):
+        """x (N, C) stream owned by the caller (overwritten when fast) -> (N, C)."""
+        C = self.d_model
+        L = x.shape[0] // B
+        sa = lambda h: self.self_attn._self_attention(h.reshape(B, L, C), mask, ws)  # noqa
+        x = self._sublayer(x, self.norm1, sa, ws)
+        return self._sublayer(x, self.norm2, lambda h: self._ffn(h, ws), ws)
+
+    def __call__(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+        return _encoder_call(self, src, src_mask, src_key_padding_mask, is_causal, "src_mask")
+
+
+class TransformerDecoderLayer(TransformerEncoderLayer):
+    """torch.nn.TransformerDecoderLayer: masked self-attention, cross-attention over the
+    encoder's memory, FFN; each with add & norm. ``init_cache`` / ``step`` decode one position
+    at a time through the same block."""
+
+    _children = ("self_attn", "multihead_attn", "linear1", "linear2", "norm1", "norm2",
+                 "norm3")
+
+    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu",
+                 layer_norm_eps=1e-5, batch_first=True, norm_first=False, bias=True, *,
+                 backend="fast", seed=None):
+        rng = rng_from(seed)
+        super().__init__(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                         batch_first, norm_first, bias, backend=backend, seed=rng)
+        self.multihead_attn = MultiheadAttention(d_model, nhead, bias=bias, backend=backend,
+                                                 seed=rng)
+        self.norm3 = LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)
+
+    def _block(self, x, self_attn, cross_attn, ws):
+        """The layer on the (N, C) stream x, given its two attention sublayers."""
+        x = self._sublayer(x, self.norm1, self_attn, ws)
+        x = self._sublayer(x, self.norm2, cross_attn, ws)
+        return self._sublayer(x, self.norm3, lambda h: self._ffn(h, ws), ws)
+
+    def _forward(self, x, memory, tgt_mask, memory_mask, ws, B):
+        C = self.d_model
+        T = x.shape[0] // B
+        return self._block(
+            x, lambda h: self.self_attn._self_attention(h.reshape(B, T, C), tgt_mask, ws),
+            lambda h: self.multihead_attn._cross_attention(h.reshape(B, T, C), memory,
+                                                           memory_mask, ws), ws)
+
+    def _step(self, x, cache, t, ws):
+        """x (R, C) at position t, cache a DecoderLayerCache -> (R, C)."""
+        return self._block(
+            x, lambda h: self.self_attn._self_attention_step(h, cache.self_attn, t, ws),
+            lambda h: self.multihead_attn._cross_attention_step(h, cache.cross_attn, ws), ws)
+
+    __call__ = _decoder_call
+
+    def init_cache(self, memory, memory_key_padding_mask=None, *, beams=1, max_len):
+        """A DecoderCache for decoding up to max_len positions of `beams` rows per source
+        against memory (B, S, C); memory_key_padding_mask (B, S) as in the forward. The
+        memory's keys and values are projected here, once."""
+        return _init_cache(self, [self], memory, memory_key_padding_mask, beams, max_len)
+
+    def step(self, x, cache):
+        """x (R, C), the layer input at position cache.t of each row (R = sources x beams) ->
+        (R, C), what the forward gives at that position under a causal target mask."""
+        x = cache._check_step(x, self.d_model)
+        out = self._step(x, cache.layers[0], cache.t, cache.ws)
+        cache.t += 1
+        return out.copy()
+
+
+# ---- stacks ------------------------------------------------------------------------------------
+
+class _Stack(Module):
+    """num_layers copies of a layer (torch deep-copies it too), then an optional final
+    LayerNorm (``norm``)."""
+
+    _children = ("layers", "norm")
+
+    def __init__(self, layer, num_layers, norm=None, *, backend=None):
+        super().__init__(backend or layer.backend)
+        self.num_layers = check_positive("num_layers", num_layers)
+        self.layers = [copy.deepcopy(layer) for _ in range(num_layers)]
+        self.norm = norm
+        self.d_model, self.nhead = layer.d_model, layer.nhead
+        self.to_backend(self.backend)
+
+    def _final_norm(self, x, ws):
+        """The optional LayerNorm closing the stack, over the stream x (N, C)."""
+        return x if self.norm is None else self.norm._apply(x, out=_inplace(x, ws))
+
+
+class TransformerEncoder(_Stack):
+    """torch.nn.TransformerEncoder(encoder_layer, num_layers, norm=None)."""
+
+    def _forward(self, x, mask, ws, B):
+        for layer in self.layers:
+            x = layer._forward(x, mask, ws, B)
+        return self._final_norm(x, ws)
+
+    def __call__(self, src, mask=None, src_key_padding_mask=None, is_causal=False):
+        return _encoder_call(self, src, mask, src_key_padding_mask, is_causal, "mask")
+
+
+class TransformerDecoder(_Stack):
+    """torch.nn.TransformerDecoder(decoder_layer, num_layers, norm=None); ``init_cache`` /
+    ``step`` decode one position at a time through the layers' own steps."""
+
+    def _forward(self, x, memory, tgt_mask, memory_mask, ws, B):
+        for layer in self.layers:
+            x = layer._forward(x, memory, tgt_mask, memory_mask, ws, B)
+        return self._final_norm(x, ws)
+
+    def _step(self, x, cache, ws):
+        for layer, lc in zip(self.layers, cache.layers):
+            x = layer._step(x, lc, cache.t, ws)
+        return self._final_norm(x, ws)
+
+    __call__ = _decoder_call
+
+    def init_cache(self, memory, memory_key_padding_mask=None, *, beams=1, max_len):
+        """See TransformerDecoderLayer.init_cache; one layer cache per layer."""
+        return _init_cache(self, self.layers, memory, memory_key_padding_mask, beams, max_len)
+
+    def step(self, x, cache):
+        """x (R, C) at position cache.t -> the stack's output there (R, C)."""
+        x = cache._check_step(x, self.d_model)
+        out = self._step(x, cache, cache.ws)
+        cache.t += 1
+        return out.copy()
+
+
+class Transformer(Module):
+    """torch.nn.Transformer (batch-first): encoder and decoder stacks, each ending in a
+    LayerNorm as torch builds them (so a post-LN model has two norms in a row at the end)."""
+
+    _children = ("encoder", "decoder")
+
+    def __init__(self, d_model=512, nhead=8, num_encoder_layers=6, num_decoder_layers=6,
+                 dim_feedforward=2048, dropout=0.1, activation="relu", custom_encoder=None,
+                 custom_decoder=None, layer_norm_eps=1e-5, batch_first=True, norm_first=False,
+                 bias=True, *, backend="fast", seed=None):
+        super().__init__(backend)
+        check_batch_first(batch_first)
+        if custom_encoder is not None or custom_decoder is not None:
+            raise ValueError("Transformer: custom_encoder/custom_decoder are not supported")
+        self.d_model = check_positive("d_model", d_model)
+        self.nhead = check_positive("nhead", nhead)
+        if d_model % nhead:
+            raise ValueError(f"d_model {d_model} must be divisible by nhead {nhead}")
+        self.config = dict(d_model=d_model, nhead=nhead, num_encoder_layers=num_encoder_layers,
+                           num_decoder_layers=num_decoder_layers,
+                           dim_feedforward=dim_feedforward, activation=activation,
+                           layer_norm_eps=layer_norm_eps, norm_first=bool(norm_first),
+                           bias=bool(bias))
+        rng = rng_from(seed)
+        kw = dict(dim_feedforward=dim_feedforward, activation=activation,
+                  layer_norm_eps=layer_norm_eps, norm_first=norm_first, bias=bias,
+                  backend=backend)
+        enc = TransformerEncoderLayer(d_model, nhead, seed=rng, **kw)
+        dec = TransformerDecoderLayer(d_model, nhead, seed=rng, **kw)
+        norm = lambda: LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)  # noqa
+        self.encoder = TransformerEncoder(enc, num_encoder_layers, norm())
+        self.decoder = TransformerDecoder(dec, num_decoder_layers, norm())
+        for name, p in self.named_parameters():        # torch's _reset_parameters: xavier
+            if p.ndim > 1:
+                p[...] = xavier(rng, p.shape)
+
+    def __call__(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None,
+                 src_key_padding_mask=None, tgt_key_padding_mask=None,
+                 memory_key_padding_mask=None, src_is_causal=None, tgt_is_causal=False,
+                 memory_is_causal=False):
+        """src (B, S, C), tgt (B, T, C) -> (B, T, C)."""
+        x = features("src", src, self.d_model)
+        y = features("tgt", tgt, self.d_model)
+        B, S, C = x.shape
+        check_batch("tgt", y, B)
+        T = y.shape[1]
+        if B == 0:
+            return np.zeros((B, T, C), np.float32)
+        H = self.nhead
+        sm = prepare_mask("src_mask", src_mask, src_key_padding_mask, B, H, S, S,
+                          bool(src_is_causal), "src_key_padding_mask")
+        tm, mm = decoder_masks(H, B, T, S, tgt_mask, memory_mask, tgt_key_padding_mask,
+                               memory_key_padding_mask, tgt_is_causal, memory_is_causal)
+        ws = Workspace(self._ops)
+        memory = self.encoder._forward(_stream(x, ws), sm, ws, B).reshape(B, S, C)
+        mem_ws = Workspace(self._ops)            # memory lives on while the decoder runs
+        out = self.decoder._forward(_stream(y, mem_ws), memory, tm, mm, mem_ws, B)
+        return out.reshape(B, T, C).copy()
+
+    @staticmethod
+    def generate_square_subsequent_mask(sz):
+        return generate_square_subsequent_mask(sz)

@@ -1,0 +1,102 @@
+"""Seq2SeqTransformer against the translation tutorial's model, fast vs reference, loading.
+"""
+
+import numpy as np
+import pytest
+
+from conftest import requires_torch
+from fastattn import nn as fnn
+from nn_util import *  # noqa: F401,F403  (helpers and constants)
+from nn_util import TORCH_WARNINGS
+
+pytestmark = TORCH_WARNINGS
+
+
+# ----------------------------------------------------------------------------------------------
+# Seq2SeqTransformer against the translation tutorial's model (batch-first)
+
+
+def test_seq2seq_keys_match_tutorial():
+    torch = requires_torch()
+    tm, fm = seq2seq_pair(torch)
+    tkeys = [k for k in tm.state_dict() if k != "positional_encoding.pos_embedding"]
+    assert list(fm.state_dict()) == tkeys
+    for k, v in tm.state_dict().items():
+        if k in fm.state_dict():
+            assert fm.state_dict()[k].shape == tuple(v.shape), k
+            assert np.array_equal(fm.state_dict()[k], v.numpy()), k
+    assert {"src_tok_emb.embedding.weight", "tgt_tok_emb.embedding.weight",
+            "generator.weight", "generator.bias"} <= set(fm.state_dict())
+
+
+def test_seq2seq_vs_tutorial(rng):
+    torch = requires_torch()
+    tm, fm = seq2seq_pair(torch)
+    src = token_batch(rng, V_SRC, [S, 4, 6], S)
+    tgt = token_batch(rng, V_TGT, [T, 2, 4], T)
+    src_pad, tgt_pad = src == PAD, tgt == PAD
+    src_mask = np.zeros((S, S), dtype=bool)                     # as the tutorial's create_mask
+    tgt_mask = fnn.generate_square_subsequent_mask(T)
+    with torch.inference_mode():
+        ref = tm(t(torch, src), t(torch, tgt), t(torch, src_mask), t(torch, tgt_mask),
+                 t(torch, src_pad), t(torch, tgt_pad), t(torch, src_pad)).numpy()
+        ref_mem = tm.encode(t(torch, src), t(torch, src_mask), t(torch, src_pad))
+    keep_t, keep_s = ~tgt_pad, ~src_pad
+
+    logits = fm(src, tgt)                          # masks from pad_id, causal target
+    assert logits.shape == (B, T, V_TGT) and logits.dtype == np.float32
+    assert_rel(logits[keep_t], ref[keep_t], name="logits (pad_id masks)")
+    explicit = fm(src, tgt, src_mask=src_mask, tgt_mask=tgt_mask, src_key_padding_mask=src_pad,
+                  tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad)
+    assert_rel(explicit[keep_t], ref[keep_t], name="logits (explicit masks)")
+
+    mem = fm.encode(src)
+    assert_rel(mem[keep_s], ref_mem.numpy()[keep_s], name="encode memory")
+    with torch.inference_mode():                   # the same memory into both decoders
+        ref_hid = tm.decode(t(torch, tgt), t(torch, mem), t(torch, tgt_mask), t(torch, tgt_pad),
+                            t(torch, src_pad)).numpy()
+    hid = fm.decode(tgt, mem, memory_key_padding_mask=src_pad)
+    assert_rel(hid[keep_t], ref_hid[keep_t], name="decode hidden")
+    assert_rel(fm.generator(hid)[keep_t], logits[keep_t], rel=1e-6, name="generator(decode)")
+
+
+def test_seq2seq_vs_tutorial_no_padding(rng):
+    torch = requires_torch()
+    tm, fm = seq2seq_pair(torch, seed=1)
+    fm.pad_id = None
+    src = rng.integers(0, V_SRC, size=(2, S))
+    tgt = rng.integers(0, V_TGT, size=(2, T))
+    src_mask = np.zeros((S, S), dtype=bool)
+    tgt_mask = fnn.generate_square_subsequent_mask(T)
+    with torch.inference_mode():
+        ref = tm(t(torch, src), t(torch, tgt), t(torch, src_mask), t(torch, tgt_mask),
+                 None, None, None).numpy()
+    assert_rel(fm(src, tgt), ref)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_seq2seq_fast_vs_reference(rng, norm_first):
+    kw = dict(dropout=0.0, pad_id=PAD, norm_first=norm_first, seed=13)
+    fast = fnn.Seq2SeqTransformer(2, 2, C, H, V_SRC, V_TGT, F, **kw)
+    ref = fnn.Seq2SeqTransformer(2, 2, C, H, V_SRC, V_TGT, F, backend="reference", **kw)
+    src = token_batch(rng, V_SRC, [S, 3, 5], S)
+    tgt = token_batch(rng, V_TGT, [T, 1, 4], T)
+    assert_backends_close(fast(src, tgt), ref(src, tgt), name="logits")
+    mem = fast.encode(src)
+    assert_backends_close(mem, ref.encode(src), name="memory")
+    assert_backends_close(fast.decode(tgt, mem, memory_key_padding_mask=src == PAD),
+                          ref.decode(tgt, mem, memory_key_padding_mask=src == PAD),
+                          name="hidden")
+
+
+def test_seq2seq_load_ignores_pos_embedding_and_recomputes_table(rng):
+    m = fnn.Seq2SeqTransformer(1, 1, C, H, V_SRC, V_TGT, F, pad_id=PAD, max_len=64, seed=3)
+    pe_before = m.positional_encoding.pe.copy()
+    sd = dict(m.state_dict())
+    sd["positional_encoding.pos_embedding"] = np.full((64, 1, C), 7.0, np.float32)
+    assert m.load_state_dict(sd) == ([], [])
+    assert np.array_equal(m.positional_encoding.pe, pe_before)
+    assert "positional_encoding.pos_embedding" not in m.state_dict()
+    sd["positional_encoding.other"] = np.zeros(1, np.float32)
+    with pytest.raises(ValueError, match=r"positional_encoding\.other"):
+        m.load_state_dict(sd)
