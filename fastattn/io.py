@@ -6,9 +6,21 @@ metadata, the class name and constructor config, so ``load(path)`` rebuilds the 
     fastattn.io.save(model, "model.safetensors")
     model = fastattn.io.load("model.safetensors", backend="fast")
 
-Errors are ValueError with the file and the problem named: not a safetensors file (or a
-truncated one), not written by fastattn, a config that does not build a model, a missing or
-unexpected tensor, a tensor of the wrong shape.
+A weight file is untrusted input. ``load`` reads only the header first (8-byte length, JSON)
+and checks it against the file's real size; it then validates the stored config (types,
+positive sizes) and compares the tensors that config implies (``state_dict_shapes``) with the
+header's names, shapes and dtypes. Only then is a model built and the data read, so a file
+that lies about its sizes costs no more memory than the file itself.
+
+Errors are ValueError with the file and the problem named: not a safetensors file (truncated,
+sizes or offsets that do not fit the file, a header that is not UTF-8 JSON), a directory or an
+empty file, not written by fastattn, a config that does not build a model, a missing or
+unexpected tensor, a tensor of the wrong shape or dtype. A missing file is FileNotFoundError.
+
+Dtypes: float32 is loaded as is; float16, bfloat16 and float64 are converted to float32 (a
+float64 value outside float32's range is refused, not turned into inf); integer, bool and other
+tensors are refused, since every entry of a fastattn state_dict is a float parameter and
+``save`` writes float32 only.
 """
 import json
 import os
@@ -18,19 +30,31 @@ import numpy as np
 from . import nn
 
 FORMAT = "fastattn/1"
+BACKENDS = ("fast", "reference")
 SAVABLE = {"Transformer": nn.Transformer, "Seq2SeqTransformer": nn.Seq2SeqTransformer}
 
-__all__ = ["save", "load", "read_state_dict"]
+__all__ = ["save", "load", "read_state_dict", "state_dict_shapes"]
+
+# safetensors dtype -> (NumPy dtype, little-endian, or None where NumPy has none; item bytes)
+DTYPES = {
+    "BOOL": ("?", 1), "U8": ("u1", 1), "I8": ("i1", 1), "U16": ("<u2", 2), "I16": ("<i2", 2),
+    "U32": ("<u4", 4), "I32": ("<i4", 4), "U64": ("<u8", 8), "I64": ("<i8", 8),
+    "F16": ("<f2", 2), "BF16": (None, 2), "F32": ("<f4", 4), "F64": ("<f8", 8),
+    "C64": ("<c8", 8), "F8_E5M2": (None, 1), "F8_E4M3": (None, 1), "F8_E8M0": (None, 1),
+}
+CONVERTED = ("F16", "BF16", "F64")        # widened or rounded to float32 by load
+MAX_HEADER = 100_000_000                  # bytes; the safetensors library's own limit
+PE_FLOATS = 1 << 24                       # positional table always allowed (64 MiB float32)
+LISTED = 5                                # problems of each kind named in an error
 
 
 def _safetensors():
     try:
-        from safetensors import safe_open
         from safetensors.numpy import save_file
     except ImportError as exc:                        # a declared dependency; say what to do
         raise ImportError("fastattn.io needs the safetensors package: pip install "
                           "safetensors") from exc
-    return safe_open, save_file
+    return save_file
 
 
 def save(model, path):
@@ -38,42 +62,378 @@ def save(model, path):
     name = type(model).__name__
     if name not in SAVABLE or not isinstance(model, SAVABLE[name]):
         raise TypeError(f"save: can save {', '.join(SAVABLE)}, got {type(model).__name__}")
-    _, save_file = _safetensors()
+    save_file = _safetensors()
     tensors = {k: np.ascontiguousarray(v, dtype=np.float32)
                for k, v in model.state_dict().items()}
     metadata = {"format": FORMAT, "class": name, "config": json.dumps(model.config)}
     save_file(tensors, os.fspath(path), metadata=metadata)
 
 
-def read_state_dict(path):
-    """(state_dict, metadata) of a safetensors file: NumPy arrays, text metadata."""
-    safe_open, _ = _safetensors()
-    path = os.fspath(path)
+# ---- the header: read and checked against the file, no tensor data touched -----------------
+
+def _short(value, n=60):
+    r = repr(value)
+    return r if len(r) <= n else r[:n] + "..."
+
+
+def _is_int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _no_duplicates(pairs):
+    d = {}
+    for k, v in pairs:
+        if k in d:
+            raise ValueError(f"duplicate key {_short(k)}")
+        d[k] = v
+    return d
+
+
+def _json(text, what):
+    """json.loads that refuses duplicate keys and reports deep nesting as ValueError."""
     try:
-        with safe_open(path, framework="numpy") as f:
-            metadata = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except FileNotFoundError:
+        return json.loads(text, object_pairs_hook=_no_duplicates)
+    except RecursionError:
+        raise ValueError(f"{what} is nested too deeply") from None
+    except ValueError as exc:
+        raise ValueError(f"{what} is not valid JSON: {exc}") from None
+
+
+class _Header:
+    """A checked safetensors header: tensors {name: (dtype, shape, begin, end)} with byte
+    ranges relative to data_start, metadata {str: str}."""
+
+    def __init__(self, tensors, metadata, data_start):
+        self.tensors, self.metadata, self.data_start = tensors, metadata, data_start
+
+
+def _read_header(f, size):
+    """Parse and check the header of the open file `f` of `size` bytes; ValueError (without
+    the file name, which the caller adds) on anything that does not fit."""
+    if size == 0:
+        raise ValueError("the file is empty")
+    if size < 8:
+        raise ValueError(f"the file has {size} bytes, fewer than the 8-byte header length "
+                         "(truncated?)")
+    n = int.from_bytes(f.read(8), "little")
+    if n > size - 8:
+        raise ValueError(f"the header length {n} is larger than the {size - 8} bytes that "
+                         "follow it (truncated?)")
+    if n > MAX_HEADER:
+        raise ValueError(f"the header length {n} exceeds the safetensors limit {MAX_HEADER}")
+    raw = f.read(n)
+    if len(raw) != n:
+        raise ValueError("the file ended inside the header (truncated?)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"the header is not UTF-8: {exc}") from None
+    header = _json(text, "the header")
+    if not isinstance(header, dict):
+        raise ValueError(f"the header is a JSON {type(header).__name__}, not an object")
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise ValueError("__metadata__ must map text to text")
+    data_size = size - 8 - n
+    tensors = {}
+    for name, info in header.items():
+        where = f"tensor {_short(name)}"
+        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+            raise ValueError(f"{where}: expected {{dtype, shape, data_offsets}}, got "
+                             f"{_short(info)}")
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if dtype not in DTYPES:
+            raise ValueError(f"{where}: unknown dtype {_short(dtype)}")
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+            raise ValueError(f"{where}: shape must be a list of non-negative ints, got "
+                             f"{_short(shape)}")
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(_is_int(o) for o in offsets)):
+            raise ValueError(f"{where}: data_offsets must be two ints, got {_short(offsets)}")
+        begin, end = offsets
+        if not 0 <= begin <= end <= data_size:
+            raise ValueError(f"{where}: bytes [{begin}, {end}) are not inside the "
+                             f"{data_size} bytes of tensor data (truncated?)")
+        nbytes = 0 if 0 in shape else DTYPES[dtype][1]
+        for d in shape:                               # stop early: no giant products
+            if nbytes > data_size:
+                break
+            nbytes *= d
+        if end - begin != nbytes:
+            needs = f"more than {data_size}" if nbytes > data_size else str(nbytes)
+            raise ValueError(f"{where}: {dtype} {_short(tuple(shape))} needs {needs} bytes, "
+                             f"its offsets [{begin}, {end}) hold {end - begin}")
+        tensors[name] = (dtype, tuple(shape), begin, end)
+    # as the safetensors library requires: the ranges tile the data, no gap, no overlap
+    at, prev = 0, None
+    for name, (_, _, begin, end) in sorted(tensors.items(), key=lambda t: t[1][2:]):
+        if begin != at:
+            kind = "overlaps" if begin < at else "leaves a gap after"
+            raise ValueError(f"tensor {_short(name)} at bytes [{begin}, {end}) {kind} "
+                             f"{'the start of the data' if prev is None else _short(prev)}")
+        at, prev = end, name
+    if at != data_size:
+        raise ValueError(f"{data_size - at} bytes of data follow the last tensor")
+    return _Header(tensors, metadata, 8 + n)
+
+
+def _open(path, what):
+    """(open binary file, checked header) of `path`; FileNotFoundError if absent, else
+    ValueError naming the file."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"{what}: {path} is a directory, not a safetensors file")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ValueError(f"{what}: {path} is not a regular file")
+    f = open(path, "rb")                              # FileNotFoundError passes through
+    try:
+        header = _read_header(f, os.fstat(f.fileno()).st_size)
+    except ValueError as exc:
+        f.close()
+        raise ValueError(f"{what}: {path} is not a readable safetensors file: {exc}") from None
+    except BaseException:
+        f.close()
         raise
-    except Exception as exc:     # safetensors reports header/size problems with its own type
-        raise ValueError(f"load: {path} is not a readable safetensors file "
-                         f"(truncated or corrupt?): {exc}") from None
-    return tensors, metadata
+    return f, header
+
+
+def _read_tensor(f, header, name, path, what):
+    """The data of tensor `name` as a NumPy array (BF16 widened to float32)."""
+    dtype, shape, begin, end = header.tensors[name]
+    np_dtype = DTYPES[dtype][0]
+    if dtype == "BF16":
+        np_dtype = "<u2"
+    elif np_dtype is None:
+        raise ValueError(f"{what}: {path}: tensor {_short(name)} has dtype {dtype}, which NumPy "
+                         "cannot hold")
+    arr = np.empty(shape, np.dtype(np_dtype))        # end - begin bytes, checked against the file
+    f.seek(header.data_start + begin)
+    got = f.readinto(memoryview(arr).cast("B")) if arr.nbytes else 0
+    if got != end - begin:
+        raise ValueError(f"{what}: {path} ended inside tensor {_short(name)} (truncated?)")
+    if dtype == "BF16":                               # bfloat16 = the top half of a float32
+        arr = (arr.astype(np.uint32) << 16).view(np.float32)
+    return arr.astype(arr.dtype.newbyteorder("="), copy=False)
+
+
+def read_state_dict(path):
+    """(state_dict, metadata) of a safetensors file: NumPy arrays in their stored dtype
+    (bfloat16, which NumPy lacks, widened to float32), text metadata. The header is checked
+    against the file's size before any tensor is read."""
+    f, header = _open(path, "read_state_dict")
+    with f:
+        tensors = {k: _read_tensor(f, header, k, os.fspath(path), "read_state_dict")
+                   for k in header.tensors}
+    return tensors, header.metadata
+
+
+# ---- the config and the tensors it implies -------------------------------------------------
+
+def state_dict_shapes(class_name, config):
+    """Yield (state_dict key, shape) in state_dict order for the model that `config` (as in
+    ``model.config``) builds: what a file for it must hold. Nothing is allocated, so a config
+    can be checked against a file's header before a model is built."""
+    if class_name not in SAVABLE:
+        raise ValueError(f"state_dict_shapes: class must be one of {', '.join(SAVABLE)}, "
+                         f"got {_short(class_name)}")
+    seq2seq = class_name == "Seq2SeqTransformer"
+    C = config["emb_size"] if seq2seq else config["d_model"]
+    F = config["dim_feedforward"]
+    bias = True if seq2seq else config["bias"]        # the translation model always has biases
+    top = "transformer." if seq2seq else ""
+
+    def linear(name, out_features, in_features):
+        yield f"{name}.weight", (out_features, in_features)
+        if bias:
+            yield f"{name}.bias", (out_features,)
+
+    def attention(name):
+        yield f"{name}.in_proj_weight", (3 * C, C)
+        if bias:
+            yield f"{name}.in_proj_bias", (3 * C,)
+        yield from linear(f"{name}.out_proj", C, C)
+
+    def norm(name):
+        yield f"{name}.weight", (C,)
+        if bias:
+            yield f"{name}.bias", (C,)
+
+    for stack, attentions, norms in (("encoder", ("self_attn",), 2),
+                                     ("decoder", ("self_attn", "multihead_attn"), 3)):
+        for i in range(config[f"num_{stack}_layers"]):
+            layer = f"{top}{stack}.layers.{i}"
+            for a in attentions:
+                yield from attention(f"{layer}.{a}")
+            yield from linear(f"{layer}.linear1", F, C)
+            yield from linear(f"{layer}.linear2", C, F)
+            for j in range(1, norms + 1):
+                yield from norm(f"{layer}.norm{j}")
+        yield from norm(f"{top}{stack}.norm")
+    if seq2seq:
+        yield from linear("generator", config["tgt_vocab_size"], C)
+        yield "src_tok_emb.embedding.weight", (config["src_vocab_size"], C)
+        yield "tgt_tok_emb.embedding.weight", (config["tgt_vocab_size"], C)
+
+
+def _positive_int(v):
+    return _is_int(v) and v > 0
+
+
+def _flag(v):
+    return isinstance(v, bool)
+
+
+def _text(v):
+    return isinstance(v, str)
+
+
+def _eps(v):                      # positive, finite, and not zero once stored as float32
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+            and np.isfinite(v) and np.float32(v) > 0)
+
+
+def _pad_id(v):
+    return v is None or _is_int(v)
+
+
+_RULES = {_positive_int: "a positive int", _flag: "true or false", _text: "a string",
+          _eps: "a positive finite number (above float32's smallest)",
+          _pad_id: "null or an int"}
+# The keys model.config holds (what save writes), each with the rule its value must meet.
+CONFIG_KEYS = {
+    "Transformer": dict(d_model=_positive_int, nhead=_positive_int,
+                        num_encoder_layers=_positive_int, num_decoder_layers=_positive_int,
+                        dim_feedforward=_positive_int, activation=_text, layer_norm_eps=_eps,
+                        norm_first=_flag, bias=_flag),
+    "Seq2SeqTransformer": dict(num_encoder_layers=_positive_int,
+                               num_decoder_layers=_positive_int, emb_size=_positive_int,
+                               nhead=_positive_int, src_vocab_size=_positive_int,
+                               tgt_vocab_size=_positive_int, dim_feedforward=_positive_int,
+                               activation=_text, norm_first=_flag, layer_norm_eps=_eps,
+                               pad_id=_pad_id, max_len=_positive_int),
+}
+
+
+def _check_config(class_name, config):
+    """ValueError unless `config` holds exactly the keys save writes, each of its type."""
+    if not isinstance(config, dict):
+        raise ValueError(f"the config is a JSON {type(config).__name__}, not an object")
+    keys = CONFIG_KEYS[class_name]
+    missing = [k for k in keys if k not in config]
+    unknown = [k for k in config if k not in keys]
+    if missing or unknown:
+        raise ValueError("the config " + "; ".join(
+            p for p in (missing and "lacks " + ", ".join(missing),
+                        unknown and "has unknown keys " + ", ".join(map(_short, unknown[:LISTED])))
+            if p))
+    bad = [f"{k} must be {_RULES[rule]}, got {_short(config[k])}"
+           for k, rule in keys.items() if not rule(config[k])]
+    if bad:
+        raise ValueError("the config is invalid: " + "; ".join(bad))
+    C = config.get("d_model", config.get("emb_size"))
+    if C % config["nhead"]:
+        raise ValueError(f"the config is invalid: {C} features do not split into "
+                         f"{config['nhead']} heads")
+
+
+def _compare(class_name, config, header):
+    """The problems (at most LISTED of each kind) between the tensors `config` implies and the
+    header; the expected table is cut off once it outgrows the file (10**6 layers cost
+    nothing)."""
+    have = header.tensors
+    mismatched, dtypes, missing, seen = [], [], [], set()
+    n_missing = 0
+    cut = False
+    for key, shape in state_dict_shapes(class_name, config):
+        if len(seen) + n_missing >= len(have) + LISTED:
+            cut = True
+            break
+        if key not in have:
+            n_missing += 1
+            if len(missing) < LISTED:
+                missing.append(key)
+            continue
+        seen.add(key)
+        dtype, stored, _, _ = have[key]
+        if stored != shape:
+            mismatched.append(f"{key}: expected shape {shape}, file has {stored}")
+        elif dtype not in ("F32",) + CONVERTED:
+            why = ("bool is not a weight" if dtype == "BOOL" else
+                   "integer weights are not converted" if dtype[0] in "IU" else
+                   "not a supported float type")
+            dtypes.append(f"{key}: dtype {dtype} ({why}; fastattn weights are float32)")
+    problems = []
+    if mismatched:
+        problems.append("shape mismatch: " + _few(mismatched))
+    if dtypes:
+        problems.append("wrong dtype: " + _few(dtypes))
+    if missing:
+        more = (f" (the config implies more than {len(have) + LISTED} tensors; the file holds "
+                f"{len(have)})" if cut else f" ({n_missing} in all)" if n_missing > LISTED
+                else "")
+        problems.append("missing tensors: " + ", ".join(missing) + more)
+    if not cut:
+        unexpected = [_short(k) for k in have if k not in seen]
+        if unexpected:
+            problems.append("unexpected tensors: " + _few(unexpected, ", "))
+    return problems
+
+
+def _few(items, sep="; "):
+    more = f" ... ({len(items)} in all)" if len(items) > LISTED else ""
+    return sep.join(items[:LISTED]) + more
 
 
 def load(path, *, backend="fast"):
     """Rebuild the model saved at `path` (class and config from the metadata), load its
-    weights strictly and return it on `backend`."""
-    tensors, meta = read_state_dict(path)
-    if meta.get("format") != FORMAT or meta.get("class") not in SAVABLE:
-        raise ValueError(f"load: {path} was not written by fastattn.io.save (metadata "
-                         f"format={meta.get('format')!r}, class={meta.get('class')!r})")
-    try:
-        config = json.loads(meta["config"])
-        model = SAVABLE[meta["class"]](**config, backend=backend)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"load: the config stored in {path} does not build a "
-                         f"{meta['class']}: {exc}") from None
+    weights strictly and return it on `backend`. The header, the config and every tensor's
+    name, shape and dtype are checked before a model is built or any data is read."""
+    if backend not in BACKENDS:                      # the caller's mistake, not the file's
+        raise ValueError(f"load: backend must be one of {BACKENDS}, got {_short(backend)}")
+    f, header = _open(path, "load")
+    path = os.fspath(path)
+    with f:
+        meta = header.metadata
+        if meta.get("format") != FORMAT or meta.get("class") not in SAVABLE:
+            raise ValueError(f"load: {path} was not written by fastattn.io.save (metadata "
+                             f"format={_short(meta.get('format'))}, "
+                             f"class={_short(meta.get('class'))})")
+        name = meta["class"]
+        try:
+            if "config" not in meta:
+                raise ValueError("the metadata holds no config")
+            config = _json(meta["config"], "the config")
+            _check_config(name, config)
+        except ValueError as exc:
+            raise ValueError(f"load: the config stored in {path} does not build a {name}: "
+                             f"{exc}") from None
+        problems = _compare(name, config, header)
+        if problems:
+            raise ValueError(f"load: {path} does not match its config ({name}): "
+                             + " | ".join(problems))
+        if name == "Seq2SeqTransformer":             # the positional table is not in the file
+            floats = config["max_len"] * config["emb_size"]
+            weights = sum((end - begin) // DTYPES[dtype][1]
+                          for dtype, _, begin, end in header.tensors.values())
+            if floats > max(PE_FLOATS, weights):
+                raise ValueError(f"load: the config stored in {path} does not build a {name}: "
+                                 f"max_len={config['max_len']} needs a positional table of "
+                                 f"{floats} floats, more than the {weights} weights in the "
+                                 f"file (and than {PE_FLOATS})")
+        try:
+            model = SAVABLE[name](**config, backend=backend)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"load: the config stored in {path} does not build a "
+                             f"{name}: {exc}") from None
+        tensors = {}
+        for key, (dtype, _, _, _) in header.tensors.items():
+            arr = _read_tensor(f, header, key, path, "load")
+            with np.errstate(over="ignore"):         # overflow is refused just below
+                tensors[key] = arr.astype(np.float32, copy=False)
+            if dtype == "F64" and not np.array_equal(np.isfinite(arr),
+                                                     np.isfinite(tensors[key])):
+                raise ValueError(f"load: {path}: tensor {key} (float64) holds values "
+                                 "outside float32's range")
     try:
         model.load_state_dict(tensors, strict=True)
     except ValueError as exc:

@@ -3,6 +3,9 @@ are a ValueError naming the problem; nothing is ever unpickled."""
 import ast
 import json
 import pickle
+import re
+import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -352,3 +355,426 @@ def test_io_source_never_unpickles():
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             imported.add(node.module.split(".")[0])
     assert imported <= {"json", "os", "numpy", "safetensors"}, imported
+
+
+# ----------------------------------------------------------------------------------------------
+# the shape table is the models' own
+
+
+SHAPE_CONFIGS = [
+    ("Transformer", dict(d_model=C, nhead=H, num_encoder_layers=2, num_decoder_layers=1,
+                         dim_feedforward=F, norm_first=False)),
+    ("Transformer", dict(d_model=24, nhead=3, num_encoder_layers=1, num_decoder_layers=3,
+                         dim_feedforward=40, norm_first=True, activation="gelu")),
+    ("Transformer", dict(d_model=16, nhead=2, num_encoder_layers=2, num_decoder_layers=2,
+                         dim_feedforward=8, norm_first=True, bias=False)),
+    ("Transformer", dict(d_model=16, nhead=4, num_encoder_layers=1, num_decoder_layers=1,
+                         dim_feedforward=16, norm_first=False, bias=False)),
+    ("Seq2SeqTransformer", dict(num_encoder_layers=2, num_decoder_layers=1, emb_size=C, nhead=H,
+                                src_vocab_size=V_SRC, tgt_vocab_size=V_TGT, dim_feedforward=F)),
+    ("Seq2SeqTransformer", dict(num_encoder_layers=1, num_decoder_layers=3, emb_size=24,
+                                nhead=2, src_vocab_size=50, tgt_vocab_size=7,
+                                dim_feedforward=12, norm_first=True, pad_id=0, max_len=16)),
+]
+
+
+@pytest.mark.parametrize("name, cfg", SHAPE_CONFIGS)
+def test_shape_table_is_the_models_state_dict(tmp_path, name, cfg):
+    model = fio.SAVABLE[name](**cfg, seed=0)
+    table = list(fio.state_dict_shapes(name, model.config))
+    assert table == [(k, v.shape) for k, v in model.state_dict().items()]   # order as well
+    assert set(fio.CONFIG_KEYS[name]) == set(model.config)       # what save writes is checked
+    fio.save(model, tmp_path / "m.safetensors")
+    assert_same_state(model, fio.load(tmp_path / "m.safetensors"))
+
+
+# ----------------------------------------------------------------------------------------------
+# hostile files: each is a ValueError naming the file, fast, with no large allocation
+
+
+def raw_parts(path):
+    """(header dict, tensor data bytes) of a safetensors file, parsed by hand."""
+    data = Path(path).read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    return json.loads(data[8:8 + n]), data[8 + n:]
+
+
+def write_raw(out, header, data=b"", length=None):
+    """A file of 8-byte length, header (a dict, or bytes as given) and data; `length` lies."""
+    head = header if isinstance(header, bytes) else json.dumps(header).encode()
+    out.write_bytes((len(head) if length is None else length).to_bytes(8, "little")
+                    + head + data)
+    return out
+
+
+def with_config(path, out, **change):
+    header, data = raw_parts(path)
+    cfg = json.loads(header["__metadata__"]["config"])
+    cfg.update(change)
+    header["__metadata__"]["config"] = json.dumps(cfg)
+    return write_raw(out, header, data)
+
+
+def with_tensor(path, out, key, array):
+    """The file at `path` with tensor `key` replaced by `array` (any dtype, shape)."""
+    tensors, meta = fio.read_state_dict(path)
+    tensors[key] = array
+    save_file(tensors, str(out), metadata=meta)
+    return out
+
+
+def fails(path, *patterns, load=fio.load):
+    """load(path) raises a ValueError naming the file and matching every regex in patterns."""
+    with pytest.raises(ValueError) as exc:
+        load(path)
+    msg = str(exc.value)
+    assert str(path) in msg, msg
+    for p in patterns:
+        assert re.search(p, msg), (p, msg)
+    return msg
+
+
+@pytest.fixture
+def saved_s2s(tmp_path):
+    m = seq2seq()
+    path = tmp_path / "s2s.safetensors"
+    fio.save(m, path)
+    return m, path
+
+
+def test_huge_dim_feedforward_fails_fast_and_small(saved, tmp_path):
+    _, path = saved
+    bad = with_config(path, tmp_path / "huge_ff.safetensors", dim_feedforward=10**12)
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"huge_ff\.safetensors.*linear1\.weight: expected "
+                                         r"shape \(1000000000000, 32\), file has \(64, 32\)"):
+        fio.load(bad)
+    assert time.perf_counter() - t0 < 0.25
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="huge_ff.safetensors"):
+            fio.load(bad)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, peak                       # the file is 125 KB; nothing model-sized
+
+
+@pytest.mark.parametrize("key", ["num_encoder_layers", "num_decoder_layers"])
+@pytest.mark.parametrize("kind", ["transformer", "seq2seq"])
+def test_million_layers_fail_fast(saved, saved_s2s, tmp_path, key, kind):
+    _, path = saved if kind == "transformer" else saved_s2s
+    bad = with_config(path, tmp_path / "deep.safetensors", **{key: 10**6})
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"deep\.safetensors.*missing tensors: .*layers\.\d+\."
+                                         r".*the config implies more than \d+ tensors"):
+        fio.load(bad)
+    assert time.perf_counter() - t0 < 0.25
+
+
+@pytest.mark.parametrize("key", ["d_model", "nhead", "num_encoder_layers", "num_decoder_layers",
+                                 "dim_feedforward"])
+@pytest.mark.parametrize("value", [-1, 0, 32.0, 1.5, "32", True, None, [32], {"n": 32}])
+def test_bad_size_values(saved, tmp_path, key, value):
+    _, path = saved
+    bad = with_config(path, tmp_path / "badsize.safetensors", **{key: value})
+    fails(bad, "config", f"{key} must be a positive int")
+
+
+@pytest.mark.parametrize("change, msg", [
+    (dict(layer_norm_eps=0), "layer_norm_eps must be"),
+    (dict(layer_norm_eps=-1e-5), "layer_norm_eps must be"),
+    (dict(layer_norm_eps=float("nan")), "layer_norm_eps must be"),
+    (dict(layer_norm_eps=float("inf")), "layer_norm_eps must be"),
+    (dict(layer_norm_eps=1e-300), "layer_norm_eps must be"),   # 0 as float32
+    (dict(layer_norm_eps="1e-5"), "layer_norm_eps must be"),
+    (dict(layer_norm_eps=True), "layer_norm_eps must be"),
+    (dict(norm_first=1), "norm_first must be true or false"),
+    (dict(bias="false"), "bias must be true or false"),
+    (dict(activation=3), "activation must be a string"),
+    (dict(activation="tanh"), "activation"),                   # refused by the constructor
+])
+def test_bad_other_values(saved, tmp_path, change, msg):
+    _, path = saved
+    bad = with_config(path, tmp_path / "badval.safetensors", **change)
+    fails(bad, "config", msg)
+
+
+@pytest.mark.parametrize("change, msg", [
+    (dict(src_vocab_size=0), "src_vocab_size must be a positive int"),
+    (dict(tgt_vocab_size="19"), "tgt_vocab_size must be a positive int"),
+    (dict(emb_size=-32), "emb_size must be a positive int"),
+    (dict(pad_id=1.0), "pad_id must be null or an int"),
+    (dict(pad_id=True), "pad_id must be null or an int"),
+    (dict(max_len=0), "max_len must be a positive int"),
+    (dict(max_len=10**12), "max_len=1000000000000 needs a positional table"),
+    (dict(bias=False), "unknown keys 'bias'"),                  # the translation model has none
+])
+def test_bad_seq2seq_values(saved_s2s, tmp_path, change, msg):
+    _, path = saved_s2s
+    bad = with_config(path, tmp_path / "bads2s.safetensors", **change)
+    fails(bad, "config", msg)
+
+
+def test_other_vocab_size_names_the_embedding(saved_s2s, tmp_path):
+    _, path = saved_s2s
+    bad = with_config(path, tmp_path / "vocab.safetensors", src_vocab_size=10**9)
+    with pytest.raises(ValueError, match=r"vocab\.safetensors.*src_tok_emb\.embedding\.weight: "
+                                         rf"expected shape \(1000000000, {C}\)"):
+        fio.load(bad)
+
+
+def test_config_with_a_key_missing(saved, tmp_path):
+    _, path = saved
+    header, data = raw_parts(path)
+    cfg = json.loads(header["__metadata__"]["config"])
+    del cfg["dim_feedforward"]
+    header["__metadata__"]["config"] = json.dumps(cfg)
+    bad = write_raw(tmp_path / "nokey.safetensors", header, data)
+    fails(bad, "config lacks dim_feedforward")
+
+
+def test_config_nested_deeply(saved, tmp_path):
+    _, path = saved
+    header, data = raw_parts(path)
+    header["__metadata__"]["config"] = "[" * 100_000 + "]" * 100_000
+    bad = write_raw(tmp_path / "nestcfg.safetensors", header, data)
+    fails(bad, "config is nested too deeply")
+
+
+def _first_tensor(header):
+    """(name, info) of the tensor whose data comes first."""
+    return min(((k, v) for k, v in header.items() if k != "__metadata__"),
+               key=lambda kv: kv[1]["data_offsets"])
+
+
+def _last_tensor(header):
+    return max(((k, v) for k, v in header.items() if k != "__metadata__"),
+               key=lambda kv: kv[1]["data_offsets"])
+
+
+def _edit_first(h):
+    _first_tensor(h)[1]["data_offsets"][0] += 4
+
+
+def _overlap(h):
+    """The last tensor's range starts 4 bytes early (it overlaps the one before it)."""
+    info = _last_tensor(h)[1]
+    info["data_offsets"] = [info["data_offsets"][0] - 4, info["data_offsets"][1] - 4]
+
+
+def _past_end(h):
+    info = _last_tensor(h)[1]
+    info["data_offsets"] = [info["data_offsets"][0] + 8, info["data_offsets"][1] + 8]
+
+
+def _swap_ranges(h):
+    """Two equal-size tensors exchange their byte ranges: still a valid tiling."""
+    a, b = "encoder.layers.0.norm1.weight", "encoder.layers.0.norm2.weight"
+    h[a]["data_offsets"], h[b]["data_offsets"] = h[b]["data_offsets"], h[a]["data_offsets"]
+
+
+@pytest.mark.parametrize("edit, msg", [
+    (_past_end, r"bytes \[\d+, \d+\) are not inside the \d+ bytes of tensor data"),
+    (_overlap, "overlaps"),
+    (_edit_first, r"needs \d+ bytes"),
+    (lambda h: _first_tensor(h)[1].update(data_offsets=[4, 4 + _first_tensor(h)[1]
+                                                         ["data_offsets"][1]]),
+     "leaves a gap after the start of the data"),
+    (lambda h: _last_tensor(h)[1].update(dtype="F16"), r"needs \d+ bytes"),
+    (lambda h: _last_tensor(h)[1].update(shape=[-1, 32]), "non-negative ints"),
+    (lambda h: _last_tensor(h)[1].update(shape=[32.0]), "non-negative ints"),
+    (lambda h: _last_tensor(h)[1].update(data_offsets=[True, 4]), "two ints"),
+    (lambda h: _last_tensor(h)[1].update(data_offsets=[0]), "two ints"),
+    (lambda h: _last_tensor(h)[1].update(dtype="F4"), "unknown dtype 'F4'"),
+    (lambda h: _last_tensor(h)[1].update(extra=1), "expected {dtype, shape, data_offsets}"),
+    (lambda h: h.update(x=[1, 2]), "expected {dtype, shape, data_offsets}"),
+    (lambda h: h["__metadata__"].update(n=1), "__metadata__ must map text to text"),
+    (lambda h: h.update(__metadata__="format"), "__metadata__ must map text to text"),
+])
+def test_header_that_lies(saved, tmp_path, edit, msg):
+    _, path = saved
+    header, data = raw_parts(path)
+    edit(header)
+    bad = write_raw(tmp_path / "lies.safetensors", header, data)
+    with pytest.raises(ValueError, match=rf"lies\.safetensors is not a readable safetensors "
+                                         rf"file: .*{msg}"):
+        fio.load(bad)
+    with pytest.raises(ValueError, match="lies.safetensors"):
+        fio.read_state_dict(bad)
+
+
+def test_out_of_order_ranges_are_valid(saved, tmp_path):
+    """safetensors ties no tensor to a position: ranges in any order that tile the data load."""
+    m, path = saved
+    header, data = raw_parts(path)
+    _swap_ranges(header)
+    a, b = "encoder.layers.0.norm1.weight", "encoder.layers.0.norm2.weight"
+    swapped = write_raw(tmp_path / "swapped.safetensors", header, data)
+    loaded = fio.load(swapped)
+    sd = m.state_dict()
+    assert np.array_equal(loaded.state_dict()[a], sd[b])
+    assert np.array_equal(loaded.state_dict()[b], sd[a])
+
+
+@pytest.mark.parametrize("length, msg", [
+    (2**64 - 1, "header length 18446744073709551615 is larger than"),
+    (None, "header length .* is larger than"),           # one byte past the end of the file
+])
+def test_header_length_larger_than_file(saved, tmp_path, length, msg):
+    _, path = saved
+    header, data = raw_parts(path)
+    head = json.dumps(header).encode()
+    bad = write_raw(tmp_path / "long.safetensors", head, data,
+                    length=length if length is not None else len(head) + len(data) + 1)
+    with pytest.raises(ValueError, match=rf"long\.safetensors.*{msg}"):
+        fio.load(bad)
+
+
+def test_trailing_bytes_after_the_data(saved, tmp_path):
+    _, path = saved
+    header, data = raw_parts(path)
+    bad = write_raw(tmp_path / "tail.safetensors", header, data + b"\0" * 8)
+    with pytest.raises(ValueError, match=r"tail\.safetensors.*8 bytes of data follow"):
+        fio.load(bad)
+
+
+@pytest.mark.parametrize("head, msg", [
+    (b"{not json", "not valid JSON"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b'{"a": ' * 50_000 + b"1" + b"}" * 50_000, "nested too deeply"),
+    (b'{"__metadata__": {"format": "fastattn/1", "class": "\xff\xfe"}}', "not UTF-8"),
+    (b'{"__metadata__": {"format": "\xc3\x28"}}', "not UTF-8"),
+    (b'{"__metadata__": {}, "__metadata__": {}}', "duplicate key '__metadata__'"),
+    (b"[]", "JSON list, not an object"),
+    (b"null", "JSON NoneType, not an object"),
+    (b"", "not valid JSON"),
+], ids=["garbage", "nested-lists", "nested-objects", "non-utf8-class", "non-utf8-format",
+        "duplicate-key", "list", "null", "empty"])
+def test_header_not_json(tmp_path, head, msg):
+    bad = write_raw(tmp_path / "head.safetensors", head)
+    with pytest.raises(ValueError, match=rf"head\.safetensors is not a readable safetensors "
+                                         rf"file: the header (is )?.*{msg}"):
+        fio.load(bad)
+
+
+def test_empty_file_and_directory(tmp_path):
+    empty = tmp_path / "empty.safetensors"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"empty\.safetensors .*the file is empty"):
+        fio.load(empty)
+    folder = tmp_path / "folder.safetensors"
+    folder.mkdir()
+    with pytest.raises(ValueError, match=r"folder\.safetensors is a directory"):
+        fio.load(folder)
+    with pytest.raises(ValueError, match=r"folder\.safetensors is a directory"):
+        fio.read_state_dict(folder)
+
+
+KEY = "encoder.layers.0.linear1.weight"
+
+
+@pytest.mark.parametrize("dtype, msg", [
+    (np.bool_, "dtype BOOL (bool is not a weight"),
+    (np.int32, "dtype I32 (integer weights are not converted"),
+    (np.int64, "dtype I64 (integer weights are not converted"),
+    (np.uint8, "dtype U8 (integer weights are not converted"),
+    (np.complex64, "dtype C64 (not a supported float type"),
+])
+def test_non_float_tensors_are_refused(saved, tmp_path, dtype, msg):
+    m, path = saved
+    w = m.state_dict()[KEY]
+    bad = with_tensor(path, tmp_path / "dtype.safetensors", KEY, (w > 0).astype(dtype))
+    with pytest.raises(ValueError, match=rf"dtype\.safetensors .*wrong dtype: "
+                                         rf"{KEY.replace('.', '[.]')}: {msg.replace('(', '[(]')}"):
+        fio.load(bad)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64, "bfloat16"])
+def test_other_floats_become_float32(saved, tmp_path, dtype):
+    m, path = saved
+    header, data = raw_parts(path)
+    tensors, meta = fio.read_state_dict(path)
+    if dtype == "bfloat16":                             # NumPy has none: write the bytes
+        w = tensors[KEY]
+        top = (w.view(np.uint32) >> 16).astype("<u2")   # truncation: values bf16 can hold
+        want = (top.astype(np.uint32) << 16).view(np.float32)
+        tensors[KEY] = np.zeros(0, np.float32)         # placeholder, rewritten below
+        save_file(tensors, str(tmp_path / "tmp.safetensors"), metadata=meta)
+        header, data = raw_parts(tmp_path / "tmp.safetensors")
+        end = len(data)
+        header[KEY] = {"dtype": "BF16", "shape": list(w.shape),
+                       "data_offsets": [end, end + top.nbytes]}
+        conv = write_raw(tmp_path / "conv.safetensors", header, data + top.tobytes())
+    else:
+        want = tensors[KEY].astype(dtype)
+        conv = with_tensor(path, tmp_path / "conv.safetensors", KEY, want)
+        want = want.astype(np.float32)
+    loaded = fio.load(conv)
+    got = loaded.state_dict()[KEY]
+    assert got.dtype == np.float32 and np.array_equal(got, want)
+    for k, v in m.state_dict().items():
+        if k != KEY:
+            assert np.array_equal(loaded.state_dict()[k], v), k
+
+
+def test_float64_outside_float32_range_is_refused(saved, tmp_path):
+    m, path = saved
+    w = m.state_dict()[KEY].astype(np.float64)
+    w[0, 0] = 1e300
+    bad = with_tensor(path, tmp_path / "f64.safetensors", KEY, w)
+    with pytest.raises(ValueError, match=rf"f64\.safetensors: tensor {KEY} \(float64\) holds "
+                                         "values outside float32's range"):
+        fio.load(bad)
+
+
+def test_reader_agrees_with_safetensors(tmp_path):
+    from safetensors import safe_open
+    rng = np.random.default_rng(0)
+    tensors = {"a": rng.standard_normal((3, 4)).astype(np.float16),
+               "b": rng.standard_normal(5), "c": rng.integers(-9, 9, (2, 2, 2), np.int8),
+               "d": np.zeros((0, 3), np.float32), "e": rng.integers(0, 2, 7).astype(bool),
+               "f": rng.standard_normal((1,)).astype(np.float32)}
+    path = tmp_path / "mixed.safetensors"
+    save_file(tensors, str(path), metadata={"k": "v"})
+    mine, meta = fio.read_state_dict(path)
+    assert meta == {"k": "v"}
+    with safe_open(str(path), framework="numpy") as f:
+        assert set(mine) == set(f.keys())
+        for k in f.keys():
+            ref = f.get_tensor(k)
+            assert mine[k].dtype == ref.dtype and mine[k].shape == ref.shape, k
+            assert np.array_equal(mine[k], ref), k
+
+
+def test_huge_rank_shape_is_checked_quickly(saved, tmp_path):
+    _, path = saved
+    header, data = raw_parts(path)
+    _last_tensor(header)[1]["shape"] = [10**9] * 200_000
+    bad = write_raw(tmp_path / "rank.safetensors", header, data)
+    t0 = time.perf_counter()
+    fails(bad, r"needs more than \d+ bytes")
+    assert time.perf_counter() - t0 < 0.5
+
+
+def test_float8_is_refused(saved, tmp_path):
+    m, path = saved
+    header, data = raw_parts(path)
+    info = header[KEY]
+    n = int(np.prod(info["shape"]))
+    begin, end = info["data_offsets"]
+    info["dtype"] = "F8_E4M3"              # a quarter of the bytes: move the others down
+    data = data[:begin] + b"\0" * n + data[end:]
+    for other in header.values():
+        if other is not info and "data_offsets" in other and other["data_offsets"][0] >= end:
+            other["data_offsets"] = [o - (end - begin - n) for o in other["data_offsets"]]
+    info["data_offsets"] = [begin, begin + n]
+    bad = write_raw(tmp_path / "f8.safetensors", header, data)
+    fails(bad, rf"wrong dtype: {re.escape(KEY)}: dtype F8_E4M3 \(not a supported float type")
+    fails(bad, rf"tensor '{re.escape(KEY)}' has dtype F8_E4M3, which NumPy cannot hold",
+          load=fio.read_state_dict)
+
+
+def test_state_dict_shapes_knows_only_savable_classes():
+    with pytest.raises(ValueError, match="Linear"):
+        list(fio.state_dict_shapes("Linear", {}))
