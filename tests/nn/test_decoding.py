@@ -1,0 +1,100 @@
+"""Decode steps through the layers: init_cache() / step() of a decoder layer, a decoder stack
+and a Seq2SeqTransformer, one position at a time, equal the forward under a causal target mask
+at every position (same block, both backends); beams, reorder, and bad use of a cache."""
+import numpy as np
+import pytest
+
+from fastattn import nn as fnn
+from nn_util import *  # noqa: F401,F403  (helpers and constants)
+from nn_util import TORCH_WARNINGS
+
+pytestmark = TORCH_WARNINGS
+
+BACKENDS = ["fast", "reference"]
+
+
+def stepped(module, tgt, memory, kpm, beams=1):
+    """Run module.step over tgt (B, T, C) one position at a time -> (B, T, C)."""
+    Bn, Tn, _ = tgt.shape
+    cache = module.init_cache(memory, kpm, beams=beams, max_len=Tn)
+    outs = []
+    for t in range(Tn):
+        x = np.repeat(tgt[:, t], beams, axis=0)                # every beam the same input
+        y = module.step(x, cache).reshape(Bn, beams, -1)
+        assert np.array_equal(y[:, 0:1].repeat(beams, 1), y)   # beams of a source agree
+        outs.append(y[:, 0])
+    assert cache.t == Tn
+    return np.stack(outs, axis=1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("beams", [1, 3])
+def test_decoder_layer_and_stack_steps_equal_the_causal_forward(rng, backend, norm_first,
+                                                               beams):
+    layer = fnn.TransformerDecoderLayer(C, H, F, norm_first=norm_first, backend=backend, seed=3)
+    layer.norm1.bias[...] = rng.standard_normal(C)            # off-init norms and biases
+    layer.multihead_attn.in_proj_bias[...] = rng.standard_normal(3 * C)
+    stack = fnn.TransformerDecoder(layer, 2, fnn.LayerNorm(C, backend=backend))
+    tgt, mem = features(rng, B, T), features(rng, B, S)
+    kpm = padding(B, S, [S, 3, 5])
+    for m in (layer, stack):
+        want = m(tgt, mem, tgt_is_causal=True, memory_key_padding_mask=kpm)
+        assert_backends_close(stepped(m, tgt, mem, kpm, beams), want, name=type(m).__name__)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_seq2seq_step_logits_equal_the_forward(rng, backend):
+    m = fnn.Seq2SeqTransformer(2, 2, C, H, V_SRC, V_TGT, F, pad_id=PAD, backend=backend, seed=5)
+    src = token_batch(rng, V_SRC, [S, 3, 5], S)
+    tgt = token_batch(rng, V_TGT, [T, T, T], T)
+    want = m(src, tgt, tgt_key_padding_mask=np.zeros(tgt.shape, bool))
+    cache = m.init_cache(src, beams=1, max_len=T)
+    got = np.stack([m.step(tgt[:, t], cache) for t in range(T)], axis=1)
+    assert_backends_close(got, want, name="logits")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reorder_continues_the_moved_rows(rng, backend):
+    """Rows swapped, then a source dropped: each surviving row continues its own prefix."""
+    m = fnn.Seq2SeqTransformer(1, 2, C, H, V_SRC, V_TGT, F, backend=backend, seed=6)
+    src = token_batch(rng, V_SRC, [S, S, S], S)
+    tgt = rng.integers(2, V_TGT, size=(3, 2, 4))                # (source, beam, T)
+    cache = m.init_cache(src, beams=2, max_len=4)
+    m.step(tgt[:, :, 0].reshape(-1), cache)
+    m.step(tgt[:, :, 1].reshape(-1), cache)
+    perm = np.array([1, 0, 2, 3, 5, 4])                         # swap the beams of 0 and 2
+    tgt = tgt.reshape(6, 4)[perm]
+    cache.reorder(perm)
+    m.step(tgt[:, 2], cache)
+    keep_src = np.array([0, 2])                                  # drop source 1
+    rows = np.array([0, 1, 4, 5])
+    cache.reorder(rows, keep_src)
+    assert cache.rows == 4 and cache.sources == 2
+    got = m.step(tgt[rows, 3], cache)                            # (4, V)
+    full = m(np.repeat(src, 2, axis=0)[perm][rows], tgt[rows])   # the forward on each row
+    assert_backends_close(got, full[:, 3], name="logits after reorder")
+
+
+def test_bad_use_of_a_cache_is_a_clear_error(rng):
+    m = fnn.Seq2SeqTransformer(1, 1, C, H, V_SRC, V_TGT, F, max_len=8, seed=7)
+    src = token_batch(rng, V_SRC, [S, S], S)
+    cache = m.init_cache(src, beams=2, max_len=2)
+    with pytest.raises(ValueError, match=r"x has 3 rows but the cache holds 4"):
+        m.step(np.ones(3, np.int64), cache)
+    with pytest.raises(ValueError, match=r"tokens must be \(R,\)"):
+        m.step(np.ones((4, 1), np.int64), cache)
+    with pytest.raises(ValueError, match=r"token id 99 is out of range"):
+        m.step(np.full(4, 99), cache)
+    m.step(np.ones(4, np.int64), cache)
+    m.step(np.ones(4, np.int64), cache)
+    with pytest.raises(ValueError, match=r"max_len=2 positions, all written"):
+        m.step(np.ones(4, np.int64), cache)
+    with pytest.raises(ValueError, match=r"beams must be a positive int"):
+        m.init_cache(src, beams=0, max_len=2)
+    with pytest.raises(ValueError, match=r"max_len=9 exceeds the model's max_len=8"):
+        m.init_cache(src, max_len=9)
+    layer = m.transformer.decoder.layers[0]
+    lc = layer.init_cache(features(rng, 2, S), max_len=1)
+    with pytest.raises(ValueError, match=r"x must be \(rows, d_model\)"):
+        layer.step(features(rng, 2, 1), lc)
