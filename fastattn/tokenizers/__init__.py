@@ -5,7 +5,8 @@
     ids, key_padding_mask = tok.encode_batch(batch, add_start_end=True, max_length=128)
     tok.save("tok.json"); tok = fastattn.tokenizers.load("tok.json")
 
-Three tokenizers over one ``Vocab`` (token <-> id):
+Three tokenizers over one ``Vocab`` (token <-> id), one module each (``word``, ``char``,
+``bpe``; ``vocab`` holds Vocab and the specials, ``base`` the API they share):
 
 - ``WordTokenizer``: one token per word. Lowercases by default; splits on whitespace;
   punctuation separates words and is dropped, except an apostrophe between two word characters
@@ -14,10 +15,16 @@ Three tokenizers over one ``Vocab`` (token <-> id):
   "$", "<", "+" count too); apostrophes are U+0027 and U+2019. ``decode`` joins words with
   single spaces.
 - ``CharTokenizer``: one token per Unicode code point (no normalisation); ``decode`` is the
-  exact inverse for text whose characters were fitted.
+  exact inverse for text whose characters were seen in training.
 - ``BPETokenizer``: byte-pair encoding over characters (Sennrich et al. 2016), trained as in the
   worked example "she sells seashells by the seashore" (see ``BPETokenizer``); ``decode`` is the
   exact inverse of ``encode`` for any text whose characters were seen in training.
+
+Every tokenizer learns its vocabulary with ``train(texts, vocab_size=None, ...)``, which returns
+the tokenizer. ``vocab_size`` always counts the whole vocabulary, specials included (the
+embedding's num_embeddings). Word and character tokenizers keep the most frequent tokens up to
+it and take ``min_freq=1`` (rarer tokens are left out); BPE merges until it reaches it, or takes
+``num_merges=`` instead (exactly one of the two).
 
 Special tokens come first in the vocabulary, in the order given by ``specials`` (default
 ``<pad> <unk> <start> <end>`` = ids 0..3; ``specials=()`` for none). Their roles are known by
@@ -33,8 +40,8 @@ and (BPE) the merges; ``fastattn.tokenizers.load(path)`` rebuilds the right clas
 ``Class.load(path)`` checks the class too. Nothing is executed or unpickled.
 
 Errors: text that is not a str is a TypeError; an id outside the vocabulary is a ValueError
-naming the id; using a tokenizer before ``fit``/``train`` is a ``NotFittedError``
-(a RuntimeError) saying so.
+naming the id; using a tokenizer before ``train`` is a ``NotFittedError`` (a RuntimeError)
+saying so.
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ def _register(cls):
 
 
 class NotFittedError(RuntimeError):
-    """A tokenizer was used before fit()/train() gave it a vocabulary."""
+    """A tokenizer was used before train() gave it a vocabulary."""
 
 
 # ---- argument checks ----------------------------------------------------------------------------
@@ -68,10 +68,9 @@ class Tokenizer(_SpecialIds):
     """Base class: encode/decode/encode_batch/save/load over a Vocab; subclasses split and join.
 
     A subclass provides ``_split(text) -> list of token strings``, ``_join(tokens) -> text``,
-    ``_config()`` (its constructor arguments) and its own fit/train.
+    ``_config()`` (its constructor arguments) and ``train(texts, vocab_size=None, ...)``,
+    which learns the vocabulary and returns self.
     """
-
-    _TRAIN_VERB = "fit"
 
     def __init__(self, *, specials=SPECIALS):
         self._specials = _check_specials(specials)
@@ -101,9 +100,8 @@ class Tokenizer(_SpecialIds):
 
     def _require_fitted(self, what):
         if self.vocab is None:
-            verb = self._TRAIN_VERB
-            raise NotFittedError(f"{type(self).__name__}.{what}: the tokenizer is not fitted; "
-                                 f"call {verb}(texts) first")
+            raise NotFittedError(f"{type(self).__name__}.{what}: the tokenizer is not trained; "
+                                 f"call train(texts) first")
         return self.vocab
 
     @property
@@ -117,7 +115,7 @@ class Tokenizer(_SpecialIds):
 
 
     def _new_vocab(self, tokens):
-        """The fitted Vocab; a learned token spelling a special token is refused."""
+        """The trained Vocab; a learned token spelling a special token is refused."""
         clash = [t for t in tokens if t in self._specials]
         if clash:
             raise ValueError(f"{type(self).__name__}: the text holds the token {clash[0]!r}, "
@@ -283,21 +281,21 @@ class Tokenizer(_SpecialIds):
         return type(self) is type(other) and self.to_dict() == other.to_dict()
 
     def __repr__(self):
-        size = "not fitted" if self.vocab is None else f"vocab_size={len(self.vocab)}"
+        size = "not trained" if self.vocab is None else f"vocab_size={len(self.vocab)}"
         return f"{type(self).__name__}({size}, specials={self._specials!r})"
 
 
 # ---- shared by the counting tokenizers (word, character) ----------------------------------------
 
-def _fit_counts(tok, counts, first, min_freq, max_size):
-    """Keep tokens with count >= min_freq; with max_size (total, specials included) keep the
-    most frequent, ties broken by first occurrence. Returns the kept tokens sorted by `first`."""
+def _count_kept(tok, counts, first, vocab_size, min_freq):
+    """Keep tokens with count >= min_freq; with vocab_size (total, specials included) keep the
+    most frequent, ties broken by first occurrence (the order of the result is unspecified)."""
     min_freq = _check_int(min_freq, "min_freq", 1)
     kept = [t for t in counts if counts[t] >= min_freq]
-    if max_size is not None:
-        max_size = _check_int(max_size, "max_size", len(tok._specials))
+    if vocab_size is not None:
+        vocab_size = _check_int(vocab_size, "vocab_size", len(tok._specials))
         kept.sort(key=lambda t: (-counts[t], first[t]))
-        kept = kept[:max_size - len(tok._specials)]
+        kept = kept[:vocab_size - len(tok._specials)]
     return kept
 
 

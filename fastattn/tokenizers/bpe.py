@@ -61,8 +61,6 @@ class BPETokenizer(Tokenizer):
     between them; specials are dropped.
     """
 
-    _TRAIN_VERB = "train"
-
     def __init__(self, *, specials=SPECIALS):
         super().__init__(specials=specials)
         if END_OF_WORD in self._specials:
@@ -74,6 +72,8 @@ class BPETokenizer(Tokenizer):
 
     # -- training
     def train(self, texts, vocab_size=None, num_merges=None):
+        """Learn the merges from `texts` (a str or an iterable of str); returns self. Give
+        exactly one of vocab_size (the whole vocabulary, specials included) and num_merges."""
         texts = _check_texts(texts, "BPETokenizer.train")
         if (vocab_size is None) == (num_merges is None):
             raise ValueError("BPETokenizer.train: give exactly one of vocab_size and num_merges")
@@ -97,8 +97,6 @@ class BPETokenizer(Tokenizer):
                                num_merges, vocab_size)
         self._set_fitted(vocab, merges)
         return self
-
-    fit = train
 
     def _set_fitted(self, vocab, merges):
         self.vocab = vocab

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .base import _CasedTokenizer, _check_texts, _fit_counts, _register
+from .base import _CasedTokenizer, _check_texts, _count_kept, _register
 from .vocab import SPECIALS
 
 __all__ = ["CharTokenizer"]
@@ -17,9 +17,10 @@ __all__ = ["CharTokenizer"]
 class CharTokenizer(_CasedTokenizer):
     """One token per Unicode code point, whitespace included; ``decode`` concatenates.
 
-    ``fit(texts, min_freq=1, max_size=None)``: ids follow the specials in code point order (the
-    seed's sorted [a, c, d, e, ...]); ``max_size`` bounds the whole vocabulary (specials
-    included), keeping the most frequent characters, ties broken by first occurrence.
+    ``train(texts, vocab_size=None, min_freq=1)``: ids follow the specials in code point order
+    (the seed's sorted [a, c, d, e, ...]). Characters seen fewer than ``min_freq`` times are
+    left out. ``vocab_size`` caps the whole vocabulary (specials included), keeping the most
+    frequent characters, ties broken by first occurrence.
     ``lowercase`` (default False) lowercases before splitting.
     """
 
@@ -32,8 +33,9 @@ class CharTokenizer(_CasedTokenizer):
     def _join(self, tokens):
         return "".join(tokens)
 
-    def fit(self, texts, min_freq=1, max_size=None):
-        texts = _check_texts(texts, "CharTokenizer.fit")
+    def train(self, texts, vocab_size=None, min_freq=1):
+        """Learn the vocabulary from `texts` (a str or an iterable of str); returns self."""
+        texts = _check_texts(texts, "CharTokenizer.train")
         counts, first = Counter(), {}
         for text in texts:
             if self.lowercase:
@@ -41,7 +43,7 @@ class CharTokenizer(_CasedTokenizer):
             for c in dict.fromkeys(text):
                 first.setdefault(c, len(first))
             counts.update(text)
-        kept = sorted(_fit_counts(self, counts, first, min_freq, max_size))
+        kept = sorted(_count_kept(self, counts, first, vocab_size, min_freq))
         self.vocab = self._new_vocab(kept)
         return self
 

@@ -12,7 +12,7 @@ import string
 import unicodedata
 from collections import Counter
 
-from .base import _CasedTokenizer, _check_texts, _fit_counts, _register
+from .base import _CasedTokenizer, _check_texts, _count_kept, _register
 from .vocab import SPECIALS
 
 __all__ = ["WordTokenizer"]
@@ -29,10 +29,10 @@ def _is_punct(c):
 class WordTokenizer(_CasedTokenizer):
     """One token per word (see the module docstring for the splitting rules).
 
-    ``fit(texts, min_freq=1, max_size=None)``: ids follow the specials in order of first
-    occurrence in `texts`. ``max_size`` bounds the whole vocabulary (specials included): the
-    most frequent words are kept, ties broken by first occurrence. ``decode`` joins the words
-    with single spaces.
+    ``train(texts, vocab_size=None, min_freq=1)``: ids follow the specials in order of first
+    occurrence in `texts`. Words seen fewer than ``min_freq`` times are left out.
+    ``vocab_size`` caps the whole vocabulary (specials included): the most frequent words are
+    kept, ties broken by first occurrence. ``decode`` joins the words with single spaces.
     """
 
     def __init__(self, lowercase=True, *, specials=SPECIALS):
@@ -61,14 +61,15 @@ class WordTokenizer(_CasedTokenizer):
     def _join(self, tokens):
         return " ".join(tokens)
 
-    def fit(self, texts, min_freq=1, max_size=None):
-        texts = _check_texts(texts, "WordTokenizer.fit")
+    def train(self, texts, vocab_size=None, min_freq=1):
+        """Learn the vocabulary from `texts` (a str or an iterable of str); returns self."""
+        texts = _check_texts(texts, "WordTokenizer.train")
         counts, first = Counter(), {}
         for text in texts:
             for w in self._split(text):
                 counts[w] += 1
                 first.setdefault(w, len(first))
-        kept = _fit_counts(self, counts, first, min_freq, max_size)
+        kept = _count_kept(self, counts, first, vocab_size, min_freq)
         kept.sort(key=first.__getitem__)
         self.vocab = self._new_vocab(kept)
         return self

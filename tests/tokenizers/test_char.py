@@ -11,11 +11,11 @@ from tokenizer_texts import BPE_ALPHABET, BPE_TRAIN
 
 @functools.lru_cache(maxsize=None)
 def _char_tokenizer():
-    return CharTokenizer().fit(BPE_TRAIN)
+    return CharTokenizer().train(BPE_TRAIN)
 
 
 def test_seed_char_vocabulary():
-    tok = CharTokenizer(lowercase=True, specials=()).fit("Where can I find a pizzeria?")
+    tok = CharTokenizer(lowercase=True, specials=()).train("Where can I find a pizzeria?")
     # the seed's list leaves out the space and the "?"
     assert [c for c in tok.vocab.tokens if c not in " ?"] == list("acdefhinprwz")
     assert tok.vocab.tokens == sorted(tok.vocab.tokens)      # code point order
@@ -34,4 +34,18 @@ def test_char_unknown():
     tok = _char_tokenizer()
     assert tok.encode("aQ") == [tok.vocab.token_to_id("a"), tok.unk_id]
     with pytest.raises(ValueError, match="'Q'"):
-        CharTokenizer(specials=()).fit(BPE_TRAIN).encode("aQ")
+        CharTokenizer(specials=()).train(BPE_TRAIN).encode("aQ")
+
+
+def test_char_min_freq_and_vocab_size():
+    text = "bacabad"                                 # a x3, b x2, c x1, d x1
+    assert CharTokenizer(specials=()).train(text).vocab.tokens == ["a", "b", "c", "d"]
+    assert CharTokenizer(specials=()).train(text, min_freq=2).vocab.tokens == ["a", "b"]
+    # vocab_size counts the specials; most frequent kept, ties by first occurrence ("c" before
+    # "d"), then code point order
+    assert CharTokenizer().train(text, vocab_size=7).vocab.tokens == ["a", "b", "c"]
+    assert CharTokenizer().train(text, vocab_size=5).vocab.tokens == ["a"]
+    with pytest.raises(ValueError, match="vocab_size"):
+        CharTokenizer().train(text, vocab_size=3)
+    with pytest.raises(ValueError, match="min_freq"):
+        CharTokenizer().train(text, min_freq=0)

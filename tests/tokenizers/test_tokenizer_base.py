@@ -8,7 +8,7 @@ from tokenizer_texts import GOT
 
 
 def test_encode_batch_shapes_padding_mask():
-    tok = WordTokenizer().fit(GOT)
+    tok = WordTokenizer().train(GOT)
     texts = ["you win", "", "the true enemy won't wait"]
     ids, mask = tok.encode_batch(texts)
     assert ids.shape == mask.shape == (3, 5)
@@ -32,7 +32,7 @@ def test_encode_batch_shapes_padding_mask():
 
 
 def test_encode_batch_truncation():
-    tok = WordTokenizer().fit(GOT)
+    tok = WordTokenizer().train(GOT)
     texts = ["the true enemy won't wait", "you"]
     ids, mask = tok.encode_batch(texts, max_length=3)
     assert ids.shape == (2, 3)
@@ -52,7 +52,7 @@ def test_encode_batch_truncation():
 
 def test_encode_batch_needs_pad_and_start_end():
     with pytest.raises(ValueError, match="<pad>"):
-        WordTokenizer(specials=()).fit(GOT).encode_batch(["you"])
+        WordTokenizer(specials=()).train(GOT).encode_batch(["you"])
     tok = BPETokenizer(specials=("<pad>", "<unk>")).train(GOT, num_merges=10)
     assert tok.start_id is None and tok.end_id is None
     ids, mask = tok.encode_batch(["you", "you win"])
@@ -62,17 +62,17 @@ def test_encode_batch_needs_pad_and_start_end():
 
 
 def test_special_ids():
-    tok = CharTokenizer(specials=("<unk>", "<pad>", "<mask>")).fit("ab")
+    tok = CharTokenizer(specials=("<unk>", "<pad>", "<mask>")).train("ab")
     assert (tok.unk_id, tok.pad_id, tok.start_id, tok.end_id) == (0, 1, None, None)
     assert tok.vocab.tokens == ["a", "b"] and tok.vocab_size == 5
     assert tok.decode([2, 3, 1, 4, 0]) == "ab"               # every special dropped
-    none = CharTokenizer(specials=()).fit("ab")
+    none = CharTokenizer(specials=()).train("ab")
     assert (none.pad_id, none.unk_id, none.start_id, none.end_id) == (None,) * 4
     assert none.encode("ba") == [1, 0]
 
 
 @pytest.mark.parametrize("make", [
-    lambda: WordTokenizer().fit(GOT), lambda: CharTokenizer().fit(GOT),
+    lambda: WordTokenizer().train(GOT), lambda: CharTokenizer().train(GOT),
     lambda: BPETokenizer().train(GOT, num_merges=20)])
 def test_bad_input(make):
     tok = make()
@@ -99,20 +99,35 @@ def test_bad_input(make):
     assert tok.decode(np.array(tok.encode("you"), np.int32)) == tok.decode(tok.encode("you"))
 
 
-@pytest.mark.parametrize("tok,fit", [(WordTokenizer(), "fit"), (CharTokenizer(), "fit"),
-                                     (BPETokenizer(), "train")])
-def test_not_fitted(tok, fit):
+@pytest.mark.parametrize("tok", [WordTokenizer(), CharTokenizer(), BPETokenizer()])
+def test_not_trained(tok):
     for call in [lambda: tok.encode("a"), lambda: tok.decode([0]),
                  lambda: tok.encode_batch(["a"]), lambda: tok.vocab_size]:
-        with pytest.raises(NotFittedError, match=rf"not fitted; call {fit}\(texts\) first"):
+        with pytest.raises(NotFittedError, match=r"not trained; call train\(texts\) first"):
             call()
     with pytest.raises(TypeError, match=r"texts\[1\] must be str"):
-        getattr(tok, fit)(["a", 1], **({"num_merges": 1} if fit == "train" else {}))
-    assert tok.pad_id == 0                                   # known before fitting
+        tok.train(["a", 1], vocab_size=10)
+    assert not tok.is_fitted
+    assert tok.pad_id == 0                                   # known before training
+
+
+@pytest.mark.parametrize("cls,size", [(WordTokenizer, 20), (CharTokenizer, 20),
+                                      (BPETokenizer, 40)])      # BPE's base alone is 33
+def test_train_is_the_one_verb(cls, size):
+    texts = GOT * 3
+    tok = cls()
+    assert tok.train(texts, vocab_size=size) is tok and tok.is_fitted
+    assert tok.vocab_size == size              # the whole vocabulary, specials included
+    assert cls().train(texts, size).vocab == tok.vocab    # vocab_size is the second argument
+    assert not hasattr(tok, "fit")
+    with pytest.raises(ValueError, match="vocab_size"):
+        cls().train(texts, vocab_size=3)        # smaller than the specials (and BPE's base)
+    with pytest.raises(TypeError, match="vocab_size"):
+        cls().train(texts, vocab_size=float(size))
 
 
 def test_text_clashing_with_special_is_refused():
     with pytest.raises(ValueError, match="'x'.*special"):
-        CharTokenizer(specials=("x",)).fit("axb")
+        CharTokenizer(specials=("x",)).train("axb")
     with pytest.raises(ValueError, match="'PAD'.*special"):
-        WordTokenizer(lowercase=False, specials=("PAD",)).fit("a PAD")
+        WordTokenizer(lowercase=False, specials=("PAD",)).train("a PAD")

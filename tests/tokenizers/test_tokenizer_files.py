@@ -9,8 +9,8 @@ from tokenizer_texts import BPE_TRAIN, GOT, SEASHELLS
 
 
 @pytest.mark.parametrize("make", [
-    lambda: WordTokenizer(lowercase=False).fit(GOT, max_size=20),
-    lambda: CharTokenizer(specials=("<pad>", "<unk>")).fit(BPE_TRAIN),
+    lambda: WordTokenizer(lowercase=False).train(GOT, vocab_size=20),
+    lambda: CharTokenizer(specials=("<pad>", "<unk>")).train(BPE_TRAIN),
     lambda: BPETokenizer().train(BPE_TRAIN, num_merges=150),
     lambda: BPETokenizer(),
 ])
@@ -33,7 +33,7 @@ def test_save_load_round_trip(tmp_path, make):
 
 def test_load_bad_files(tmp_path):
     path = tmp_path / "tok.json"
-    WordTokenizer().fit(GOT).save(path)
+    WordTokenizer().train(GOT).save(path)
     with pytest.raises(ValueError, match="holds a WordTokenizer, not a BPETokenizer"):
         BPETokenizer.load(path)
     d = json.loads(path.read_text())

@@ -9,17 +9,17 @@ from tokenizer_texts import GOT, GOT_VOCAB
 def test_seed_word_vocabulary_has_23_types():
     # The seed lists "Know", "He", "When", "The"... capitalised but counts 23: that count needs
     # lowercasing ("The" and "the" are one type; the text's "know" is the seed's "Know").
-    tok = WordTokenizer(lowercase=True, specials=()).fit(GOT)
+    tok = WordTokenizer(lowercase=True, specials=()).train(GOT)
     assert tok.vocab_size == 23
     assert tok.vocab.tokens == [w.lower() for w in GOT_VOCAB]   # first-occurrence order
-    assert WordTokenizer(lowercase=False, specials=()).fit(GOT).vocab_size == 24  # + "The"
-    with_specials = WordTokenizer().fit(GOT)
+    assert WordTokenizer(lowercase=False, specials=()).train(GOT).vocab_size == 24  # + "The"
+    with_specials = WordTokenizer().train(GOT)
     assert with_specials.vocab_size == 27
     assert with_specials.vocab.token_to_id("i") == 4
 
 
 def test_word_splitting_rules():
-    tok = WordTokenizer().fit(GOT)
+    tok = WordTokenizer().train(GOT)
     # seed 001: "Where can I find a pizzeria?" -> [where, can, i, find, a, pizzeria]
     assert tok.tokenize("Where can I find a pizzeria?") == [
         "where", "can", "i", "find", "a", "pizzeria"]
@@ -28,11 +28,11 @@ def test_word_splitting_rules():
         "quoted", "words", "dogs", "rock'n'roll", "won\u2019t"]
     assert tok.tokenize("storm,He N.Y.C well-known $5 <pad>") == [
         "storm", "he", "n", "y", "c", "well", "known", "5", "pad"]
-    assert WordTokenizer(lowercase=False).fit(GOT).tokenize("When He") == ["When", "He"]
+    assert WordTokenizer(lowercase=False).train(GOT).tokenize("When He") == ["When", "He"]
 
 
 def test_word_encode_decode():
-    tok = WordTokenizer().fit(GOT)
+    tok = WordTokenizer().train(GOT)
     ids = tok.encode("You win, or you DIE!")
     assert ids == [tok.vocab.token_to_id(w) for w in ["you", "win", "or", "you", "die"]]
     assert tok.decode(ids) == "you win or you die"
@@ -41,17 +41,17 @@ def test_word_encode_decode():
     assert tok.decode(unknown) == "you"                       # specials are dropped
     assert tok.encode("die", add_start_end=True) == [tok.start_id, tok.vocab.token_to_id("die"),
                                                      tok.end_id]
-    strict = WordTokenizer(specials=()).fit(GOT)
+    strict = WordTokenizer(specials=()).train(GOT)
     with pytest.raises(ValueError, match="'lose'"):
         strict.encode("you lose")
 
 
-def test_word_min_freq_and_max_size():
+def test_word_min_freq_and_vocab_size():
     texts = ["b a c a b a d"]                     # a x3, b x2, c x1, d x1
-    assert WordTokenizer().fit(texts).vocab.tokens == ["b", "a", "c", "d"]
-    assert WordTokenizer().fit(texts, min_freq=2).vocab.tokens == ["b", "a"]
-    # max_size counts the specials; most frequent kept, ties by first occurrence ("c" before "d")
-    assert WordTokenizer().fit(texts, max_size=7).vocab.tokens == ["b", "a", "c"]
-    assert WordTokenizer(specials=()).fit(texts, max_size=1).vocab.tokens == ["a"]
-    with pytest.raises(ValueError, match="max_size"):
-        WordTokenizer().fit(texts, max_size=3)
+    assert WordTokenizer().train(texts).vocab.tokens == ["b", "a", "c", "d"]
+    assert WordTokenizer().train(texts, min_freq=2).vocab.tokens == ["b", "a"]
+    # vocab_size counts the specials; most frequent kept, ties by first occurrence ("c" before "d")
+    assert WordTokenizer().train(texts, vocab_size=7).vocab.tokens == ["b", "a", "c"]
+    assert WordTokenizer(specials=()).train(texts, vocab_size=1).vocab.tokens == ["a"]
+    with pytest.raises(ValueError, match="vocab_size"):
+        WordTokenizer().train(texts, vocab_size=3)
