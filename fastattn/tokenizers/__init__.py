@@ -6,7 +6,8 @@
     tok.save("tok.json"); tok = fastattn.tokenizers.load("tok.json")
 
 Three tokenizers over one ``Vocab`` (token <-> id), one module each (``word``, ``char``,
-``bpe``; ``vocab`` holds Vocab and the specials, ``base`` the API they share):
+``bpe``; ``vocab`` holds Vocab and the specials, ``base`` the API they share, ``files`` the
+JSON reading and writing):
 
 - ``WordTokenizer``: one token per word. Lowercases by default; splits on whitespace;
   punctuation separates words and is dropped, except an apostrophe between two word characters
@@ -37,7 +38,13 @@ Batches follow DESIGN's data conventions: ids int64 (B, L) padded with ``pad_id`
 
 Files: ``save(path)`` writes JSON holding the class name, the constructor config, the tokens
 and (BPE) the merges; ``fastattn.tokenizers.load(path)`` rebuilds the right class, and
-``Class.load(path)`` checks the class too. Nothing is executed or unpickled.
+``Class.load(path)`` checks the class too. Nothing is executed or unpickled. A file is
+untrusted input: ``load`` takes only what ``train`` could have made (every field present with
+its type, no field it does not know, tokens the tokenizer can produce, BPE merges that build
+on what exists and that the trainer would make, none spelling a special token), and any
+problem with the file -- not JSON, not UTF-8, nested too deeply, a directory, a key given
+twice, a field that lies -- is a ValueError naming the file and the problem. A missing file
+is FileNotFoundError, as for ``open``.
 
 Errors: text that is not a str is a TypeError; an id outside the vocabulary is a ValueError
 naming the id; using a tokenizer before ``train`` is a ``NotFittedError`` (a RuntimeError)

@@ -5,15 +5,19 @@
 conventions: ids int64 (B, L) padded with ``pad_id`` on the right, ``key_padding_mask`` bool
 (B, L) with True = padding), and the JSON files (``save``, ``load``, ``to_dict``,
 ``from_dict``). A subclass splits and joins text and learns its vocabulary.
+
+A file is untrusted: ``from_dict`` checks every field against what ``to_dict`` writes and hands
+the tokens (and a subclass's own fields, BPE's merges) to the subclass, which accepts only what
+its ``train`` could have made; every problem is a ValueError naming the file and the problem.
 """
 from __future__ import annotations
 
-import json
 import numbers
 import os
 
 import numpy as np
 
+from .files import clip, kind, read_json, short, write_json
 from .vocab import END, PAD, SPECIALS, START, Vocab, _check_specials, _SpecialIds
 
 __all__ = ["FORMAT", "Tokenizer", "NotFittedError", "load"]
@@ -69,8 +73,12 @@ class Tokenizer(_SpecialIds):
 
     A subclass provides ``_split(text) -> list of token strings``, ``_join(tokens) -> text``,
     ``_config()`` (its constructor arguments) and ``train(texts, vocab_size=None, ...)``,
-    which learns the vocabulary and returns self.
+    which learns the vocabulary and returns self. One that keeps more than its vocabulary
+    (BPE's merges) names the fields in ``_STATE_FIELDS`` and writes and checks them in
+    ``_state()`` and ``_load_trained()``.
     """
+
+    _STATE_FIELDS = ()
 
     def __init__(self, *, specials=SPECIALS):
         self._specials = _check_specials(specials)
@@ -87,15 +95,31 @@ class Tokenizer(_SpecialIds):
         return {"specials": list(self._specials)}
 
     def _state(self):
+        """The fields of _STATE_FIELDS, for to_dict (None each while untrained)."""
         return {}
 
-    def _set_state(self, state, where):
-        if state:
-            raise ValueError(f"{where}: unexpected fields {sorted(state)}")
+    def _load_trained(self, vocab, state, where):
+        """Take `vocab` and `state` (the _STATE_FIELDS) read from a file, after checking that
+        they are what train() could have made; ValueError starting with `where` otherwise.
+        Here: every token is one that _split produces whole (see _makes)."""
+        for t in vocab.tokens:
+            if not self._makes(t):
+                raise ValueError(f"{where}: the token {short(t)} is not one a "
+                                 f"{type(self).__name__}({self._config_text()}) makes "
+                                 f"(it splits into {short(self._split(t))})")
+        self.vocab = vocab
+
+    def _makes(self, token):
+        """Whether splitting text can give `token`: splitting it gives back itself alone."""
+        return self._split(token) == [token]
+
+    def _config_text(self):
+        return ", ".join(f"{k}={v!r}" for k, v in self._config().items() if k != "specials")
 
     # -- properties
     @property
     def is_fitted(self):
+        """True once train() (or load) has given the tokenizer its vocabulary."""
         return self.vocab is not None
 
     def _require_fitted(self, what):
@@ -225,57 +249,87 @@ class Tokenizer(_SpecialIds):
 
     @classmethod
     def from_dict(cls, d, *, where="from_dict"):
+        """Rebuild the tokenizer that to_dict() described. `d` is untrusted (a file's
+        content): anything to_dict() would not have written is a ValueError whose message
+        starts with `where` and says what is wrong; no other exception escapes."""
         if not isinstance(d, dict):
-            raise ValueError(f"{where}: expected a JSON object, got {type(d).__name__}")
-        if d.get("format") != FORMAT:
-            raise ValueError(f"{where}: not a fastattn tokenizer (format {d.get('format')!r}, "
+            raise ValueError(f"{where}: expected a JSON object, got {kind(d)}")
+        fmt = d.get("format")
+        if not isinstance(fmt, str) or fmt != FORMAT:
+            raise ValueError(f"{where}: not a fastattn tokenizer (format {short(fmt)}, "
                              f"expected {FORMAT!r})")
         name = d.get("class")
-        klass = _CLASSES.get(name)
+        klass = _CLASSES.get(name) if isinstance(name, str) else None
         if klass is None:
-            raise ValueError(f"{where}: unknown tokenizer class {name!r} "
+            raise ValueError(f"{where}: unknown tokenizer class {short(name)} "
                              f"(known: {', '.join(_CLASSES)})")
         if cls is not Tokenizer and klass is not cls:
             raise ValueError(f"{where}: the file holds a {name}, not a {cls.__name__}")
-        config = d.get("config")
-        if not isinstance(config, dict):
-            raise ValueError(f"{where}: config must be an object, got {config!r}")
-        try:
-            tok = klass(**config)
-        except TypeError as exc:
-            raise ValueError(f"{where}: config {config!r} does not build a {name}: {exc}") from None
-        tokens = d.get("tokens")
-        rest = {k: v for k, v in d.items() if k not in ("format", "class", "config", "tokens")}
-        if tokens is None:
-            if any(v is not None for v in rest.values()):
-                raise ValueError(f"{where}: an unfitted tokenizer with fitted fields "
-                                 f"{sorted(rest)}")
+        fields = ("format", "class", "config", "tokens") + klass._STATE_FIELDS
+        missing = [k for k in fields if k not in d]
+        if missing:
+            raise ValueError(f"{where}: a {name} needs the field(s) {', '.join(missing)}")
+        unexpected = [k for k in d if k not in fields]
+        if unexpected:
+            raise ValueError(f"{where}: unexpected field(s) {short(unexpected)} for a {name}")
+        tok = klass._from_config(d["config"], where)
+        tokens = d["tokens"]
+        state = {k: d[k] for k in klass._STATE_FIELDS}
+        if tokens is None:                              # saved before training
+            given = [k for k, v in state.items() if v is not None]
+            if given:
+                raise ValueError(f"{where}: an untrained {name} (tokens null) with "
+                                 f"{', '.join(given)}")
             return tok
-        if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
-            raise ValueError(f"{where}: tokens must be a list of str")
+        if not isinstance(tokens, list):
+            raise ValueError(f"{where}: tokens must be a list of str (or null), got "
+                             f"{kind(tokens)}")
+        for i, t in enumerate(tokens):
+            if not isinstance(t, str):
+                raise ValueError(f"{where}: tokens must be a list of str; tokens[{i}] is "
+                                 f"{kind(t)}")
         try:
-            tok.vocab = Vocab(tokens, tok._specials)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{where}: {exc}") from None
-        tok._set_state(rest, where)
+            vocab = Vocab(tokens, tok._specials)
+        except ValueError as exc:                       # a token twice, or a special's name
+            raise ValueError(f"{where}: {clip(str(exc))}") from None
+        tok._load_trained(vocab, state, where)
         return tok
 
+    @classmethod
+    def _from_config(cls, config, where):
+        """A new untrained tokenizer built from a file's config (its constructor arguments)."""
+        name = cls.__name__
+        if not isinstance(config, dict):
+            raise ValueError(f"{where}: config must be an object, got {kind(config)}")
+        keys = list(cls()._config())
+        wrong = ([f"missing {k!r}" for k in keys if k not in config]
+                 + [f"unexpected {short(k)}" for k in config if k not in keys])
+        if not wrong and not isinstance(config["specials"], list):
+            wrong = [f"specials must be a list of str, got {kind(config['specials'])}"]
+        if not wrong:
+            try:
+                return cls(**config)
+            except (TypeError, ValueError) as exc:      # wrong types, a special given twice
+                wrong = [clip(str(exc))]
+        raise ValueError(f"{where}: config does not build a {name}: {'; '.join(wrong)}")
+
     def save(self, path):
-        """Write the tokenizer to `path` as JSON (UTF-8; non-ASCII escaped, so any str fits)."""
-        with open(os.fspath(path), "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, ensure_ascii=True, indent=1)
-            f.write("\n")
+        """Write the tokenizer to `path` as JSON (UTF-8, non-ASCII escaped, so any str fits
+        except a surrogate pair: see ``files.write_json``)."""
+        path = os.fspath(path)
+        write_json(path, self.to_dict(), f"save {path}")
 
     @classmethod
     def load(cls, path):
-        """Read a file written by save(); ``Tokenizer.load`` accepts any tokenizer class."""
+        """Read a file written by save(); ``Tokenizer.load`` accepts any tokenizer class.
+
+        The file is untrusted: any problem with it is a ValueError naming the file and what
+        is wrong (see ``from_dict`` and ``files.read_json``). A path that does not exist is
+        FileNotFoundError, as for open().
+        """
         path = os.fspath(path)
-        with open(path, encoding="utf-8") as f:
-            try:
-                d = json.load(f)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise ValueError(f"load: {path} is not a JSON tokenizer file: {exc}") from None
-        return cls.from_dict(d, where=f"load {path}")
+        where = f"load {path}"
+        return cls.from_dict(read_json(path, where), where=where)
 
     def __eq__(self, other):
         return type(self) is type(other) and self.to_dict() == other.to_dict()

@@ -11,6 +11,7 @@ import re
 from collections import Counter
 
 from .base import Tokenizer, _check_int, _check_texts, _register
+from .files import kind, short
 from .vocab import SPECIALS
 
 __all__ = ["END_OF_WORD", "BPETokenizer"]
@@ -172,24 +173,66 @@ class BPETokenizer(Tokenizer):
     def _state(self):
         return {"merges": None if self.vocab is None else [list(m) for m in self.merges]}
 
-    def _set_state(self, state, where):
-        merges = state.pop("merges", None)
-        super()._set_state(state, where)
+    _STATE_FIELDS = ("merges",)
+
+    def _load_trained(self, vocab, state, where):
+        """Take a file's tokens and merges only if training could have made them: the tokens
+        are </w>, single characters and the results of the merges; each merge joins two
+        symbols that exist by then (</w>, a character of the tokens, or an earlier merge's
+        result) and is one the trainer would make (see _bad_merge)."""
+        merges = state["merges"]
         if not isinstance(merges, list):
-            raise ValueError(f"{where}: merges must be a list of [left, right] pairs")
-        for m in merges:
-            if (not isinstance(m, list) or len(m) != 2
-                    or not all(isinstance(s, str) and s in self.vocab for s in m)
-                    or m[0] + m[1] not in self.vocab):
-                raise ValueError(f"{where}: bad merge {m!r} (each part and the result must be "
-                                 f"in the vocabulary)")
-        self._set_fitted(self.vocab, merges)
+            raise ValueError(f"{where}: merges must be a list of [left, right] pairs, got "
+                             f"{kind(merges)}")
+        if END_OF_WORD not in vocab:
+            raise ValueError(f"{where}: the tokens lack the end-of-word symbol {END_OF_WORD!r}")
+        made = {END_OF_WORD}                 # the symbols that exist so far
+        made.update(t for t in vocab.tokens if len(t) == 1)
+        merged = set()
+        specials = frozenset(self._specials)
+        for r, m in enumerate(merges):
+            problem = _bad_merge(m, made, merged, specials, vocab)
+            if problem:
+                raise ValueError(f"{where}: bad merge merges[{r}] = {short(m)}: {problem}")
+            merged.add(tuple(m))
+            made.add(m[0] + m[1])
+        for t in vocab.tokens:
+            if t not in made:
+                raise ValueError(f"{where}: the token {short(t)} is neither a single character, "
+                                 f"{END_OF_WORD!r} nor the result of a merge")
+        self._set_fitted(vocab, merges)
 
     def __repr__(self):
         if self.vocab is None:
             return super().__repr__()
         return (f"BPETokenizer(vocab_size={len(self.vocab)}, merges={len(self.merges)}, "
                 f"specials={self._specials!r})")
+
+
+def _bad_merge(m, made, merged, specials, vocab):
+    """What is wrong with merge `m` read from a file (None if nothing): the rules the trainer
+    keeps (see BPETokenizer), given the symbols `made` so far and the pairs `merged` before."""
+    if not (isinstance(m, list) and len(m) == 2 and all(isinstance(s, str) for s in m)):
+        return f"a merge is a [left, right] pair of str, got {kind(m)}"
+    a, b = m
+    for part in (a, b):
+        if part not in made:
+            return (f"{short(part)} is neither a character of the tokens, {END_OF_WORD!r} nor "
+                    f"the result of an earlier merge")
+        if any(c.isspace() for c in part):
+            return f"{short(part)} holds whitespace, which never occurs inside a word"
+    if a.endswith(END_OF_WORD):
+        return "its left part ends a word, so nothing follows it"
+    if (a, b) in merged:
+        return "the pair is merged twice"
+    new = a + b
+    if new in specials:
+        return f"it spells the special token {new!r}"
+    if new.endswith(END_OF_WORD) and not b.endswith(END_OF_WORD):
+        return f"it spells {END_OF_WORD!r} inside a word"
+    if new not in vocab:
+        return f"its result {short(new)} is not in the tokens"
+    return None
 
 
 def _learn_merges(word_counts, vocab, specials, num_merges, vocab_size):

@@ -58,6 +58,11 @@ class WordTokenizer(_CasedTokenizer):
                 words.append("".join(cur))
         return words
 
+    def _makes(self, token):
+        if token.isalnum():     # the common case, fast: letters and digits are never split
+            return not self.lowercase or token.lower() == token
+        return self._split(token) == [token]
+
     def _join(self, tokens):
         return " ".join(tokens)
 
