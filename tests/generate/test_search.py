@@ -358,8 +358,8 @@ TARGETS = ["le chat est assis", "un chien court", "l'oiseau chante une chanson",
 
 
 def test_translate_is_generate_then_decode():
-    src_tok = WordTokenizer().fit(SOURCES)
-    tgt_tok = WordTokenizer().fit(TARGETS)
+    src_tok = WordTokenizer().train(SOURCES)
+    tgt_tok = WordTokenizer().train(TARGETS)
     m = fnn.Seq2SeqTransformer(2, 2, C, H, src_tok.vocab_size, tgt_tok.vocab_size, F, seed=33)
     texts = ["the cat ran", "a song", "the dog sat on the mat today"]
     out = m.translate(texts, src_tok, tgt_tok, max_new_tokens=6)

@@ -1,0 +1,81 @@
+"""WordTokenizer: one token per word.
+
+Lowercases by default; splits on whitespace; punctuation separates words and is dropped,
+except an apostrophe between two word characters ("won't" stays one token, the quotes around
+'quoted' are dropped). Punctuation is every character of Unicode category P* plus the ASCII
+punctuation of ``string.punctuation`` (so "$", "<", "+" count too); apostrophes are U+0027 and
+U+2019. ``decode`` joins words with single spaces.
+"""
+from __future__ import annotations
+
+import string
+import unicodedata
+from collections import Counter
+
+from .base import _CasedTokenizer, _check_texts, _count_kept, _register
+from .vocab import SPECIALS
+
+__all__ = ["WordTokenizer"]
+
+_APOSTROPHES = frozenset("'\u2019")
+_ASCII_PUNCT = frozenset(string.punctuation)
+
+
+def _is_punct(c):
+    return c in _ASCII_PUNCT or unicodedata.category(c)[0] == "P"
+
+
+@_register
+class WordTokenizer(_CasedTokenizer):
+    """One token per word (see the module docstring for the splitting rules).
+
+    ``train(texts, vocab_size=None, min_freq=1)``: ids follow the specials in order of first
+    occurrence in `texts`. Words seen fewer than ``min_freq`` times are left out.
+    ``vocab_size`` caps the whole vocabulary (specials included): the most frequent words are
+    kept, ties broken by first occurrence. ``decode`` joins the words with single spaces.
+    """
+
+    def __init__(self, lowercase=True, *, specials=SPECIALS):
+        super().__init__(lowercase, specials=specials)
+
+    def _split(self, text):
+        if self.lowercase:
+            text = text.lower()
+        words = []
+        for chunk in text.split():
+            cur = []
+            n = len(chunk)
+            for j, c in enumerate(chunk):
+                if not _is_punct(c):
+                    cur.append(c)
+                elif (c in _APOSTROPHES and cur and j + 1 < n
+                      and not _is_punct(chunk[j + 1])):        # in-word: won't, rock'n'roll
+                    cur.append(c)
+                elif cur:                                      # punctuation separates words
+                    words.append("".join(cur))
+                    cur = []
+            if cur:
+                words.append("".join(cur))
+        return words
+
+    def _makes(self, token):
+        if token.isalnum():     # the common case, fast: letters and digits are never split
+            return not self.lowercase or token.lower() == token
+        return self._split(token) == [token]
+
+    def _join(self, tokens):
+        return " ".join(tokens)
+
+    def train(self, texts, vocab_size=None, min_freq=1):
+        """Learn the vocabulary from `texts` (a str or an iterable of str); returns self."""
+        texts = _check_texts(texts, "WordTokenizer.train")
+        counts, first = Counter(), {}
+        for text in texts:
+            for w in self._split(text):
+                counts[w] += 1
+                first.setdefault(w, len(first))
+        kept = _count_kept(self, counts, first, vocab_size, min_freq)
+        kept.sort(key=first.__getitem__)
+        self.vocab = self._new_vocab(kept)
+        return self
+
