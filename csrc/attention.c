@@ -55,7 +55,7 @@ int fa_attention_forward(float *out, float *lse, float *weights,
 
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        float *mine = buf + scratch * fa_thread_id();
+        float *mine = buf + scratch * fa_thread_id(); /* id < team <= nt buffers */
         /* Causal tasks grow with the query block: hand out the heavy (late) blocks first. */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < ntasks; t++) {

@@ -6,6 +6,8 @@
  * Data: float32; sizes, offsets and strides are int64_t and counted in elements, not bytes.
  * Argument order: outputs, saved-for-backward buffers, inputs, parameters, sizes, scalars/flags.
  * `nthreads` is resolved once in Python and passed down; kernels never read the environment.
+ * It is an upper bound: work is split over the team OpenMP actually starts, which may be smaller
+ * (OMP_THREAD_LIMIT, OMP_DYNAMIC), through fa_split / `omp for` (fa_common.h).
  * The C layer trusts its callers: fastattn/ops.py validates every shape before calling.
  */
 #ifndef FASTATTN_H

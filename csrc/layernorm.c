@@ -20,8 +20,8 @@ void fa_layer_norm_forward(float *y, float *sum_out, float *mean, float *rstd,
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         /* static split: each row is computed by one thread in one fixed order */
-        const int64_t t = fa_thread_id(), per = (N + nt - 1) / nt;
-        const int64_t r0 = t * per, r1 = r0 + per < N ? r0 + per : N;
+        int64_t r0, r1;
+        fa_split(N, 1, &r0, &r1);
         if (r0 < r1) rows(y, sum_out, mean, rstd, x, residual, weight, bias, r0, r1, C, eps);
     }
 }

@@ -24,15 +24,6 @@ typedef void (*epi_fn)(float *, const float *, int64_t, int64_t, int64_t, int);
 typedef void (*skinny_fn)(float *, int64_t, const float *, int64_t, const float *, int64_t,
                           int64_t);
 
-/* [lo, hi) of `n` items for member t of a team of nt, rounded to `align`. */
-static void slice(int64_t n, int t, int nt, int64_t align, int64_t *lo, int64_t *hi)
-{
-    int64_t per = (n + nt - 1) / nt;
-    per = (per + align - 1) / align * align;
-    *lo = t * per < n ? t * per : n;
-    *hi = *lo + per < n ? *lo + per : n;
-}
-
 /* Number of row blocks: about N / ROW_BLOCK, rounded up to a multiple of the team size so that
  * every thread gets the same number of (equal) blocks. */
 static int64_t row_blocks(int64_t N, int nt)
@@ -41,15 +32,15 @@ static int64_t row_blocks(int64_t N, int nt)
     return (nblk + nt - 1) / nt * nt;
 }
 
-/* y[:, m0:m1] = act(x w[m0:m1]^T + b[m0:m1]) for this thread's slice of the M features.
- * xp: x with rows padded to a multiple of 4 for the skinny kernel (N <= SKINNY_ROWS), or NULL
- * to use BLAS. */
+/* y[:, m0:m1] = act(x w[m0:m1]^T + b[m0:m1]) for this thread's slice of the M features (split
+ * over the team actually running, fa_split). xp: x with rows padded to a multiple of 4 for the
+ * skinny kernel (N <= SKINNY_ROWS), or NULL to use BLAS. */
 static void linear_cols(float *y, const float *x, const float *xp, const float *w,
                         const float *b, int64_t N, int64_t K, int64_t M, int act, epi_fn epi,
-                        skinny_fn skinny, int t, int nt)
+                        skinny_fn skinny)
 {
     int64_t m0, m1;
-    slice(M, t, nt, COL_ALIGN, &m0, &m1);
+    fa_split(M, COL_ALIGN, &m0, &m1);
     if (m0 >= m1) return;
     if (xp)
         skinny(y + m0, M, xp, N, w + m0 * K, m1 - m0, K);
@@ -92,8 +83,7 @@ void fa_linear_forward(float *y, const float *x, const float *weight, const floa
                 epi(y + r0 * M, bias, rows, M, M, activation);
             }
         } else {
-            linear_cols(y, x, xp, weight, bias, N, K, M, activation, epi, skinny,
-                        fa_thread_id(), nt);
+            linear_cols(y, x, xp, weight, bias, N, K, M, activation, epi, skinny);
         }
     }
     fa_blas_threads_pop(prev);
@@ -119,9 +109,8 @@ int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
     const int prev = fa_blas_threads_push(1);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        const int t = fa_thread_id();
         if (by_rows) {
-            float *h = hidden + per * F * t;
+            float *h = hidden + per * F * fa_thread_id(); /* id < team <= nt blocks */
 #pragma omp for schedule(static)
             for (int64_t blk = 0; blk < nblk; blk++) {
                 const int64_t r0 = blk * per, rows = N - r0 < per ? N - r0 : per;
@@ -132,10 +121,11 @@ int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
                 epi(y + r0 * C, b2, rows, C, C, FA_ACT_NONE);
             }
         } else {
-            linear_cols(hidden, x, xp, w1, b1, N, C, F, activation, epi, skinny, t, nt);
+            /* the whole team writes the hidden, waits, then reads all of it */
+            linear_cols(hidden, x, xp, w1, b1, N, C, F, activation, epi, skinny);
 #pragma omp barrier
             linear_cols(y, hidden, xp ? hidden : NULL, w2, b2, N, F, C, FA_ACT_NONE, epi,
-                        skinny, t, nt);
+                        skinny);
         }
     }
     fa_blas_threads_pop(prev);
@@ -178,7 +168,7 @@ void fa_linear_packed_forward(float *y, const float *x, const float *wp, const f
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         int64_t p0, p1;                                   /* this thread's panels */
-        slice(P, fa_thread_id(), nt, 1, &p0, &p1);
+        fa_split(P, 1, &p0, &p1);
         if (p0 < p1) {
             gemm(y, M, x, N, wp, p0, p1, M, K);
             const int64_t m0 = p0 * FA_PANEL, m1 = p1 * FA_PANEL < M ? p1 * FA_PANEL : M;

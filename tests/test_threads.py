@@ -5,6 +5,11 @@ go through BLAS, whose blocking may change with its thread count: within 1e-6 re
 Sizes are chosen above each kernel's parallel grain (and, for linear/ffn, above 128 rows per
 thread, where the rows are split into blocks), so the multi-threaded path really runs.
 """
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -120,3 +125,72 @@ def test_ffn_close(restore_threads, rng, n, N):
         rand(rng, (64, 256), 0.0625), rand(rng, (64,))
     for act in ("relu", "gelu"):
         assert_close_relative(lambda: ops.ffn(x, w1, b1, w2, b2, activation=act), n, f"ffn {act}")
+
+
+# ---- fewer threads than asked for ----------------------------------------------------------------
+# OpenMP may start a smaller team than num_threads(n) requests: OMP_THREAD_LIMIT caps it,
+# OMP_DYNAMIC lets the runtime choose. Every kernel must split its work over the team actually
+# started; outputs are pre-filled with NaN so a row or column left unwritten cannot pass.
+
+SMALL_TEAM_CHILD = textwrap.dedent(r"""
+    import numpy as np
+    import fastattn
+    from fastattn import ops, reference
+
+    assert fastattn.set_num_threads(2) == 2
+    rng = np.random.default_rng(3)
+
+    def rand(*shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def nan(*shape):
+        return np.full(shape, np.nan, np.float32)
+
+    def check(name, actual, expected, tol):
+        np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol, err_msg=name)
+
+    x = rand(1000, 512, scale=3.0)
+    check("softmax", ops.softmax(x), reference.softmax(x), 1e-5)
+
+    x, r, w, b = rand(1000, 512), rand(1000, 512), rand(512), rand(512)
+    y = nan(1000, 512)
+    ops._layer_norm_into(y, x, w, b, 1e-5, r)
+    check("layer_norm", y, reference.layer_norm(x, w, b, residual=r), 1e-4)
+    check("layer_norm (public)", ops.layer_norm(x, w, b), reference.layer_norm(x, w, b), 1e-4)
+
+    for n in (3, 20, 600):           # skinny kernel, BLAS by columns, BLAS by row blocks
+        x, w, b = rand(n, 512), rand(2048, 512, scale=0.05), rand(2048)
+        y = nan(n, 2048)
+        ops._linear_into(y, x, w, b, ops.ACTIVATIONS["gelu"])
+        check(f"linear {n} rows", y, reference.linear(x, w, b, activation="gelu"), 1e-4)
+        check(f"linear {n} rows (public)", ops.linear(x, w), reference.linear(x, w), 1e-4)
+
+    for n in (3, 20, 600):
+        x = rand(n, 256)
+        w1, b1 = rand(1024, 256, scale=0.06), rand(1024)
+        w2, b2 = rand(256, 1024, scale=0.03), rand(256)
+        y = nan(n, 256)
+        ops._ffn_into(y, x, w1, b1, w2, b2, ops.ACTIVATIONS["relu"])
+        check(f"ffn {n} rows", y, reference.ffn(x, w1, b1, w2, b2), 1e-4)
+
+    x, w, b = rand(3, 512), rand(2048, 512, scale=0.05), rand(2048)
+    y = nan(3, 2048)
+    ops._linear_packed_into(y, x, ops.PackedWeight(w), b, ops.ACTIVATIONS["relu"])
+    check("linear_packed", y, reference.linear(x, w, b, activation="relu"), 1e-4)
+
+    for Lq in (1, 100):              # one row at a time, and query blocks
+        q, k, v = rand(2, 3, Lq, 32), rand(2, 3, 100, 32), rand(2, 3, 100, 24)
+        out = nan(2, 3, Lq, 24)
+        ops._attention_into(out, q, k, v, None, None, True, 32 ** -0.5)
+        check(f"attention Lq={Lq}", out, reference.attention(q, k, v, causal=True), 1e-4)
+    print("ok")
+""")
+
+
+@pytest.mark.parametrize("env", [{"OMP_THREAD_LIMIT": "1"}, {"OMP_DYNAMIC": "true"}],
+                         ids=["thread_limit_1", "dynamic"])
+def test_kernels_correct_when_openmp_starts_fewer_threads(env):
+    proc = subprocess.run([sys.executable, "-c", SMALL_TEAM_CHILD], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", (
+        f"with {env} and set_num_threads(2):\n{proc.stdout}\n{proc.stderr}")
