@@ -8,6 +8,7 @@ single-threaded inside them, so OpenBLAS's own pool is kept at one thread. (Lett
 would only add workers that spin after each call and take cores from the next kernel.)
 """
 import os
+import warnings
 
 from . import _kernels
 
@@ -22,6 +23,17 @@ def _cpu_count():
         return max(1, os.cpu_count() or 1)
 
 
+HARD_MAX_THREADS = 1024
+
+
+def _max_threads():
+    """The most threads set_num_threads() accepts: 1024, or the CPUs available if more.
+
+    More threads than CPUs only oversubscribe; the bound keeps a typo (or OMP_NUM_THREADS set to
+    2**31 - 1) from asking OpenMP for a team it cannot allocate, which ends the process."""
+    return max(HARD_MAX_THREADS, _cpu_count())
+
+
 def _resolve_threads(n):
     """sklearn semantics: None = all CPUs, -1 = all, -2 = all but one, ...; 0 is an error."""
     if n is None:
@@ -34,12 +46,23 @@ def _resolve_threads(n):
         if _cpu_count() + 1 + n < 1:
             raise ValueError(f"set_num_threads: n={n} leaves no thread on {_cpu_count()} CPUs")
         return _cpu_count() + 1 + n
+    if n > _max_threads():
+        raise ValueError(f"set_num_threads: n={n} is above the maximum of {_max_threads()} "
+                         f"threads (1024, or the CPUs available if more; this process has "
+                         f"{_cpu_count()} CPUs)")
     return n
 
 
 def set_num_threads(n=None):
     """Set the threads fastattn's kernels use (OpenMP; the GEMMs are split across the same
-    threads, each calling BLAS single-threaded). Returns the resolved count."""
+    threads, each calling BLAS single-threaded). Returns the resolved count.
+
+    n: a positive count, at most 1024 (or the number of CPUs available, if that is larger;
+    above the bound, ValueError); None or -1 = all CPUs available; -2 = all but one, and so on;
+    0 is a ValueError. OMP_NUM_THREADS above the bound is clamped to it at import, with a
+    RuntimeWarning. OpenMP may still start fewer threads than n (OMP_THREAD_LIMIT, OMP_DYNAMIC):
+    the kernels split their work over the threads actually started.
+    """
     count = _resolve_threads(n)
     _state["threads"] = count
     _kernels.blas_set_num_threads(1)
@@ -69,11 +92,23 @@ def available_isas():
     return [name for i, name in enumerate(ISA_NAMES) if _kernels.cpu_supports(i)]
 
 
+def _threads_from_env():
+    """OMP_NUM_THREADS (its first, outermost level) at import: a positive count, clamped with a
+    RuntimeWarning to _max_threads(); anything else (unset, 0, not a number) means all CPUs."""
+    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if not (env.isdigit() and int(env) > 0):
+        return None
+    if int(env) > _max_threads():
+        warnings.warn(f"fastattn: OMP_NUM_THREADS={env} is above the maximum of "
+                      f"{_max_threads()} threads; using {_max_threads()}", RuntimeWarning,
+                      stacklevel=2)
+        return _max_threads()
+    return int(env)
+
+
 def init():
     _kernels.cpu_init(_isa_from_env())
-    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    threads = int(env) if env.isdigit() and int(env) > 0 else None
-    set_num_threads(threads)
+    set_num_threads(_threads_from_env())
 
 
 def build_info():
@@ -89,4 +124,5 @@ def build_info():
         "simd": ISA_NAMES[_kernels.cpu_level()],
         "simd_available": available_isas(),
         "threads": get_num_threads() if _kernels.openmp_enabled() else 1,  # effective
+        "max_threads": _max_threads(),   # the most set_num_threads() accepts
     }

@@ -194,3 +194,27 @@ def test_kernels_correct_when_openmp_starts_fewer_threads(env):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", (
         f"with {env} and set_num_threads(2):\n{proc.stdout}\n{proc.stderr}")
+
+
+@pytest.mark.parametrize("value", ["2147483647", "100000"])
+def test_huge_omp_num_threads_is_clamped_at_import(value):
+    """OMP_NUM_THREADS beyond set_num_threads' bound: clamped with a warning at import, and the
+    kernels then run (a team of that size used to end the process inside libgomp)."""
+    code = textwrap.dedent("""
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import fastattn
+        import numpy as np
+        from fastattn import ops, reference
+        bound = fastattn.build_info()["max_threads"]
+        assert fastattn.get_num_threads() == bound, fastattn.get_num_threads()
+        assert any("OMP_NUM_THREADS" in str(w.message) and issubclass(w.category, RuntimeWarning)
+                   for w in caught), [str(w.message) for w in caught]
+        x = np.random.default_rng(0).standard_normal((2000, 64)).astype(np.float32)
+        np.testing.assert_allclose(ops.softmax(x), reference.softmax(x), rtol=1e-5, atol=1e-7)
+        print("ok")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": value}, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr

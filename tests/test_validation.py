@@ -270,6 +270,21 @@ def test_set_num_threads_bad_value(restore_threads, n):
     assert fastattn.get_num_threads() == before          # unchanged after a refused value
 
 
+@pytest.mark.parametrize("n", [2**31 - 1, 10**12, 2**64, "max+1"])
+def test_set_num_threads_above_the_bound(restore_threads, n):
+    """A count OpenMP cannot start (libgomp would end the process) or the binding cannot carry
+    (OverflowError at the next call) is refused up front; the bound itself is accepted."""
+    bound = fastattn.build_info()["max_threads"]
+    assert bound >= 1024
+    n = bound + 1 if n == "max+1" else n
+    before = fastattn.get_num_threads()
+    with pytest.raises(ValueError, match=rf"\bn={n}\b.*maximum of {bound}"):
+        fastattn.set_num_threads(n)
+    assert fastattn.get_num_threads() == before
+    assert fastattn.set_num_threads(bound) == bound
+    assert fastattn.get_num_threads() == bound
+
+
 @pytest.mark.parametrize("n", [1.5, "2", True, 2.0])
 def test_set_num_threads_bad_type(restore_threads, n):
     with pytest.raises(TypeError, match=r"\bn\b"):
