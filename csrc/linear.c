@@ -1,7 +1,8 @@
 /* linear.c -- GEMM-based linear and feed-forward layers with fused bias/activation epilogues.
  *
- * One thread pool: OpenMP splits the work and every BLAS call runs single-threaded inside it,
- * so OpenBLAS never starts (or spins) threads of its own next to ours. Many rows: each thread
+ * One thread pool: OpenMP splits the work and every BLAS call runs single-threaded inside it
+ * (OpenBLAS's own pool is kept at one thread for the whole process, see fa_blas.h), so OpenBLAS
+ * never starts (or spins) threads of its own next to ours. Many rows: each thread
  * takes blocks of rows, runs the GEMM and then the epilogue while the block is in cache. Few
  * rows (decode steps): each thread takes a slice of the output features instead. */
 #include <math.h>
@@ -70,7 +71,6 @@ void fa_linear_forward(float *y, const float *x, const float *weight, const floa
     const int64_t nblk = row_blocks(N, nt), per = (N + nblk - 1) / nblk;
     const skinny_fn skinny = FA_DISPATCH(skinny_gemm_);
     float *xp = by_rows ? NULL : skinny_rows(x, N, K);
-    const int prev = fa_blas_threads_push(1);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         if (by_rows) {
@@ -86,7 +86,6 @@ void fa_linear_forward(float *y, const float *x, const float *weight, const floa
             linear_cols(y, x, xp, weight, bias, N, K, M, activation, epi, skinny);
         }
     }
-    fa_blas_threads_pop(prev);
     free(xp);
 }
 
@@ -106,7 +105,6 @@ int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
     float *xp = by_rows ? NULL : skinny_rows(x, N, C);
     /* skinny: the hidden doubles as the padded input of the second GEMM (pad rows zeroed) */
     if (xp) memset(hidden + N * F, 0, (size_t)(((N + 3) / 4 * 4 - N) * F) * sizeof(float));
-    const int prev = fa_blas_threads_push(1);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         if (by_rows) {
@@ -128,7 +126,6 @@ int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
                         skinny);
         }
     }
-    fa_blas_threads_pop(prev);
     free(xp);
     free(hidden);
     return 0;

@@ -5,7 +5,10 @@ environment. OMP_NUM_THREADS is honoured at import; set_num_threads() changes it
 
 One thread pool: the kernels split every GEMM across their OpenMP threads and call OpenBLAS
 single-threaded inside them, so OpenBLAS's own pool is kept at one thread. (Letting it grow
-would only add workers that spin after each call and take cores from the next kernel.)
+would only add workers that spin after each call and take cores from the next kernel.) That
+count is process-wide in OpenBLAS, so it is set once, here, at import (and again by
+set_num_threads, should something else have changed it), never toggled around a call: kernels
+may run from several Python threads at once.
 """
 import os
 import warnings
@@ -65,7 +68,8 @@ def set_num_threads(n=None):
     """
     count = _resolve_threads(n)
     _state["threads"] = count
-    _kernels.blas_set_num_threads(1)
+    if _kernels.blas_get_num_threads() != 1:
+        _kernels.blas_set_num_threads(1)
     return count
 
 

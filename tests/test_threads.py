@@ -9,13 +9,14 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
 
 import fastattn
 from conftest import assert_close
-from fastattn import ops
+from fastattn import ops, reference
 from strategies import rand
 
 THREAD_COUNTS = [2, 3]   # 3 also exercises an uneven split (more threads than cores is fine)
@@ -218,3 +219,41 @@ def test_huge_omp_num_threads_is_clamped_at_import(value):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": value}, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+def test_concurrent_python_threads_linear_ffn(restore_threads, rng):
+    """Eight Python threads run linear and ffn at once (each kernel call releases the GIL and
+    starts its own OpenMP team): each gets the twin's result, and OpenBLAS's process-wide pool
+    is still one thread afterwards (it is set once, never toggled around a call)."""
+    fastattn.set_num_threads(2)
+    cases = []
+    for i in range(8):
+        n = (3, 20, 300, 600)[i % 4]                      # skinny, columns, row blocks
+        x, w, b = rand(rng, (n, 96)), rand(rng, (257, 96), 0.1), rand(rng, (257,))
+        w1, b1 = rand(rng, (192, 96), 0.1), rand(rng, (192,))
+        w2, b2 = rand(rng, (96, 192), 0.07), rand(rng, (96,))
+        cases.append((x, w, b, w1, b1, w2, b2))
+    expect = [(reference.linear(x, w, b, activation="gelu"), reference.ffn(x, w1, b1, w2, b2))
+              for x, w, b, w1, b1, w2, b2 in cases]
+    errors = []
+    start = threading.Barrier(len(cases))
+
+    def work(i):
+        x, w, b, w1, b1, w2, b2 = cases[i]
+        try:
+            start.wait()
+            for _ in range(20):
+                np.testing.assert_allclose(ops.linear(x, w, b, activation="gelu"), expect[i][0],
+                                           rtol=1e-4, atol=1e-4, err_msg=f"linear, thread {i}")
+                np.testing.assert_allclose(ops.ffn(x, w1, b1, w2, b2), expect[i][1],
+                                           rtol=1e-4, atol=1e-4, err_msg=f"ffn, thread {i}")
+        except Exception as exc:  # reported below, with the thread that saw it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(cases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert fastattn.build_info()["blas_threads"] == 1
