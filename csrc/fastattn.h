@@ -9,6 +9,8 @@
  * It is an upper bound: work is split over the team OpenMP actually starts, which may be smaller
  * (OMP_THREAD_LIMIT, OMP_DYNAMIC), through fa_split / `omp for` (fa_common.h).
  * The C layer trusts its callers: fastattn/ops.py validates every shape before calling.
+ * Any size may be 0; a pointer to an array without elements may be NULL (the binding passes
+ * NULL for them) and is never read or written.
  */
 #ifndef FASTATTN_H
 #define FASTATTN_H

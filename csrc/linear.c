@@ -51,10 +51,11 @@ static void linear_cols(float *y, const float *x, const float *xp, const float *
 }
 
 /* x (N, K) copied into rows padded with zeros to a multiple of 4, for the skinny kernel; NULL
- * when N is too large for it (or out of memory: BLAS then takes the call). */
+ * when N is too large for it, for K = 0 (x may then be NULL) or out of memory: BLAS (the
+ * wrapper, for K = 0) then takes the call. */
 static float *skinny_rows(const float *x, int64_t N, int64_t K)
 {
-    if (N > SKINNY_ROWS) return NULL;
+    if (N > SKINNY_ROWS || K <= 0) return NULL;
     const int64_t n4 = (N + 3) / 4 * 4;
     float *xp = calloc((size_t)(n4 * K), sizeof(float));
     if (xp) memcpy(xp, x, (size_t)(N * K) * sizeof(float));
@@ -93,7 +94,12 @@ int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
                    const float *w2, const float *b2, int64_t N, int64_t C, int64_t F,
                    int activation, int nthreads)
 {
-    if (N <= 0) return 0;
+    if (N <= 0 || C <= 0) return 0;
+    if (F <= 0) { /* an empty hidden layer: y = b2 */
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t c = 0; c < C; c++) y[n * C + c] = b2 ? b2[c] : 0.0f;
+        return 0;
+    }
     const epi_fn epi = FA_DISPATCH(bias_act_rows_);
     const int nt = fa_team_size(nthreads, 4.0 * (double)N * (double)C * (double)F, 2e6);
     const int by_rows = N >= (int64_t)nt * MIN_ROWS;

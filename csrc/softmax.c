@@ -10,7 +10,7 @@ typedef void (*sm_rows_fn)(float *, const float *, int64_t, int64_t, int64_t);
 
 void fa_softmax_forward(float *y, const float *x, int64_t N, int64_t C, int nthreads)
 {
-    if (N <= 0) return;
+    if (N <= 0 || C <= 0) return;
     const sm_rows_fn rows = FA_DISPATCH(softmax_rows_);
     const int nt = fa_team_size(nthreads, (double)N * (double)C, 3e4);
 #pragma omp parallel num_threads(nt) if (nt > 1)
