@@ -90,6 +90,22 @@ def test_large_values_do_not_overflow(rng):
     assert_close(y, ops.softmax(x - np.float32(1e4)), rtol=1e-3, atol=1e-7, name="shifted")
 
 
+@pytest.mark.parametrize("C", [2, 17, 129])
+def test_exp_over_its_whole_input_range(C):
+    """Gaps from 0 to 3e38 below the row max, in every lane position: exp underflows to exactly
+    0 below 2^-126 (never a wrapped exponent), -inf gives 0 and NaN stays NaN, on every path."""
+    gaps = np.concatenate([np.linspace(0, 100, 401), [87.3, 87.4, 88.7, 89.0, 200.0, 1e4, 1e30,
+                                                      3e38, np.inf]]).astype(np.float32)
+    x = np.zeros((gaps.size, C), np.float32)
+    for i, g in enumerate(gaps):
+        x[i, 1:] = -g                                  # one row: 0 and C - 1 copies of -gap
+    y = check_softmax(x)
+    assert np.all(y[gaps > 88.8, 1:] == 0) and np.all(y[gaps > 88.8, 0] == 1)
+    x[::3, C // 2] = np.nan
+    y = ops.softmax(x)
+    assert np.isnan(y[::3]).all() and not np.isnan(np.delete(y, np.s_[::3], axis=0)).any()
+
+
 def test_nan_propagates_to_its_row(rng):
     x = rand(rng, (4, 37))
     x[2, 5] = np.nan
