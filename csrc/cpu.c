@@ -68,3 +68,21 @@ int fa_build_native(void)
     return 0;
 #endif
 }
+
+int fa_build_debug(void)
+{
+#if defined(FA_DEBUG_BUILD)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int fa_build_sanitize(void)
+{
+#if defined(FA_SANITIZE_BUILD)
+    return 1;
+#else
+    return 0;
+#endif
+}

@@ -34,6 +34,8 @@ const char *fa_blas_config(void);   /* OpenBLAS's build string, "" for another B
 const char *fa_blas_corename(void); /* OpenBLAS's kernel set, "" for another BLAS */
 const char *fa_build_compiler(void); /* compiler name and version the extension was built with */
 int fa_build_native(void);           /* 1 for a FASTATTN_NATIVE=1 (-march=native) build */
+int fa_build_debug(void);            /* 1 for a FASTATTN_DEBUG=1 (-O0 -g) build */
+int fa_build_sanitize(void);         /* 1 for a FASTATTN_SANITIZE=1 (ASan + UBSan) build */
 
 /* ---- attention -------------------------------------------------------------------------------- */
 

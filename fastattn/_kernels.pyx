@@ -21,6 +21,8 @@ cdef extern from "fastattn.h" nogil:
     const char *fa_blas_corename()
     const char *fa_build_compiler()
     int fa_build_native()
+    int fa_build_debug()
+    int fa_build_sanitize()
     int fa_attention_forward(float *out, float *lse, float *weights,
                              const float *q, const float *k, const float *v,
                              const float *mask, const float *key_bias,
@@ -83,6 +85,14 @@ def build_compiler():
 
 def build_native():
     return fa_build_native()
+
+
+def build_debug():
+    return fa_build_debug()
+
+
+def build_sanitize():
+    return fa_build_sanitize()
 
 
 def blas_corename():

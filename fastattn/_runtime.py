@@ -122,6 +122,8 @@ def build_info():
         "compiler": _kernels.build_compiler(),
         "openmp": bool(_kernels.openmp_enabled()),
         "native_build": bool(_kernels.build_native()),
+        "debug_build": bool(_kernels.build_debug()),         # FASTATTN_DEBUG=1
+        "sanitize_build": bool(_kernels.build_sanitize()),   # FASTATTN_SANITIZE=1
         "blas": _kernels.blas_config(),
         "blas_core": _kernels.blas_corename(),
         "blas_threads": _kernels.blas_get_num_threads(),
