@@ -135,7 +135,8 @@ def _attention(q, k, v, mask, key_padding_mask, causal, scale, want_weights):
     Lk, Dv = k.shape[2], v.shape[3]
     if min(B, H, Lq, Dv) == 0 or min(Lk, D) == 0:
         # Nothing to tile (an empty batch, or no keys / zero-width heads): the twin is exact.
-        out, weights, lse = reference._attention64(q, k, v, bias, key_bias, bool(causal), scale)
+        kb = None if key_bias is None else key_bias.reshape(B, Lk)
+        out, weights, lse = reference._attention64(q, k, v, bias, kb, bool(causal), scale)
         return (out.astype(np.float32), lse.astype(np.float32),
                 weights.astype(np.float32) if want_weights else None)
     out = np.empty((B, H, Lq, Dv), np.float32)
