@@ -37,6 +37,28 @@ int fa_build_native(void);           /* 1 for a FASTATTN_NATIVE=1 (-march=native
 int fa_build_debug(void);            /* 1 for a FASTATTN_DEBUG=1 (-O0 -g) build */
 int fa_build_sanitize(void);         /* 1 for a FASTATTN_SANITIZE=1 (ASan + UBSan) build */
 
+/* fa_build_tiles -- the tile sizes and few-row thresholds (csrc/fa_tiles.h) of level `isa`.
+ *   out  (FA_TILE_COUNT)  out; entry i is the size named by fa_tile_t value i
+ *   Returns 0, or -1 if this build has no such level. For build_info()["tiles"]: tests read
+ *   the tile edges from here instead of copying the numbers. */
+typedef enum {
+    FA_TILE_VECTOR_WIDTH,          /* floats per SIMD vector */
+    FA_TILE_ATTENTION_BLOCK_Q,     /* queries per attention tile (BQ) */
+    FA_TILE_ATTENTION_BLOCK_K,     /* keys per attention block (BK) */
+    FA_TILE_ATTENTION_ROWS_MAX_Q,  /* up to this Lq, attention takes one query row at a time */
+    FA_TILE_SOFTMAX_CHUNK,         /* floats per softmax running-max update (vector tail below) */
+    FA_TILE_PACKED_PANEL,          /* features per packed weight panel */
+    FA_TILE_PACKED_TILE_ROWS,      /* rows per packed-GEMM register tile */
+    FA_TILE_PACKED_TILE_FEATURES,  /* features per packed-GEMM register tile */
+    FA_TILE_PACKED_MAX_ROWS,       /* decode steps of up to this many rows use the packed kernel */
+    FA_TILE_SKINNY_ROWS,           /* linear/ffn: up to this many rows, the skinny kernel */
+    FA_TILE_MIN_ROWS_PER_THREAD,   /* linear/ffn: fewer rows per thread -> split the features */
+    FA_TILE_ROW_BLOCK,             /* linear/ffn: rows per GEMM block */
+    FA_TILE_FEATURE_ALIGN,         /* linear/ffn: feature slices start on multiples of this */
+    FA_TILE_COUNT
+} fa_tile_t;
+int fa_build_tiles(int isa, int64_t *out);
+
 /* ---- attention -------------------------------------------------------------------------------- */
 
 /* fa_attention_forward -- out = softmax(q k^T * scale + masks) v, fused and tiled.

@@ -15,11 +15,9 @@
 #define FA_BODY "linear_body.h"
 #include "fa_instantiate.h"
 
-#define ROW_BLOCK 512  /* rows per GEMM block: large enough for BLAS to run near its peak */
-#define MIN_ROWS 128   /* below this many rows per thread, split the output features instead */
-#define COL_ALIGN 16   /* feature slices start on a 64-byte boundary */
-#define SKINNY_ROWS 8  /* up to this many rows, our skinny kernel instead of BLAS (BLAS is weak
-                          on such shapes: it packs the whole weight for a few dot products) */
+/* Sizes (fa_tiles.h): ROW_BLOCK rows per GEMM block; below MIN_ROWS rows per thread the
+ * features are split instead, in slices starting on multiples of COL_ALIGN; up to SKINNY_ROWS
+ * rows, the skinny kernel replaces BLAS. */
 
 typedef void (*epi_fn)(float *, const float *, int64_t, int64_t, int64_t, int);
 typedef void (*skinny_fn)(float *, int64_t, const float *, int64_t, const float *, int64_t,

@@ -23,6 +23,8 @@ cdef extern from "fastattn.h" nogil:
     int fa_build_native()
     int fa_build_debug()
     int fa_build_sanitize()
+    enum: FA_TILE_COUNT
+    int fa_build_tiles(int isa, int64_t *out)
     int fa_attention_forward(float *out, float *lse, float *weights,
                              const float *q, const float *k, const float *v,
                              const float *mask, const float *key_bias,
@@ -93,6 +95,17 @@ def build_debug():
 
 def build_sanitize():
     return fa_build_sanitize()
+
+
+def tile_count():
+    return FA_TILE_COUNT
+
+
+def build_tiles(int isa, int64_t[::1] out not None):
+    """out (tile_count(),) int64 receives level isa's tile sizes in fa_tile_t order; 0 or -1."""
+    if out.shape[0] < FA_TILE_COUNT:
+        raise ValueError(f"build_tiles: out must hold {FA_TILE_COUNT} sizes")
+    return fa_build_tiles(isa, &out[0])
 
 
 def blas_corename():

@@ -13,9 +13,16 @@ may run from several Python threads at once.
 import os
 import warnings
 
+import numpy as np
+
 from . import _kernels
 
 ISA_NAMES = ("generic", "avx2", "avx512")  # index = fa_isa_t in csrc/fa_common.h
+TILE_NAMES = (  # index = fa_tile_t in csrc/fastattn.h; the sizes themselves: csrc/fa_tiles.h
+    "vector_width", "attention_block_q", "attention_block_k", "attention_rows_max_q",
+    "softmax_chunk", "packed_panel", "packed_tile_rows", "packed_tile_features",
+    "packed_max_rows", "skinny_rows", "min_rows_per_thread", "row_block", "feature_align",
+)
 _state = {"threads": 1}
 
 
@@ -110,6 +117,18 @@ def _threads_from_env():
     return int(env)
 
 
+def tiles(isa=None):
+    """Tile sizes and few-row thresholds of the kernels at SIMD level `isa` (a name from
+    ISA_NAMES; None = the level in use), as {name: int}; see csrc/fa_tiles.h and fastattn.h."""
+    level = _kernels.cpu_level() if isa is None else ISA_NAMES.index(isa)
+    if _kernels.tile_count() != len(TILE_NAMES):
+        raise RuntimeError("fastattn: _kernels and _runtime disagree on the tile table; rebuild")
+    out = np.zeros(len(TILE_NAMES), np.int64)
+    if _kernels.build_tiles(level, out) != 0:
+        raise ValueError(f"tiles: this build has no {ISA_NAMES[level]} level")
+    return {name: int(size) for name, size in zip(TILE_NAMES, out)}
+
+
 def init():
     _kernels.cpu_init(_isa_from_env())
     set_num_threads(_threads_from_env())
@@ -129,6 +148,8 @@ def build_info():
         "blas_threads": _kernels.blas_get_num_threads(),
         "simd": ISA_NAMES[_kernels.cpu_level()],
         "simd_available": available_isas(),
+        "tiles": tiles(),                                  # at the level in use ("simd")
+        "tiles_by_isa": {name: tiles(name) for name in available_isas()},
         "threads": get_num_threads() if _kernels.openmp_enabled() else 1,  # effective
         "max_threads": _max_threads(),   # the most set_num_threads() accepts
     }

@@ -18,7 +18,7 @@ import numbers
 import numpy as np
 
 from . import _kernels, reference
-from ._runtime import get_num_threads
+from ._runtime import get_num_threads, tiles
 
 __all__ = [
     "attention", "attention_forward", "softmax", "layer_norm", "layer_norm_forward", "linear",
@@ -330,6 +330,10 @@ def _attention_into(out, q, k, v, bias, key_bias, causal, scale):
     _kernels.attention_forward(out, None, None, q, k, v, bias, key_bias, scale, causal,
                                get_num_threads())
     return out
+
+
+# Up to this many rows (a decode step's beams), a product with a PackedWeight beats BLAS.
+PACKED_MAX_ROWS = tiles()["packed_max_rows"]
 
 
 class PackedWeight:

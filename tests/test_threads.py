@@ -2,8 +2,9 @@
 one fixed order, so attention, softmax and layer norm must be bitwise identical. Linear and FFN
 go through BLAS, whose blocking may change with its thread count: within 1e-6 relative.
 
-Sizes are chosen above each kernel's parallel grain (and, for linear/ffn, above 128 rows per
-thread, where the rows are split into blocks), so the multi-threaded path really runs.
+Sizes are chosen above each kernel's parallel grain (and, for linear/ffn, on both sides of
+min_rows_per_thread rows per thread, where the rows are split into blocks instead of the
+features), so the multi-threaded paths really run.
 """
 import os
 import subprocess
@@ -15,11 +16,14 @@ import numpy as np
 import pytest
 
 import fastattn
-from conftest import assert_close
+from conftest import TILES, assert_close
 from fastattn import ops, reference
 from strategies import rand
 
 THREAD_COUNTS = [2, 3]   # 3 also exercises an uneven split (more threads than cores is fine)
+# linear/ffn rows: features split for every team, then row blocks for every team (one, several)
+MIN_ROWS, ROW_BLOCK = TILES["min_rows_per_thread"], TILES["row_block"]
+GEMM_ROWS = [MIN_ROWS // 2, max(THREAD_COUNTS) * MIN_ROWS + 1, 2 * ROW_BLOCK + 276]
 
 
 @pytest.fixture
@@ -111,7 +115,7 @@ def assert_close_relative(fn, n, name):
 
 
 @pytest.mark.parametrize("n", THREAD_COUNTS)
-@pytest.mark.parametrize("N", [64, 600, 1300])
+@pytest.mark.parametrize("N", GEMM_ROWS)
 @pytest.mark.parametrize("activation", [None, "gelu"])
 def test_linear_close(restore_threads, rng, n, N, activation):
     x, w, b = rand(rng, (N, 96)), rand(rng, (257, 96), 0.1), rand(rng, (257,))
@@ -119,7 +123,7 @@ def test_linear_close(restore_threads, rng, n, N, activation):
 
 
 @pytest.mark.parametrize("n", THREAD_COUNTS)
-@pytest.mark.parametrize("N", [64, 600, 1300])
+@pytest.mark.parametrize("N", GEMM_ROWS)
 def test_ffn_close(restore_threads, rng, n, N):
     x = rand(rng, (N, 64))
     w1, b1, w2, b2 = rand(rng, (256, 64), 0.125), rand(rng, (256,)), \
@@ -140,6 +144,8 @@ SMALL_TEAM_CHILD = textwrap.dedent(r"""
 
     assert fastattn.set_num_threads(2) == 2
     rng = np.random.default_rng(3)
+    tiles = fastattn.build_info()["tiles"]
+    SKINNY, MIN_ROWS = tiles["skinny_rows"], tiles["min_rows_per_thread"]
 
     def rand(*shape, scale=1.0):
         return (rng.standard_normal(shape) * scale).astype(np.float32)
@@ -159,14 +165,15 @@ SMALL_TEAM_CHILD = textwrap.dedent(r"""
     check("layer_norm", y, reference.layer_norm(x, w, b, residual=r), 1e-4)
     check("layer_norm (public)", ops.layer_norm(x, w, b), reference.layer_norm(x, w, b), 1e-4)
 
-    for n in (3, 20, 600):           # skinny kernel, BLAS by columns, BLAS by row blocks
+    # the skinny kernel, BLAS on feature slices, BLAS on row blocks (for a team of 2)
+    for n in (SKINNY, 2 * MIN_ROWS - 1, 2 * MIN_ROWS + 88):
         x, w, b = rand(n, 512), rand(2048, 512, scale=0.05), rand(2048)
         y = nan(n, 2048)
         ops._linear_into(y, x, w, b, ops.ACTIVATIONS["gelu"])
         check(f"linear {n} rows", y, reference.linear(x, w, b, activation="gelu"), 1e-4)
         check(f"linear {n} rows (public)", ops.linear(x, w), reference.linear(x, w), 1e-4)
 
-    for n in (3, 20, 600):
+    for n in (SKINNY, 2 * MIN_ROWS - 1, 2 * MIN_ROWS + 88):
         x = rand(n, 256)
         w1, b1 = rand(1024, 256, scale=0.06), rand(1024)
         w2, b2 = rand(256, 1024, scale=0.03), rand(256)
@@ -179,7 +186,7 @@ SMALL_TEAM_CHILD = textwrap.dedent(r"""
     ops._linear_packed_into(y, x, ops.PackedWeight(w), b, ops.ACTIVATIONS["relu"])
     check("linear_packed", y, reference.linear(x, w, b, activation="relu"), 1e-4)
 
-    for Lq in (1, 100):              # one row at a time, and query blocks
+    for Lq in (1, tiles["attention_rows_max_q"] + 1):   # one row at a time; query blocks
         q, k, v = rand(2, 3, Lq, 32), rand(2, 3, 100, 32), rand(2, 3, 100, 24)
         out = nan(2, 3, Lq, 24)
         ops._attention_into(out, q, k, v, None, None, True, 32 ** -0.5)
