@@ -59,6 +59,23 @@ typedef enum {
 } fa_tile_t;
 int fa_build_tiles(int isa, int64_t *out);
 
+/* ---- where the backward passes go --------------------------------------------------------------
+ * Each family's backward kernel sits beside its forward (DESIGN: "a backward pass sits beside
+ * its forward"), in three places at once:
+ *   - its prototype and shape block right after the forward's, in this header, as
+ *       fa_<op>_backward(grad outputs (d<input> for every differentiable input, then d<param>),
+ *                        dout, the intermediates the forward saved (lse; mean, rstd; pre),
+ *                        the forward's inputs and parameters, sizes, flags, nthreads);
+ *   - its entry point in the family's .c file (attention.c, layernorm.c, softmax.c, linear.c),
+ *     after the forward's;
+ *   - its per-ISA body in the same <family>_body.h as the forward's, so fa_instantiate.h
+ *     compiles both under every ISA and FA_DISPATCH picks either.
+ * Parameter gradients (dweight, dbias) are deterministic: per-thread partials, one slice of a
+ * scratch buffer per thread, then a fixed-order sum. The buffer is sized for the requested
+ * count but only the team actually started (fa_team) writes its slices: sum those, or zero
+ * the rest first. No atomics.
+ */
+
 /* ---- attention -------------------------------------------------------------------------------- */
 
 /* fa_attention_forward -- out = softmax(q k^T * scale + masks) v, fused and tiled.
