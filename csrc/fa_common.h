@@ -10,6 +10,9 @@
 #define FA_INLINE static inline __attribute__((always_inline))
 #define FA_CAT_(a, b) a##b
 #define FA_CAT(a, b) FA_CAT_(a, b)
+/* A variable read only by an `omp` pragma (a team size): unused in a FASTATTN_NO_OPENMP build,
+ * where the pragmas are inert. */
+#define FA_OMP_ONLY __attribute__((unused))
 
 /* ---- OpenMP: included only here; no-op fallbacks for a FASTATTN_NO_OPENMP build. ---------- */
 #ifdef _OPENMP

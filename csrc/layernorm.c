@@ -16,7 +16,7 @@ void fa_layer_norm_forward(float *y, float *sum_out, float *mean, float *rstd,
 {
     if (N <= 0 || C <= 0) return; /* C = 0: no statistics to write (ops.py asks the twin) */
     const ln_rows_fn rows = FA_DISPATCH(layer_norm_rows_);
-    const int nt = fa_team_size(nthreads, (double)N * (double)C, 1.3e5); /* >= 0.5 MB */
+    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)N * (double)C, 1.3e5); /* >= 0.5 MB */
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         /* static split: each row is computed by one thread in one fixed order */

@@ -143,7 +143,7 @@ int64_t fa_packed_size(int64_t M, int64_t K)
 void fa_pack_panels(float *wp, const float *w, int64_t M, int64_t K, int nthreads)
 {
     const int64_t P = (M + FA_PANEL - 1) / FA_PANEL;
-    const int nt = fa_team_size(nthreads, (double)(P * FA_PANEL * K), 1e6);
+    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)(P * FA_PANEL * K), 1e6);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t p = 0; p < P; p++) {
         float *w_p = wp + p * K * FA_PANEL;
@@ -164,7 +164,7 @@ void fa_linear_packed_forward(float *y, const float *x, const float *wp, const f
     const packed_fn gemm = FA_DISPATCH(packed_gemm_);
     const epi_fn epi = FA_DISPATCH(bias_act_rows_);
     const int64_t P = (M + FA_PANEL - 1) / FA_PANEL;
-    const int nt = fa_team_size(nthreads < P ? nthreads : (int)P,
+    const int nt FA_OMP_ONLY = fa_team_size(nthreads < P ? nthreads : (int)P,
                                 2.0 * (double)N * (double)K * (double)M, 2e5);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {

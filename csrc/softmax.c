@@ -12,7 +12,7 @@ void fa_softmax_forward(float *y, const float *x, int64_t N, int64_t C, int nthr
 {
     if (N <= 0 || C <= 0) return;
     const sm_rows_fn rows = FA_DISPATCH(softmax_rows_);
-    const int nt = fa_team_size(nthreads, (double)N * (double)C, 3e4);
+    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)N * (double)C, 3e4);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         int64_t r0, r1;                                   /* this thread's rows */
