@@ -2,9 +2,9 @@
  *
  * One thread pool: OpenMP splits the work and every BLAS call runs single-threaded inside it
  * (OpenBLAS's own pool is kept at one thread for the whole process, see fa_blas.h), so OpenBLAS
- * never starts (or spins) threads of its own next to ours. Many rows: each thread
- * takes blocks of rows, runs the GEMM and then the epilogue while the block is in cache. Few
- * rows (decode steps): each thread takes a slice of the output features instead. */
+ * never starts (or spins) threads of its own next to ours. Many rows: each thread takes blocks
+ * of rows, runs the GEMM and then the epilogue while the block is in cache. Few rows (decode
+ * steps): each thread takes a slice of the output features instead. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
