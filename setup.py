@@ -32,7 +32,7 @@ setup(
         [ext],
         compiler_directives={
             "language_level": 3,
-            "boundscheck": flags["debug"],
+            "boundscheck": flags["boundscheck"],
             "wraparound": False,
             "cdivision": True,
             "initializedcheck": False,

@@ -3,12 +3,14 @@
 The build is portable: baseline x86-64 code plus hot kernel bodies compiled under
 target("arch=x86-64-v3") and target("arch=x86-64-v4"), chosen at import. Each level is enabled only
 if the compiler accepts that target attribute (compile + link + run of a probe). Knobs:
-FASTATTN_DEBUG=1 (-O0 -g, Cython bounds checks), FASTATTN_WERROR=1, FASTATTN_NATIVE=1 (local
-benchmarking only: adds -march=native, reported by build_info()).
+FASTATTN_DEBUG=1 (-O0 -g, Cython bounds checks), FASTATTN_SANITIZE=1 (ASan + UBSan, -O1, Cython
+bounds checks; see sanitize.py), FASTATTN_WERROR=1, FASTATTN_NATIVE=1 (local benchmarking only:
+adds -march=native). build_info() reports debug, sanitize and native builds.
 """
 import os
 import platform
 
+from . import sanitize
 from ._probe import run_c
 
 BASE = ["-std=c11", "-ffp-contract=fast", "-fno-math-errno", "-fno-trapping-math",
@@ -37,8 +39,9 @@ def _env(name):
 
 def configure():
     debug = _env("FASTATTN_DEBUG")
-    args = BASE + (["-O0", "-g"] if debug else ["-O3"])
-    link = []
+    opt = ["-O0", "-g"] if debug else ["-O1"] if sanitize.enabled() else ["-O3"]
+    args = BASE + opt + sanitize.compile_args()
+    link = sanitize.link_args()
     macros = []
     if _env("FASTATTN_WERROR"):
         args.append("-Werror")
@@ -47,9 +50,12 @@ def configure():
         macros.append(("FA_NATIVE_BUILD", "1"))
     if debug:
         macros.append(("FA_DEBUG_BUILD", "1"))
+    if sanitize.enabled():
+        macros.append(("FA_SANITIZE_BUILD", "1"))
     if platform.machine().lower() in ("x86_64", "amd64"):
         for level, macro in (("x86-64-v3", "FA_HAVE_V3"), ("x86-64-v4", "FA_HAVE_V4")):
             ok, out, _ = run_c(ISA_PROBE % (level, level), compile_args=["-O2"])
             if ok and out.strip() == "32":
                 macros.append((macro, "1"))
-    return {"compile_args": args, "link_args": link, "define_macros": macros, "debug": debug}
+    return {"compile_args": args, "link_args": link, "define_macros": macros,
+            "boundscheck": debug or sanitize.enabled()}

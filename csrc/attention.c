@@ -6,8 +6,6 @@
 
 #include "fastattn.h"
 
-#define ATT_BK 192 /* keys per block: a multiple of every ATT_MR_S; st (BK, BQ) stays in L1 */
-
 typedef struct {
     float *out, *lse, *weights;
     const float *q, *k, *v, *mask, *key_bias;
@@ -41,7 +39,7 @@ int fa_attention_forward(float *out, float *lse, float *weights,
 
     const int64_t bq = FA_DISPATCH(attention_block_q_)();
     /* Few queries: one row at a time along the head dim; else query blocks along the lanes. */
-    const int rows = Lq * 4 <= bq;
+    const int rows = Lq * ATT_ROWS_DIV <= bq;
     const int64_t scratch = rows ? FA_DISPATCH(attention_rows_scratch_)(Lk)
                                  : FA_DISPATCH(attention_scratch_)(D, Dv);
     const att_task_fn task = FA_DISPATCH(attention_task_);
@@ -55,7 +53,7 @@ int fa_attention_forward(float *out, float *lse, float *weights,
 
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        float *mine = buf + scratch * fa_thread_id();
+        float *mine = buf + scratch * fa_thread_id(); /* id < team <= nt buffers */
         /* Causal tasks grow with the query block: hand out the heavy (late) blocks first. */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < ntasks; t++) {

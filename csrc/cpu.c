@@ -1,4 +1,5 @@
-/* cpu.c -- runtime ISA choice (once, at import) and OpenMP facts for build_info(). */
+/* cpu.c -- runtime ISA choice (once, at import), OpenMP facts and tile sizes for build_info(). */
+#include "fa_tiles.h"
 #include "fastattn.h"
 
 static fa_isa_t g_level = FA_ISA_GENERIC;
@@ -67,4 +68,62 @@ int fa_build_native(void)
 #else
     return 0;
 #endif
+}
+
+int fa_build_debug(void)
+{
+#if defined(FA_DEBUG_BUILD)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int fa_build_sanitize(void)
+{
+#if defined(FA_SANITIZE_BUILD)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* One level's column of fa_tiles.h, in fa_tile_t order. */
+#define FA_TILES_OF(sfx)                                                                      \
+    do {                                                                                      \
+        out[FA_TILE_VECTOR_WIDTH] = FA_VL_##sfx;                                              \
+        out[FA_TILE_ATTENTION_BLOCK_Q] = ATT_NR_##sfx * FA_VL_##sfx;                          \
+        out[FA_TILE_PACKED_TILE_ROWS] = SK_RB_##sfx;                                          \
+        out[FA_TILE_PACKED_TILE_FEATURES] = SK_NV_##sfx * FA_VL_##sfx;                        \
+        out[FA_TILE_SOFTMAX_CHUNK] = SM_CHUNK * FA_VL_##sfx;                                  \
+    } while (0)
+
+int fa_build_tiles(int isa, int64_t *out)
+{
+    switch (isa) {
+    case FA_ISA_GENERIC:
+        FA_TILES_OF(generic);
+        break;
+#if defined(FA_HAVE_V3)
+    case FA_ISA_AVX2:
+        FA_TILES_OF(v3);
+        break;
+#endif
+#if defined(FA_HAVE_V4)
+    case FA_ISA_AVX512:
+        FA_TILES_OF(v4);
+        break;
+#endif
+    default:
+        return -1;
+    }
+    out[FA_TILE_ATTENTION_BLOCK_K] = ATT_BK;
+    out[FA_TILE_ATTENTION_ROWS_MAX_Q] = out[FA_TILE_ATTENTION_BLOCK_Q] / ATT_ROWS_DIV;
+    out[FA_TILE_PACKED_PANEL] = FA_PANEL;
+    out[FA_TILE_PACKED_MAX_ROWS] = PACKED_MAX_ROWS;
+    out[FA_TILE_SKINNY_ROWS] = SKINNY_ROWS;
+    out[FA_TILE_MIN_ROWS_PER_THREAD] = MIN_ROWS;
+    out[FA_TILE_ROW_BLOCK] = ROW_BLOCK;
+    out[FA_TILE_FEATURE_ALIGN] = COL_ALIGN;
+    return 0;
 }

@@ -23,11 +23,10 @@ void fa_sgemm_rowmajor(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K
                        const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                        float *C, int64_t ldc);
 
-/* Before an OpenMP region whose threads call BLAS: push(1) makes BLAS single-threaded and
- * returns the previous count; pop(prev) after the region restores it. (The packaged OpenBLAS is
- * a pthreads build without per-thread counts, so this is the process-wide setting: concurrent
- * fastattn calls from several Python threads should keep the same thread count.) */
-int fa_blas_threads_push(int n);
-void fa_blas_threads_pop(int prev);
+/* Threads: every GEMM is issued from inside an OpenMP region (one call per thread, on that
+ * thread's block), so BLAS must run single-threaded. The packaged OpenBLAS is a pthreads build
+ * whose thread count is one process-wide setting, not per call: fastattn sets it to 1 once, at
+ * import and again in set_num_threads() (fa_blas_set_num_threads), and never toggles it around
+ * a call, which could not be atomic across Python threads calling kernels at the same time. */
 
 #endif /* FA_BLAS_H */

@@ -10,18 +10,29 @@
 #define FA_INLINE static inline __attribute__((always_inline))
 #define FA_CAT_(a, b) a##b
 #define FA_CAT(a, b) FA_CAT_(a, b)
+/* A variable read only by an `omp` pragma (a team size): unused in a FASTATTN_NO_OPENMP build,
+ * where the pragmas are inert. */
+#define FA_OMP_ONLY __attribute__((unused))
 
 /* ---- OpenMP: included only here; no-op fallbacks for a FASTATTN_NO_OPENMP build. ---------- */
 #ifdef _OPENMP
 #include <omp.h>
 #define FA_OMP 1
 FA_INLINE int fa_thread_id(void) { return omp_get_thread_num(); }
+FA_INLINE int fa_team(void) { return omp_get_num_threads(); }
 FA_INLINE int fa_in_parallel(void) { return omp_in_parallel(); }
 #else
 #define FA_OMP 0
 FA_INLINE int fa_thread_id(void) { return 0; }
+FA_INLINE int fa_team(void) { return 1; }
 FA_INLINE int fa_in_parallel(void) { return 0; }
 #endif
+/* fa_team() is the size of the team actually running the current parallel region (1 outside
+ * one). OpenMP may start fewer threads than num_threads(n) asks for (OMP_THREAD_LIMIT,
+ * OMP_DYNAMIC, nesting), so work inside a region is split by fa_team(), never by the count
+ * requested: with fa_split (hand-rolled slices) or `omp for` (which splits by the team itself).
+ * Per-thread scratch sized for the requested count stays in bounds: fa_thread_id() < fa_team()
+ * <= requested. */
 
 /* Threads to use for `work` units of roughly `grain` flops each: 1 below the grain or when
  * already inside a parallel region (no nested teams), else the caller's count. */
@@ -29,6 +40,18 @@ FA_INLINE int fa_team_size(int nthreads, double work, double grain)
 {
     if (nthreads < 1 || fa_in_parallel() || work < grain) return 1;
     return nthreads;
+}
+
+/* [lo, hi) of `n` items for the calling thread of the team actually started: equal slices in
+ * thread order, each a multiple of `align` items (the last one takes the remainder); empty
+ * (lo == hi) for threads past the end. Outside a parallel region: [0, n). */
+FA_INLINE void fa_split(int64_t n, int64_t align, int64_t *lo, int64_t *hi)
+{
+    const int64_t t = fa_thread_id(), nt = fa_team();
+    int64_t per = (n + nt - 1) / nt;
+    per = (per + align - 1) / align * align;
+    *lo = t * per < n ? t * per : n;
+    *hi = *lo + per < n ? *lo + per : n;
 }
 
 /* ---- ISA levels (user names: generic / avx2 / avx512). ------------------------------------ */

@@ -7,8 +7,10 @@
  */
 #define VF FA_CAT(vf_, FA_SFX)    /* FA_VL floats, unaligned loads allowed */
 #define VI FA_CAT(vi_, FA_SFX)    /* FA_VL int32 */
+#define VU FA_CAT(vu_, FA_SFX)    /* FA_VL uint32: bit arithmetic that may wrap (no signed UB) */
 typedef float VF __attribute__((vector_size(FA_VL * 4), aligned(4), may_alias));
 typedef int32_t VI __attribute__((vector_size(FA_VL * 4), aligned(4), may_alias));
+typedef uint32_t VU __attribute__((vector_size(FA_VL * 4), aligned(4), may_alias));
 
 #define vload(p) (*(const VF *)(p))
 #define vstore(p, x) (*(VF *)(p) = (x))
@@ -51,12 +53,15 @@ FA_INLINE float FA_CAT(hmax_, FA_SFX)(VF a)
 
 /* 2^x for x <= ~128: x = n + f, |f| <= 1/2, 2^f by a degree-6 polynomial (rel. err ~1e-7),
  * 2^n by exponent-field arithmetic. x < -126 gives exactly 0 (so -inf -> 0, as the masks need);
- * NaN in gives NaN out (the compare below is false for NaN, so the polynomial's NaN survives). */
+ * NaN in gives NaN out. x is clamped to [-127, 127] (NaN lanes to 0) before the conversion to
+ * int, so n stays in [-127, 127] and the exponent arithmetic, done unsigned, is defined C. */
 FA_INLINE VF FA_CAT(vexp2_, FA_SFX)(VF x)
 {
-    const VF hi = vsplat(127.0f);
-    VF xc = (VF)(((VI)(x > hi) & (VI)hi) | (~(VI)(x > hi) & (VI)x));  /* clamp above */
-    VF fn = xc + vsplat(12582912.0f) - vsplat(12582912.0f);            /* round to nearest */
+    const VF hi = vsplat(127.0f), lo = vsplat(-127.0f);
+    const VI nan = (VI)(x != x);
+    VF xc = (VF)(((VI)(x > hi) & (VI)hi) | (~(VI)(x > hi) & (VI)x));    /* clamp above */
+    xc = (VF)((((VI)(xc < lo) & (VI)lo) | (~(VI)(xc < lo) & (VI)xc)) & ~nan); /* below; NaN: 0 */
+    VF fn = xc + vsplat(12582912.0f) - vsplat(12582912.0f);              /* round to nearest */
     VF f = xc - fn;
     VF p = vsplat(1.5353362e-4f);
     p = p * f + vsplat(1.3398874e-3f);
@@ -65,10 +70,10 @@ FA_INLINE VF FA_CAT(vexp2_, FA_SFX)(VF x)
     p = p * f + vsplat(2.4022651e-1f);
     p = p * f + vsplat(6.9314718e-1f);
     p = p * f + vsplat(1.0f);
-    VI n = __builtin_convertvector(fn, VI);
+    VU n = (VU)__builtin_convertvector(fn, VI);                         /* in [-127, 127] */
     VI keep = ~(VI)(x < vsplat(-126.0f));
-    VI bits = ((VI)p + (n << 23)) & keep;
-    return (VF)bits;
+    VI bits = (VI)((VU)p + (n << 23)) & keep;
+    return (VF)((bits & ~nan) | ((VI)x & nan));
 }
 #define vexp2 FA_CAT(vexp2_, FA_SFX)
 

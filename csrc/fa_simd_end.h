@@ -1,6 +1,7 @@
 /* fa_simd_end.h -- undo fa_simd.h and the per-ISA knobs after one instantiation of a body. */
 #undef VF
 #undef VI
+#undef VU
 #undef vmax
 #undef hsum
 #undef hmax

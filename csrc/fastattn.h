@@ -6,7 +6,11 @@
  * Data: float32; sizes, offsets and strides are int64_t and counted in elements, not bytes.
  * Argument order: outputs, saved-for-backward buffers, inputs, parameters, sizes, scalars/flags.
  * `nthreads` is resolved once in Python and passed down; kernels never read the environment.
+ * It is an upper bound: work is split over the team OpenMP actually starts, which may be smaller
+ * (OMP_THREAD_LIMIT, OMP_DYNAMIC), through fa_split / `omp for` (fa_common.h).
  * The C layer trusts its callers: fastattn/ops.py validates every shape before calling.
+ * Any size may be 0; a pointer to an array without elements may be NULL (the binding passes
+ * NULL for them) and is never read or written.
  */
 #ifndef FASTATTN_H
 #define FASTATTN_H
@@ -30,6 +34,47 @@ const char *fa_blas_config(void);   /* OpenBLAS's build string, "" for another B
 const char *fa_blas_corename(void); /* OpenBLAS's kernel set, "" for another BLAS */
 const char *fa_build_compiler(void); /* compiler name and version the extension was built with */
 int fa_build_native(void);           /* 1 for a FASTATTN_NATIVE=1 (-march=native) build */
+int fa_build_debug(void);            /* 1 for a FASTATTN_DEBUG=1 (-O0 -g) build */
+int fa_build_sanitize(void);         /* 1 for a FASTATTN_SANITIZE=1 (ASan + UBSan) build */
+
+/* fa_build_tiles -- the tile sizes and few-row thresholds (csrc/fa_tiles.h) of level `isa`.
+ *   out  (FA_TILE_COUNT)  out; entry i is the size named by fa_tile_t value i
+ *   Returns 0, or -1 if this build has no such level. For build_info()["tiles"]: tests read
+ *   the tile edges from here instead of copying the numbers. */
+typedef enum {
+    FA_TILE_VECTOR_WIDTH,          /* floats per SIMD vector */
+    FA_TILE_ATTENTION_BLOCK_Q,     /* queries per attention tile (BQ) */
+    FA_TILE_ATTENTION_BLOCK_K,     /* keys per attention block (BK) */
+    FA_TILE_ATTENTION_ROWS_MAX_Q,  /* up to this Lq, attention takes one query row at a time */
+    FA_TILE_SOFTMAX_CHUNK,         /* floats per softmax running-max update (vector tail below) */
+    FA_TILE_PACKED_PANEL,          /* features per packed weight panel */
+    FA_TILE_PACKED_TILE_ROWS,      /* rows per packed-GEMM register tile */
+    FA_TILE_PACKED_TILE_FEATURES,  /* features per packed-GEMM register tile */
+    FA_TILE_PACKED_MAX_ROWS,       /* decode steps of up to this many rows use the packed kernel */
+    FA_TILE_SKINNY_ROWS,           /* linear/ffn: up to this many rows, the skinny kernel */
+    FA_TILE_MIN_ROWS_PER_THREAD,   /* linear/ffn: fewer rows per thread -> split the features */
+    FA_TILE_ROW_BLOCK,             /* linear/ffn: rows per GEMM block */
+    FA_TILE_FEATURE_ALIGN,         /* linear/ffn: feature slices start on multiples of this */
+    FA_TILE_COUNT
+} fa_tile_t;
+int fa_build_tiles(int isa, int64_t *out);
+
+/* ---- where the backward passes go --------------------------------------------------------------
+ * Each family's backward kernel sits beside its forward (DESIGN: "a backward pass sits beside
+ * its forward"), in three places at once:
+ *   - its prototype and shape block right after the forward's, in this header, as
+ *       fa_<op>_backward(grad outputs (d<input> for every differentiable input, then d<param>),
+ *                        dout, the intermediates the forward saved (lse; mean, rstd; pre),
+ *                        the forward's inputs and parameters, sizes, flags, nthreads);
+ *   - its entry point in the family's .c file (attention.c, layernorm.c, softmax.c, linear.c),
+ *     after the forward's;
+ *   - its per-ISA body in the same <family>_body.h as the forward's, so fa_instantiate.h
+ *     compiles both under every ISA and FA_DISPATCH picks either.
+ * Parameter gradients (dweight, dbias) are deterministic: per-thread partials, one slice of a
+ * scratch buffer per thread, then a fixed-order sum. The buffer is sized for the requested
+ * count but only the team actually started (fa_team) writes its slices: sum those, or zero
+ * the rest first. No atomics.
+ */
 
 /* ---- attention -------------------------------------------------------------------------------- */
 

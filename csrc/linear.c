@@ -1,9 +1,10 @@
 /* linear.c -- GEMM-based linear and feed-forward layers with fused bias/activation epilogues.
  *
- * One thread pool: OpenMP splits the work and every BLAS call runs single-threaded inside it,
- * so OpenBLAS never starts (or spins) threads of its own next to ours. Many rows: each thread
- * takes blocks of rows, runs the GEMM and then the epilogue while the block is in cache. Few
- * rows (decode steps): each thread takes a slice of the output features instead. */
+ * One thread pool: OpenMP splits the work and every BLAS call runs single-threaded inside it
+ * (OpenBLAS's own pool is kept at one thread for the whole process, see fa_blas.h), so OpenBLAS
+ * never starts (or spins) threads of its own next to ours. Many rows: each thread takes blocks
+ * of rows, runs the GEMM and then the epilogue while the block is in cache. Few rows (decode
+ * steps): each thread takes a slice of the output features instead. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,24 +15,13 @@
 #define FA_BODY "linear_body.h"
 #include "fa_instantiate.h"
 
-#define ROW_BLOCK 512  /* rows per GEMM block: large enough for BLAS to run near its peak */
-#define MIN_ROWS 128   /* below this many rows per thread, split the output features instead */
-#define COL_ALIGN 16   /* feature slices start on a 64-byte boundary */
-#define SKINNY_ROWS 8  /* up to this many rows, our skinny kernel instead of BLAS (BLAS is weak
-                          on such shapes: it packs the whole weight for a few dot products) */
+/* Sizes (fa_tiles.h): ROW_BLOCK rows per GEMM block; below MIN_ROWS rows per thread the
+ * features are split instead, in slices starting on multiples of COL_ALIGN; up to SKINNY_ROWS
+ * rows, the skinny kernel replaces BLAS. */
 
 typedef void (*epi_fn)(float *, const float *, int64_t, int64_t, int64_t, int);
 typedef void (*skinny_fn)(float *, int64_t, const float *, int64_t, const float *, int64_t,
                           int64_t);
-
-/* [lo, hi) of `n` items for member t of a team of nt, rounded to `align`. */
-static void slice(int64_t n, int t, int nt, int64_t align, int64_t *lo, int64_t *hi)
-{
-    int64_t per = (n + nt - 1) / nt;
-    per = (per + align - 1) / align * align;
-    *lo = t * per < n ? t * per : n;
-    *hi = *lo + per < n ? *lo + per : n;
-}
 
 /* Number of row blocks: about N / ROW_BLOCK, rounded up to a multiple of the team size so that
  * every thread gets the same number of (equal) blocks. */
@@ -41,15 +31,15 @@ static int64_t row_blocks(int64_t N, int nt)
     return (nblk + nt - 1) / nt * nt;
 }
 
-/* y[:, m0:m1] = act(x w[m0:m1]^T + b[m0:m1]) for this thread's slice of the M features.
- * xp: x with rows padded to a multiple of 4 for the skinny kernel (N <= SKINNY_ROWS), or NULL
- * to use BLAS. */
+/* y[:, m0:m1] = act(x w[m0:m1]^T + b[m0:m1]) for this thread's slice of the M features (split
+ * over the team actually running, fa_split). xp: x with rows padded to a multiple of 4 for the
+ * skinny kernel (N <= SKINNY_ROWS), or NULL to use BLAS. */
 static void linear_cols(float *y, const float *x, const float *xp, const float *w,
                         const float *b, int64_t N, int64_t K, int64_t M, int act, epi_fn epi,
-                        skinny_fn skinny, int t, int nt)
+                        skinny_fn skinny)
 {
     int64_t m0, m1;
-    slice(M, t, nt, COL_ALIGN, &m0, &m1);
+    fa_split(M, COL_ALIGN, &m0, &m1);
     if (m0 >= m1) return;
     if (xp)
         skinny(y + m0, M, xp, N, w + m0 * K, m1 - m0, K);
@@ -59,10 +49,11 @@ static void linear_cols(float *y, const float *x, const float *xp, const float *
 }
 
 /* x (N, K) copied into rows padded with zeros to a multiple of 4, for the skinny kernel; NULL
- * when N is too large for it (or out of memory: BLAS then takes the call). */
+ * when N is too large for it, for K = 0 (x may then be NULL) or out of memory: BLAS (the
+ * wrapper, for K = 0) then takes the call. */
 static float *skinny_rows(const float *x, int64_t N, int64_t K)
 {
-    if (N > SKINNY_ROWS) return NULL;
+    if (N > SKINNY_ROWS || K <= 0) return NULL;
     const int64_t n4 = (N + 3) / 4 * 4;
     float *xp = calloc((size_t)(n4 * K), sizeof(float));
     if (xp) memcpy(xp, x, (size_t)(N * K) * sizeof(float));
@@ -79,7 +70,6 @@ void fa_linear_forward(float *y, const float *x, const float *weight, const floa
     const int64_t nblk = row_blocks(N, nt), per = (N + nblk - 1) / nblk;
     const skinny_fn skinny = FA_DISPATCH(skinny_gemm_);
     float *xp = by_rows ? NULL : skinny_rows(x, N, K);
-    const int prev = fa_blas_threads_push(1);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         if (by_rows) {
@@ -92,11 +82,9 @@ void fa_linear_forward(float *y, const float *x, const float *weight, const floa
                 epi(y + r0 * M, bias, rows, M, M, activation);
             }
         } else {
-            linear_cols(y, x, xp, weight, bias, N, K, M, activation, epi, skinny,
-                        fa_thread_id(), nt);
+            linear_cols(y, x, xp, weight, bias, N, K, M, activation, epi, skinny);
         }
     }
-    fa_blas_threads_pop(prev);
     free(xp);
 }
 
@@ -104,7 +92,12 @@ int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
                    const float *w2, const float *b2, int64_t N, int64_t C, int64_t F,
                    int activation, int nthreads)
 {
-    if (N <= 0) return 0;
+    if (N <= 0 || C <= 0) return 0;
+    if (F <= 0) { /* an empty hidden layer: y = b2 */
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t c = 0; c < C; c++) y[n * C + c] = b2 ? b2[c] : 0.0f;
+        return 0;
+    }
     const epi_fn epi = FA_DISPATCH(bias_act_rows_);
     const int nt = fa_team_size(nthreads, 4.0 * (double)N * (double)C * (double)F, 2e6);
     const int by_rows = N >= (int64_t)nt * MIN_ROWS;
@@ -116,12 +109,10 @@ int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
     float *xp = by_rows ? NULL : skinny_rows(x, N, C);
     /* skinny: the hidden doubles as the padded input of the second GEMM (pad rows zeroed) */
     if (xp) memset(hidden + N * F, 0, (size_t)(((N + 3) / 4 * 4 - N) * F) * sizeof(float));
-    const int prev = fa_blas_threads_push(1);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        const int t = fa_thread_id();
         if (by_rows) {
-            float *h = hidden + per * F * t;
+            float *h = hidden + per * F * fa_thread_id(); /* id < team <= nt blocks */
 #pragma omp for schedule(static)
             for (int64_t blk = 0; blk < nblk; blk++) {
                 const int64_t r0 = blk * per, rows = N - r0 < per ? N - r0 : per;
@@ -132,13 +123,13 @@ int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
                 epi(y + r0 * C, b2, rows, C, C, FA_ACT_NONE);
             }
         } else {
-            linear_cols(hidden, x, xp, w1, b1, N, C, F, activation, epi, skinny, t, nt);
+            /* the whole team writes the hidden, waits, then reads all of it */
+            linear_cols(hidden, x, xp, w1, b1, N, C, F, activation, epi, skinny);
 #pragma omp barrier
             linear_cols(y, hidden, xp ? hidden : NULL, w2, b2, N, F, C, FA_ACT_NONE, epi,
-                        skinny, t, nt);
+                        skinny);
         }
     }
-    fa_blas_threads_pop(prev);
     free(xp);
     free(hidden);
     return 0;
@@ -152,7 +143,7 @@ int64_t fa_packed_size(int64_t M, int64_t K)
 void fa_pack_panels(float *wp, const float *w, int64_t M, int64_t K, int nthreads)
 {
     const int64_t P = (M + FA_PANEL - 1) / FA_PANEL;
-    const int nt = fa_team_size(nthreads, (double)(P * FA_PANEL * K), 1e6);
+    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)(P * FA_PANEL * K), 1e6);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t p = 0; p < P; p++) {
         float *w_p = wp + p * K * FA_PANEL;
@@ -173,12 +164,12 @@ void fa_linear_packed_forward(float *y, const float *x, const float *wp, const f
     const packed_fn gemm = FA_DISPATCH(packed_gemm_);
     const epi_fn epi = FA_DISPATCH(bias_act_rows_);
     const int64_t P = (M + FA_PANEL - 1) / FA_PANEL;
-    const int nt = fa_team_size(nthreads < P ? nthreads : (int)P,
+    const int nt FA_OMP_ONLY = fa_team_size(nthreads < P ? nthreads : (int)P,
                                 2.0 * (double)N * (double)K * (double)M, 2e5);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         int64_t p0, p1;                                   /* this thread's panels */
-        slice(P, fa_thread_id(), nt, 1, &p0, &p1);
+        fa_split(P, 1, &p0, &p1);
         if (p0 < p1) {
             gemm(y, M, x, N, wp, p0, p1, M, K);
             const int64_t m0 = p0 * FA_PANEL, m1 = p1 * FA_PANEL < M ? p1 * FA_PANEL : M;

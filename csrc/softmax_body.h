@@ -2,7 +2,6 @@
  *   scalar math, per row:  m = max_c x_c;  y_c = exp(x_c - m) / sum_c exp(x_c - m)
  * Read pass: a running max and a rescaled running sum per vector lane, updated once per chunk
  * of SM_CHUNK vectors (one rescale exp per chunk, one exp per element). Write pass: y. */
-#define SM_CHUNK 4
 static void FA_CAT(softmax_rows_, FA_SFX)(float *y, const float *x, int64_t r0, int64_t r1,
                                           int64_t C)
 {
@@ -34,4 +33,3 @@ static void FA_CAT(softmax_rows_, FA_SFX)(float *y, const float *x, int64_t r0, 
         for (; c < C; c++) y_n[c] = vexp(vsplat(x_n[c] - ref))[0] * inv;
     }
 }
-#undef SM_CHUNK

@@ -2,7 +2,9 @@
 """Binding of csrc/ (the C kernels): typed memoryviews in, `with nogil` calls out, no logic.
 
 Shapes are validated by fastattn/ops.py; this module trusts its caller. Strides are passed to
-C in elements (memoryview strides are bytes).
+C in elements (memoryview strides are bytes). An array that is None or has no elements is
+passed as NULL (the kernels read nothing through it), so that no pointer is ever taken to the
+first element of an empty view (an IndexError under the debug build's bounds checks).
 """
 from libc.stdint cimport int64_t
 
@@ -19,6 +21,10 @@ cdef extern from "fastattn.h" nogil:
     const char *fa_blas_corename()
     const char *fa_build_compiler()
     int fa_build_native()
+    int fa_build_debug()
+    int fa_build_sanitize()
+    enum: FA_TILE_COUNT
+    int fa_build_tiles(int isa, int64_t *out)
     int fa_attention_forward(float *out, float *lse, float *weights,
                              const float *q, const float *k, const float *v,
                              const float *mask, const float *key_bias,
@@ -83,20 +89,65 @@ def build_native():
     return fa_build_native()
 
 
+def build_debug():
+    return fa_build_debug()
+
+
+def build_sanitize():
+    return fa_build_sanitize()
+
+
+def tile_count():
+    return FA_TILE_COUNT
+
+
+def build_tiles(int isa, int64_t[::1] out not None):
+    """out (tile_count(),) int64 receives level isa's tile sizes in fa_tile_t order; 0 or -1."""
+    if out.shape[0] < FA_TILE_COUNT:
+        raise ValueError(f"build_tiles: out must hold {FA_TILE_COUNT} sizes")
+    return fa_build_tiles(isa, &out[0])
+
+
 def blas_corename():
     return fa_blas_corename().decode("ascii", "replace")
 
 
-cdef inline float *_opt1(float[::1] a):
-    if a is None:
+# ---- arrays to pointers: NULL for None or for an array without elements -----------------------
+
+cdef inline float *_p1(float[::1] a):
+    if a is None or a.shape[0] == 0:
         return NULL
     return &a[0]
 
 
-cdef inline const float *_copt1(const float[::1] a):
-    if a is None:
+cdef inline const float *_cp1(const float[::1] a):
+    if a is None or a.shape[0] == 0:
         return NULL
     return &a[0]
+
+
+cdef inline float *_p2(float[:, ::1] a):
+    if a is None or a.shape[0] == 0 or a.shape[1] == 0:
+        return NULL
+    return &a[0, 0]
+
+
+cdef inline const float *_cp2(const float[:, ::1] a):
+    if a is None or a.shape[0] == 0 or a.shape[1] == 0:
+        return NULL
+    return &a[0, 0]
+
+
+cdef inline float *_p4(float[:, :, :, :] a):
+    if a is None or a.shape[0] == 0 or a.shape[1] == 0 or a.shape[2] == 0 or a.shape[3] == 0:
+        return NULL
+    return &a[0, 0, 0, 0]
+
+
+cdef inline const float *_cp4(const float[:, :, :, :] a):
+    if a is None or a.shape[0] == 0 or a.shape[1] == 0 or a.shape[2] == 0 or a.shape[3] == 0:
+        return NULL
+    return &a[0, 0, 0, 0]
 
 
 def attention_forward(float[:, :, :, :] out not None, float[::1] lse, float[::1] weights,
@@ -117,67 +168,75 @@ def attention_forward(float[:, :, :, :] out not None, float[::1] lse, float[::1]
         k_st[i] = k.strides[i] // 4
         v_st[i] = v.strides[i] // 4
         o_st[i] = out.strides[i] // 4
-    cdef const float *mp = NULL
-    if mask is not None:
-        mp = &mask[0, 0, 0, 0]
-        for i in range(4):
-            m_st[i] = mask.strides[i] // 4
-    cdef float *lp = _opt1(lse)
-    cdef float *wp = _opt1(weights)
-    cdef const float *kb = _copt1(key_bias)
+    for i in range(4):
+        m_st[i] = mask.strides[i] // 4 if mask is not None else 0
+    cdef float *op = _p4(out)
+    cdef float *lp = _p1(lse)
+    cdef float *wp = _p1(weights)
+    cdef const float *qp = _cp4(q)
+    cdef const float *kp = _cp4(k)
+    cdef const float *vp = _cp4(v)
+    cdef const float *mp = _cp4(mask)
+    cdef const float *kb = _cp1(key_bias)
     cdef int rc
     with nogil:
-        rc = fa_attention_forward(&out[0, 0, 0, 0], lp, wp, &q[0, 0, 0, 0], &k[0, 0, 0, 0],
-                                  &v[0, 0, 0, 0], mp, kb, q.shape[0], q.shape[1], q.shape[2],
-                                  k.shape[2], q.shape[3], v.shape[3], q_st, k_st, v_st, o_st,
-                                  m_st, scale, causal, nthreads)
+        rc = fa_attention_forward(op, lp, wp, qp, kp, vp, mp, kb, q.shape[0], q.shape[1],
+                                  q.shape[2], k.shape[2], q.shape[3], v.shape[3], q_st, k_st,
+                                  v_st, o_st, m_st, scale, causal, nthreads)
     if rc != 0:
         raise MemoryError("attention: could not allocate per-thread scratch")
 
 
 def softmax_forward(float[:, ::1] y not None, const float[:, ::1] x not None, int nthreads):
+    cdef float *yp = _p2(y)
+    cdef const float *xp = _cp2(x)
     with nogil:
-        fa_softmax_forward(&y[0, 0], &x[0, 0], x.shape[0], x.shape[1], nthreads)
+        fa_softmax_forward(yp, xp, x.shape[0], x.shape[1], nthreads)
 
 
 def layer_norm_forward(float[:, ::1] y not None, float[:, ::1] sum_out, float[::1] mean,
                        float[::1] rstd, const float[:, ::1] x not None,
                        const float[:, ::1] residual,
                        const float[::1] weight, const float[::1] bias, float eps, int nthreads):
-    cdef float *sp = NULL
-    cdef const float *rp = NULL
-    if sum_out is not None:
-        sp = &sum_out[0, 0]
-    if residual is not None:
-        rp = &residual[0, 0]
-    cdef float *mp = _opt1(mean)
-    cdef float *rsp = _opt1(rstd)
-    cdef const float *wp = _copt1(weight)
-    cdef const float *bp = _copt1(bias)
+    cdef float *yp = _p2(y)
+    cdef float *sp = _p2(sum_out)
+    cdef float *mp = _p1(mean)
+    cdef float *rsp = _p1(rstd)
+    cdef const float *xp = _cp2(x)
+    cdef const float *rp = _cp2(residual)
+    cdef const float *wp = _cp1(weight)
+    cdef const float *bp = _cp1(bias)
     with nogil:
-        fa_layer_norm_forward(&y[0, 0], sp, mp, rsp, &x[0, 0], rp, wp, bp, x.shape[0],
-                              x.shape[1], eps, nthreads)
+        fa_layer_norm_forward(yp, sp, mp, rsp, xp, rp, wp, bp, x.shape[0], x.shape[1], eps,
+                              nthreads)
 
 
 def linear_forward(float[:, ::1] y not None, const float[:, ::1] x not None,
                    const float[:, ::1] weight not None,
                    const float[::1] bias, int activation, int nthreads):
-    cdef const float *bp = _copt1(bias)
+    cdef float *yp = _p2(y)
+    cdef const float *xp = _cp2(x)
+    cdef const float *wp = _cp2(weight)
+    cdef const float *bp = _cp1(bias)
     with nogil:
-        fa_linear_forward(&y[0, 0], &x[0, 0], &weight[0, 0], bp, x.shape[0], x.shape[1],
-                          weight.shape[0], activation, nthreads)
+        fa_linear_forward(yp, xp, wp, bp, x.shape[0], x.shape[1], weight.shape[0], activation,
+                          nthreads)
 
 
 def ffn_forward(float[:, ::1] y not None, const float[:, ::1] x not None,
                 const float[:, ::1] w1 not None, const float[::1] b1,
                 const float[:, ::1] w2 not None, const float[::1] b2,
                 int activation, int nthreads):
-    cdef const float *b1p = _copt1(b1)
-    cdef const float *b2p = _copt1(b2)
+    cdef float *yp = _p2(y)
+    cdef const float *xp = _cp2(x)
+    cdef const float *w1p = _cp2(w1)
+    cdef const float *b1p = _cp1(b1)
+    cdef const float *w2p = _cp2(w2)
+    cdef const float *b2p = _cp1(b2)
     cdef int rc
     with nogil:
-        rc = fa_ffn_forward(&y[0, 0], &x[0, 0], &w1[0, 0], b1p, &w2[0, 0], b2p, x.shape[0],
-                            x.shape[1], w1.shape[0], activation, nthreads)
+        rc = fa_ffn_forward(yp, xp, w1p, b1p, w2p, b2p, x.shape[0], x.shape[1], w1.shape[0],
+                            activation, nthreads)
     if rc != 0:
         raise MemoryError("ffn: could not allocate the hidden row blocks")
 
@@ -187,15 +246,20 @@ def packed_size(int64_t M, int64_t K):
 
 
 def pack_panels(float[::1] wp not None, const float[:, ::1] w not None, int nthreads):
+    cdef float *pp = _p1(wp)
+    cdef const float *src = _cp2(w)
     with nogil:
-        fa_pack_panels(&wp[0], &w[0, 0], w.shape[0], w.shape[1], nthreads)
+        fa_pack_panels(pp, src, w.shape[0], w.shape[1], nthreads)
 
 
 def linear_packed_forward(float[:, ::1] y not None, const float[:, ::1] x not None,
                           const float[::1] wp not None,
                           const float[::1] bias, int activation, int nthreads):
     """y (N, M), x (N, K), wp from pack_panels of an (M, K) weight."""
-    cdef const float *bp = _copt1(bias)
+    cdef float *yp = _p2(y)
+    cdef const float *xp = _cp2(x)
+    cdef const float *pp = _cp1(wp)
+    cdef const float *bp = _cp1(bias)
     with nogil:
-        fa_linear_packed_forward(&y[0, 0], &x[0, 0], &wp[0], bp, x.shape[0], x.shape[1],
-                                 y.shape[1], activation, nthreads)
+        fa_linear_packed_forward(yp, xp, pp, bp, x.shape[0], x.shape[1], y.shape[1], activation,
+                                 nthreads)

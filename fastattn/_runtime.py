@@ -5,13 +5,24 @@ environment. OMP_NUM_THREADS is honoured at import; set_num_threads() changes it
 
 One thread pool: the kernels split every GEMM across their OpenMP threads and call OpenBLAS
 single-threaded inside them, so OpenBLAS's own pool is kept at one thread. (Letting it grow
-would only add workers that spin after each call and take cores from the next kernel.)
+would only add workers that spin after each call and take cores from the next kernel.) That
+count is process-wide in OpenBLAS, so it is set once, here, at import (and again by
+set_num_threads, should something else have changed it), never toggled around a call: kernels
+may run from several Python threads at once.
 """
 import os
+import warnings
+
+import numpy as np
 
 from . import _kernels
 
 ISA_NAMES = ("generic", "avx2", "avx512")  # index = fa_isa_t in csrc/fa_common.h
+TILE_NAMES = (  # index = fa_tile_t in csrc/fastattn.h; the sizes themselves: csrc/fa_tiles.h
+    "vector_width", "attention_block_q", "attention_block_k", "attention_rows_max_q",
+    "softmax_chunk", "packed_panel", "packed_tile_rows", "packed_tile_features",
+    "packed_max_rows", "skinny_rows", "min_rows_per_thread", "row_block", "feature_align",
+)
 _state = {"threads": 1}
 
 
@@ -20,6 +31,17 @@ def _cpu_count():
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+HARD_MAX_THREADS = 1024
+
+
+def _max_threads():
+    """The most threads set_num_threads() accepts: 1024, or the CPUs available if more.
+
+    More threads than CPUs only oversubscribe; the bound keeps a typo (or OMP_NUM_THREADS set to
+    2**31 - 1) from asking OpenMP for a team it cannot allocate, which ends the process."""
+    return max(HARD_MAX_THREADS, _cpu_count())
 
 
 def _resolve_threads(n):
@@ -34,15 +56,27 @@ def _resolve_threads(n):
         if _cpu_count() + 1 + n < 1:
             raise ValueError(f"set_num_threads: n={n} leaves no thread on {_cpu_count()} CPUs")
         return _cpu_count() + 1 + n
+    if n > _max_threads():
+        raise ValueError(f"set_num_threads: n={n} is above the maximum of {_max_threads()} "
+                         f"threads (1024, or the CPUs available if more; this process has "
+                         f"{_cpu_count()} CPUs)")
     return n
 
 
 def set_num_threads(n=None):
     """Set the threads fastattn's kernels use (OpenMP; the GEMMs are split across the same
-    threads, each calling BLAS single-threaded). Returns the resolved count."""
+    threads, each calling BLAS single-threaded). Returns the resolved count.
+
+    n: a positive count, at most 1024 (or the number of CPUs available, if that is larger;
+    above the bound, ValueError); None or -1 = all CPUs available; -2 = all but one, and so on;
+    0 is a ValueError. OMP_NUM_THREADS above the bound is clamped to it at import, with a
+    RuntimeWarning. OpenMP may still start fewer threads than n (OMP_THREAD_LIMIT, OMP_DYNAMIC):
+    the kernels split their work over the threads actually started.
+    """
     count = _resolve_threads(n)
     _state["threads"] = count
-    _kernels.blas_set_num_threads(1)
+    if _kernels.blas_get_num_threads() != 1:
+        _kernels.blas_set_num_threads(1)
     return count
 
 
@@ -69,11 +103,35 @@ def available_isas():
     return [name for i, name in enumerate(ISA_NAMES) if _kernels.cpu_supports(i)]
 
 
+def _threads_from_env():
+    """OMP_NUM_THREADS (its first, outermost level) at import: a positive count, clamped with a
+    RuntimeWarning to _max_threads(); anything else (unset, 0, not a number) means all CPUs."""
+    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if not (env.isdigit() and int(env) > 0):
+        return None
+    if int(env) > _max_threads():
+        warnings.warn(f"fastattn: OMP_NUM_THREADS={env} is above the maximum of "
+                      f"{_max_threads()} threads; using {_max_threads()}", RuntimeWarning,
+                      stacklevel=2)
+        return _max_threads()
+    return int(env)
+
+
+def tiles(isa=None):
+    """Tile sizes and few-row thresholds of the kernels at SIMD level `isa` (a name from
+    ISA_NAMES; None = the level in use), as {name: int}; see csrc/fa_tiles.h and fastattn.h."""
+    level = _kernels.cpu_level() if isa is None else ISA_NAMES.index(isa)
+    if _kernels.tile_count() != len(TILE_NAMES):
+        raise RuntimeError("fastattn: _kernels and _runtime disagree on the tile table; rebuild")
+    out = np.zeros(len(TILE_NAMES), np.int64)
+    if _kernels.build_tiles(level, out) != 0:
+        raise ValueError(f"tiles: this build has no {ISA_NAMES[level]} level")
+    return {name: int(size) for name, size in zip(TILE_NAMES, out)}
+
+
 def init():
     _kernels.cpu_init(_isa_from_env())
-    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    threads = int(env) if env.isdigit() and int(env) > 0 else None
-    set_num_threads(threads)
+    set_num_threads(_threads_from_env())
 
 
 def build_info():
@@ -83,10 +141,15 @@ def build_info():
         "compiler": _kernels.build_compiler(),
         "openmp": bool(_kernels.openmp_enabled()),
         "native_build": bool(_kernels.build_native()),
+        "debug_build": bool(_kernels.build_debug()),         # FASTATTN_DEBUG=1
+        "sanitize_build": bool(_kernels.build_sanitize()),   # FASTATTN_SANITIZE=1
         "blas": _kernels.blas_config(),
         "blas_core": _kernels.blas_corename(),
         "blas_threads": _kernels.blas_get_num_threads(),
         "simd": ISA_NAMES[_kernels.cpu_level()],
         "simd_available": available_isas(),
+        "tiles": tiles(),                                  # at the level in use ("simd")
+        "tiles_by_isa": {name: tiles(name) for name in available_isas()},
         "threads": get_num_threads() if _kernels.openmp_enabled() else 1,  # effective
+        "max_threads": _max_threads(),   # the most set_num_threads() accepts
     }

@@ -6,7 +6,9 @@ dimension letters and conventions); the shape tables are in csrc/fastattn.h.
 Input handling, the same for every op:
 - float64 (and other real dtypes) are converted to float32; bool, complex, object and string
   arrays raise TypeError. Non-contiguous inputs are copied, except attention's q, k and v, which
-  the kernel reads through their strides when the last axis is contiguous.
+  the kernel reads through their strides when the last axis is contiguous. So are float32 views
+  whose data is not 4-byte aligned (np.frombuffer at an odd offset, packed records): the
+  kernels load whole floats.
 - Wrong ranks or mismatched shapes raise ValueError naming the argument and the shapes seen.
 - Empty batches return empty arrays. NaN in the data propagates as NaN (it is not checked).
 """
@@ -16,7 +18,7 @@ import numbers
 import numpy as np
 
 from . import _kernels, reference
-from ._runtime import get_num_threads
+from ._runtime import get_num_threads, tiles
 
 __all__ = [
     "attention", "attention_forward", "softmax", "layer_norm", "layer_norm_forward", "linear",
@@ -29,15 +31,21 @@ ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2}  # = FA_ACT_* in csrc/fastattn.h
 # ---- argument checks ---------------------------------------------------------------------------
 
 def _array(x, name, op):
-    """x as a float32 ndarray (a view when it already is one), or TypeError for non-real data."""
+    """x as an aligned float32 ndarray (a view when it already is one), or TypeError for
+    non-real data. Aligned: data and strides are whole floats apart, so the C kernels may load
+    floats through them (a misaligned view is copied)."""
     a = np.asarray(x)
     if a.dtype == np.bool_ or a.dtype.kind not in "fiu":
         raise TypeError(f"{op}: {name} must be a real numeric array, got dtype {a.dtype}")
-    return a if a.dtype == np.float32 else a.astype(np.float32)
+    if a.dtype != np.float32:
+        return a.astype(np.float32)
+    return a if a.flags.aligned else a.copy(order="C")
 
 
 def _contig(x, name, op):
-    return np.ascontiguousarray(_array(x, name, op))
+    """x as an aligned, C-contiguous float32 array of the same shape (0-d stays 0-d)."""
+    a = _array(x, name, op)
+    return a if a.flags.c_contiguous else a.copy(order="C")
 
 
 def _ndim(a, n, name, op, letters):
@@ -65,7 +73,7 @@ def _strided(a):
     """Keep a view the kernel can read through its strides (last axis contiguous, aligned)."""
     if a.flags.aligned and a.strides[-1] == 4 and all(s % 4 == 0 for s in a.strides):
         return a
-    return np.ascontiguousarray(a)
+    return a.copy(order="C")  # fresh memory: ascontiguousarray keeps a misaligned contiguous view
 
 
 def _mask_bias(mask, name, op, dtype_ok="bool or float"):
@@ -77,7 +85,7 @@ def _mask_bias(mask, name, op, dtype_ok="bool or float"):
         raise TypeError(f"{op}: {name} must be {dtype_ok}, got dtype {m.dtype}")
     m = m.astype(np.float32, copy=False)
     if not (m.flags.aligned and all(s % 4 == 0 for s in m.strides)):
-        m = np.ascontiguousarray(m)   # the kernel reads whole-float strides only
+        m = m.copy(order="C")         # the kernel reads aligned floats, whole-float strides
     return m
 
 
@@ -127,7 +135,8 @@ def _attention(q, k, v, mask, key_padding_mask, causal, scale, want_weights):
     Lk, Dv = k.shape[2], v.shape[3]
     if min(B, H, Lq, Dv) == 0 or min(Lk, D) == 0:
         # Nothing to tile (an empty batch, or no keys / zero-width heads): the twin is exact.
-        out, weights, lse = reference._attention64(q, k, v, bias, key_bias, bool(causal), scale)
+        kb = None if key_bias is None else key_bias.reshape(B, Lk)
+        out, weights, lse = reference._attention64(q, k, v, bias, kb, bool(causal), scale)
         return (out.astype(np.float32), lse.astype(np.float32),
                 weights.astype(np.float32) if want_weights else None)
     out = np.empty((B, H, Lq, Dv), np.float32)
@@ -323,6 +332,10 @@ def _attention_into(out, q, k, v, bias, key_bias, causal, scale):
     return out
 
 
+# Up to this many rows (a decode step's beams), a product with a PackedWeight beats BLAS.
+PACKED_MAX_ROWS = tiles()["packed_max_rows"]
+
+
 class PackedWeight:
     """A linear layer's (M, K) weight repacked for decode-sized products (a few rows): the
     kernel streams it once, in order, with vectors along the output features."""
@@ -330,7 +343,8 @@ class PackedWeight:
     __slots__ = ("data", "shape")
 
     def __init__(self, weight):
-        w = np.ascontiguousarray(weight, dtype=np.float32)
+        w = _contig(weight, "weight", "PackedWeight")
+        _ndim(w, 2, "weight", "PackedWeight", "(out_features, in_features)")
         self.shape = w.shape
         self.data = np.empty(_kernels.packed_size(*w.shape), np.float32)
         _kernels.pack_panels(self.data, w, get_num_threads())

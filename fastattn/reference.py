@@ -39,7 +39,10 @@ Conventions:
   evaluated as ``0.5 * x * erfc(-x / sqrt(2))`` so the left tail keeps its relative accuracy.
 - Training-style variants ``<op>_forward(...)`` return ``(out, cache)``; cache entries carry
   the names shared with the C kernels: ``lse`` (attention), ``mean`` and ``rstd`` (layer norm).
-- Input validation lives in ``fastattn.ops``; the reference assumes well-formed arguments.
+- Input validation lives in ``fastattn.ops``; the reference checks only ranks (a scalar, or
+  attention inputs that are not 4-D, raise the same ValueError as in ``fastattn.ops``) and
+  otherwise assumes well-formed arguments. Degenerate sizes (no rows, no keys, D = 0, ...) give
+  the same results in both twins.
 """
 
 import math
@@ -67,6 +70,18 @@ def _f64(x):
 
 def _f32(x):
     return np.asarray(x, dtype=np.float32)
+
+
+def _rank(x, name, op, ndim=None, letters="(..., features)"):
+    """x as an array, or the ValueError fastattn.ops raises for the same rank: a scalar where
+    an axis is needed (ndim None), or a rank other than `ndim`."""
+    a = np.asarray(x)
+    if ndim is None and a.ndim == 0:
+        shape = f" {letters}" if letters else ""
+        raise ValueError(f"{op}: {name} must have at least 1 dimension{shape}, got a scalar")
+    if ndim is not None and a.ndim != ndim:
+        raise ValueError(f"{op}: {name} must be {ndim}-D {letters}, got shape {a.shape}")
+    return a
 
 
 def _softmax64(x, axis):
@@ -120,7 +135,7 @@ def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False
                           to (B,H,Lq,Lk)  (B, H, Lq, Lk): (Lq, Lk), (B, 1, Lq, Lk), ...
     key_padding_mask      (B, Lk)         bool (True = padding) or float (added)
     causal                bool            query i sees key j iff j <= i + (Lk - Lq)
-    scale                 float           default 1 / sqrt(D)
+    scale                 float           default 1 / sqrt(D) (1 if D = 0)
     -> out                (B, H, Lq, Dv)  float32; zeros for a query with no allowed key
     -> cache["lse"]       (B, H, Lq)      float32; logsumexp of the scaled, masked scores
                                           per query row; -inf for a fully masked row
@@ -145,7 +160,7 @@ def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=
                           to (B,H,Lq,Lk)  (B, H, Lq, Lk): (Lq, Lk), (B, 1, Lq, Lk), ...
     key_padding_mask      (B, Lk)         bool (True = padding) or float (added)
     causal                bool            query i sees key j iff j <= i + (Lk - Lq)
-    scale                 float           default 1 / sqrt(D)
+    scale                 float           default 1 / sqrt(D) (1 if D = 0)
     return_weights        bool            also return the attention weights
     -> out                (B, H, Lq, Dv)  float32; zeros for a query with no allowed key
     -> weights            (B, H, Lq, Lk)  float32, only with return_weights=True; rows sum
@@ -159,11 +174,13 @@ def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=
 
 
 def _attention64(q, k, v, mask, key_padding_mask, causal, scale):
-    q, k, v = _f64(q), _f64(k), _f64(v)          # (B,H,Lq,D), (B,H,Lk,D), (B,H,Lk,Dv)
+    q = _f64(_rank(q, "q", "attention", 4, "(B, H, Lq, D)"))      # (B,H,Lq,D)
+    k = _f64(_rank(k, "k", "attention", 4, "(B, H, Lk, D)"))      # (B,H,Lk,D)
+    v = _f64(_rank(v, "v", "attention", 4, "(B, H, Lk, Dv)"))     # (B,H,Lk,Dv)
     Lq, D = q.shape[-2], q.shape[-1]
     Lk = k.shape[-2]
     if scale is None:
-        scale = 1.0 / math.sqrt(D)
+        scale = 1.0 / math.sqrt(D) if D > 0 else 1.0  # D = 0: every q.k is 0 anyway
     scores = (q @ np.swapaxes(k, -1, -2)) * scale  # (B,H,Lq,Lk)
 
     if mask is not None:
@@ -203,6 +220,7 @@ def softmax(x, axis=-1):
                                           every entry along axis is -inf (torch gives NaN)
     ====================  ==============  =====================================================
     """
+    x = _rank(x, "x", "softmax", letters="")
     w, _ = _softmax64(_f64(x), axis=axis)
     return _f32(w)
 
@@ -225,7 +243,7 @@ def layer_norm_forward(x, weight, bias, *, eps=1e-5, residual=None):
     -> cache["rstd"]      (N,)            float32; 1 / sqrt(var + eps), biased (population) var
     ====================  ==============  =====================================================
     """
-    s = _f64(x)                                   # (..., C)
+    s = _f64(_rank(x, "x", "layer_norm", letters="(..., C)"))    # (..., C)
     if residual is not None:
         s = s + _f64(residual)                    # (..., C)
     mean = s.mean(axis=-1, keepdims=True)         # (..., 1)
@@ -271,6 +289,8 @@ def linear(x, weight, bias=None, *, activation=None):
     -> y                  (..., C_out)    float32
     ====================  ==============  =====================================================
     """
+    x = _rank(x, "x", "linear")                                          # (..., C_in)
+    weight = _rank(weight, "weight", "linear", 2, "(out_features, in_features)")
     y = _linear64(_f64(x), _f64(weight), None if bias is None else _f64(bias), activation)
     return _f32(y)
 
@@ -290,6 +310,9 @@ def ffn(x, w1, b1, w2, b2, *, activation="relu"):
 
     The hidden activations (..., F) stay in float64 between the two layers.
     """
+    x = _rank(x, "x", "ffn")                            # (..., C)
+    w1 = _rank(w1, "w1", "ffn", 2, "(F, C)")            # (F, C)
+    w2 = _rank(w2, "w2", "ffn", 2, "(C, F)")            # (C, F)
     b1 = None if b1 is None else _f64(b1)
     b2 = None if b2 is None else _f64(b2)
     h = _linear64(_f64(x), _f64(w1), b1, activation)   # (..., F)

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
+import fastattn
+
 settings.register_profile(
     "ci", max_examples=30, deadline=None, derandomize=True, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -24,6 +26,10 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 EPS32 = float(np.finfo(np.float32).eps)   # 1.19e-7
+
+# The kernels' tile sizes and few-row thresholds at the SIMD level in use (csrc/fa_tiles.h):
+# tests aim at their edges through these names, never through copied numbers.
+TILES = fastattn.build_info()["tiles"]
 
 # Float32 kernels against the float64-evaluated reference (DESIGN: oracle (b)).
 # rtol is relative to the expected value; where an entry says "x scale" the test multiplies

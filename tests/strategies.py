@@ -4,9 +4,10 @@ Hypothesis draws the *structure* of a problem (sizes, mask kind, flags) and one 
 the arrays themselves come from ``np.random.default_rng(seed)``, which is far faster than
 hypothesis-drawn arrays and still reproducible from the printed example.
 
-Sizes are biased toward small values and the boundaries of vector lanes and tiles
-(15/16/17, 31/32/33, ..., 127/128/129): SIMD widths are 4, 8 and 16 floats, query blocks are a
-few vectors wide and key blocks 96 keys, so off-by-one tails show up there.
+Sizes are biased toward small values and the boundaries of vector lanes and tiles: one below,
+at and one above each tile size of every SIMD level this build runs (vector widths, attention
+query and key blocks, the one-row-at-a-time limit, softmax chunks, packed panels), as
+fastattn.build_info() reports them, so off-by-one tails show up there.
 """
 import dataclasses
 import math
@@ -14,9 +15,21 @@ import math
 import numpy as np
 from hypothesis import strategies as st
 
-BOUNDARY_LENGTHS = (1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 95, 96, 97, 127, 128, 129)
-BOUNDARY_FEATURES = (1, 2, 3, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129,
-                     511, 512, 513, 1023, 1024, 1025)
+import fastattn
+
+_TILES = fastattn.build_info()["tiles_by_isa"].values()
+
+
+def _around(*sizes):
+    """Each size and its neighbours (positive ones only), sorted."""
+    return tuple(sorted({n + d for n in sizes for d in (-1, 0, 1) if n + d >= 1}))
+
+
+BOUNDARY_LENGTHS = _around(1, *(t[key] * m for t in _TILES for m in (1, 2) for key in (
+    "attention_block_q", "attention_block_k", "attention_rows_max_q")))
+BOUNDARY_FEATURES = _around(2, *(t[key] * m for t in _TILES for m in (1, 2) for key in (
+    "vector_width", "softmax_chunk", "packed_panel", "packed_tile_features")),
+    128, 512, 1024)
 HEAD_DIMS = (1, 7, 32, 64, 80, 128)
 MASK_KINDS = ("none", "bool_full", "bool_broadcast", "additive", "key_padding",
               "key_padding_float")

@@ -1,7 +1,11 @@
-"""The build really has what DESIGN requires: OpenMP on, OpenBLAS found, an ISA reported."""
+"""The build really has what DESIGN requires: OpenMP on, OpenBLAS found, an ISA reported; and
+build_info() reports the build kind and the kernels' tile sizes."""
+import importlib
+
 import numpy as np
 
 import fastattn
+from fastattn import ops
 
 
 def test_openmp_enabled():
@@ -39,3 +43,42 @@ def test_positional_encoding_seed000_position0():
     assert pe[0].tolist() == [0, 1, 0, 1, 0, 1]
     np.testing.assert_array_equal(fastattn.positional_encoding(9, 7),
                                   fastattn.reference.positional_encoding(9, 7))
+
+
+def test_build_kind_reported():
+    info = fastattn.build_info()
+    assert info["debug_build"] in (False, True) and info["sanitize_build"] in (False, True)
+    assert info["max_threads"] >= 1024
+
+
+def test_tiles_reported_for_every_level():
+    """build_info()["tiles"]: the tile sizes and few-row thresholds the tests aim at, for the
+    level in use, and tiles_by_isa for every level this process can run."""
+    info = fastattn.build_info()
+    assert info["tiles"] == info["tiles_by_isa"][info["simd"]]
+    assert set(info["tiles_by_isa"]) == set(info["simd_available"])
+    for isa, t in info["tiles_by_isa"].items():
+        assert set(t) == set(fastattn._runtime.TILE_NAMES)
+        assert all(isinstance(v, int) and v > 0 for v in t.values()), t
+        # vector registers: 128, 256 and 512 bits of float32
+        assert t["vector_width"] == {"generic": 4, "avx2": 8, "avx512": 16}[isa]
+        assert t["attention_block_q"] % t["vector_width"] == 0
+        assert t["attention_rows_max_q"] < t["attention_block_q"]
+        assert t["softmax_chunk"] % t["vector_width"] == 0
+        assert t["packed_panel"] % t["packed_tile_features"] == 0
+        assert t["min_rows_per_thread"] > t["skinny_rows"]
+
+
+def test_tiles_match_what_the_kernels_do():
+    t = fastattn.build_info()["tiles"]
+    panel = t["packed_panel"]
+    for M, K in ((1, 3), (panel, 5), (panel + 1, 7)):
+        packed = ops.PackedWeight(np.zeros((M, K), np.float32))
+        assert packed.data.size == -(-M // panel) * panel * K
+    assert ops.PACKED_MAX_ROWS == t["packed_max_rows"]
+    try:
+        generate = importlib.import_module("fastattn.generate")
+    except ImportError:
+        return
+    if hasattr(generate, "PACKED_MAX_ROWS"):
+        assert generate.PACKED_MAX_ROWS == t["packed_max_rows"], "two packed-row thresholds"

@@ -48,13 +48,22 @@ CHILD = textwrap.dedent(r"""
         report[name] = {"ratio": float(ratio.max(initial=0.0)),
                         "max_abs": float(diff.max(initial=0.0)), "special": special}
 
-    # attention: odd sizes, partial query/key blocks, masks combined, Lq > Lk, return_weights
+    # this level's tile edges: query block BQ, key block BK, one row at a time up to R queries
+    tiles = info["tiles"]
+    BQ, BK = tiles["attention_block_q"], tiles["attention_block_k"]
+    R = tiles["attention_rows_max_q"]
+
+    # attention: odd sizes, partial query/key blocks, masks combined, Lq > Lk, return_weights,
+    # the last one-row-at-a-time length and the first tiled one
     cases = [
-        dict(B=2, H=3, Lq=37, Lk=53, D=7, Dv=33, causal=True, mask="bool", kpm=True),
-        dict(B=1, H=2, Lq=129, Lk=97, D=80, Dv=80, causal=True, mask="float", kpm=False),
-        dict(B=3, H=1, Lq=1, Lk=200, D=64, Dv=16, causal=True, mask=None, kpm=True),
-        dict(B=2, H=3, Lq=2, Lk=150, D=33, Dv=17, causal=True, mask="float", kpm=True),
-        dict(B=2, H=2, Lq=65, Lk=65, D=1, Dv=128, causal=False, mask="bool", kpm=False),
+        dict(B=2, H=3, Lq=BQ + 5, Lk=3 * BQ + 5, D=7, Dv=33, causal=True, mask="bool", kpm=True),
+        dict(B=1, H=2, Lq=2 * BQ + 1, Lk=BK + 1, D=80, Dv=80, causal=True, mask="float",
+             kpm=False),
+        dict(B=3, H=1, Lq=1, Lk=BK + 8, D=64, Dv=16, causal=True, mask=None, kpm=True),
+        dict(B=2, H=3, Lq=R, Lk=150, D=33, Dv=17, causal=True, mask="float", kpm=True),
+        dict(B=2, H=3, Lq=R + 1, Lk=BQ + 1, D=33, Dv=17, causal=True, mask="float", kpm=True),
+        dict(B=2, H=2, Lq=2 * BQ + 1, Lk=2 * BQ + 1, D=1, Dv=128, causal=False, mask="bool",
+             kpm=False),
     ]
     for i, c in enumerate(cases):
         q, k, v = (rand(c["B"], c["H"], c["Lq"], c["D"]), rand(c["B"], c["H"], c["Lk"], c["D"]),
@@ -118,14 +127,16 @@ CHILD = textwrap.dedent(r"""
     compare("linear.gelu_range", ops.linear(x, np.eye(1, dtype=np.float32), activation="gelu"),
             reference.linear(x, np.eye(1), activation="gelu"), 1e-6, 2e-7)
 
-    # few-row paths: the skinny kernel (<= 8 rows, row-major weight) and the packed one
-    for n_rows in (1, 5, 8, 11):
-        x, w, b = rand(n_rows, 77), rand(101, 77, scale=0.2), rand(101)
+    # few-row paths: the skinny kernel (up to skinny_rows rows, row-major weight) and the packed
+    # one (rows in register tiles of packed_tile_rows, features in panels)
+    SK, RB, M = tiles["skinny_rows"], tiles["packed_tile_rows"], 2 * tiles["packed_panel"] + 5
+    for n_rows in sorted({1, RB - 1, RB, RB + 1, SK, SK + 1}):
+        x, w, b = rand(n_rows, 77), rand(M, 77, scale=0.2), rand(M)
         for act in (None, "relu", "gelu"):
             expect = reference.linear(x, w, b, activation=act)
             compare(f"linear.rows{n_rows}.{act}", ops.linear(x, w, b, activation=act), expect,
                     t["rtol"], dot_atol(x, w, b, t["atol"]))
-            y = np.empty((n_rows, 101), np.float32)
+            y = np.empty((n_rows, M), np.float32)
             ops._linear_packed_into(y, x, ops.PackedWeight(w), b, ops.ACTIVATIONS[act])
             compare(f"linear_packed.rows{n_rows}.{act}", y, expect, t["rtol"],
                     dot_atol(x, w, b, t["atol"]))
@@ -164,6 +175,17 @@ def test_isa_path_matches_reference(isa):
     bad = {op: r for op, r in report.items() if r["ratio"] > 1.0 or r["special"]}
     assert not bad, (f"FASTATTN_CPU_ISA={isa}: ops outside tolerance (ratio > 1) or with NaN/inf "
                      f"in the wrong places: {json.dumps(bad, indent=1)}")
+
+
+def test_each_level_reports_its_own_tiles():
+    """A child forced to a level reports that level's tiles in build_info()["tiles"], the same
+    as the parent's tiles_by_isa entry for it."""
+    by_isa = fastattn.build_info()["tiles_by_isa"]
+    assert set(by_isa) == set(AVAILABLE)
+    for isa in AVAILABLE:
+        proc = run_child(isa, "import json, fastattn; print(json.dumps(fastattn.build_info()))")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["tiles"] == by_isa[isa], isa
 
 
 def test_default_isa_is_the_best_available():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from conftest import (SEED002_MASK, SEED002_SCORES, TOL, assert_close, requires_torch,
+from conftest import (SEED002_MASK, SEED002_SCORES, TILES, TOL, assert_close, requires_torch,
                       sdpa_masks, to_torch)
 from fastattn import ops, reference
 from strategies import AttentionProblem, attention_problems, build_attention, rand
@@ -90,11 +90,14 @@ def test_attention_weights_match_reference(p):
     check_attention(p.q, p.k, p.v, weights=True, **p.kwargs())
 
 
-# Lengths straddling the query-block widths (8, 16, 32 queries per ISA) and the 96-key block,
-# with and without causal alignment offsets: a deterministic sweep of the tile edges.
-EDGE_LENGTHS = [(1, 96), (1, 97), (7, 9), (8, 8), (9, 8), (16, 17), (17, 16), (31, 33),
-                (33, 31), (95, 96), (96, 96), (97, 96), (96, 193), (129, 191), (190, 95),
-                (257, 289)]
+# Lengths straddling this level's query block (BQ), key block (BK) and one-row-at-a-time limit
+# (R), with and without causal alignment offsets: a deterministic sweep of the tile edges.
+BQ, BK, R = (TILES[key] for key in ("attention_block_q", "attention_block_k",
+                                    "attention_rows_max_q"))
+EDGE_LENGTHS = [(1, BK), (1, BK + 1), (R, BQ + 1), (R + 1, BQ - 1), (BQ - 1, BQ + 1), (BQ, BQ),
+                (BQ + 1, BQ), (2 * BQ, 2 * BQ + 1), (2 * BQ + 1, 2 * BQ), (BK - 1, BK),
+                (BK, BK), (BK + 1, BK), (BQ, 2 * BK + 1), (BK + BQ + 1, 2 * BK - 1),
+                (2 * BK - 2, BK - 1), (BK + 2 * BQ + 1, BK + 3 * BQ + 1)]
 
 
 @pytest.mark.parametrize("Lq,Lk", EDGE_LENGTHS)
@@ -120,7 +123,7 @@ def test_decode_single_query(qkv):
     assert np.isfinite(lse).all()
 
 
-@pytest.mark.parametrize("Lq,Lk", [(40, 17), (129, 2), (5, 1), (97, 96)])
+@pytest.mark.parametrize("Lq,Lk", [(40, 17), (129, 2), (5, 1), (BK + 1, BK)])
 def test_causal_more_queries_than_keys(qkv, Lq, Lk):
     # bottom-right alignment: query i sees keys j <= i - (Lq - Lk); the first Lq - Lk see nothing
     q, k, v = qkv(2, 2, Lq, Lk, 32, 7)
@@ -274,8 +277,8 @@ def test_no_queries(qkv):
 
 
 def test_large_multiblock_problem(qkv, rng):
-    # several query blocks and 96-key blocks per (batch, head), spread over the thread team
-    B, H, L, D, Dv = 2, 4, 257, 80, 64
+    # several query blocks and key blocks per (batch, head), spread over the thread team
+    B, H, L, D, Dv = 2, 4, BK + BQ + 1, 80, 64
     q, k, v = qkv(B, H, L, L, D, Dv)
     mask = rng.random((L, L)) < 0.2
     kpm = rng.random((B, L)) < 0.1

@@ -10,12 +10,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import TOL, assert_close, dot_atol, requires_torch, to_torch
+import fastattn
+from conftest import TILES, TOL, assert_close, dot_atol, requires_torch, to_torch
 from fastattn import ops, reference
 from strategies import features, rand, rows, seeds
 
 ACTIVATIONS = [None, "relu", "gelu"]
 GELU_MAX_SLOPE = 1.13   # max |gelu'(x)|: an error in the hidden layer grows by at most this
+
+# Row counts around the kernels' few-row thresholds: the skinny kernel (SKINNY rows at most),
+# the split by features below MIN_ROWS rows per thread, and ROW_BLOCK-row GEMM blocks.
+SKINNY, MIN_ROWS, ROW_BLOCK = (TILES[key] for key in ("skinny_rows", "min_rows_per_thread",
+                                                      "row_block"))
+PANEL, TILE_ROWS = TILES["packed_panel"], TILES["packed_tile_rows"]
 
 
 def check_linear(x, w, b=None, activation=None):
@@ -58,11 +65,21 @@ def test_linear_matches_reference(N, K, M, activation, with_bias, seed):
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
-@pytest.mark.parametrize("N", [255, 256, 257, 600, 1300])
+@pytest.mark.parametrize("N", ["edge-1", "edge", "edge+1", ROW_BLOCK + 88, 2 * ROW_BLOCK + 276])
 def test_linear_many_rows_multiblock(rng, activation, N):
-    # N >= 128 * threads takes the row-block path (OpenMP over blocks, BLAS single-threaded)
+    # N >= MIN_ROWS * threads (the edge) takes the row-block path (OpenMP over blocks, BLAS
+    # single-threaded); below it, the features are split
+    edge = MIN_ROWS * fastattn.get_num_threads()
+    N = {"edge-1": edge - 1, "edge": edge, "edge+1": edge + 1}.get(N, N)
     x, w, b = rand(rng, (N, 64)), rand(rng, (129, 64), 0.125), rand(rng, (129,))
     check_linear(x, w, b, activation)
+
+
+@pytest.mark.parametrize("N", [1, SKINNY - 1, SKINNY, SKINNY + 1, 2 * SKINNY + 1])
+def test_linear_few_rows_around_the_skinny_kernel(rng, N):
+    x, w, b = rand(rng, (N, 77)), rand(rng, (301, 77), 0.1), rand(rng, (301,))
+    for activation in ACTIVATIONS:
+        check_linear(x, w, b, activation)
 
 
 def test_linear_leading_dims_and_noncontiguous(rng):
@@ -123,10 +140,10 @@ def test_ffn_matches_reference(N, C, F, activation, with_b1, with_b2, seed):
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-@pytest.mark.parametrize("N", [600, 1300])
+@pytest.mark.parametrize("N", [ROW_BLOCK + 88, 2 * ROW_BLOCK + 276])
 def test_ffn_large_multiblock(rng, activation, N):
-    # x (N, 64), w1 (256, 64): N >= 128 * threads splits the rows over threads, each with its
-    # own (rows_per_block, F) hidden block
+    # x (N, 64), w1 (256, 64): N >= MIN_ROWS * threads splits the rows over threads, each with
+    # its own (rows_per_block, F) hidden block
     x = rand(rng, (N, 64))
     w1, b1 = rand(rng, (256, 64), 0.125), rand(rng, (256,))
     w2, b2 = rand(rng, (64, 256), 0.0625), rand(rng, (64,))
@@ -186,12 +203,14 @@ def test_ffn_vs_torch(rng, N):
                      atol=2 * ffn_atol(x, w1, b1, w2, b2, act), name=f"ffn({act}) vs torch")
 
 
-@pytest.mark.parametrize("n_rows", [1, 2, 7, 8, 9, 33])
-@pytest.mark.parametrize("shape", [(1, 1), (47, 33), (48, 64), (49, 512), (200, 17)])
+@pytest.mark.parametrize("n_rows", [1, 2, TILE_ROWS - 1, TILE_ROWS, TILE_ROWS + 1,
+                                    4 * TILE_ROWS + 1, ops.PACKED_MAX_ROWS])
+@pytest.mark.parametrize("shape", [(1, 1), (PANEL - 1, 33), (PANEL, 64), (PANEL + 1, 512),
+                                   (4 * PANEL + 8, 17)])
 @pytest.mark.parametrize("activation", [None, "relu", "gelu"])
 def test_packed_linear_matches_reference(n_rows, shape, activation):
-    """The decode-step kernel (weights packed in 48-feature panels) vs the twin, including
-    partial panels (M % 48), K tails and row counts around its 8-row tiles."""
+    """The decode-step kernel (weights packed in PANEL-feature panels) vs the twin, including
+    partial panels (M % PANEL), K tails and row counts around its register tiles' rows."""
     M, K = shape
     rng = np.random.default_rng(M * 1000 + K + n_rows)
     x = rng.standard_normal((n_rows, K), dtype=np.float32)

@@ -4,11 +4,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import TOL, assert_close, requires_torch, to_torch
+from conftest import TILES, TOL, assert_close, requires_torch, to_torch
 from fastattn import ops, reference
 from strategies import features, rand, rows, seeds
 
 SOFTMAX_TOL = TOL["softmax"]
+# row lengths around the vector width and the read pass's chunk (the vector tails)
+VL, CHUNK = TILES["vector_width"], TILES["softmax_chunk"]
+EDGE_C = sorted({1, VL - 1, VL, VL + 1, CHUNK - 1, CHUNK, CHUNK + 1, 8 * CHUNK + 1})
 
 
 def softmax_tol(x):
@@ -58,7 +61,7 @@ def test_softmax_any_axis(shape, data, seed):
     assert y.shape == x.shape
 
 
-@pytest.mark.parametrize("C", [1, 15, 16, 17, 511, 512, 513])
+@pytest.mark.parametrize("C", EDGE_C)
 def test_all_neg_inf_row_gives_zeros(C):
     x = np.zeros((3, C), np.float32)
     x[1] = -np.inf
@@ -67,7 +70,7 @@ def test_all_neg_inf_row_gives_zeros(C):
     assert_close(y[[0, 2]], np.full((2, C), 1.0 / C), rtol=1e-6, atol=0, name="uniform rows")
 
 
-@pytest.mark.parametrize("C", [2, 17, 513])
+@pytest.mark.parametrize("C", [2, VL + 1, 8 * CHUNK + 1])
 def test_neg_inf_entries_get_zero_weight(rng, C):
     x = rand(rng, (5, C), 4.0)
     x[:, 1::2] = -np.inf
@@ -88,6 +91,22 @@ def test_large_values_do_not_overflow(rng):
     y = check_softmax(x)
     assert np.isfinite(y).all()
     assert_close(y, ops.softmax(x - np.float32(1e4)), rtol=1e-3, atol=1e-7, name="shifted")
+
+
+@pytest.mark.parametrize("C", [2, VL + 1, 2 * CHUNK + 1])
+def test_exp_over_its_whole_input_range(C):
+    """Gaps from 0 to 3e38 below the row max, in every lane position: exp underflows to exactly
+    0 below 2^-126 (never a wrapped exponent), -inf gives 0 and NaN stays NaN, on every path."""
+    gaps = np.concatenate([np.linspace(0, 100, 401), [87.3, 87.4, 88.7, 89.0, 200.0, 1e4, 1e30,
+                                                      3e38, np.inf]]).astype(np.float32)
+    x = np.zeros((gaps.size, C), np.float32)
+    for i, g in enumerate(gaps):
+        x[i, 1:] = -g                                  # one row: 0 and C - 1 copies of -gap
+    y = check_softmax(x)
+    assert np.all(y[gaps > 88.8, 1:] == 0) and np.all(y[gaps > 88.8, 0] == 1)
+    x[::3, C // 2] = np.nan
+    y = ops.softmax(x)
+    assert np.isnan(y[::3]).all() and not np.isnan(np.delete(y, np.s_[::3], axis=0)).any()
 
 
 def test_nan_propagates_to_its_row(rng):

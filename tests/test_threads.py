@@ -2,18 +2,28 @@
 one fixed order, so attention, softmax and layer norm must be bitwise identical. Linear and FFN
 go through BLAS, whose blocking may change with its thread count: within 1e-6 relative.
 
-Sizes are chosen above each kernel's parallel grain (and, for linear/ffn, above 128 rows per
-thread, where the rows are split into blocks), so the multi-threaded path really runs.
+Sizes are chosen above each kernel's parallel grain (and, for linear/ffn, on both sides of
+min_rows_per_thread rows per thread, where the rows are split into blocks instead of the
+features), so the multi-threaded paths really run.
 """
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
 import numpy as np
 import pytest
 
 import fastattn
-from conftest import assert_close
-from fastattn import ops
+from conftest import TILES, assert_close
+from fastattn import ops, reference
 from strategies import rand
 
 THREAD_COUNTS = [2, 3]   # 3 also exercises an uneven split (more threads than cores is fine)
+# linear/ffn rows: features split for every team, then row blocks for every team (one, several)
+MIN_ROWS, ROW_BLOCK = TILES["min_rows_per_thread"], TILES["row_block"]
+GEMM_ROWS = [MIN_ROWS // 2, max(THREAD_COUNTS) * MIN_ROWS + 1, 2 * ROW_BLOCK + 276]
 
 
 @pytest.fixture
@@ -105,7 +115,7 @@ def assert_close_relative(fn, n, name):
 
 
 @pytest.mark.parametrize("n", THREAD_COUNTS)
-@pytest.mark.parametrize("N", [64, 600, 1300])
+@pytest.mark.parametrize("N", GEMM_ROWS)
 @pytest.mark.parametrize("activation", [None, "gelu"])
 def test_linear_close(restore_threads, rng, n, N, activation):
     x, w, b = rand(rng, (N, 96)), rand(rng, (257, 96), 0.1), rand(rng, (257,))
@@ -113,10 +123,144 @@ def test_linear_close(restore_threads, rng, n, N, activation):
 
 
 @pytest.mark.parametrize("n", THREAD_COUNTS)
-@pytest.mark.parametrize("N", [64, 600, 1300])
+@pytest.mark.parametrize("N", GEMM_ROWS)
 def test_ffn_close(restore_threads, rng, n, N):
     x = rand(rng, (N, 64))
     w1, b1, w2, b2 = rand(rng, (256, 64), 0.125), rand(rng, (256,)), \
         rand(rng, (64, 256), 0.0625), rand(rng, (64,))
     for act in ("relu", "gelu"):
         assert_close_relative(lambda: ops.ffn(x, w1, b1, w2, b2, activation=act), n, f"ffn {act}")
+
+
+# ---- fewer threads than asked for ----------------------------------------------------------------
+# OpenMP may start a smaller team than num_threads(n) requests: OMP_THREAD_LIMIT caps it,
+# OMP_DYNAMIC lets the runtime choose. Every kernel must split its work over the team actually
+# started; outputs are pre-filled with NaN so a row or column left unwritten cannot pass.
+
+SMALL_TEAM_CHILD = textwrap.dedent(r"""
+    import numpy as np
+    import fastattn
+    from fastattn import ops, reference
+
+    assert fastattn.set_num_threads(2) == 2
+    rng = np.random.default_rng(3)
+    tiles = fastattn.build_info()["tiles"]
+    SKINNY, MIN_ROWS = tiles["skinny_rows"], tiles["min_rows_per_thread"]
+
+    def rand(*shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def nan(*shape):
+        return np.full(shape, np.nan, np.float32)
+
+    def check(name, actual, expected, tol):
+        np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol, err_msg=name)
+
+    x = rand(1000, 512, scale=3.0)
+    check("softmax", ops.softmax(x), reference.softmax(x), 1e-5)
+
+    x, r, w, b = rand(1000, 512), rand(1000, 512), rand(512), rand(512)
+    y = nan(1000, 512)
+    ops._layer_norm_into(y, x, w, b, 1e-5, r)
+    check("layer_norm", y, reference.layer_norm(x, w, b, residual=r), 1e-4)
+    check("layer_norm (public)", ops.layer_norm(x, w, b), reference.layer_norm(x, w, b), 1e-4)
+
+    # the skinny kernel, BLAS on feature slices, BLAS on row blocks (for a team of 2)
+    for n in (SKINNY, 2 * MIN_ROWS - 1, 2 * MIN_ROWS + 88):
+        x, w, b = rand(n, 512), rand(2048, 512, scale=0.05), rand(2048)
+        y = nan(n, 2048)
+        ops._linear_into(y, x, w, b, ops.ACTIVATIONS["gelu"])
+        check(f"linear {n} rows", y, reference.linear(x, w, b, activation="gelu"), 1e-4)
+        check(f"linear {n} rows (public)", ops.linear(x, w), reference.linear(x, w), 1e-4)
+
+    for n in (SKINNY, 2 * MIN_ROWS - 1, 2 * MIN_ROWS + 88):
+        x = rand(n, 256)
+        w1, b1 = rand(1024, 256, scale=0.06), rand(1024)
+        w2, b2 = rand(256, 1024, scale=0.03), rand(256)
+        y = nan(n, 256)
+        ops._ffn_into(y, x, w1, b1, w2, b2, ops.ACTIVATIONS["relu"])
+        check(f"ffn {n} rows", y, reference.ffn(x, w1, b1, w2, b2), 1e-4)
+
+    x, w, b = rand(3, 512), rand(2048, 512, scale=0.05), rand(2048)
+    y = nan(3, 2048)
+    ops._linear_packed_into(y, x, ops.PackedWeight(w), b, ops.ACTIVATIONS["relu"])
+    check("linear_packed", y, reference.linear(x, w, b, activation="relu"), 1e-4)
+
+    for Lq in (1, tiles["attention_rows_max_q"] + 1):   # one row at a time; query blocks
+        q, k, v = rand(2, 3, Lq, 32), rand(2, 3, 100, 32), rand(2, 3, 100, 24)
+        out = nan(2, 3, Lq, 24)
+        ops._attention_into(out, q, k, v, None, None, True, 32 ** -0.5)
+        check(f"attention Lq={Lq}", out, reference.attention(q, k, v, causal=True), 1e-4)
+    print("ok")
+""")
+
+
+@pytest.mark.parametrize("env", [{"OMP_THREAD_LIMIT": "1"}, {"OMP_DYNAMIC": "true"}],
+                         ids=["thread_limit_1", "dynamic"])
+def test_kernels_correct_when_openmp_starts_fewer_threads(env):
+    proc = subprocess.run([sys.executable, "-c", SMALL_TEAM_CHILD], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", (
+        f"with {env} and set_num_threads(2):\n{proc.stdout}\n{proc.stderr}")
+
+
+@pytest.mark.parametrize("value", ["2147483647", "100000"])
+def test_huge_omp_num_threads_is_clamped_at_import(value):
+    """OMP_NUM_THREADS beyond set_num_threads' bound: clamped with a warning at import, and the
+    kernels then run (a team of that size used to end the process inside libgomp)."""
+    code = textwrap.dedent("""
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import fastattn
+        import numpy as np
+        from fastattn import ops, reference
+        bound = fastattn.build_info()["max_threads"]
+        assert fastattn.get_num_threads() == bound, fastattn.get_num_threads()
+        assert any("OMP_NUM_THREADS" in str(w.message) and issubclass(w.category, RuntimeWarning)
+                   for w in caught), [str(w.message) for w in caught]
+        x = np.random.default_rng(0).standard_normal((2000, 64)).astype(np.float32)
+        np.testing.assert_allclose(ops.softmax(x), reference.softmax(x), rtol=1e-5, atol=1e-7)
+        print("ok")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": value}, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+def test_concurrent_python_threads_linear_ffn(restore_threads, rng):
+    """Eight Python threads run linear and ffn at once (each kernel call releases the GIL and
+    starts its own OpenMP team): each gets the twin's result, and OpenBLAS's process-wide pool
+    is still one thread afterwards (it is set once, never toggled around a call)."""
+    fastattn.set_num_threads(2)
+    cases = []
+    for i in range(8):
+        n = (3, 20, 300, 600)[i % 4]                      # skinny, columns, row blocks
+        x, w, b = rand(rng, (n, 96)), rand(rng, (257, 96), 0.1), rand(rng, (257,))
+        w1, b1 = rand(rng, (192, 96), 0.1), rand(rng, (192,))
+        w2, b2 = rand(rng, (96, 192), 0.07), rand(rng, (96,))
+        cases.append((x, w, b, w1, b1, w2, b2))
+    expect = [(reference.linear(x, w, b, activation="gelu"), reference.ffn(x, w1, b1, w2, b2))
+              for x, w, b, w1, b1, w2, b2 in cases]
+    errors = []
+    start = threading.Barrier(len(cases))
+
+    def work(i):
+        x, w, b, w1, b1, w2, b2 = cases[i]
+        try:
+            start.wait()
+            for _ in range(20):
+                np.testing.assert_allclose(ops.linear(x, w, b, activation="gelu"), expect[i][0],
+                                           rtol=1e-4, atol=1e-4, err_msg=f"linear, thread {i}")
+                np.testing.assert_allclose(ops.ffn(x, w1, b1, w2, b2), expect[i][1],
+                                           rtol=1e-4, atol=1e-4, err_msg=f"ffn, thread {i}")
+        except Exception as exc:  # reported below, with the thread that saw it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(cases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert fastattn.build_info()["blas_threads"] == 1

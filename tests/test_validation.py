@@ -270,6 +270,21 @@ def test_set_num_threads_bad_value(restore_threads, n):
     assert fastattn.get_num_threads() == before          # unchanged after a refused value
 
 
+@pytest.mark.parametrize("n", [2**31 - 1, 10**12, 2**64, "max+1"])
+def test_set_num_threads_above_the_bound(restore_threads, n):
+    """A count OpenMP cannot start (libgomp would end the process) or the binding cannot carry
+    (OverflowError at the next call) is refused up front; the bound itself is accepted."""
+    bound = fastattn.build_info()["max_threads"]
+    assert bound >= 1024
+    n = bound + 1 if n == "max+1" else n
+    before = fastattn.get_num_threads()
+    with pytest.raises(ValueError, match=rf"\bn={n}\b.*maximum of {bound}"):
+        fastattn.set_num_threads(n)
+    assert fastattn.get_num_threads() == before
+    assert fastattn.set_num_threads(bound) == bound
+    assert fastattn.get_num_threads() == bound
+
+
 @pytest.mark.parametrize("n", [1.5, "2", True, 2.0])
 def test_set_num_threads_bad_type(restore_threads, n):
     with pytest.raises(TypeError, match=r"\bn\b"):
@@ -315,3 +330,115 @@ def test_nan_key_hidden_by_a_mask_propagates_in_both_twins(how):
     fast = fastattn.ops.attention(q, k, k, **kw)
     ref = fastattn.reference.attention(q, k, k, **kw)
     assert np.isnan(fast).all() and np.isnan(ref).all()
+
+
+def misaligned(a):
+    """A float32 copy of `a` whose data sits one byte past a float boundary (np.frombuffer at an
+    odd offset, as from a packed file): readable by NumPy, not by a whole-float load."""
+    a = np.asarray(a, np.float32)
+    out = np.frombuffer(b"\0" + a.tobytes(), np.float32, offset=1).reshape(a.shape)
+    assert not out.flags.aligned
+    return out
+
+
+def test_misaligned_inputs_are_copied_to_aligned_memory():
+    """Every array handed to the C kernels is aligned (the sanitizer build reports a misaligned
+    float load as undefined behaviour); the results equal those of aligned copies."""
+    rng = np.random.default_rng(5)
+    for helper in (ops._array, ops._contig):
+        assert helper(misaligned(np.ones((3, 4))), "x", "t").flags.aligned
+    assert ops._strided(misaligned(np.ones((3, 4)))).flags.aligned
+    assert ops._mask_bias(misaligned(np.ones((3, 4))), "mask", "t").flags.aligned
+    assert ops.PackedWeight(misaligned(np.ones((3, 4)))).data.flags.aligned
+
+    q, k, v = (rng.standard_normal((2, 2, n, 8)).astype(np.float32) for n in (5, 7, 7))
+    mask = rng.standard_normal((5, 7)).astype(np.float32)
+    kpm = np.where(rng.random((2, 7)) < 0.3, -np.inf, 0).astype(np.float32)
+    np.testing.assert_array_equal(
+        ops.attention(*map(misaligned, (q, k, v)), mask=misaligned(mask),
+                      key_padding_mask=misaligned(kpm)),
+        ops.attention(q, k, v, mask=mask, key_padding_mask=kpm))
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((6, 8), (8,), (8,)))
+    np.testing.assert_array_equal(ops.softmax(misaligned(x)), ops.softmax(x))
+    np.testing.assert_array_equal(
+        ops.layer_norm(misaligned(x), misaligned(w), misaligned(b), residual=misaligned(x)),
+        ops.layer_norm(x, w, b, residual=x))
+    W, W2 = rng.standard_normal((5, 8)).astype(np.float32), rng.standard_normal((8, 5))
+    np.testing.assert_array_equal(ops.linear(misaligned(x), misaligned(W), misaligned(w[:5])),
+                                  ops.linear(x, W, w[:5]))
+    np.testing.assert_array_equal(
+        ops.ffn(misaligned(x), misaligned(W), None, misaligned(W2), misaligned(b)),
+        ops.ffn(x, W, None, W2.astype(np.float32), b))
+
+
+# ---- degenerate inputs: both twins give the same error, or the same result -------------------
+
+SCALAR = np.float32(3.0)
+SCALAR_CALLS = {
+    "softmax": (lambda F: F.softmax(SCALAR), r"softmax: x must have at least 1 dimension"),
+    "layer_norm": (lambda F: F.layer_norm(SCALAR, None, None), r"layer_norm: x .*scalar"),
+    "layer_norm_forward": (lambda F: F.layer_norm_forward(SCALAR, None, None),
+                           r"layer_norm: x .*scalar"),
+    "linear": (lambda F: F.linear(SCALAR, arr(2, 1)), r"linear: x .*scalar"),
+    "linear_weight": (lambda F: F.linear(arr(3), SCALAR), r"linear: weight must be 2-D.*\(\)"),
+    "ffn": (lambda F: F.ffn(SCALAR, arr(2, 1), None, arr(1, 2), None), r"ffn: x .*scalar"),
+    "attention_q": (lambda F: F.attention(SCALAR, K, V), r"attention: q must be 4-D.*\(\)"),
+    "attention_k": (lambda F: F.attention(Q, SCALAR, V), r"attention: k must be 4-D.*\(\)"),
+    "attention_v": (lambda F: F.attention_forward(Q, K, SCALAR),
+                    r"attention: v must be 4-D.*\(\)"),
+}
+
+
+@pytest.mark.parametrize("twin", ["ops", "reference"])
+@pytest.mark.parametrize("case", sorted(SCALAR_CALLS))
+def test_scalar_inputs_raise_the_same_value_error_in_both_twins(twin, case):
+    call, pattern = SCALAR_CALLS[case]
+    with pytest.raises(ValueError, match=pattern):
+        call(getattr(fastattn, twin))
+
+
+def _both(call):
+    """call(ops) and call(reference), each result flattened to a list of float32 arrays."""
+    def flat(r):
+        if isinstance(r, dict):
+            return [r[key] for key in sorted(r)]
+        if isinstance(r, tuple):
+            return [a for item in r for a in flat(item)]
+        return [r]
+    return flat(call(fastattn.ops)), flat(call(fastattn.reference))
+
+
+def _qkv(B, H, Lq, Lk, D, Dv, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((B, H, Lq, D)), rng.standard_normal((B, H, Lk, D)),
+            rng.standard_normal((B, H, Lk, Dv)))
+
+
+DEGENERATE = {
+    "attention D=0": lambda F: F.attention(*_qkv(2, 2, 3, 5, 0, 4), return_weights=True),
+    "attention D=0 causal masked": lambda F: F.attention_forward(
+        *_qkv(1, 2, 4, 3, 0, 2), causal=True, mask=np.eye(4, 3, dtype=bool),
+        key_padding_mask=np.array([[False, True, False]])),
+    "attention D=0 scaled": lambda F: F.attention(*_qkv(1, 1, 2, 3, 0, 2), scale=0.5),
+    "attention Lk=0": lambda F: F.attention_forward(*_qkv(2, 1, 3, 0, 4, 5)),
+    "attention Lq=0": lambda F: F.attention_forward(*_qkv(2, 1, 0, 3, 4, 5), causal=True),
+    "attention Dv=0": lambda F: F.attention_forward(*_qkv(1, 2, 3, 3, 4, 0)),
+    "attention B=0": lambda F: F.attention(*_qkv(0, 2, 3, 3, 4, 4), return_weights=True),
+    "softmax C=0": lambda F: F.softmax(arr(3, 0)),
+    "softmax N=0": lambda F: F.softmax(arr(0, 4), axis=0),
+    "layer_norm N=0": lambda F: F.layer_norm_forward(arr(0, 4), arr(4), arr(4)),
+    "linear N=0": lambda F: F.linear(arr(2, 0, 4), arr(3, 4), arr(3)),
+    "linear K=0": lambda F: F.linear(arr(2, 0), arr(3, 0), np.ones(3), activation="gelu"),
+    "linear M=0": lambda F: F.linear(arr(2, 4), arr(0, 4)),
+    "ffn F=0": lambda F: F.ffn(arr(2, 4), arr(0, 4), None, arr(4, 0), np.ones(4)),
+    "ffn N=0": lambda F: F.ffn(arr(0, 4), arr(8, 4), None, arr(4, 8), None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DEGENERATE))
+def test_degenerate_sizes_give_the_same_result_in_both_twins(case):
+    fast, ref = _both(DEGENERATE[case])
+    assert len(fast) == len(ref)
+    for a, b in zip(fast, ref):
+        assert a.dtype == np.float32 and b.dtype == np.float32
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=case)
