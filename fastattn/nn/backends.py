@@ -18,7 +18,7 @@ from ..ops import ACTIVATIONS
 
 BACKENDS = ("fast", "reference")
 
-PACKED_MAX_ROWS = 32   # decode steps of up to this many rows use packed weights (fast backend)
+PACKED_MAX_ROWS = ops.PACKED_MAX_ROWS  # decode steps of up to this many rows use packed weights
 
 
 class FastOps:
