@@ -210,6 +210,47 @@ def _attention64(q, k, v, mask, key_padding_mask, causal, scale):
 # ----------------------------------------------------------------------------------------------
 # softmax
 
+# ---- dropout's random bits (counter-based: a pure function of seed, row, column) ------------
+
+_M64 = (1 << 64) - 1
+
+
+def _mix64(z):
+    """SplitMix64's finaliser on uint64 arrays (wrapping arithmetic)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xbf58476d1ce4e5b9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94d049bb133111eb)
+    return z ^ (z >> np.uint64(31))
+
+
+def _fmix32(h):
+    """MurmurHash3's 32-bit finaliser on uint32 arrays."""
+    h = h ^ (h >> np.uint32(16))
+    h = h * np.uint32(0x85ebca6b)
+    h = h ^ (h >> np.uint32(13))
+    h = h * np.uint32(0xc2b2ae35)
+    return h ^ (h >> np.uint32(16))
+
+
+def dropout_keep(seed, rows, cols, p):
+    """bool (len(rows), len(cols)): True where dropout with probability p keeps the element
+    (row, col) under `seed`, exactly as the kernels decide it (csrc/fa_rng.h):
+
+        row key = high 32 bits of mix64(mix64(seed) + row * 0x9e3779b97f4a7c15)
+        bits    = fmix32(row key ^ (col * 0x9e3779b9))
+        keep    = bits >= floor(p * 2**32)
+
+    rows and cols are integer index arrays (attention: rows (b * H + h) * Lq + i, cols the
+    key j; an activation (N, C): rows n, cols c)."""
+    with np.errstate(over="ignore"):
+        s = _mix64(np.array([int(seed) & _M64], dtype=np.uint64))
+        r = np.asarray(rows, dtype=np.uint64).reshape(-1, 1)
+        key = (_mix64(s + r * np.uint64(0x9e3779b97f4a7c15)) >> np.uint64(32)).astype(np.uint32)
+        c = np.asarray(cols, dtype=np.uint64).astype(np.uint32).reshape(1, -1)
+        bits = _fmix32(key ^ (c * np.uint32(0x9e3779b9)))
+    threshold = min(max(int(p * 4294967296.0), 0), 4294967295)
+    return bits >= np.uint32(threshold)
+
+
 def softmax(x, axis=-1):
     """Numerically stable softmax along ``axis``.
 
