@@ -54,12 +54,30 @@ def test_bench_quick_smoke_prints_table_and_json(tmp_path):
 
 
 @pytest.mark.parametrize("args", [["bogus"], [], ["bench", "--case", "nope"],
+                                  ["bench", "--case", "smoke", "nope"],
                                   ["bench", "--repeat", "0"], ["info", "--nope"],
                                   ["bench", "--json", "no-such-dir/out.json"]])
 def test_usage_errors_exit_2(args):
     res = fastattn_cli(*args)
     assert res.returncode == 2
     assert "usage:" in res.stderr
+
+
+def test_unknown_case_is_named_with_the_valid_ones():
+    res = fastattn_cli("bench", "--case", "smoke", "nope", "--list")
+    assert res.returncode == 2 and res.stdout == ""
+    assert "argument --case: invalid choice: 'nope' (choose from " in res.stderr
+    for name in bench.CASES:
+        assert repr(name) in res.stderr
+
+
+def test_bench_help_names_the_cases_and_defaults():
+    res = fastattn_cli("bench", "--help")
+    assert res.returncode == 0, res.stderr
+    text = " ".join(res.stdout.split())           # argparse wraps the help
+    assert f"default {bench.DEFAULT_REPEAT}, {bench.QUICK_REPEAT} with --quick" in text
+    for name in bench.CASES:
+        assert name in text
 
 
 def test_bench_list():
