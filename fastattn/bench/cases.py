@@ -241,7 +241,7 @@ def _model_case(name, B, S, T):
 # ---- generation --------------------------------------------------------------------------------
 
 GEN = dict(vocab=8000, src_len=128, new_tokens=64, beam_size=4, start_id=2)
-GEN_REPEATS = {"fastattn": 3, "torch": 1, "numpy": 1}   # calls of seconds (torch, numpy: tens)
+GEN_REPEATS = {"fastattn": 3, "torch": 1, "numpy": 1}   # calls of seconds (torch: up to minutes)
 
 
 @functools.lru_cache(maxsize=None)
@@ -270,7 +270,7 @@ def _generate_case(name, B, method):
     GEN["src_len"] tokens, end_id=None (every run does the same work): fastattn's fast backend
     (KV cache) vs torch's nn.Transformer re-running its decoder on the prefix each step (the
     tutorial's loop, torch_models.TorchDecoder, searched by fastattn.generate's own loops) vs
-    the reference backend (re-runs too; greedy only: beam is 4x slower)."""
+    the reference backend (the same decode steps with the NumPy twin's ops; greedy only)."""
     n, k = GEN["new_tokens"], GEN["beam_size"]
     kw = dict(max_new_tokens=n, start_id=GEN["start_id"])
     if method == "beam":
