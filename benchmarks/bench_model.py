@@ -9,8 +9,8 @@ step. Run with
 Calls here take from a fraction of a second to tens of seconds, so every implementation gets a
 few pedantic rounds: those of ``fastattn bench --quick`` for the forwards, ``Case.repeats`` for
 generation (torch re-runs the decoder on the whole prefix each step: one round, no warm-up;
-the reference backend likewise one round). Generation records tokens/s in ``extra_info``; the decode step records the time
-per step and the weight bandwidth against a memory copy.
+the reference backend likewise one round). Generation records tokens/s in ``extra_info``; the
+decode step records the time per step and the weight bandwidth against a memory copy.
 """
 import pytest
 

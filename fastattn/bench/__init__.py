@@ -19,13 +19,13 @@ Generation cases (``generate_*``) run Transformer-base Seq2SeqTransformer.genera
 (the same work every run): ``fastattn`` is the fast backend (KV cache), ``torch`` the translation
 tutorial's loop on nn.Transformer holding the same weights (encode once, re-run the decoder on the
 whole prefix each step) searched by fastattn.generate's own greedy and beam loops, ``numpy`` the
-reference backend (the same decode steps with the NumPy twin's ops; greedy only). Their
-calls take seconds, so each implementation gets a few timed calls (``Case.repeats``), torch's
-and numpy's single one being the checking call itself; outputs are token ids, which must agree exactly, and the notes give tokens/s (B * new
-tokens / median). The ``decode_step`` case derives the time of one decode step (generate minus
-its prefill, the model's ``init_cache``: encoder and cross-attention K/V projections, over the
-new tokens) and the bandwidth of the decoder's and generator's weight reads, against a memory
-copy on as many threads, all timed interleaved in the same run.
+reference backend (the same decode steps with the NumPy twin's ops; greedy only). Their calls take
+seconds, so each implementation gets a few timed calls (``Case.repeats``), torch's and numpy's
+single one being the checking call itself; outputs are token ids, which must agree exactly, and the
+notes give tokens/s (B * new tokens / median). The ``decode_step`` case derives the time of one
+decode step (generate minus its prefill, the model's ``init_cache``: encoder and cross-attention
+K/V projections, over the new tokens) and the bandwidth of the decoder's and generator's weight
+reads, against a memory copy on as many threads, all timed interleaved in the same run.
 
 The memory case reports the growth of the process's peak resident set during one call, without
 subtracting the output's own size.
