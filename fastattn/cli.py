@@ -15,9 +15,6 @@ import time
 
 import numpy as np
 
-QUICK_REPEAT = 5        # bench --quick: timed calls of fastattn and torch
-QUICK_NUMPY_REPEAT = 1  # bench --quick: timed calls of the NumPy twin
-
 
 def _positive_int(text):
     try:
@@ -29,12 +26,37 @@ def _positive_int(text):
     return value
 
 
-def _parser():
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose help text may be finished only when it is shown
+    (``finish_help()`` runs then): the bench command's help names the harness's cases and
+    defaults, and the harness is imported only for that help or the command itself, so
+    ``fastattn info`` and ``fastattn demo`` import neither it nor torch."""
+
+    finish_help = None
+
+    def format_help(self):
+        if self.finish_help is not None:
+            self.finish_help()
+        return super().format_help()
+
+
+def _bench_help(repeat, cases):
+    """Fill in the help of the bench options `repeat` and `cases` (argparse Actions) from the
+    harness: its default counts and its cases."""
     from . import bench
 
-    parser = argparse.ArgumentParser(
+    repeat.help = (f"timed calls per implementation (default {bench.DEFAULT_REPEAT}, "
+                   f"{bench.QUICK_REPEAT} with --quick); the NumPy twin gets "
+                   f"{bench.DEFAULT_NUMPY_REPEAT} ({bench.QUICK_NUMPY_REPEAT} with --quick)")
+    also = " ".join(c for c in bench.CASES if c not in bench.DEFAULT_CASES)
+    cases.help = f"cases to run (default: {' '.join(bench.DEFAULT_CASES)}); also: {also}"
+
+
+def _parser():
+    parser = _Parser(
         prog="fastattn", description="Fast CPU Transformer kernels: build facts, benchmarks, demo.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                parser_class=_Parser)
 
     sub.add_parser("info", help="print compiler, OpenMP, BLAS, SIMD level and threads",
                    description="Print fastattn.build_info() as 'key: value' lines.")
@@ -46,18 +68,17 @@ def _parser():
     b.add_argument("--threads", type=_positive_int, metavar="N",
                    help="threads for fastattn, torch and NumPy's BLAS (default: fastattn's "
                         "current count, i.e. OMP_NUM_THREADS or all CPUs)")
-    b.add_argument("--repeat", type=_positive_int, metavar="N",
-                   help=f"timed calls per implementation (default {bench.DEFAULT_REPEAT}, "
-                        f"{QUICK_REPEAT} with --quick); the NumPy twin gets "
-                        f"{bench.DEFAULT_NUMPY_REPEAT} ({QUICK_NUMPY_REPEAT} with --quick)")
-    b.add_argument("--case", dest="cases", action="extend", nargs="+", metavar="NAME",
-                   choices=list(bench.CASES),
-                   help=f"cases to run (default: {' '.join(bench.DEFAULT_CASES)}); "
-                        f"also: {' '.join(c for c in bench.CASES if c not in bench.DEFAULT_CASES)}")
+    repeat = b.add_argument("--repeat", type=_positive_int, metavar="N",
+                            help="timed calls per implementation")
+    # Case names are checked by the command (_bench), not by choices=: the parser does not
+    # import the harness.
+    cases = b.add_argument("--case", dest="cases", action="extend", nargs="+", metavar="NAME",
+                           help="cases to run")
     b.add_argument("--json", metavar="PATH", help="also write rows and targets as JSON to PATH")
     b.add_argument("--quick", action="store_true", help="fewer repeats (a rough look)")
     b.add_argument("--list", action="store_true", help="list the cases and exit")
     b.set_defaults(subparser=b)
+    b.finish_help = lambda: _bench_help(repeat, cases)
 
     sub.add_parser("demo", help="causal attention with ops and with the NumPy reference",
                    description="A few-second demonstration: causal attention on a small random "
@@ -87,14 +108,18 @@ def _bench(args):
 
     if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
         args.subparser.error(f"argument --json: no such directory for {args.json!r}")  # exit 2
+    unknown = [c for c in args.cases or () if c not in bench.CASES]
+    if unknown:  # as argparse words an invalid choice; exit 2
+        args.subparser.error(f"argument --case: invalid choice: {unknown[0]!r} (choose from "
+                             f"{', '.join(map(repr, bench.CASES))})")
 
     if args.list:
         for name, case in bench.CASES.items():
             extra = "" if name in bench.DEFAULT_CASES else "  (not run by default)"
             print(f"{name:18} {case.title}{extra}")
         return 0
-    repeat = args.repeat or (QUICK_REPEAT if args.quick else bench.DEFAULT_REPEAT)
-    numpy_repeat = QUICK_NUMPY_REPEAT if args.quick else bench.DEFAULT_NUMPY_REPEAT
+    repeat = args.repeat or (bench.QUICK_REPEAT if args.quick else bench.DEFAULT_REPEAT)
+    numpy_repeat = bench.QUICK_NUMPY_REPEAT if args.quick else bench.DEFAULT_NUMPY_REPEAT
     started = time.perf_counter()
     rows = bench.run(args.cases, repeat=repeat, threads=args.threads,
                      numpy_repeat=numpy_repeat,

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from fastattn import bench
+from fastattn.bench import runner, timing
 
 
 def fastattn_cli(*args, timeout=60):
@@ -53,12 +54,30 @@ def test_bench_quick_smoke_prints_table_and_json(tmp_path):
 
 
 @pytest.mark.parametrize("args", [["bogus"], [], ["bench", "--case", "nope"],
+                                  ["bench", "--case", "smoke", "nope"],
                                   ["bench", "--repeat", "0"], ["info", "--nope"],
                                   ["bench", "--json", "no-such-dir/out.json"]])
 def test_usage_errors_exit_2(args):
     res = fastattn_cli(*args)
     assert res.returncode == 2
     assert "usage:" in res.stderr
+
+
+def test_unknown_case_is_named_with_the_valid_ones():
+    res = fastattn_cli("bench", "--case", "smoke", "nope", "--list")
+    assert res.returncode == 2 and res.stdout == ""
+    assert "argument --case: invalid choice: 'nope' (choose from " in res.stderr
+    for name in bench.CASES:
+        assert repr(name) in res.stderr
+
+
+def test_bench_help_names_the_cases_and_defaults():
+    res = fastattn_cli("bench", "--help")
+    assert res.returncode == 0, res.stderr
+    text = " ".join(res.stdout.split())           # argparse wraps the help
+    assert f"default {bench.DEFAULT_REPEAT}, {bench.QUICK_REPEAT} with --quick" in text
+    for name in bench.CASES:
+        assert name in text
 
 
 def test_bench_list():
@@ -71,11 +90,11 @@ def test_bench_list():
 # ---- report helpers, on made-up rows -----------------------------------------------------------
 
 def _row(case, fast=None, torch=None, numpy=None, **extra):
-    row = bench._empty_row(bench.CASES[case], 2)
+    row = runner.empty_row(bench.CASES[case], 2)
     for impl, ms in (("fastattn", fast), ("torch", torch), ("numpy", numpy)):
         if ms is not None:
             row[f"{impl}_times_ms"] = [ms]
-    row = bench._finish_row(bench.CASES[case], row)
+    row = runner.finish_row(bench.CASES[case], row)
     row.update(extra)
     return row
 
@@ -119,7 +138,7 @@ def test_format_table_is_markdown_with_na_for_missing_torch():
 def test_interleaving_spreads_the_slow_runs():
     calls = []
     fns = {name: (lambda n=name: calls.append(n)) for name in ("fast", "slow")}
-    times = bench._time_interleaved(fns, {"fast": 6, "slow": 2})
+    times = timing.time_interleaved(fns, {"fast": 6, "slow": 2})
     assert len(times["fast"]) == 6 and len(times["slow"]) == 2
     assert calls == ["fast"] * 2 + ["fast", "slow"] + ["fast"] * 2 + ["fast", "slow"]
 
@@ -151,7 +170,7 @@ def test_decode_metrics_and_weight_bytes():
     m = fnn.Seq2SeqTransformer(1, 2, 16, 2, 11, 13, 24, seed=0)
     C, F_, V = 16, 24, 13
     per_layer = 3 * C * C + C * C + C * C + C * C + F_ * C + C * F_
-    assert bench._decoder_weight_bytes(m) == 4 * (2 * per_layer + V * C)
+    assert bench.decoder_weight_bytes(m) == 4 * (2 * per_layer + V * C)
     got = bench.decode_metrics(generate_ms=330.0, prefill_ms=10.0, copy_ms=20.0,
                                weight_bytes=100e6, copy_bytes=500e6, steps=64)
     assert got["step_ms"] == pytest.approx(5.0)
@@ -172,28 +191,55 @@ def test_memory_copy_moves_read_plus_write_bytes():
 
 @pytest.mark.filterwarnings("ignore:enable_nested_tensor is True.*:UserWarning")
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_torch_decoding_loops_give_generates_tokens(norm_first):
-    """The bench's torch implementations (the tutorial's greedy loop, and beam search by the
-    rules of fastattn.generate) on a small model: the tokens of fastattn's generate."""
+def test_torch_decoding_gives_generates_tokens(norm_first):
+    """The bench's torch implementation (the tutorial's decoding, searched by
+    fastattn.generate's loops) on a small model: the tokens of fastattn's generate, greedy and
+    beam, with and without an end token (rows and whole sources dropped on the way)."""
     torch = pytest.importorskip("torch")
     from fastattn import nn as fnn
 
     fm = fnn.Seq2SeqTransformer(2, 2, 32, 4, 23, 29, 64, norm_first=norm_first, seed=7)
     tm = bench.torch_seq2seq(fm)
     src = np.random.default_rng(0).integers(1, 23, size=(3, 6))
-    ts = torch.from_numpy(src)
     kw = dict(max_new_tokens=8, start_id=1)
+    greedy = fm.generate(src, **kw)
+    assert np.array_equal(bench.torch_generate(tm, src, **kw), greedy)
+    assert np.array_equal(bench.torch_generate(tm, torch.from_numpy(src), **kw), greedy)
+    end = int(greedy[0, 3])                                        # row 0 ends at step 3
+    assert np.array_equal(bench.torch_generate(tm, src, end_id=end, pad_id=5, **kw),
+                          fm.generate(src, end_id=end, pad_id=5, **kw))
+    for k, lp, e in ((3, 1.0, None), (2, 0.0, None), (3, 0.7, "row0"), (4, 1.0, "row0")):
+        want = fm.generate(src, method="beam", beam_size=k, length_penalty=lp, **kw)
+        if e is not None:
+            e = int(want[0, 2])
+            want = fm.generate(src, method="beam", beam_size=k, length_penalty=lp, end_id=e,
+                               **kw)
+        got = bench.torch_generate(tm, src, method="beam", beam_size=k, end_id=e,
+                                   length_penalty=lp, **kw)
+        assert np.array_equal(got, want), (k, lp, e, got, want)
+
+
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor is True.*:UserWarning")
+def test_torch_decoder_reorder_keeps_the_kept_sources_memory():
+    torch = pytest.importorskip("torch")
+    from fastattn import nn as fnn
+
+    tm = bench.torch_seq2seq(fnn.Seq2SeqTransformer(1, 2, 16, 2, 11, 13, 24, seed=3))
+    src = np.random.default_rng(1).integers(0, 11, size=(3, 5))
     with torch.inference_mode():
-        greedy = fm.generate(src, **kw)
-        assert np.array_equal(bench.torch_greedy(tm, ts, 8, 1), greedy)
-        end = int(greedy[0, 3])                                    # row 0 ends at step 3
-        assert np.array_equal(bench.torch_greedy(tm, ts, 8, 1, end_id=end, pad_id=5),
-                              fm.generate(src, end_id=end, pad_id=5, **kw))
-        for k, lp, e in ((3, 1.0, None), (2, 0.0, None), (3, 0.7, "row0"), (4, 1.0, "row0")):
-            want = fm.generate(src, method="beam", beam_size=k, length_penalty=lp, **kw)
-            if e is not None:
-                e = int(want[0, 2])
-                want = fm.generate(src, method="beam", beam_size=k, length_penalty=lp,
-                                   end_id=e, **kw)
-            got = bench.torch_beam(tm, ts, 8, 1, k, end_id=e, length_penalty=lp)
-            assert np.array_equal(got, want), (k, lp, e, got, want)
+        d = bench.TorchDecoder(tm, src, beams=2)                   # rows: 2 per source
+        d.step(np.arange(6) + 1)
+        d.reorder([5, 4], sources=[2])                             # source 2, beams swapped
+        got = d.step(np.array([7, 8]))
+        alone = bench.TorchDecoder(tm, src[2:], beams=2)
+        alone.step(np.array([5, 6]))
+        alone.reorder([1, 0])
+        want = alone.step(np.array([7, 8]))
+    assert got.shape == (2, 13) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_torch_generate_refuses_sampling():
+    with pytest.raises(ValueError, match="greedy' or 'beam"):
+        bench.torch_generate(None, np.zeros((1, 2), np.int64), max_new_tokens=1, start_id=0,
+                             method="sample")

@@ -1,0 +1,56 @@
+"""The rows of ``run()`` as text: the Markdown table and the one-line environment."""
+import numpy as np
+
+from .. import build_info
+from .torch_models import torch_version
+
+__all__ = ["fmt_ms", "format_table", "describe_environment"]
+
+
+def fmt_ms(v):
+    """About three significant digits, never an exponent (also used for GFLOP/s)."""
+    if v is None:
+        return None
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}" if v >= 1 \
+        else f"{v:.3f}"
+
+
+def _cell(row, impl):
+    status = row[f"{impl}_status"]
+    if status.startswith("n/a"):
+        return "n/a"
+    return fmt_ms(row[f"{impl}_ms"]) or "-"
+
+
+def format_table(rows):
+    """The rows as a Markdown table (speedups are the other's time over fastattn's)."""
+    head = ["case", "fastattn ms", "torch ms", "numpy ms", "speedup vs torch",
+            "speedup vs numpy", "GFLOP/s fastattn", "notes"]
+    body = []
+    for r in rows:
+        body.append([
+            r["title"], _cell(r, "fastattn"), _cell(r, "torch"), _cell(r, "numpy"),
+            *(f"{r[k]:.2f}x" if r.get(k) else "-" for k in ("speedup_vs_torch",
+                                                            "speedup_vs_numpy")),
+            fmt_ms(r["fastattn_gflops"]) if r.get("fastattn_gflops") else "-",
+            "; ".join(r["notes"]),
+        ])
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h)
+              for i, h in enumerate(head)]
+    right = {1, 2, 3, 4, 5, 6}
+
+    def line(cells):
+        return "| " + " | ".join(c.rjust(w) if i in right else c.ljust(w)
+                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+    rule = "|" + "|".join(("-" * (w + 1) + ":") if i in right else "-" * (w + 2)
+                          for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(head), rule, *(line(b) for b in body)])
+
+
+def describe_environment(threads=None):
+    """One line: version, SIMD level, threads, BLAS core, torch version."""
+    info = build_info()
+    torch = torch_version()
+    return (f"fastattn {info['version']}, simd {info['simd']}, "
+            f"{threads or info['threads']} threads, OpenBLAS {info['blas_core']}, "
+            f"numpy {np.__version__}, torch {torch or 'n/a'}")

@@ -1,0 +1,285 @@
+"""``run()``: validate each case's implementations against each other, then time them
+interleaved, and return one row (a dict) per case.
+
+The implementations of a case are timed interleaved (fastattn, numpy, torch, fastattn, ...), so
+that machine noise hits all of them alike, and reported as medians. Each timed call waits until
+the previous implementation's thread pools have gone idle (``timing.settle``) and follows ~20 ms
+of untimed calls of its own implementation, so each is timed in its steady state (threads awake,
+allocations reused) rather than just after another one; the slow float64 twin is timed without
+them. A row is flagged when other processes used a noticeable share of the CPUs meanwhile.
+Before timing, one call of each implementation is checked against the NumPy twin (validate,
+then benchmark): outputs within MISMATCH_ATOL, or, for generation, the same token ids.
+"""
+import statistics
+
+import numpy as np
+
+from . import timing
+from .cases import CASES, DEFAULT_CASES, IMPLEMENTATIONS, Unavailable, decode_metrics
+from .report import fmt_ms
+
+__all__ = ["DEFAULT_REPEAT", "DEFAULT_NUMPY_REPEAT", "QUICK_REPEAT", "QUICK_NUMPY_REPEAT",
+           "run", "decode_probes"]
+
+DEFAULT_REPEAT = 20        # timed calls of fastattn and torch per case
+DEFAULT_NUMPY_REPEAT = 3   # timed calls of the (slow, float64) NumPy twin per case
+QUICK_REPEAT = 5           # a rough look (``fastattn bench --quick``, pytest-benchmark's model
+QUICK_NUMPY_REPEAT = 1     # cases): timed calls of fastattn and torch, and of the NumPy twin
+MISMATCH_ATOL = 1e-3       # max |fastattn - numpy twin| above which a row is flagged
+NOISY_SHARE = 0.10         # share of the CPUs used by other processes above which a row is flagged
+
+
+def _as_numpy(out):
+    return out.numpy() if hasattr(out, "numpy") else np.asarray(out)
+
+
+def _max_abs_diff(a, b):
+    return float(np.max(np.abs(_as_numpy(a).astype(np.float64) - _as_numpy(b))))
+
+
+def empty_row(case, threads):
+    """A row with no measurement yet: every implementation "ok" (or "skipped" when the case
+    has none), no times."""
+    row = {"case": case.name, "title": case.title, "kind": case.kind, "threads": threads,
+           "flops": case.flops, "notes": []}
+    for impl in IMPLEMENTATIONS:
+        row.update({f"{impl}_ms": None, f"{impl}_runs": 0, f"{impl}_times_ms": [],
+                    f"{impl}_gflops": None,
+                    f"{impl}_status": "ok" if impl in case.implementations else "skipped"})
+    return row
+
+
+def _callables(case, row):
+    fns = {}
+    for impl in case.implementations:
+        try:
+            fns[impl] = case.callable(impl)
+        except Unavailable as exc:
+            row[f"{impl}_status"] = f"n/a: {exc}"
+    return fns
+
+
+def finish_row(case, row):
+    """Medians, GFLOP/s, speedups, GB/s and tokens/s from the row's <impl>_times_ms."""
+    for impl in IMPLEMENTATIONS:
+        ms = row[f"{impl}_times_ms"]
+        if ms:
+            row[f"{impl}_ms"] = statistics.median(ms)
+            row[f"{impl}_runs"] = len(ms)
+            if case.flops:
+                row[f"{impl}_gflops"] = case.flops / (row[f"{impl}_ms"] * 1e6)
+    fast = row["fastattn_ms"]
+    for other in ("torch", "numpy"):
+        ms = row[f"{other}_ms"]
+        row[f"speedup_vs_{other}"] = ms / fast if ms and fast else None
+    if case.nbytes and fast:
+        row["fastattn_gbps"] = case.nbytes / (fast * 1e6)
+        row["notes"].append(f"{row['fastattn_gbps']:.1f} GB/s")
+    if case.tokens:
+        rates = {impl: case.tokens / (row[f"{impl}_ms"] / 1e3)
+                 for impl in ("fastattn", "torch", "numpy") if row[f"{impl}_ms"]}  # table order
+        for impl, v in rates.items():
+            row[f"{impl}_tokens_per_s"] = v
+        if rates:
+            row["notes"].insert(0, "tokens/s: " + ", ".join(
+                f"{impl} {fmt_ms(v)}" for impl, v in rates.items()))
+    return row
+
+
+def _counts(case, impls, repeat, numpy_repeat):
+    """Timed calls per implementation: the run's counts, capped by case.repeats."""
+    counts = {impl: numpy_repeat if impl in case.slow else repeat for impl in impls}
+    return {impl: min(n, case.repeats.get(impl, n)) for impl, n in counts.items()}
+
+
+def _check_calls(case, fns):
+    """One call of each implementation, its output kept for validation; the calls of the
+    implementations in case.timed_first are timed (timing.timed_call), in seconds."""
+    outs, first = {}, {}
+    for impl, fn in fns.items():
+        if impl in case.timed_first:
+            outs[impl], first[impl] = timing.timed_call(fn)
+        else:
+            outs[impl] = fn()
+    return outs, first
+
+
+def _compare_tokens(row, outs):
+    """Generation cases: token ids must agree exactly with the reference backend's (numpy),
+    or with fastattn's where the reference backend does not run."""
+    ref = "numpy" if "numpy" in outs else "fastattn"
+    want = np.asarray(outs[ref])
+    differ = {}
+    for impl, out in outs.items():
+        if impl == ref:
+            continue
+        got = _as_numpy(out)
+        differ[impl] = (len(want) if got.shape != want.shape
+                        else int((got != want).any(axis=1).sum()))
+    row["rows_differ"], row["rows_compared_with"] = differ, ref
+    bad = {i: n for i, n in differ.items() if n}
+    if bad:
+        row["notes"].append(f"MISMATCH: tokens differ from {ref}'s in " + ", ".join(
+            f"{i} {n} of {len(want)} rows" for i, n in bad.items()))
+
+
+def _run_time_case(case, threads, repeat, numpy_repeat):
+    row = empty_row(case, threads)
+    fns = _callables(case, row)
+    outs, first = _check_calls(case, fns)  # warm-up call, kept for validation
+    if case.tokens:
+        _compare_tokens(row, outs)
+    elif "numpy" in outs and case.name != "sgemm":
+        row["max_abs_diff_vs_numpy"] = diffs = {
+            impl: _max_abs_diff(out, outs["numpy"]) for impl, out in outs.items()
+            if impl != "numpy"}
+        bad = {i: d for i, d in diffs.items() if not d <= MISMATCH_ATOL}
+        if bad:
+            row["notes"].append("MISMATCH vs numpy twin: " + ", ".join(
+                f"{i} max|diff| {d:.2g}" for i, d in bad.items()))
+    del outs
+    counts = _counts(case, fns, repeat, numpy_repeat)
+    left = {impl: n - (impl in first) for impl, n in counts.items()}
+    warm = {impl: 0 if impl in case.slow or not case.warm else timing.WARM_SECONDS
+            for impl in fns}
+    times = timing.time_interleaved({i: fn for i, fn in fns.items() if left[i] > 0},
+                                    {i: n for i, n in left.items() if n > 0}, warm)
+    for impl in fns:
+        ts = ([first[impl]] if impl in first else []) + times.get(impl, [])
+        row[f"{impl}_times_ms"] = [t * 1e3 for t in ts]
+    if case.tokens:
+        row["notes"].append("runs: " + ", ".join(
+            f"{impl} {len(row[f'{impl}_times_ms'])}" for impl in ("fastattn", "torch", "numpy")
+            if impl in fns)
+            + (f" (numpy = {case.numpy_label})" if "numpy" in fns else ""))
+    elif "numpy" in fns and "numpy" in case.slow:
+        n = counts["numpy"]
+        row["notes"].append(f"numpy twin is float64: {n} run{'s' if n > 1 else ''}")
+    if case.name == "sgemm":
+        finish_row(case, row)
+        row["notes"].append(f"np.matmul {row['numpy_gflops']:.0f} GFLOP/s (FFN roofline)")
+        return row
+    return finish_row(case, row)
+
+
+def decode_probes(case, threads=None, rounds=5):
+    """The decode case's other timings: (prefill ms, memory copy ms, bytes one copy moves),
+    medians of `rounds` interleaved calls (fastattn's thread count when threads is None)."""
+    times, copy_bytes = _decode_times(case, threads, {"prefill": rounds, "copy": rounds})
+    return (statistics.median(times["prefill"]) * 1e3, statistics.median(times["copy"]) * 1e3,
+            copy_bytes)
+
+
+def _decode_times(case, threads, counts):
+    """Seconds per call of the decode case's generate, prefill and memory copy (those named
+    in counts), interleaved; returns (times, bytes one copy moves)."""
+    copy, copy_bytes = timing.memory_copy(threads=threads)
+    fns = {"generate": case.callable("fastattn"), "prefill": case.prefill(), "copy": copy}
+    fns = {name: fn for name, fn in fns.items() if name in counts}
+    try:
+        for fn in fns.values():
+            fn()                                   # weights packed, pages touched
+        warm = {"prefill": timing.WARM_SECONDS, "copy": timing.WARM_SECONDS}
+        return timing.time_interleaved(fns, counts, warm), copy_bytes
+    finally:
+        copy.close()
+
+
+def _run_decode_case(case, threads, repeat):
+    row = empty_row(case, threads)
+    n = min(repeat, case.repeats.get("fastattn", repeat))
+    times, copy_bytes = _decode_times(case, threads,
+                                      {"generate": n, "prefill": n, "copy": n})
+    med = {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
+    steps = case.steps
+    m = decode_metrics(med["generate"], med["prefill"], med["copy"], case.weight_bytes(),
+                       copy_bytes, steps)
+    row["fastattn_times_ms"] = [(t * 1e3 - med["prefill"]) / steps for t in times["generate"]]
+    row.update(m, generate_ms=med["generate"], prefill_ms=med["prefill"], copy_ms=med["copy"],
+               copy_threads=threads)
+    finish_row(case, row)
+    row["notes"].append(
+        f"{m['weight_mb']:.0f} MB of weights per step: {m['weight_gbps']:.1f} GB/s = "
+        f"{100 * m['share_of_copy']:.0f}% of a {threads}-thread memory copy "
+        f"({m['copy_gbps']:.1f} GB/s); generate {med['generate']:.0f} ms = encoder + cross K/V "
+        f"{med['prefill']:.1f} ms + {steps} steps; {n} runs")
+    return row
+
+
+def _run_memory_case(case, threads):
+    row = empty_row(case, threads)
+    fns = _callables(case, row)
+    outs, method = {}, None
+    for impl, fn in fns.items():
+        outs[impl], mib, seconds, method = timing.peak_memory_growth(fn)
+        row[f"{impl}_times_ms"] = [seconds * 1e3]
+        row[f"{impl}_peak_mib"] = mib
+    if len(outs) > 1:
+        row["max_abs_diff_fastattn_vs_torch"] = _max_abs_diff(outs["fastattn"], outs["torch"])
+    row["output_mib"] = outs["fastattn"].nbytes / 2 ** 20 if "fastattn" in outs else None
+    row["matrix_mib"] = case.matrix_mib
+    row["memory_method"] = method
+    del outs
+    finish_row(case, row)
+    growth = ", ".join(f"{impl} {row[f'{impl}_peak_mib']:.0f} MiB" for impl in fns)
+    row["notes"].append(f"peak RSS growth of one call: {growth} (output "
+                        f"{row['output_mib']:.0f} MiB included); one L x L float32 matrix "
+                        f"= {case.matrix_mib:.0f} MiB; numpy twin skipped")
+    return row
+
+
+def select(cases):
+    """Case names (None: DEFAULT_CASES; a str: one name) -> the Case objects, in order, each
+    once; ValueError naming unknown ones."""
+    if cases is None:
+        return [CASES[n] for n in DEFAULT_CASES]
+    if isinstance(cases, str):
+        cases = [cases]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise ValueError(f"unknown case(s) {', '.join(map(repr, unknown))}; "
+                         f"known: {', '.join(CASES)}")
+    return [CASES[n] for n in dict.fromkeys(cases)]
+
+
+def run(cases=None, repeat=DEFAULT_REPEAT, threads=None, *, numpy_repeat=DEFAULT_NUMPY_REPEAT,
+        progress=None):
+    """Benchmark `cases` (names; None = DEFAULT_CASES) and return one dict per case.
+
+    repeat        timed calls of fastattn and torch per case (medians are reported)
+    threads       threads for fastattn, torch and NumPy's BLAS during the run (None: fastattn's
+                  current count); every count is restored afterwards
+    numpy_repeat  timed calls of the float64 NumPy twin (slow), at most `repeat`
+    progress      optional callable(str), told which case is starting
+
+    Row keys: case, title, kind, threads, flops, notes, and per implementation (fastattn, numpy,
+    torch) <impl>_ms (median), <impl>_runs, <impl>_times_ms, <impl>_gflops, <impl>_status
+    ("ok", "skipped" or "n/a: why"); speedup_vs_torch, speedup_vs_numpy (= their ms / fastattn
+    ms); max_abs_diff_vs_numpy; others_cpu (share of the CPUs other processes used meanwhile,
+    Linux); memory case: <impl>_peak_mib, output_mib, matrix_mib; generation cases:
+    <impl>_tokens_per_s, rows_differ ({impl: rows whose tokens differ from those of
+    rows_compared_with}); decode case: step_ms (also its fastattn_ms), weight_mb, weight_gbps,
+    copy_gbps, share_of_copy, generate_ms, prefill_ms, copy_ms, copy_threads.
+    """
+    selected = select(cases)
+    if repeat < 1 or numpy_repeat < 1:
+        raise ValueError("repeat and numpy_repeat must be >= 1")
+    numpy_repeat = min(numpy_repeat, repeat)
+    rows = []
+    with timing.same_threads(threads) as count:
+        for case in selected:
+            if progress is not None:
+                progress(case.name)
+            before = timing.machine_cpu()
+            if case.kind == "memory":
+                row = _run_memory_case(case, count)
+            elif case.kind == "decode":
+                row = _run_decode_case(case, count, repeat)
+            else:
+                row = _run_time_case(case, count, repeat, numpy_repeat)
+            row["others_cpu"] = share = timing.others_share(before, timing.machine_cpu())
+            if share is not None and share >= NOISY_SHARE:
+                row["notes"].append(f"noisy: other processes used {100 * share:.0f}% of the "
+                                    "CPUs")
+            rows.append(row)
+    return rows

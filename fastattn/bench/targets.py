@@ -1,0 +1,97 @@
+"""The performance targets, checked on the rows of one ``run()``.
+
+TARGETS holds (case, target text, measure(rows) -> (value or None, detail), passes(value));
+``check_targets(rows)`` gives PASS, MISS, or SKIP where the case (or a case it needs, as the FFN
+needs sgemm) was not run.
+"""
+from .report import fmt_ms
+
+__all__ = ["TARGETS", "check_targets", "format_targets"]
+
+
+def _row(rows, name):
+    return next((r for r in rows if r["case"] == name), None)
+
+
+def _speedup_target(case, other, threshold, field="ms", unit="ms"):
+    """fastattn at least `threshold` times faster than `other` (times in ms, or tokens/s)."""
+    def measure(rows):
+        r = _row(rows, case)
+        if r is None:
+            return None, "not run"
+        v = r.get(f"speedup_vs_{other}")
+        if v is None:
+            return None, f"{other} not measured ({r[f'{other}_status']})"
+        return v, f"{v:.2f}x {other} (fastattn {fmt_ms(r[f'fastattn_{field}'])} {unit}, " \
+                  f"{other} {fmt_ms(r[f'{other}_{field}'])} {unit})"
+    text = f"speedup vs {other} >= {threshold}x" if field == "ms" else \
+        f"{unit} >= {threshold}x {other}"
+    return (case, text, measure, lambda v: v >= threshold)
+
+
+def _memory_target(rows):
+    r = _row(rows, "attention_memory")
+    if r is None:
+        return None, "not run"
+    v = r.get("fastattn_peak_mib")
+    return v, f"peak RSS growth {v:.1f} MiB (one L x L float32 matrix: {r['matrix_mib']:.0f} MiB)"
+
+
+def _ffn_target(rows):
+    f, s = _row(rows, "ffn"), _row(rows, "sgemm")
+    if f is None:
+        return None, "not run"
+    if s is None or not s.get("numpy_gflops"):
+        return None, "needs the sgemm case in the same run"
+    v = f["fastattn_gflops"] / s["numpy_gflops"]
+    return v, f"{100 * v:.1f}% of sgemm ({f['fastattn_gflops']:.0f} vs " \
+              f"{s['numpy_gflops']:.0f} GFLOP/s)"
+
+
+def _decode_target(rows):
+    r = _row(rows, "decode_step")
+    if r is None:
+        return None, "not run"
+    v = r.get("share_of_copy")
+    if v is None:
+        return None, "not measured"
+    return v, f"{100 * v:.0f}% of the copy ({r['weight_gbps']:.1f} vs {r['copy_gbps']:.1f} " \
+              f"GB/s; {r['step_ms']:.2f} ms per step)"
+
+
+TARGETS = (
+    _speedup_target("attention_causal", "torch", 1.8),
+    _speedup_target("attention_causal", "numpy", 10),
+    _speedup_target("attention_full", "torch", 1.2),
+    ("attention_memory", "peak memory growth < 64 MiB", _memory_target, lambda v: v < 64),
+    ("ffn", "GFLOP/s >= 90% of sgemm GFLOP/s", _ffn_target, lambda v: v >= 0.9),
+    _speedup_target("layer_norm", "torch", 1.5),
+    _speedup_target("encoder", "torch", 1.05),
+    _speedup_target("transformer", "torch", 1.15),
+    _speedup_target("transformer", "numpy", 2),
+    _speedup_target("generate_greedy_b8", "torch", 10, field="tokens_per_s", unit="tokens/s"),
+    ("decode_step", "decode weight GB/s >= 70% of memory copy GB/s", _decode_target,
+     lambda v: v >= 0.7),
+)
+
+
+def check_targets(rows):
+    """One dict per target: case, target, value, detail, status ("PASS", "MISS" or "SKIP")."""
+    results = []
+    for case, text, measure, passes in TARGETS:
+        value, detail = measure(rows)
+        status = "SKIP" if value is None else "PASS" if passes(value) else "MISS"
+        results.append({"case": case, "target": text, "value": value, "detail": detail,
+                        "status": status})
+    return results
+
+
+def format_targets(results, *, include_skipped=False):
+    """One line per target: PASS/MISS, case, target, what was measured."""
+    shown = [r for r in results if include_skipped or r["status"] != "SKIP"]
+    if not shown:
+        return ""
+    wc = max(len(r["case"]) for r in shown)
+    wt = max(len(r["target"]) for r in shown)
+    return "\n".join(f"{r['status']:4}  {r['case']:{wc}}  {r['target']:{wt}}  {r['detail']}"
+                     for r in shown)
