@@ -139,7 +139,7 @@ class Workspace:
         if not self.fast:
             return None
         buf = self.bufs.get(key)
-        size = int(np.prod(shape))
+        size = math.prod(shape)
         if buf is None or buf.size < size:
             buf = self.bufs[key] = np.empty(size, np.float32)
         return buf[:size].reshape(shape)
