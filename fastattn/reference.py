@@ -207,9 +207,6 @@ def _attention64(q, k, v, mask, key_padding_mask, causal, scale):
     return out, weights, lse
 
 
-# ----------------------------------------------------------------------------------------------
-# softmax
-
 # ---- dropout's random bits (counter-based: a pure function of seed, row, column) ------------
 
 _M64 = (1 << 64) - 1
@@ -250,6 +247,9 @@ def dropout_keep(seed, rows, cols, p):
     threshold = min(max(int(p * 4294967296.0), 0), 4294967295)
     return bits >= np.uint32(threshold)
 
+
+# ----------------------------------------------------------------------------------------------
+# softmax
 
 def softmax(x, axis=-1):
     """Numerically stable softmax along ``axis``.
