@@ -195,4 +195,32 @@ void fa_pack_panels(float *wp, const float *w, int64_t M, int64_t K, int nthread
 void fa_linear_packed_forward(float *y, const float *x, const float *wp, const float *bias,
                               int64_t N, int64_t K, int64_t M, int activation, int nthreads);
 
+/* ---- loss ------------------------------------------------------------------------------------- */
+
+/* fa_cross_entropy_forward -- per-row cross-entropy of log-softmax(logits) against integer
+ * targets, with label smoothing; with dlogits, the backward pass fused into the same call.
+ *
+ *   losses    (N)     out; loss_n = (1 - eps) * (lse_n - x_nt) + eps * (lse_n - mean_v x_nv),
+ *                     lse_n = log sum_v exp(x_nv), t = targets[n], eps = label_smoothing
+ *                     (the eps term only when eps > 0); 0 for an ignored row
+ *   dlogits   (N, V)  out, may be NULL; may alias logits (written over them, row by row);
+ *                     d loss_n / d x_nv * grad_scale
+ *                     = grad_scale * (softmax(x_n)_v - eps / V - (1 - eps) * [v == t]);
+ *                     zeros for an ignored row
+ *   logits    (N, V)  in
+ *   targets   (N)     in, int64; each in [0, V) or equal to ignore_index (the caller checks)
+ *   grad_scale        1 / (rows not ignored) for a mean, 1 for a sum
+ *   One read pass per row (running max, rescaled sum of exp and the sum of x - x_n0 per vector
+ *   lane, as fa_softmax_forward) and, with dlogits, one write pass while the row is in cache.
+ *   Each row's loss is combined in double from its float sums; reducing the losses (a mean or
+ *   a sum) is left to the caller, in a fixed order.
+ *   Threads: rows split statically; no cross-thread reduction -> results independent of
+ *   threads. NaN or +inf logits give NaN.
+ *   Twin: fastattn.reference.cross_entropy
+ */
+void fa_cross_entropy_forward(float *losses, float *dlogits, const float *logits,
+                              const int64_t *targets, int64_t N, int64_t V,
+                              int64_t ignore_index, float label_smoothing, float grad_scale,
+                              int nthreads);
+
 #endif /* FASTATTN_H */

@@ -263,3 +263,29 @@ def linear_packed_forward(float[:, ::1] y not None, const float[:, ::1] x not No
     with nogil:
         fa_linear_packed_forward(yp, xp, pp, bp, x.shape[0], x.shape[1], y.shape[1], activation,
                                  nthreads)
+
+
+# ---- loss --------------------------------------------------------------------------------------
+
+cdef extern from "fastattn.h" nogil:
+    void fa_cross_entropy_forward(float *losses, float *dlogits, const float *logits,
+                                  const int64_t *targets, int64_t N, int64_t V,
+                                  int64_t ignore_index, float label_smoothing, float grad_scale,
+                                  int nthreads)
+
+
+def cross_entropy_forward(float[::1] losses not None, float[:, ::1] dlogits,
+                          const float[:, ::1] logits not None,
+                          const int64_t[::1] targets not None, int64_t ignore_index,
+                          float label_smoothing, float grad_scale, int nthreads):
+    """losses (N,), dlogits (N, V) or None (may be logits' own buffer), logits (N, V),
+    targets (N,) int64, each in [0, V) or ignore_index (checked by ops.py)."""
+    cdef float *lp = _p1(losses)
+    cdef float *dp = _p2(dlogits)
+    cdef const float *xp = _cp2(logits)
+    cdef const int64_t *tp = NULL
+    if targets.shape[0] > 0:
+        tp = &targets[0]
+    with nogil:
+        fa_cross_entropy_forward(lp, dp, xp, tp, logits.shape[0], logits.shape[1],
+                                 ignore_index, label_smoothing, grad_scale, nthreads)

@@ -354,3 +354,118 @@ def _linear_packed_into(y, x, packed, bias, act):
     """y (N, M) = act(x (N, K) @ weight.T + bias) with the weight as a PackedWeight."""
     _kernels.linear_packed_forward(y, x, packed.data, bias, act, get_num_threads())
     return y
+
+
+# ---- loss --------------------------------------------------------------------------------------
+
+__all__ += ["cross_entropy"]
+
+REDUCTIONS = ("mean", "sum", "none")
+_INT64 = np.iinfo(np.int64)
+
+
+def _real(value, name, op):
+    """A finite real hyper-parameter as a Python float (TypeError / ValueError otherwise)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"{op}: {name} must be a real number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{op}: {name} must be finite, got {value!r}")
+    return value
+
+
+def _targets(targets, shape, V, ignore_index, op):
+    """targets as a flat int64 array, checked: integer dtype, shape `shape`, each in [0, V) or
+    equal to ignore_index (the kernel indexes the logits with them). Returns (t, count of rows
+    not ignored)."""
+    t = np.asarray(targets)
+    if t.dtype == np.bool_ or t.dtype.kind not in "iu":
+        raise TypeError(f"{op}: targets must be an integer array of class indices, got dtype "
+                        f"{t.dtype}")
+    if t.shape != shape:
+        raise ValueError(f"{op}: targets must have the shape of the logits without their last "
+                         f"axis, {shape}, got {t.shape}")
+    if t.dtype.kind == "u" and t.size and int(t.max()) > _INT64.max:
+        raise ValueError(f"{op}: target {int(t.max())} is out of range for V = {V} classes")
+    t = np.ascontiguousarray(t, dtype=np.int64).reshape(-1)
+    keep = t != ignore_index
+    bad = keep & ((t < 0) | (t >= V))
+    if bad.any():
+        raise ValueError(f"{op}: target {int(t[bad][0])} is out of range for V = {V} classes "
+                         f"(valid: 0 .. {V - 1}, or ignore_index = {ignore_index})")
+    return t, int(np.count_nonzero(keep))
+
+
+def _check_loss_options(ignore_index, label_smoothing, reduction, op):
+    if not isinstance(ignore_index, numbers.Integral) or isinstance(ignore_index, bool):
+        raise TypeError(f"{op}: ignore_index must be an int, got {type(ignore_index).__name__}")
+    if not _INT64.min <= ignore_index <= _INT64.max:
+        raise ValueError(f"{op}: ignore_index must fit in int64, got {ignore_index}")
+    eps = _real(label_smoothing, "label_smoothing", op)
+    if not 0.0 <= eps <= 1.0:
+        raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing!r}")
+    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
+        raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    return int(ignore_index), eps
+
+
+def _reduce_losses(losses, count, reduction):
+    """The per-row losses (N,) reduced in float64, in NumPy's fixed (pairwise) order: the same
+    for any thread count. A mean over no counted rows is 0."""
+    if reduction == "none":
+        return losses
+    total = float(np.sum(losses, dtype=np.float64))
+    if reduction == "sum":
+        return total
+    return total / count if count else 0.0
+
+
+def _ce_grad_scale(count, reduction):
+    return 1.0 / count if reduction == "mean" and count else 1.0
+
+
+def cross_entropy(logits, targets, *, ignore_index=-100, label_smoothing=0.0, reduction="mean",
+                  return_grad=False):
+    """Cross-entropy of log-softmax(logits) against integer targets, fused (one read pass per
+    row, and one write pass for the gradient); torch.nn.functional.cross_entropy's semantics
+    with the classes on the LAST axis. See reference.cross_entropy.
+
+    logits (..., V), targets (...) int -> loss (a float; "none": (...) float32 losses)
+    [, dlogits (..., V) float32 with return_grad: the gradient of the reduced loss ("none":
+    of their sum)]. Rows whose target is ignore_index count for nothing; a mean over no
+    counted row is 0 (torch gives NaN). A target outside [0, V) raises ValueError.
+    """
+    op = "cross_entropy"
+    ignore_index, eps = _check_loss_options(ignore_index, label_smoothing, reduction, op)
+    x = _contig(logits, "logits", op)
+    if x.ndim == 0:
+        raise ValueError(f"{op}: logits must have at least 1 dimension (..., V), got a scalar")
+    V = x.shape[-1]
+    t, count = _targets(targets, x.shape[:-1], V, ignore_index, op)
+    N = t.size
+    losses = np.empty(N, np.float32)
+    dlogits = np.empty(x.shape, np.float32) if return_grad else None
+    _kernels.cross_entropy_forward(losses, None if dlogits is None else dlogits.reshape(N, V),
+                                   x.reshape(N, V), t, ignore_index, eps,
+                                   _ce_grad_scale(count, reduction), get_num_threads())
+    loss = _reduce_losses(losses, count, reduction)
+    if reduction == "none":
+        loss = loss.reshape(x.shape[:-1])
+    return (loss, dlogits) if return_grad else loss
+
+
+def _cross_entropy_into(dlogits, losses, logits, targets, *, ignore_index=-100,
+                        label_smoothing=0.0, reduction="mean"):
+    """For fastattn.nn: cross_entropy on caller-owned buffers. logits (N, V) float32
+    C-contiguous, targets (N,) int64 C-contiguous, losses (N,) float32 out, dlogits (N, V)
+    float32 out or None; dlogits MAY BE logits itself (the gradient is then written over the
+    logits, row by row, so no second (N, V) buffer exists). The targets are still checked
+    (the kernel indexes with them). Returns the reduced loss (a float), or losses for "none";
+    dlogits holds the gradient of that loss ("none": of the sum)."""
+    op = "cross_entropy"
+    ignore_index, eps = _check_loss_options(ignore_index, label_smoothing, reduction, op)
+    N, V = logits.shape
+    t, count = _targets(targets, (N,), V, ignore_index, op)
+    _kernels.cross_entropy_forward(losses, dlogits, logits, t, ignore_index, eps,
+                                   _ce_grad_scale(count, reduction), get_num_threads())
+    return _reduce_losses(losses, count, reduction)

@@ -382,3 +382,92 @@ def positional_encoding(length, d_model):
     pe[:, 0::2] = np.sin(angle)                                  # even features
     pe[:, 1::2] = np.cos(angle[:, : d_model // 2])               # odd features share the angle
     return _f32(pe)
+
+
+# ----------------------------------------------------------------------------------------------
+# loss
+
+__all__ += ["cross_entropy"]
+
+
+def _ce_targets(targets, shape, V, ignore_index):
+    """targets (N,) int64, or the ValueError fastattn.ops raises for an index out of range
+    (a negative one would silently wrap around here)."""
+    t = np.asarray(targets).astype(np.int64).reshape(-1)           # (N,)
+    if np.shape(targets) != shape:
+        raise ValueError(f"cross_entropy: targets must have the shape of the logits without "
+                         f"their last axis, {shape}, got {np.shape(targets)}")
+    bad = (t != ignore_index) & ((t < 0) | (t >= V))
+    if bad.any():
+        raise ValueError(f"cross_entropy: target {int(t[bad][0])} is out of range for V = {V} "
+                         f"classes (valid: 0 .. {V - 1}, or ignore_index = {ignore_index})")
+    return t
+
+
+def cross_entropy(logits, targets, *, ignore_index=-100, label_smoothing=0.0, reduction="mean",
+                  return_grad=False):
+    """Cross-entropy of softmax(logits) against integer class targets, with label smoothing:
+    torch.nn.functional.cross_entropy with the classes on the LAST axis.
+
+    ====================  ==============  =====================================================
+    logits                (..., V)        unnormalised scores; every leading dim is a row
+                                          (N rows in all)
+    targets               (...)           int class index per row, in [0, V), or ignore_index
+    ignore_index          int             rows with this target count for nothing: loss 0,
+                                          gradient 0, not in the mean's count
+    label_smoothing       float in [0,1]  eps: the target distribution is (1 - eps) one-hot +
+                                          eps / V uniform
+    reduction             str             "mean" (over the rows not ignored), "sum" or "none"
+    return_grad           bool            also return d loss / d logits
+    -> loss               float           "mean" / "sum"; a mean over no counted row is 0
+                                          (torch gives NaN)
+                          (...) float32   "none": one loss per row (0 where ignored)
+    -> dlogits            (..., V)        float32, only with return_grad: the gradient of the
+                                          returned loss ("none": of the sum of the losses)
+    ====================  ==============  =====================================================
+
+    Per row n with target t:  logp = x - logsumexp(x)  (a log-softmax over V)
+        loss_n = (1 - eps) * (-logp_t) + eps * mean_v(-logp_v)
+        d loss_n / d x_v = softmax(x)_v - eps / V - (1 - eps) * [v == t]
+    mean: sum_n loss_n / count and the gradient divided by count, count = rows not ignored.
+    (The eps term is left out entirely when eps = 0, as in torch: a -inf logit elsewhere in
+    the row then leaves the loss finite.)
+    """
+    x = _f64(_rank(logits, "logits", "cross_entropy", letters="(..., V)"))   # (..., V)
+    lead, V = x.shape[:-1], x.shape[-1]
+    t = _ce_targets(targets, lead, V, ignore_index)                        # (N,)
+    x = x.reshape(-1, V)                                                   # (N, V)
+    N = x.shape[0]
+    eps = float(label_smoothing)
+    keep = t != ignore_index                                               # (N,) rows counted
+    rows = np.arange(N)                                                    # (N,)
+    tk = np.where(keep, t, 0)                                              # (N,) safe index
+    _, lse = _softmax64(x, axis=-1)                                        # (N,)
+    with np.errstate(invalid="ignore"):
+        logp = x - lse[:, None]                                            # (N, V) log-softmax
+    if V:
+        loss = -logp[rows, tk]                                             # (N,) nll
+        if eps > 0:
+            loss = (1 - eps) * loss + eps * -logp.mean(axis=-1)            # (N,) smoothed
+    else:
+        loss = np.zeros(N)                                                 # every row ignored
+    loss = np.where(keep, loss, 0.0)                                       # (N,)
+    count = int(keep.sum())
+    if reduction == "none":
+        out = _f32(loss.reshape(lead))                                     # (...)
+    elif reduction == "sum":
+        out = float(loss.sum())
+    elif reduction == "mean":
+        out = float(loss.sum() / count) if count else 0.0
+    else:
+        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got "
+                         f"{reduction!r}")
+    if not return_grad:
+        return out
+    scale = 1.0 / count if reduction == "mean" and count else 1.0
+    onehot = np.zeros((N, V))                                              # (N, V)
+    if V:
+        onehot[rows, tk] = 1.0
+    d = np.exp(logp) - eps / V - (1 - eps) * onehot if V else onehot       # (N, V)
+    d = np.where(keep[:, None], d, 0.0) * scale                            # (N, V)
+    return out, _f32(d.reshape(lead + (V,)))
