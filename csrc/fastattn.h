@@ -223,4 +223,41 @@ void fa_cross_entropy_forward(float *losses, float *dlogits, const float *logits
                               int64_t ignore_index, float label_smoothing, float grad_scale,
                               int nthreads);
 
+/* ---- optimiser -------------------------------------------------------------------------------- */
+
+/* fa_adam_step -- one Adam / AdamW update of one parameter tensor, in place, as torch.optim.
+ *
+ *   param       (n)  in/out
+ *   exp_avg     (n)  in/out; first moment m
+ *   exp_avg_sq  (n)  in/out; second moment v
+ *   grad        (n)  in
+ *   step        1-based count of updates of this tensor, this one included
+ *   decoupled   1: AdamW (p *= 1 - lr * weight_decay first); 0: Adam (g += weight_decay * p)
+ *   scalar math, per element, in torch's order, with float constants computed in double:
+ *     m = lerp(m, g, 1 - beta1);  v = v * beta2 + (1 - beta2) * g * g
+ *     p = p - (lr / (1 - beta1^step)) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+ *   One pass: 4 floats read and 3 written per element. No element depends on another.
+ *   Threads: elements split statically into 64-byte aligned slices.
+ *   Twin: fastattn.reference.adamw_step / adam_step
+ */
+void fa_adam_step(float *param, float *exp_avg, float *exp_avg_sq, const float *grad, int64_t n,
+                  int64_t step, double lr, double beta1, double beta2, double eps,
+                  double weight_decay, int decoupled, int nthreads);
+
+/* fa_sum_squares -- sum_i x_i^2 in double, the same bits for any thread count.
+ *
+ *   partials  (fa_sum_squares_scratch(n))  scratch: one double per block of 8192 floats
+ *   x         (n)  in
+ *   Each block's sum of squares is accumulated in double vector lanes (combined in a fixed
+ *   order) by one thread; the block sums are then added in block order.
+ *   Returns the sum. Twin: fastattn.reference.grad_norm (its square, per array)
+ */
+int64_t fa_sum_squares_scratch(int64_t n);
+double fa_sum_squares(double *partials, const float *x, int64_t n, int nthreads);
+
+/* fa_scale_inplace -- x *= s (gradient clipping).
+ *   x  (n)  in/out.  Threads: elements split statically.
+ */
+void fa_scale_inplace(float *x, int64_t n, float s, int nthreads);
+
 #endif /* FASTATTN_H */

@@ -289,3 +289,51 @@ def cross_entropy_forward(float[::1] losses not None, float[:, ::1] dlogits,
     with nogil:
         fa_cross_entropy_forward(lp, dp, xp, tp, logits.shape[0], logits.shape[1],
                                  ignore_index, label_smoothing, grad_scale, nthreads)
+
+
+# ---- optimiser ---------------------------------------------------------------------------------
+
+cdef extern from "fastattn.h" nogil:
+    void fa_adam_step(float *param, float *exp_avg, float *exp_avg_sq, const float *grad,
+                      int64_t n, int64_t step, double lr, double beta1, double beta2,
+                      double eps, double weight_decay, int decoupled, int nthreads)
+    int64_t fa_sum_squares_scratch(int64_t n)
+    double fa_sum_squares(double *partials, const float *x, int64_t n, int nthreads)
+    void fa_scale_inplace(float *x, int64_t n, float s, int nthreads)
+
+
+def adam_step(float[::1] param not None, float[::1] exp_avg not None,
+              float[::1] exp_avg_sq not None, const float[::1] grad not None, int64_t step,
+              double lr, double beta1, double beta2, double eps, double weight_decay,
+              bint decoupled, int nthreads):
+    """One Adam (decoupled=False) or AdamW (decoupled=True) update of flat (n,) arrays of the
+    same length, in place (checked by ops.py)."""
+    cdef float *pp = _p1(param)
+    cdef float *mp = _p1(exp_avg)
+    cdef float *vp = _p1(exp_avg_sq)
+    cdef const float *gp = _cp1(grad)
+    with nogil:
+        fa_adam_step(pp, mp, vp, gp, param.shape[0], step, lr, beta1, beta2, eps,
+                     weight_decay, decoupled, nthreads)
+
+
+def sum_squares_scratch(int64_t n):
+    return fa_sum_squares_scratch(n)
+
+
+def sum_squares(double[::1] partials, const float[::1] x not None, int nthreads):
+    """sum(x**2) in double; partials holds sum_squares_scratch(len(x)) doubles."""
+    cdef double *pp = NULL
+    if partials is not None and partials.shape[0] > 0:
+        pp = &partials[0]
+    cdef const float *xp = _cp1(x)
+    cdef double total
+    with nogil:
+        total = fa_sum_squares(pp, xp, x.shape[0], nthreads)
+    return total
+
+
+def scale_inplace(float[::1] x not None, float s, int nthreads):
+    cdef float *xp = _p1(x)
+    with nogil:
+        fa_scale_inplace(xp, x.shape[0], s, nthreads)

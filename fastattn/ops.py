@@ -469,3 +469,140 @@ def _cross_entropy_into(dlogits, losses, logits, targets, *, ignore_index=-100,
     _kernels.cross_entropy_forward(losses, dlogits, logits, t, ignore_index, eps,
                                    _ce_grad_scale(count, reduction), get_num_threads())
     return _reduce_losses(losses, count, reduction)
+
+
+# ---- optimiser ---------------------------------------------------------------------------------
+
+__all__ += ["adamw_step", "adam_step", "grad_norm", "clip_grads"]
+
+
+def _as_list(x, name, op):
+    if isinstance(x, np.ndarray):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return list(x)
+    raise TypeError(f"{op}: {name} must be a float32 array or a list of them, got "
+                    f"{type(x).__name__}")
+
+
+def _inplace_array(a, name, op, writable=True):
+    """An array the kernel reads (and, if writable, updates) where it lies: float32,
+    C-contiguous, aligned; nothing is converted or copied."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{op}: {name} must be a NumPy array, got {type(a).__name__}")
+    if a.dtype != np.float32:
+        raise TypeError(f"{op}: {name} must be float32, got dtype {a.dtype}")
+    if not (a.flags.c_contiguous and a.flags.aligned):
+        raise ValueError(f"{op}: {name} must be C-contiguous and aligned (it is used in place), "
+                         f"got strides {a.strides} for shape {a.shape}")
+    if writable and not a.flags.writeable:
+        raise ValueError(f"{op}: {name} is read-only; it is updated in place")
+    return a.reshape(-1)
+
+
+def _check_adam(params, grads, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay, op):
+    lists = [_as_list(x, n, op) for x, n in ((params, "params"), (grads, "grads"),
+                                             (exp_avg, "exp_avg"), (exp_avg_sq, "exp_avg_sq"))]
+    if len({len(x) for x in lists}) != 1:
+        raise ValueError(f"{op}: params, grads, exp_avg and exp_avg_sq must be as many, got "
+                         f"{', '.join(str(len(x)) for x in lists)}")
+    if not isinstance(step, numbers.Integral) or isinstance(step, bool):
+        raise TypeError(f"{op}: step must be an int (1-based), got {type(step).__name__}")
+    if step < 1:
+        raise ValueError(f"{op}: step must be >= 1 (1-based: the first update is step 1), "
+                         f"got {step}")
+    lr = _real(lr, "lr", op)
+    eps = _real(eps, "eps", op)
+    weight_decay = _real(weight_decay, "weight_decay", op)
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise ValueError(f"{op}: betas must be a pair (beta1, beta2), got {betas!r}")
+    b1, b2 = (_real(b, f"betas[{i}]", op) for i, b in enumerate(betas))
+    for name, v in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
+        if v < 0:
+            raise ValueError(f"{op}: {name} must be >= 0, got {v!r}")
+    for i, b in enumerate((b1, b2)):
+        if not 0.0 <= b < 1.0:
+            raise ValueError(f"{op}: betas[{i}] must be in [0, 1), got {b!r}")
+    tensors = []
+    for i, (p, g, m, v) in enumerate(zip(*lists)):
+        flat = [_inplace_array(a, f"{n}[{i}]", op, writable=n != "grads")
+                for a, n in ((p, "params"), (g, "grads"), (m, "exp_avg"), (v, "exp_avg_sq"))]
+        if not p.shape == g.shape == m.shape == v.shape:
+            raise ValueError(f"{op}: params[{i}], grads[{i}], exp_avg[{i}] and exp_avg_sq[{i}] "
+                             f"must have the same shape, got {p.shape}, {g.shape}, {m.shape}, "
+                             f"{v.shape}")
+        named = (("params", p), ("grads", g), ("exp_avg", m), ("exp_avg_sq", v))
+        for j, (na, a) in enumerate(named):
+            for nb, b in named[j + 1:]:
+                if a.size and np.may_share_memory(a, b):
+                    raise ValueError(f"{op}: {na}[{i}] and {nb}[{i}] share memory")
+        tensors.append(flat)
+    return tensors, int(step), lr, b1, b2, eps, weight_decay
+
+
+def _adam(op, decoupled, params, grads, exp_avg, exp_avg_sq, step, lr, betas, eps,
+          weight_decay):
+    tensors, step, lr, b1, b2, eps, wd = _check_adam(params, grads, exp_avg, exp_avg_sq, step,
+                                                     lr, betas, eps, weight_decay, op)
+    nt = get_num_threads()
+    for p, g, m, v in tensors:
+        _kernels.adam_step(p, m, v, g, step, lr, b1, b2, eps, wd, decoupled, nt)
+
+
+def adamw_step(params, grads, exp_avg, exp_avg_sq, *, step, lr, betas=(0.9, 0.999), eps=1e-8,
+               weight_decay=0.01):
+    """One AdamW update (torch.optim.AdamW: decoupled weight decay), in place, one pass per
+    tensor; see reference.adamw_step. Every array float32, C-contiguous, matching shapes;
+    params, exp_avg and exp_avg_sq writable. step is 1-based."""
+    _adam("adamw_step", True, params, grads, exp_avg, exp_avg_sq, step, lr, betas, eps,
+          weight_decay)
+
+
+def adam_step(params, grads, exp_avg, exp_avg_sq, *, step, lr, betas=(0.9, 0.999), eps=1e-8,
+              weight_decay=0.0):
+    """One Adam update (torch.optim.Adam: L2 weight decay added to the gradient), in place;
+    see reference.adam_step and adamw_step."""
+    _adam("adam_step", False, params, grads, exp_avg, exp_avg_sq, step, lr, betas, eps,
+          weight_decay)
+
+
+def _sum_squares(a, nt):
+    partials = np.empty(_kernels.sum_squares_scratch(a.size), np.float64)
+    return _kernels.sum_squares(partials, a, nt)
+
+
+def grad_norm(grads):
+    """Global L2 norm of a list of arrays (or one array), as a float: per-array sums of squares
+    in float64 (fixed blocks, added in block order), added in list order, so the same bits for
+    any thread count. Other dtypes and layouts are converted (a copy); see reference.grad_norm."""
+    op = "grad_norm"
+    nt = get_num_threads()
+    total = 0.0
+    for i, g in enumerate(_as_list(grads, "grads", op)):
+        total += _sum_squares(_contig(g, f"grads[{i}]", op).reshape(-1), nt)
+    return math.sqrt(total)
+
+
+def clip_grads(grads, max_norm):
+    """Scale the gradients in place by max_norm / (total + 1e-6) when their global L2 norm
+    `total` exceeds max_norm (torch.nn.utils.clip_grad_norm_); returns total (before clipping).
+    grads: float32 C-contiguous writable arrays. A NaN total scales every gradient by NaN, an
+    infinite one by 0, as torch does. See reference.clip_grads."""
+    op = "clip_grads"
+    if not isinstance(max_norm, numbers.Real) or isinstance(max_norm, bool):
+        raise TypeError(f"{op}: max_norm must be a real number, got {type(max_norm).__name__}")
+    max_norm = float(max_norm)
+    if not max_norm >= 0:
+        raise ValueError(f"{op}: max_norm must be >= 0 (inf: never clip), got {max_norm!r}")
+    flat = [_inplace_array(g, f"grads[{i}]", op)
+            for i, g in enumerate(_as_list(grads, "grads", op))]
+    nt = get_num_threads()
+    total = 0.0
+    for g in flat:
+        total += _sum_squares(g, nt)
+    total = math.sqrt(total)
+    if not total <= max_norm:                 # also NaN, as torch
+        coef = np.float32(max_norm / (total + 1e-6))
+        for g in flat:
+            _kernels.scale_inplace(g, coef, nt)
+    return total

@@ -471,3 +471,84 @@ def cross_entropy(logits, targets, *, ignore_index=-100, label_smoothing=0.0, re
     d = np.exp(logp) - eps / V - (1 - eps) * onehot if V else onehot       # (N, V)
     d = np.where(keep[:, None], d, 0.0) * scale                            # (N, V)
     return out, _f32(d.reshape(lead + (V,)))
+
+
+# ----------------------------------------------------------------------------------------------
+# optimiser
+
+__all__ += ["adamw_step", "adam_step", "grad_norm", "clip_grads"]
+
+
+def _arrays(x):
+    return [x] if isinstance(x, np.ndarray) else list(x)
+
+
+def _adam64(p, g, m, v, step, lr, betas, eps, weight_decay, decoupled):
+    """One Adam / AdamW update of one float32 tensor in place, computed in float64."""
+    b1, b2 = betas
+    p64, g64, m64, v64 = _f64(p), _f64(g), _f64(m), _f64(v)
+    if decoupled:
+        p64 = p64 * (1 - lr * weight_decay)               # AdamW: decay the weight itself
+    else:
+        g64 = g64 + weight_decay * p64                    # Adam: L2 term in the gradient
+    m64 = b1 * m64 + (1 - b1) * g64                       # first moment
+    v64 = b2 * v64 + (1 - b2) * g64 * g64                 # second moment
+    bc1 = 1 - b1 ** step                                  # bias corrections, step 1-based
+    bc2 = 1 - b2 ** step
+    denom = np.sqrt(v64) / math.sqrt(bc2) + eps           # sqrt(v_hat) + eps
+    p64 = p64 - (lr / bc1) * m64 / denom                  # p -= lr * m_hat / denom
+    p[...], m[...], v[...] = p64, m64, v64                # stored back as float32
+
+
+def adamw_step(params, grads, exp_avg, exp_avg_sq, *, step, lr, betas=(0.9, 0.999), eps=1e-8,
+               weight_decay=0.01):
+    """One AdamW update (torch.optim.AdamW), in place, on each tensor of the lists.
+
+    ====================  ==============  =====================================================
+    params                list of arrays  float32, updated in place (or one array)
+    grads                 same shapes     float32 gradients
+    exp_avg               same shapes     float32 first moments m, updated (zeros at first)
+    exp_avg_sq            same shapes     float32 second moments v, updated (zeros at first)
+    step                  int >= 1        this update's number (1-based), for the bias
+                                          corrections
+    lr, betas, eps        float           as torch; weight_decay decoupled (p *= 1 - lr*wd)
+    ====================  ==============  =====================================================
+
+        p = p * (1 - lr * weight_decay)
+        m = beta1 * m + (1 - beta1) * g;   v = beta2 * v + (1 - beta2) * g^2
+        p = p - lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+
+    Computed in float64 per step, stored in float32.
+    """
+    for p, g, m, v in zip(_arrays(params), _arrays(grads), _arrays(exp_avg),
+                          _arrays(exp_avg_sq)):
+        _adam64(p, g, m, v, step, lr, betas, eps, weight_decay, True)
+
+
+def adam_step(params, grads, exp_avg, exp_avg_sq, *, step, lr, betas=(0.9, 0.999), eps=1e-8,
+              weight_decay=0.0):
+    """One Adam update (torch.optim.Adam), in place: as adamw_step, except that the weight
+    decay is an L2 term added to the gradient (g = g + weight_decay * p) instead of decoupled.
+    """
+    for p, g, m, v in zip(_arrays(params), _arrays(grads), _arrays(exp_avg),
+                          _arrays(exp_avg_sq)):
+        _adam64(p, g, m, v, step, lr, betas, eps, weight_decay, False)
+
+
+def grad_norm(grads):
+    """Global L2 norm of a list of arrays (or one array): sqrt(sum over all elements of g^2),
+    in float64, as a float."""
+    return math.sqrt(sum(float(np.sum(_f64(g) ** 2)) for g in _arrays(grads)))
+
+
+def clip_grads(grads, max_norm):
+    """torch.nn.utils.clip_grad_norm_: total = grad_norm(grads); when total > max_norm (or is
+    NaN), every gradient is scaled in place by max_norm / (total + 1e-6). Returns total, the
+    norm before clipping."""
+    grads = _arrays(grads)
+    total = grad_norm(grads)
+    if not total <= max_norm:
+        coef = max_norm / (total + 1e-6)
+        for g in grads:
+            g[...] = _f64(g) * coef
+    return total
