@@ -214,8 +214,10 @@ void fa_linear_packed_forward(float *y, const float *x, const float *wp, const f
  *   lane, as fa_softmax_forward) and, with dlogits, one write pass while the row is in cache.
  *   Each row's loss is combined in double from its float sums; reducing the losses (a mean or
  *   a sum) is left to the caller, in a fixed order.
- *   Threads: rows split statically; no cross-thread reduction -> results independent of
- *   threads. NaN or +inf logits give NaN.
+ *   Threads: tasks of whole rows (>= 16384 logits, or one row), dynamically scheduled (a
+ *   thread slowed by another process takes fewer); each row is computed by one thread in a
+ *   fixed order and nothing is reduced across rows -> results independent of threads.
+ *   NaN or +inf logits give NaN.
  *   Twin: fastattn.reference.cross_entropy
  */
 void fa_cross_entropy_forward(float *losses, float *dlogits, const float *logits,
@@ -224,40 +226,52 @@ void fa_cross_entropy_forward(float *losses, float *dlogits, const float *logits
                               int nthreads);
 
 /* ---- optimiser -------------------------------------------------------------------------------- */
+/* These kernels take `count` tensors at once, as arrays of pointers and sizes (tensor i:
+ * sizes[i] floats at xs[i]; a tensor with no elements may have a NULL pointer), so that one
+ * parallel region covers a whole model's parameters. Work is cut into tasks of at most
+ * FA_OPTIM_CHUNK floats, none spanning two tensors, handed out dynamically (a thread slowed
+ * by another process takes fewer); every element is computed the same way whichever thread
+ * takes it, so results do not depend on the thread count. */
+#define FA_OPTIM_CHUNK 32768
 
-/* fa_adam_step -- one Adam / AdamW update of one parameter tensor, in place, as torch.optim.
+/* fa_adam_step -- one Adam / AdamW update of `count` parameter tensors, in place, as
+ * torch.optim.Adam / AdamW.
  *
- *   param       (n)  in/out
- *   exp_avg     (n)  in/out; first moment m
- *   exp_avg_sq  (n)  in/out; second moment v
- *   grad        (n)  in
- *   step        1-based count of updates of this tensor, this one included
+ *   params[i]       (sizes[i])  in/out
+ *   exp_avgs[i]     (sizes[i])  in/out; first moment m
+ *   exp_avg_sqs[i]  (sizes[i])  in/out; second moment v
+ *   grads[i]        (sizes[i])  in
+ *   step        1-based count of updates of these tensors, this one included
  *   decoupled   1: AdamW (p *= 1 - lr * weight_decay first); 0: Adam (g += weight_decay * p)
  *   scalar math, per element, in torch's order, with float constants computed in double:
  *     m = lerp(m, g, 1 - beta1);  v = v * beta2 + (1 - beta2) * g * g
  *     p = p - (lr / (1 - beta1^step)) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
- *   One pass: 4 floats read and 3 written per element. No element depends on another.
- *   Threads: elements split statically into 64-byte aligned slices.
+ *   One pass: 4 floats read and 3 written per element.
  *   Twin: fastattn.reference.adamw_step / adam_step
  */
-void fa_adam_step(float *param, float *exp_avg, float *exp_avg_sq, const float *grad, int64_t n,
-                  int64_t step, double lr, double beta1, double beta2, double eps,
-                  double weight_decay, int decoupled, int nthreads);
+void fa_adam_step(float *const *params, float *const *exp_avgs, float *const *exp_avg_sqs,
+                  const float *const *grads, const int64_t *sizes, int64_t count, int64_t step,
+                  double lr, double beta1, double beta2, double eps, double weight_decay,
+                  int decoupled, int nthreads);
 
-/* fa_sum_squares -- sum_i x_i^2 in double, the same bits for any thread count.
+/* fa_sum_squares -- sum of x^2 over `count` tensors, in double, the same bits for any thread
+ * count (the square of grad_norm).
  *
- *   partials  (fa_sum_squares_scratch(n))  scratch: one double per block of 8192 floats
- *   x         (n)  in
- *   Each block's sum of squares is accumulated in double vector lanes (combined in a fixed
- *   order) by one thread; the block sums are then added in block order.
- *   Returns the sum. Twin: fastattn.reference.grad_norm (its square, per array)
+ *   partials  (fa_sum_squares_blocks(sizes, count))  scratch: one double per block
+ *   xs[i]     (sizes[i])  in
+ *   Blocks of FA_OPTIM_CHUNK floats (a tensor's last one shorter): each block's sum of
+ *   squares is accumulated in double vector lanes, combined in a fixed order, by one thread;
+ *   the block sums are then added in block order (tensor by tensor).
+ *   Returns the sum. Twin: fastattn.reference.grad_norm (squared)
  */
-int64_t fa_sum_squares_scratch(int64_t n);
-double fa_sum_squares(double *partials, const float *x, int64_t n, int nthreads);
+int64_t fa_sum_squares_blocks(const int64_t *sizes, int64_t count);
+double fa_sum_squares(double *partials, const float *const *xs, const int64_t *sizes,
+                      int64_t count, int nthreads);
 
-/* fa_scale_inplace -- x *= s (gradient clipping).
- *   x  (n)  in/out.  Threads: elements split statically.
+/* fa_scale_inplace -- xs[i] *= s for `count` tensors (gradient clipping).
+ *   xs[i]  (sizes[i])  in/out
  */
-void fa_scale_inplace(float *x, int64_t n, float s, int nthreads);
+void fa_scale_inplace(float *const *xs, const int64_t *sizes, int64_t count, float s,
+                      int nthreads);
 
 #endif /* FASTATTN_H */

@@ -4,6 +4,8 @@
 
 #include "fastattn.h"
 
+#define CE_TASK_FLOATS 16384 /* rows per task: at least this many logits (64 KB), or one row */
+
 #define FA_BODY "loss_body.h"
 #include "fa_instantiate.h"
 
@@ -17,13 +19,13 @@ void fa_cross_entropy_forward(float *losses, float *dlogits, const float *logits
 {
     if (N <= 0) return;
     const ce_rows_fn rows = FA_DISPATCH(cross_entropy_rows_);
+    const int64_t per = V >= CE_TASK_FLOATS ? 1 : CE_TASK_FLOATS / (V > 0 ? V : 1);
+    const int64_t ntasks = (N + per - 1) / per;           /* tasks of `per` rows */
     const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)N * (double)V, 3e4);
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        int64_t r0, r1;                                   /* this thread's rows */
-        fa_split(N, 1, &r0, &r1);
-        if (r0 < r1)
-            rows(losses, dlogits, logits, targets, r0, r1, V, ignore_index, label_smoothing,
-                 grad_scale);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(dynamic, 1)
+    for (int64_t task = 0; task < ntasks; task++) {
+        const int64_t r0 = task * per, r1 = r0 + per < N ? r0 + per : N;
+        rows(losses, dlogits, logits, targets, r0, r1, V, ignore_index, label_smoothing,
+             grad_scale);
     }
 }

@@ -293,47 +293,87 @@ def cross_entropy_forward(float[::1] losses not None, float[:, ::1] dlogits,
 
 # ---- optimiser ---------------------------------------------------------------------------------
 
+from libc.stdlib cimport free, malloc
+
+
 cdef extern from "fastattn.h" nogil:
-    void fa_adam_step(float *param, float *exp_avg, float *exp_avg_sq, const float *grad,
-                      int64_t n, int64_t step, double lr, double beta1, double beta2,
-                      double eps, double weight_decay, int decoupled, int nthreads)
-    int64_t fa_sum_squares_scratch(int64_t n)
-    double fa_sum_squares(double *partials, const float *x, int64_t n, int nthreads)
-    void fa_scale_inplace(float *x, int64_t n, float s, int nthreads)
+    void fa_adam_step(float *const *params, float *const *exp_avgs, float *const *exp_avg_sqs,
+                      const float *const *grads, const int64_t *sizes, int64_t count,
+                      int64_t step, double lr, double beta1, double beta2, double eps,
+                      double weight_decay, int decoupled, int nthreads)
+    int64_t fa_sum_squares_blocks(const int64_t *sizes, int64_t count)
+    double fa_sum_squares(double *partials, const float *const *xs, const int64_t *sizes,
+                          int64_t count, int nthreads)
+    void fa_scale_inplace(float *const *xs, const int64_t *sizes, int64_t count, float s,
+                          int nthreads)
 
 
-def adam_step(float[::1] param not None, float[::1] exp_avg not None,
-              float[::1] exp_avg_sq not None, const float[::1] grad not None, int64_t step,
-              double lr, double beta1, double beta2, double eps, double weight_decay,
-              bint decoupled, int nthreads):
-    """One Adam (decoupled=False) or AdamW (decoupled=True) update of flat (n,) arrays of the
-    same length, in place (checked by ops.py)."""
-    cdef float *pp = _p1(param)
-    cdef float *mp = _p1(exp_avg)
-    cdef float *vp = _p1(exp_avg_sq)
-    cdef const float *gp = _cp1(grad)
+cdef class _Tensors:
+    """The pointers and sizes of a list of flat float32 arrays, as the optimiser kernels take
+    them (NULL for an array without elements). The list, which the caller keeps, owns the
+    data; this object only holds the C arrays that point into it."""
+    cdef float **ptrs
+    cdef int64_t *sizes
+    cdef int64_t count
+
+    def __cinit__(self, list arrays, bint writable):
+        cdef Py_ssize_t i
+        cdef float[::1] w
+        cdef const float[::1] r
+        self.count = len(arrays)
+        self.ptrs = <float **>malloc(max(1, self.count) * sizeof(float *))
+        self.sizes = <int64_t *>malloc(max(1, self.count) * sizeof(int64_t))
+        if self.ptrs == NULL or self.sizes == NULL:
+            raise MemoryError()
+        for i in range(self.count):
+            if writable:
+                w = arrays[i]
+                self.ptrs[i] = _p1(w)
+                self.sizes[i] = w.shape[0]
+            else:
+                r = arrays[i]
+                self.ptrs[i] = <float *>_cp1(r)
+                self.sizes[i] = r.shape[0]
+
+    def __dealloc__(self):
+        free(self.ptrs)
+        free(self.sizes)
+
+
+def adam_step(list params not None, list exp_avg not None, list exp_avg_sq not None,
+              list grads not None, int64_t step, double lr, double beta1, double beta2,
+              double eps, double weight_decay, bint decoupled, int nthreads):
+    """One Adam (decoupled=False) or AdamW (decoupled=True) update, in place, of lists of flat
+    float32 (n_i,) arrays: params[i], exp_avg[i], exp_avg_sq[i], grads[i] of one length n_i
+    (checked by ops.py)."""
+    cdef _Tensors p = _Tensors(params, True)
+    cdef _Tensors m = _Tensors(exp_avg, True)
+    cdef _Tensors v = _Tensors(exp_avg_sq, True)
+    cdef _Tensors g = _Tensors(grads, False)
     with nogil:
-        fa_adam_step(pp, mp, vp, gp, param.shape[0], step, lr, beta1, beta2, eps,
-                     weight_decay, decoupled, nthreads)
+        fa_adam_step(p.ptrs, m.ptrs, v.ptrs, <const float *const *>g.ptrs, p.sizes, p.count,
+                     step, lr, beta1, beta2, eps, weight_decay, decoupled, nthreads)
 
 
-def sum_squares_scratch(int64_t n):
-    return fa_sum_squares_scratch(n)
-
-
-def sum_squares(double[::1] partials, const float[::1] x not None, int nthreads):
-    """sum(x**2) in double; partials holds sum_squares_scratch(len(x)) doubles."""
-    cdef double *pp = NULL
-    if partials is not None and partials.shape[0] > 0:
-        pp = &partials[0]
-    cdef const float *xp = _cp1(x)
+def sum_squares(list xs not None, int nthreads):
+    """sum of x**2 over a list of flat float32 arrays, in double."""
+    cdef _Tensors t = _Tensors(xs, False)
+    cdef int64_t nb = fa_sum_squares_blocks(t.sizes, t.count)
+    cdef double *partials = <double *>malloc(max(1, nb) * sizeof(double))
     cdef double total
-    with nogil:
-        total = fa_sum_squares(pp, xp, x.shape[0], nthreads)
+    if partials == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            total = fa_sum_squares(partials, <const float *const *>t.ptrs, t.sizes, t.count,
+                                   nthreads)
+    finally:
+        free(partials)
     return total
 
 
-def scale_inplace(float[::1] x not None, float s, int nthreads):
-    cdef float *xp = _p1(x)
+def scale_inplace(list xs not None, float s, int nthreads):
+    """xs[i] *= s for a list of flat float32 arrays."""
+    cdef _Tensors t = _Tensors(xs, True)
     with nogil:
-        fa_scale_inplace(xp, x.shape[0], s, nthreads)
+        fa_scale_inplace(t.ptrs, t.sizes, t.count, s, nthreads)

@@ -544,15 +544,15 @@ def _adam(op, decoupled, params, grads, exp_avg, exp_avg_sq, step, lr, betas, ep
           weight_decay):
     tensors, step, lr, b1, b2, eps, wd = _check_adam(params, grads, exp_avg, exp_avg_sq, step,
                                                      lr, betas, eps, weight_decay, op)
-    nt = get_num_threads()
-    for p, g, m, v in tensors:
-        _kernels.adam_step(p, m, v, g, step, lr, b1, b2, eps, wd, decoupled, nt)
+    p, g, m, v = (list(t) for t in zip(*tensors)) if tensors else ([], [], [], [])
+    _kernels.adam_step(p, m, v, g, step, lr, b1, b2, eps, wd, decoupled, get_num_threads())
 
 
 def adamw_step(params, grads, exp_avg, exp_avg_sq, *, step, lr, betas=(0.9, 0.999), eps=1e-8,
                weight_decay=0.01):
-    """One AdamW update (torch.optim.AdamW: decoupled weight decay), in place, one pass per
-    tensor; see reference.adamw_step. Every array float32, C-contiguous, matching shapes;
+    """One AdamW update (torch.optim.AdamW: decoupled weight decay), in place: one pass over
+    each tensor, every tensor of the lists in one parallel region; see reference.adamw_step.
+    Every array float32, C-contiguous, matching shapes (nothing is converted or copied);
     params, exp_avg and exp_avg_sq writable. step is 1-based."""
     _adam("adamw_step", True, params, grads, exp_avg, exp_avg_sq, step, lr, betas, eps,
           weight_decay)
@@ -566,21 +566,15 @@ def adam_step(params, grads, exp_avg, exp_avg_sq, *, step, lr, betas=(0.9, 0.999
           weight_decay)
 
 
-def _sum_squares(a, nt):
-    partials = np.empty(_kernels.sum_squares_scratch(a.size), np.float64)
-    return _kernels.sum_squares(partials, a, nt)
-
-
 def grad_norm(grads):
-    """Global L2 norm of a list of arrays (or one array), as a float: per-array sums of squares
-    in float64 (fixed blocks, added in block order), added in list order, so the same bits for
-    any thread count. Other dtypes and layouts are converted (a copy); see reference.grad_norm."""
+    """Global L2 norm of a list of arrays (or one array), as a float: sums of squares in float64
+    over fixed blocks of each array, added in block order, array after array, so the same bits
+    for any thread count. Other dtypes and layouts are converted (a copy); see
+    reference.grad_norm."""
     op = "grad_norm"
-    nt = get_num_threads()
-    total = 0.0
-    for i, g in enumerate(_as_list(grads, "grads", op)):
-        total += _sum_squares(_contig(g, f"grads[{i}]", op).reshape(-1), nt)
-    return math.sqrt(total)
+    flat = [_contig(g, f"grads[{i}]", op).reshape(-1)
+            for i, g in enumerate(_as_list(grads, "grads", op))]
+    return math.sqrt(_kernels.sum_squares(flat, get_num_threads()))
 
 
 def clip_grads(grads, max_norm):
@@ -596,13 +590,7 @@ def clip_grads(grads, max_norm):
         raise ValueError(f"{op}: max_norm must be >= 0 (inf: never clip), got {max_norm!r}")
     flat = [_inplace_array(g, f"grads[{i}]", op)
             for i, g in enumerate(_as_list(grads, "grads", op))]
-    nt = get_num_threads()
-    total = 0.0
-    for g in flat:
-        total += _sum_squares(g, nt)
-    total = math.sqrt(total)
+    total = math.sqrt(_kernels.sum_squares(flat, get_num_threads()))
     if not total <= max_norm:                 # also NaN, as torch
-        coef = np.float32(max_norm / (total + 1e-6))
-        for g in flat:
-            _kernels.scale_inplace(g, coef, nt)
+        _kernels.scale_inplace(flat, max_norm / (total + 1e-6), get_num_threads())
     return total
