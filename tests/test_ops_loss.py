@@ -393,3 +393,18 @@ def test_fewer_threads_than_asked(env):
     assert proc.returncode == 0, proc.stderr
     worst = json.loads(proc.stdout.strip().splitlines()[-1])
     assert max(worst.values()) <= 1.0, f"{env}: {worst}"
+
+
+# ---- the benchmark target ------------------------------------------------------------------------
+
+def test_cross_entropy_bench_target():
+    from fastattn import bench
+    from fastattn.bench import runner
+    case = bench.CASES["cross_entropy"]
+    assert "cross_entropy" in bench.OP_CASES
+    assert case.nbytes == 2 * 4096 * 8000 * 4
+    row = runner.empty_row(case, 2)
+    row["fastattn_times_ms"], row["torch_times_ms"] = [10.0], [25.0]
+    runner.finish_row(case, row)
+    (target,) = [t for t in bench.check_targets([row]) if t["case"] == "cross_entropy"]
+    assert target["status"] == "PASS" and target["target"] == "speedup vs torch >= 2x"

@@ -336,3 +336,44 @@ def test_fewer_threads_than_asked(env):
     assert proc.returncode == 0, proc.stderr
     worst = json.loads(proc.stdout.strip().splitlines()[-1])
     assert max(worst.values()) <= 1.0, f"{env}: {worst}"
+
+
+# ---- the benchmark case and its target ---------------------------------------------------------
+
+def test_adamw_bench_sizes_are_transformer_base():
+    from fastattn.bench import cases
+    shapes = cases.transformer_base_shapes()
+    n = sum(int(np.prod(s)) for s in shapes)
+    assert 62e6 < n < 64e6                     # ~63M: nn.Transformer() + a 37000 x 512 embedding
+    assert cases.CASES["adamw"].nbytes == 7 * 4 * n
+    assert "adamw" in cases.OP_CASES and "adamw" in cases.DEFAULT_CASES
+
+
+def test_copy_probe_is_timed_with_the_case(monkeypatch):
+    """A case with copy_probe gets a memory copy timed interleaved with it: copy_gbps and
+    share_of_copy = fastattn GB/s / copy GB/s in its row, which the adamw target reads."""
+    from fastattn import bench
+    from fastattn.bench import cases, runner
+
+    def build(rng):
+        return {"p": [np.array(rng.standard_normal(100000), np.float32)]}
+
+    def impl(i):
+        p = [a.copy() for a in i["p"]]
+        m, v = [np.zeros_like(a) for a in p], [np.zeros_like(a) for a in p]
+        return lambda: (ops.adamw_step(p, i["p"], m, v, step=1, lr=1e-3), p[0])[1]
+
+    case = cases.Case("adamw", "tiny adamw", build, {"fastattn": impl}, nbytes=7 * 4 * 100000)
+    case.copy_probe = True
+    monkeypatch.setitem(cases.CASES, "adamw", case)
+    (row,) = runner.run(["adamw"], repeat=2, threads=1)
+    assert row["copy_runs"] == 2 and row["copy_gbps"] > 0
+    assert row["share_of_copy"] == pytest.approx(row["fastattn_gbps"] / row["copy_gbps"])
+    assert any("memory copy" in n for n in row["notes"])
+    (target,) = [t for t in bench.check_targets([row]) if t["case"] == "adamw"]
+    assert target["status"] == ("PASS" if row["share_of_copy"] >= 0.8 else "MISS")
+    row["share_of_copy"] = 0.5
+    (target,) = [t for t in bench.check_targets([row]) if t["case"] == "adamw"]
+    assert target["status"] == "MISS" and "50% of the copy" in target["detail"]
+    (target,) = [t for t in bench.check_targets([]) if t["case"] == "adamw"]
+    assert target["status"] == "SKIP"

@@ -372,3 +372,96 @@ OP_CASES = ("attention_causal", "attention_full", "layer_norm", "ffn", "sgemm",
 MODEL_CASES = ("encoder", "transformer", "generate_greedy_b1", "generate_greedy_b8",
                "generate_beam_b1", "generate_beam_b8", "decode_step")
 DEFAULT_CASES = OP_CASES + MODEL_CASES
+
+
+# ---- training: loss and optimiser ----------------------------------------------------------------
+
+def _cross_entropy_case(N=4096, V=8000, eps=0.1):
+    """Cross-entropy forward + backward (label smoothing eps) over N rows of V logits: fastattn
+    and the twin return dlogits; torch runs F.cross_entropy and its backward on a leaf tensor
+    sharing the logits (autograd on, so outside inference_mode). Outputs compared: dlogits."""
+    def build(rng):
+        return {"logits": _normal(rng, (N, V), 3.0), "targets": rng.integers(0, V, N)}
+
+    def impl(fn):
+        return lambda i: lambda: fn(i["logits"], i["targets"], label_smoothing=eps,
+                                    return_grad=True)[1]
+
+    def torch_factory(inputs):
+        torch = require_torch()
+        torch.set_num_threads(get_num_threads())
+        x = torch.from_numpy(inputs["logits"]).requires_grad_(True)
+        t = torch.from_numpy(inputs["targets"])
+
+        def run_torch():
+            x.grad = None
+            torch.nn.functional.cross_entropy(x, t, label_smoothing=eps).backward()
+            return x.grad
+        return run_torch
+
+    return Case("cross_entropy", f"cross-entropy fwd + bwd, label smoothing {eps} ({N}, {V})",
+                build, {"fastattn": impl(ops.cross_entropy),
+                        "numpy": impl(reference.cross_entropy), "torch": torch_factory},
+                nbytes=2 * N * V * 4)
+
+
+def transformer_base_shapes(vocab=37000):
+    """The parameter shapes of Transformer-base: nn.Transformer()'s state_dict (BASE) plus one
+    shared (vocab, d_model) embedding, the paper's 37000-token shared vocabulary (~63M floats
+    in all)."""
+    from ..io import state_dict_shapes
+    config = dict(BASE, bias=True)
+    return [shape for _, shape in state_dict_shapes("Transformer", config)] + \
+        [(vocab, BASE["d_model"])]
+
+
+def _adamw_case(lr=1e-4):
+    """One AdamW step over Transformer-base's parameters (transformer_base_shapes). Each
+    implementation updates its own copy of the parameters and moments (torch: its own
+    tensors, the gradients shared); the output compared is the first parameter tensor after
+    the checking call (one step). Bytes: 7 floats per parameter (p, g, m, v read; p, m, v
+    written), against a memory copy timed in the same run (Case.copy_probe)."""
+    shapes = transformer_base_shapes()
+    n = sum(math.prod(s) for s in shapes)
+
+    def build(rng):
+        return {"params": [_normal(rng, s, 0.05) for s in shapes],
+                "grads": [_normal(rng, s, 1e-2) for s in shapes]}
+
+    def impl(fn):
+        def factory(i):
+            p = [a.copy() for a in i["params"]]
+            m, v = [np.zeros_like(a) for a in p], [np.zeros_like(a) for a in p]
+            step = [0]
+
+            def run():
+                step[0] += 1
+                fn(p, i["grads"], m, v, step=step[0], lr=lr)
+                return p[0]
+            return run
+        return factory
+
+    def torch_factory(inputs):
+        torch = require_torch()
+        torch.set_num_threads(get_num_threads())
+        params = [torch.from_numpy(a.copy()).requires_grad_(True) for a in inputs["params"]]
+        for t, g in zip(params, inputs["grads"]):
+            t.grad = torch.from_numpy(g)
+        opt = torch.optim.AdamW(params, lr=lr)     # what torch picks on CPU
+
+        def run_torch():
+            opt.step()
+            return params[0].detach()
+        return run_torch
+
+    case = Case("adamw", f"AdamW step, Transformer-base ({len(shapes)} tensors, {n / 1e6:.1f}M "
+                         "floats)", build,
+                {"fastattn": impl(ops.adamw_step), "numpy": impl(reference.adamw_step),
+                 "torch": torch_factory}, nbytes=7 * 4 * n)
+    case.copy_probe = True
+    return case
+
+
+CASES.update((c.name, c) for c in (_cross_entropy_case(), _adamw_case()))
+OP_CASES += ("cross_entropy", "adamw")
+DEFAULT_CASES = OP_CASES + MODEL_CASES

@@ -142,8 +142,22 @@ def _run_time_case(case, threads, repeat, numpy_repeat):
     left = {impl: n - (impl in first) for impl, n in counts.items()}
     warm = {impl: 0 if impl in case.slow or not case.warm else timing.WARM_SECONDS
             for impl in fns}
-    times = timing.time_interleaved({i: fn for i, fn in fns.items() if left[i] > 0},
-                                    {i: n for i, n in left.items() if n > 0}, warm)
+    timed = {i: fn for i, fn in fns.items() if left[i] > 0}
+    timed_counts = {i: n for i, n in left.items() if n > 0}
+    copy = None
+    if getattr(case, "copy_probe", False) and "fastattn" in fns:
+        # a memory copy on as many threads, timed interleaved with the implementations
+        copy, copy_bytes = timing.memory_copy(threads=threads)
+        copy()                                                   # pages touched
+        timed["copy"], timed_counts["copy"] = copy, counts["fastattn"]
+        warm["copy"] = timing.WARM_SECONDS
+    try:
+        times = timing.time_interleaved(timed, timed_counts, warm)
+    finally:
+        if copy is not None:
+            copy.close()
+    if copy is not None:
+        _copy_metrics(row, times.pop("copy"), copy_bytes)
     for impl in fns:
         ts = ([first[impl]] if impl in first else []) + times.get(impl, [])
         row[f"{impl}_times_ms"] = [t * 1e3 for t in ts]
@@ -159,7 +173,18 @@ def _run_time_case(case, threads, repeat, numpy_repeat):
         finish_row(case, row)
         row["notes"].append(f"np.matmul {row['numpy_gflops']:.0f} GFLOP/s (FFN roofline)")
         return row
-    return finish_row(case, row)
+    finish_row(case, row)
+    if row.get("copy_gbps") and row.get("fastattn_gbps"):
+        row["share_of_copy"] = row["fastattn_gbps"] / row["copy_gbps"]
+        row["notes"].append(f"{100 * row['share_of_copy']:.0f}% of a {threads}-thread memory "
+                            f"copy ({row['copy_gbps']:.1f} GB/s, {row['copy_runs']} runs)")
+    return row
+
+
+def _copy_metrics(row, seconds, copy_bytes):
+    """The memory copy's median time and bandwidth, for a case measured against it."""
+    ms = statistics.median(seconds) * 1e3
+    row.update(copy_ms=ms, copy_gbps=copy_bytes / (ms * 1e6), copy_runs=len(seconds))
 
 
 def decode_probes(case, threads=None, rounds=5):
@@ -259,7 +284,9 @@ def run(cases=None, repeat=DEFAULT_REPEAT, threads=None, *, numpy_repeat=DEFAULT
     Linux); memory case: <impl>_peak_mib, output_mib, matrix_mib; generation cases:
     <impl>_tokens_per_s, rows_differ ({impl: rows whose tokens differ from those of
     rows_compared_with}); decode case: step_ms (also its fastattn_ms), weight_mb, weight_gbps,
-    copy_gbps, share_of_copy, generate_ms, prefill_ms, copy_ms, copy_threads.
+    copy_gbps, share_of_copy, generate_ms, prefill_ms, copy_ms, copy_threads; a case with
+    copy_probe (adamw): copy_ms, copy_gbps, copy_runs and share_of_copy (fastattn GB/s over a
+    memory copy's, timed interleaved with the implementations).
     """
     selected = select(cases)
     if repeat < 1 or numpy_repeat < 1:

@@ -75,6 +75,29 @@ TARGETS = (
 )
 
 
+# ---- training: loss and optimiser -----------------------------------------------------------
+
+def _copy_share_target(case):
+    """fastattn's GB/s over a memory copy's, both timed in the same run (Case.copy_probe)."""
+    def measure(rows):
+        r = _row(rows, case)
+        if r is None:
+            return None, "not run"
+        v = r.get("share_of_copy")
+        if v is None:
+            return None, "not measured"
+        return v, f"{100 * v:.0f}% of the copy ({r['fastattn_gbps']:.1f} vs " \
+                  f"{r['copy_gbps']:.1f} GB/s; {fmt_ms(r['fastattn_ms'])} ms per step)"
+    return measure
+
+
+TARGETS += (
+    _speedup_target("cross_entropy", "torch", 2),
+    ("adamw", "GB/s >= 80% of memory copy GB/s", _copy_share_target("adamw"),
+     lambda v: v >= 0.8),
+)
+
+
 def check_targets(rows):
     """One dict per target: case, target, value, detail, status ("PASS", "MISS" or "SKIP")."""
     results = []
