@@ -464,6 +464,24 @@ static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int
  */
 #define KB BQ
 #define BR ATT_BWD_BR
+/* The rows (or features) [i, n) left after the MR_S tiles, in tiles of 4, 2 and 1, each of a
+ * size known at compile time; every row's arithmetic is the same whatever tile holds it. */
+#define ATT_TAIL(i, n, TILE)                         \
+    do {                                             \
+        if (MR_S > 4 && (n) - (i) >= 4) {            \
+            TILE(4);                                 \
+            (i) += 4;                                \
+        }                                            \
+        if ((n) - (i) >= 2) {                        \
+            TILE(2);                                 \
+            (i) += 2;                                \
+        }                                            \
+        if ((n) - (i) >= 1) {                        \
+            TILE(1);                                 \
+            (i) += 1;                                \
+        }                                            \
+    } while (0)
+_Static_assert(ATT_MR_S <= 7, "ATT_TAIL covers at most 7 rows left over");
 
 static int64_t FA_CAT(attention_bwd_scratch_, FA_SFX)(int64_t D, int64_t Dv)
 {
@@ -557,10 +575,10 @@ static void FA_CAT(bwd_dot_, FA_SFX)(float *FA_RESTRICT s, const float *FA_RESTR
                                      const float *FA_RESTRICT x, int64_t xs, int64_t n, int64_t F)
 {
     int64_t r = 0;
-    for (; r + MR_S <= n; r += MR_S)
-        FA_CAT(bwd_dot_tile_, FA_SFX)(s + r * KB, mt, x + r * xs, xs, F, MR_S);
-    for (; r < n; r++)
-        FA_CAT(bwd_dot_tile_, FA_SFX)(s + r * KB, mt, x + r * xs, xs, F, 1);
+#define TILE(rows) FA_CAT(bwd_dot_tile_, FA_SFX)(s + r * KB, mt, x + r * xs, xs, F, rows)
+    for (; r + MR_S <= n; r += MR_S) TILE(MR_S);
+    ATT_TAIL(r, n, TILE);
+#undef TILE
 }
 
 /* acc_t[f][:] += sum_{r<n} x[r][f] * p[r][:] for f < F (x rows in place, stride xs; p rows of
@@ -591,10 +609,10 @@ static void FA_CAT(bwd_acc_, FA_SFX)(float *FA_RESTRICT acc_t, const float *FA_R
                                      const float *FA_RESTRICT x, int64_t xs, int64_t n, int64_t F)
 {
     int64_t f = 0;
-    for (; f + MR_S <= F; f += MR_S)
-        FA_CAT(bwd_acc_tile_, FA_SFX)(acc_t + f * KB, p, x + f, xs, n, MR_S);
-    for (; f < F; f++)
-        FA_CAT(bwd_acc_tile_, FA_SFX)(acc_t + f * KB, p, x + f, xs, n, 1);
+#define TILE(cols) FA_CAT(bwd_acc_tile_, FA_SFX)(acc_t + f * KB, p, x + f, xs, n, cols)
+    for (; f + MR_S <= F; f += MR_S) TILE(MR_S);
+    ATT_TAIL(f, F, TILE);
+#undef TILE
 }
 
 /* dq rows r < ROWS (stride dqs) += sum_{j<nb} ds[r][j] * kr[j][:], NV vectors of features from
@@ -638,25 +656,31 @@ FA_INLINE void FA_CAT(bwd_dq_tile_, FA_SFX)(float *FA_RESTRICT dq, int64_t dqs,
         }
 }
 
+/* Row r sees the keys j < cut0 + r of the block (causal; dS is 0 past them, so they are not
+ * summed: a tile of rows stops at its last row's limit). */
 static void FA_CAT(bwd_dq_, FA_SFX)(float *FA_RESTRICT dq, int64_t dqs,
                                     const float *FA_RESTRICT ds, const float *FA_RESTRICT kr,
-                                    int64_t Dp, int64_t n, int64_t nb, int64_t D)
+                                    int64_t Dp, int64_t n, int64_t nb, int64_t cut0, int64_t D)
 {
-    int64_t d0 = 0;
+    int64_t d0 = 0, r;
+#define UPTO(rows) (cut0 + r + (rows) - 1 < nb ? cut0 + r + (rows) - 1 : nb)
+#define TILE_NR(rows)                                                                           \
+    FA_CAT(bwd_dq_tile_, FA_SFX)(dq + r * dqs, dqs, ds + r * KB, kr, Dp, UPTO(rows), d0, D, rows, \
+                                 NR)
+#define TILE_1(rows)                                                                            \
+    FA_CAT(bwd_dq_tile_, FA_SFX)(dq + r * dqs, dqs, ds + r * KB, kr, Dp, UPTO(rows), d0, D, rows, \
+                                 1)
     for (; d0 + NR * FA_VL <= Dp; d0 += NR * FA_VL) {
-        int64_t r = 0;
-        for (; r + MR_S <= n; r += MR_S)
-            FA_CAT(bwd_dq_tile_, FA_SFX)(dq + r * dqs, dqs, ds + r * KB, kr, Dp, nb, d0, D, MR_S, NR);
-        for (; r < n; r++)
-            FA_CAT(bwd_dq_tile_, FA_SFX)(dq + r * dqs, dqs, ds + r * KB, kr, Dp, nb, d0, D, 1, NR);
+        for (r = 0; r + MR_S <= n; r += MR_S) TILE_NR(MR_S);
+        ATT_TAIL(r, n, TILE_NR);
     }
     for (; d0 < Dp; d0 += FA_VL) { /* the last (Dp mod NR*VL) features, a vector at a time */
-        int64_t r = 0;
-        for (; r + MR_S <= n; r += MR_S)
-            FA_CAT(bwd_dq_tile_, FA_SFX)(dq + r * dqs, dqs, ds + r * KB, kr, Dp, nb, d0, D, MR_S, 1);
-        for (; r < n; r++)
-            FA_CAT(bwd_dq_tile_, FA_SFX)(dq + r * dqs, dqs, ds + r * KB, kr, Dp, nb, d0, D, 1, 1);
+        for (r = 0; r + MR_S <= n; r += MR_S) TILE_1(MR_S);
+        ATT_TAIL(r, n, TILE_1);
     }
+#undef TILE_NR
+#undef TILE_1
+#undef UPTO
 }
 
 /* A pair's probabilities and their gradient, row r = query ilo + r: ds holds S (base 2) and
@@ -730,7 +754,8 @@ static void FA_CAT(bwd_pair_, FA_SFX)(const fa_att_bwd_args *a, const fa_att_bwd
     }
     if (with_dq) {
         float *dq_i = a->dq + b * a->dqs[0] + h * a->dqs[1] + ilo * a->dqs[2];
-        FA_CAT(bwd_dq_, FA_SFX)(dq_i, a->dqs[2], kb->ds, kb->kr, kb->Dp, n, kb->nb, f->D);
+        const int64_t cut0 = f->causal ? ilo + (f->Lk - f->Lq) + 1 - kb->jb : kb->nb;
+        FA_CAT(bwd_dq_, FA_SFX)(dq_i, a->dqs[2], kb->ds, kb->kr, kb->Dp, n, kb->nb, cut0, f->D);
     }
 }
 
@@ -798,6 +823,7 @@ static void FA_CAT(attention_bwd_queries_, FA_SFX)(const fa_att_bwd_args *a, int
 
 #undef KB
 #undef BR
+#undef ATT_TAIL
 
 #undef NR
 #undef BQ
