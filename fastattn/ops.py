@@ -21,7 +21,8 @@ from . import _kernels, reference
 from ._runtime import get_num_threads, tiles
 
 __all__ = [
-    "attention", "attention_forward", "attention_backward", "softmax", "layer_norm", "layer_norm_forward", "linear",
+    "attention", "attention_forward", "softmax", "layer_norm", "layer_norm_forward", "linear",
+    "attention_backward",
     "ffn", "positional_encoding",
 ]
 
