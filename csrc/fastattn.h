@@ -131,16 +131,19 @@ int fa_attention_forward(float *out, float *lse, float *weights,
  *   forward's dropout (1 without), Delta_i = sum_e dout_ie out_ie:
  *     dv_j += P_ij keep_ij dout_i;   dS_ij = P_ij (keep_ij dout_i . v_j - Delta_i)
  *     dq_i += scale dS_ij k_j;       dk_j += scale dS_ij q_i
- *   A row with lse = -inf gets zero gradients and adds nothing to dk, dv. Causal: the pairs of
+ *   A row with lse = -inf (or NaN, as in the twin) has P = 0: zero gradients, nothing added
+ *   to dk, dv (a NaN Delta still makes its dS NaN). Causal: the pairs of
  *   query and key blocks wholly above the diagonal are skipped.
  *   Blocks: keys in blocks of BQ (along the vector lanes), queries in blocks of BR rows.
  *   Threads: Delta first ((B*H*Lq) rows, split statically). Then tasks over (batch, head) that
  *   own their dk, dv rows and accumulate them over every query block, adding each block's
- *   share into dq as they go; when (batch, head) pairs are fewer than threads, the work is
- *   split instead into (batch, head, key block) tasks (dk, dv) and (batch, head, query block)
- *   tasks (dq). Either way every element is summed by one thread in one fixed order (dq_i over
- *   key blocks in order, dk_j and dv_j over query rows in order) with the same arithmetic ->
- *   bitwise the same results for any thread count or team actually started. No atomics.
+ *   share into dq as they go. With too few (batch, head) pairs for the team (5 ceil(BH/n) n >
+ *   7 BH: a head costs 5 products, the split 7, spread evenly) the work is split instead into
+ *   (batch, head, key block) tasks (dk, dv) and (batch, head, query block) tasks (dq, which
+ *   recompute S and dP'). Either way every element is summed by one thread in one fixed
+ *   order (dq_i over key blocks in order, dk_j and dv_j over query rows in order) with the
+ *   same arithmetic -> bitwise the same results for any thread count or team actually
+ *   started. No atomics.
  *   Scratch: Delta (B*H*Lq floats), and per thread (2*D + 2*Dv + Dp + 2*BR + 1) * BQ floats,
  *   Dp = D rounded up to whole vectors: K^T, V^T, K (padded rows) and the dK^T, dV^T
  *   accumulators of one key block, the P' and dS tiles of one block pair, the key bias.

@@ -43,6 +43,9 @@ Conventions:
   attention inputs that are not 4-D, raise the same ValueError as in ``fastattn.ops``) and
   otherwise assumes well-formed arguments. Degenerate sizes (no rows, no keys, D = 0, ...) give
   the same results in both twins.
+- Attention's dropout arguments (dropout_p in [0, 1), seed required when dropout_p > 0) are the
+  exception: both twins check them with the same function and raise the same errors, and the
+  dropped weights are those of ``dropout_keep``, bit for bit.
 """
 
 import math
