@@ -537,7 +537,7 @@ static void FA_CAT(bwd_pack_, FA_SFX)(const fa_att_bwd_args *a, fa_att_bwd_blk *
     }
     FA_CAT(transpose_, FA_SFX)(kb->kt, KB, k_j, f->ks[2], nb, D, f->scale * FA_LOG2E, NULL);
     FA_CAT(transpose_, FA_SFX)(kb->vt, KB, v_j, f->vs[2], nb, Dv, 1.0f, NULL);
-    if (with_kr)
+    if (with_kr && D > 0) /* (D = 0: k holds nothing, may be NULL) */
         for (int64_t jj = 0; jj < nb; jj++) {
             float *kr_j = kb->kr + jj * kb->Dp;
             memcpy(kr_j, k_j + jj * f->ks[2], (size_t)D * sizeof(float));
@@ -777,7 +777,7 @@ static void FA_CAT(attention_bwd_keys_, FA_SFX)(const fa_att_bwd_args *a, int64_
     const int64_t D = f->D, Dv = f->Dv, Lq = f->Lq, Lk = f->Lk;
     fa_att_bwd_blk kb;
     FA_CAT(attention_bwd_carve_, FA_SFX)(&kb, scratch, D, Dv);
-    if (with_dq)
+    if (with_dq && D > 0) /* (D = 0: dq holds nothing, may be NULL) */
         for (int64_t i = 0; i < Lq; i++)
             memset(a->dq + b * a->dqs[0] + h * a->dqs[1] + i * a->dqs[2], 0,
                    (size_t)D * sizeof(float));
@@ -808,7 +808,7 @@ static void FA_CAT(attention_bwd_queries_, FA_SFX)(const fa_att_bwd_args *a, int
     const int64_t i0 = qb * BR, ihi = i0 + BR < Lq ? i0 + BR : Lq;
     fa_att_bwd_blk kb;
     FA_CAT(attention_bwd_carve_, FA_SFX)(&kb, scratch, D, f->Dv);
-    for (int64_t i = i0; i < ihi; i++)
+    for (int64_t i = i0; i < ihi && D > 0; i++)
         memset(a->dq + b * a->dqs[0] + h * a->dqs[1] + i * a->dqs[2], 0,
                (size_t)D * sizeof(float));
     for (kb.jb = 0; kb.jb < Lk; kb.jb += KB) {

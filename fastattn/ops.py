@@ -184,6 +184,8 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, key_padding_mask=N
     and every option exactly as given to the forward (the same seed regenerates its dropout).
     dout, out, q, k and v are read through their strides when their last axis is contiguous.
     -> dq (B, H, Lq, D), dk (B, H, Lk, D), dv (B, H, Lk, Dv), float32, C-contiguous.
+    NaN propagates as in the twin, except that with causal a NaN query row may leave the keys
+    it cannot see untouched (the twin spreads its NaN to every key of the head).
     """
     op = "attention_backward"
     p, seed = reference._attention_dropout(dropout_p, seed, op)
