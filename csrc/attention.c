@@ -1,9 +1,13 @@
 /* attention.c -- fused, tiled attention forward (flash style: blocks of queries against blocks
- * of keys with an online softmax; the (Lq, Lk) score matrix is never stored). The per-ISA body is
- * attention_body.h; this file holds the argument bundle, the instantiation and the thread loop. */
+ * of keys with an online softmax; the (Lq, Lk) score matrix is never stored) and its backward
+ * (the probabilities recomputed block by block from the saved lse). The per-ISA bodies are in
+ * attention_body.h; this file holds the argument bundles, the instantiation and the thread
+ * loops. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "fa_rng.h"
 #include "fastattn.h"
 
 typedef struct {
@@ -13,13 +17,47 @@ typedef struct {
     int64_t qs[3], ks[3], vs[3], os[3], ms[4];
     float scale;
     int causal;
+    /* dropout on the weights: none when !dropout; else weight (row, j) is kept iff
+     * fa_rng_keep(fa_rng_row_key(seed, row), j, drop_thr), and kept ones are scaled by
+     * drop_scale = 1 / (1 - p); row = (b * H + h) * Lq + i */
+    int dropout;
+    uint32_t drop_thr;
+    float drop_scale;
+    uint64_t seed;
 } fa_att_args;
+
+/* The backward's bundle: the forward's inputs (f.out, f.lse, f.weights unused) and its own. */
+typedef struct {
+    fa_att_args f;
+    float *dq, *dk, *dv;
+    const float *dout, *out, *lse;
+    float *delta;                 /* (B, H, Lq) scratch: Delta_i = dout_i . out_i */
+    int64_t dqs[3], dks[3], dvs[3], dos[3], fos[3];
+} fa_att_bwd_args;
+
+/* One thread's view of one key block in the backward (carved from its scratch buffer). */
+typedef struct {
+    float *kt, *vt, *kr, *dkt, *dvt, *pt, *ds, *kbias;
+    int64_t jb, nb, Dp;
+} fa_att_bwd_blk;
+
+static void set_dropout(fa_att_args *a, double dropout_p, uint64_t seed)
+{
+    a->dropout = dropout_p > 0.0;
+    a->drop_thr = a->dropout ? fa_rng_threshold(dropout_p) : 0u;
+    a->drop_scale = a->dropout ? (float)(1.0 / (1.0 - dropout_p)) : 1.0f;
+    a->seed = seed;
+}
 
 #define FA_BODY "attention_body.h"
 #include "fa_instantiate.h"
 
 typedef void (*att_task_fn)(const fa_att_args *, int64_t, int64_t, int64_t, float *);
 typedef void (*att_row_fn)(const fa_att_args *, int64_t, int64_t, int64_t, float *);
+typedef void (*att_bwd_keys_fn)(const fa_att_bwd_args *, int64_t, int64_t, int64_t, int64_t, int,
+                                float *);
+typedef void (*att_bwd_queries_fn)(const fa_att_bwd_args *, int64_t, int64_t, int64_t, float *);
+typedef void (*att_bwd_delta_fn)(const fa_att_bwd_args *, int64_t, int64_t);
 
 int fa_attention_forward(float *out, float *lse, float *weights,
                           const float *q, const float *k, const float *v,
@@ -27,14 +65,16 @@ int fa_attention_forward(float *out, float *lse, float *weights,
                           int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t D, int64_t Dv,
                           const int64_t *q_st, const int64_t *k_st, const int64_t *v_st,
                           const int64_t *out_st, const int64_t *mask_st,
-                          float scale, int causal, int nthreads)
+                          float scale, int causal, double dropout_p, uint64_t seed,
+                          int nthreads)
 {
     fa_att_args a = {out, lse, weights, q, k, v, mask, key_bias, B, H, Lq, Lk, D, Dv,
                      {q_st[0], q_st[1], q_st[2]}, {k_st[0], k_st[1], k_st[2]},
                      {v_st[0], v_st[1], v_st[2]}, {out_st[0], out_st[1], out_st[2]},
-                     {0, 0, 0, 0}, scale, causal};
+                     {0, 0, 0, 0}, scale, causal, 0, 0u, 1.0f, 0u};
     if (mask)
         for (int i = 0; i < 4; i++) a.ms[i] = mask_st[i];
+    set_dropout(&a, dropout_p, seed);
     if (B <= 0 || H <= 0 || Lq <= 0) return 0;
 
     const int64_t bq = FA_DISPATCH(attention_block_q_)();
@@ -65,5 +105,94 @@ int fa_attention_forward(float *out, float *lse, float *weights,
         }
     }
     free(buf);
+    return 0;
+}
+
+int fa_attention_backward(float *dq, float *dk, float *dv,
+                          const float *dout, const float *out, const float *lse,
+                          const float *q, const float *k, const float *v,
+                          const float *mask, const float *key_bias,
+                          int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t D, int64_t Dv,
+                          const int64_t *dq_st, const int64_t *dk_st, const int64_t *dv_st,
+                          const int64_t *dout_st, const int64_t *out_st,
+                          const int64_t *q_st, const int64_t *k_st, const int64_t *v_st,
+                          const int64_t *mask_st, float scale, int causal, double dropout_p,
+                          uint64_t seed, int nthreads)
+{
+    fa_att_bwd_args a;
+    memset(&a, 0, sizeof a);
+    a.f = (fa_att_args){NULL, NULL, NULL, q, k, v, mask, key_bias, B, H, Lq, Lk, D, Dv,
+                        {q_st[0], q_st[1], q_st[2]}, {k_st[0], k_st[1], k_st[2]},
+                        {v_st[0], v_st[1], v_st[2]}, {0, 0, 0}, {0, 0, 0, 0}, scale, causal,
+                        0, 0u, 1.0f, 0u};
+    if (mask)
+        for (int i = 0; i < 4; i++) a.f.ms[i] = mask_st[i];
+    set_dropout(&a.f, dropout_p, seed);
+    a.dq = dq;
+    a.dk = dk;
+    a.dv = dv;
+    a.dout = dout;
+    a.out = out;
+    a.lse = lse;
+    for (int i = 0; i < 3; i++) {
+        a.dqs[i] = dq_st[i];
+        a.dks[i] = dk_st[i];
+        a.dvs[i] = dv_st[i];
+        a.dos[i] = dout_st[i];
+        a.fos[i] = out_st[i];
+    }
+    if (B <= 0 || H <= 0) return 0;
+
+    const int64_t kb = FA_DISPATCH(attention_block_q_)(), BH = B * H;
+    const int64_t nkb = (Lk + kb - 1) / kb, nqb = (Lq + ATT_BWD_BR - 1) / ATT_BWD_BR;
+    const int64_t scratch = FA_DISPATCH(attention_bwd_scratch_)(D, Dv);
+    att_bwd_keys_fn keys = FA_DISPATCH(attention_bwd_keys_);
+    att_bwd_queries_fn queries = FA_DISPATCH(attention_bwd_queries_);
+    att_bwd_delta_fn delta = FA_DISPATCH(attention_bwd_delta_);
+    /* five products of (rows x keys x head dim), half of them under the causal rule */
+    const double flops = 5.0 * (double)BH * (double)Lq * (double)Lk * (double)(D + Dv) /
+                         (causal ? 2.0 : 1.0);
+    const int nt = fa_team_size(nthreads, flops, 2e5);
+    /* Split when the (batch, head) tasks are too few for the team: a head per thread costs 5
+     * products per head; the split, 7 (dq's pass recomputes S and dP') spread over every thread. */
+    const int64_t per = (BH + nt - 1) / nt;
+    const int split = nt > 1 && 5 * per * nt > 7 * BH;
+
+    a.delta = malloc((size_t)(BH * Lq > 0 ? BH * Lq : 1) * sizeof(float));
+    float *buf = malloc((size_t)(scratch * nt) * sizeof(float));
+    if (!a.delta || !buf) {
+        free(a.delta);
+        free(buf);
+        return -1;
+    }
+
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        float *mine = buf + scratch * fa_thread_id(); /* id < team <= nt buffers */
+        int64_t lo, hi;
+        fa_split(BH * Lq, 16, &lo, &hi);
+        delta(&a, lo, hi);
+#pragma omp barrier
+        if (!split) {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < BH; t++)
+                keys(&a, t / H, t % H, 0, nkb, 1, mine);
+        } else {
+            /* causal: early key blocks and late query blocks carry the most rows; hand them
+             * out first, across every head */
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < BH * nkb; t++) {
+                const int64_t blk = t / BH, bh = t % BH;
+                keys(&a, bh / H, bh % H, blk, blk + 1, 0, mine);
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < BH * nqb; t++) {
+                const int64_t qb = nqb - 1 - t / BH, bh = t % BH;
+                queries(&a, bh / H, bh % H, qb, mine);
+            }
+        }
+    }
+    free(buf);
+    free(a.delta);
     return 0;
 }

@@ -20,6 +20,26 @@
 #define BQ (ATT_NR * FA_VL)
 #define MR_S ATT_MR_S
 #define MR_P ATT_MR_P
+#define vsplatu(x) ((VU){0} + (uint32_t)(x))  /* broadcast a uint32 */
+
+#ifndef ATT_LANE_IDS
+#define ATT_LANE_IDS
+static const uint32_t att_lane_ids[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#endif
+
+/* Dropout factor per lane, fa_rng_keep vectorised: drop_scale where fmix32(row key ^ column *
+ * golden32) >= thr, else 0. Multiplied in rather than selected, so NaN stays NaN (as in the
+ * twin, which multiplies by the mask). */
+FA_INLINE VF FA_CAT(keep_, FA_SFX)(VU row_key, VU col, uint32_t thr, float drop_scale)
+{
+    VU x = row_key ^ (col * 0x9e3779b9u);
+    x ^= x >> 16;
+    x *= 0x85ebca6bu;
+    x ^= x >> 13;
+    x *= 0xc2b2ae35u;
+    x ^= x >> 16;
+    return (VF)((VI)(x >= vsplatu(thr)) & (VI)vsplat(drop_scale));
+}
 
 static int64_t FA_CAT(attention_block_q_, FA_SFX)(void) { return BQ; }
 
@@ -209,6 +229,13 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
     FA_CAT(transpose_, FA_SFX)(qt, BQ, q_bh + i0 * a->qs[2], a->qs[2], nq, D, qscale, NULL);
     for (int64_t i = 0; i < Dv * BQ; i++) ot[i] = 0.0f;
     for (int64_t i = 0; i < BQ; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
+    /* dropout: each query lane's row key (fa_rng.h), row = (b * H + h) * Lq + i */
+    uint32_t row_keys[BQ];
+    VU rk[NR];
+    for (int64_t i = 0; i < BQ; i++)
+        row_keys[i] = a->dropout ? fa_rng_row_key(a->seed, (uint64_t)((b * a->H + h) * Lq + i0 + i))
+                                 : 0u;
+    for (int c = 0; c < NR; c++) rk[c] = *(const VU *)(row_keys + c * FA_VL);
 
     for (int64_t jb = 0, nb; jb < jend; jb += nb) {
         nb = FA_CAT(key_block_, FA_SFX)(jb, jend, jdiag);
@@ -235,6 +262,15 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
         }
         for (int c = 0; c < NR; c++)
             vstore(l + c * FA_VL, vload(l + c * FA_VL) * alpha[c] + lsum[c]);
+        if (a->dropout) { /* P' = P keep / (1 - p), once l has summed the undropped P */
+            for (int64_t jj = 0; jj < nb; jj++) {
+                const VU col = vsplatu(jb + jj);
+                for (int c = 0; c < NR; c++)
+                    vstore(st + jj * BQ + c * FA_VL,
+                           vload(st + jj * BQ + c * FA_VL) *
+                               FA_CAT(keep_, FA_SFX)(rk[c], col, a->drop_thr, a->drop_scale));
+            }
+        }
         if (rescale && jb > 0) {
             for (int64_t e = 0; e < Dv; e++)
                 for (int c = 0; c < NR; c++)
@@ -256,7 +292,8 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
     }
     if (!a->weights) return;
 
-    /* Optional second pass: weights[i][j] = exp(s_ij - lse_i), zeros where nothing is visible. */
+    /* Optional second pass: weights[i][j] = exp(s_ij - lse_i) (times the dropout factor), zeros
+     * where nothing is visible. */
     float *w_bh = a->weights + ((b * a->H + h) * Lq + i0) * Lk;
     for (int64_t i = 0; i < nq * Lk; i++) w_bh[i] = 0.0f;
     for (int64_t jb = 0, nb; jb < jend; jb += nb) {
@@ -268,7 +305,11 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
             if (m[i] == -INFINITY) continue;
             for (int64_t jj = 0; jj < nb; jj++) {
                 VF x = vsplat(st[jj * BQ + i] - lse2);
-                w_bh[i * Lk + jb + jj] = vexp2(x)[0];
+                float w = vexp2(x)[0];
+                if (a->dropout)
+                    w *= fa_rng_keep(row_keys[i], (uint32_t)(jb + jj), a->drop_thr)
+                             ? a->drop_scale : 0.0f;
+                w_bh[i * Lk + jb + jj] = w;
             }
         }
     }
@@ -365,6 +406,13 @@ static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int
         vstore(s + j, p);
         l += hsum(p);
     }
+    if (a->dropout) { /* P' = P keep / (1 - p), once l has summed the undropped P */
+        const VU rk = vsplatu(fa_rng_row_key(a->seed, (uint64_t)((b * a->H + h) * a->Lq + i)));
+        const VU lanes = *(const VU *)att_lane_ids;
+        for (int64_t j = 0; j < jpad; j += FA_VL)
+            vstore(s + j, vload(s + j) * FA_CAT(keep_, FA_SFX)(rk, vsplatu(j) + lanes,
+                                                                a->drop_thr, a->drop_scale));
+    }
     const float inv = l == 0.0f ? 0.0f : 1.0f / l;
     int64_t e = 0;
     for (; e + FA_VL <= Dv; e += 4 * FA_VL) {       /* out_i = sum_j p_j v_j / l */
@@ -395,7 +443,390 @@ static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int
     }
 }
 
+/* ==== backward ==================================================================================
+ * Blocks of KB = BQ keys run along the vector lanes (so the softmax gradient and the dropout bits
+ * are element-wise vector ops, keys being the columns of every tile) against blocks of up to BR
+ * query rows. For one key block j and one query block i (a "pair"):
+ *   S   (rows, KB) = q_i K_j^T            scores, base 2 (K_j^T packed, pre-scaled)
+ *   dP' (rows, KB) = dout_i V_j^T
+ *   P = 2^(S + masks - lse_i log2 e);  P' = P keep;  dS = P (dP' keep - Delta_i) scale
+ *   dV_j^T += dout_i^T P';   dK_j^T += q_i^T dS;   dq_i += dS K_j
+ * q, dout (and k, v while packing) are read in place through their row strides.
+ * Per-thread scratch (floats), carved by the caller (fa_att_bwd_blk):
+ *   kt  (D, KB)    K_j^T times scale * log2 e; lanes past the block's last key are 0
+ *   vt  (Dv, KB)   V_j^T, same
+ *   kr  (KB, Dp)   K_j's rows, each padded with zeros to Dp = D rounded up to whole vectors
+ *   dkt (D, KB), dvt (Dv, KB)   the key block's dK^T, dV^T accumulators
+ *   pt, ds (BR, KB)             one pair's dP' then P', and S then dS
+ *   kbias (KB)     the key padding bias of the block, times log2 e
+ * Masking rules as in the forward (bottom-right causal alignment; a row with lse = -inf has
+ * P = 0, so zero gradients).
+ */
+#define KB BQ
+#define BR ATT_BWD_BR
+/* The rows (or features) [i, n) left after the MR_S tiles, in tiles of 4, 2 and 1, each of a
+ * size known at compile time; every row's arithmetic is the same whatever tile holds it. */
+#define ATT_TAIL(i, n, TILE)                         \
+    do {                                             \
+        if (MR_S > 4 && (n) - (i) >= 4) {            \
+            TILE(4);                                 \
+            (i) += 4;                                \
+        }                                            \
+        if ((n) - (i) >= 2) {                        \
+            TILE(2);                                 \
+            (i) += 2;                                \
+        }                                            \
+        if ((n) - (i) >= 1) {                        \
+            TILE(1);                                 \
+            (i) += 1;                                \
+        }                                            \
+    } while (0)
+_Static_assert(ATT_MR_S <= 7, "ATT_TAIL covers at most 7 rows left over");
+
+static int64_t FA_CAT(attention_bwd_scratch_, FA_SFX)(int64_t D, int64_t Dv)
+{
+    const int64_t Dp = (D + FA_VL - 1) / FA_VL * FA_VL;
+    return (2 * D + 2 * Dv + Dp + 2 * BR + 1) * KB;
+}
+
+static void FA_CAT(attention_bwd_carve_, FA_SFX)(fa_att_bwd_blk *k, float *scratch, int64_t D,
+                                                  int64_t Dv)
+{
+    k->Dp = (D + FA_VL - 1) / FA_VL * FA_VL;
+    k->kt = scratch;
+    k->vt = k->kt + D * KB;
+    k->kr = k->vt + Dv * KB;
+    k->dkt = k->kr + k->Dp * KB;
+    k->dvt = k->dkt + D * KB;
+    k->pt = k->dvt + Dv * KB;
+    k->ds = k->pt + BR * KB;
+    k->kbias = k->ds + BR * KB;
+}
+
+/* Delta_r = dout_r . out_r for rows r in [r0, r1) of the flattened (B*H*Lq) rows, one fixed
+ * order (whole vectors, a tree, then the tail). */
+static void FA_CAT(attention_bwd_delta_, FA_SFX)(const fa_att_bwd_args *a, int64_t r0, int64_t r1)
+{
+    const int64_t H = a->f.H, Lq = a->f.Lq, Dv = a->f.Dv;
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t bh = r / Lq, i = r % Lq, b = bh / H, h = bh % H;
+        const float *do_i = a->dout + b * a->dos[0] + h * a->dos[1] + i * a->dos[2];
+        const float *o_i = a->out + b * a->fos[0] + h * a->fos[1] + i * a->fos[2];
+        VF acc = vsplat(0.0f);
+        int64_t e = 0;
+        for (; e + FA_VL <= Dv; e += FA_VL) acc += vload(do_i + e) * vload(o_i + e);
+        float t = hsum(acc);
+        for (; e < Dv; e++) t += do_i[e] * o_i[e];
+        a->delta[r] = t;
+    }
+}
+
+/* Pack key block [jb, jb + nb) of head (b, h): kt, vt, the key bias and (with_kr) kr. */
+static void FA_CAT(bwd_pack_, FA_SFX)(const fa_att_bwd_args *a, fa_att_bwd_blk *kb, int64_t b,
+                                      int64_t h, int with_kr)
+{
+    const fa_att_args *f = &a->f;
+    const int64_t D = f->D, Dv = f->Dv, jb = kb->jb, nb = kb->nb;
+    const float *k_j = f->k + b * f->ks[0] + h * f->ks[1] + jb * f->ks[2];
+    const float *v_j = f->v + b * f->vs[0] + h * f->vs[1] + jb * f->vs[2];
+    if (nb < KB) { /* lanes past the last key stay 0 */
+        for (int64_t d = 0; d < D; d++)
+            for (int64_t jj = nb; jj < KB; jj++) kb->kt[d * KB + jj] = 0.0f;
+        for (int64_t e = 0; e < Dv; e++)
+            for (int64_t jj = nb; jj < KB; jj++) kb->vt[e * KB + jj] = 0.0f;
+    }
+    FA_CAT(transpose_, FA_SFX)(kb->kt, KB, k_j, f->ks[2], nb, D, f->scale * FA_LOG2E, NULL);
+    FA_CAT(transpose_, FA_SFX)(kb->vt, KB, v_j, f->vs[2], nb, Dv, 1.0f, NULL);
+    if (with_kr && D > 0) /* (D = 0: k holds nothing, may be NULL) */
+        for (int64_t jj = 0; jj < nb; jj++) {
+            float *kr_j = kb->kr + jj * kb->Dp;
+            memcpy(kr_j, k_j + jj * f->ks[2], (size_t)D * sizeof(float));
+            for (int64_t d = D; d < kb->Dp; d++) kr_j[d] = 0.0f;
+        }
+    if (f->key_bias)
+        for (int64_t jj = 0; jj < KB; jj++)
+            kb->kbias[jj] = jj < nb ? f->key_bias[b * f->Lk + jb + jj] * FA_LOG2E : 0.0f;
+}
+
+/* s[r][:] = x_r . mt[:, :] for rows r < n (x_r read in place, row stride xs; mt (F, KB) a
+ * packed, transposed key block): the scores (mt = K^T) or dP' (mt = V^T) of a pair, in
+ * register tiles of ROWS rows x NR vectors.
+ *   scalar math:  s[r][j] = sum_f x[r][f] * mt[f][j]                                      */
+FA_INLINE void FA_CAT(bwd_dot_tile_, FA_SFX)(float *FA_RESTRICT s, const float *FA_RESTRICT mt,
+                                             const float *FA_RESTRICT x, int64_t xs, int64_t F,
+                                             const int ROWS)
+{
+    VF acc[MR_S][NR];
+    for (int u = 0; u < ROWS; u++)
+        for (int c = 0; c < NR; c++) acc[u][c] = vsplat(0.0f);
+    for (int64_t f = 0; f < F; f++) {
+        VF m[NR];
+        for (int c = 0; c < NR; c++) m[c] = vload(mt + f * KB + c * FA_VL);
+        for (int u = 0; u < ROWS; u++) {
+            const VF xx = vsplat(x[u * xs + f]);
+            for (int c = 0; c < NR; c++) acc[u][c] += xx * m[c];
+        }
+    }
+    for (int u = 0; u < ROWS; u++)
+        for (int c = 0; c < NR; c++) vstore(s + u * KB + c * FA_VL, acc[u][c]);
+}
+
+static void FA_CAT(bwd_dot_, FA_SFX)(float *FA_RESTRICT s, const float *FA_RESTRICT mt,
+                                     const float *FA_RESTRICT x, int64_t xs, int64_t n, int64_t F)
+{
+    int64_t r = 0;
+#define TILE(rows) FA_CAT(bwd_dot_tile_, FA_SFX)(s + r * KB, mt, x + r * xs, xs, F, rows)
+    for (; r + MR_S <= n; r += MR_S) TILE(MR_S);
+    ATT_TAIL(r, n, TILE);
+#undef TILE
+}
+
+/* acc_t[f][:] += sum_{r<n} x[r][f] * p[r][:] for f < F (x rows in place, stride xs; p rows of
+ * KB floats): dV^T += dout^T P' and dK^T += q^T dS, in register tiles of COLS features x NR
+ * vectors, summed over the rows in order.
+ *   scalar math:  acc_t[f][j] += sum_r x[r][f] * p[r][j]                                  */
+FA_INLINE void FA_CAT(bwd_acc_tile_, FA_SFX)(float *FA_RESTRICT acc_t,
+                                             const float *FA_RESTRICT p,
+                                             const float *FA_RESTRICT x, int64_t xs, int64_t n,
+                                             const int COLS)
+{
+    VF acc[MR_S][NR];
+    for (int u = 0; u < COLS; u++)
+        for (int c = 0; c < NR; c++) acc[u][c] = vload(acc_t + u * KB + c * FA_VL);
+    for (int64_t r = 0; r < n; r++) {
+        VF pv[NR];
+        for (int c = 0; c < NR; c++) pv[c] = vload(p + r * KB + c * FA_VL);
+        for (int u = 0; u < COLS; u++) {
+            const VF xx = vsplat(x[r * xs + u]);
+            for (int c = 0; c < NR; c++) acc[u][c] += xx * pv[c];
+        }
+    }
+    for (int u = 0; u < COLS; u++)
+        for (int c = 0; c < NR; c++) vstore(acc_t + u * KB + c * FA_VL, acc[u][c]);
+}
+
+static void FA_CAT(bwd_acc_, FA_SFX)(float *FA_RESTRICT acc_t, const float *FA_RESTRICT p,
+                                     const float *FA_RESTRICT x, int64_t xs, int64_t n, int64_t F)
+{
+    int64_t f = 0;
+#define TILE(cols) FA_CAT(bwd_acc_tile_, FA_SFX)(acc_t + f * KB, p, x + f, xs, n, cols)
+    for (; f + MR_S <= F; f += MR_S) TILE(MR_S);
+    ATT_TAIL(f, F, TILE);
+#undef TILE
+}
+
+/* dq rows r < ROWS (stride dqs) += sum_{j<nb} ds[r][j] * kr[j][:], NV vectors of features from
+ * feature d0; a vector reaching past D goes through a small buffer (dq rows hold D floats).
+ *   scalar math:  dq[r][d] += sum_j ds[r][j] * kr[j][d]                                     */
+FA_INLINE void FA_CAT(bwd_dq_tile_, FA_SFX)(float *FA_RESTRICT dq, int64_t dqs,
+                                            const float *FA_RESTRICT ds,
+                                            const float *FA_RESTRICT kr, int64_t Dp, int64_t nb,
+                                            int64_t d0, int64_t D, const int ROWS, const int NV)
+{
+    VF acc[MR_S][NR];
+    for (int u = 0; u < ROWS; u++)
+        for (int c = 0; c < NV; c++) {
+            const int64_t d = d0 + c * FA_VL;
+            if (d + FA_VL <= D) {
+                acc[u][c] = vload(dq + u * dqs + d);
+            } else {
+                float t[FA_VL] = {0};
+                memcpy(t, dq + u * dqs + d, (size_t)(D - d) * sizeof(float));
+                acc[u][c] = vload(t);
+            }
+        }
+    for (int64_t j = 0; j < nb; j++) {
+        VF kv[NR];
+        for (int c = 0; c < NV; c++) kv[c] = vload(kr + j * Dp + d0 + c * FA_VL);
+        for (int u = 0; u < ROWS; u++) {
+            const VF ss = vsplat(ds[u * KB + j]);
+            for (int c = 0; c < NV; c++) acc[u][c] += ss * kv[c];
+        }
+    }
+    for (int u = 0; u < ROWS; u++)
+        for (int c = 0; c < NV; c++) {
+            const int64_t d = d0 + c * FA_VL;
+            if (d + FA_VL <= D) {
+                vstore(dq + u * dqs + d, acc[u][c]);
+            } else {
+                float t[FA_VL];
+                vstore(t, acc[u][c]);
+                memcpy(dq + u * dqs + d, t, (size_t)(D - d) * sizeof(float));
+            }
+        }
+}
+
+/* Row r sees the keys j < cut0 + r of the block (causal; dS is 0 past them, so they are not
+ * summed: a tile of rows stops at its last row's limit). */
+static void FA_CAT(bwd_dq_, FA_SFX)(float *FA_RESTRICT dq, int64_t dqs,
+                                    const float *FA_RESTRICT ds, const float *FA_RESTRICT kr,
+                                    int64_t Dp, int64_t n, int64_t nb, int64_t cut0, int64_t D)
+{
+    int64_t d0 = 0, r;
+#define UPTO(rows) (cut0 + r + (rows) - 1 < nb ? cut0 + r + (rows) - 1 : nb)
+#define TILE_NR(rows)                                                                           \
+    FA_CAT(bwd_dq_tile_, FA_SFX)(dq + r * dqs, dqs, ds + r * KB, kr, Dp, UPTO(rows), d0, D, rows, \
+                                 NR)
+#define TILE_1(rows)                                                                            \
+    FA_CAT(bwd_dq_tile_, FA_SFX)(dq + r * dqs, dqs, ds + r * KB, kr, Dp, UPTO(rows), d0, D, rows, \
+                                 1)
+    for (; d0 + NR * FA_VL <= Dp; d0 += NR * FA_VL) {
+        for (r = 0; r + MR_S <= n; r += MR_S) TILE_NR(MR_S);
+        ATT_TAIL(r, n, TILE_NR);
+    }
+    for (; d0 < Dp; d0 += FA_VL) { /* the last (Dp mod NR*VL) features, a vector at a time */
+        for (r = 0; r + MR_S <= n; r += MR_S) TILE_1(MR_S);
+        ATT_TAIL(r, n, TILE_1);
+    }
+#undef TILE_NR
+#undef TILE_1
+#undef UPTO
+}
+
+/* A pair's probabilities and their gradient, row r = query ilo + r: ds holds S (base 2) and
+ * becomes dS * scale; pt holds dP' and becomes P'.
+ *   scalar math:  s = S_ij + key bias + mask (-inf past the causal limit or the block);
+ *                 P = 2^(s - lse_i log2 e), 0 where lse_i = -inf (or NaN, as in the twin);
+ *                 keep = 1 / (1 - p) or 0;  P' = P keep;  dS = P (dP' keep - Delta_i) scale */
+static void FA_CAT(bwd_probs_, FA_SFX)(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
+                                       int64_t b, int64_t h, int64_t ilo, int64_t n)
+{
+    const fa_att_args *f = &a->f;
+    const int64_t Lq = f->Lq, off = f->Lk - Lq, jb = kb->jb, nb = kb->nb, bh = b * f->H + h;
+    const float *lse_bh = a->lse + bh * Lq, *delta_bh = a->delta + bh * Lq;
+    const float *m_bh = f->mask ? f->mask + b * f->ms[0] + h * f->ms[1] : NULL;
+    const VF sc = vsplat(f->scale);
+    VU col[NR];
+    for (int c = 0; c < NR; c++) col[c] = vsplatu(jb + c * FA_VL) + *(const VU *)att_lane_ids;
+    for (int64_t r = 0; r < n; r++) {
+        const int64_t i = ilo + r;
+        float *s_r = kb->ds + r * KB, *p_r = kb->pt + r * KB;
+        int64_t cut = nb; /* keys [jb, jb + cut) are visible to query i */
+        if (f->causal && i + off + 1 - jb < cut) cut = i + off + 1 - jb;
+        if (f->key_bias)
+            for (int c = 0; c < NR; c++)
+                vstore(s_r + c * FA_VL, vload(s_r + c * FA_VL) + vload(kb->kbias + c * FA_VL));
+        if (m_bh) {
+            const float *m_i = m_bh + i * f->ms[2] + jb * f->ms[3];
+            for (int64_t jj = 0; jj < cut; jj++) s_r[jj] += m_i[jj * f->ms[3]] * FA_LOG2E;
+        }
+        for (int64_t jj = cut; jj < KB; jj++) s_r[jj] = -INFINITY;
+        const float lse_i = lse_bh[i];
+        const VI live = (VI){0} + (lse_i > -INFINITY ? -1 : 0); /* all ones: P counts */
+        const VF l2 = vsplat(lse_i > -INFINITY ? lse_i * FA_LOG2E : 0.0f);
+        const VF dl = vsplat(delta_bh[i]);
+        if (!f->dropout) {
+            for (int c = 0; c < NR; c++) {
+                const VF p = (VF)((VI)vexp2(vload(s_r + c * FA_VL) - l2) & live);
+                const VF dp = vload(p_r + c * FA_VL);
+                vstore(p_r + c * FA_VL, p);
+                vstore(s_r + c * FA_VL, p * (dp - dl) * sc);
+            }
+        } else {
+            const VU rk = vsplatu(fa_rng_row_key(f->seed, (uint64_t)(bh * Lq + i)));
+            for (int c = 0; c < NR; c++) {
+                const VF p = (VF)((VI)vexp2(vload(s_r + c * FA_VL) - l2) & live);
+                const VF kf = FA_CAT(keep_, FA_SFX)(rk, col[c], f->drop_thr, f->drop_scale);
+                const VF dp = vload(p_r + c * FA_VL) * kf;
+                vstore(p_r + c * FA_VL, p * kf);
+                vstore(s_r + c * FA_VL, p * (dp - dl) * sc);
+            }
+        }
+    }
+}
+
+/* One pair: query rows [ilo, ihi) of head (b, h) against the packed key block kb; adds into
+ * the block's dK^T, dV^T accumulators (with_dkv) and into dq's rows (with_dq). */
+static void FA_CAT(bwd_pair_, FA_SFX)(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
+                                      int64_t b, int64_t h, int64_t ilo, int64_t ihi,
+                                      int with_dkv, int with_dq)
+{
+    const fa_att_args *f = &a->f;
+    const int64_t n = ihi - ilo;
+    const float *q_i = f->q + b * f->qs[0] + h * f->qs[1] + ilo * f->qs[2];
+    const float *do_i = a->dout + b * a->dos[0] + h * a->dos[1] + ilo * a->dos[2];
+    FA_CAT(bwd_dot_, FA_SFX)(kb->ds, kb->kt, q_i, f->qs[2], n, f->D);     /* S */
+    FA_CAT(bwd_dot_, FA_SFX)(kb->pt, kb->vt, do_i, a->dos[2], n, f->Dv);  /* dP' */
+    FA_CAT(bwd_probs_, FA_SFX)(a, kb, b, h, ilo, n);                      /* P', dS */
+    if (with_dkv) {
+        FA_CAT(bwd_acc_, FA_SFX)(kb->dvt, kb->pt, do_i, a->dos[2], n, f->Dv);
+        FA_CAT(bwd_acc_, FA_SFX)(kb->dkt, kb->ds, q_i, f->qs[2], n, f->D);
+    }
+    if (with_dq) {
+        float *dq_i = a->dq + b * a->dqs[0] + h * a->dqs[1] + ilo * a->dqs[2];
+        const int64_t cut0 = f->causal ? ilo + (f->Lk - f->Lq) + 1 - kb->jb : kb->nb;
+        FA_CAT(bwd_dq_, FA_SFX)(dq_i, a->dqs[2], kb->ds, kb->kr, kb->Dp, n, kb->nb, cut0, f->D);
+    }
+}
+
+/* The first query that sees key jb: 0, or jb - (Lk - Lq) under the causal rule. */
+static int64_t FA_CAT(bwd_first_query_, FA_SFX)(const fa_att_args *f, int64_t jb)
+{
+    const int64_t first = f->causal ? jb - (f->Lk - f->Lq) : 0;
+    return first > 0 ? first : 0;
+}
+
+/* Key blocks [kb0, kb1) of head (b, h): dk and dv of their keys, summed over every query block
+ * in order; with_dq (the task owns the whole head): dq too, zeroed first, then each pair's
+ * share added in key-block order. */
+static void FA_CAT(attention_bwd_keys_, FA_SFX)(const fa_att_bwd_args *a, int64_t b, int64_t h,
+                                                int64_t kb0, int64_t kb1, int with_dq,
+                                                float *scratch)
+{
+    const fa_att_args *f = &a->f;
+    const int64_t D = f->D, Dv = f->Dv, Lq = f->Lq, Lk = f->Lk;
+    fa_att_bwd_blk kb;
+    FA_CAT(attention_bwd_carve_, FA_SFX)(&kb, scratch, D, Dv);
+    if (with_dq && D > 0) /* (D = 0: dq holds nothing, may be NULL) */
+        for (int64_t i = 0; i < Lq; i++)
+            memset(a->dq + b * a->dqs[0] + h * a->dqs[1] + i * a->dqs[2], 0,
+                   (size_t)D * sizeof(float));
+    for (int64_t blk = kb0; blk < kb1; blk++) {
+        kb.jb = blk * KB;
+        kb.nb = Lk - kb.jb < KB ? Lk - kb.jb : KB;
+        FA_CAT(bwd_pack_, FA_SFX)(a, &kb, b, h, with_dq);
+        memset(kb.dkt, 0, (size_t)((D + Dv) * KB) * sizeof(float)); /* dkt, dvt */
+        const int64_t first = FA_CAT(bwd_first_query_, FA_SFX)(f, kb.jb);
+        for (int64_t i0 = first / BR * BR; i0 < Lq; i0 += BR) {
+            const int64_t ilo = i0 > first ? i0 : first, ihi = i0 + BR < Lq ? i0 + BR : Lq;
+            FA_CAT(bwd_pair_, FA_SFX)(a, &kb, b, h, ilo, ihi, 1, with_dq);
+        }
+        float *dk_j = a->dk + b * a->dks[0] + h * a->dks[1] + kb.jb * a->dks[2];
+        float *dv_j = a->dv + b * a->dvs[0] + h * a->dvs[1] + kb.jb * a->dvs[2];
+        FA_CAT(transpose_, FA_SFX)(dk_j, a->dks[2], kb.dkt, KB, D, kb.nb, 1.0f, NULL);
+        FA_CAT(transpose_, FA_SFX)(dv_j, a->dvs[2], kb.dvt, KB, Dv, kb.nb, 1.0f, NULL);
+    }
+}
+
+/* dq of query block qb of head (b, h), over every key block in order: the same pairs, the same
+ * arithmetic and the same order as attention_bwd_keys_ with with_dq, so the same bits. */
+static void FA_CAT(attention_bwd_queries_, FA_SFX)(const fa_att_bwd_args *a, int64_t b,
+                                                   int64_t h, int64_t qb, float *scratch)
+{
+    const fa_att_args *f = &a->f;
+    const int64_t D = f->D, Lq = f->Lq, Lk = f->Lk;
+    const int64_t i0 = qb * BR, ihi = i0 + BR < Lq ? i0 + BR : Lq;
+    fa_att_bwd_blk kb;
+    FA_CAT(attention_bwd_carve_, FA_SFX)(&kb, scratch, D, f->Dv);
+    for (int64_t i = i0; i < ihi && D > 0; i++)
+        memset(a->dq + b * a->dqs[0] + h * a->dqs[1] + i * a->dqs[2], 0,
+               (size_t)D * sizeof(float));
+    for (kb.jb = 0; kb.jb < Lk; kb.jb += KB) {
+        kb.nb = Lk - kb.jb < KB ? Lk - kb.jb : KB;
+        const int64_t first = FA_CAT(bwd_first_query_, FA_SFX)(f, kb.jb);
+        const int64_t ilo = i0 > first ? i0 : first;
+        if (ilo >= ihi) break; /* later key blocks are hidden from this block too */
+        FA_CAT(bwd_pack_, FA_SFX)(a, &kb, b, h, 1);
+        FA_CAT(bwd_pair_, FA_SFX)(a, &kb, b, h, ilo, ihi, 0, 1);
+    }
+}
+
+#undef KB
+#undef BR
+#undef ATT_TAIL
+
 #undef NR
 #undef BQ
 #undef MR_S
 #undef MR_P
+#undef vsplatu

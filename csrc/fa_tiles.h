@@ -38,6 +38,9 @@
                             stays in L1 */
 #define ATT_ROWS_DIV 4   /* attention runs one query row at a time when Lq <= BQ / ATT_ROWS_DIV
                             (few queries: a decode step, a handful of beams) */
+#define ATT_BWD_BR 64    /* query rows per attention-backward block (its key blocks are BQ keys
+                            wide, along the vector lanes): the P' and dS tiles (BR, BQ) stay in
+                            L2 with the key block's packed K^T, V^T and accumulators */
 #define SM_CHUNK 4       /* softmax read pass: vectors per running-max update */
 #define FA_PANEL 48      /* features per packed weight panel: a multiple of every SK_NV * FA_VL */
 #define PACKED_MAX_ROWS 32 /* decode steps of up to this many rows use the packed kernel (the

@@ -46,6 +46,8 @@ typedef enum {
     FA_TILE_ATTENTION_BLOCK_Q,     /* queries per attention tile (BQ) */
     FA_TILE_ATTENTION_BLOCK_K,     /* keys per attention block (BK) */
     FA_TILE_ATTENTION_ROWS_MAX_Q,  /* up to this Lq, attention takes one query row at a time */
+    FA_TILE_ATTENTION_BACKWARD_BLOCK_Q, /* query rows per attention-backward block (its keys
+                                          come in blocks of BQ) */
     FA_TILE_SOFTMAX_CHUNK,         /* floats per softmax running-max update (vector tail below) */
     FA_TILE_PACKED_PANEL,          /* features per packed weight panel */
     FA_TILE_PACKED_TILE_ROWS,      /* rows per packed-GEMM register tile */
@@ -94,6 +96,11 @@ int fa_build_tiles(int isa, int64_t *out);
  *                             for key j (-inf = padding)
  *   causal    query i sees key j iff j <= i + (Lk - Lq) (bottom-right aligned); key blocks above
  *             the diagonal are skipped.
+ *   dropout_p in [0, 1): dropout on the softmax weights (torch's MultiheadAttention): weight
+ *             (b, h, i, j) is kept iff fa_rng_keep(fa_rng_row_key(seed, (b*H + h)*Lq + i), j,
+ *             fa_rng_threshold(dropout_p)) (fa_rng.h), kept weights scaled by 1 / (1 - p);
+ *             `weights` receives the weights after dropout, `lse` stays that of the undropped
+ *             scores. 0 = no dropout (the same code and speed as without it); seed is then unused.
  *   A query row with no visible key yields zeros (and lse = -inf). NaN propagates.
  *   Threads: (batch, head, query block) tasks, dynamically scheduled; each task is computed by
  *   one thread in a fixed order -> results independent of the thread count.
@@ -106,7 +113,52 @@ int fa_attention_forward(float *out, float *lse, float *weights,
                           int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t D, int64_t Dv,
                           const int64_t *q_st, const int64_t *k_st, const int64_t *v_st,
                           const int64_t *out_st, const int64_t *mask_st,
-                          float scale, int causal, int nthreads);  /* 0, or -1: out of memory */
+                          float scale, int causal, double dropout_p, uint64_t seed,
+                          int nthreads);  /* 0, or -1: out of memory */
+
+/* fa_attention_backward -- dq, dk, dv of out = dropout(softmax(q k^T * scale + masks)) v,
+ * flash style: the probabilities are recomputed tile by tile from the saved lse; no (Lq, Lk)
+ * matrix is stored.
+ *
+ *   dq        (B, H, Lq, D)   out; strides dq_st[3] = (batch, head, row), last axis contiguous
+ *   dk        (B, H, Lk, D)   out; strides dk_st[3]
+ *   dv        (B, H, Lk, Dv)  out; strides dv_st[3]
+ *   dout      (B, H, Lq, Dv)  in; the gradient of out; strides dout_st[3]
+ *   out       (B, H, Lq, Dv)  in; the forward's output (dropout included); strides out_st[3]
+ *   lse       (B, H, Lq)      in; C-contiguous; the forward's lse (-inf: a row with no key)
+ *   q, k, v, mask, key_bias, strides, scale, causal, dropout_p, seed: as given to the forward
+ *   Math, per (query i, key j), with P_ij = exp(s_ij - lse_i), keep_ij = 0 or 1 / (1 - p) the
+ *   forward's dropout (1 without), Delta_i = sum_e dout_ie out_ie:
+ *     dv_j += P_ij keep_ij dout_i;   dS_ij = P_ij (keep_ij dout_i . v_j - Delta_i)
+ *     dq_i += scale dS_ij k_j;       dk_j += scale dS_ij q_i
+ *   A row with lse = -inf (or NaN, as in the twin) has P = 0: zero gradients, nothing added
+ *   to dk, dv (a NaN Delta still makes its dS NaN). Causal: the pairs of
+ *   query and key blocks wholly above the diagonal are skipped.
+ *   Blocks: keys in blocks of BQ (along the vector lanes), queries in blocks of BR rows.
+ *   Threads: Delta first ((B*H*Lq) rows, split statically). Then tasks over (batch, head) that
+ *   own their dk, dv rows and accumulate them over every query block, adding each block's
+ *   share into dq as they go. With too few (batch, head) pairs for the team (5 ceil(BH/n) n >
+ *   7 BH: a head costs 5 products, the split 7, spread evenly) the work is split instead into
+ *   (batch, head, key block) tasks (dk, dv) and (batch, head, query block) tasks (dq, which
+ *   recompute S and dP'). Either way every element is summed by one thread in one fixed
+ *   order (dq_i over key blocks in order, dk_j and dv_j over query rows in order) with the
+ *   same arithmetic -> bitwise the same results for any thread count or team actually
+ *   started. No atomics.
+ *   Scratch: Delta (B*H*Lq floats), and per thread (2*D + 2*Dv + Dp + 2*BR + 1) * BQ floats,
+ *   Dp = D rounded up to whole vectors: K^T, V^T, K (padded rows) and the dK^T, dV^T
+ *   accumulators of one key block, the P' and dS tiles of one block pair, the key bias.
+ *   Twin: fastattn.reference.attention_backward
+ */
+int fa_attention_backward(float *dq, float *dk, float *dv,
+                          const float *dout, const float *out, const float *lse,
+                          const float *q, const float *k, const float *v,
+                          const float *mask, const float *key_bias,
+                          int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t D, int64_t Dv,
+                          const int64_t *dq_st, const int64_t *dk_st, const int64_t *dv_st,
+                          const int64_t *dout_st, const int64_t *out_st,
+                          const int64_t *q_st, const int64_t *k_st, const int64_t *v_st,
+                          const int64_t *mask_st, float scale, int causal, double dropout_p,
+                          uint64_t seed, int nthreads);  /* 0, or -1: out of memory */
 
 /* ---- softmax ---------------------------------------------------------------------------------- */
 

@@ -6,7 +6,7 @@ C in elements (memoryview strides are bytes). An array that is None or has no el
 passed as NULL (the kernels read nothing through it), so that no pointer is ever taken to the
 first element of an empty view (an IndexError under the debug build's bounds checks).
 """
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint64_t
 
 
 cdef extern from "fastattn.h" nogil:
@@ -31,7 +31,18 @@ cdef extern from "fastattn.h" nogil:
                              int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t D, int64_t Dv,
                              const int64_t *q_st, const int64_t *k_st, const int64_t *v_st,
                              const int64_t *out_st, const int64_t *mask_st,
-                             float scale, int causal, int nthreads)
+                             float scale, int causal, double dropout_p, uint64_t seed,
+                             int nthreads)
+    int fa_attention_backward(float *dq, float *dk, float *dv,
+                              const float *dout, const float *out, const float *lse,
+                              const float *q, const float *k, const float *v,
+                              const float *mask, const float *key_bias,
+                              int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t D,
+                              int64_t Dv, const int64_t *dq_st, const int64_t *dk_st,
+                              const int64_t *dv_st, const int64_t *dout_st,
+                              const int64_t *out_st, const int64_t *q_st, const int64_t *k_st,
+                              const int64_t *v_st, const int64_t *mask_st, float scale,
+                              int causal, double dropout_p, uint64_t seed, int nthreads)
     void fa_softmax_forward(float *y, const float *x, int64_t N, int64_t C, int nthreads)
     void fa_layer_norm_forward(float *y, float *sum_out, float *mean, float *rstd,
                                const float *x, const float *residual,
@@ -153,10 +164,12 @@ cdef inline const float *_cp4(const float[:, :, :, :] a):
 def attention_forward(float[:, :, :, :] out not None, float[::1] lse, float[::1] weights,
                       const float[:, :, :, :] q not None, const float[:, :, :, :] k not None,
                       const float[:, :, :, :] v not None, const float[:, :, :, :] mask,
-                      const float[::1] key_bias, float scale, bint causal, int nthreads):
+                      const float[::1] key_bias, float scale, bint causal, int nthreads,
+                      double dropout_p=0.0, uint64_t seed=0):
     """out (B,H,Lq,Dv), lse (B*H*Lq) or None, weights (B*H*Lq*Lk) or None, key_bias (B*Lk) or
     None. out, q, k, v may be strided views whose last axis is contiguous (ops.py checks that);
-    mask is a broadcast view (B,H,Lq,Lk) with any strides, or None."""
+    mask is a broadcast view (B,H,Lq,Lk) with any strides, or None. dropout_p in [0, 1) (0: no
+    dropout, seed unused)."""
     cdef int64_t q_st[3]
     cdef int64_t k_st[3]
     cdef int64_t v_st[3]
@@ -182,9 +195,66 @@ def attention_forward(float[:, :, :, :] out not None, float[::1] lse, float[::1]
     with nogil:
         rc = fa_attention_forward(op, lp, wp, qp, kp, vp, mp, kb, q.shape[0], q.shape[1],
                                   q.shape[2], k.shape[2], q.shape[3], v.shape[3], q_st, k_st,
-                                  v_st, o_st, m_st, scale, causal, nthreads)
+                                  v_st, o_st, m_st, scale, causal, dropout_p, seed, nthreads)
     if rc != 0:
         raise MemoryError("attention: could not allocate per-thread scratch")
+
+
+cdef inline void _strides3(const float[:, :, :, :] a, int64_t *st):
+    cdef int i
+    for i in range(3):
+        st[i] = a.strides[i] // 4
+
+
+def attention_backward(float[:, :, :, :] dq not None, float[:, :, :, :] dk not None,
+                       float[:, :, :, :] dv not None, const float[:, :, :, :] dout not None,
+                       const float[:, :, :, :] out not None, const float[::1] lse not None,
+                       const float[:, :, :, :] q not None, const float[:, :, :, :] k not None,
+                       const float[:, :, :, :] v not None, const float[:, :, :, :] mask,
+                       const float[::1] key_bias, float scale, bint causal, double dropout_p,
+                       uint64_t seed, int nthreads):
+    """dq (B,H,Lq,D), dk (B,H,Lk,D), dv (B,H,Lk,Dv), dout and out (B,H,Lq,Dv), q, k, v: strided
+    views whose last axis is contiguous (ops.py checks that); lse (B*H*Lq); mask a broadcast
+    view (B,H,Lq,Lk) with any strides, or None; key_bias (B*Lk) or None."""
+    cdef int64_t dq_st[3]
+    cdef int64_t dk_st[3]
+    cdef int64_t dv_st[3]
+    cdef int64_t do_st[3]
+    cdef int64_t o_st[3]
+    cdef int64_t q_st[3]
+    cdef int64_t k_st[3]
+    cdef int64_t v_st[3]
+    cdef int64_t m_st[4]
+    cdef int i
+    _strides3(dq, dq_st)
+    _strides3(dk, dk_st)
+    _strides3(dv, dv_st)
+    _strides3(dout, do_st)
+    _strides3(out, o_st)
+    _strides3(q, q_st)
+    _strides3(k, k_st)
+    _strides3(v, v_st)
+    for i in range(4):
+        m_st[i] = mask.strides[i] // 4 if mask is not None else 0
+    cdef float *dqp = _p4(dq)
+    cdef float *dkp = _p4(dk)
+    cdef float *dvp = _p4(dv)
+    cdef const float *dop = _cp4(dout)
+    cdef const float *op = _cp4(out)
+    cdef const float *lp = _cp1(lse)
+    cdef const float *qp = _cp4(q)
+    cdef const float *kp = _cp4(k)
+    cdef const float *vp = _cp4(v)
+    cdef const float *mp = _cp4(mask)
+    cdef const float *kb = _cp1(key_bias)
+    cdef int rc
+    with nogil:
+        rc = fa_attention_backward(dqp, dkp, dvp, dop, op, lp, qp, kp, vp, mp, kb, q.shape[0],
+                                   q.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3],
+                                   dq_st, dk_st, dv_st, do_st, o_st, q_st, k_st, v_st, m_st,
+                                   scale, causal, dropout_p, seed, nthreads)
+    if rc != 0:
+        raise MemoryError("attention_backward: could not allocate per-thread scratch")
 
 
 def softmax_forward(float[:, ::1] y not None, const float[:, ::1] x not None, int nthreads):

@@ -20,6 +20,7 @@ from . import _kernels
 ISA_NAMES = ("generic", "avx2", "avx512")  # index = fa_isa_t in csrc/fa_common.h
 TILE_NAMES = (  # index = fa_tile_t in csrc/fastattn.h; the sizes themselves: csrc/fa_tiles.h
     "vector_width", "attention_block_q", "attention_block_k", "attention_rows_max_q",
+    "attention_backward_block_q",
     "softmax_chunk", "packed_panel", "packed_tile_rows", "packed_tile_features",
     "packed_max_rows", "skinny_rows", "min_rows_per_thread", "row_block", "feature_align",
 )

@@ -22,6 +22,7 @@ from ._runtime import get_num_threads, tiles
 
 __all__ = [
     "attention", "attention_forward", "softmax", "layer_norm", "layer_norm_forward", "linear",
+    "attention_backward",
     "ffn", "positional_encoding",
 ]
 
@@ -91,8 +92,7 @@ def _mask_bias(mask, name, op, dtype_ok="bool or float"):
 
 # ---- attention ---------------------------------------------------------------------------------
 
-def _check_attention(q, k, v, mask, key_padding_mask, scale):
-    op = "attention"
+def _check_attention(q, k, v, mask, key_padding_mask, scale, op="attention"):
     q, k, v = (_array(t, n, op) for t, n in ((q, "q"), (k, "k"), (v, "v")))
     _ndim(q, 4, "q", op, "(B, H, Lq, D)")
     _ndim(k, 4, "k", op, "(B, H, Lk, D)")
@@ -129,42 +129,98 @@ def _check_attention(q, k, v, mask, key_padding_mask, scale):
     return q, k, v, mask, key_padding_mask, float(scale)
 
 
-def _attention(q, k, v, mask, key_padding_mask, causal, scale, want_weights):
+def _attention(q, k, v, mask, key_padding_mask, causal, scale, want_weights, dropout_p, seed):
+    p, seed = reference._attention_dropout(dropout_p, seed, "attention")
     q, k, v, bias, key_bias, scale = _check_attention(q, k, v, mask, key_padding_mask, scale)
     B, H, Lq, D = q.shape
     Lk, Dv = k.shape[2], v.shape[3]
     if min(B, H, Lq, Dv) == 0 or min(Lk, D) == 0:
         # Nothing to tile (an empty batch, or no keys / zero-width heads): the twin is exact.
         kb = None if key_bias is None else key_bias.reshape(B, Lk)
-        out, weights, lse = reference._attention64(q, k, v, bias, kb, bool(causal), scale)
+        out, weights, lse = reference._attention64(q, k, v, bias, kb, bool(causal), scale, p,
+                                                   seed)
         return (out.astype(np.float32), lse.astype(np.float32),
                 weights.astype(np.float32) if want_weights else None)
     out = np.empty((B, H, Lq, Dv), np.float32)
     lse = np.empty(B * H * Lq, np.float32)
     weights = np.empty(B * H * Lq * Lk, np.float32) if want_weights else None
     _kernels.attention_forward(out, lse, weights, q, k, v, bias, key_bias, scale, bool(causal),
-                               get_num_threads())
+                               get_num_threads(), p, seed or 0)
     return out, lse.reshape(B, H, Lq), (weights.reshape(B, H, Lq, Lk) if want_weights else None)
 
 
-def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=None):
+def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=None,
+                      dropout_p=0.0, seed=None):
     """Fused attention returning (out, {"lse": (B, H, Lq)}); see reference.attention_forward."""
-    out, lse, _ = _attention(q, k, v, mask, key_padding_mask, causal, scale, False)
+    out, lse, _ = _attention(q, k, v, mask, key_padding_mask, causal, scale, False, dropout_p,
+                             seed)
     return out, {"lse": lse}
 
 
 def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=None,
-              return_weights=False):
+              return_weights=False, dropout_p=0.0, seed=None):
     """softmax(q k^T * scale + masks) v, fused and tiled; see reference.attention.
 
     q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv) -> (B, H, Lq, Dv) float32 [, weights
     (B, H, Lq, Lk) when return_weights]. mask: bool (True = not allowed) or float (added),
     broadcastable to (B, H, Lq, Lk); key_padding_mask (B, Lk), True = padding; causal is
     bottom-right aligned. A query with no allowed key returns zeros. Without return_weights no
-    (Lq, Lk) matrix is ever stored.
+    (Lq, Lk) matrix is ever stored. dropout_p in [0, 1) drops attention weights (kept ones
+    scaled by 1 / (1 - p)) as reference.dropout_keep decides from seed, bit for bit; the
+    returned weights are the dropped ones.
     """
-    out, _, weights = _attention(q, k, v, mask, key_padding_mask, causal, scale, return_weights)
+    out, _, weights = _attention(q, k, v, mask, key_padding_mask, causal, scale, return_weights,
+                                 dropout_p, seed)
     return (out, weights) if return_weights else out
+
+
+def attention_backward(dout, q, k, v, out, lse, *, mask=None, key_padding_mask=None,
+                       causal=False, scale=None, dropout_p=0.0, seed=None):
+    """(dq, dk, dv) of attention from the forward's out and lse, flash style (the probabilities
+    are recomputed block by block; no (Lq, Lk) matrix is stored); see
+    reference.attention_backward.
+
+    dout and out (B, H, Lq, Dv), lse (B, H, Lq) (attention_forward's cache["lse"]); q, k, v
+    and every option exactly as given to the forward (the same seed regenerates its dropout).
+    dout, out, q, k and v are read through their strides when their last axis is contiguous.
+    -> dq (B, H, Lq, D), dk (B, H, Lk, D), dv (B, H, Lk, Dv), float32, C-contiguous.
+    NaN propagates as in the twin, except that with causal a NaN query row may leave the keys
+    it cannot see untouched (the twin spreads its NaN to every key of the head).
+    """
+    op = "attention_backward"
+    p, seed = reference._attention_dropout(dropout_p, seed, op)
+    arrays = {}
+    for name, x, n, letters in (("dout", dout, 4, "(B, H, Lq, Dv)"), ("q", q, 4, "(B, H, Lq, D)"),
+                                ("k", k, 4, "(B, H, Lk, D)"), ("v", v, 4, "(B, H, Lk, Dv)"),
+                                ("out", out, 4, "(B, H, Lq, Dv)"), ("lse", lse, 3, "(B, H, Lq)")):
+        arrays[name] = _array(x, name, op)
+        _ndim(arrays[name], n, name, op, letters)
+    q, k, v, bias, key_bias, scale = _check_attention(arrays["q"], arrays["k"], arrays["v"], mask,
+                                                      key_padding_mask, scale, op)
+    B, H, Lq, D = q.shape
+    Lk, Dv = k.shape[2], v.shape[3]
+    dout, out = _strided(arrays["dout"]), _strided(arrays["out"])
+    for name, a in (("dout", dout), ("out", out)):
+        if a.shape != (B, H, Lq, Dv):
+            raise ValueError(f"{op}: {name} must be (B, H, Lq, Dv) = ({B}, {H}, {Lq}, {Dv}) to "
+                             f"match q {q.shape} and v {v.shape}, got {a.shape}")
+    lse = arrays["lse"]
+    if lse.shape != (B, H, Lq):
+        raise ValueError(f"{op}: lse must be (B, H, Lq) = ({B}, {H}, {Lq}) to match q {q.shape}, "
+                         f"got {lse.shape}")
+    if min(B, H, Lq, Lk, D, Dv) == 0:
+        # Nothing to tile (an empty batch, no queries or keys, zero-width heads): the twin.
+        kb = None if key_bias is None else key_bias.reshape(B, Lk)
+        return reference.attention_backward(dout, q, k, v, out, lse, mask=bias,
+                                            key_padding_mask=kb, causal=bool(causal),
+                                            scale=scale, dropout_p=p, seed=seed)
+    dq = np.empty((B, H, Lq, D), np.float32)
+    dk = np.empty((B, H, Lk, D), np.float32)
+    dv = np.empty((B, H, Lk, Dv), np.float32)
+    _kernels.attention_backward(dq, dk, dv, dout, out, np.ascontiguousarray(lse).reshape(-1),
+                                q, k, v, bias, key_bias, scale, bool(causal), p, seed or 0,
+                                get_num_threads())
+    return dq, dk, dv
 
 
 # ---- softmax -----------------------------------------------------------------------------------

@@ -43,15 +43,20 @@ Conventions:
   attention inputs that are not 4-D, raise the same ValueError as in ``fastattn.ops``) and
   otherwise assumes well-formed arguments. Degenerate sizes (no rows, no keys, D = 0, ...) give
   the same results in both twins.
+- Attention's dropout arguments (dropout_p in [0, 1), seed required when dropout_p > 0) are the
+  exception: both twins check them with the same function and raise the same errors, and the
+  dropped weights are those of ``dropout_keep``, bit for bit.
 """
 
 import math
+import numbers
 
 import numpy as np
 
 __all__ = [
     "attention",
     "attention_forward",
+    "attention_backward",
     "softmax",
     "layer_norm",
     "layer_norm_forward",
@@ -124,7 +129,8 @@ def _linear64(x, weight, bias, activation):
 # ----------------------------------------------------------------------------------------------
 # attention
 
-def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=None):
+def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=None,
+                      dropout_p=0.0, seed=None):
     """Scaled dot-product attention, returning the log-sum-exp saved for the backward pass.
 
     ====================  ==============  =====================================================
@@ -136,21 +142,25 @@ def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False
     key_padding_mask      (B, Lk)         bool (True = padding) or float (added)
     causal                bool            query i sees key j iff j <= i + (Lk - Lq)
     scale                 float           default 1 / sqrt(D) (1 if D = 0)
+    dropout_p             float in [0,1)  dropout on the attention weights (see attention)
+    seed                  int in [0,2^64) the dropout's seed; required when dropout_p > 0
     -> out                (B, H, Lq, Dv)  float32; zeros for a query with no allowed key
     -> cache["lse"]       (B, H, Lq)      float32; logsumexp of the scaled, masked scores
-                                          per query row; -inf for a fully masked row
+                                          per query row (before dropout); -inf for a fully
+                                          masked row
     ====================  ==============  =====================================================
 
     scores = (q @ k^T) * scale, then every mask is applied, then a stable softmax over the keys
-    (an all -inf row gives weights of zeros), then out = weights @ v.
+    (an all -inf row gives weights of zeros), then dropout on the weights, then out = weights @ v.
     """
-    out, weights, lse = _attention64(q, k, v, mask, key_padding_mask, causal, scale)
+    p, seed = _attention_dropout(dropout_p, seed, "attention")
+    out, weights, lse = _attention64(q, k, v, mask, key_padding_mask, causal, scale, p, seed)
     return _f32(out), {"lse": _f32(lse)}
 
 
 def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=None,
-              return_weights=False):
-    """Scaled dot-product attention: softmax((q @ k^T) * scale + masks) @ v.
+              return_weights=False, dropout_p=0.0, seed=None):
+    """Scaled dot-product attention: dropout(softmax((q @ k^T) * scale + masks)) @ v.
 
     ====================  ==============  =====================================================
     q                     (B, H, Lq, D)   queries
@@ -162,21 +172,29 @@ def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=
     causal                bool            query i sees key j iff j <= i + (Lk - Lq)
     scale                 float           default 1 / sqrt(D) (1 if D = 0)
     return_weights        bool            also return the attention weights
+    dropout_p             float in [0,1)  dropout on the attention weights, as torch's
+                                          MultiheadAttention applies it: each weight is kept
+                                          or zeroed, kept ones are scaled by 1 / (1 - p)
+    seed                  int in [0,2^64) the dropout's seed; required when dropout_p > 0
+                                          (ignored at 0). Weight (b, h, i, j) is kept iff
+                                          dropout_keep(seed, (b*H + h)*Lq + i, j, dropout_p)
     -> out                (B, H, Lq, Dv)  float32; zeros for a query with no allowed key
-    -> weights            (B, H, Lq, Lk)  float32, only with return_weights=True; rows sum
-                                          to 1, or are all zeros for a fully masked row
+    -> weights            (B, H, Lq, Lk)  float32, only with return_weights=True: the weights
+                                          after dropout (as torch returns them); without
+                                          dropout, rows sum to 1, or are all zeros for a
+                                          fully masked row
     ====================  ==============  =====================================================
     """
-    out, weights, lse = _attention64(q, k, v, mask, key_padding_mask, causal, scale)
+    p, seed = _attention_dropout(dropout_p, seed, "attention")
+    out, weights, lse = _attention64(q, k, v, mask, key_padding_mask, causal, scale, p, seed)
     if return_weights:
         return _f32(out), _f32(weights)
     return _f32(out)
 
 
-def _attention64(q, k, v, mask, key_padding_mask, causal, scale):
-    q = _f64(_rank(q, "q", "attention", 4, "(B, H, Lq, D)"))      # (B,H,Lq,D)
-    k = _f64(_rank(k, "k", "attention", 4, "(B, H, Lk, D)"))      # (B,H,Lk,D)
-    v = _f64(_rank(v, "v", "attention", 4, "(B, H, Lk, Dv)"))     # (B,H,Lk,Dv)
+def _scores64(q, k, mask, key_padding_mask, causal, scale):
+    """(scores (B,H,Lq,Lk) float64 with every mask applied, scale): q (B,H,Lq,D), k
+    (B,H,Lk,D) float64."""
     Lq, D = q.shape[-2], q.shape[-1]
     Lk = k.shape[-2]
     if scale is None:
@@ -201,10 +219,97 @@ def _attention64(q, k, v, mask, key_padding_mask, causal, scale):
         j = np.arange(Lk)[None, :]                                  # (1,Lk) key index
         allowed = j <= i + (Lk - Lq)                                # (Lq,Lk) bottom-right aligned
         scores = np.where(allowed, scores, -np.inf)                 # (B,H,Lq,Lk)
+    return scores, scale
 
+
+def _attention64(q, k, v, mask, key_padding_mask, causal, scale, dropout_p=0.0, seed=None):
+    q = _f64(_rank(q, "q", "attention", 4, "(B, H, Lq, D)"))      # (B,H,Lq,D)
+    k = _f64(_rank(k, "k", "attention", 4, "(B, H, Lk, D)"))      # (B,H,Lk,D)
+    v = _f64(_rank(v, "v", "attention", 4, "(B, H, Lk, Dv)"))     # (B,H,Lk,Dv)
+    scores, scale = _scores64(q, k, mask, key_padding_mask, causal, scale)  # (B,H,Lq,Lk)
     weights, lse = _softmax64(scores, axis=-1)    # (B,H,Lq,Lk), (B,H,Lq)
+    if dropout_p > 0:
+        weights = weights * _attention_keep(seed, dropout_p, weights.shape)  # dropped -> 0
     out = weights @ v                             # (B,H,Lq,Lk) @ (B,H,Lk,Dv) -> (B,H,Lq,Dv)
     return out, weights, lse
+
+
+def attention_backward(dout, q, k, v, out, lse, *, mask=None, key_padding_mask=None,
+                       causal=False, scale=None, dropout_p=0.0, seed=None):
+    """Gradients of attention with respect to q, k and v, from the forward's out and lse.
+
+    ====================  ==============  =====================================================
+    dout                  (B, H, Lq, Dv)  gradient of the loss with respect to out
+    q, k, v               as in attention the forward's inputs
+    out                   (B, H, Lq, Dv)  the forward's output (dropout included)
+    lse                   (B, H, Lq)      the forward's cache["lse"]
+    mask, key_padding_mask, causal, scale, dropout_p, seed
+                                          exactly as given to the forward (the same seed
+                                          regenerates the same dropped weights)
+    -> dq                 (B, H, Lq, D)   float32
+    -> dk                 (B, H, Lk, D)   float32
+    -> dv                 (B, H, Lk, Dv)  float32
+    ====================  ==============  =====================================================
+
+    With P = exp(scores - lse) the softmax weights, keep the dropout's mask scaled by
+    1 / (1 - p) (1 without dropout) and P' = P * keep the weights the forward used:
+        dv = P'^T dout;   dP = (dout v^T) * keep;   Delta_i = sum_e dout_ie out_ie
+        dS = P * (dP - Delta);   dq = scale * dS k;   dk = scale * dS^T q
+    A query row with no allowed key (lse = -inf) has P = 0: zero gradients, never NaN.
+    """
+    op = "attention_backward"
+    p, seed = _attention_dropout(dropout_p, seed, op)
+    dout = _f64(_rank(dout, "dout", op, 4, "(B, H, Lq, Dv)"))    # (B,H,Lq,Dv)
+    q = _f64(_rank(q, "q", op, 4, "(B, H, Lq, D)"))               # (B,H,Lq,D)
+    k = _f64(_rank(k, "k", op, 4, "(B, H, Lk, D)"))               # (B,H,Lk,D)
+    v = _f64(_rank(v, "v", op, 4, "(B, H, Lk, Dv)"))              # (B,H,Lk,Dv)
+    out = _f64(_rank(out, "out", op, 4, "(B, H, Lq, Dv)"))        # (B,H,Lq,Dv)
+    lse = _f64(_rank(lse, "lse", op, 3, "(B, H, Lq)"))[..., None]  # (B,H,Lq,1)
+    scores, scale = _scores64(q, k, mask, key_padding_mask, causal, scale)  # (B,H,Lq,Lk)
+
+    live = lse > -np.inf                                  # (B,H,Lq,1) rows that see a key
+    with np.errstate(invalid="ignore", over="ignore"):    # NaN/inf inputs propagate quietly
+        P = np.where(live, np.exp(scores - np.where(live, lse, 0.0)), 0.0)  # (B,H,Lq,Lk)
+    keep = _attention_keep(seed, p, P.shape) if p > 0 else 1.0  # (B,H,Lq,Lk): 0 or 1/(1-p)
+    Pd = P * keep                                         # the weights the forward used
+    dv = np.swapaxes(Pd, -1, -2) @ dout                   # (B,H,Lk,Lq) @ (B,H,Lq,Dv)
+    dP = (dout @ np.swapaxes(v, -1, -2)) * keep           # (B,H,Lq,Lk)
+    delta = np.sum(dout * out, axis=-1, keepdims=True)    # (B,H,Lq,1) = sum_j P_ij dP_ij
+    dS = P * (dP - delta)                                 # (B,H,Lq,Lk) softmax backward
+    dq = (dS @ k) * scale                                 # (B,H,Lq,D)
+    dk = (np.swapaxes(dS, -1, -2) @ q) * scale            # (B,H,Lk,D)
+    return _f32(dq), _f32(dk), _f32(dv)
+
+
+def _attention_keep(seed, p, shape):
+    """float64 (B, H, Lq, Lk): 1 / (1 - p) where attention's dropout keeps weight (b, h, i, j)
+    (rows (b * H + h) * Lq + i, cols j), 0 where it drops it."""
+    B, H, Lq, Lk = shape
+    keep = dropout_keep(seed, np.arange(B * H * Lq), np.arange(Lk), p)   # (B*H*Lq, Lk)
+    return keep.reshape(shape) / (1.0 - p)
+
+
+def _attention_dropout(dropout_p, seed, op):
+    """(p, seed) checked: p a real number in [0, 1); seed an int in [0, 2**64) when p > 0
+    (ignored, and returned as None, when p == 0). TypeError / ValueError naming the argument.
+    Shared with fastattn.ops (the twins accept and refuse the same values)."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"{op}: dropout_p must be a real number, got {type(dropout_p).__name__}")
+    p = float(dropout_p)
+    if not 0.0 <= p < 1.0:  # also refuses NaN
+        raise ValueError(f"{op}: dropout_p must be in [0, 1), got {dropout_p!r} (a dropout of 1 "
+                         "would zero every weight: leave the layer out instead)")
+    if p == 0:
+        return p, None  # no dropout: the seed is ignored
+    if seed is None:
+        raise ValueError(f"{op}: seed is required when dropout_p > 0 (an int in [0, 2**64)), "
+                         "got None")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"{op}: seed must be an int in [0, 2**64) or None, got "
+                        f"{type(seed).__name__}")
+    if not 0 <= int(seed) < 2 ** 64:
+        raise ValueError(f"{op}: seed must be in [0, 2**64), got {seed}")
+    return p, int(seed)
 
 
 # ---- dropout's random bits (counter-based: a pure function of seed, row, column) ------------

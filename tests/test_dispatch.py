@@ -52,9 +52,10 @@ CHILD = textwrap.dedent(r"""
     tiles = info["tiles"]
     BQ, BK = tiles["attention_block_q"], tiles["attention_block_k"]
     R = tiles["attention_rows_max_q"]
+    BR = tiles["attention_backward_block_q"]
 
     # attention: odd sizes, partial query/key blocks, masks combined, Lq > Lk, return_weights,
-    # the last one-row-at-a-time length and the first tiled one
+    # the last one-row-at-a-time length and the first tiled one; dropout; the backward
     cases = [
         dict(B=2, H=3, Lq=BQ + 5, Lk=3 * BQ + 5, D=7, Dv=33, causal=True, mask="bool", kpm=True),
         dict(B=1, H=2, Lq=2 * BQ + 1, Lk=BK + 1, D=80, Dv=80, causal=True, mask="float",
@@ -64,6 +65,9 @@ CHILD = textwrap.dedent(r"""
         dict(B=2, H=3, Lq=R + 1, Lk=BQ + 1, D=33, Dv=17, causal=True, mask="float", kpm=True),
         dict(B=2, H=2, Lq=2 * BQ + 1, Lk=2 * BQ + 1, D=1, Dv=128, causal=False, mask="bool",
              kpm=False),
+        # the backward's query blocks (BR rows) and key blocks (BQ keys), one (batch, head)
+        dict(B=1, H=1, Lq=BR + 1, Lk=2 * BQ + 3, D=33, Dv=2 * BQ + 1, causal=True, mask=None,
+             kpm=True),
     ]
     for i, c in enumerate(cases):
         q, k, v = (rand(c["B"], c["H"], c["Lq"], c["D"]), rand(c["B"], c["H"], c["Lk"], c["D"]),
@@ -93,6 +97,34 @@ CHILD = textwrap.dedent(r"""
         _, ref_w = reference.attention(q, k, v, return_weights=True, **kw)
         t = tol["attention_weights"]
         compare(f"attention{i}.weights", w, ref_w, t["rtol"] * growth, t["atol"] * growth)
+
+        # dropout on the weights: the same elements dropped as the twin, bit for bit
+        drop = dict(kw, dropout_p=0.3, seed=2**63 + i)
+        _, w = ops.attention(q, k, v, return_weights=True, **drop)
+        _, ref_w = reference.attention(q, k, v, return_weights=True, **drop)
+        compare(f"attention{i}.dropout.weights", w, ref_w, t["rtol"] * growth,
+                t["atol"] * growth / 0.7)
+        report[f"attention{i}.dropout.weights"]["special"] += int(((w == 0) != (ref_w == 0)).sum())
+
+        # backward (with and without dropout) on the kernel's own out and lse; atol = 4 eps32
+        # (sqrt(terms) + largest |score|) x the largest sum of |terms| of the gradient, as in
+        # test_ops_attention_backward.py
+        terms = max(c["D"], c["Dv"], c["Lq"], c["Lk"])
+        for extra in ({}, {"dropout_p": 0.3, "seed": 12345 + i}):
+            kwb = dict(kw, **extra)
+            o, cch = ops.attention_forward(q, k, v, **kwb)
+            dout = rand(*o.shape)
+            got = ops.attention_backward(dout, q, k, v, o, cch["lse"], **kwb)
+            want = reference.attention_backward(dout, q, k, v, o, cch["lse"], **kwb)
+            P = reference.attention(q, k, v, return_weights=True, **kw)[1].astype(np.float64)
+            P /= 1.0 - extra.get("dropout_p", 0.0)
+            ad, aq, ak, av, ao = (np.abs(np.asarray(a, np.float64)) for a in (dout, q, k, v, o))
+            ds = P * (ad @ np.swapaxes(av, -1, -2) + (ad * ao).sum(-1, keepdims=True))
+            mags = (ds @ ak / math.sqrt(c["D"]), np.swapaxes(ds, -1, -2) @ aq / math.sqrt(c["D"]),
+                    np.swapaxes(P, -1, -2) @ ad)
+            for name, g, e, m in zip(("dq", "dk", "dv"), got, want, mags):
+                atol = 4.0 * float(np.finfo(np.float32).eps) * (math.sqrt(terms) + smax) * m.max()
+                compare(f"attention{i}{'.dropout' if extra else ''}.{name}", g, e, 1e-4, atol)
 
     x = rand(33, 1025, scale=4.0)
     x[::5, ::3] = -np.inf

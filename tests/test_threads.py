@@ -86,6 +86,38 @@ def test_attention_identical(restore_threads, rng, n, case):
 
 
 @pytest.mark.parametrize("n", THREAD_COUNTS)
+@pytest.mark.parametrize("case", ["plain", "causal", "masked", "padded_causal", "dropout",
+                                  "one_head", "two_heads"])
+def test_attention_backward_identical(restore_threads, rng, n, case):
+    """dq, dk, dv bitwise the same for any team: with several (batch, head) pairs per thread
+    each pair is one task; with fewer pairs than threads (one_head, two_heads with 3 threads) the
+    work is split into key-block and query-block tasks, which must give the same bits as the
+    single thread's one task per head."""
+    B, H, Lq, Lk, D, Dv = 2, 3, 161, 203, 64, 40
+    if case == "one_head":
+        B, H = 1, 1
+    elif case == "two_heads":
+        B, H = 1, 2
+    q, k, v = rand(rng, (B, H, Lq, D)), rand(rng, (B, H, Lk, D)), rand(rng, (B, H, Lk, Dv))
+    dout = rand(rng, (B, H, Lq, Dv))
+    kwargs = {"causal": case in ("causal", "padded_causal", "one_head", "two_heads")}
+    if case == "masked":
+        kwargs["mask"] = rng.random((B, 1, Lq, Lk)) < 0.3
+    elif case == "padded_causal":
+        kpm = rng.random((B, Lk)) < 0.2
+        kpm[1] = True                                      # one batch element fully padded
+        kwargs.update(key_padding_mask=kpm,
+                      mask=np.where(rng.random((Lq, Lk)) < 0.1, -np.inf, 0.5))
+    elif case in ("dropout", "one_head"):
+        kwargs.update(dropout_p=0.2, seed=1234)
+    out, cache = ops.attention_forward(q, k, v, **kwargs)
+    assert_identical(lambda: ops.attention_backward(dout, q, k, v, out, cache["lse"], **kwargs),
+                     n)
+    if case == "dropout":
+        assert_identical(lambda: ops.attention(q, k, v, return_weights=True, **kwargs), n)
+
+
+@pytest.mark.parametrize("n", THREAD_COUNTS)
 @pytest.mark.parametrize("C", [17, 512, 1025])
 def test_softmax_identical(restore_threads, rng, n, C):
     x = rand(rng, (701, C), 3.0)
@@ -191,6 +223,20 @@ SMALL_TEAM_CHILD = textwrap.dedent(r"""
         out = nan(2, 3, Lq, 24)
         ops._attention_into(out, q, k, v, None, None, True, 32 ** -0.5)
         check(f"attention Lq={Lq}", out, reference.attention(q, k, v, causal=True), 1e-4)
+
+    # the backward: one task per (batch, head), and the split for fewer heads than threads;
+    # outputs NaN-prefilled through the binding
+    for B, H in ((2, 3), (1, 1)):
+        q, k, v, dout = rand(B, H, 150, 32), rand(B, H, 170, 32), rand(B, H, 170, 24), \
+            rand(B, H, 150, 24)
+        out, cache = ops.attention_forward(q, k, v, causal=True, dropout_p=0.1, seed=9)
+        grads = [nan(*q.shape), nan(*k.shape), nan(*v.shape)]
+        fastattn._kernels.attention_backward(*grads, dout, out, cache["lse"].reshape(-1), q, k,
+                                             v, None, None, 32 ** -0.5, True, 0.1, 9, 2)
+        want = reference.attention_backward(dout, q, k, v, out, cache["lse"], causal=True,
+                                            dropout_p=0.1, seed=9)
+        for name, g, w in zip(("dq", "dk", "dv"), grads, want):
+            check(f"attention_backward B={B} H={H} {name}", g, w, 1e-4)
     print("ok")
 """)
 

@@ -8,11 +8,14 @@
   ``torch.set_num_threads(fastattn.get_num_threads())``.
 
 Op cases (OP_CASES): attention (causal, full, and the memory of a long causal call), layer norm
-with the residual add, the FFN, and the sgemm roofline. Model cases (MODEL_CASES): the
+with the residual add, the FFN, and the sgemm roofline; the attention backward (causal and full,
+the backward alone against torch's SDPA backward, and the memory of a long causal forward +
+backward). Model cases (MODEL_CASES): the
 Transformer-base encoder and encoder-decoder forwards, generation (greedy and beam, B = 1 and 8)
 and the decode step.
 
-Work counted (useful FLOPs): attention 4*B*H*Lq*Lk*D, half of that when causal; FFN 4*N*C*F;
+Work counted (useful FLOPs): attention 4*B*H*Lq*Lk*D, half of that when causal (its backward
+10*B*H*Lq*Lk*D: five products of the forward's size); FFN 4*N*C*F;
 sgemm 2*M*N*K; the model forwards count their GEMMs. Layer norm is memory-bound: its bytes (x
 and residual read, y written) give GB/s.
 """
@@ -124,6 +127,72 @@ def _attention_case(name, title, B, H, L, D, causal, **kw):
     }
     flops = 4 * B * H * L * L * D // (2 if causal else 1)
     return Case(name, f"{title} (B={B} H={H} L={L} D={D})", build, impls, flops=flops, **kw)
+
+
+def _attention_backward_case(name, title, B, H, L, D, causal):
+    """attention_backward alone (the forward's out and lse are inputs, computed once while
+    building them) vs torch's backward of scaled_dot_product_attention on the same q, k, v and
+    dout (its forward run once, untimed; each call is torch.autograd.grad with the graph kept)
+    vs the float64 twin. Output: (dq, dk, dv)."""
+    def build(rng):
+        inputs = {t: _normal(rng, (B, H, L, D)) for t in ("q", "k", "v", "dout")}
+        out, cache = ops.attention_forward(inputs["q"], inputs["k"], inputs["v"], causal=causal)
+        inputs.update(out=out, lse=cache["lse"])
+        return inputs
+
+    def impl(fn):
+        return lambda i: functools.partial(fn, i["dout"], i["q"], i["k"], i["v"], i["out"],
+                                           i["lse"], causal=causal)
+
+    impls = {"fastattn": impl(ops.attention_backward), "numpy": impl(reference.attention_backward),
+             "torch": _torch_backward(causal)}
+    flops = 10 * B * H * L * L * D // (2 if causal else 1)   # five products of the forward's size
+    return Case(name, f"{title} (B={B} H={H} L={L} D={D})", build, impls, flops=flops)
+
+
+def _torch_backward(causal, train_step=False):
+    """torch's SDPA backward on inputs q, k, v, dout: the forward once and autograd.grad per call
+    (train_step: forward and backward per call, as a training step runs them). -> (dq, dk, dv)
+    as NumPy arrays (views)."""
+    def factory(inputs):
+        torch = require_torch()
+        torch.set_num_threads(get_num_threads())
+        q, k, v = (torch.from_numpy(inputs[t]).requires_grad_() for t in ("q", "k", "v"))
+        dout = torch.from_numpy(inputs["dout"])
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        out = None if train_step else sdpa(q, k, v, is_causal=causal)
+
+        def run_torch():
+            o = sdpa(q, k, v, is_causal=causal) if train_step else out
+            grads = torch.autograd.grad(o, (q, k, v), dout, retain_graph=not train_step)
+            return tuple(g.numpy() for g in grads)
+        return run_torch
+    return factory
+
+
+def _attention_backward_memory_case(B=1, H=4, L=16384, D=64):
+    """One training step of a long causal attention: forward then backward. Peak RSS growth
+    counts out, lse, dq, dk, dv (64 MiB here) and the scratch; returns dq (for the check
+    against torch)."""
+    def build(rng):
+        return {t: _normal(rng, (B, H, L, D)) for t in ("q", "k", "v", "dout")}
+
+    def fast(i):
+        def step():
+            out, cache = ops.attention_forward(i["q"], i["k"], i["v"], causal=True)
+            return ops.attention_backward(i["dout"], i["q"], i["k"], i["v"], out, cache["lse"],
+                                          causal=True)[0]
+        return step
+
+    def torch_step(i):
+        run = _torch_backward(True, train_step=True)(i)
+        return lambda: run()[0]
+
+    case = Case("attention_backward_memory", f"attention forward + backward memory, causal "
+                f"(B={B} H={H} L={L} D={D})", build, {"fastattn": fast, "torch": torch_step},
+                kind="memory", slow=(), flops=14 * B * H * L * L * D // 2)
+    case.matrix_mib = L * L * 4 / 2 ** 20  # one (L, L) float32 matrix, for comparison
+    return case
 
 
 def _layer_norm_case(N=2048, C=512):
@@ -353,6 +422,11 @@ class DecodeCase(Case):
 CASES = {c.name: c for c in (
     _attention_case("attention_causal", "attention causal", 4, 8, 512, 64, True),
     _attention_case("attention_full", "attention full", 4, 8, 512, 64, False),
+    _attention_backward_case("attention_backward_causal", "attention backward causal", 4, 8,
+                             512, 64, True),
+    _attention_backward_case("attention_backward_full", "attention backward full", 4, 8, 512,
+                             64, False),
+    _attention_backward_memory_case(),
     _layer_norm_case(),
     _ffn_case(),
     _sgemm_case(),
@@ -369,6 +443,7 @@ CASES = {c.name: c for c in (
 )}
 OP_CASES = ("attention_causal", "attention_full", "layer_norm", "ffn", "sgemm",
             "attention_memory")
+OP_CASES += ("attention_backward_causal", "attention_backward_full", "attention_backward_memory")
 MODEL_CASES = ("encoder", "transformer", "generate_greedy_b1", "generate_greedy_b8",
                "generate_beam_b1", "generate_beam_b8", "decode_step")
 DEFAULT_CASES = OP_CASES + MODEL_CASES

@@ -37,6 +37,15 @@ def _memory_target(rows):
     return v, f"peak RSS growth {v:.1f} MiB (one L x L float32 matrix: {r['matrix_mib']:.0f} MiB)"
 
 
+def _backward_memory_target(rows):
+    r = _row(rows, "attention_backward_memory")
+    if r is None:
+        return None, "not run"
+    v = r.get("fastattn_peak_mib")
+    return v, f"peak RSS growth {v:.1f} MiB (out, lse, dq, dk, dv: 64 MiB; one L x L float32 " \
+              f"matrix: {r['matrix_mib']:.0f} MiB)"
+
+
 def _ffn_target(rows):
     f, s = _row(rows, "ffn"), _row(rows, "sgemm")
     if f is None:
@@ -64,6 +73,9 @@ TARGETS = (
     _speedup_target("attention_causal", "numpy", 10),
     _speedup_target("attention_full", "torch", 1.2),
     ("attention_memory", "peak memory growth < 64 MiB", _memory_target, lambda v: v < 64),
+    _speedup_target("attention_backward_causal", "torch", 1.5),
+    ("attention_backward_memory", "peak memory growth < 128 MiB", _backward_memory_target,
+     lambda v: v < 128),
     ("ffn", "GFLOP/s >= 90% of sgemm GFLOP/s", _ffn_target, lambda v: v >= 0.9),
     _speedup_target("layer_norm", "torch", 1.5),
     _speedup_target("encoder", "torch", 1.05),
