@@ -55,6 +55,7 @@ typedef enum {
     FA_TILE_MIN_ROWS_PER_THREAD,   /* linear/ffn: fewer rows per thread -> split the features */
     FA_TILE_ROW_BLOCK,             /* linear/ffn: rows per GEMM block */
     FA_TILE_FEATURE_ALIGN,         /* linear/ffn: feature slices start on multiples of this */
+    FA_TILE_REDUCE_ROWS,           /* dweight/dbias: rows per partial sum (fixed-order total) */
     FA_TILE_COUNT
 } fa_tile_t;
 int fa_build_tiles(int isa, int64_t *out);
