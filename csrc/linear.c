@@ -148,6 +148,7 @@ static void zero(float *p, int64_t n)
 {
     if (p && n > 0) memset(p, 0, (size_t)n * sizeof(float));
 }
+
 void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
                         const float *dy, const float *pre, const float *x, const float *weight,
                         int64_t N, int64_t K, int64_t M, int activation, int accumulate,
