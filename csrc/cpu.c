@@ -126,5 +126,6 @@ int fa_build_tiles(int isa, int64_t *out)
     out[FA_TILE_MIN_ROWS_PER_THREAD] = MIN_ROWS;
     out[FA_TILE_ROW_BLOCK] = ROW_BLOCK;
     out[FA_TILE_FEATURE_ALIGN] = COL_ALIGN;
+    out[FA_TILE_REDUCE_ROWS] = REDUCE_ROWS;
     return 0;
 }

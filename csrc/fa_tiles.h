@@ -50,5 +50,9 @@
 #define COL_ALIGN 16     /* feature slices start on a 64-byte boundary */
 #define SKINNY_ROWS 8    /* up to this many rows, our skinny kernel instead of BLAS (BLAS is weak
                             on such shapes: it packs the whole weight for a few dot products) */
+#define REDUCE_ROWS 32   /* parameter gradients (dweight, dbias): rows per partial sum, summed in
+                            a fixed order, so the result does not depend on the thread count */
+#define REDUCE_MAX_BLOCKS 256 /* layer norm backward: at most this many partial sums (taller
+                            inputs take a multiple of REDUCE_ROWS rows per partial) */
 
 #endif /* FA_TILES_H */

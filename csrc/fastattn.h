@@ -57,6 +57,7 @@ typedef enum {
     FA_TILE_MIN_ROWS_PER_THREAD,   /* linear/ffn: fewer rows per thread -> split the features */
     FA_TILE_ROW_BLOCK,             /* linear/ffn: rows per GEMM block */
     FA_TILE_FEATURE_ALIGN,         /* linear/ffn: feature slices start on multiples of this */
+    FA_TILE_REDUCE_ROWS,           /* dweight/dbias: rows per partial sum (fixed-order total) */
     FA_TILE_COUNT
 } fa_tile_t;
 int fa_build_tiles(int isa, int64_t *out);
@@ -194,6 +195,35 @@ void fa_layer_norm_forward(float *y, float *sum_out, float *mean, float *rstd,
                            const float *weight, const float *bias,
                            int64_t N, int64_t C, float eps, int nthreads);
 
+/* fa_layer_norm_backward -- gradients of y = norm(x + residual) * weight + bias.
+ *
+ *   dx        (N, C)  out, may be NULL (not wanted); the gradient of x and, the same array, of
+ *                     residual (the residual add passes its gradient to both operands)
+ *   dweight   (C)     out, may be NULL; sum over rows of dy * xhat
+ *   dbias     (C)     out, may be NULL; sum over rows of dy
+ *   dy        (N, C)  in; gradient of y
+ *   mean      (N)     in; saved by fa_layer_norm_forward
+ *   rstd      (N)     in; saved by fa_layer_norm_forward
+ *   x         (N, C)  in; the forward's input
+ *   residual  (N, C)  in, may be NULL; the forward's residual (s = x + residual is recomputed,
+ *                     not saved)
+ *   weight    (C)     in, may be NULL (= 1)
+ *   accumulate  0: dweight, dbias are overwritten; 1: the new gradients are added to them
+ *   scalar math, per row:  xhat = (s - mean) * rstd;  g = dy * weight;
+ *                          dx = rstd * (g - mean_c(g) - xhat * mean_c(g * xhat))
+ *   One read of dy and s per row for the row sums and the parameter partials, a second (from
+ *   cache) for dx. Threads: rows in blocks of REDUCE_ROWS (a multiple of it for tall inputs,
+ *   chosen from N alone); each block's dweight/dbias partial is one slice of a scratch buffer,
+ *   and the partials are summed block by block, in block order, in double (threads take
+ *   column slices) -> results bit-identical for every thread count.
+ *   Returns 0, or -1: out of memory (the partials scratch, 2 * C floats per block).
+ *   Twin: fastattn.reference.layer_norm_backward
+ */
+int fa_layer_norm_backward(float *dx, float *dweight, float *dbias,
+                           const float *dy, const float *mean, const float *rstd,
+                           const float *x, const float *residual, const float *weight,
+                           int64_t N, int64_t C, int accumulate, int nthreads);
+
 /* ---- linear and feed-forward ------------------------------------------------------------------ */
 
 enum { FA_ACT_NONE = 0, FA_ACT_RELU = 1, FA_ACT_GELU = 2 }; /* gelu: exact, erf form */
@@ -201,31 +231,97 @@ enum { FA_ACT_NONE = 0, FA_ACT_RELU = 1, FA_ACT_GELU = 2 }; /* gelu: exact, erf 
 /* fa_linear_forward -- y = act(x weight^T + bias).
  *
  *   y       (N, M)  out
+ *   pre     (N, M)  out, may be NULL; x weight^T + bias before the activation (training keeps
+ *                   it for fa_linear_backward; pointless without an activation)
  *   x       (N, K)  in
  *   weight  (M, K)  in (torch layout: out_features x in_features)
  *   bias    (M)     in, may be NULL
  *   GEMM through BLAS; bias + activation applied to each block right after its GEMM, while it
  *   is in cache. OpenMP splits the work (row blocks when there are many rows, slices of the M
  *   output features when there are few) and BLAS runs single-threaded inside every thread.
- *   Twin: fastattn.reference.linear
+ *   Twin: fastattn.reference.linear / linear_forward
  */
-void fa_linear_forward(float *y, const float *x, const float *weight, const float *bias,
-                       int64_t N, int64_t K, int64_t M, int activation, int nthreads);
+void fa_linear_forward(float *y, float *pre, const float *x, const float *weight,
+                       const float *bias, int64_t N, int64_t K, int64_t M, int activation,
+                       int nthreads);
 
-/* fa_ffn_forward -- y = act(x w1^T + b1) w2^T + b2, in row blocks.
+/* fa_linear_backward -- gradients of y = act(x weight^T + bias).
  *
- *   y   (N, C)  out
- *   x   (N, C)  in
- *   w1  (F, C)  in     b1 (F)  in, may be NULL
- *   w2  (C, F)  in     b2 (C)  in, may be NULL
+ *   dx       (N, K)  out, may be NULL (not wanted: a first layer); dz weight
+ *   dweight  (M, K)  out, may be NULL; dz^T x
+ *   dbias    (M)     out, may be NULL; column sums of dz
+ *   dz       (N, M)  scratch: dy * act'(pre); may alias dy or pre (overwritten). Unused (may be
+ *                    NULL) without an activation, where dz = dy
+ *   dy       (N, M)  in
+ *   pre      (N, M)  in; saved by fa_linear_forward (NULL without an activation)
+ *   x        (N, K)  in
+ *   weight   (M, K)  in
+ *   accumulate  0: dweight, dbias are overwritten; 1: added to (BLAS beta = 1), as the model's
+ *               layers accumulate parameter gradients across calls
+ *   act'(pre): relu [pre > 0] (a select: dz = 0 where pre <= 0 or NaN); gelu Phi + pre * phi
+ *   (exact), 0 * inf terms taken as 0 at +-inf.
+ *   Threads: dz and dx by row blocks (few rows: dz by rows, then dx by slices of K); after a
+ *   barrier, dweight by slices of its larger dimension and dbias by slices of M. Every BLAS call
+ *   is single-threaded on one thread's slice. dbias sums each column in row order, REDUCE_ROWS
+ *   rows per float partial, partials in double -> bit-identical for every thread count; dx and
+ *   dweight are deterministic for a given thread count (BLAS blocking may round them
+ *   differently for another).
+ *   Twin: fastattn.reference.linear_backward
+ */
+void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
+                        const float *dy, const float *pre, const float *x, const float *weight,
+                        int64_t N, int64_t K, int64_t M, int activation, int accumulate,
+                        int nthreads);
+
+/* fa_ffn_forward -- y = drop(act(x w1^T + b1)) w2^T + b2, in row blocks (torch's
+ * linear2(dropout(activation(linear1(x))))).
+ *
+ *   y    (N, C)  out
+ *   pre  (N, F)  out, may be NULL; x w1^T + b1, kept for fa_ffn_backward: training keeps the
+ *                pre-activation (N * F * 4 bytes per layer, 8 MiB at N = 1024, F = 2048) and
+ *                the backward recomputes the activation and the dropout mask from it
+ *   x    (N, C)  in
+ *   w1   (F, C)  in     b1 (F)  in, may be NULL
+ *   w2   (C, F)  in     b2 (C)  in, may be NULL
+ *   dropout_p  in [0, 1): hidden element (n, f) is kept iff fa_rng_keep(fa_rng_row_key(seed,
+ *              n), f, fa_rng_threshold(dropout_p)) and then scaled by 1 / (1 - dropout_p);
+ *              0 = no dropout (seed unused, nothing computed for it)
  *   Many rows: the hidden (N, F) never exists whole; each thread owns one (<= 512, F) block and
  *   runs both GEMMs and epilogues on it. Few rows (N < 128 per thread): the small (N, F) hidden
  *   is split by features across threads, then the second GEMM by output features.
- *   Twin: fastattn.reference.ffn
+ *   Twin: fastattn.reference.ffn / ffn_forward
  */
-int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
+int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const float *b1,
                    const float *w2, const float *b2, int64_t N, int64_t C, int64_t F,
-                   int activation, int nthreads);  /* 0, or -1: out of memory */
+                   int activation, double dropout_p, uint64_t seed,
+                   int nthreads);  /* 0, or -1: out of memory */
+
+/* fa_ffn_backward -- gradients of y = drop(act(x w1^T + b1)) w2^T + b2.
+ *
+ *   dx    (N, C)  out, may be NULL (not wanted); dpre w1
+ *   dw1   (F, C)  out, may be NULL; dpre^T x          db1 (F)  out, may be NULL; sums of dpre
+ *   dw2   (C, F)  out, may be NULL; dy^T h            db2 (C)  out, may be NULL; sums of dy
+ *   h     (N, F)  scratch: first the hidden's gradient dh = dy w2, then, in its place, the
+ *                 hidden h = drop(act(pre)) recomputed for dw2
+ *   dpre  (N, F)  scratch: dh * drop' * act'(pre); may alias pre (overwritten)
+ *   dy    (N, C)  in
+ *   pre   (N, F)  in; saved by fa_ffn_forward
+ *   x     (N, C)  in
+ *   w1    (F, C)  in     w2 (C, F)  in
+ *   dropout_p, seed   as in the forward: the mask is regenerated, never stored
+ *   accumulate  0: dw1, db1, dw2, db2 are overwritten; 1: added to
+ *   Four GEMMs (8 N C F flops). Threads: dh, h, dpre and dx by row blocks (few rows: by feature
+ *   slices, a barrier, dx by slices of C); after a barrier, dw2 and dw1 by slices of their
+ *   larger dimension, db1 and db2 by feature slices (column sums as in fa_linear_backward:
+ *   bit-identical for every thread count).
+ *   Twin: fastattn.reference.ffn_backward
+ */
+void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
+                     float *h, float *dpre,
+                     const float *dy, const float *pre, const float *x,
+                     const float *w1, const float *w2, int64_t N, int64_t C, int64_t F,
+                     int activation, double dropout_p, uint64_t seed, int accumulate,
+                     int nthreads);
 
 /* fa_pack_panels -- weights laid out for fa_linear_packed_forward (done once per model).
  *
@@ -325,5 +421,51 @@ double fa_sum_squares(double *partials, const float *const *xs, const int64_t *s
  */
 void fa_scale_inplace(float *const *xs, const int64_t *sizes, int64_t count, float s,
                       int nthreads);
+
+/* ---- dropout ---------------------------------------------------------------------------------- */
+
+/* fa_dropout_forward -- y = x * keep / (1 - p), rows n and columns c of an (N, C) activation.
+ *
+ *   y  (N, C)  out; may alias x
+ *   x  (N, C)  in
+ *   p  in [0, 1); keep(n, c) = fa_rng_keep(fa_rng_row_key(seed, n), c, fa_rng_threshold(p))
+ *      (fa_rng.h: a pure function of seed, n, c); p = 0 copies x
+ *   A dropped element is x * 0 (NaN and inf stay NaN, as in torch). The hash is 32-bit integer
+ *   arithmetic per element, vectorised on every ISA level.
+ *   Threads: rows split statically; no cross-thread reduction.
+ *   Twin: fastattn.reference.dropout
+ */
+void fa_dropout_forward(float *y, const float *x, int64_t N, int64_t C, double p, uint64_t seed,
+                        int nthreads);
+
+/* fa_dropout_backward -- dx = dy * keep / (1 - p), the forward's mask regenerated from seed.
+ *
+ *   dx  (N, C)  out; may alias dy
+ *   dy  (N, C)  in
+ *   The same computation as the forward (the map is linear in its input).
+ *   Twin: fastattn.reference.dropout_backward
+ */
+void fa_dropout_backward(float *dx, const float *dy, int64_t N, int64_t C, double p,
+                         uint64_t seed, int nthreads);
+
+/* ---- embedding -------------------------------------------------------------------------------- */
+
+/* The forward is a gather (weight[ids]), done by NumPy in the model layer.
+ *
+ * fa_embedding_backward -- dweight[v] = sum of dout[i] over the positions i with ids[i] = v.
+ *
+ *   dweight  (V, C)  out; rows of ids that never occur are 0 (or unchanged with accumulate)
+ *   dout     (N, C)  in; gradient of the gathered rows
+ *   ids      (N)     in, int64, each in [0, V) (ops.py checks)
+ *   accumulate  0: dweight is overwritten; 1: added to
+ *   Deterministic, no atomics: a counting sort orders the positions by id (stable, so each id's
+ *   positions stay in ascending order); each thread then owns a range of ids (balanced by rows
+ *   summed plus rows written) and adds each id's rows in position order -> bit-identical for
+ *   every thread count.
+ *   Returns 0, or -1: out of memory (the sort: (V + 1 + N) int64).
+ *   Twin: fastattn.reference.embedding_backward
+ */
+int fa_embedding_backward(float *dweight, const float *dout, const int64_t *ids, int64_t N,
+                          int64_t C, int64_t V, int accumulate, int nthreads);
 
 #endif /* FASTATTN_H */

@@ -1,5 +1,7 @@
-/* layernorm.c -- layer norm forward over the last axis, fused with the residual add. */
+/* layernorm.c -- layer norm over the last axis, fused with the residual add: forward and
+ * backward. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "fastattn.h"
 
@@ -24,4 +26,77 @@ void fa_layer_norm_forward(float *y, float *sum_out, float *mean, float *rstd,
         fa_split(N, 1, &r0, &r1);
         if (r0 < r1) rows(y, sum_out, mean, rstd, x, residual, weight, bias, r0, r1, C, eps);
     }
+}
+
+typedef void (*ln_bwd_fn)(float *, float *, float *, const float *, const float *, const float *,
+                          const float *, const float *, const float *, int64_t, int64_t, int64_t);
+
+/* Rows per partial-sum block: REDUCE_ROWS, or a multiple of it that keeps the blocks to at most
+ * REDUCE_MAX_BLOCKS. A function of N alone, never of the thread count. */
+static int64_t ln_block_rows(int64_t N)
+{
+    const int64_t per = REDUCE_ROWS * (int64_t)REDUCE_MAX_BLOCKS;
+    return REDUCE_ROWS * ((N + per - 1) / per);
+}
+
+/* out[c0:c1] (= or +=) the sum over blocks b = 0, 1, ... of part[b * stride + c], in double,
+ * block by block in order: the same for any thread that computes it. */
+static void sum_partials(float *out, const float *part, int64_t nblk, int64_t stride, int64_t c0,
+                         int64_t c1, int accumulate)
+{
+    enum { W = 256 };
+    for (int64_t cs = c0; cs < c1; cs += W) {
+        const int64_t w = c1 - cs < W ? c1 - cs : W;
+        double acc[W];
+        for (int64_t j = 0; j < w; j++) acc[j] = 0.0;
+        for (int64_t b = 0; b < nblk; b++) {
+            const float *p_b = part + b * stride + cs;
+            for (int64_t j = 0; j < w; j++) acc[j] += (double)p_b[j];
+        }
+        for (int64_t j = 0; j < w; j++)
+            out[cs + j] = accumulate ? out[cs + j] + (float)acc[j] : (float)acc[j];
+    }
+}
+
+int fa_layer_norm_backward(float *dx, float *dweight, float *dbias,
+                           const float *dy, const float *mean, const float *rstd,
+                           const float *x, const float *residual, const float *weight,
+                           int64_t N, int64_t C, int accumulate, int nthreads)
+{
+    if (C <= 0) return 0;
+    if (N <= 0) { /* no rows: parameter gradients are empty sums */
+        for (int64_t c = 0; c < C && !accumulate; c++) {
+            if (dweight) dweight[c] = 0.0f;
+            if (dbias) dbias[c] = 0.0f;
+        }
+        return 0;
+    }
+    const ln_bwd_fn rows = FA_DISPATCH(layer_norm_backward_rows_);
+    const int64_t rb = ln_block_rows(N), nblk = (N + rb - 1) / rb;
+    /* scratch: per block, [dweight partial (C) | dbias partial (C)]; every block is written
+     * whatever the team, so every slice is summed */
+    float *part = NULL;
+    if (dweight || dbias) {
+        part = malloc((size_t)(nblk * 2 * C) * sizeof(float));
+        if (!part) return -1;
+    }
+    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)N * (double)C, 1.3e5);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < nblk; b++) {
+            const int64_t r0 = b * rb, r1 = r0 + rb < N ? r0 + rb : N;
+            float *p_b = part ? part + b * 2 * C : NULL;
+            rows(dx, p_b, p_b ? p_b + C : NULL, dy, mean, rstd, x, residual, weight, r0, r1, C);
+        }
+        /* (the loop's barrier) then each thread sums its columns over every block, in order */
+        if (part) {
+            int64_t c0, c1;
+            fa_split(C, COL_ALIGN, &c0, &c1);
+            if (dweight && c0 < c1) sum_partials(dweight, part, nblk, 2 * C, c0, c1, accumulate);
+            if (dbias && c0 < c1) sum_partials(dbias, part + C, nblk, 2 * C, c0, c1, accumulate);
+        }
+    }
+    free(part);
+    return 0;
 }

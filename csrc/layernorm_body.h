@@ -54,3 +54,99 @@ static void FA_CAT(layer_norm_rows_, FA_SFX)(float *y, float *sum_out, float *me
         }
     }
 }
+
+/* Backward, rows [r0, r1): dx, and this block's parameter partials.
+ *   scalar math, per row n:  s = x + residual;  xhat = (s - mean) * rstd;  g = dy * weight;
+ *                            dx = rstd * (g - sum(g)/C - xhat * sum(g * xhat)/C)
+ *                            dw_part += dy * xhat;  db_part += dy
+ * Pass one over the row: the two row sums (per-lane float partials combined in double, as in
+ * the forward) and the parameter partials; pass two, from cache: dx.
+ *   dx       (N, C)  out, may be NULL; rows [r0, r1) written
+ *   dw_part  (C)     out, NULL iff db_part is; this block's sum over its rows of dy * xhat
+ *   db_part  (C)     out; this block's sum over its rows of dy
+ * Inlined with constant flags (residual, weight, partials), so the vector loops carry no
+ * branches. */
+FA_INLINE void FA_CAT(ln_bwd_rows_, FA_SFX)(float *dx, float *dw_part, float *db_part,
+                                            const float *dy, const float *mean,
+                                            const float *rstd, const float *x,
+                                            const float *residual, const float *weight,
+                                            int64_t r0, int64_t r1, int64_t C,
+                                            const int has_res, const int has_w, const int parts)
+{
+    const int64_t Cv = C - C % FA_VL;
+    for (int64_t n = r0; n < r1; n++) {
+        const float *x_n = x + n * C, *dy_n = dy + n * C;
+        const float *r_n = has_res ? residual + n * C : NULL;
+        const float mu = mean[n], rs = rstd[n];
+        VF a1 = vsplat(0.0f), a2 = vsplat(0.0f);
+        int64_t c = 0;
+        for (; c < Cv; c += FA_VL) {
+            VF s = vload(x_n + c);
+            if (has_res) s += vload(r_n + c);
+            const VF xh = (s - vsplat(mu)) * vsplat(rs), d = vload(dy_n + c);
+            if (parts) {
+                vstore(db_part + c, vload(db_part + c) + d);
+                vstore(dw_part + c, vload(dw_part + c) + d * xh);
+            }
+            VF g = d;
+            if (has_w) g *= vload(weight + c);
+            a1 += g;
+            a2 += g * xh;
+        }
+        double s1 = hsum(a1), s2 = hsum(a2);
+        for (; c < C; c++) {
+            const float s = has_res ? x_n[c] + r_n[c] : x_n[c];
+            const float xh = (s - mu) * rs, d = dy_n[c];
+            if (parts) {
+                db_part[c] += d;
+                dw_part[c] += d * xh;
+            }
+            const float g = has_w ? d * weight[c] : d;
+            s1 += (double)g;
+            s2 += (double)(g * xh);
+        }
+        if (!dx) continue;
+        const float m1 = (float)(s1 / (double)C), m2 = (float)(s2 / (double)C);
+        float *dx_n = dx + n * C;
+        for (c = 0; c < Cv; c += FA_VL) {
+            VF s = vload(x_n + c);
+            if (has_res) s += vload(r_n + c);
+            const VF xh = (s - vsplat(mu)) * vsplat(rs), d = vload(dy_n + c);
+            VF g = d;
+            if (has_w) g *= vload(weight + c);
+            vstore(dx_n + c, (g - vsplat(m1) - xh * vsplat(m2)) * vsplat(rs));
+        }
+        for (; c < C; c++) {
+            const float s = has_res ? x_n[c] + r_n[c] : x_n[c];
+            const float xh = (s - mu) * rs, d = dy_n[c];
+            const float g = has_w ? d * weight[c] : d;
+            dx_n[c] = (g - m1 - xh * m2) * rs;
+        }
+    }
+}
+
+static void FA_CAT(layer_norm_backward_rows_, FA_SFX)(float *dx, float *dw_part, float *db_part,
+                                                      const float *dy, const float *mean,
+                                                      const float *rstd, const float *x,
+                                                      const float *residual,
+                                                      const float *weight, int64_t r0,
+                                                      int64_t r1, int64_t C)
+{
+    const int parts = db_part != NULL;
+    if (parts)
+        for (int64_t c = 0; c < C; c++) dw_part[c] = db_part[c] = 0.0f;
+    /* one instance per (residual, weight, partials) combination */
+#define LN_BWD(R, W, P) FA_CAT(ln_bwd_rows_, FA_SFX)(dx, dw_part, db_part, dy, mean, rstd, x, \
+                                                      residual, weight, r0, r1, C, R, W, P)
+    switch ((residual != NULL) * 4 + (weight != NULL) * 2 + parts) {
+    case 0: LN_BWD(0, 0, 0); break;
+    case 1: LN_BWD(0, 0, 1); break;
+    case 2: LN_BWD(0, 1, 0); break;
+    case 3: LN_BWD(0, 1, 1); break;
+    case 4: LN_BWD(1, 0, 0); break;
+    case 5: LN_BWD(1, 0, 1); break;
+    case 6: LN_BWD(1, 1, 0); break;
+    default: LN_BWD(1, 1, 1); break;
+    }
+#undef LN_BWD
+}

@@ -1,4 +1,5 @@
-/* linear.c -- GEMM-based linear and feed-forward layers with fused bias/activation epilogues.
+/* linear.c -- GEMM-based linear and feed-forward layers with fused bias/activation epilogues:
+ * forward and backward.
  *
  * One thread pool: OpenMP splits the work and every BLAS call runs single-threaded inside it
  * (OpenBLAS's own pool is kept at one thread for the whole process, see fa_blas.h), so OpenBLAS
@@ -19,7 +20,10 @@
  * features are split instead, in slices starting on multiples of COL_ALIGN; up to SKINNY_ROWS
  * rows, the skinny kernel replaces BLAS. */
 
-typedef void (*epi_fn)(float *, const float *, int64_t, int64_t, int64_t, int);
+typedef void (*epi_fn)(float *, float *, const float *, int64_t, int64_t, int64_t, int, int64_t,
+                       int64_t, const fa_dropout_t *);
+typedef void (*grad_fn)(float *, float *, const float *, const float *, int64_t, int64_t,
+                        int64_t, int, int64_t, int64_t, const fa_dropout_t *);
 typedef void (*skinny_fn)(float *, int64_t, const float *, int64_t, const float *, int64_t,
                           int64_t);
 
@@ -31,21 +35,23 @@ static int64_t row_blocks(int64_t N, int nt)
     return (nblk + nt - 1) / nt * nt;
 }
 
-/* y[:, m0:m1] = act(x w[m0:m1]^T + b[m0:m1]) for this thread's slice of the M features (split
- * over the team actually running, fa_split). xp: x with rows padded to a multiple of 4 for the
- * skinny kernel (N <= SKINNY_ROWS), or NULL to use BLAS. */
-static void linear_cols(float *y, const float *x, const float *xp, const float *w,
+/* y[:, m0:m1] = drop(act(x w[m0:m1]^T + b[m0:m1])) for this thread's slice of the M features
+ * (split over the team actually running, fa_split); pre[:, m0:m1] (if not NULL) keeps the value
+ * before the activation. xp: x with rows padded to a multiple of 4 for the skinny kernel
+ * (N <= SKINNY_ROWS), or NULL to use BLAS. drop may be NULL. */
+static void linear_cols(float *y, float *pre, const float *x, const float *xp, const float *w,
                         const float *b, int64_t N, int64_t K, int64_t M, int act, epi_fn epi,
-                        skinny_fn skinny)
+                        skinny_fn skinny, const fa_dropout_t *drop)
 {
     int64_t m0, m1;
     fa_split(M, COL_ALIGN, &m0, &m1);
     if (m0 >= m1) return;
+    float *z = pre ? pre : y;                             /* where the GEMM writes */
     if (xp)
-        skinny(y + m0, M, xp, N, w + m0 * K, m1 - m0, K);
+        skinny(z + m0, M, xp, N, w + m0 * K, m1 - m0, K);
     else
-        fa_sgemm_rowmajor(0, 1, N, m1 - m0, K, 1.0f, x, K, w + m0 * K, K, 0.0f, y + m0, M);
-    epi(y + m0, b ? b + m0 : NULL, N, m1 - m0, M, act);
+        fa_sgemm_rowmajor(0, 1, N, m1 - m0, K, 1.0f, x, K, w + m0 * K, K, 0.0f, z + m0, M);
+    epi(y + m0, pre ? pre + m0 : NULL, b ? b + m0 : NULL, N, m1 - m0, M, act, 0, m0, drop);
 }
 
 /* x (N, K) copied into rows padded with zeros to a multiple of 4, for the skinny kernel; NULL
@@ -60,8 +66,9 @@ static float *skinny_rows(const float *x, int64_t N, int64_t K)
     return xp;
 }
 
-void fa_linear_forward(float *y, const float *x, const float *weight, const float *bias,
-                       int64_t N, int64_t K, int64_t M, int activation, int nthreads)
+void fa_linear_forward(float *y, float *pre, const float *x, const float *weight,
+                       const float *bias, int64_t N, int64_t K, int64_t M, int activation,
+                       int nthreads)
 {
     if (N <= 0 || M <= 0) return;
     const epi_fn epi = FA_DISPATCH(bias_act_rows_);
@@ -77,20 +84,140 @@ void fa_linear_forward(float *y, const float *x, const float *weight, const floa
             for (int64_t blk = 0; blk < nblk; blk++) {
                 const int64_t r0 = blk * per, rows = N - r0 < per ? N - r0 : per;
                 if (rows <= 0) continue;
+                float *p_r = pre ? pre + r0 * M : NULL;
                 fa_sgemm_rowmajor(0, 1, rows, M, K, 1.0f, x + r0 * K, K, weight, K, 0.0f,
-                                  y + r0 * M, M);
-                epi(y + r0 * M, bias, rows, M, M, activation);
+                                  p_r ? p_r : y + r0 * M, M);
+                epi(y + r0 * M, p_r, bias, rows, M, M, activation, r0, 0, NULL);
             }
         } else {
-            linear_cols(y, x, xp, weight, bias, N, K, M, activation, epi, skinny);
+            linear_cols(y, pre, x, xp, weight, bias, N, K, M, activation, epi, skinny, NULL);
         }
     }
     free(xp);
 }
 
-int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
+/* ---- backward helpers ------------------------------------------------------------------------- */
+
+/* out[m0:m1] (= or, with accumulate, +=) the column sums of z (N rows, row stride ld): each
+ * column summed in row order, REDUCE_ROWS rows per float partial, the partials added in double.
+ * Each column's sum is the same however the columns are split: bit-identical for every thread
+ * count. */
+static void col_sums(float *out, const float *z, int64_t N, int64_t ld, int64_t m0, int64_t m1,
+                     int accumulate)
+{
+    enum { W = 256 };
+    for (int64_t cs = m0; cs < m1; cs += W) {
+        const int64_t w = m1 - cs < W ? m1 - cs : W;
+        double acc[W];
+        float part[W];
+        for (int64_t j = 0; j < w; j++) acc[j] = 0.0;
+        for (int64_t r0 = 0; r0 < N; r0 += REDUCE_ROWS) {
+            const int64_t r1 = N - r0 < REDUCE_ROWS ? N : r0 + REDUCE_ROWS;
+            for (int64_t j = 0; j < w; j++) part[j] = 0.0f;
+            for (int64_t n = r0; n < r1; n++) {
+                const float *z_n = z + n * ld + cs;
+                for (int64_t j = 0; j < w; j++) part[j] += z_n[j];
+            }
+            for (int64_t j = 0; j < w; j++) acc[j] += (double)part[j];
+        }
+        for (int64_t j = 0; j < w; j++)
+            out[cs + j] = accumulate ? out[cs + j] + (float)acc[j] : (float)acc[j];
+    }
+}
+
+/* This thread's slice of c (M, P) = a^T b (+ c with accumulate): a (R, M) row stride lda,
+ * b (R, P) row stride ldb. The larger of M and P is split (fa_split), and each slice is one
+ * single-threaded BLAS call. */
+static void gemm_tn_slice(float *c, const float *a, int64_t lda, const float *b, int64_t ldb,
+                          int64_t R, int64_t M, int64_t P, int accumulate)
+{
+    const float beta = accumulate ? 1.0f : 0.0f;
+    int64_t lo, hi;
+    if (M >= P) {
+        fa_split(M, COL_ALIGN, &lo, &hi);
+        if (lo < hi)
+            fa_sgemm_rowmajor(1, 0, hi - lo, P, R, 1.0f, a + lo, lda, b, ldb, beta, c + lo * P, P);
+    } else {
+        fa_split(P, COL_ALIGN, &lo, &hi);
+        if (lo < hi)
+            fa_sgemm_rowmajor(1, 0, M, hi - lo, R, 1.0f, a, lda, b + lo, ldb, beta, c + lo, P);
+    }
+}
+
+static void zero(float *p, int64_t n)
+{
+    if (p && n > 0) memset(p, 0, (size_t)n * sizeof(float));
+}
+
+void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
+                        const float *dy, const float *pre, const float *x, const float *weight,
+                        int64_t N, int64_t K, int64_t M, int activation, int accumulate,
+                        int nthreads)
+{
+    if (M <= 0) { /* no outputs: dx is an empty sum */
+        if (N > 0 && K > 0) zero(dx, N * K);
+        return;
+    }
+    if (N <= 0) { /* no rows: the parameter gradients are empty sums */
+        if (!accumulate) {
+            zero(dweight, M * K);
+            zero(dbias, M);
+        }
+        return;
+    }
+    const grad_fn grad = FA_DISPATCH(grad_act_rows_);
+    const int act = activation;
+    const float *g = act != FA_ACT_NONE ? dz : dy;            /* dL/dz, z = x w^T + b */
+    const double gemms = (dx != NULL) + (dweight != NULL);
+    const int nt = fa_team_size(nthreads, 2.0 * gemms * (double)N * (double)K * (double)M
+                                              + (double)N * (double)M, 2e6);
+    const int by_rows = N >= (int64_t)nt * MIN_ROWS;
+    const int64_t nblk = row_blocks(N, nt), per = (N + nblk - 1) / nblk;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        /* dz = dy * act'(pre), then dx = dz w */
+        if (by_rows) {
+#pragma omp for schedule(static)
+            for (int64_t blk = 0; blk < nblk; blk++) {
+                const int64_t r0 = blk * per, rows = N - r0 < per ? N - r0 : per;
+                if (rows <= 0) continue;
+                if (act != FA_ACT_NONE)
+                    grad(dz + r0 * M, NULL, dy + r0 * M, pre + r0 * M, rows, M, M, act, r0, 0,
+                         NULL);
+                if (dx)
+                    fa_sgemm_rowmajor(0, 0, rows, K, M, 1.0f, g + r0 * M, M, weight, K, 0.0f,
+                                      dx + r0 * K, K);
+            }
+        } else {
+            int64_t lo, hi;
+            if (act != FA_ACT_NONE) {
+                fa_split(N, 1, &lo, &hi);
+                if (lo < hi)
+                    grad(dz + lo * M, NULL, dy + lo * M, pre + lo * M, hi - lo, M, M, act, lo,
+                         0, NULL);
+            }
+#pragma omp barrier
+            if (dx) {                                       /* few rows: slices of K */
+                fa_split(K, COL_ALIGN, &lo, &hi);
+                if (lo < hi)
+                    fa_sgemm_rowmajor(0, 0, N, hi - lo, M, 1.0f, g, M, weight + lo, K, 0.0f,
+                                      dx + lo, K);
+            }
+        }
+#pragma omp barrier
+        /* dweight = dz^T x, dbias = column sums of dz: slices of the outputs */
+        if (dweight) gemm_tn_slice(dweight, g, M, x, K, N, M, K, accumulate);
+        if (dbias) {
+            int64_t m0, m1;
+            fa_split(M, COL_ALIGN, &m0, &m1);
+            col_sums(dbias, g, N, M, m0, m1, accumulate);
+        }
+    }
+}
+
+int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const float *b1,
                    const float *w2, const float *b2, int64_t N, int64_t C, int64_t F,
-                   int activation, int nthreads)
+                   int activation, double dropout_p, uint64_t seed, int nthreads)
 {
     if (N <= 0 || C <= 0) return 0;
     if (F <= 0) { /* an empty hidden layer: y = b2 */
@@ -99,6 +226,7 @@ int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
         return 0;
     }
     const epi_fn epi = FA_DISPATCH(bias_act_rows_);
+    const fa_dropout_t drop = fa_dropout_make(dropout_p, seed);
     const int nt = fa_team_size(nthreads, 4.0 * (double)N * (double)C * (double)F, 2e6);
     const int by_rows = N >= (int64_t)nt * MIN_ROWS;
     const int64_t nblk = row_blocks(N, nt), per = (N + nblk - 1) / nblk;
@@ -117,22 +245,97 @@ int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
             for (int64_t blk = 0; blk < nblk; blk++) {
                 const int64_t r0 = blk * per, rows = N - r0 < per ? N - r0 : per;
                 if (rows <= 0) continue;
-                fa_sgemm_rowmajor(0, 1, rows, F, C, 1.0f, x + r0 * C, C, w1, C, 0.0f, h, F);
-                epi(h, b1, rows, F, F, activation);
+                float *p_r = pre ? pre + r0 * F : NULL;
+                fa_sgemm_rowmajor(0, 1, rows, F, C, 1.0f, x + r0 * C, C, w1, C, 0.0f,
+                                  p_r ? p_r : h, F);
+                epi(h, p_r, b1, rows, F, F, activation, r0, 0, &drop);
                 fa_sgemm_rowmajor(0, 1, rows, C, F, 1.0f, h, F, w2, F, 0.0f, y + r0 * C, C);
-                epi(y + r0 * C, b2, rows, C, C, FA_ACT_NONE);
+                epi(y + r0 * C, NULL, b2, rows, C, C, FA_ACT_NONE, r0, 0, NULL);
             }
         } else {
             /* the whole team writes the hidden, waits, then reads all of it */
-            linear_cols(hidden, x, xp, w1, b1, N, C, F, activation, epi, skinny);
+            linear_cols(hidden, pre, x, xp, w1, b1, N, C, F, activation, epi, skinny, &drop);
 #pragma omp barrier
-            linear_cols(y, hidden, xp ? hidden : NULL, w2, b2, N, F, C, FA_ACT_NONE, epi,
-                        skinny);
+            linear_cols(y, NULL, hidden, xp ? hidden : NULL, w2, b2, N, F, C, FA_ACT_NONE, epi,
+                        skinny, NULL);
         }
     }
     free(xp);
     free(hidden);
     return 0;
+}
+
+void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
+                     float *h, float *dpre,
+                     const float *dy, const float *pre, const float *x,
+                     const float *w1, const float *w2, int64_t N, int64_t C, int64_t F,
+                     int activation, double dropout_p, uint64_t seed, int accumulate,
+                     int nthreads)
+{
+    if (N <= 0 || C <= 0 || F <= 0) { /* empty sums (F = 0: y = b2, so only db2 remains) */
+        if (!accumulate) {
+            zero(dw1, F * C);
+            zero(db1, F);
+            zero(dw2, C * F);
+            zero(db2, C);
+        }
+        if (N > 0 && C > 0) {
+            zero(dx, N * C);
+            if (db2) col_sums(db2, dy, N, C, 0, C, accumulate);
+        }
+        return;
+    }
+    const grad_fn grad = FA_DISPATCH(grad_act_rows_);
+    const fa_dropout_t drop = fa_dropout_make(dropout_p, seed);
+    const int nt = fa_team_size(nthreads, 8.0 * (double)N * (double)C * (double)F, 2e6);
+    const int by_rows = N >= (int64_t)nt * MIN_ROWS;
+    const int64_t nblk = row_blocks(N, nt), per = (N + nblk - 1) / nblk;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        /* dh = dy w2 (into h); then h = drop(act(pre)) and dpre = dh * drop' * act'(pre) in one
+         * pass; then dx = dpre w1 */
+        if (by_rows) {
+#pragma omp for schedule(static)
+            for (int64_t blk = 0; blk < nblk; blk++) {
+                const int64_t r0 = blk * per, rows = N - r0 < per ? N - r0 : per;
+                if (rows <= 0) continue;
+                float *h_r = h + r0 * F, *d_r = dpre + r0 * F;
+                fa_sgemm_rowmajor(0, 0, rows, F, C, 1.0f, dy + r0 * C, C, w2, F, 0.0f, h_r, F);
+                grad(d_r, h_r, h_r, pre + r0 * F, rows, F, F, activation, r0, 0, &drop);
+                if (dx)
+                    fa_sgemm_rowmajor(0, 0, rows, C, F, 1.0f, d_r, F, w1, C, 0.0f, dx + r0 * C,
+                                      C);
+            }
+        } else {
+            int64_t lo, hi;                                 /* few rows: feature slices */
+            fa_split(F, COL_ALIGN, &lo, &hi);
+            if (lo < hi) {
+                fa_sgemm_rowmajor(0, 0, N, hi - lo, C, 1.0f, dy, C, w2 + lo, F, 0.0f, h + lo, F);
+                grad(dpre + lo, h + lo, h + lo, pre + lo, N, hi - lo, F, activation, 0, lo,
+                     &drop);
+            }
+#pragma omp barrier
+            if (dx) {
+                fa_split(C, COL_ALIGN, &lo, &hi);
+                if (lo < hi)
+                    fa_sgemm_rowmajor(0, 0, N, hi - lo, F, 1.0f, dpre, F, w1 + lo, C, 0.0f,
+                                      dx + lo, C);
+            }
+        }
+#pragma omp barrier
+        /* parameter gradients: slices of the outputs */
+        if (dw2) gemm_tn_slice(dw2, dy, C, h, F, N, C, F, accumulate);     /* dy^T h */
+        if (dw1) gemm_tn_slice(dw1, dpre, F, x, C, N, F, C, accumulate);   /* dpre^T x */
+        int64_t lo, hi;
+        if (db2) {
+            fa_split(C, COL_ALIGN, &lo, &hi);
+            col_sums(db2, dy, N, C, lo, hi, accumulate);
+        }
+        if (db1) {
+            fa_split(F, COL_ALIGN, &lo, &hi);
+            col_sums(db1, dpre, N, F, lo, hi, accumulate);
+        }
+    }
 }
 
 int64_t fa_packed_size(int64_t M, int64_t K)
@@ -173,7 +376,7 @@ void fa_linear_packed_forward(float *y, const float *x, const float *wp, const f
         if (p0 < p1) {
             gemm(y, M, x, N, wp, p0, p1, M, K);
             const int64_t m0 = p0 * FA_PANEL, m1 = p1 * FA_PANEL < M ? p1 * FA_PANEL : M;
-            epi(y + m0, bias ? bias + m0 : NULL, N, m1 - m0, M, activation);
+            epi(y + m0, NULL, bias ? bias + m0 : NULL, N, m1 - m0, M, activation, 0, m0, NULL);
         }
     }
 }

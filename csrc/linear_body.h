@@ -1,13 +1,15 @@
-/* linear_body.h -- the GEMM epilogue, per ISA: y = act(y + bias) on a block of rows.
+/* linear_body.h -- the GEMM epilogues, per ISA: y = drop(act(y + bias)) on a block of rows
+ * (forward) and dz = g * drop' * act'(pre) (backward); the few-row GEMMs.
  *   scalar math:  relu(t) = max(t, 0);  gelu(t) = t * Phi(t) = t * (1 - erfc(t / sqrt 2) / 2)
+ *                 relu'(t) = [t > 0];   gelu'(t) = Phi(t) + t phi(t)
+ *                 phi(t) = exp(-t^2 / 2) / sqrt(2 pi)
  * erfc uses the Chebyshev-fitted form erfc(z) = u exp(-z^2 + P(u)), u = 1 / (1 + z/2), z >= 0
  * (fractional error < 1.2e-7 for all z), so gelu is accurate in both tails without cancellation. */
+#include "fa_rng_simd.h"
 
-FA_INLINE VF FA_CAT(vgelu_, FA_SFX)(VF t)
+/* 1 - Phi(|t|) = erfc(z) / 2, z = |t| / sqrt 2 (given) */
+FA_INLINE VF FA_CAT(vhalf_erfc_, FA_SFX)(VF z)
 {
-    const VI neg = (VI)(t < vsplat(0.0f));
-    const VI abs_mask = (VI)vsplat(0.0f) | 0x7fffffff;                 /* clears the sign bit */
-    const VF z = (VF)((VI)t & abs_mask) * vsplat(0.70710678118654752f); /* |t| / sqrt 2 */
     const VF u = vsplat(1.0f) / (vsplat(1.0f) + vsplat(0.5f) * z);
     VF p = vsplat(0.17087277f);
     p = p * u + vsplat(-0.82215223f);
@@ -19,7 +21,15 @@ FA_INLINE VF FA_CAT(vgelu_, FA_SFX)(VF t)
     p = p * u + vsplat(0.37409196f);
     p = p * u + vsplat(1.00002368f);
     p = p * u + vsplat(-1.26551223f);
-    const VF half_erfc = vsplat(0.5f) * u * vexp(p - z * z);   /* = 1 - Phi(|t|) */
+    return vsplat(0.5f) * u * vexp(p - z * z);
+}
+
+FA_INLINE VF FA_CAT(vgelu_, FA_SFX)(VF t)
+{
+    const VI neg = (VI)(t < vsplat(0.0f));
+    const VI abs_mask = (VI)vsplat(0.0f) | 0x7fffffff;                 /* clears the sign bit */
+    const VF z = (VF)((VI)t & abs_mask) * vsplat(0.70710678118654752f); /* |t| / sqrt 2 */
+    const VF half_erfc = FA_CAT(vhalf_erfc_, FA_SFX)(z);      /* = 1 - Phi(|t|) */
     const VF pos = t * (vsplat(1.0f) - half_erfc);             /* t >= 0: t Phi(t); inf -> inf */
     const VI zero = (VI)(half_erfc == vsplat(0.0f));           /* far left tail, -inf: 0 */
     const VF negv = (VF)(~zero & (VI)(t * half_erfc));         /* t < 0:  t (1 - Phi(|t|)) */
@@ -33,23 +43,109 @@ FA_INLINE VF FA_CAT(vact_, FA_SFX)(VF t, int act)
     return t;
 }
 
-/* y (rows, M) with row stride ldy: y = act(y + bias); bias may be NULL. */
-static void FA_CAT(bias_act_rows_, FA_SFX)(float *y, const float *bias, int64_t rows, int64_t M,
-                                           int64_t ldy, int act)
+/* gelu'(t) = Phi(t) + t phi(t); the t phi(t) term is 0 where exp(-t^2/2) underflows (|t| > ~13,
+ * and +-inf, where it would be inf * 0). NaN stays NaN. */
+FA_INLINE VF FA_CAT(vgelu_grad_, FA_SFX)(VF t)
 {
-    if (!bias && act == FA_ACT_NONE) return;
+    const VI neg = (VI)(t < vsplat(0.0f));
+    const VI abs_mask = (VI)vsplat(0.0f) | 0x7fffffff;
+    const VF z = (VF)((VI)t & abs_mask) * vsplat(0.70710678118654752f); /* |t| / sqrt 2 */
+    const VF half_erfc = FA_CAT(vhalf_erfc_, FA_SFX)(z);                /* 1 - Phi(|t|) */
+    const VF phi_t = (vsplat(1.0f) - half_erfc);                        /* Phi(|t|) */
+    const VF cdf = (VF)((neg & (VI)half_erfc) | (~neg & (VI)phi_t));    /* Phi(t) */
+    const VF e = vexp(-(z * z));                                        /* exp(-t^2 / 2) */
+    const VI gone = (VI)(e == vsplat(0.0f));
+    const VF tpdf = (VF)(~gone & (VI)(t * e * vsplat(0.3989422804014327f)));
+    return cdf + tpdf;
+}
+
+/* Forward epilogue on a block of rows (row stride ld):
+ *   pre == NULL:  y = drop(act(y + bias))                (the GEMM wrote y)
+ *   pre != NULL:  pre += bias;  y = drop(act(pre))       (the GEMM wrote pre)
+ * bias may be NULL; drop may be NULL (none). Rows and columns of the block are rows row0 + r
+ * and columns col0 + c of the whole (N, M) activation: the dropout mask's coordinates. */
+static void FA_CAT(bias_act_rows_, FA_SFX)(float *y, float *pre, const float *bias,
+                                           int64_t rows, int64_t M, int64_t ld, int act,
+                                           int64_t row0, int64_t col0, const fa_dropout_t *drop)
+{
+    const int dr = drop && drop->on;
+    if (!bias && act == FA_ACT_NONE && !pre && !dr) return;
     const int64_t Mv = M - M % FA_VL;
     for (int64_t r = 0; r < rows; r++) {
-        float *y_r = y + r * ldy;
+        float *y_r = y + r * ld, *p_r = pre ? pre + r * ld : NULL;
+        const float *z_r = pre ? p_r : y_r;
+        const uint32_t key = dr ? fa_rng_row_key(drop->seed, (uint64_t)(row0 + r)) : 0u;
         int64_t c = 0;
         for (; c < Mv; c += FA_VL) {
-            VF t = vload(y_r + c);
+            VF t = vload(z_r + c);
             if (bias) t += vload(bias + c);
-            vstore(y_r + c, FA_CAT(vact_, FA_SFX)(t, act));
+            if (p_r) vstore(p_r + c, t);
+            VF a = FA_CAT(vact_, FA_SFX)(t, act);
+            if (dr) a *= vdrop_factor(key, (uint32_t)(col0 + c), drop->threshold, drop->scale);
+            vstore(y_r + c, a);
         }
         for (; c < M; c++) {
-            VF t = vsplat(y_r[c] + (bias ? bias[c] : 0.0f));
-            y_r[c] = FA_CAT(vact_, FA_SFX)(t, act)[0];
+            const float t = z_r[c] + (bias ? bias[c] : 0.0f);
+            if (p_r) p_r[c] = t;
+            float a = FA_CAT(vact_, FA_SFX)(vsplat(t), act)[0];
+            if (dr) a *= fa_rng_keep(key, (uint32_t)(col0 + c), drop->threshold) ? drop->scale
+                                                                                 : 0.0f;
+            y_r[c] = a;
+        }
+    }
+}
+
+/* Backward epilogue on a block of rows (row stride ld), m = drop's factor (scale or 0; 1
+ * without dropout):
+ *   dz = g * m * act'(pre)    (relu: a select, dz = g * m where pre > 0, else 0)
+ *   h  = act(pre) * m         (if h != NULL: the forward's hidden recomputed, bit for bit)
+ * dz may alias g or pre; h may alias g (each element is read before it is written). */
+static void FA_CAT(grad_act_rows_, FA_SFX)(float *dz, float *h, const float *g, const float *pre,
+                                           int64_t rows, int64_t M, int64_t ld, int act,
+                                           int64_t row0, int64_t col0, const fa_dropout_t *drop)
+{
+    const int dr = drop && drop->on;
+    const int64_t Mv = M - M % FA_VL;
+    for (int64_t r = 0; r < rows; r++) {
+        float *dz_r = dz + r * ld, *h_r = h ? h + r * ld : NULL;
+        const float *g_r = g + r * ld, *p_r = pre + r * ld;
+        const uint32_t key = dr ? fa_rng_row_key(drop->seed, (uint64_t)(row0 + r)) : 0u;
+        for (int64_t c = 0; c < M; c += FA_VL) {
+            /* scalar math (the tail: one lane of a vector built from single elements)
+             *   d = g * m;  dz = act == relu ? (p > 0 ? d : 0) : act == gelu ? d * gelu'(p) : d */
+            const int64_t nl = c < Mv ? FA_VL : M - c;
+            VF gv, pv, mv = vsplat(1.0f);
+            if (nl == FA_VL) {
+                gv = vload(g_r + c);
+                pv = vload(p_r + c);
+            } else {
+                gv = pv = vsplat(0.0f);
+                for (int64_t i = 0; i < nl; i++) {
+                    gv[i] = g_r[c + i];
+                    pv[i] = p_r[c + i];
+                }
+            }
+            if (dr) mv = vdrop_factor(key, (uint32_t)(col0 + c), drop->threshold, drop->scale);
+            VF a = vsplat(0.0f);
+            if (h_r) {
+                a = FA_CAT(vact_, FA_SFX)(pv, act);
+                if (dr) a *= mv;
+            }
+            VF d = gv;
+            if (dr) d *= mv;
+            if (act == FA_ACT_RELU)
+                d = (VF)((VI)(pv > vsplat(0.0f)) & (VI)d);
+            else if (act == FA_ACT_GELU)
+                d *= FA_CAT(vgelu_grad_, FA_SFX)(pv);
+            if (nl == FA_VL) {
+                vstore(dz_r + c, d);
+                if (h_r) vstore(h_r + c, a);
+            } else {
+                for (int64_t i = 0; i < nl; i++) {
+                    dz_r[c + i] = d[i];
+                    if (h_r) h_r[c + i] = a[i];
+                }
+            }
         }
     }
 }

@@ -48,16 +48,36 @@ cdef extern from "fastattn.h" nogil:
                                const float *x, const float *residual,
                                const float *weight, const float *bias,
                                int64_t N, int64_t C, float eps, int nthreads)
-    void fa_linear_forward(float *y, const float *x, const float *weight, const float *bias,
-                           int64_t N, int64_t K, int64_t M, int activation, int nthreads)
-    int fa_ffn_forward(float *y, const float *x, const float *w1, const float *b1,
+    int fa_layer_norm_backward(float *dx, float *dweight, float *dbias,
+                               const float *dy, const float *mean, const float *rstd,
+                               const float *x, const float *residual, const float *weight,
+                               int64_t N, int64_t C, int accumulate, int nthreads)
+    void fa_linear_forward(float *y, float *pre, const float *x, const float *weight,
+                           const float *bias, int64_t N, int64_t K, int64_t M, int activation,
+                           int nthreads)
+    void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
+                            const float *dy, const float *pre, const float *x,
+                            const float *weight, int64_t N, int64_t K, int64_t M,
+                            int activation, int accumulate, int nthreads)
+    int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const float *b1,
                        const float *w2, const float *b2, int64_t N, int64_t C, int64_t F,
-                       int activation, int nthreads)
+                       int activation, double dropout_p, uint64_t seed, int nthreads)
+    void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
+                         float *h, float *dpre, const float *dy, const float *pre,
+                         const float *x, const float *w1, const float *w2, int64_t N,
+                         int64_t C, int64_t F, int activation, double dropout_p, uint64_t seed,
+                         int accumulate, int nthreads)
     int64_t fa_packed_size(int64_t M, int64_t K)
     void fa_pack_panels(float *wp, const float *w, int64_t M, int64_t K, int nthreads)
     void fa_linear_packed_forward(float *y, const float *x, const float *wp, const float *bias,
                                   int64_t N, int64_t K, int64_t M, int activation,
                                   int nthreads)
+    void fa_dropout_forward(float *y, const float *x, int64_t N, int64_t C, double p,
+                            uint64_t seed, int nthreads)
+    void fa_dropout_backward(float *dx, const float *dy, int64_t N, int64_t C, double p,
+                             uint64_t seed, int nthreads)
+    int fa_embedding_backward(float *dweight, const float *dout, const int64_t *ids, int64_t N,
+                              int64_t C, int64_t V, int accumulate, int nthreads)
 
 
 def cpu_init(int forced):
@@ -281,23 +301,69 @@ def layer_norm_forward(float[:, ::1] y not None, float[:, ::1] sum_out, float[::
                               nthreads)
 
 
-def linear_forward(float[:, ::1] y not None, const float[:, ::1] x not None,
+def layer_norm_backward(float[:, ::1] dx, float[::1] dweight, float[::1] dbias,
+                        const float[:, ::1] dy not None, const float[::1] mean not None,
+                        const float[::1] rstd not None, const float[:, ::1] x not None,
+                        const float[:, ::1] residual, const float[::1] weight,
+                        bint accumulate, int nthreads):
+    """dx (N, C) or None, dweight (C) or None, dbias (C) or None; dy, x, residual (N, C)."""
+    cdef float *dxp = _p2(dx)
+    cdef float *dwp = _p1(dweight)
+    cdef float *dbp = _p1(dbias)
+    cdef const float *dyp = _cp2(dy)
+    cdef const float *mp = _cp1(mean)
+    cdef const float *rsp = _cp1(rstd)
+    cdef const float *xp = _cp2(x)
+    cdef const float *rp = _cp2(residual)
+    cdef const float *wp = _cp1(weight)
+    cdef int rc
+    with nogil:
+        rc = fa_layer_norm_backward(dxp, dwp, dbp, dyp, mp, rsp, xp, rp, wp, x.shape[0],
+                                    x.shape[1], accumulate, nthreads)
+    if rc != 0:
+        raise MemoryError("layer_norm_backward: could not allocate the partial sums")
+
+
+def linear_forward(float[:, ::1] y not None, float[:, ::1] pre, const float[:, ::1] x not None,
                    const float[:, ::1] weight not None,
                    const float[::1] bias, int activation, int nthreads):
+    """y (N, M), pre (N, M) or None, x (N, K), weight (M, K), bias (M) or None."""
     cdef float *yp = _p2(y)
+    cdef float *pp = _p2(pre)
     cdef const float *xp = _cp2(x)
     cdef const float *wp = _cp2(weight)
     cdef const float *bp = _cp1(bias)
     with nogil:
-        fa_linear_forward(yp, xp, wp, bp, x.shape[0], x.shape[1], weight.shape[0], activation,
-                          nthreads)
+        fa_linear_forward(yp, pp, xp, wp, bp, x.shape[0], x.shape[1], weight.shape[0],
+                          activation, nthreads)
 
 
-def ffn_forward(float[:, ::1] y not None, const float[:, ::1] x not None,
+def linear_backward(float[:, ::1] dx, float[:, ::1] dweight, float[::1] dbias,
+                    float[:, ::1] dz, const float[:, ::1] dy not None, const float[:, ::1] pre,
+                    const float[:, ::1] x not None, const float[:, ::1] weight not None,
+                    int activation, bint accumulate, int nthreads):
+    """dx (N, K) or None, dweight (M, K) or None, dbias (M) or None, dz (N, M) scratch (None
+    without an activation), dy (N, M), pre (N, M) or None, x (N, K), weight (M, K)."""
+    cdef float *dxp = _p2(dx)
+    cdef float *dwp = _p2(dweight)
+    cdef float *dbp = _p1(dbias)
+    cdef float *dzp = _p2(dz)
+    cdef const float *dyp = _cp2(dy)
+    cdef const float *pp = _cp2(pre)
+    cdef const float *xp = _cp2(x)
+    cdef const float *wp = _cp2(weight)
+    with nogil:
+        fa_linear_backward(dxp, dwp, dbp, dzp, dyp, pp, xp, wp, x.shape[0], x.shape[1],
+                           weight.shape[0], activation, accumulate, nthreads)
+
+
+def ffn_forward(float[:, ::1] y not None, float[:, ::1] pre, const float[:, ::1] x not None,
                 const float[:, ::1] w1 not None, const float[::1] b1,
                 const float[:, ::1] w2 not None, const float[::1] b2,
-                int activation, int nthreads):
+                int activation, double dropout_p, uint64_t seed, int nthreads):
+    """y (N, C), pre (N, F) or None, x (N, C), w1 (F, C), w2 (C, F)."""
     cdef float *yp = _p2(y)
+    cdef float *pp = _p2(pre)
     cdef const float *xp = _cp2(x)
     cdef const float *w1p = _cp2(w1)
     cdef const float *b1p = _cp1(b1)
@@ -305,10 +371,36 @@ def ffn_forward(float[:, ::1] y not None, const float[:, ::1] x not None,
     cdef const float *b2p = _cp1(b2)
     cdef int rc
     with nogil:
-        rc = fa_ffn_forward(yp, xp, w1p, b1p, w2p, b2p, x.shape[0], x.shape[1], w1.shape[0],
-                            activation, nthreads)
+        rc = fa_ffn_forward(yp, pp, xp, w1p, b1p, w2p, b2p, x.shape[0], x.shape[1], w1.shape[0],
+                            activation, dropout_p, seed, nthreads)
     if rc != 0:
         raise MemoryError("ffn: could not allocate the hidden row blocks")
+
+
+def ffn_backward(float[:, ::1] dx, float[:, ::1] dw1, float[::1] db1, float[:, ::1] dw2,
+                 float[::1] db2, float[:, ::1] h not None, float[:, ::1] dpre not None,
+                 const float[:, ::1] dy not None, const float[:, ::1] pre not None,
+                 const float[:, ::1] x not None, const float[:, ::1] w1 not None,
+                 const float[:, ::1] w2 not None, int activation, double dropout_p,
+                 uint64_t seed, bint accumulate, int nthreads):
+    """dx (N, C), dw1 (F, C), db1 (F), dw2 (C, F), db2 (C): each may be None; h, dpre (N, F)
+    scratch (dpre may be pre); dy, x (N, C); pre (N, F); w1 (F, C); w2 (C, F)."""
+    cdef float *dxp = _p2(dx)
+    cdef float *dw1p = _p2(dw1)
+    cdef float *db1p = _p1(db1)
+    cdef float *dw2p = _p2(dw2)
+    cdef float *db2p = _p1(db2)
+    cdef float *hp = _p2(h)
+    cdef float *dpp = _p2(dpre)
+    cdef const float *dyp = _cp2(dy)
+    cdef const float *pp = _cp2(pre)
+    cdef const float *xp = _cp2(x)
+    cdef const float *w1p = _cp2(w1)
+    cdef const float *w2p = _cp2(w2)
+    with nogil:
+        fa_ffn_backward(dxp, dw1p, db1p, dw2p, db2p, hp, dpp, dyp, pp, xp, w1p, w2p, x.shape[0],
+                        x.shape[1], w1.shape[0], activation, dropout_p, seed, accumulate,
+                        nthreads)
 
 
 def packed_size(int64_t M, int64_t K):
@@ -447,3 +539,36 @@ def scale_inplace(list xs not None, float s, int nthreads):
     cdef _Tensors t = _Tensors(xs, True)
     with nogil:
         fa_scale_inplace(t.ptrs, t.sizes, t.count, s, nthreads)
+
+def dropout_forward(float[:, ::1] y not None, const float[:, ::1] x not None, double p,
+                    uint64_t seed, int nthreads):
+    """y (N, C), may be x itself; x (N, C)."""
+    cdef float *yp = _p2(y)
+    cdef const float *xp = _cp2(x)
+    with nogil:
+        fa_dropout_forward(yp, xp, x.shape[0], x.shape[1], p, seed, nthreads)
+
+
+def dropout_backward(float[:, ::1] dx not None, const float[:, ::1] dy not None, double p,
+                     uint64_t seed, int nthreads):
+    """dx (N, C), may be dy itself; dy (N, C)."""
+    cdef float *dxp = _p2(dx)
+    cdef const float *dyp = _cp2(dy)
+    with nogil:
+        fa_dropout_backward(dxp, dyp, dy.shape[0], dy.shape[1], p, seed, nthreads)
+
+
+def embedding_backward(float[:, ::1] dweight not None, const float[:, ::1] dout not None,
+                       const int64_t[::1] ids not None, bint accumulate, int nthreads):
+    """dweight (V, C), dout (N, C), ids (N) int64 in [0, V)."""
+    cdef float *dwp = _p2(dweight)
+    cdef const float *dp = _cp2(dout)
+    cdef const int64_t *ip = NULL
+    if ids.shape[0] > 0:
+        ip = &ids[0]
+    cdef int rc
+    with nogil:
+        rc = fa_embedding_backward(dwp, dp, ip, dout.shape[0], dweight.shape[1],
+                                   dweight.shape[0], accumulate, nthreads)
+    if rc != 0:
+        raise MemoryError("embedding_backward: could not allocate the sort")

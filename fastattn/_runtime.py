@@ -23,6 +23,7 @@ TILE_NAMES = (  # index = fa_tile_t in csrc/fastattn.h; the sizes themselves: cs
     "attention_backward_block_q",
     "softmax_chunk", "packed_panel", "packed_tile_rows", "packed_tile_features",
     "packed_max_rows", "skinny_rows", "min_rows_per_thread", "row_block", "feature_align",
+    "reduce_rows",
 )
 _state = {"threads": 1}
 

@@ -278,6 +278,40 @@ def layer_norm(x, weight, bias, *, eps=1e-5, residual=None):
     return layer_norm_forward(x, weight, bias, eps=eps, residual=residual)[0]
 
 
+def _same_shape(a, name, like, like_name, op):
+    if a.shape != like.shape:
+        raise ValueError(f"{op}: {name} must have the shape of {like_name} {like.shape}, "
+                         f"got {a.shape}")
+
+
+def layer_norm_backward(dy, x, mean, rstd, weight, *, residual=None):
+    """Gradients (dx, dweight, dbias) of LN(x + residual) * weight + bias from the forward's
+    mean and rstd; dx is the gradient of x and of residual alike. See
+    reference.layer_norm_backward."""
+    op = "layer_norm_backward"
+    x = _contig(x, "x", op)
+    if x.ndim == 0:
+        raise ValueError(f"{op}: x must have at least 1 dimension (..., C), got a scalar")
+    dy = _contig(dy, "dy", op)
+    _same_shape(dy, "dy", x, "x", op)
+    C = x.shape[-1]
+    N = math.prod(x.shape[:-1])
+    mean = _vector(mean, N, "mean", op)
+    rstd = _vector(rstd, N, "rstd", op)
+    weight = _vector(weight, C, "weight", op)
+    if residual is not None:
+        residual = _contig(residual, "residual", op)
+        _same_shape(residual, "residual", x, "x", op)
+    dx = np.empty(x.shape, np.float32)
+    dweight = None if weight is None else np.empty(C, np.float32)
+    dbias = np.empty(C, np.float32)
+    _kernels.layer_norm_backward(dx.reshape(N, C), dweight, dbias, dy.reshape(N, C), mean, rstd,
+                                 x.reshape(N, C),
+                                 None if residual is None else residual.reshape(N, C), weight,
+                                 False, get_num_threads())
+    return dx, dweight, dbias
+
+
 # ---- linear and feed-forward -------------------------------------------------------------------
 
 def _rows(x, name, op):
@@ -308,16 +342,87 @@ def linear(x, weight, bias=None, *, activation=None):
     N = x.size // K if K else int(np.prod(x.shape[:-1]))
     y = np.empty(x.shape[:-1] + (M,), np.float32)
     if N and M and K:
-        _kernels.linear_forward(y.reshape(N, M), x.reshape(N, K), weight, bias, act,
+        _kernels.linear_forward(y.reshape(N, M), None, x.reshape(N, K), weight, bias, act,
                                 get_num_threads())
     elif N and M:  # K == 0: an empty sum, only the bias and activation remain
         return reference.linear(x, weight, bias, activation=activation)
     return y
 
 
+def linear_forward(x, weight, bias=None, *, activation=None):
+    """linear() returning (y, {"pre": (N, M) or None}): the pre-activation is kept (written by
+    the GEMM's epilogue) when there is an activation. See reference.linear_forward."""
+    op = "linear"
+    x = _rows(x, "x", op)
+    weight = _weight(weight, "weight", op, "(out_features, in_features)")
+    M, K = weight.shape
+    if x.shape[-1] != K:
+        raise ValueError(f"{op}: x {x.shape} has {x.shape[-1]} features but weight {weight.shape} "
+                         f"expects {K}")
+    bias = _vector(bias, M, "bias", op)
+    act = _activation(activation, op)
+    N = math.prod(x.shape[:-1])
+    if not (N and M and K):  # nothing to multiply: the twin is exact
+        return reference.linear_forward(x, weight, bias, activation=activation)
+    y = np.empty(x.shape[:-1] + (M,), np.float32)
+    pre = None if act == 0 else np.empty((N, M), np.float32)
+    _kernels.linear_forward(y.reshape(N, M), pre, x.reshape(N, K), weight, bias, act,
+                            get_num_threads())
+    return y, {"pre": pre}
+
+
+def _pre(pre, N, M, name, op):
+    """The saved pre-activation as a contiguous (N, M) float32 array ((..., M) accepted)."""
+    a = _contig(pre, name, op)
+    if a.ndim == 0 or a.shape[-1] != M or a.size != N * M:
+        raise ValueError(f"{op}: {name} must be ({N}, {M}) (the forward's cache), got {a.shape}")
+    return a.reshape(N, M)
+
+
+def linear_backward(dy, x, weight, *, pre=None, activation=None):
+    """Gradients (dx, dweight, dbias) of act(x @ weight.T + bias); pre is the forward's
+    cache["pre"] (needed with an activation). See reference.linear_backward."""
+    op = "linear_backward"
+    x = _rows(x, "x", op)
+    weight = _weight(weight, "weight", op, "(out_features, in_features)")
+    M, K = weight.shape
+    if x.shape[-1] != K:
+        raise ValueError(f"{op}: x {x.shape} has {x.shape[-1]} features but weight {weight.shape} "
+                         f"expects {K}")
+    dy = _contig(dy, "dy", op)
+    if dy.shape != x.shape[:-1] + (M,):
+        raise ValueError(f"{op}: dy must be {x.shape[:-1] + (M,)} (x's rows, weight's "
+                         f"{M} outputs), got {dy.shape}")
+    act = _activation(activation, op)
+    N = math.prod(x.shape[:-1])
+    if act and pre is None:
+        raise ValueError(f"{op}: pre (linear_forward's cache['pre']) is required with "
+                         f"activation={activation!r}")
+    pre = _pre(pre, N, M, "pre", op) if act else None
+    dx = np.empty(x.shape, np.float32)
+    dweight = np.empty((M, K), np.float32)
+    dbias = np.empty(M, np.float32)
+    dz = np.empty((N, M), np.float32) if act and N and M else None
+    _kernels.linear_backward(dx.reshape(N, K), dweight, dbias, dz, dy.reshape(N, M), pre,
+                             x.reshape(N, K), weight, act, False, get_num_threads())
+    return dx, dweight, dbias
+
+
 def ffn(x, w1, b1, w2, b2, *, activation="relu"):
     """linear(act(linear(x, w1, b1)), w2, b2) in row blocks; see reference.ffn."""
-    op = "ffn"
+    x, w1, b1, w2, b2, act = _check_ffn(x, w1, b1, w2, b2, activation, "ffn")
+    C, F = x.shape[-1], w1.shape[0]
+    N = x.size // C if C else int(np.prod(x.shape[:-1]))
+    y = np.empty(x.shape, np.float32)
+    if N and C and F:
+        _kernels.ffn_forward(y.reshape(N, C), None, x.reshape(N, C), w1, b1, w2, b2, act, 0.0,
+                             0, get_num_threads())
+    elif N and C:  # F == 0: the hidden layer is empty, y = b2
+        return reference.ffn(x, w1, b1, w2, b2, activation=activation)
+    return y
+
+
+def _check_ffn(x, w1, b1, w2, b2, activation, op):
     x = _rows(x, "x", op)
     C = x.shape[-1]
     w1 = _weight(w1, "w1", op, "(F, C)")
@@ -330,15 +435,117 @@ def ffn(x, w1, b1, w2, b2, *, activation="relu"):
                          f"{w1.shape}, got {w2.shape}")
     b1 = _vector(b1, F, "b1", op)
     b2 = _vector(b2, C, "b2", op)
-    act = _activation(activation, op)
-    N = x.size // C if C else int(np.prod(x.shape[:-1]))
+    return x, w1, b1, w2, b2, _activation(activation, op)
+
+
+def ffn_forward(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=None):
+    """The FFN in training, linear2(dropout(act(linear1(x)))), returning (y, {"pre": (N, F)});
+    dropout_p = 0 runs the inference kernel's path (only pre is written in addition). See
+    reference.ffn_forward."""
+    op = "ffn_forward"
+    x, w1, b1, w2, b2, act = _check_ffn(x, w1, b1, w2, b2, activation, op)
+    reference._check_dropout(dropout_p, seed, op)
+    C, F = x.shape[-1], w1.shape[0]
+    N = math.prod(x.shape[:-1])
+    if not (N and C and F):  # an empty batch, model or hidden layer: the twin is exact
+        return reference.ffn_forward(x, w1, b1, w2, b2, activation=activation,
+                                     dropout_p=dropout_p, seed=seed)
     y = np.empty(x.shape, np.float32)
-    if N and C and F:
-        _kernels.ffn_forward(y.reshape(N, C), x.reshape(N, C), w1, b1, w2, b2, act,
-                             get_num_threads())
-    elif N and C:  # F == 0: the hidden layer is empty, y = b2
-        return reference.ffn(x, w1, b1, w2, b2, activation=activation)
+    pre = np.empty((N, F), np.float32)
+    _kernels.ffn_forward(y.reshape(N, C), pre, x.reshape(N, C), w1, b1, w2, b2, act,
+                         float(dropout_p), int(seed or 0), get_num_threads())
+    return y, {"pre": pre}
+
+
+def ffn_backward(dy, x, w1, b1, w2, b2, pre, *, activation="relu", dropout_p=0.0, seed=None):
+    """Gradients (dx, dw1, db1, dw2, db2) of the FFN from its cache["pre"]; the activation and
+    the dropout mask are recomputed. db1 / db2 are None when b1 / b2 are. See
+    reference.ffn_backward."""
+    op = "ffn_backward"
+    x, w1, b1, w2, b2, act = _check_ffn(x, w1, b1, w2, b2, activation, op)
+    reference._check_dropout(dropout_p, seed, op)
+    dy = _contig(dy, "dy", op)
+    _same_shape(dy, "dy", x, "x", op)
+    C, F = x.shape[-1], w1.shape[0]
+    N = math.prod(x.shape[:-1])
+    pre = _pre(pre, N, F, "pre", op)
+    dx = np.empty(x.shape, np.float32)
+    dw1, dw2 = np.empty((F, C), np.float32), np.empty((C, F), np.float32)
+    db1 = None if b1 is None else np.empty(F, np.float32)
+    db2 = None if b2 is None else np.empty(C, np.float32)
+    h = np.empty((N, F), np.float32)
+    dpre = np.empty((N, F), np.float32)
+    _kernels.ffn_backward(dx.reshape(N, C), dw1, db1, dw2, db2, h, dpre, dy.reshape(N, C), pre,
+                          x.reshape(N, C), w1, w2, act, float(dropout_p), int(seed or 0), False,
+                          get_num_threads())
+    return dx, dw1, db1, dw2, db2
+
+
+__all__ += ["layer_norm_backward", "linear_forward", "linear_backward", "ffn_forward",
+            "ffn_backward", "dropout", "dropout_backward", "embedding_backward"]
+
+
+# ---- dropout -----------------------------------------------------------------------------------
+
+def _dropout(x, p, seed, op, name):
+    a = _contig(x, name, op)
+    if a.ndim == 0:
+        raise ValueError(f"{op}: {name} must have at least 1 dimension (..., C), got a scalar")
+    reference._check_dropout(p, seed, op)
+    y = np.empty(a.shape, np.float32)
+    C = a.shape[-1]
+    N = math.prod(a.shape[:-1])
+    if N and C:
+        _kernels.dropout_forward(y.reshape(N, C), a.reshape(N, C), float(p), int(seed or 0),
+                                 get_num_threads())
     return y
+
+
+def dropout(x, p, *, seed=None):
+    """x * keep / (1 - p) over the last axis, the mask a pure function of (seed, row, column)
+    computed in the kernel (never stored); p = 0 returns a copy. See reference.dropout."""
+    return _dropout(x, p, seed, "dropout", "x")
+
+
+def dropout_backward(dy, p, *, seed=None):
+    """dy * keep / (1 - p) with the forward's mask regenerated from seed. See
+    reference.dropout_backward."""
+    return _dropout(dy, p, seed, "dropout_backward", "dy")
+
+
+# ---- embedding ---------------------------------------------------------------------------------
+
+def _ids(ids, op):
+    a = np.asarray(ids)
+    if a.dtype == np.bool_ or a.dtype.kind not in "iu":
+        raise TypeError(f"{op}: ids must be an integer array, got dtype {a.dtype}")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def embedding_backward(dout, ids, num_embeddings):
+    """Deterministic scatter-add of the rows of dout (..., C) into the rows of their ids (...):
+    dweight (num_embeddings, C). See reference.embedding_backward."""
+    op = "embedding_backward"
+    if isinstance(num_embeddings, bool) or not isinstance(num_embeddings, numbers.Integral):
+        raise TypeError(f"{op}: num_embeddings must be an int, got "
+                        f"{type(num_embeddings).__name__}")
+    V = int(num_embeddings)
+    if V < 0:
+        raise ValueError(f"{op}: num_embeddings must be >= 0, got {V}")
+    ids = _ids(ids, op)
+    dout = _contig(dout, "dout", op)
+    if dout.ndim != ids.ndim + 1 or dout.shape[:-1] != ids.shape:
+        raise ValueError(f"{op}: dout must be ids' shape {ids.shape} plus a feature axis "
+                         f"(..., C), got {dout.shape}")
+    flat = ids.reshape(-1)
+    if flat.size and (flat.min() < 0 or flat.max() >= V):
+        bad = flat[(flat < 0) | (flat >= V)][0]
+        raise ValueError(f"{op}: ids must be in [0, num_embeddings) = [0, {V}), found {bad}")
+    C = dout.shape[-1]
+    dweight = np.empty((V, C), np.float32)
+    _kernels.embedding_backward(dweight, dout.reshape(flat.size, C), flat, False,
+                                get_num_threads())
+    return dweight
 
 
 # ---- positional encoding -----------------------------------------------------------------------
@@ -360,16 +567,76 @@ def positional_encoding(length, d_model):
 # it owns: float32, C-contiguous (attention: last axis contiguous), shapes already consistent.
 # These write into caller-owned buffers so a forward pass reuses its activations.
 
-def _linear_into(y, x, weight, bias, act):
-    """y (N, M) = act(x (N, K) @ weight (M, K).T + bias); act is an FA_ACT code."""
-    _kernels.linear_forward(y, x, weight, bias, act, get_num_threads())
+def _linear_into(y, x, weight, bias, act, pre=None):
+    """y (N, M) = act(x (N, K) @ weight (M, K).T + bias); act is an FA_ACT code. pre (N, M), if
+    given, receives x @ weight.T + bias (training, with an activation)."""
+    _kernels.linear_forward(y, pre, x, weight, bias, act, get_num_threads())
     return y
+
+
+def _linear_backward_into(dx, dweight, dbias, dy, x, weight, pre, act, accumulate, dz=None):
+    """Gradients of y = act(x @ weight.T + b) into caller-owned buffers: dx (N, K) (None: not
+    wanted, a first layer) is overwritten; dweight (M, K) and dbias (M,) (either may be None)
+    are overwritten, or added to when accumulate is True (parameter gradients summed across
+    calls, as torch's .grad). pre (N, M): the forward's, with an activation (act != 0). dz (N,
+    M): scratch for dy * act'(pre), allocated when None; it may be pre or dy themselves, which
+    are then overwritten."""
+    if act and dz is None:
+        dz = np.empty(dy.shape, np.float32)
+    _kernels.linear_backward(dx, dweight, dbias, dz if act else None, dy, pre if act else None,
+                             x, weight, act, bool(accumulate), get_num_threads())
 
 
 def _ffn_into(y, x, w1, b1, w2, b2, act):
     """y (N, C) = act(x @ w1.T + b1) @ w2.T + b2."""
-    _kernels.ffn_forward(y, x, w1, b1, w2, b2, act, get_num_threads())
+    _kernels.ffn_forward(y, None, x, w1, b1, w2, b2, act, 0.0, 0, get_num_threads())
     return y
+
+
+def _ffn_forward_into(y, pre, x, w1, b1, w2, b2, act, dropout_p=0.0, seed=0):
+    """y (N, C) = drop(act(x @ w1.T + b1)) @ w2.T + b2, pre (N, F) = x @ w1.T + b1 (training;
+    pre may be None). dropout_p in [0, 1), seed an int in [0, 2**64) (checked by the caller)."""
+    _kernels.ffn_forward(y, pre, x, w1, b1, w2, b2, act, float(dropout_p), int(seed or 0),
+                         get_num_threads())
+    return y
+
+
+def _ffn_backward_into(dx, dw1, db1, dw2, db2, dy, x, w1, w2, pre, act, dropout_p, seed,
+                       accumulate, h=None, dpre=None):
+    """Gradients of the FFN into caller-owned buffers: dx (N, C) overwritten (None: not
+    wanted); dw1 (F, C), db1 (F,), dw2 (C, F), db2 (C,) (each may be None) overwritten, or
+    added to when accumulate is True. pre (N, F): the forward's. h, dpre (N, F): scratch,
+    allocated when None; dpre may be pre itself (then overwritten: pre is not needed after)."""
+    N, F = pre.shape
+    if h is None:
+        h = np.empty((N, F), np.float32)
+    if dpre is None:
+        dpre = np.empty((N, F), np.float32)
+    _kernels.ffn_backward(dx, dw1, db1, dw2, db2, h, dpre, dy, pre, x, w1, w2, act,
+                          float(dropout_p), int(seed or 0), bool(accumulate), get_num_threads())
+
+
+def _layer_norm_backward_into(dx, dweight, dbias, dy, x, mean, rstd, weight, residual=None,
+                              accumulate=False):
+    """Gradients of LN(x + residual) into caller-owned buffers: dx (N, C) (None: not wanted)
+    overwritten; dweight, dbias (C,) (either may be None) overwritten, or added to when
+    accumulate is True."""
+    _kernels.layer_norm_backward(dx, dweight, dbias, dy, mean, rstd, x, residual, weight,
+                                 bool(accumulate), get_num_threads())
+
+
+def _dropout_into(y, x, p, seed):
+    """y (N, C) = x * keep / (1 - p); y may be x itself (in place). p, seed checked by the
+    caller; the backward is the same call on the gradient."""
+    _kernels.dropout_forward(y, x, float(p), int(seed or 0), get_num_threads())
+    return y
+
+
+def _embedding_backward_into(dweight, dout, ids, accumulate):
+    """dweight (V, C) (+)= the scatter-add of dout (N, C) by ids (N,) int64 in [0, V) (checked by
+    the caller): overwritten, or added to when accumulate is True."""
+    _kernels.embedding_backward(dweight, dout, ids, bool(accumulate), get_num_threads())
+    return dweight
 
 
 def _layer_norm_into(y, x, weight, bias, eps, residual=None, sum_out=None):

@@ -38,7 +38,9 @@ Conventions:
 - GELU is the exact erf form ``0.5 * x * (1 + erf(x / sqrt(2)))`` (torch's default),
   evaluated as ``0.5 * x * erfc(-x / sqrt(2))`` so the left tail keeps its relative accuracy.
 - Training-style variants ``<op>_forward(...)`` return ``(out, cache)``; cache entries carry
-  the names shared with the C kernels: ``lse`` (attention), ``mean`` and ``rstd`` (layer norm).
+  the names shared with the C kernels: ``lse`` (attention), ``mean`` and ``rstd`` (layer norm),
+  ``pre`` (linear and FFN: the pre-activation). ``<op>_backward(dout, ...)`` returns the
+  gradients of the forward's differentiable inputs, then of its parameters.
 - Input validation lives in ``fastattn.ops``; the reference checks only ranks (a scalar, or
   attention inputs that are not 4-D, raise the same ValueError as in ``fastattn.ops``) and
   otherwise assumes well-formed arguments. Degenerate sizes (no rows, no keys, D = 0, ...) give
@@ -111,6 +113,38 @@ def _gelu64(x):
     with np.errstate(invalid="ignore"):
         y = 0.5 * x * _erfc(-x / math.sqrt(2.0))
     return np.where(x == -np.inf, 0.0, y)
+
+
+def _gelu_grad64(x):
+    # gelu'(x) = Phi(x) + x * phi(x); the x * phi(x) term is 0 at +-inf (not inf * 0 = NaN)
+    cdf = 0.5 * _erfc(-x / math.sqrt(2.0))
+    with np.errstate(invalid="ignore", over="ignore"):
+        tpdf = x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    return cdf + np.where(np.isinf(x), 0.0, tpdf)
+
+
+def _act64(pre, activation):
+    """act(pre) for activation None, "relu" or "gelu"."""
+    if activation is None:
+        return pre
+    if activation == "relu":
+        return np.maximum(pre, 0.0)
+    if activation == "gelu":
+        return _gelu64(pre)
+    raise ValueError(f"activation must be None, 'relu' or 'gelu', got {activation!r}")
+
+
+def _act_backward64(g, pre, activation):
+    """dz = g * act'(pre): relu keeps g where pre > 0 (a select: 0 elsewhere, even for a NaN g),
+    gelu multiplies by Phi(pre) + pre * phi(pre)."""
+    if activation is None:
+        return g
+    if activation == "relu":
+        positive = pre > 0                                      # the mask a prototype stores
+        return np.where(positive, g, 0.0)
+    if activation == "gelu":
+        return g * _gelu_grad64(pre)
+    raise ValueError(f"activation must be None, 'relu' or 'gelu', got {activation!r}")
 
 
 def _linear64(x, weight, bias, activation):
@@ -421,6 +455,43 @@ def layer_norm(x, weight, bias, *, eps=1e-5, residual=None):
     return y
 
 
+def layer_norm_backward(dy, x, mean, rstd, weight, *, residual=None):
+    """Gradients of y = LN(x + residual) * weight + bias, from the forward's saved statistics.
+
+    ====================  ==============  =====================================================
+    dy                    (..., C)        gradient of y
+    x                     (..., C)        the forward's input (N rows in all)
+    mean                  (N,)            cache["mean"] of layer_norm_forward
+    rstd                  (N,)            cache["rstd"] of layer_norm_forward
+    weight                (C,)            gain, or None (= 1)
+    residual              (..., C)        the forward's residual, or None; s = x + residual is
+                                          recomputed, not saved
+    -> dx                 (..., C)        float32; gradient of x, and also of residual (the
+                                          residual add passes the same gradient to both)
+    -> dweight            (C,)            float32, or None when weight is None
+    -> dbias              (C,)            float32; column sums of dy (bias or not)
+    ====================  ==============  =====================================================
+
+    xhat = (s - mean) * rstd;  g = dy * weight;
+    dx = rstd * (g - mean_C(g) - xhat * mean_C(g * xhat))
+    """
+    x = _rank(x, "x", "layer_norm_backward", letters="(..., C)")
+    N, C = math.prod(x.shape[:-1]), x.shape[-1]
+    s = _f64(x).reshape(N, C)                                   # (N, C)
+    if residual is not None:
+        s = s + _f64(residual).reshape(N, C)                    # (N, C)
+    dy2 = _f64(dy).reshape(N, C)                                # (N, C)
+    xhat = (s - _f64(mean)[:, None]) * _f64(rstd)[:, None]      # (N, C)
+    dbias = dy2.sum(axis=0)                                     # (C,)
+    dweight = None if weight is None else (dy2 * xhat).sum(axis=0)   # (C,)
+    g = dy2 if weight is None else dy2 * _f64(weight)           # (N, C) gradient of xhat
+    c = max(C, 1)                                               # C = 0: empty rows, no 0/0
+    dx = _f64(rstd)[:, None] * (g - g.sum(axis=-1, keepdims=True) / c
+                                - xhat * (g * xhat).sum(axis=-1, keepdims=True) / c)  # (N, C)
+    return (_f32(dx.reshape(x.shape)), None if dweight is None else _f32(dweight),
+            _f32(dbias))
+
+
 # ----------------------------------------------------------------------------------------------
 # linear and feed-forward
 
@@ -439,6 +510,62 @@ def linear(x, weight, bias=None, *, activation=None):
     weight = _rank(weight, "weight", "linear", 2, "(out_features, in_features)")
     y = _linear64(_f64(x), _f64(weight), None if bias is None else _f64(bias), activation)
     return _f32(y)
+
+
+def linear_forward(x, weight, bias=None, *, activation=None):
+    """linear() keeping the pre-activation for linear_backward.
+
+    ====================  ==============  =====================================================
+    x                     (..., C_in)     input; every leading dim is a row (N rows in all)
+    weight                (C_out, C_in)   torch layout
+    bias                  (C_out,)        optional
+    activation            str or None     None, "relu" or "gelu" (exact erf form)
+    -> y                  (..., C_out)    float32; act(pre)
+    -> cache["pre"]       (N, C_out)      float32; x @ weight.T + bias, or None when activation
+                                          is None (then pre = y)
+    ====================  ==============  =====================================================
+    """
+    x = _rank(x, "x", "linear")                                          # (..., C_in)
+    weight = _rank(weight, "weight", "linear", 2, "(out_features, in_features)")
+    pre = _linear64(_f64(x), _f64(weight), None if bias is None else _f64(bias), None)
+    y = _act64(pre, activation)                                          # (..., C_out)
+    N, M = math.prod(x.shape[:-1]), weight.shape[0]
+    return _f32(y), {"pre": None if activation is None else _f32(pre.reshape(N, M))}
+
+
+def linear_backward(dy, x, weight, *, pre=None, activation=None):
+    """Gradients of y = act(x @ weight.T + bias).
+
+    ====================  ==============  =====================================================
+    dy                    (..., C_out)    gradient of y
+    x                     (..., C_in)     the forward's input (N rows in all)
+    weight                (C_out, C_in)   torch layout
+    pre                   (N, C_out)      cache["pre"] of linear_forward; needed (and only
+                                          read) when activation is not None
+    activation            str or None     the forward's
+    -> dx                 (..., C_in)     float32; dz @ weight
+    -> dweight            (C_out, C_in)   float32; dz^T @ x
+    -> dbias              (C_out,)        float32; column sums of dz (whether or not the
+                                          forward had a bias)
+    ====================  ==============  =====================================================
+
+    dz = dy * act'(pre): relu'(pre) = [pre > 0] (dz is 0 where pre <= 0), gelu'(pre) =
+    Phi(pre) + pre * phi(pre).
+    """
+    x = _rank(x, "x", "linear_backward")
+    weight = _f64(_rank(weight, "weight", "linear_backward", 2,
+                        "(out_features, in_features)"))                  # (M, K)
+    (M, K), N = weight.shape, math.prod(x.shape[:-1])
+    x2 = _f64(x).reshape(N, K)                                           # (N, K)
+    g = _f64(dy).reshape(N, M)                                           # (N, M)
+    if activation is not None and pre is None:
+        raise ValueError("linear_backward: pre is required with an activation")
+    dz = _act_backward64(g, None if activation is None else _f64(pre).reshape(N, M),
+                         activation)                                     # (N, M)
+    dx = dz @ weight                                                     # (N, K)
+    dweight = dz.T @ x2                                                  # (M, K)
+    dbias = dz.sum(axis=0)                                               # (M,)
+    return _f32(dx.reshape(x.shape)), _f32(dweight), _f32(dbias)
 
 
 def ffn(x, w1, b1, w2, b2, *, activation="relu"):
@@ -464,6 +591,170 @@ def ffn(x, w1, b1, w2, b2, *, activation="relu"):
     h = _linear64(_f64(x), _f64(w1), b1, activation)   # (..., F)
     y = _linear64(h, _f64(w2), b2, None)                # (..., C)
     return _f32(y)
+
+
+def ffn_forward(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=None):
+    """The feed-forward block in training: linear2(dropout(act(linear1(x)))), torch's order,
+    keeping the pre-activation for ffn_backward.
+
+    ====================  ==============  =====================================================
+    x                     (..., C)        input; every leading dim is a row (N rows in all)
+    w1, b1                (F, C), (F,)    first layer (b1 may be None)
+    w2, b2                (C, F), (C,)    second layer (b2 may be None)
+    activation            str or None     "relu" (default), "gelu" or None
+    dropout_p             float           in [0, 1): hidden element (n, f) is kept iff
+                                          dropout_keep(seed, [n], [f], dropout_p), then
+                                          scaled by 1 / (1 - dropout_p); 0 = no dropout
+    seed                  int             0 <= seed < 2**64; required when dropout_p > 0
+    -> y                  (..., C)        float32
+    -> cache["pre"]       (N, F)          float32; x @ w1.T + b1. The backward recomputes the
+                                          activation and the dropout mask from it and the seed
+                                          (N * F * 4 bytes per layer)
+    ====================  ==============  =====================================================
+    """
+    x = _rank(x, "x", "ffn")                            # (..., C)
+    w1 = _rank(w1, "w1", "ffn", 2, "(F, C)")            # (F, C)
+    w2 = _rank(w2, "w2", "ffn", 2, "(C, F)")            # (C, F)
+    _check_dropout(dropout_p, seed, "ffn_forward")
+    (F, C), N = w1.shape, math.prod(x.shape[:-1])
+    x2 = _f64(x).reshape(N, C)                          # (N, C)
+    pre = _linear64(x2, _f64(w1), None if b1 is None else _f64(b1), None)   # (N, F)
+    h = _act64(pre, activation)                         # (N, F)
+    if dropout_p > 0:
+        keep = dropout_keep(seed, np.arange(len(x2)), np.arange(F), dropout_p)   # (N, F) bool
+        h = h * keep / (1.0 - dropout_p)                # (N, F)
+    y = _linear64(h, _f64(w2), None if b2 is None else _f64(b2), None)       # (N, C)
+    return _f32(y.reshape(x.shape)), {"pre": _f32(pre)}
+
+
+def ffn_backward(dy, x, w1, b1, w2, b2, pre, *, activation="relu", dropout_p=0.0, seed=None):
+    """Gradients of the feed-forward block y = linear2(dropout(act(linear1(x)))).
+
+    ====================  ==============  =====================================================
+    dy                    (..., C)        gradient of y
+    x                     (..., C)        the forward's input (N rows in all)
+    w1, b1                (F, C), (F,)    first layer (b1 may be None)
+    w2, b2                (C, F), (C,)    second layer (b2 may be None)
+    pre                   (N, F)          cache["pre"] of ffn_forward
+    activation, dropout_p, seed           the forward's: the mask is regenerated, not stored
+    -> dx                 (..., C)        float32
+    -> dw1, db1           (F, C), (F,)    float32; db1 None when b1 is None
+    -> dw2, db2           (C, F), (C,)    float32; db2 None when b2 is None
+    ====================  ==============  =====================================================
+
+    h = drop(act(pre));  dw2 = dy^T h;  dh = dy @ w2;  dpre = dh * keep / (1 - p) * act'(pre);
+    dw1 = dpre^T x;  dx = dpre @ w1.
+    """
+    x = _rank(x, "x", "ffn_backward")
+    w1 = _f64(_rank(w1, "w1", "ffn_backward", 2, "(F, C)"))   # (F, C)
+    w2 = _f64(_rank(w2, "w2", "ffn_backward", 2, "(C, F)"))   # (C, F)
+    _check_dropout(dropout_p, seed, "ffn_backward")
+    (F, C), N = w1.shape, math.prod(x.shape[:-1])
+    x2 = _f64(x).reshape(N, C)                          # (N, C)
+    dy2 = _f64(dy).reshape(N, C)                        # (N, C)
+    pre = _f64(pre).reshape(N, F)                       # (N, F)
+    drop = np.ones_like(pre)                            # (N, F) keep / (1 - p)
+    if dropout_p > 0:
+        keep = dropout_keep(seed, np.arange(len(x2)), np.arange(F), dropout_p)   # (N, F) bool
+        drop = keep / (1.0 - dropout_p)
+    h = _act64(pre, activation) * drop                  # (N, F) the hidden, recomputed
+    dw2 = dy2.T @ h                                     # (C, F)
+    db2 = None if b2 is None else dy2.sum(axis=0)       # (C,)
+    dh = dy2 @ w2                                       # (N, F)
+    dpre = _act_backward64(dh * drop, pre, activation)  # (N, F)
+    dw1 = dpre.T @ x2                                   # (F, C)
+    db1 = None if b1 is None else dpre.sum(axis=0)      # (F,)
+    dx = dpre @ w1                                      # (N, C)
+    return (_f32(dx.reshape(x.shape)), _f32(dw1), None if db1 is None else _f32(db1),
+            _f32(dw2), None if db2 is None else _f32(db2))
+
+
+# ----------------------------------------------------------------------------------------------
+# dropout
+
+def _check_dropout(p, seed, op):
+    """The argument rules both twins apply: p a real number in [0, 1); seed an int in
+    [0, 2**64), required when p > 0 (None allowed for p = 0)."""
+    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{op}: p must be a real number, got {type(p).__name__}")
+    if not 0.0 <= float(p) < 1.0:
+        raise ValueError(f"{op}: p must be in [0, 1), got {p!r}")
+    if seed is None:
+        if p > 0:
+            raise ValueError(f"{op}: seed is required when p > 0 (an int in [0, 2**64))")
+        return
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"{op}: seed must be an int, got {type(seed).__name__}")
+    if not 0 <= int(seed) < 2 ** 64:
+        raise ValueError(f"{op}: seed must be in [0, 2**64), got {seed}")
+
+
+def dropout(x, p, *, seed=None):
+    """Dropout over the last axis: y = x * keep / (1 - p).
+
+    ====================  ==============  =====================================================
+    x                     (..., C)        every leading dim is a row: row n of the flattened
+                                          (N, C), column c
+    p                     float           drop probability in [0, 1); 0 returns a copy
+    seed                  int             0 <= seed < 2**64; required when p > 0
+    -> y                  (..., C)        float32; keep = dropout_keep(seed, rows, cols, p)
+    ====================  ==============  =====================================================
+
+    The mask is a pure function of (seed, n, c), so dropout_backward regenerates it. A dropped
+    NaN or inf becomes NaN (x * 0), as in torch.
+    """
+    x = _rank(x, "x", "dropout", letters="(..., C)")
+    _check_dropout(p, seed, "dropout")
+    x64 = _f64(x)
+    if p == 0:
+        return _f32(x64.copy())
+    C = x.shape[-1]
+    N = math.prod(x.shape[:-1])
+    keep = dropout_keep(seed, np.arange(N), np.arange(C), p)    # (N, C) bool: the stored mask
+    with np.errstate(invalid="ignore"):                         # a dropped inf: NaN, quietly
+        y = x64.reshape(N, C) * keep / (1.0 - p)                # (N, C)
+    return _f32(y.reshape(x.shape))
+
+
+def dropout_backward(dy, p, *, seed=None):
+    """Gradient of dropout: dx = dy * keep / (1 - p), the forward's mask regenerated from seed.
+
+    ====================  ==============  =====================================================
+    dy                    (..., C)        gradient of y
+    p, seed                               the forward's
+    -> dx                 (..., C)        float32
+    ====================  ==============  =====================================================
+    """
+    dy = _rank(dy, "dy", "dropout_backward", letters="(..., C)")
+    _check_dropout(p, seed, "dropout_backward")
+    return dropout(dy, p, seed=seed)
+
+
+# ----------------------------------------------------------------------------------------------
+# embedding
+
+def embedding_backward(dout, ids, num_embeddings):
+    """Gradient of an embedding lookup out = weight[ids]: rows of dout added into the rows of
+    their ids.
+
+    ====================  ==============  =====================================================
+    dout                  (..., C)        gradient of the looked-up rows; leading dims = ids'
+    ids                   (...)           int64, each in [0, num_embeddings)
+    num_embeddings        int             V, rows of the embedding table
+    -> dweight            (V, C)          float32; dweight[v] = sum of dout[i] over ids[i] = v,
+                                          0 for ids that do not occur
+    ====================  ==============  =====================================================
+    """
+    ids = np.asarray(ids).reshape(-1)                          # (N,)
+    dout = _rank(dout, "dout", "embedding_backward", letters="(..., C)")
+    C = dout.shape[-1]
+    dweight = np.zeros((int(num_embeddings), C))               # (V, C)
+    np.add.at(dweight, ids, _f64(dout).reshape(len(ids), C))   # scatter-add, repeats summed
+    return _f32(dweight)
+
+
+__all__ += ["layer_norm_backward", "linear_forward", "linear_backward", "ffn_forward",
+            "ffn_backward", "dropout", "dropout_backward", "embedding_backward"]
 
 
 # ----------------------------------------------------------------------------------------------

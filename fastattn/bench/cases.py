@@ -232,6 +232,66 @@ def _ffn_case(N=2048, C=512, F_=2048):
                 flops=4 * N * C * F_)
 
 
+def _layer_norm_backward_case(N=2048, C=512):
+    """Layer norm backward (dx, dweight, dbias) from the forward's mean and rstd, without a
+    residual, against torch's own LayerNorm backward kernel (aten.native_layer_norm_backward,
+    what autograd runs for F.layer_norm) on its own saved statistics. Bytes: dy and x read, dx
+    written. Each implementation returns dx (the runner compares one array)."""
+    def build(rng):
+        x, w, b = _normal(rng, (N, C)), 1 + _normal(rng, C, 0.1), _normal(rng, C, 0.1)
+        _, cache = ops.layer_norm_forward(x, w, b)
+        return {"dy": _normal(rng, (N, C)), "x": x, "w": w, "b": b, "mean": cache["mean"],
+                "rstd": cache["rstd"]}
+
+    def impl(fn):
+        return lambda i: lambda: fn(i["dy"], i["x"], i["mean"], i["rstd"], i["w"])[0]
+
+    def torch_body(F, t):
+        import torch
+        _, mean, rstd = torch.ops.aten.native_layer_norm(t["x"], [C], t["w"], t["b"], 1e-5)
+        return lambda: torch.ops.aten.native_layer_norm_backward(
+            t["dy"], t["x"], [C], mean, rstd, t["w"], t["b"], [True, True, True])[0]
+
+    impls = {"fastattn": impl(ops.layer_norm_backward),
+             "numpy": impl(reference.layer_norm_backward), "torch": _torch_impl(torch_body)}
+    return Case("layer_norm_backward", f"layer norm backward ({N}, {C})", build, impls,
+                nbytes=3 * N * C * 4)
+
+
+def _ffn_backward_case(N=2048, C=512, F_=2048):
+    """FFN backward (dx, dw1, db1, dw2, db2; relu, no dropout) from the saved pre-activation,
+    against torch autograd's backward of linear2(relu(linear1(x))) (its graph built once, its
+    grad called with retain_graph). Work: the four GEMMs, 8*N*C*F. Each implementation returns
+    dx."""
+    def build(rng):
+        inputs = {"x": _normal(rng, (N, C)), "dy": _normal(rng, (N, C)),
+                  "w1": _normal(rng, (F_, C), 1 / math.sqrt(C)), "b1": _normal(rng, F_, 0.1),
+                  "w2": _normal(rng, (C, F_), 1 / math.sqrt(F_)), "b2": _normal(rng, C, 0.1)}
+        _, cache = ops.ffn_forward(*(inputs[k] for k in ("x", "w1", "b1", "w2", "b2")))
+        inputs["pre"] = cache["pre"]
+        return inputs
+
+    def impl(fn):
+        return lambda i: lambda: fn(i["dy"], i["x"], i["w1"], i["b1"], i["w2"], i["b2"],
+                                    i["pre"], activation="relu")[0]
+
+    def torch_factory(inputs):
+        torch = require_torch()
+        torch.set_num_threads(get_num_threads())
+        params = [torch.from_numpy(inputs[k]).requires_grad_()
+                  for k in ("x", "w1", "b1", "w2", "b2")]
+        x, w1, b1, w2, b2 = params
+        fl = torch.nn.functional.linear
+        y = fl(torch.relu(fl(x, w1, b1)), w2, b2)                # autograd keeps what it needs
+        dy = torch.from_numpy(inputs["dy"])
+        return lambda: torch.autograd.grad(y, params, dy, retain_graph=True)[0]
+
+    impls = {"fastattn": impl(ops.ffn_backward), "numpy": impl(reference.ffn_backward),
+             "torch": torch_factory}
+    return Case("ffn_backward", f"FFN backward relu ({N}, {C}) -> {F_} -> {C}", build, impls,
+                flops=8 * N * C * F_)
+
+
 def _sgemm_case(n=2048):
     def build(rng):
         return {"a": _normal(rng, (n, n)), "b": _normal(rng, (n, n)),
@@ -429,6 +489,8 @@ CASES = {c.name: c for c in (
     _attention_backward_memory_case(),
     _layer_norm_case(),
     _ffn_case(),
+    _layer_norm_backward_case(),
+    _ffn_backward_case(),
     _sgemm_case(),
     _memory_case(),
     _model_case("encoder", 8, 128, 0),
@@ -442,7 +504,8 @@ CASES = {c.name: c for c in (
     _attention_case("smoke", "smoke: attention causal", 1, 2, 128, 32, True),
 )}
 OP_CASES = ("attention_causal", "attention_full", "layer_norm", "ffn", "sgemm",
-            "attention_memory")
+            "attention_memory",
+            "layer_norm_backward", "ffn_backward")
 OP_CASES += ("attention_backward_causal", "attention_backward_full", "attention_backward_memory")
 MODEL_CASES = ("encoder", "transformer", "generate_greedy_b1", "generate_greedy_b8",
                "generate_beam_b1", "generate_beam_b8", "decode_step")

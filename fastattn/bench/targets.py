@@ -46,15 +46,38 @@ def _backward_memory_target(rows):
               f"matrix: {r['matrix_mib']:.0f} MiB)"
 
 
-def _ffn_target(rows):
-    f, s = _row(rows, "ffn"), _row(rows, "sgemm")
-    if f is None:
-        return None, "not run"
-    if s is None or not s.get("numpy_gflops"):
-        return None, "needs the sgemm case in the same run"
-    v = f["fastattn_gflops"] / s["numpy_gflops"]
-    return v, f"{100 * v:.1f}% of sgemm ({f['fastattn_gflops']:.0f} vs " \
-              f"{s['numpy_gflops']:.0f} GFLOP/s)"
+def _sgemm_share(case):
+    """fastattn's GFLOP/s in `case` as a share of the sgemm roofline measured in the same run."""
+    def measure(rows):
+        f, s = _row(rows, case), _row(rows, "sgemm")
+        if f is None:
+            return None, "not run"
+        if s is None or not s.get("numpy_gflops"):
+            return None, "needs the sgemm case in the same run"
+        v = f["fastattn_gflops"] / s["numpy_gflops"]
+        detail = f"{100 * v:.1f}% of sgemm ({f['fastattn_gflops']:.0f} vs " \
+                 f"{s['numpy_gflops']:.0f} GFLOP/s"
+        if f.get("torch_gflops"):
+            detail += f"; torch {f['torch_gflops']:.0f}"
+        return v, detail + ")"
+    return measure
+
+
+_ffn_target = _sgemm_share("ffn")
+
+
+def _bandwidth_vs_torch(case, threshold):
+    """A memory-bound case: speedup vs torch, with both sides' GB/s (bytes the op must move)."""
+    def measure(rows):
+        r = _row(rows, case)
+        if r is None:
+            return None, "not run"
+        v = r.get("speedup_vs_torch")
+        if v is None:
+            return None, f"torch not measured ({r['torch_status']})"
+        gbps = r.get("fastattn_gbps") or 0.0
+        return v, f"{v:.2f}x torch (fastattn {gbps:.1f} GB/s, torch {gbps / v:.1f} GB/s)"
+    return (case, f"speedup vs torch >= {threshold}x", measure, lambda v: v >= threshold)
 
 
 def _decode_target(rows):
@@ -78,6 +101,10 @@ TARGETS = (
      lambda v: v < 128),
     ("ffn", "GFLOP/s >= 90% of sgemm GFLOP/s", _ffn_target, lambda v: v >= 0.9),
     _speedup_target("layer_norm", "torch", 1.5),
+    ("ffn_backward", "GFLOP/s >= 80% of sgemm GFLOP/s", _sgemm_share("ffn_backward"),
+     lambda v: v >= 0.8),
+    _speedup_target("ffn_backward", "torch", 1.0),
+    _bandwidth_vs_torch("layer_norm_backward", 1.3),
     _speedup_target("encoder", "torch", 1.05),
     _speedup_target("transformer", "torch", 1.15),
     _speedup_target("transformer", "numpy", 2),

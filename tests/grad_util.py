@@ -1,0 +1,80 @@
+"""Helpers for the backward tests: central finite differences of the float64 twins, the abs-chain
+tolerance, and the child process that runs a test module's checks under one SIMD level or a
+small OpenMP team.
+
+The twins compute in float64 and round their results to float32 at the end (reference._f32).
+``float64_twins()`` lifts that rounding for the duration of a with-block, so that finite
+differences of a twin's forward can check the same twin's backward to ~1e-7 (the first oracle
+of the style guide: the reference against finite differences, on tiny shapes).
+"""
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+
+from fastattn import reference
+
+EPS32 = float(np.finfo(np.float32).eps)
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+@contextlib.contextmanager
+def float64_twins():
+    """Within the block, the twins return float64 (their own precision) instead of float32."""
+    saved = reference._f32
+    reference._f32 = lambda a: np.asarray(a, dtype=np.float64)
+    try:
+        yield
+    finally:
+        reference._f32 = saved
+
+
+def numeric_grad(loss, x, h=1e-6):
+    """d loss / d x by central differences; x is a float64 array perturbed in place (restored)."""
+    g = np.zeros_like(x)
+    flat, gflat = x.reshape(-1), g.reshape(-1)
+    for i in range(flat.size):
+        keep = flat[i]
+        flat[i] = keep + h
+        up = loss()
+        flat[i] = keep - h
+        down = loss()
+        flat[i] = keep
+        gflat[i] = (up - down) / (2 * h)
+    return g
+
+
+def chain_atol(magnitude, inner, factor=4.0):
+    """Absolute tolerance of a float32 result whose terms have size `magnitude` (the same
+    computation on absolute values, in float64) and which sums `inner` terms per element along
+    its longest chain: factor * eps * sqrt(inner) * max(magnitude)."""
+    m = np.asarray(magnitude, np.float64)
+    if m.size == 0:
+        return 0.0
+    return factor * EPS32 * np.sqrt(max(inner, 1)) * float(np.max(m))
+
+
+def run_child(module, function, env):
+    """Run tests/<module>.py's `function()` in a fresh interpreter with extra environment `env`
+    (FASTATTN_CPU_ISA, OMP_THREAD_LIMIT, ...); returns the CompletedProcess. The child prints
+    one JSON line: the SIMD level and thread count it ran with."""
+    code = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {TESTS!r})
+        import fastattn
+        import {module} as m
+        m.{function}()
+        info = fastattn.build_info()
+        print(json.dumps({{"simd": info["simd"], "threads": info["threads"]}}))
+    """)
+    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=600, cwd=TESTS)
+
+
+def child_report(proc):
+    assert proc.returncode == 0, f"child failed:\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
