@@ -448,7 +448,7 @@ class Transformer(Module):
                            num_decoder_layers=num_decoder_layers,
                            dim_feedforward=dim_feedforward, activation=activation,
                            layer_norm_eps=layer_norm_eps, norm_first=bool(norm_first),
-                           bias=bool(bias))
+                           bias=bool(bias), dropout=check_dropout(dropout))
         rng = rng_from(seed)
         kw = dict(dim_feedforward=dim_feedforward, activation=activation,
                   layer_norm_eps=layer_norm_eps, norm_first=norm_first, bias=bias,
