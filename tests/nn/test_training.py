@@ -292,3 +292,35 @@ def test_backward_without_a_training_forward_is_an_error(rng):
         s2s.loss(np.ones((1, 3), np.int64), np.ones((1, 3), np.int64), backward=True)
     with pytest.raises(ValueError, match="T >= 2"):
         s2s.train().loss(np.ones((1, 3), np.int64), np.ones((1, 1), np.int64))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_training_in_lockstep_with_torch(rng, backend):
+    """The tutorial's model and ours from the same init, on the same batches, with AdamW and
+    label smoothing 0.1: the per-step losses agree to 1e-4 relative over 50 steps."""
+    torch = requires_torch()
+    from fastattn import optim
+
+    torch.manual_seed(1)
+    tm = tutorial_model_class(torch)(2, 2, C, H, V_SRC, V_TGT, F, dropout=0.0).train()
+    fm = fnn.Seq2SeqTransformer(2, 2, C, H, V_SRC, V_TGT, F, dropout=0.0, pad_id=PAD,
+                                backend=backend)
+    fm.load_state_dict(tm.state_dict())
+    fm.train()
+    t_opt = torch.optim.AdamW(tm.parameters(), lr=3e-3, weight_decay=0.01)
+    f_opt = optim.AdamW(fm, lr=3e-3, weight_decay=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss(ignore_index=PAD, label_smoothing=0.1)
+    data = np.random.default_rng(9)
+    for step in range(50):
+        src = token_batch(data, V_SRC, [S, 3, 5, 6], S)
+        tgt = token_batch(data, V_TGT, [T, 3, 4, 2], T)
+        t_opt.zero_grad()
+        logits = tm(torch.tensor(src), torch.tensor(tgt[:, :-1]),
+                    *tutorial_masks(torch, src, tgt[:, :-1]), torch.tensor(src == PAD))
+        ref = loss_fn(logits.reshape(-1, V_TGT), torch.tensor(tgt[:, 1:]).reshape(-1))
+        ref.backward()
+        t_opt.step()
+        f_opt.zero_grad()
+        loss = fm.loss(src, tgt, label_smoothing=0.1, backward=True)
+        f_opt.step()
+        assert abs(loss - ref.item()) <= 1e-4 * abs(ref.item()), (step, loss, ref.item())
