@@ -372,3 +372,10 @@ OP_CASES = ("attention_causal", "attention_full", "layer_norm", "ffn", "sgemm",
 MODEL_CASES = ("encoder", "transformer", "generate_greedy_b1", "generate_greedy_b8",
                "generate_beam_b1", "generate_beam_b8", "decode_step")
 DEFAULT_CASES = OP_CASES + MODEL_CASES
+
+# ---- training steps (train_cases.py; imported last: it builds on Case) ------------------------
+from .train_cases import TRAIN_CASES  # noqa: E402
+
+CASES.update((c.name, c) for c in TRAIN_CASES)
+TRAIN_CASE_NAMES = tuple(c.name for c in TRAIN_CASES)
+DEFAULT_CASES = DEFAULT_CASES + TRAIN_CASE_NAMES
