@@ -103,7 +103,7 @@ def torch_tutorial(model):
 
         def forward(self, src, tgt_in):
             T = tgt_in.shape[1]
-            mask = tnn.Transformer.generate_square_subsequent_mask(T)
+            mask = torch.triu(torch.ones((T, T), dtype=torch.bool), 1)  # bool, as the padding
             out = self.transformer(self.embed(self.src_tok_emb, src),
                                    self.embed(self.tgt_tok_emb, tgt_in), tgt_mask=mask,
                                    src_key_padding_mask=src == PAD,
