@@ -124,6 +124,17 @@ class FastOps(_TrainingOps):
     F = ops
 
     @staticmethod
+    def cross_entropy(logits, targets, ignore_index, label_smoothing, grad):
+        """As _TrainingOps.cross_entropy, but the gradient is written over the logits (N, V)
+        (float32, C-contiguous, owned by the caller): no second (N, V) array."""
+        losses = np.empty(logits.shape[0], np.float32)
+        loss = ops._cross_entropy_into(logits if grad else None, losses, logits,
+                                       np.ascontiguousarray(targets, dtype=np.int64),
+                                       ignore_index=ignore_index,
+                                       label_smoothing=label_smoothing)
+        return float(loss), (logits if grad else None)
+
+    @staticmethod
     def pack(weight):
         """A copy of `weight` laid out for few-row products (decode steps)."""
         return ops.PackedWeight(weight)
