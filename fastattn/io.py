@@ -296,9 +296,13 @@ def _pad_id(v):
     return v is None or _is_int(v)
 
 
+def _probability(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1
+
+
 _RULES = {_positive_int: "a positive int", _flag: "true or false", _text: "a string",
           _eps: "a positive finite number (above float32's smallest)",
-          _pad_id: "null or an int"}
+          _pad_id: "null or an int", _probability: "a probability in [0, 1)"}
 # The keys model.config holds (what save writes), each with the rule its value must meet.
 CONFIG_KEYS = {
     "Transformer": dict(d_model=_positive_int, nhead=_positive_int,
@@ -312,14 +316,17 @@ CONFIG_KEYS = {
                                activation=_text, norm_first=_flag, layer_norm_eps=_eps,
                                pad_id=_pad_id, max_len=_positive_int),
 }
+# Keys a config may lack (files written before they existed): the constructor's default.
+OPTIONAL_KEYS = {"dropout": _probability}
 
 
 def _check_config(class_name, config):
     """ValueError unless `config` holds exactly the keys save writes, each of its type."""
     if not isinstance(config, dict):
         raise ValueError(f"the config is a JSON {type(config).__name__}, not an object")
-    keys = CONFIG_KEYS[class_name]
+    keys = dict(CONFIG_KEYS[class_name])
     missing = [k for k in keys if k not in config]
+    keys.update((k, rule) for k, rule in OPTIONAL_KEYS.items() if k in config)
     unknown = [k for k in config if k not in keys]
     if missing or unknown:
         raise ValueError("the config " + "; ".join(

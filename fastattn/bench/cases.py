@@ -603,3 +603,10 @@ def _adamw_case(lr=1e-4):
 CASES.update((c.name, c) for c in (_cross_entropy_case(), _adamw_case()))
 OP_CASES += ("cross_entropy", "adamw")
 DEFAULT_CASES = OP_CASES + MODEL_CASES
+
+# ---- training steps (train_cases.py; imported last: it builds on Case) ------------------------
+from .train_cases import TRAIN_CASES  # noqa: E402
+
+CASES.update((c.name, c) for c in TRAIN_CASES)
+TRAIN_CASE_NAMES = tuple(c.name for c in TRAIN_CASES)
+DEFAULT_CASES = DEFAULT_CASES + TRAIN_CASE_NAMES

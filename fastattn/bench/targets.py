@@ -29,6 +29,16 @@ def _speedup_target(case, other, threshold, field="ms", unit="ms"):
     return (case, text, measure, lambda v: v >= threshold)
 
 
+def _train_memory_target(rows):
+    r = _row(rows, "train_memory_base")
+    if r is None:
+        return None, "not run"
+    if r.get("torch_peak_mib") is None:
+        return None, f"torch not measured ({r['torch_status']})"
+    ours, theirs = r["fastattn_peak_mib"], r["torch_peak_mib"]
+    return ours / max(theirs, 1e-9), f"fastattn {ours:.0f} MiB, torch {theirs:.0f} MiB"
+
+
 def _memory_target(rows):
     r = _row(rows, "attention_memory")
     if r is None:
@@ -111,6 +121,10 @@ TARGETS = (
     _speedup_target("generate_greedy_b8", "torch", 10, field="tokens_per_s", unit="tokens/s"),
     ("decode_step", "decode weight GB/s >= 70% of memory copy GB/s", _decode_target,
      lambda v: v >= 0.7),
+    _speedup_target("train_small", "torch", 1.3, field="tokens_per_s", unit="tokens/s"),
+    _speedup_target("train_base", "torch", 1.3, field="tokens_per_s", unit="tokens/s"),
+    ("train_memory_base", "peak memory growth of a step < torch's", _train_memory_target,
+     lambda v: v < 1.0),
 )
 
 

@@ -6,10 +6,10 @@ values come from (a cache written in place) and in streaming packed weights for 
 """
 import numpy as np
 
-from .backends import Workspace
 from .layers import Linear
 from .masks import NO_MASK, Mask, prepare_mask
-from .module import Module, check_batch_first, check_positive, features, rng_from, xavier
+from .module import (Module, check_batch_first, check_dropout, check_positive, features,
+                     rng_from, xavier)
 
 
 class SelfAttentionCache:
@@ -75,6 +75,7 @@ class MultiheadAttention(Module):
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
         self.head_dim = embed_dim // num_heads
+        self.dropout = check_dropout(dropout)
         rng = rng_from(seed)
         self.in_proj_weight = xavier(rng, (3 * embed_dim, embed_dim))
         self.in_proj_bias = np.zeros(3 * embed_dim, np.float32) if bias else None
@@ -114,18 +115,76 @@ class MultiheadAttention(Module):
     # -- the forward used by the layers -------------------------------------------------------
     def _self_attention(self, x, mask, ws):
         """x (B, L, C) -> (B*L, C)."""
+        if ws.training:
+            return self._attention_train(x, x, x, mask, ws)
         B, L, C = x.shape
         qkv = self._project(x.reshape(B * L, C), "qkv", ws, "qkv").reshape(B, L, 3 * C)
         return self._attend(*(self._heads(qkv, i, 3) for i in range(3)), mask, ws)
 
     def _cross_attention(self, x, memory, mask, ws):
         """x (B, Lq, C) against memory (B, Lk, C) -> (B*Lq, C)."""
+        if ws.training:
+            return self._attention_train(x, memory, memory, mask, ws)
         B, Lq, C = x.shape
         Lk = memory.shape[1]
         qp = self._project(x.reshape(B * Lq, C), "q", ws, "q").reshape(B, Lq, C)
         kv = self._project(memory.reshape(B * Lk, C), "kv", ws, "kv").reshape(B, Lk, 2 * C)
         return self._attend(self._heads(qp, 0, 1), self._heads(kv, 0, 2), self._heads(kv, 1, 2),
                             mask, ws)
+
+    # -- training: the forward that keeps what the backward needs, and the backward -----------
+    def _attention_train(self, xq, xk, xv, mask, ws):
+        """xq (B, Lq, C), xk and xv (B, Lk, C) -> (B*Lq, C), with dropout on the attention
+        weights; q, k and v are projected apart (the same math as the fused projections of
+        the inference path), and everything the backward needs is kept."""
+        B, Lq, C = xq.shape
+        Lk = xk.shape[1]
+        H, D = self.num_heads, self.head_dim
+        rows = [x.reshape(-1, C) for x in (xq, xk, xv)]
+        heads = []
+        for i, (x2, L) in enumerate(zip(rows, (Lq, Lk, Lk))):
+            w = self.in_proj_weight[i * C:(i + 1) * C]
+            b = None if self.in_proj_bias is None else self.in_proj_bias[i * C:(i + 1) * C]
+            p, _ = self._ops.linear_train(x2, w, b)                       # (B*L, C)
+            heads.append(p.reshape(B, L, H, D).transpose(0, 2, 1, 3))      # (B, H, L, D)
+        seed = ws.seed() if self.dropout > 0 else None
+        out, lse = self._ops.attention_train(*heads, mask, self.dropout, seed)   # (B,H,Lq,D)
+        ctx = np.ascontiguousarray(out.transpose(0, 2, 1, 3)).reshape(B * Lq, C)
+        self._saved = (rows, heads, out, lse, mask, seed)
+        return self.out_proj._apply(ctx, ws)
+
+    def _attention_backward(self, dy):
+        """dy (B*Lq, C) -> (dxq, dxk, dxv) as (B*L, C) rows; accumulates in_proj_* and
+        out_proj.* gradients."""
+        rows, (q, k, v), out, lse, mask, seed = self._check_saved()
+        B, H, Lq, D = q.shape
+        C = H * D
+        dctx = self.out_proj._backward(dy)                                   # (B*Lq, C)
+        dout = dctx.reshape(B, Lq, H, D).transpose(0, 2, 1, 3)               # (B, H, Lq, D)
+        grads = self._ops.attention_backward(dout, q, k, v, out, lse, mask, self.dropout, seed)
+        gw = self._grad("in_proj_weight")
+        gb = None if self.in_proj_bias is None else self._grad("in_proj_bias")
+        dxs = []
+        for i, (x2, d) in enumerate(zip(rows, grads)):
+            lo, hi = i * C, (i + 1) * C
+            d2 = np.ascontiguousarray(d.transpose(0, 2, 1, 3)).reshape(-1, C)   # (B*L, C)
+            dxs.append(self._ops.linear_backward(
+                d2, x2, self.in_proj_weight[lo:hi], None, None, gw[lo:hi],
+                None if gb is None else gb[lo:hi]))
+        return tuple(dxs)
+
+    def backward(self, grad_output):
+        """After a training-mode forward: accumulates the gradients of in_proj_* and
+        out_proj.*, and returns (d_query, d_key, d_value) (sum them when one array was passed
+        as several of the inputs)."""
+        saved, shapes = self._check_saved()
+        self._saved = saved
+        dy = features("grad_output", grad_output, self.embed_dim)
+        if dy.shape != shapes[0]:
+            raise ValueError(f"MultiheadAttention.backward: grad_output must be {shapes[0]}, "
+                             f"got {dy.shape}")
+        return tuple(d.reshape(s) for d, s in zip(self._attention_backward(
+            dy.reshape(-1, self.embed_dim)), shapes))
 
     # -- decode steps: one new position per row ----------------------------------------------
     def _init_self_cache(self, rows, max_len):
@@ -177,7 +236,18 @@ class MultiheadAttention(Module):
             return np.zeros((B, L, C), np.float32), (w if need_weights else None)
         mask = prepare_mask("attn_mask", attn_mask, key_padding_mask, B, self.num_heads, L, S,
                             is_causal)
-        ws = Workspace(self._ops)
+        ws = self._workspace()
+        if ws.training:
+            out = self._attention_train(q, k, v, mask, ws).reshape(B, L, C)
+            rows, heads, _, _, _, seed = self._saved
+            self._saved = (self._saved, (q.shape, k.shape, v.shape))
+            if not need_weights:
+                return out, None
+            _, w = self._ops.F.attention(*heads, mask=mask.bias,
+                                         key_padding_mask=mask.key_padding(*heads[:2]),
+                                         causal=mask.causal, return_weights=True,
+                                         dropout_p=self.dropout, seed=seed)
+            return out, (w.mean(axis=1) if average_attn_weights else w)
         if need_weights or value is not key:
             return self._general(q, k, v, mask, need_weights, average_attn_weights, ws)
         if key is query:

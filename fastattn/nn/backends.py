@@ -21,10 +21,118 @@ BACKENDS = ("fast", "reference")
 PACKED_MAX_ROWS = ops.PACKED_MAX_ROWS  # decode steps of up to this many rows use packed weights
 
 
-class FastOps:
+class _TrainingOps:
+    """The training ops (forwards that keep what the backward needs, and the backwards), over
+    a functional module F: fastattn.ops or fastattn.reference, which share names, signatures
+    and results. Parameter gradients are accumulated into the arrays given (dw, db), as a
+    model accumulates them over backward() calls."""
+
+    F = None
+
+    @classmethod
+    def linear_train(cls, x, weight, bias, activation=None):
+        """-> (y (N, M), pre (N, M) before the activation, or None)."""
+        y, cache = cls.F.linear_forward(x, weight, bias, activation=activation)
+        return y, cache["pre"]
+
+    @classmethod
+    def linear_backward(cls, dy, x, weight, pre, activation, dw, db):
+        """dy (N, M) -> dx (N, K); dw (M, K) += dZ^T x, db (M,) += column sums (if not None)."""
+        dx, gw, gb = cls.F.linear_backward(dy, x, weight, pre=pre, activation=activation)
+        dw += gw
+        if db is not None:
+            db += gb
+        return dx
+
+    @classmethod
+    def ffn_train(cls, x, w1, b1, w2, b2, activation, p, seed):
+        """-> (y (N, C), pre (N, F)): linear2(dropout(act(linear1(x))))."""
+        y, cache = cls.F.ffn_forward(x, w1, b1, w2, b2, activation=activation, dropout_p=p,
+                                     seed=seed)
+        return y, cache["pre"]
+
+    @classmethod
+    def ffn_backward(cls, dy, x, w1, b1, w2, b2, pre, activation, p, seed, grads):
+        """dy (N, C) -> dx (N, C); grads = (dw1, db1, dw2, db2) accumulated (db None: none)."""
+        out = cls.F.ffn_backward(dy, x, w1, b1, w2, b2, pre, activation=activation,
+                                 dropout_p=p, seed=seed)
+        for acc, g in zip(grads, out[1:]):
+            if acc is not None:
+                acc += g
+        return out[0]
+
+    @classmethod
+    def add_norm_train(cls, x, residual, weight, bias, eps):
+        """-> (LN(x + residual) (N, C), mean (N,), rstd (N,))."""
+        y, cache = cls.F.layer_norm_forward(x, weight, bias, eps=eps, residual=residual)
+        return y, cache["mean"], cache["rstd"]
+
+    @classmethod
+    def add_norm_backward(cls, dy, x, residual, mean, rstd, weight, dw, db):
+        """-> the gradient of x (and of residual: the same); dw, db accumulated if not None."""
+        dx, gw, gb = cls.F.layer_norm_backward(dy, x, mean, rstd, weight, residual=residual)
+        if dw is not None:
+            dw += gw
+        if db is not None:
+            db += gb
+        return dx
+
+    @classmethod
+    def attention_train(cls, q, k, v, mask, p, seed):
+        """-> (out (B, H, Lq, Dv), lse (B, H, Lq)) with dropout p on the weights."""
+        out, cache = cls.F.attention_forward(
+            q, k, v, mask=mask.bias, key_padding_mask=mask.key_padding(q, k),
+            causal=mask.causal, dropout_p=p, seed=seed)
+        return out, cache["lse"]
+
+    @classmethod
+    def attention_backward(cls, dout, q, k, v, out, lse, mask, p, seed):
+        """-> (dq, dk, dv)."""
+        return cls.F.attention_backward(
+            dout, q, k, v, out, lse, mask=mask.bias, key_padding_mask=mask.key_padding(q, k),
+            causal=mask.causal, dropout_p=p, seed=seed)
+
+    @classmethod
+    def dropout(cls, x, p, seed):
+        return cls.F.dropout(x, p, seed=seed)
+
+    @classmethod
+    def dropout_backward(cls, dy, p, seed):
+        return cls.F.dropout_backward(dy, p, seed=seed)
+
+    @classmethod
+    def embedding_backward(cls, dout, ids, dw):
+        """dw (V, C) += the rows of dout (..., C) scattered to ids (...)."""
+        dw += cls.F.embedding_backward(dout, ids, dw.shape[0])
+
+    @classmethod
+    def cross_entropy(cls, logits, targets, ignore_index, label_smoothing, grad):
+        """Mean loss over non-ignored targets -> (float, dlogits (N, V) or None)."""
+        if grad:
+            loss, dlogits = cls.F.cross_entropy(logits, targets, ignore_index=ignore_index,
+                                                label_smoothing=label_smoothing,
+                                                return_grad=True)
+            return float(loss), dlogits
+        return float(cls.F.cross_entropy(logits, targets, ignore_index=ignore_index,
+                                         label_smoothing=label_smoothing)), None
+
+
+class FastOps(_TrainingOps):
     """The kernels, writing into buffers the caller owns (``out``) when it gives one."""
 
     name = "fast"
+    F = ops
+
+    @staticmethod
+    def cross_entropy(logits, targets, ignore_index, label_smoothing, grad):
+        """As _TrainingOps.cross_entropy, but the gradient is written over the logits (N, V)
+        (float32, C-contiguous, owned by the caller): no second (N, V) array."""
+        losses = np.empty(logits.shape[0], np.float32)
+        loss = ops._cross_entropy_into(logits if grad else None, losses, logits,
+                                       np.ascontiguousarray(targets, dtype=np.int64),
+                                       ignore_index=ignore_index,
+                                       label_smoothing=label_smoothing)
+        return float(loss), (logits if grad else None)
 
     @staticmethod
     def pack(weight):
@@ -76,10 +184,11 @@ class FastOps:
                              causal=mask.causal, return_weights=True)
 
 
-class ReferenceOps:
+class ReferenceOps(_TrainingOps):
     """The NumPy twin, as a prototype would call it: new arrays every time."""
 
     name = "reference"
+    F = reference
 
     @staticmethod
     def pack(weight):
@@ -117,6 +226,16 @@ def _put(out, y):
     return out
 
 
+_M64 = (1 << 64) - 1
+
+
+def _mix64(z):
+    """SplitMix64's finaliser on a Python int (64-bit wrapping)."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
 def backend_ops(name):
     """The op table of backend `name` ("fast" or "reference")."""
     if name == "fast":
@@ -128,12 +247,24 @@ def backend_ops(name):
 
 class Workspace:
     """Activation buffers of one forward pass or decode step, reused by every layer (fast
-    backend only: ``get`` returns None on the reference backend, and the ops allocate)."""
+    backend in inference only: ``get`` returns None otherwise, and the ops allocate; a
+    training forward keeps each layer's activations for its backward).
 
-    def __init__(self, ops_, decode=False):
-        self.fast = ops_ is FastOps
+    In a training forward, ``seed()`` hands out the dropout seeds: a pure function of the base
+    seed, the forward's number and the order of the dropout sites, so every run repeats."""
+
+    def __init__(self, ops_, decode=False, training=False, seed=0, call=0):
+        self.training = training
+        self.fast = ops_ is FastOps and not training   # buffers reused, stream updated in place
         self.decode = decode          # a decode step: few rows, packed weights worth building
         self.bufs = {}
+        self._seed_base = _mix64((_mix64(seed) + call * 0x9E3779B97F4A7C15) & _M64)
+        self._sites = 0
+
+    def seed(self):
+        """The next dropout site's seed (uint64 as an int)."""
+        self._sites += 1
+        return _mix64((self._seed_base + self._sites * 0xD1B54A32D192ED03) & _M64)
 
     def get(self, key, shape):
         if not self.fast:

@@ -5,7 +5,8 @@ import numbers
 import numpy as np
 
 from .. import ops
-from .module import Module, check_positive, contiguous, rng_from, token_ids, uniform
+from .module import (Module, check_dropout, check_positive, contiguous, rng_from, token_ids,
+                     uniform)
 
 
 class Linear(Module):
@@ -27,16 +28,40 @@ class Linear(Module):
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"Linear: x must be (..., {self.in_features}), got {x.shape}")
         x2 = contiguous(x).reshape(x.size // self.in_features, self.in_features)
-        return self._ops.linear(x2, self.weight, self.bias).reshape(
-            x.shape[:-1] + (self.out_features,))
+        y = self._apply(x2, self._workspace())
+        if self.training:
+            self._saved = (self._saved, x.shape)
+        return y.reshape(x.shape[:-1] + (self.out_features,))
+
+    def backward(self, grad_output):
+        """After a training-mode forward: accumulates weight.grad / bias.grad (named_grads())
+        and returns the gradient of the input, shaped like it."""
+        saved, shape = self._check_saved()
+        self._saved = saved
+        dy = contiguous(ops._array(grad_output, "grad_output", "Linear.backward"))
+        if dy.shape != shape[:-1] + (self.out_features,):
+            raise ValueError(f"Linear.backward: grad_output must be "
+                             f"{shape[:-1] + (self.out_features,)}, got {dy.shape}")
+        return self._backward(dy.reshape(-1, self.out_features)).reshape(shape)
 
     def _apply(self, x, ws, key=None, activation=None):
         """x (N, in) -> (N, out) inside a model pass: into workspace buffer `key` when given,
-        through the packed weight in a decode step."""
+        through the packed weight in a decode step; kept for _backward in training."""
+        if ws.training:
+            y, pre = self._ops.linear_train(x, self.weight, self.bias, activation)
+            self._saved = (x, pre, activation)
+            return y
         return self._ops.linear(x, self.weight, self.bias, activation,
                                 out=None if key is None else ws.get(key, (x.shape[0],
                                                                           self.out_features)),
                                 packed=self._decode_weight(ws))
+
+    def _backward(self, dy):
+        """dy (N, out) -> dx (N, in), accumulating the parameter gradients."""
+        x, pre, activation = self._check_saved()
+        return self._ops.linear_backward(dy, x, self.weight, pre, activation,
+                                         self._grad("weight"),
+                                         None if self.bias is None else self._grad("bias"))
 
     def _decode_weight(self, ws):
         return self._packed("weight", self.weight) if ws.decode else None
@@ -56,7 +81,19 @@ class Embedding(Module):
 
     def __call__(self, ids):
         ids = token_ids("ids", ids, self.num_embeddings)
+        if self.training:
+            self._saved = ids
         return np.take(self.weight, ids, axis=0)
+
+    def backward(self, grad_output):
+        """After a training-mode forward: accumulates weight's gradient (the rows of
+        grad_output added to the rows of the ids used, deterministically). Returns None."""
+        ids = self._check_saved()
+        d = contiguous(ops._array(grad_output, "grad_output", "Embedding.backward"))
+        if d.shape != ids.shape + (self.embedding_dim,):
+            raise ValueError(f"Embedding.backward: grad_output must be "
+                             f"{ids.shape + (self.embedding_dim,)}, got {d.shape}")
+        self._ops.embedding_backward(d, ids, self._grad("weight"))
 
 
 class LayerNorm(Module):
@@ -94,29 +131,69 @@ class LayerNorm(Module):
                 raise ValueError(f"LayerNorm: residual must have the shape of x {x.shape}, "
                                  f"got {residual.shape}")
             residual = residual.reshape(-1, C)
-        return self._apply(x.reshape(-1, C), residual).reshape(x.shape)
+        y = self._apply(x.reshape(-1, C), residual, training=self.training)
+        if self.training:
+            self._saved = (self._saved, x.shape)
+        return y.reshape(x.shape)
 
-    def _apply(self, x, residual=None, out=None):
-        """LN(x + residual) of (N, C) rows inside a model pass; out may alias x or residual."""
+    def backward(self, grad_output):
+        """After a training-mode forward: accumulates weight/bias gradients and returns the
+        gradient of x, which is also the gradient of the residual when one was given."""
+        saved, shape = self._check_saved()
+        self._saved = saved
+        dy = contiguous(ops._array(grad_output, "grad_output", "LayerNorm.backward"))
+        if dy.shape != shape:
+            raise ValueError(f"LayerNorm.backward: grad_output must be {shape}, got {dy.shape}")
+        return self._backward(dy.reshape(-1, shape[-1])).reshape(shape)
+
+    def _apply(self, x, residual=None, out=None, training=False):
+        """LN(x + residual) of (N, C) rows inside a model pass; out may alias x or residual
+        (inference). Training keeps x, residual and the statistics for _backward."""
+        if training:
+            y, mean, rstd = self._ops.add_norm_train(x, residual, self.weight, self.bias,
+                                                     self.eps)
+            self._saved = (x, residual, mean, rstd)
+            return y
         return self._ops.add_norm(x, residual, self.weight, self.bias, self.eps, out=out)
+
+    def _backward(self, dy):
+        """dy (N, C) -> the gradient of x (= of residual), accumulating weight/bias grads."""
+        x, residual, mean, rstd = self._check_saved()
+        return self._ops.add_norm_backward(
+            dy, x, residual, mean, rstd, self.weight,
+            None if self.weight is None else self._grad("weight"),
+            None if self.bias is None else self._grad("bias"))
 
 
 class PositionalEncoding(Module):
-    """Adds the sinusoidal table (recomputed, never loaded) to (B, L, C) embeddings."""
+    """Adds the sinusoidal table (recomputed, never loaded) to (B, L, C) embeddings, then
+    dropout in training (as the translation tutorial's PositionalEncoding)."""
 
-    def __init__(self, d_model, max_len=5000, *, backend="fast"):
+    def __init__(self, d_model, max_len=5000, *, dropout=0.0, backend="fast"):
         super().__init__(backend)
         self.d_model = check_positive("d_model", d_model)
         self.max_len = check_positive("max_len", max_len)
+        self.dropout = check_dropout(dropout)
         self.pe = ops.positional_encoding(self.max_len, self.d_model)   # (max_len, C)
 
     def __call__(self, x, offset=0):
         """x (B, L, C) + the table's rows offset .. offset + L - 1."""
+        return self._apply(x, offset, self._workspace())
+
+    def _apply(self, x, offset, ws):
         L = x.shape[1]
         if offset + L > self.max_len:
             raise ValueError(f"PositionalEncoding: positions up to {offset + L} exceed "
                              f"max_len={self.max_len}")
-        return x + self.pe[offset:offset + L]
+        y, seed = self._dropout(x + self.pe[offset:offset + L], self.dropout, ws)
+        if ws.training:
+            self._saved = seed
+        return y
+
+    def backward(self, grad_output):
+        """The gradient of x (the table is constant): dropout's backward."""
+        return self._dropout_backward(np.asarray(grad_output, np.float32), self.dropout,
+                                      self._check_saved())
 
 
 class TokenEmbedding(Module):
@@ -131,3 +208,8 @@ class TokenEmbedding(Module):
 
     def __call__(self, ids):
         return self.embedding(ids) * np.float32(math.sqrt(self.emb_size))
+
+    def backward(self, grad_output):
+        """Accumulates the embedding's gradient; returns None."""
+        self.embedding.backward(np.asarray(grad_output, np.float32)
+                                * np.float32(math.sqrt(self.emb_size)))

@@ -6,7 +6,7 @@ import numbers
 import numpy as np
 
 from .. import ops
-from .backends import backend_ops
+from .backends import Workspace, backend_ops
 
 
 class Module:
@@ -27,6 +27,11 @@ class Module:
         self._ops = backend_ops(backend)
         self._version = 0            # bumped by invalidate_caches()
         self._derived = {}           # key -> (version, source array, derived value)
+        self.training = False        # train() / eval()
+        self._grads = {}             # parameter name -> accumulated gradient (same shape)
+        self._saved = None           # what a training-mode forward keeps for backward()
+        self._dropout_seed = 0       # dropout's base seed when this module is called directly
+        self._dropout_calls = 0      # training forwards so far: each draws fresh masks
 
     # -- parameters and submodules -----------------------------------------------------------
     def named_parameters(self, prefix=""):
@@ -43,6 +48,21 @@ class Module:
                     yield from c.named_parameters(f"{prefix}{cname}.{i}.")
             else:
                 yield from child.named_parameters(f"{prefix}{cname}.")
+
+    def _named_slots(self, prefix=""):
+        """(state_dict key, owning module, attribute name) of every parameter, in order."""
+        for name in self._params:
+            if getattr(self, name) is not None:
+                yield prefix + name, self, name
+        for cname in self._children:
+            child = getattr(self, cname)
+            if child is None:
+                continue
+            if isinstance(child, list):
+                for i, c in enumerate(child):
+                    yield from c._named_slots(f"{prefix}{cname}.{i}.")
+            else:
+                yield from child._named_slots(f"{prefix}{cname}.")
 
     def modules(self):
         yield self
@@ -118,6 +138,78 @@ class Module:
             self._derived[key] = (self._version, param, packed)
         return packed
 
+    # -- training ------------------------------------------------------------------------------
+    def train(self, mode=True):
+        """Training mode for this module and its submodules: forwards apply dropout and keep
+        what backward() needs. Returns self."""
+        for m in self.modules():
+            m.training = bool(mode)
+            if not mode:
+                m._saved = None
+        return self
+
+    def eval(self):
+        """Inference mode (no dropout, nothing kept for backward). Returns self."""
+        return self.train(False)
+
+    def manual_seed(self, seed):
+        """Base seed of the dropout masks of the training forwards called on this module (each
+        forward draws new masks from it: a pure function of the seed and the call count, so a
+        run repeats exactly). Returns self."""
+        if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or seed < 0:
+            raise ValueError(f"manual_seed: seed must be a non-negative int, got {seed!r}")
+        self._dropout_seed, self._dropout_calls = int(seed) % 2 ** 64, 0
+        return self
+
+    def named_grads(self):
+        """(state_dict key, gradient) of every parameter that has one, in named_parameters'
+        order; gradients accumulate over backward() calls until zero_grad()."""
+        for key, m, name in self._named_slots():
+            g = m._grads.get(name)
+            if g is not None:
+                yield key, g
+
+    def zero_grad(self):
+        """Zero every accumulated gradient in place (the arrays are kept for the next step)."""
+        for m in self.modules():
+            for g in m._grads.values():
+                g.fill(0.0)
+
+    def _grad(self, name):
+        """The gradient buffer of parameter `name` (zeros, created on first use)."""
+        g = self._grads.get(name)
+        if g is None:
+            g = self._grads[name] = np.zeros_like(getattr(self, name))
+        return g
+
+    def _workspace(self):
+        """The workspace of one public forward: a training one (dropout seeds drawn from this
+        module's base seed and call count) in training mode."""
+        if not self.training:
+            return Workspace(self._ops)
+        ws = Workspace(self._ops, training=True, seed=self._dropout_seed,
+                       call=self._dropout_calls)
+        self._dropout_calls += 1
+        return ws
+
+    def _dropout(self, x, p, ws):
+        """Dropout of x in a training forward -> (y, seed for the backward or None)."""
+        if not ws.training or p == 0.0:
+            return x, None
+        seed = ws.seed()
+        return self._ops.dropout(x, p, seed), seed
+
+    def _dropout_backward(self, dy, p, seed):
+        return dy if seed is None else self._ops.dropout_backward(dy, p, seed)
+
+    def _check_saved(self, what="backward"):
+        if self._saved is None:
+            raise RuntimeError(f"{type(self).__name__}.{what}: no training-mode forward to "
+                               "differentiate (call model.train() and run a forward first; "
+                               "each forward is differentiated once)")
+        saved, self._saved = self._saved, None
+        return saved
+
     # -- backends ------------------------------------------------------------------------------
     def to_backend(self, backend):
         """Switch every submodule to `backend` ("fast" or "reference"); returns self."""
@@ -156,6 +248,12 @@ def check_positive(name, value):
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return int(value)
+
+
+def check_dropout(p):
+    if not isinstance(p, numbers.Real) or isinstance(p, bool) or not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout must be a probability in [0, 1), got {p!r}")
+    return float(p)
 
 
 def check_activation(activation):

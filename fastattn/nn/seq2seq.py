@@ -2,10 +2,9 @@
 and logits out, and its decode step for fastattn.generate."""
 import numpy as np
 
-from .backends import Workspace
 from .layers import Linear, PositionalEncoding, TokenEmbedding
 from .masks import decoder_masks, prepare_mask
-from .module import Module, check_batch, features, rng_from, token_ids
+from .module import Module, check_batch, check_dropout, features, rng_from, token_ids
 from .transformer import Transformer, _stream
 
 
@@ -39,14 +38,17 @@ class Seq2SeqTransformer(Module):
                            tgt_vocab_size=tgt_vocab_size, dim_feedforward=dim_feedforward,
                            activation=activation, norm_first=bool(norm_first),
                            layer_norm_eps=layer_norm_eps, pad_id=pad_id, max_len=max_len)
+        self.dropout = check_dropout(dropout)
+        self.config["dropout"] = self.dropout
         self.transformer = Transformer(emb_size, nhead, num_encoder_layers, num_decoder_layers,
-                                       dim_feedforward, activation=activation,
+                                       dim_feedforward, dropout, activation=activation,
                                        layer_norm_eps=layer_norm_eps, norm_first=norm_first,
                                        backend=backend, seed=rng)
         self.generator = Linear(emb_size, tgt_vocab_size, backend=backend, seed=rng)
         self.src_tok_emb = TokenEmbedding(src_vocab_size, emb_size, backend=backend, seed=rng)
         self.tgt_tok_emb = TokenEmbedding(tgt_vocab_size, emb_size, backend=backend, seed=rng)
-        self.positional_encoding = PositionalEncoding(emb_size, max_len, backend=backend)
+        self.positional_encoding = PositionalEncoding(emb_size, max_len, dropout=dropout,
+                                                      backend=backend)
         self.pad_id = pad_id
         self.emb_size = emb_size
 
@@ -67,29 +69,33 @@ class Seq2SeqTransformer(Module):
             return given
         return np.asarray(ids) == self.pad_id
 
-    def _embed(self, emb, name, ids, offset=0):
-        """ids (B, L) -> (B, L, C): token embedding * sqrt(C) + positions offset.."""
+    def _embed(self, emb, name, ids, offset=0, ws=None):
+        """ids (B, L) -> (B, L, C): token embedding * sqrt(C) + positions offset.., then
+        dropout in a training forward (its seed kept in self._embed_seeds)."""
         ids = token_ids(name, ids, emb.embedding.num_embeddings)
         if ids.ndim != 2:
             raise ValueError(f"{name} must be (B, L) token ids, got shape {ids.shape}")
-        return self.positional_encoding(emb(ids), offset)
+        if ws is None or not ws.training:
+            return self.positional_encoding(emb(ids), offset)
+        pe = self.positional_encoding
+        x, seed = self._dropout(emb(ids) + pe.pe[offset:offset + ids.shape[1]], self.dropout,
+                                ws)
+        self._embed_seeds.append(seed)
+        return x
 
-    def encode(self, src_ids, src_key_padding_mask=None, src_mask=None):
-        """src_ids (B, S) -> memory (B, S, C)."""
-        x = self._embed(self.src_tok_emb, "src_ids", src_ids)
+    def _encode(self, src_ids, src_key_padding_mask, src_mask, ws):
+        x = self._embed(self.src_tok_emb, "src_ids", src_ids, ws=ws)
         B, S, C = x.shape
         if B == 0:
             return np.zeros((B, S, C), np.float32)
         m = prepare_mask("src_mask", src_mask, self._padding(src_ids, src_key_padding_mask),
                          B, self.transformer.nhead, S, S, False, "src_key_padding_mask")
-        ws = Workspace(self._ops)
         mem = self.transformer.encoder._forward(_stream(x, ws), m, ws, B)
         return mem.reshape(B, S, C).copy()
 
-    def decode(self, tgt_ids, memory, tgt_mask=None, memory_key_padding_mask=None,
-               tgt_key_padding_mask=None, tgt_is_causal=True):
-        """tgt_ids (B, T), memory (B, S, C) -> hidden (B, T, C); causal target by default."""
-        y = self._embed(self.tgt_tok_emb, "tgt_ids", tgt_ids)
+    def _decode(self, tgt_ids, memory, tgt_mask, memory_key_padding_mask,
+                tgt_key_padding_mask, tgt_is_causal, ws):
+        y = self._embed(self.tgt_tok_emb, "tgt_ids", tgt_ids, ws=ws)
         mem = features("memory", memory, self.emb_size)
         B, T, C = y.shape
         check_batch("memory", mem, B)
@@ -98,22 +104,87 @@ class Seq2SeqTransformer(Module):
         tm, mm = decoder_masks(self.transformer.nhead, B, T, mem.shape[1], tgt_mask, None,
                                self._padding(tgt_ids, tgt_key_padding_mask),
                                memory_key_padding_mask, tgt_is_causal, False)
-        ws = Workspace(self._ops)
         out = self.transformer.decoder._forward(_stream(y, ws), mem, tm, mm, ws, B)
         return out.reshape(B, T, C).copy()
+
+    def encode(self, src_ids, src_key_padding_mask=None, src_mask=None):
+        """src_ids (B, S) -> memory (B, S, C) (inference: the training forward is the
+        model's own call)."""
+        return self._encode(src_ids, src_key_padding_mask, src_mask, self._inference_ws())
+
+    def decode(self, tgt_ids, memory, tgt_mask=None, memory_key_padding_mask=None,
+               tgt_key_padding_mask=None, tgt_is_causal=True):
+        """tgt_ids (B, T), memory (B, S, C) -> hidden (B, T, C); causal target by default."""
+        return self._decode(tgt_ids, memory, tgt_mask, memory_key_padding_mask,
+                            tgt_key_padding_mask, tgt_is_causal, self._inference_ws())
+
+    def _inference_ws(self):
+        from .backends import Workspace
+        return Workspace(self._ops)
 
     def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None,
                  src_key_padding_mask=None, tgt_key_padding_mask=None,
                  memory_key_padding_mask=None, tgt_is_causal=True):
         """-> logits (B, T, tgt_vocab_size). Padding masks come from pad_id when not given;
-        the memory padding mask defaults to the source padding mask."""
+        the memory padding mask defaults to the source padding mask. In training mode the
+        forward applies dropout and keeps what backward(d_logits) needs."""
         src_pad = self._padding(src_ids, src_key_padding_mask)
         if memory_key_padding_mask is None:
             memory_key_padding_mask = src_pad
-        memory = self.encode(src_ids, src_pad, src_mask)
-        hidden = self.decode(tgt_ids, memory, tgt_mask, memory_key_padding_mask,
-                             tgt_key_padding_mask, tgt_is_causal)
-        return self.generator(hidden)
+        ws = self._workspace()
+        self._embed_seeds = []
+        memory = self._encode(src_ids, src_pad, src_mask, ws)
+        hidden = self._decode(tgt_ids, memory, tgt_mask, memory_key_padding_mask,
+                              tgt_key_padding_mask, tgt_is_causal, ws)
+        B, T, C = hidden.shape
+        logits = self.generator._apply(hidden.reshape(B * T, C), ws)
+        if ws.training:
+            self._saved = (memory.shape, (B, T, C), list(self._embed_seeds))
+        return logits.reshape(B, T, -1)
+
+    def backward(self, grad_output):
+        """After a training-mode forward: d_logits (B, T, V) back through the generator, the
+        decoder, the encoder and into both embeddings (gradients accumulate; returns None)."""
+        mem_shape, (B, T, C), seeds = self._check_saved()
+        d = features("grad_output", grad_output, self.tgt_vocab_size)
+        if d.shape[:2] != (B, T):
+            raise ValueError(f"Seq2SeqTransformer.backward: grad_output must be "
+                             f"{(B, T, self.tgt_vocab_size)}, got {d.shape}")
+        self._backward(d.reshape(B * T, -1), mem_shape, (B, T, C), seeds)
+
+    def _backward(self, d_logits, mem_shape, tgt_shape, seeds):
+        tr = self.transformer
+        dh = self.generator._backward(d_logits)                             # (B*T, C)
+        dmem = np.zeros((mem_shape[0] * mem_shape[1], mem_shape[2]), np.float32)
+        d_tgt = tr.decoder._backward(dh, dmem)                               # (B*T, C)
+        d_src = tr.encoder._backward(dmem)                                   # (B*S, C)
+        for emb, d, shape, seed in ((self.tgt_tok_emb, d_tgt, tgt_shape, seeds[1]),
+                                    (self.src_tok_emb, d_src, mem_shape, seeds[0])):
+            emb.backward(self._dropout_backward(d, self.dropout, seed).reshape(shape))
+
+    def loss(self, src_ids, tgt_ids, *, label_smoothing=0.0, backward=False):
+        """Teacher-forced cross-entropy: the decoder reads tgt_ids[:, :-1] and predicts
+        tgt_ids[:, 1:]; padding masks and ignored targets come from pad_id; the mean over the
+        targets that are not padding (0.0 when every target is padding). backward=True (in
+        training mode) accumulates the gradients in the same call; the (B, T, V) logits do not
+        outlive it. Returns the loss as a float."""
+        if backward and not self.training:
+            raise RuntimeError("loss(backward=True) needs training mode: call model.train()")
+        tgt = token_ids("tgt_ids", tgt_ids, self.tgt_vocab_size)
+        if tgt.ndim != 2 or tgt.shape[1] < 2:
+            raise ValueError(f"loss: tgt_ids must be (B, T) with T >= 2 (a start token and at "
+                             f"least one target), got shape {tgt.shape}")
+        logits = self(src_ids, tgt[:, :-1])                                 # (B, T-1, V)
+        B, T, V = logits.shape
+        ignore = -100 if self.pad_id is None else self.pad_id
+        loss, dlogits = self._ops.cross_entropy(logits.reshape(B * T, V),
+                                                tgt[:, 1:].reshape(-1), ignore,
+                                                label_smoothing, backward)
+        del logits
+        if backward:
+            mem_shape, tgt_shape, seeds = self._check_saved()
+            self._backward(dlogits, mem_shape, tgt_shape, seeds)
+        return loss
 
     # -- decoding ------------------------------------------------------------------------------
     def init_cache(self, src_ids, src_key_padding_mask=None, *, beams=1, max_len):

@@ -12,8 +12,8 @@ from .attention import MultiheadAttention
 from .backends import Workspace
 from .layers import LayerNorm, Linear
 from .masks import decoder_masks, generate_square_subsequent_mask, key_bias, prepare_mask
-from .module import (Module, check_activation, check_batch, check_batch_first, check_positive,
-                     features, rng_from, xavier)
+from .module import (Module, check_activation, check_batch, check_batch_first, check_dropout,
+                     check_positive, features, rng_from, xavier)
 
 
 # ---- the residual stream -----------------------------------------------------------------------
@@ -119,8 +119,11 @@ def _encoder_call(module, src, mask, key_padding_mask, is_causal, mask_name):
         return np.zeros((B, S, C), np.float32)
     m = prepare_mask(mask_name, mask, key_padding_mask, B, module.nhead, S, S, is_causal,
                      "src_key_padding_mask")
-    ws = Workspace(module._ops)
-    return module._forward(_stream(x, ws), m, ws, B).reshape(B, S, C).copy()
+    ws = module._workspace()
+    out = module._forward(_stream(x, ws), m, ws, B).reshape(B, S, C).copy()
+    if ws.training:
+        module._saved_shapes = (x.shape,)
+    return out
 
 
 def _decoder_call(module, tgt, memory, tgt_mask=None, memory_mask=None,
@@ -136,8 +139,29 @@ def _decoder_call(module, tgt, memory, tgt_mask=None, memory_mask=None,
     tm, mm = decoder_masks(module.nhead, B, T, mem.shape[1], tgt_mask, memory_mask,
                            tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal,
                            memory_is_causal)
-    ws = Workspace(module._ops)
-    return module._forward(_stream(x, ws), mem, tm, mm, ws, B).reshape(B, T, C).copy()
+    ws = module._workspace()
+    out = module._forward(_stream(x, ws), mem, tm, mm, ws, B).reshape(B, T, C).copy()
+    if ws.training:
+        module._saved_shapes = (x.shape, mem.shape)
+    return out
+
+
+def _public_backward(module, grad_output, decoder):
+    """The public backward of a layer or stack: (B, L, C) in; d_src, or (d_tgt, d_memory)."""
+    shapes = getattr(module, "_saved_shapes", None)
+    if shapes is None:
+        raise RuntimeError(f"{type(module).__name__}.backward: no training-mode forward to "
+                           "differentiate (call model.train() and run a forward first)")
+    module._saved_shapes = None
+    d = features("grad_output", grad_output, module.d_model)
+    if d.shape != shapes[0]:
+        raise ValueError(f"{type(module).__name__}.backward: grad_output must be {shapes[0]}, "
+                         f"got {d.shape}")
+    d2 = d.reshape(-1, module.d_model)
+    if not decoder:
+        return module._backward(d2).reshape(shapes[0])
+    dmem = np.zeros((shapes[1][0] * shapes[1][1], module.d_model), np.float32)
+    return module._backward(d2, dmem).reshape(shapes[0]), dmem.reshape(shapes[1])
 
 
 class TransformerEncoderLayer(Module):
@@ -155,29 +179,83 @@ class TransformerEncoderLayer(Module):
         self.d_model, self.nhead = d_model, nhead
         self.activation = check_activation(activation)
         self.norm_first = bool(norm_first)
-        self.self_attn = MultiheadAttention(d_model, nhead, bias=bias, backend=backend, seed=rng)
+        self.dropout = check_dropout(dropout)
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                            backend=backend, seed=rng)
         self.linear1 = Linear(d_model, dim_feedforward, bias=bias, backend=backend, seed=rng)
         self.linear2 = Linear(dim_feedforward, d_model, bias=bias, backend=backend, seed=rng)
         self.norm1 = LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)
         self.norm2 = LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)
 
     def _ffn(self, h, ws):
-        """linear2(act(linear1(h))) of the (N, C) rows h; packed weights in a decode step."""
+        """linear2(dropout(act(linear1(h)))) of the (N, C) rows h; packed weights in a decode
+        step; the pre-activation kept in training."""
         l1, l2 = self.linear1, self.linear2
+        if ws.training:
+            seed = ws.seed() if self.dropout > 0 else None
+            y, pre = self._ops.ffn_train(h, l1.weight, l1.bias, l2.weight, l2.bias,
+                                         self.activation, self.dropout, seed)
+            self._ffn_saved = (h, pre, seed)
+            return y
         packed = (l1._decode_weight(ws), l2._decode_weight(ws)) if ws.decode else None
         return self._ops.ffn(h, l1.weight, l1.bias, l2.weight, l2.bias, self.activation,
                              out=ws.get("ff", h.shape), packed=packed)
 
+    def _ffn_backward(self, dy):
+        h, pre, seed = self._ffn_saved
+        self._ffn_saved = None
+        l1, l2 = self.linear1, self.linear2
+        grads = tuple(None if getattr(lin, name) is None else lin._grad(name)
+                      for lin in (l1, l2) for name in ("weight", "bias"))
+        return self._ops.ffn_backward(dy, h, l1.weight, l1.bias, l2.weight, l2.bias, pre,
+                                      self.activation, self.dropout, seed, grads)
+
     def _sublayer(self, x, norm, f, ws):
-        """One residual block on the (N, C) stream x, in place when fast: x <- block(x)."""
+        """One residual block on the (N, C) stream x, in place when fast: x <- block(x).
+        Training adds dropout on the sublayer's output (before the residual add) and records
+        the block for _sublayer_backward."""
+        if ws.training:
+            if self.norm_first:
+                y, seed = self._dropout(f(norm._apply(x, training=True)), self.dropout, ws)
+                out = x + y
+            else:
+                y, seed = self._dropout(f(x), self.dropout, ws)
+                out = norm._apply(y, x, training=True)
+            self._tape.append(seed)
+            return out
         if self.norm_first:
             return _add_into(x, f(norm._apply(x, out=ws.get("h", x.shape))), ws)
         return norm._apply(f(x), x, out=_inplace(x, ws))
+
+    def _sublayer_backward(self, dout, norm, f_backward, seed):
+        """The gradient of a residual block's input from its output's, through f_backward
+        (the sublayer's backward: its output's gradient -> its input's)."""
+        if self.norm_first:
+            dh = f_backward(self._dropout_backward(dout, self.dropout, seed))
+            return dout + norm._backward(dh)
+        ds = norm._backward(dout)                   # the gradient of (x + y): both summands
+        return ds + f_backward(self._dropout_backward(ds, self.dropout, seed))
+
+    def _self_attention_backward(self, dy):
+        dq, dk, dv = self.self_attn._attention_backward(dy)
+        return dq + dk + dv
+
+    def _backward(self, dout):
+        """dout (N, C) -> the gradient of the layer's input (N, C)."""
+        seeds, self._tape = self._tape, []
+        d = self._sublayer_backward(dout, self.norm2, self._ffn_backward, seeds[1])
+        return self._sublayer_backward(d, self.norm1, self._self_attention_backward, seeds[0])
+
+    def backward(self, grad_output):
+        """After a training-mode forward: accumulates every parameter's gradient and returns
+        the gradient of src."""
+        return _public_backward(self, grad_output, decoder=False)
 
     def _forward(self, x, mask, ws, B):
         """x (N, C) stream owned by the caller (overwritten when fast) -> (N, C)."""
         C = self.d_model
         L = x.shape[0] // B
+        self._tape = []
         sa = lambda h: self.self_attn._self_attention(h.reshape(B, L, C), mask, ws)  # noqa
         x = self._sublayer(x, self.norm1, sa, ws)
         return self._sublayer(x, self.norm2, lambda h: self._ffn(h, ws), ws)
@@ -200,8 +278,8 @@ class TransformerDecoderLayer(TransformerEncoderLayer):
         rng = rng_from(seed)
         super().__init__(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
                          batch_first, norm_first, bias, backend=backend, seed=rng)
-        self.multihead_attn = MultiheadAttention(d_model, nhead, bias=bias, backend=backend,
-                                                 seed=rng)
+        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                                 backend=backend, seed=rng)
         self.norm3 = LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)
 
     def _block(self, x, self_attn, cross_attn, ws):
@@ -213,6 +291,7 @@ class TransformerDecoderLayer(TransformerEncoderLayer):
     def _forward(self, x, memory, tgt_mask, memory_mask, ws, B):
         C = self.d_model
         T = x.shape[0] // B
+        self._tape = []
         return self._block(
             x, lambda h: self.self_attn._self_attention(h.reshape(B, T, C), tgt_mask, ws),
             lambda h: self.multihead_attn._cross_attention(h.reshape(B, T, C), memory,
@@ -223,6 +302,26 @@ class TransformerDecoderLayer(TransformerEncoderLayer):
         return self._block(
             x, lambda h: self.self_attn._self_attention_step(h, cache.self_attn, t, ws),
             lambda h: self.multihead_attn._cross_attention_step(h, cache.cross_attn, ws), ws)
+
+    def _backward(self, dout, dmem):
+        """dout (N, C) -> the gradient of the layer's target input (N, C); the memory's
+        gradient is added to dmem (B*S, C)."""
+        seeds, self._tape = self._tape, []
+
+        def cross_backward(dy):
+            dq, dk, dv = self.multihead_attn._attention_backward(dy)
+            np.add(dmem, dk, out=dmem)
+            np.add(dmem, dv, out=dmem)
+            return dq
+
+        d = self._sublayer_backward(dout, self.norm3, self._ffn_backward, seeds[2])
+        d = self._sublayer_backward(d, self.norm2, cross_backward, seeds[1])
+        return self._sublayer_backward(d, self.norm1, self._self_attention_backward, seeds[0])
+
+    def backward(self, grad_output):
+        """After a training-mode forward: accumulates every parameter's gradient and returns
+        (d_tgt, d_memory)."""
+        return _public_backward(self, grad_output, decoder=True)
 
     __call__ = _decoder_call
 
@@ -259,7 +358,12 @@ class _Stack(Module):
 
     def _final_norm(self, x, ws):
         """The optional LayerNorm closing the stack, over the stream x (N, C)."""
-        return x if self.norm is None else self.norm._apply(x, out=_inplace(x, ws))
+        if self.norm is None:
+            return x
+        return self.norm._apply(x, out=_inplace(x, ws), training=ws.training)
+
+    def _final_norm_backward(self, d):
+        return d if self.norm is None else self.norm._backward(d)
 
 
 class TransformerEncoder(_Stack):
@@ -269,6 +373,16 @@ class TransformerEncoder(_Stack):
         for layer in self.layers:
             x = layer._forward(x, mask, ws, B)
         return self._final_norm(x, ws)
+
+    def _backward(self, d):
+        d = self._final_norm_backward(d)
+        for layer in reversed(self.layers):
+            d = layer._backward(d)
+        return d
+
+    def backward(self, grad_output):
+        """After a training-mode forward: the gradient of src; parameter gradients accumulate."""
+        return _public_backward(self, grad_output, decoder=False)
 
     def __call__(self, src, mask=None, src_key_padding_mask=None, is_causal=False):
         return _encoder_call(self, src, mask, src_key_padding_mask, is_causal, "mask")
@@ -287,6 +401,16 @@ class TransformerDecoder(_Stack):
         for layer, lc in zip(self.layers, cache.layers):
             x = layer._step(x, lc, cache.t, ws)
         return self._final_norm(x, ws)
+
+    def _backward(self, d, dmem):
+        d = self._final_norm_backward(d)
+        for layer in reversed(self.layers):
+            d = layer._backward(d, dmem)
+        return d
+
+    def backward(self, grad_output):
+        """After a training-mode forward: (d_tgt, d_memory); parameter gradients accumulate."""
+        return _public_backward(self, grad_output, decoder=True)
 
     __call__ = _decoder_call
 
@@ -324,11 +448,12 @@ class Transformer(Module):
                            num_decoder_layers=num_decoder_layers,
                            dim_feedforward=dim_feedforward, activation=activation,
                            layer_norm_eps=layer_norm_eps, norm_first=bool(norm_first),
-                           bias=bool(bias))
+                           bias=bool(bias), dropout=check_dropout(dropout))
         rng = rng_from(seed)
         kw = dict(dim_feedforward=dim_feedforward, activation=activation,
                   layer_norm_eps=layer_norm_eps, norm_first=norm_first, bias=bias,
                   backend=backend)
+        kw["dropout"] = dropout
         enc = TransformerEncoderLayer(d_model, nhead, seed=rng, **kw)
         dec = TransformerDecoderLayer(d_model, nhead, seed=rng, **kw)
         norm = lambda: LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)  # noqa
@@ -355,11 +480,35 @@ class Transformer(Module):
                           bool(src_is_causal), "src_key_padding_mask")
         tm, mm = decoder_masks(H, B, T, S, tgt_mask, memory_mask, tgt_key_padding_mask,
                                memory_key_padding_mask, tgt_is_causal, memory_is_causal)
-        ws = Workspace(self._ops)
+        ws = self._workspace()
         memory = self.encoder._forward(_stream(x, ws), sm, ws, B).reshape(B, S, C)
-        mem_ws = Workspace(self._ops)            # memory lives on while the decoder runs
+        # the memory lives on while the decoder runs: its own buffers (inference)
+        mem_ws = ws if ws.training else Workspace(self._ops)
         out = self.decoder._forward(_stream(y, mem_ws), memory, tm, mm, mem_ws, B)
+        if ws.training:
+            self._saved_shapes = (x.shape, y.shape)
         return out.reshape(B, T, C).copy()
+
+    def backward(self, grad_output):
+        """After a training-mode forward: accumulates every parameter's gradient and returns
+        (d_src, d_tgt)."""
+        shapes = getattr(self, "_saved_shapes", None)
+        if shapes is None:
+            raise RuntimeError("Transformer.backward: no training-mode forward to "
+                               "differentiate (call model.train() and run a forward first)")
+        self._saved_shapes = None
+        d = features("grad_output", grad_output, self.d_model)
+        if d.shape != shapes[1]:
+            raise ValueError(f"Transformer.backward: grad_output must be {shapes[1]}, "
+                             f"got {d.shape}")
+        return self._backward(d.reshape(-1, self.d_model), shapes)
+
+    def _backward(self, d, shapes):
+        (B, S, C), tgt_shape = shapes
+        dmem = np.zeros((B * S, C), np.float32)
+        d_tgt = self.decoder._backward(d, dmem)
+        d_src = self.encoder._backward(dmem)
+        return d_src.reshape(B, S, C), d_tgt.reshape(tgt_shape)
 
     @staticmethod
     def generate_square_subsequent_mask(sz):

@@ -1,0 +1,326 @@
+"""Training through the modules: after one training-mode forward + backward on the same weights
+and batch, every gradient equals torch autograd's (dropout 0), on both backends; dropout > 0
+runs the same kernels and regenerates its masks in the backward; the module API around it
+(train/eval, named_grads, zero_grad, errors).
+
+Weights are moved off their initial values (biases and norms off 0/1) so that every gradient
+path carries signal. Gradients are compared per tensor: max|diff| <= 1e-4 * max|torch's|.
+"""
+import numpy as np
+import pytest
+
+from conftest import requires_torch
+from fastattn import nn as fnn
+from nn_util import *  # noqa: F401,F403  (helpers and constants)
+from nn_util import TORCH_WARNINGS
+
+pytestmark = TORCH_WARNINGS
+
+BACKENDS = ["fast", "reference"]
+GRAD_REL = 1e-4
+
+
+def perturb(torch, module, seed=0):
+    """Move every parameter of a torch module off its initial value (in place)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+
+def twin(torch, tm, make):
+    """The fastattn module built by make(), holding torch module tm's weights, in training."""
+    fm = make()
+    fm.load_state_dict(tm.state_dict())
+    return fm.train()
+
+
+def assert_grads(fm, tm, rel=GRAD_REL):
+    """named_grads() == torch's .grad for every parameter, keys and order included."""
+    ours = dict(fm.named_grads())
+    theirs = {k: p.grad for k, p in tm.named_parameters() if p.grad is not None}
+    assert list(ours) == [k for k, _ in fm.named_parameters() if k in ours]
+    assert set(ours) == set(theirs), (set(ours) ^ set(theirs))
+    for k, g in ours.items():
+        assert_rel(g, theirs[k].numpy(), rel=rel, name=k)
+
+
+def run_torch(torch, tm, inputs, dout):
+    """Forward + backward of torch module tm in train mode; -> (output, input grads)."""
+    ts = [torch.tensor(x, requires_grad=True) for x in inputs]
+    out = tm(*ts)
+    out = out[0] if isinstance(out, tuple) else out
+    out.backward(torch.tensor(dout))
+    return out.detach().numpy(), [t.grad.numpy() if t.grad is not None else None for t in ts]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_linear_and_layer_norm_backward_vs_torch(rng, backend):
+    torch = requires_torch()
+    tl = torch.nn.Linear(C, 24).train()
+    perturb(torch, tl)
+    fl = twin(torch, tl, lambda: fnn.Linear(C, 24, backend=backend))
+    x = features(rng, B, T)
+    dy = rng.standard_normal((B, T, 24)).astype(np.float32)
+    out, (dx,) = run_torch(torch, tl, [x], dy)
+    assert_rel(fl(x), out)
+    assert_rel(fl.backward(dy), dx, name="dx")
+    assert_grads(fl, tl)
+
+    tn = torch.nn.LayerNorm(C).train()
+    perturb(torch, tn, seed=1)
+    fn = twin(torch, tn, lambda: fnn.LayerNorm(C, backend=backend))
+    dy = rng.standard_normal((B, T, C)).astype(np.float32)
+    out, (dx,) = run_torch(torch, tn, [x], dy)
+    assert_rel(fn(x), out)
+    assert_rel(fn.backward(dy), dx, name="dx")
+    assert_grads(fn, tn)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("masking", ["none", "kpm", "2d_float", "3d_bool"])
+@pytest.mark.parametrize("kind", ["self", "cross"])
+def test_mha_backward_vs_torch(rng, backend, masking, kind):
+    torch = requires_torch()
+    tm = torch.nn.MultiheadAttention(C, H, dropout=0.0, batch_first=True).train()
+    perturb(torch, tm)
+    fm = twin(torch, tm, lambda: fnn.MultiheadAttention(C, H, backend=backend))
+    q = features(rng, B, T)
+    kv = q if kind == "self" else features(rng, B, S)
+    kw = mha_masks(rng, masking, T, kv.shape[1])
+    dy = rng.standard_normal((B, T, C)).astype(np.float32)
+    tq = torch.tensor(q, requires_grad=True)
+    tkv = tq if kind == "self" else torch.tensor(kv, requires_grad=True)
+    tkw = {k: torch.tensor(v) for k, v in kw.items()}
+    out, _ = tm(tq, tkv, tkv, need_weights=False, **tkw)
+    out.backward(torch.tensor(dy))
+    ours, _ = fm(q, kv if kind == "cross" else q, kv if kind == "cross" else q,
+                 need_weights=False, **kw)
+    assert_rel(ours, out.detach().numpy())
+    dq, dk, dv = fm.backward(dy)
+    if kind == "self":
+        assert_rel(dq + dk + dv, tq.grad.numpy(), name="d_query")
+    else:
+        assert_rel(dq, tq.grad.numpy(), name="d_query")
+        assert_rel(dk + dv, tkv.grad.numpy(), name="d_key_value")
+    assert_grads(fm, tm)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
+def test_layers_backward_vs_torch(rng, backend, norm_first, activation):
+    torch = requires_torch()
+    kw = dict(dim_feedforward=F, dropout=0.0, activation=activation, norm_first=norm_first,
+              batch_first=True)
+    src, tgt = features(rng, B, S), features(rng, B, T)
+    kpm = padding(B, S, [S, 3, 5])
+    te = torch.nn.TransformerEncoderLayer(C, H, **kw).train()
+    perturb(torch, te)
+    fe = twin(torch, te, lambda: fnn.TransformerEncoderLayer(C, H, backend=backend, **kw))
+    dy = rng.standard_normal((B, S, C)).astype(np.float32)
+    ts = torch.tensor(src, requires_grad=True)
+    out = te(ts, src_key_padding_mask=torch.tensor(kpm))
+    out.backward(torch.tensor(dy))
+    assert_rel(fe(src, src_key_padding_mask=kpm), out.detach().numpy())
+    assert_rel(fe.backward(dy), ts.grad.numpy(), name="d_src")
+    assert_grads(fe, te)
+
+    td = torch.nn.TransformerDecoderLayer(C, H, **kw).train()
+    perturb(torch, td, seed=1)
+    fd = twin(torch, td, lambda: fnn.TransformerDecoderLayer(C, H, backend=backend, **kw))
+    dy = rng.standard_normal((B, T, C)).astype(np.float32)
+    tt, tmem = torch.tensor(tgt, requires_grad=True), torch.tensor(src, requires_grad=True)
+    mask = fnn.generate_square_subsequent_mask(T)
+    out = td(tt, tmem, tgt_mask=torch.tensor(mask), memory_key_padding_mask=torch.tensor(kpm))
+    out.backward(torch.tensor(dy))
+    assert_rel(fd(tgt, src, tgt_mask=mask, memory_key_padding_mask=kpm), out.detach().numpy())
+    d_tgt, d_mem = fd.backward(dy)
+    assert_rel(d_tgt, tt.grad.numpy(), name="d_tgt")
+    assert_rel(d_mem, tmem.grad.numpy(), name="d_memory")
+    assert_grads(fd, td)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
+def test_transformer_backward_vs_torch(rng, backend, norm_first, activation):
+    """Every gradient of nn.Transformer, padding on source and target, causal target."""
+    torch = requires_torch()
+    tm = torch.nn.Transformer(C, H, 2, 2, F, dropout=0.0, activation=activation,
+                              batch_first=True, norm_first=norm_first).train()
+    perturb(torch, tm)
+    fm = twin(torch, tm, lambda: fnn.Transformer(C, H, 2, 2, F, dropout=0.0,
+                                                 activation=activation, norm_first=norm_first,
+                                                 backend=backend))
+    src, tgt = features(rng, B, S), features(rng, B, T)
+    skpm, tkpm = padding(B, S, [S, 3, 5]), padding(B, T, [T, 2, 4])
+    mask = fnn.generate_square_subsequent_mask(T)
+    kw = dict(tgt_mask=mask, src_key_padding_mask=skpm, tgt_key_padding_mask=tkpm,
+              memory_key_padding_mask=skpm)
+    dy = rng.standard_normal((B, T, C)).astype(np.float32)
+    ts, tt = torch.tensor(src, requires_grad=True), torch.tensor(tgt, requires_grad=True)
+    out = tm(ts, tt, **{k: torch.tensor(v) for k, v in kw.items()})
+    out.backward(torch.tensor(dy))
+    assert_rel(fm(src, tgt, **kw), out.detach().numpy())
+    d_src, d_tgt = fm.backward(dy)
+    assert_rel(d_src, ts.grad.numpy(), name="d_src")
+    assert_rel(d_tgt, tt.grad.numpy(), name="d_tgt")
+    assert_grads(fm, tm)
+
+
+def tutorial_masks(torch, src, tgt_in):
+    T = tgt_in.shape[1]
+    return (torch.zeros((src.shape[1], src.shape[1])).bool(),
+            torch.nn.Transformer.generate_square_subsequent_mask(T),
+            torch.tensor(src == PAD), torch.tensor(tgt_in == PAD))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_seq2seq_loss_and_gradients_vs_tutorial(rng, backend, label_smoothing):
+    """Seq2SeqTransformer.loss(backward=True) against the tutorial's training step: teacher
+    forcing, padding masks from PAD, CrossEntropyLoss(ignore_index=PAD)."""
+    torch = requires_torch()
+    torch.manual_seed(0)
+    tm = tutorial_model_class(torch)(2, 2, C, H, V_SRC, V_TGT, F, dropout=0.0).train()
+    perturb(torch, tm)
+    fm = fnn.Seq2SeqTransformer(2, 2, C, H, V_SRC, V_TGT, F, dropout=0.0, pad_id=PAD,
+                                backend=backend)
+    fm.load_state_dict(tm.state_dict())
+    fm.train()
+    src = token_batch(rng, V_SRC, [S, 3, 5], S)
+    tgt = token_batch(rng, V_TGT, [T, 3, 4], T)
+    tgt_in = torch.tensor(tgt[:, :-1])
+    logits = tm(torch.tensor(src), tgt_in, *tutorial_masks(torch, src, tgt[:, :-1]),
+                torch.tensor(src == PAD))
+    loss_fn = torch.nn.CrossEntropyLoss(ignore_index=PAD, label_smoothing=label_smoothing)
+    ref = loss_fn(logits.reshape(-1, V_TGT), torch.tensor(tgt[:, 1:]).reshape(-1))
+    ref.backward()
+    loss = fm.loss(src, tgt, label_smoothing=label_smoothing, backward=True)
+    assert abs(loss - ref.item()) <= 1e-5 * abs(ref.item())
+    assert_grads(fm, tm)
+
+
+def test_backends_give_the_same_gradients(rng):
+    fast = fnn.Seq2SeqTransformer(2, 2, C, H, V_SRC, V_TGT, F, dropout=0.0, pad_id=PAD, seed=3)
+    ref = fnn.Seq2SeqTransformer(2, 2, C, H, V_SRC, V_TGT, F, dropout=0.0, pad_id=PAD, seed=3,
+                                 backend="reference")
+    src = token_batch(rng, V_SRC, [S, 3, 5], S)
+    tgt = token_batch(rng, V_TGT, [T, 3, 4], T)
+    losses = [m.train().loss(src, tgt, label_smoothing=0.1, backward=True) for m in (fast, ref)]
+    assert abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[1])
+    g_ref = dict(ref.named_grads())
+    for k, g in fast.named_grads():
+        assert_rel(g, g_ref[k], rel=1e-4, name=k)
+
+
+# ----------------------------------------------------------------------------------------------
+# dropout: the same kernels, masks regenerated in the backward, reproducible per seed
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dropout_is_reproducible_and_changes_with_each_forward(rng, backend):
+    m = fnn.Seq2SeqTransformer(1, 1, C, H, V_SRC, V_TGT, F, dropout=0.3, pad_id=PAD, seed=4,
+                               backend=backend).train().manual_seed(7)
+    src = token_batch(rng, V_SRC, [S, 3, 5], S)
+    tgt = token_batch(rng, V_TGT, [T, 3, 4], T)
+    a, b = m(src, tgt), m(src, tgt)
+    assert not np.array_equal(a, b)                        # new masks every forward
+    m.manual_seed(7)
+    assert np.array_equal(m(src, tgt), a)                  # the same run again
+    m.eval()
+    assert np.array_equal(m(src, tgt), m(src, tgt))        # no dropout in eval
+
+
+def test_dropout_backward_equals_the_reference_backend(rng):
+    """With dropout 0.2 everywhere, the fast backend's gradients equal the reference
+    backend's, whose twins store their masks: the kernels regenerate the same masks."""
+    kw = dict(dropout=0.2, pad_id=PAD, seed=5)
+    fast = fnn.Seq2SeqTransformer(2, 2, C, H, V_SRC, V_TGT, F, **kw).train().manual_seed(11)
+    ref = fnn.Seq2SeqTransformer(2, 2, C, H, V_SRC, V_TGT, F, backend="reference",
+                                 **kw).train().manual_seed(11)
+    src = token_batch(rng, V_SRC, [S, 3, 5], S)
+    tgt = token_batch(rng, V_TGT, [T, 3, 4], T)
+    lf = fast.loss(src, tgt, backward=True)
+    lr = ref.loss(src, tgt, backward=True)
+    assert abs(lf - lr) <= 1e-5 * abs(lr)
+    g_ref = dict(ref.named_grads())
+    for k, g in fast.named_grads():
+        assert_rel(g, g_ref[k], rel=1e-4, name=k)
+
+
+def test_dropout_averages_to_the_no_dropout_output(rng):
+    m = fnn.TransformerEncoderLayer(C, H, F, dropout=0.2, seed=6)
+    x = features(rng, 2, S)
+    want = m.eval()(x)
+    m.train()
+    mean = np.mean([m.manual_seed(s)(x) for s in range(300)], axis=0)
+    err = np.abs(mean - want).mean() / np.abs(want).mean()
+    assert err < 0.05, err
+
+
+# ----------------------------------------------------------------------------------------------
+# the module API around backward
+
+
+def test_named_grads_accumulate_and_zero_grad_keeps_the_arrays(rng):
+    m = fnn.Transformer(C, H, 1, 1, F, dropout=0.0, seed=8).train()
+    src, tgt = features(rng, B, S), features(rng, B, T)
+    dy = rng.standard_normal((B, T, C)).astype(np.float32)
+    m(src, tgt)
+    m.backward(dy)
+    first = {k: g.copy() for k, g in m.named_grads()}
+    assert list(first) == [k for k, _ in m.named_parameters()]
+    m(src, tgt)
+    m.backward(dy)
+    for k, g in m.named_grads():
+        assert_rel(g, 2 * first[k], rel=1e-5, name=k)
+    arrays = [g for _, g in m.named_grads()]
+    m.zero_grad()
+    assert all(g is h and not g.any() for (_, g), h in zip(m.named_grads(), arrays))
+
+
+def test_backward_without_a_training_forward_is_an_error(rng):
+    m = fnn.Linear(C, 4)
+    with pytest.raises(RuntimeError, match="no training-mode forward"):
+        m.backward(np.zeros((1, 4), np.float32))
+    m.train()
+    m(np.zeros((2, C), np.float32))
+    with pytest.raises(ValueError, match=r"grad_output must be \(2, 4\)"):
+        m.backward(np.zeros((3, 4), np.float32))
+    s2s = fnn.Seq2SeqTransformer(1, 1, C, H, V_SRC, V_TGT, F, pad_id=PAD)
+    with pytest.raises(RuntimeError, match="training mode"):
+        s2s.loss(np.ones((1, 3), np.int64), np.ones((1, 3), np.int64), backward=True)
+    with pytest.raises(ValueError, match="T >= 2"):
+        s2s.train().loss(np.ones((1, 3), np.int64), np.ones((1, 1), np.int64))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_training_in_lockstep_with_torch(rng, backend):
+    """The tutorial's model and ours from the same init, on the same batches, with AdamW and
+    label smoothing 0.1: the per-step losses agree to 1e-4 relative over 50 steps."""
+    torch = requires_torch()
+    from fastattn import optim
+
+    torch.manual_seed(1)
+    tm = tutorial_model_class(torch)(2, 2, C, H, V_SRC, V_TGT, F, dropout=0.0).train()
+    fm = fnn.Seq2SeqTransformer(2, 2, C, H, V_SRC, V_TGT, F, dropout=0.0, pad_id=PAD,
+                                backend=backend)
+    fm.load_state_dict(tm.state_dict())
+    fm.train()
+    t_opt = torch.optim.AdamW(tm.parameters(), lr=3e-3, weight_decay=0.01)
+    f_opt = optim.AdamW(fm, lr=3e-3, weight_decay=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss(ignore_index=PAD, label_smoothing=0.1)
+    data = np.random.default_rng(9)
+    for step in range(50):
+        src = token_batch(data, V_SRC, [S, 3, 5, 6], S)
+        tgt = token_batch(data, V_TGT, [T, 3, 4, 2], T)
+        t_opt.zero_grad()
+        logits = tm(torch.tensor(src), torch.tensor(tgt[:, :-1]),
+                    *tutorial_masks(torch, src, tgt[:, :-1]), torch.tensor(src == PAD))
+        ref = loss_fn(logits.reshape(-1, V_TGT), torch.tensor(tgt[:, 1:]).reshape(-1))
+        ref.backward()
+        t_opt.step()
+        f_opt.zero_grad()
+        loss = fm.loss(src, tgt, label_smoothing=0.1, backward=True)
+        f_opt.step()
+        assert abs(loss - ref.item()) <= 1e-4 * abs(ref.item()), (step, loss, ref.item())
