@@ -10,7 +10,7 @@
  *
  * mix64 is SplitMix64's finaliser and fmix32 MurmurHash3's; per element only 32-bit
  * multiplies and shifts, which vectorise on every ISA level. The NumPy twin is
- * fastattn.reference.dropout_mask; the two agree bit for bit.
+ * fastattn.reference.dropout_keep; the two agree bit for bit.
  */
 #ifndef FA_RNG_H
 #define FA_RNG_H

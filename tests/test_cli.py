@@ -243,3 +243,27 @@ def test_torch_generate_refuses_sampling():
     with pytest.raises(ValueError, match="greedy' or 'beam"):
         bench.torch_generate(None, np.zeros((1, 2), np.int64), max_new_tokens=1, start_id=0,
                              method="sample")
+
+
+def test_torch_twins_of_the_model_cases_hold_our_weights():
+    """The bench's torch models are built from a fastattn model's config (dropout included)
+    and give its outputs: nn.Transformer for the forward cases, the tutorial's model (in
+    training mode) for the training cases."""
+    torch = pytest.importorskip("torch")
+    from fastattn import nn as fnn
+    from fastattn.bench import train_cases
+    from fastattn.bench.torch_models import torch_transformer
+
+    m = fnn.Transformer(16, 2, 1, 1, 32, dropout=0.1, seed=0)
+    rng = np.random.default_rng(0)
+    src, tgt = (rng.standard_normal((2, n, 16), dtype=np.float32) for n in (5, 4))
+    with torch.inference_mode():
+        ref = torch_transformer(m)(torch.from_numpy(src), torch.from_numpy(tgt)).numpy()
+    assert np.abs(m(src, tgt) - ref).max() <= 1e-4 * np.abs(ref).max()
+
+    s2s = fnn.Seq2SeqTransformer(1, 1, 16, 2, 11, 13, 32, dropout=0.0, pad_id=0, seed=1)
+    tm = train_cases.torch_tutorial(s2s).eval()
+    src_ids, tgt_ids = rng.integers(1, 11, (2, 5)), rng.integers(1, 13, (2, 4))
+    with torch.inference_mode():
+        ref = tm(torch.from_numpy(src_ids), torch.from_numpy(tgt_ids)).numpy()
+    assert np.abs(s2s(src_ids, tgt_ids) - ref).max() <= 1e-4 * np.abs(ref).max()

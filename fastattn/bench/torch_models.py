@@ -60,7 +60,7 @@ def torch_transformer(model):
     """torch.nn.Transformer (batch_first, dropout 0, eval) holding the weights of `model`, a
     fastattn nn.Transformer."""
     torch = require_torch()
-    tm = torch.nn.Transformer(**model.config, dropout=0.0, batch_first=True).eval()
+    tm = torch.nn.Transformer(**{**model.config, "dropout": 0.0}, batch_first=True).eval()
     tm.load_state_dict(_weights(torch, model))
     return tm
 

@@ -14,7 +14,6 @@ dropout masks come from different generators). tokens/s counts target tokens per
 import functools
 import math
 
-import numpy as np
 
 from .. import get_num_threads, nn, optim
 from .cases import Case

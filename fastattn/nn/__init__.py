@@ -1,4 +1,4 @@
-"""torch.nn-shaped Transformer modules over the kernels (inference; batch-first always).
+"""torch.nn-shaped Transformer modules over the kernels (batch-first always).
 
 Names, constructor arguments, forward arguments, defaults and state_dict keys follow torch.nn,
 so a model trained there loads here as it is (see ``Module.load_state_dict``). Parameters are
@@ -7,7 +7,11 @@ NumPy float32 arrays held in attributes named exactly as torch's state_dict keys
 Every module takes ``backend="fast"`` (the C kernels, buffers reused across layers) or
 ``backend="reference"`` (the NumPy twin, written the way a prototype would be); both give the
 same outputs. The backend is one op table per module (``backends``); the model code is one.
-Dropout is accepted for signature compatibility and never applied (inference).
+
+Training: ``model.train()`` makes forwards apply dropout (where torch applies it) and keep what
+``module.backward(grad_output)`` needs; backward accumulates parameter gradients
+(``named_grads()``, ``zero_grad()``) and returns the input gradients. Each layer's forward,
+backward and decode step sit together in its module.
 
 Masks use torch's conventions (``masks``). A query with no allowed key gives zeros where torch
 gives NaN.
