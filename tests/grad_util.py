@@ -75,6 +75,15 @@ def run_child(module, function, env):
                           capture_output=True, text=True, timeout=600, cwd=TESTS)
 
 
+def script_report(script, env):
+    """Run `script` (python -c, argv[1] = the forced SIMD level or "-") in a fresh interpreter
+    with extra environment `env`; -> its last stdout line, parsed as JSON (a clean exit asserted)."""
+    proc = subprocess.run([sys.executable, "-c", script, env.get("FASTATTN_CPU_ISA", "-")],
+                          env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=300)
+    return child_report(proc)
+
+
 def child_report(proc):
     assert proc.returncode == 0, f"child failed:\n{proc.stdout}\n{proc.stderr}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
