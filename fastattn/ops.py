@@ -328,8 +328,8 @@ def _weight(w, name, op, shape_text):
     return w
 
 
-def linear(x, weight, bias=None, *, activation=None):
-    """act(x @ weight.T + bias), GEMM through BLAS with a fused epilogue; see reference.linear."""
+def _check_linear(x, weight, bias, activation):
+    """linear's arguments checked and converted -> (x, weight, bias, act code, N, M, K)."""
     op = "linear"
     x = _rows(x, "x", op)
     weight = _weight(weight, "weight", op, "(out_features, in_features)")
@@ -338,8 +338,12 @@ def linear(x, weight, bias=None, *, activation=None):
         raise ValueError(f"{op}: x {x.shape} has {x.shape[-1]} features but weight {weight.shape} "
                          f"expects {K}")
     bias = _vector(bias, M, "bias", op)
-    act = _activation(activation, op)
-    N = x.size // K if K else int(np.prod(x.shape[:-1]))
+    return x, weight, bias, _activation(activation, op), math.prod(x.shape[:-1]), M, K
+
+
+def linear(x, weight, bias=None, *, activation=None):
+    """act(x @ weight.T + bias), GEMM through BLAS with a fused epilogue; see reference.linear."""
+    x, weight, bias, act, N, M, K = _check_linear(x, weight, bias, activation)
     y = np.empty(x.shape[:-1] + (M,), np.float32)
     if N and M and K:
         _kernels.linear_forward(y.reshape(N, M), None, x.reshape(N, K), weight, bias, act,
@@ -352,16 +356,7 @@ def linear(x, weight, bias=None, *, activation=None):
 def linear_forward(x, weight, bias=None, *, activation=None):
     """linear() returning (y, {"pre": (N, M) or None}): the pre-activation is kept (written by
     the GEMM's epilogue) when there is an activation. See reference.linear_forward."""
-    op = "linear"
-    x = _rows(x, "x", op)
-    weight = _weight(weight, "weight", op, "(out_features, in_features)")
-    M, K = weight.shape
-    if x.shape[-1] != K:
-        raise ValueError(f"{op}: x {x.shape} has {x.shape[-1]} features but weight {weight.shape} "
-                         f"expects {K}")
-    bias = _vector(bias, M, "bias", op)
-    act = _activation(activation, op)
-    N = math.prod(x.shape[:-1])
+    x, weight, bias, act, N, M, K = _check_linear(x, weight, bias, activation)
     if not (N and M and K):  # nothing to multiply: the twin is exact
         return reference.linear_forward(x, weight, bias, activation=activation)
     y = np.empty(x.shape[:-1] + (M,), np.float32)
