@@ -123,6 +123,36 @@ class FastOps(_TrainingOps):
     name = "fast"
     F = ops
 
+    # The backwards accumulate parameter gradients in the kernels (no temporary gradient
+    # arrays, no second pass to add them).
+
+    @staticmethod
+    def linear_backward(dy, x, weight, pre, activation, dw, db):
+        dx = np.empty(x.shape, np.float32)
+        ops._linear_backward_into(dx, dw, db, np.ascontiguousarray(dy, np.float32), x, weight,
+                                  pre, ACTIVATIONS[activation], True)
+        return dx
+
+    @staticmethod
+    def ffn_backward(dy, x, w1, b1, w2, b2, pre, activation, p, seed, grads):
+        dx = np.empty(x.shape, np.float32)
+        ops._ffn_backward_into(dx, *grads, np.ascontiguousarray(dy, np.float32), x, w1, w2, pre,
+                               ACTIVATIONS[activation], p, seed, True, dpre=pre)
+        return dx
+
+    @staticmethod
+    def add_norm_backward(dy, x, residual, mean, rstd, weight, dw, db):
+        dx = np.empty(x.shape, np.float32)
+        ops._layer_norm_backward_into(dx, dw, db, np.ascontiguousarray(dy, np.float32), x, mean,
+                                      rstd, weight, residual, accumulate=True)
+        return dx
+
+    @staticmethod
+    def embedding_backward(dout, ids, dw):
+        C = dw.shape[1]
+        ops._embedding_backward_into(dw, np.ascontiguousarray(dout, np.float32).reshape(-1, C),
+                                     np.ascontiguousarray(ids, np.int64).reshape(-1), True)
+
     @staticmethod
     def cross_entropy(logits, targets, ignore_index, label_smoothing, grad):
         """As _TrainingOps.cross_entropy, but the gradient is written over the logits (N, V)
