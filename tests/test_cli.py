@@ -245,14 +245,14 @@ def test_torch_generate_refuses_sampling():
                              method="sample")
 
 
+@pytest.mark.filterwarnings("ignore:.*nested tensor.*:UserWarning")
 def test_torch_twins_of_the_model_cases_hold_our_weights():
     """The bench's torch models are built from a fastattn model's config (dropout included)
-    and give its outputs: nn.Transformer for the forward cases, the tutorial's model (in
-    training mode) for the training cases."""
+    and give its outputs: nn.Transformer for the forward cases, the tutorial's model (its
+    training forward, for the training cases)."""
     torch = pytest.importorskip("torch")
     from fastattn import nn as fnn
-    from fastattn.bench import train_cases
-    from fastattn.bench.torch_models import torch_transformer
+    from fastattn.bench.torch_models import torch_seq2seq, torch_transformer
 
     m = fnn.Transformer(16, 2, 1, 1, 32, dropout=0.1, seed=0)
     rng = np.random.default_rng(0)
@@ -262,7 +262,7 @@ def test_torch_twins_of_the_model_cases_hold_our_weights():
     assert np.abs(m(src, tgt) - ref).max() <= 1e-4 * np.abs(ref).max()
 
     s2s = fnn.Seq2SeqTransformer(1, 1, 16, 2, 11, 13, 32, dropout=0.0, pad_id=0, seed=1)
-    tm = train_cases.torch_tutorial(s2s).eval()
+    tm = torch_seq2seq(s2s)
     src_ids, tgt_ids = rng.integers(1, 11, (2, 5)), rng.integers(1, 13, (2, 4))
     with torch.inference_mode():
         ref = tm(torch.from_numpy(src_ids), torch.from_numpy(tgt_ids)).numpy()

@@ -65,11 +65,13 @@ def torch_transformer(model):
     return tm
 
 
-def torch_seq2seq(model):
+def torch_seq2seq(model, *, dropout=0.0):
     """The model of PyTorch's translation tutorial (batch-first nn.Transformer, token
-    embeddings scaled by sqrt(d_model), the sinusoidal table, the generator Linear), eval, in
-    inference, holding the weights of `model`, a fastattn Seq2SeqTransformer. Its positional
-    table is computed here, the tutorial's way, not taken from fastattn."""
+    embeddings scaled by sqrt(d_model), the sinusoidal table with dropout, the generator
+    Linear), in eval mode, holding the weights of `model`, a fastattn Seq2SeqTransformer. Its
+    positional table is computed here, the tutorial's way, not taken from fastattn.
+    ``forward(src, tgt_in)`` is the tutorial's training forward (causal target, padding masks
+    from the model's pad_id); call ``.train()`` for dropout."""
     torch = require_torch()
     nn_, cfg = torch.nn, model.config
     C, V = cfg["emb_size"], cfg["tgt_vocab_size"]
@@ -84,9 +86,10 @@ def torch_seq2seq(model):
             super().__init__()
             self.transformer = nn_.Transformer(
                 C, cfg["nhead"], cfg["num_encoder_layers"], cfg["num_decoder_layers"],
-                cfg["dim_feedforward"], dropout=0.0, activation=cfg["activation"],
+                cfg["dim_feedforward"], dropout=dropout, activation=cfg["activation"],
                 layer_norm_eps=cfg["layer_norm_eps"], norm_first=cfg["norm_first"],
                 batch_first=True)
+            self.dropout = nn_.Dropout(dropout)
             self.generator = nn_.Linear(C, V)
             self.src_tok_emb = TokenEmbedding(cfg["src_vocab_size"])
             self.tgt_tok_emb = TokenEmbedding(V)
@@ -98,7 +101,18 @@ def torch_seq2seq(model):
             self.register_buffer("pos_embedding", table, persistent=False)
 
         def embed(self, emb, ids):                              # (B, L) -> (B, L, C)
-            return emb.embedding(ids) * math.sqrt(C) + self.pos_embedding[:ids.shape[1]]
+            x = emb.embedding(ids) * math.sqrt(C) + self.pos_embedding[:ids.shape[1]]
+            return self.dropout(x)
+
+        def forward(self, src, tgt_in):                         # -> logits (B, T, V)
+            T, pad = tgt_in.shape[1], cfg["pad_id"]
+            mask = torch.triu(torch.ones((T, T), dtype=torch.bool), 1)  # bool, as the padding
+            out = self.transformer(self.embed(self.src_tok_emb, src),
+                                   self.embed(self.tgt_tok_emb, tgt_in), tgt_mask=mask,
+                                   src_key_padding_mask=src == pad,
+                                   tgt_key_padding_mask=tgt_in == pad,
+                                   memory_key_padding_mask=src == pad)
+            return self.generator(out)
 
     tm = Seq2Seq().eval()
     tm.load_state_dict(_weights(torch, model))

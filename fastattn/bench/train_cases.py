@@ -12,12 +12,11 @@ the two implementations start from the same weights, and their losses are not co
 dropout masks come from different generators). tokens/s counts target tokens per step.
 """
 import functools
-import math
 
 
 from .. import get_num_threads, nn, optim
 from .cases import Case
-from .torch_models import require_torch
+from .torch_models import require_torch, torch_seq2seq
 
 SMALL = dict(num_encoder_layers=3, num_decoder_layers=3, emb_size=256, nhead=4, vocab=4000,
              dim_feedforward=1024, B=32, S=32, T=32)
@@ -66,60 +65,11 @@ def _fastattn_step(name):
     return factory
 
 
-def torch_tutorial(model):
-    """The translation tutorial's Seq2SeqTransformer (batch-first), in training mode with
-    `model`'s dropout, holding `model`'s weights (a fastattn Seq2SeqTransformer)."""
-    torch = require_torch()
-    tnn, cfg = torch.nn, model.config
-    C = cfg["emb_size"]
-
-    class TokenEmbedding(tnn.Module):
-        def __init__(self, vocab):
-            super().__init__()
-            self.embedding = tnn.Embedding(vocab, C)
-
-    class Seq2Seq(tnn.Module):
-        def __init__(self):
-            super().__init__()
-            self.transformer = tnn.Transformer(
-                C, cfg["nhead"], cfg["num_encoder_layers"], cfg["num_decoder_layers"],
-                cfg["dim_feedforward"], dropout=cfg["dropout"], activation=cfg["activation"],
-                batch_first=True)
-            self.generator = tnn.Linear(C, cfg["tgt_vocab_size"])
-            self.src_tok_emb = TokenEmbedding(cfg["src_vocab_size"])
-            self.tgt_tok_emb = TokenEmbedding(cfg["tgt_vocab_size"])
-            self.dropout = tnn.Dropout(cfg["dropout"])
-            den = torch.exp(-torch.arange(0, C, 2) * math.log(10000) / C)
-            pos = torch.arange(0, cfg["max_len"]).reshape(-1, 1)
-            table = torch.zeros((cfg["max_len"], C))
-            table[:, 0::2] = torch.sin(pos * den)
-            table[:, 1::2] = torch.cos(pos * den)
-            self.register_buffer("pos_embedding", table, persistent=False)
-
-        def embed(self, emb, ids):
-            x = emb.embedding(ids) * math.sqrt(C) + self.pos_embedding[:ids.shape[1]]
-            return self.dropout(x)
-
-        def forward(self, src, tgt_in):
-            T = tgt_in.shape[1]
-            mask = torch.triu(torch.ones((T, T), dtype=torch.bool), 1)  # bool, as the padding
-            out = self.transformer(self.embed(self.src_tok_emb, src),
-                                   self.embed(self.tgt_tok_emb, tgt_in), tgt_mask=mask,
-                                   src_key_padding_mask=src == PAD,
-                                   tgt_key_padding_mask=tgt_in == PAD,
-                                   memory_key_padding_mask=src == PAD)
-            return self.generator(out)
-
-    tm = Seq2Seq().train()
-    tm.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in model.state_dict().items()})
-    return tm
-
-
 def _torch_step(name):
     def factory(inputs):
         torch = require_torch()
         torch.set_num_threads(get_num_threads())
-        tm = torch_tutorial(_model(name))
+        tm = torch_seq2seq(_model(name), dropout=DROPOUT).train()
         opt = torch.optim.AdamW(tm.parameters(), lr=LR)
         loss_fn = torch.nn.CrossEntropyLoss(ignore_index=PAD, label_smoothing=LABEL_SMOOTHING)
         src, tgt = torch.from_numpy(inputs["src"]), torch.from_numpy(inputs["tgt"])
