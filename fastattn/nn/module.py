@@ -35,19 +35,9 @@ class Module:
 
     # -- parameters and submodules -----------------------------------------------------------
     def named_parameters(self, prefix=""):
-        for name in self._params:
-            value = getattr(self, name)
-            if value is not None:
-                yield prefix + name, value
-        for cname in self._children:
-            child = getattr(self, cname)
-            if child is None:
-                continue
-            if isinstance(child, list):
-                for i, c in enumerate(child):
-                    yield from c.named_parameters(f"{prefix}{cname}.{i}.")
-            else:
-                yield from child.named_parameters(f"{prefix}{cname}.")
+        """(state_dict key, array) of every parameter, in torch's order."""
+        for key, m, name in self._named_slots(prefix):
+            yield key, getattr(m, name)
 
     def _named_slots(self, prefix=""):
         """(state_dict key, owning module, attribute name) of every parameter, in order."""

@@ -2,6 +2,7 @@
 and logits out, and its decode step for fastattn.generate."""
 import numpy as np
 
+from .backends import Workspace
 from .layers import Linear, PositionalEncoding, TokenEmbedding
 from .masks import decoder_masks, prepare_mask
 from .module import Module, check_batch, check_dropout, features, rng_from, token_ids
@@ -110,17 +111,13 @@ class Seq2SeqTransformer(Module):
     def encode(self, src_ids, src_key_padding_mask=None, src_mask=None):
         """src_ids (B, S) -> memory (B, S, C) (inference: the training forward is the
         model's own call)."""
-        return self._encode(src_ids, src_key_padding_mask, src_mask, self._inference_ws())
+        return self._encode(src_ids, src_key_padding_mask, src_mask, Workspace(self._ops))
 
     def decode(self, tgt_ids, memory, tgt_mask=None, memory_key_padding_mask=None,
                tgt_key_padding_mask=None, tgt_is_causal=True):
         """tgt_ids (B, T), memory (B, S, C) -> hidden (B, T, C); causal target by default."""
         return self._decode(tgt_ids, memory, tgt_mask, memory_key_padding_mask,
-                            tgt_key_padding_mask, tgt_is_causal, self._inference_ws())
-
-    def _inference_ws(self):
-        from .backends import Workspace
-        return Workspace(self._ops)
+                            tgt_key_padding_mask, tgt_is_causal, Workspace(self._ops))
 
     def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None,
                  src_key_padding_mask=None, tgt_key_padding_mask=None,
