@@ -179,7 +179,8 @@ void fa_softmax_forward(float *y, const float *x, int64_t N, int64_t C, int nthr
 /* fa_layer_norm_forward -- y = norm(x + residual) * weight + bias, over the last axis.
  *
  *   y         (N, C)  out; may alias x or residual
- *   sum_out   (N, C)  out, may be NULL; keeps s = x + residual (the pre-norm residual stream)
+ *   sum_out   (N, C)  out, may be NULL; keeps s = x + residual (the pre-norm residual stream);
+ *                     may alias x or residual (each element is read before it is written)
  *   mean      (N)     out, may be NULL
  *   rstd      (N)     out, may be NULL; 1 / sqrt(var + eps), biased (population) variance
  *   x         (N, C)  in

@@ -634,20 +634,34 @@ def _embedding_backward_into(dweight, dout, ids, accumulate):
     return dweight
 
 
-def _layer_norm_into(y, x, weight, bias, eps, residual=None, sum_out=None):
-    """y (N, C) = LN(x + residual); sum_out (N, C) receives x + residual. y may alias x,
-    residual or sum_out; sum_out may alias residual."""
-    _kernels.layer_norm_forward(y, sum_out, None, None, x, residual, weight, bias, eps,
+def _layer_norm_into(y, x, weight, bias, eps, residual=None, sum_out=None, mean=None,
+                     rstd=None):
+    """y (N, C) = LN(x + residual); sum_out (N, C) receives x + residual, mean and rstd (N,)
+    the row statistics (training). y may alias x, residual or sum_out; sum_out may alias x or
+    residual."""
+    _kernels.layer_norm_forward(y, sum_out, mean, rstd, x, residual, weight, bias, eps,
                                 get_num_threads())
     return y
 
 
-def _attention_into(out, q, k, v, bias, key_bias, causal, scale):
+def _attention_into(out, q, k, v, bias, key_bias, causal, scale, lse=None, dropout_p=0.0,
+                    seed=0):
     """out (B, H, Lq, Dv) view (any strides, last axis contiguous) = attention(q, k, v);
-    bias: float (B, H, Lq, Lk) broadcast view or None; key_bias: float (B*Lk,) or None."""
-    _kernels.attention_forward(out, None, None, q, k, v, bias, key_bias, scale, causal,
-                               get_num_threads())
+    bias: float (B, H, Lq, Lk) broadcast view or None; key_bias: float (B*Lk,) or None.
+    Training: lse (B*H*Lq,) receives the log-sum-exp, and dropout_p / seed (checked by the
+    caller) drop attention weights."""
+    _kernels.attention_forward(out, lse, None, q, k, v, bias, key_bias, scale, causal,
+                               get_num_threads(), float(dropout_p), int(seed or 0))
     return out
+
+
+def _attention_backward_into(dq, dk, dv, dout, out, lse, q, k, v, bias, key_bias, causal,
+                             scale, dropout_p=0.0, seed=0):
+    """(dq, dk, dv) of _attention_into's training call into caller-owned views (any strides,
+    last axis contiguous): dq (B, H, Lq, D), dk (B, H, Lk, D), dv (B, H, Lk, Dv); dout and out
+    (B, H, Lq, Dv) views; lse (B*H*Lq,); masks, scale, dropout as in the forward."""
+    _kernels.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, bias, key_bias, scale,
+                                causal, float(dropout_p), int(seed or 0), get_num_threads())
 
 
 # Up to this many rows (a decode step's beams), a product with a PackedWeight beats BLAS.

@@ -5,7 +5,9 @@ same model, weights and batch, with dropout 0.1 and label smoothing 0.1 in both.
     train_small   the seeds' dialogue model: d 256, 4 heads, 3 + 3 layers, ff 1024, V 4000,
                   B 32, S = T = 32
     train_base    Transformer-base: V 8000, B 8, S = T = 128
-    train_memory  peak RSS growth of one Transformer-base step (after a warm-up step)
+    train_memory  peak RSS growth of one Transformer-base step after a warm-up step:
+                  gradients and optimiser moments exist; fastattn's training buffers (kept
+                  from step to step) are freed first, so the measured step counts them
 
 Each call is one optimiser step, so the weights move between calls (by a small learning rate);
 the two implementations start from the same weights, and their losses are not compared (their
@@ -41,11 +43,13 @@ def _batch(cfg):
 
 
 def _warmed(factory):
-    """A factory whose step has run once (gradients and optimiser moments exist: what a
-    step allocates afterwards is its own working memory)."""
+    """A factory whose step has run once (gradients and optimiser moments exist), then has
+    released what it keeps between steps (``step.release``): what the measured step grows by
+    is its whole working memory, kept buffers included."""
     def warmed(inputs):
         step = factory(inputs)
         step()
+        getattr(step, "release", lambda: None)()
         return step
     return warmed
 
@@ -61,6 +65,7 @@ def _fastattn_step(name):
                           backward=True)
             opt.step()
             return loss
+        step.release = lambda: m.eval().train()     # eval() frees the training buffers
         return step
     return factory
 

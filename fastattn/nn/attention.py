@@ -12,6 +12,10 @@ from .module import (Module, check_batch_first, check_dropout, check_positive, f
                      rng_from, xavier)
 
 
+# in_proj rows of each projection, in units of embed_dim: q | k | v
+_PARTS = {"qkv": (0, 3), "q": (0, 1), "kv": (1, 3), "k": (1, 2), "v": (2, 3)}
+
+
 class SelfAttentionCache:
     """Keys and values of the positions decoded so far: k, v (R, H, T_max, D), one row per
     hypothesis; each (row, head) reads its keys from one contiguous block."""
@@ -116,7 +120,7 @@ class MultiheadAttention(Module):
     def _self_attention(self, x, mask, ws):
         """x (B, L, C) -> (B*L, C)."""
         if ws.training:
-            return self._attention_train(x, x, x, mask, ws)
+            return self._attention_train([(x, "qkv")], mask, ws)
         B, L, C = x.shape
         qkv = self._project(x.reshape(B * L, C), "qkv", ws, "qkv").reshape(B, L, 3 * C)
         return self._attend(*(self._heads(qkv, i, 3) for i in range(3)), mask, ws)
@@ -124,7 +128,7 @@ class MultiheadAttention(Module):
     def _cross_attention(self, x, memory, mask, ws):
         """x (B, Lq, C) against memory (B, Lk, C) -> (B*Lq, C)."""
         if ws.training:
-            return self._attention_train(x, memory, memory, mask, ws)
+            return self._attention_train([(x, "q"), (memory, "kv")], mask, ws)
         B, Lq, C = x.shape
         Lk = memory.shape[1]
         qp = self._project(x.reshape(B * Lq, C), "q", ws, "q").reshape(B, Lq, C)
@@ -133,45 +137,71 @@ class MultiheadAttention(Module):
                             mask, ws)
 
     # -- training: the forward that keeps what the backward needs, and the backward -----------
-    def _attention_train(self, xq, xk, xv, mask, ws):
-        """xq (B, Lq, C), xk and xv (B, Lk, C) -> (B*Lq, C), with dropout on the attention
-        weights; q, k and v are projected apart (the same math as the fused projections of
-        the inference path), and everything the backward needs is kept."""
-        B, Lq, C = xq.shape
-        Lk = xk.shape[1]
-        H, D = self.num_heads, self.head_dim
-        rows = [x.reshape(-1, C) for x in (xq, xk, xv)]
-        heads = []
-        for i, (x2, L) in enumerate(zip(rows, (Lq, Lk, Lk))):
-            w = self.in_proj_weight[i * C:(i + 1) * C]
-            b = None if self.in_proj_bias is None else self.in_proj_bias[i * C:(i + 1) * C]
-            p, _ = self._ops.linear_train(x2, w, b)                       # (B*L, C)
-            heads.append(p.reshape(B, L, H, D).transpose(0, 2, 1, 3))      # (B, H, L, D)
-        seed = ws.seed() if self.dropout > 0 else None
-        out, lse = self._ops.attention_train(*heads, mask, self.dropout, seed)   # (B,H,Lq,D)
-        ctx = np.ascontiguousarray(out.transpose(0, 2, 1, 3)).reshape(B * Lq, C)
-        self._saved = (rows, heads, out, lse, mask, seed)
-        return self.out_proj._apply(ctx, ws)
+    def _in_proj(self, part):
+        """(weight rows, bias rows) of in_proj for `part` ("qkv", "q", "kv", "k" or "v")."""
+        C = self.embed_dim
+        lo, hi = _PARTS[part]
+        b = self.in_proj_bias
+        return (self.in_proj_weight[lo * C:hi * C],
+                None if b is None else b[lo * C:hi * C])
 
-    def _attention_backward(self, dy):
-        """dy (B*Lq, C) -> (dxq, dxk, dxv) as (B*L, C) rows; accumulates in_proj_* and
-        out_proj.* gradients."""
-        rows, (q, k, v), out, lse, mask, seed = self._check_saved()
+    def _attention_train(self, inputs, mask, ws):
+        """A training forward -> (B*Lq, C) rows from out_proj. `inputs` lists (x (B, L, C),
+        part): [(x, "qkv")] for self-attention, [(x, "q"), (memory, "kv")] for
+        cross-attention, or one input each for "q", "k" and "v"; each input is projected by
+        its rows of in_proj in one GEMM, the heads are read in place, the attention (with
+        dropout on its weights) writes the context straight into out_proj's input layout, and
+        everything the backward needs is kept, in this module's buffers."""
+        C, H, D = self.embed_dim, self.num_heads, self.head_dim
+        bufs = self._bufs()
+        proj, heads = [], {}
+        for x, part in inputs:
+            B, L, _ = x.shape
+            x2 = x.reshape(B * L, C)
+            w, b = self._in_proj(part)
+            y = self._ops.linear_train(x2, w, b, None, bufs.get(part, (B * L, len(part) * C)),
+                                       None)
+            proj.append((x2, part))
+            heads.update(self._part_heads(y, part, B))
+        q, k, v = heads["q"], heads["k"], heads["v"]
+        B, _, Lq, _ = q.shape
+        ctx = bufs.get("ctx", (B, Lq, H, D))
+        out, lse = ctx.transpose(0, 2, 1, 3), bufs.get("lse", (B, H, Lq))
+        seed = ws.seed() if self.dropout > 0 else None
+        self._ops.attention_train(q, k, v, mask, self.dropout, seed, out, lse)
+        self._saved = (proj, (q, k, v), out, lse, mask, seed)
+        return self.out_proj._apply(ctx.reshape(B * Lq, C), ws)
+
+    def _part_heads(self, y, part, B):
+        """{name: (B, H, L, D) view} of the heads of y (B*L, len(part)*C), one per letter."""
+        n = len(part)
+        y = y.reshape(B, y.shape[0] // B, n * self.embed_dim)
+        return {name: self._heads(y, i, n) for i, name in enumerate(part)}
+
+    def _attention_backward(self, dy, bufs, dxs):
+        """dy (B*Lq, C) -> the gradients of the training forward's inputs, written into dxs
+        (one (B*L, C) buffer per input, in order); accumulates in_proj_* and out_proj.*
+        gradients. Scratch comes from `bufs` (the backward's shared buffers)."""
+        proj, (q, k, v), out, lse, mask, seed = self._check_saved()
         B, H, Lq, D = q.shape
         C = H * D
-        dctx = self.out_proj._backward(dy)                                   # (B*Lq, C)
+        dctx = self.out_proj._backward(dy, bufs.get("attn.dctx", (B * Lq, C)))
         dout = dctx.reshape(B, Lq, H, D).transpose(0, 2, 1, 3)               # (B, H, Lq, D)
-        grads = self._ops.attention_backward(dout, q, k, v, out, lse, mask, self.dropout, seed)
+        dproj, dheads = [], {}
+        for x2, part in proj:                 # dq, dk, dv written in the projections' layout
+            d = bufs.get("attn.d" + part, (x2.shape[0], len(part) * C))
+            dproj.append(d)
+            dheads.update(self._part_heads(d, part, B))
+        self._ops.attention_backward(dout, q, k, v, out, lse, mask, self.dropout, seed,
+                                     dheads["q"], dheads["k"], dheads["v"])
         gw = self._grad("in_proj_weight")
         gb = None if self.in_proj_bias is None else self._grad("in_proj_bias")
-        dxs = []
-        for i, (x2, d) in enumerate(zip(rows, grads)):
-            lo, hi = i * C, (i + 1) * C
-            d2 = np.ascontiguousarray(d.transpose(0, 2, 1, 3)).reshape(-1, C)   # (B*L, C)
-            dxs.append(self._ops.linear_backward(
-                d2, x2, self.in_proj_weight[lo:hi], None, None, gw[lo:hi],
-                None if gb is None else gb[lo:hi]))
-        return tuple(dxs)
+        for (x2, part), d, dx in zip(proj, dproj, dxs):
+            lo, hi = _PARTS[part]
+            w, _ = self._in_proj(part)
+            self._ops.linear_backward(d, x2, w, None, None, gw[lo * C:hi * C],
+                                      None if gb is None else gb[lo * C:hi * C], dx)
+        return dxs
 
     def backward(self, grad_output):
         """After a training-mode forward: accumulates the gradients of in_proj_* and
@@ -183,8 +213,9 @@ class MultiheadAttention(Module):
         if dy.shape != shapes[0]:
             raise ValueError(f"MultiheadAttention.backward: grad_output must be {shapes[0]}, "
                              f"got {dy.shape}")
-        return tuple(d.reshape(s) for d, s in zip(self._attention_backward(
-            dy.reshape(-1, self.embed_dim)), shapes))
+        dxs = tuple(np.empty((s[0] * s[1], self.embed_dim), np.float32) for s in shapes)
+        self._attention_backward(dy.reshape(-1, self.embed_dim), self._bufs(), dxs)
+        return tuple(d.reshape(s) for d, s in zip(dxs, shapes))
 
     # -- decode steps: one new position per row ----------------------------------------------
     def _init_self_cache(self, rows, max_len):
@@ -238,8 +269,9 @@ class MultiheadAttention(Module):
                             is_causal)
         ws = self._workspace()
         if ws.training:
-            out = self._attention_train(q, k, v, mask, ws).reshape(B, L, C)
-            rows, heads, _, _, _, seed = self._saved
+            out = self._attention_train([(q, "q"), (k, "k"), (v, "v")], mask, ws)
+            out = out.reshape(B, L, C).copy()        # the training buffer is the next step's
+            _, heads, _, _, _, seed = self._saved
             self._saved = (self._saved, (q.shape, k.shape, v.shape))
             if not need_weights:
                 return out, None

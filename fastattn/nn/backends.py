@@ -24,95 +24,120 @@ PACKED_MAX_ROWS = ops.PACKED_MAX_ROWS  # decode steps of up to this many rows us
 class _TrainingOps:
     """The training ops (forwards that keep what the backward needs, and the backwards), over
     a functional module F: fastattn.ops or fastattn.reference, which share names, signatures
-    and results. Parameter gradients are accumulated into the arrays given (dw, db), as a
-    model accumulates them over backward() calls."""
+    and results. Every result goes into a buffer the caller gives (``Buffers``: reused from
+    step to step on the fast backend; new arrays on the reference one), and parameter
+    gradients are accumulated into the arrays given (dw, db), as a model accumulates them over
+    backward() calls. This generic version computes new arrays with F and copies them in (the
+    twin, as a prototype computes); FastOps writes in place with the kernels."""
 
     F = None
 
     @classmethod
-    def linear_train(cls, x, weight, bias, activation=None):
-        """-> (y (N, M), pre (N, M) before the activation, or None)."""
-        y, cache = cls.F.linear_forward(x, weight, bias, activation=activation)
-        return y, cache["pre"]
+    def linear_train(cls, x, weight, bias, activation, y, pre):
+        """y (N, M) = act(x weight^T + bias); pre (N, M) keeps the pre-activation (None
+        without an activation). Returns y."""
+        out, cache = cls.F.linear_forward(x, weight, bias, activation=activation)
+        if pre is not None:
+            pre[...] = cache["pre"]
+        return _put(y, out)
 
     @classmethod
-    def linear_backward(cls, dy, x, weight, pre, activation, dw, db):
-        """dy (N, M) -> dx (N, K); dw (M, K) += dZ^T x, db (M,) += column sums (if not None)."""
-        dx, gw, gb = cls.F.linear_backward(dy, x, weight, pre=pre, activation=activation)
+    def linear_backward(cls, dy, x, weight, pre, activation, dw, db, dx):
+        """dy (N, M) -> dx (N, K) (overwritten); dw (M, K) += dZ^T x, db (M,) += column sums
+        (db may be None). `pre` may be overwritten (it is not needed after)."""
+        g, gw, gb = cls.F.linear_backward(dy, x, weight, pre=pre, activation=activation)
         dw += gw
         if db is not None:
             db += gb
-        return dx
+        return _put(dx, g)
 
     @classmethod
-    def ffn_train(cls, x, w1, b1, w2, b2, activation, p, seed):
-        """-> (y (N, C), pre (N, F)): linear2(dropout(act(linear1(x))))."""
-        y, cache = cls.F.ffn_forward(x, w1, b1, w2, b2, activation=activation, dropout_p=p,
-                                     seed=seed)
-        return y, cache["pre"]
+    def ffn_train(cls, x, w1, b1, w2, b2, activation, p, seed, y, pre):
+        """y (N, C) = linear2(dropout(act(linear1(x)))), pre (N, F) the pre-activation."""
+        out, cache = cls.F.ffn_forward(x, w1, b1, w2, b2, activation=activation, dropout_p=p,
+                                       seed=seed)
+        pre[...] = cache["pre"]
+        return _put(y, out)
 
     @classmethod
-    def ffn_backward(cls, dy, x, w1, b1, w2, b2, pre, activation, p, seed, grads):
-        """dy (N, C) -> dx (N, C); grads = (dw1, db1, dw2, db2) accumulated (db None: none)."""
+    def ffn_backward(cls, dy, x, w1, b1, w2, b2, pre, activation, p, seed, grads, dx, h):
+        """dy (N, C) -> dx (N, C); grads = (dw1, db1, dw2, db2) accumulated (db None: none);
+        h (N, F) scratch; pre is overwritten (not needed after)."""
         out = cls.F.ffn_backward(dy, x, w1, b1, w2, b2, pre, activation=activation,
                                  dropout_p=p, seed=seed)
         for acc, g in zip(grads, out[1:]):
             if acc is not None:
                 acc += g
-        return out[0]
+        return _put(dx, out[0])
 
     @classmethod
-    def add_norm_train(cls, x, residual, weight, bias, eps):
-        """-> (LN(x + residual) (N, C), mean (N,), rstd (N,))."""
-        y, cache = cls.F.layer_norm_forward(x, weight, bias, eps=eps, residual=residual)
-        return y, cache["mean"], cache["rstd"]
+    def add_norm_train(cls, x, residual, weight, bias, eps, y, s, mean, rstd):
+        """y = LN(x + residual) (N, C); s (N, C) keeps x + residual (may be x or residual
+        themselves: written over them), mean and rstd (N,) the statistics. Without a residual
+        s is x itself (pass s=x). Returns y."""
+        out, cache = cls.F.layer_norm_forward(x, weight, bias, eps=eps, residual=residual)
+        if residual is not None:
+            np.add(x, residual, out=s)
+        mean[...] = cache["mean"]
+        rstd[...] = cache["rstd"]
+        return _put(y, out)
 
     @classmethod
-    def add_norm_backward(cls, dy, x, residual, mean, rstd, weight, dw, db):
-        """-> the gradient of x (and of residual: the same); dw, db accumulated if not None."""
-        dx, gw, gb = cls.F.layer_norm_backward(dy, x, mean, rstd, weight, residual=residual)
+    def add_norm_backward(cls, dy, s, mean, rstd, weight, dw, db, dx):
+        """-> dx (N, C), the gradient of LN's input s = x + residual (so of x and residual
+        alike); dw, db accumulated if not None."""
+        g, gw, gb = cls.F.layer_norm_backward(dy, s, mean, rstd, weight)
         if dw is not None:
             dw += gw
         if db is not None:
             db += gb
-        return dx
+        return _put(dx, g)
 
     @classmethod
-    def attention_train(cls, q, k, v, mask, p, seed):
-        """-> (out (B, H, Lq, Dv), lse (B, H, Lq)) with dropout p on the weights."""
-        out, cache = cls.F.attention_forward(
+    def attention_train(cls, q, k, v, mask, p, seed, out, lse):
+        """out (B, H, Lq, Dv) view, lse (B, H, Lq): attention with dropout p on the weights."""
+        o, cache = cls.F.attention_forward(
             q, k, v, mask=mask.bias, key_padding_mask=mask.key_padding(q, k),
             causal=mask.causal, dropout_p=p, seed=seed)
-        return out, cache["lse"]
+        lse[...] = cache["lse"]
+        return _put(out, o)
 
     @classmethod
-    def attention_backward(cls, dout, q, k, v, out, lse, mask, p, seed):
-        """-> (dq, dk, dv)."""
-        return cls.F.attention_backward(
+    def attention_backward(cls, dout, q, k, v, out, lse, mask, p, seed, dq, dk, dv):
+        """(dq, dk, dv) into the views given."""
+        grads = cls.F.attention_backward(
             dout, q, k, v, out, lse, mask=mask.bias, key_padding_mask=mask.key_padding(q, k),
             causal=mask.causal, dropout_p=p, seed=seed)
+        for buf, g in zip((dq, dk, dv), grads):
+            buf[...] = g
+        return dq, dk, dv
 
     @classmethod
-    def dropout(cls, x, p, seed):
-        return cls.F.dropout(x, p, seed=seed)
+    def dropout(cls, x, p, seed, out):
+        """out = dropout(x) (out may be x: in place); its backward is the same call."""
+        return _put(out, cls.F.dropout(x, p, seed=seed))
 
     @classmethod
-    def dropout_backward(cls, dy, p, seed):
-        return cls.F.dropout_backward(dy, p, seed=seed)
+    def dropout_backward(cls, dy, p, seed, out):
+        """out = dropout's backward of dy (out may be dy)."""
+        return _put(out, cls.F.dropout_backward(dy, p, seed=seed))
 
     @classmethod
     def embedding_backward(cls, dout, ids, dw):
-        """dw (V, C) += the rows of dout (..., C) scattered to ids (...)."""
+        """dw (V, C) += the rows of dout (N, C) scattered to ids (N,) int64."""
         dw += cls.F.embedding_backward(dout, ids, dw.shape[0])
 
     @classmethod
-    def cross_entropy(cls, logits, targets, ignore_index, label_smoothing, grad):
-        """Mean loss over non-ignored targets -> (float, dlogits (N, V) or None)."""
+    def cross_entropy(cls, logits, targets, ignore_index, label_smoothing, grad, losses):
+        """Mean loss over non-ignored targets -> (float, dlogits (N, V) or None); the
+        gradient is written over the logits (N, V) (the caller's own buffer). losses (N,):
+        scratch for the per-row losses."""
         if grad:
             loss, dlogits = cls.F.cross_entropy(logits, targets, ignore_index=ignore_index,
                                                 label_smoothing=label_smoothing,
                                                 return_grad=True)
-            return float(loss), dlogits
+            logits[...] = dlogits
+            return float(loss), logits
         return float(cls.F.cross_entropy(logits, targets, ignore_index=ignore_index,
                                          label_smoothing=label_smoothing)), None
 
@@ -123,43 +148,67 @@ class FastOps(_TrainingOps):
     name = "fast"
     F = ops
 
-    # The backwards accumulate parameter gradients in the kernels (no temporary gradient
-    # arrays, no second pass to add them).
+    # Training: every result written by the kernels into the caller's buffers, parameter
+    # gradients accumulated in the kernels (no temporary arrays, no second pass to add them).
 
     @staticmethod
-    def linear_backward(dy, x, weight, pre, activation, dw, db):
-        dx = np.empty(x.shape, np.float32)
-        ops._linear_backward_into(dx, dw, db, np.ascontiguousarray(dy, np.float32), x, weight,
-                                  pre, ACTIVATIONS[activation], True)
+    def linear_train(x, weight, bias, activation, y, pre):
+        return ops._linear_into(y, x, weight, bias, ACTIVATIONS[activation],
+                                pre if activation else None)
+
+    @staticmethod
+    def linear_backward(dy, x, weight, pre, activation, dw, db, dx):
+        ops._linear_backward_into(dx, dw, db, dy, x, weight, pre, ACTIVATIONS[activation], True,
+                                  dz=pre)
         return dx
 
     @staticmethod
-    def ffn_backward(dy, x, w1, b1, w2, b2, pre, activation, p, seed, grads):
-        dx = np.empty(x.shape, np.float32)
-        ops._ffn_backward_into(dx, *grads, np.ascontiguousarray(dy, np.float32), x, w1, w2, pre,
-                               ACTIVATIONS[activation], p, seed, True, dpre=pre)
+    def ffn_train(x, w1, b1, w2, b2, activation, p, seed, y, pre):
+        return ops._ffn_forward_into(y, pre, x, w1, b1, w2, b2, ACTIVATIONS[activation], p, seed)
+
+    @staticmethod
+    def ffn_backward(dy, x, w1, b1, w2, b2, pre, activation, p, seed, grads, dx, h):
+        ops._ffn_backward_into(dx, *grads, dy, x, w1, w2, pre, ACTIVATIONS[activation], p, seed,
+                               True, h=h, dpre=pre)
         return dx
 
     @staticmethod
-    def add_norm_backward(dy, x, residual, mean, rstd, weight, dw, db):
-        dx = np.empty(x.shape, np.float32)
-        ops._layer_norm_backward_into(dx, dw, db, np.ascontiguousarray(dy, np.float32), x, mean,
-                                      rstd, weight, residual, accumulate=True)
+    def add_norm_train(x, residual, weight, bias, eps, y, s, mean, rstd):
+        return ops._layer_norm_into(y, x, weight, bias, eps, residual,
+                                    s if residual is not None else None, mean, rstd)
+
+    @staticmethod
+    def add_norm_backward(dy, s, mean, rstd, weight, dw, db, dx):
+        ops._layer_norm_backward_into(dx, dw, db, dy, s, mean, rstd, weight, None,
+                                      accumulate=True)
         return dx
+
+    @staticmethod
+    def attention_train(q, k, v, mask, p, seed, out, lse):
+        bias, scale = _attention_bias(q, k, mask)
+        return ops._attention_into(out, q, k, v, bias, mask.key_bias, mask.causal, scale,
+                                   lse.reshape(-1), p, seed)
+
+    @staticmethod
+    def attention_backward(dout, q, k, v, out, lse, mask, p, seed, dq, dk, dv):
+        bias, scale = _attention_bias(q, k, mask)
+        ops._attention_backward_into(dq, dk, dv, dout, out, lse.reshape(-1), q, k, v, bias,
+                                     mask.key_bias, mask.causal, scale, p, seed)
+        return dq, dk, dv
+
+    @staticmethod
+    def dropout(x, p, seed, out):
+        return ops._dropout_into(out, x, p, seed)
+
+    dropout_backward = dropout              # the same mask and scale, applied to the gradient
 
     @staticmethod
     def embedding_backward(dout, ids, dw):
-        C = dw.shape[1]
-        ops._embedding_backward_into(dw, np.ascontiguousarray(dout, np.float32).reshape(-1, C),
-                                     np.ascontiguousarray(ids, np.int64).reshape(-1), True)
+        ops._embedding_backward_into(dw, dout, ids, True)
 
     @staticmethod
-    def cross_entropy(logits, targets, ignore_index, label_smoothing, grad):
-        """As _TrainingOps.cross_entropy, but the gradient is written over the logits (N, V)
-        (float32, C-contiguous, owned by the caller): no second (N, V) array."""
-        losses = np.empty(logits.shape[0], np.float32)
-        loss = ops._cross_entropy_into(logits if grad else None, losses, logits,
-                                       np.ascontiguousarray(targets, dtype=np.int64),
+    def cross_entropy(logits, targets, ignore_index, label_smoothing, grad, losses):
+        loss = ops._cross_entropy_into(logits if grad else None, losses, logits, targets,
                                        ignore_index=ignore_index,
                                        label_smoothing=label_smoothing)
         return float(loss), (logits if grad else None)
@@ -200,12 +249,10 @@ class FastOps(_TrainingOps):
     @staticmethod
     def attention(q, k, v, mask, out=None):
         """(B, H, Lq, D) views -> (B, H, Lq, Dv); `mask` a prepared masks.Mask."""
-        B, H, Lq, D = q.shape
         if out is None:
-            out = np.empty((B, H, Lq, v.shape[3]), np.float32)
-        bias = None if mask.bias is None else np.broadcast_to(mask.bias, (B, H, Lq, k.shape[2]))
-        return ops._attention_into(out, q, k, v, bias, mask.key_bias, mask.causal,
-                                   1.0 / math.sqrt(D) if D else 1.0)
+            out = np.empty(q.shape[:3] + v.shape[3:], np.float32)
+        bias, scale = _attention_bias(q, k, mask)
+        return ops._attention_into(out, q, k, v, bias, mask.key_bias, mask.causal, scale)
 
     @staticmethod
     def attention_weights(q, k, v, mask):
@@ -256,6 +303,13 @@ def _put(out, y):
     return out
 
 
+def _attention_bias(q, k, mask):
+    """The kernel's view of mask.bias (broadcast to (B, H, Lq, Lk), no copy) and the scale."""
+    B, H, Lq, D = q.shape
+    bias = None if mask.bias is None else np.broadcast_to(mask.bias, (B, H, Lq, k.shape[2]))
+    return bias, 1.0 / math.sqrt(D) if D else 1.0
+
+
 _M64 = (1 << 64) - 1
 
 
@@ -304,3 +358,39 @@ class Workspace:
         if buf is None or buf.size < size:
             buf = self.bufs[key] = np.empty(size, np.float32)
         return buf[:size].reshape(shape)
+
+
+class Buffers:
+    """Named arrays a module's training steps reuse: each key is one grow-only flat buffer,
+    handed out reshaped, so once a step of the largest shape has run, later steps allocate no
+    arrays. On the reference backend (``reuse=False``) every ``get`` is a new array, as a
+    prototype allocates.
+
+    A key must not be asked for again while its previous array is still needed: a module's
+    forward buffers are safe because a module runs once per forward (and its backward reads
+    them before the next forward); the backward's scratch is shared by the blocks of a pass
+    under fixed roles, and ``other`` alternates the gradient handed from block to block."""
+
+    __slots__ = ("reuse", "_arrays")
+
+    def __init__(self, reuse):
+        self.reuse = reuse
+        self._arrays = {}
+
+    def get(self, key, shape, dtype=np.float32):
+        size = math.prod(shape)
+        if not self.reuse:
+            return np.empty(shape, dtype)
+        buf = self._arrays.get(key)
+        if buf is None or buf.size < size or buf.dtype != dtype:
+            buf = self._arrays[key] = np.empty(size, dtype)
+        return buf[:size].reshape(shape)
+
+    def other(self, busy, shape):
+        """One of two alternating gradient buffers of `shape`, never the one under `busy`."""
+        a = self.get("grad.a", shape)
+        return self.get("grad.b", shape) if np.may_share_memory(a, busy) else a
+
+    @property
+    def nbytes(self):
+        return sum(a.nbytes for a in self._arrays.values())

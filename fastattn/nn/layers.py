@@ -31,6 +31,7 @@ class Linear(Module):
         y = self._apply(x2, self._workspace())
         if self.training:
             self._saved = (self._saved, x.shape)
+            y = y.copy()                      # the training buffer is the next step's
         return y.reshape(x.shape[:-1] + (self.out_features,))
 
     def backward(self, grad_output):
@@ -42,13 +43,19 @@ class Linear(Module):
         if dy.shape != shape[:-1] + (self.out_features,):
             raise ValueError(f"Linear.backward: grad_output must be "
                              f"{shape[:-1] + (self.out_features,)}, got {dy.shape}")
-        return self._backward(dy.reshape(-1, self.out_features)).reshape(shape)
+        dx = np.empty((dy.size // self.out_features, self.in_features), np.float32)
+        return self._backward(dy.reshape(-1, self.out_features), dx).reshape(shape)
 
     def _apply(self, x, ws, key=None, activation=None):
         """x (N, in) -> (N, out) inside a model pass: into workspace buffer `key` when given,
-        through the packed weight in a decode step; kept for _backward in training."""
+        through the packed weight in a decode step. Training: into this layer's buffer, x kept
+        for _backward (the caller leaves it unchanged until then)."""
         if ws.training:
-            y, pre = self._ops.linear_train(x, self.weight, self.bias, activation)
+            b = self._bufs()
+            shape = (x.shape[0], self.out_features)
+            pre = b.get("pre", shape) if activation else None
+            y = self._ops.linear_train(x, self.weight, self.bias, activation, b.get("y", shape),
+                                       pre)
             self._saved = (x, pre, activation)
             return y
         return self._ops.linear(x, self.weight, self.bias, activation,
@@ -56,12 +63,13 @@ class Linear(Module):
                                                                           self.out_features)),
                                 packed=self._decode_weight(ws))
 
-    def _backward(self, dy):
-        """dy (N, out) -> dx (N, in), accumulating the parameter gradients."""
+    def _backward(self, dy, dx):
+        """dy (N, out) -> dx (N, in) (the buffer given), accumulating the parameter
+        gradients."""
         x, pre, activation = self._check_saved()
         return self._ops.linear_backward(dy, x, self.weight, pre, activation,
                                          self._grad("weight"),
-                                         None if self.bias is None else self._grad("bias"))
+                                         None if self.bias is None else self._grad("bias"), dx)
 
     def _decode_weight(self, ws):
         return self._packed("weight", self.weight) if ws.decode else None
@@ -93,6 +101,10 @@ class Embedding(Module):
         if d.shape != ids.shape + (self.embedding_dim,):
             raise ValueError(f"Embedding.backward: grad_output must be "
                              f"{ids.shape + (self.embedding_dim,)}, got {d.shape}")
+        self._accumulate(d.reshape(-1, self.embedding_dim), np.ascontiguousarray(ids).ravel())
+
+    def _accumulate(self, d, ids):
+        """weight's gradient += the rows of d (N, C) scattered to ids (N,) int64."""
         self._ops.embedding_backward(d, ids, self._grad("weight"))
 
 
@@ -131,9 +143,11 @@ class LayerNorm(Module):
                 raise ValueError(f"LayerNorm: residual must have the shape of x {x.shape}, "
                                  f"got {residual.shape}")
             residual = residual.reshape(-1, C)
-        y = self._apply(x.reshape(-1, C), residual, training=self.training)
         if self.training:
+            y = self._train(x.reshape(-1, C), residual).copy()
             self._saved = (self._saved, x.shape)
+        else:
+            y = self._apply(x.reshape(-1, C), residual)
         return y.reshape(x.shape)
 
     def backward(self, grad_output):
@@ -144,25 +158,40 @@ class LayerNorm(Module):
         dy = contiguous(ops._array(grad_output, "grad_output", "LayerNorm.backward"))
         if dy.shape != shape:
             raise ValueError(f"LayerNorm.backward: grad_output must be {shape}, got {dy.shape}")
-        return self._backward(dy.reshape(-1, shape[-1])).reshape(shape)
+        return self._backward(dy.reshape(-1, shape[-1]),
+                              np.empty((dy.size // shape[-1], shape[-1]), np.float32)
+                              ).reshape(shape)
 
-    def _apply(self, x, residual=None, out=None, training=False):
-        """LN(x + residual) of (N, C) rows inside a model pass; out may alias x or residual
-        (inference). Training keeps x, residual and the statistics for _backward."""
-        if training:
-            y, mean, rstd = self._ops.add_norm_train(x, residual, self.weight, self.bias,
-                                                     self.eps)
-            self._saved = (x, residual, mean, rstd)
-            return y
+    def _apply(self, x, residual=None, out=None):
+        """LN(x + residual) of (N, C) rows inside an inference pass; out may alias x or
+        residual."""
         return self._ops.add_norm(x, residual, self.weight, self.bias, self.eps, out=out)
 
-    def _backward(self, dy):
-        """dy (N, C) -> the gradient of x (= of residual), accumulating weight/bias grads."""
-        x, residual, mean, rstd = self._check_saved()
+    def _train(self, x, residual=None, s=None):
+        """LN(x + residual) of (N, C) rows in a training pass, into this norm's buffer. The sum
+        s = x + residual is kept for _backward: in `s` when given (x or residual themselves,
+        which the caller then gives up), else in a buffer of this norm's; without a residual
+        s is x, which the caller leaves unchanged until the backward."""
+        b = self._bufs()
+        N = x.shape[0]
+        if residual is None:
+            s = x
+        elif s is None:
+            s = b.get("s", x.shape)
+        mean, rstd = b.get("mean", (N,)), b.get("rstd", (N,))
+        y = self._ops.add_norm_train(x, residual, self.weight, self.bias, self.eps,
+                                     b.get("y", x.shape), s, mean, rstd)
+        self._saved = (s, mean, rstd)
+        return y
+
+    def _backward(self, dy, dx):
+        """dy (N, C) -> dx (the buffer given), the gradient of x (= of residual), accumulating
+        weight/bias grads."""
+        s, mean, rstd = self._check_saved()
         return self._ops.add_norm_backward(
-            dy, x, residual, mean, rstd, self.weight,
+            dy, s, mean, rstd, self.weight,
             None if self.weight is None else self._grad("weight"),
-            None if self.bias is None else self._grad("bias"))
+            None if self.bias is None else self._grad("bias"), dx)
 
 
 class PositionalEncoding(Module):
@@ -185,15 +214,23 @@ class PositionalEncoding(Module):
         if offset + L > self.max_len:
             raise ValueError(f"PositionalEncoding: positions up to {offset + L} exceed "
                              f"max_len={self.max_len}")
-        y, seed = self._dropout(x + self.pe[offset:offset + L], self.dropout, ws)
-        if ws.training:
-            self._saved = seed
-        return y
+        y = x + self.pe[offset:offset + L]
+        if not ws.training:
+            return y
+        y2, seed = self._dropout(np.ascontiguousarray(y).reshape(-1, self.d_model),
+                                 self.dropout, ws)
+        self._saved = (seed, y.shape)
+        return y2.reshape(y.shape)
 
     def backward(self, grad_output):
         """The gradient of x (the table is constant): dropout's backward."""
-        return self._dropout_backward(np.asarray(grad_output, np.float32), self.dropout,
-                                      self._check_saved())
+        seed, shape = self._check_saved()
+        d = np.array(grad_output, np.float32, order="C")
+        if d.shape != shape:
+            raise ValueError(f"PositionalEncoding.backward: grad_output must be {shape}, "
+                             f"got {d.shape}")
+        d2 = d.reshape(-1, self.d_model)
+        return self._dropout_backward(d2, self.dropout, seed, d2).reshape(shape)
 
 
 class TokenEmbedding(Module):
@@ -206,10 +243,23 @@ class TokenEmbedding(Module):
         self.embedding = Embedding(vocab_size, emb_size, backend=backend, seed=seed)
         self.emb_size = emb_size
 
+    @property
+    def scale(self):
+        return np.float32(math.sqrt(self.emb_size))
+
     def __call__(self, ids):
-        return self.embedding(ids) * np.float32(math.sqrt(self.emb_size))
+        return self.embedding(ids) * self.scale
 
     def backward(self, grad_output):
         """Accumulates the embedding's gradient; returns None."""
-        self.embedding.backward(np.asarray(grad_output, np.float32)
-                                * np.float32(math.sqrt(self.emb_size)))
+        self.embedding.backward(np.asarray(grad_output, np.float32) * self.scale)
+
+    def _train(self, ids, out):
+        """The scaled rows of ids (B, L) int64 into out (B, L, C) (a training pass)."""
+        np.take(self.embedding.weight, ids, axis=0, out=out, mode="clip")   # ids checked
+        return np.multiply(out, self.scale, out=out)
+
+    def _accumulate(self, d, ids):
+        """The gradient of the scaled rows, d (N, C) (scaled here, in place), scattered to
+        ids (N,) int64."""
+        self.embedding._accumulate(np.multiply(d, self.scale, out=d), ids)

@@ -6,7 +6,7 @@ import numbers
 import numpy as np
 
 from .. import ops
-from .backends import Workspace, backend_ops
+from .backends import Buffers, FastOps, Workspace, backend_ops
 
 
 class Module:
@@ -32,6 +32,7 @@ class Module:
         self._saved = None           # what a training-mode forward keeps for backward()
         self._dropout_seed = 0       # dropout's base seed when this module is called directly
         self._dropout_calls = 0      # training forwards so far: each draws fresh masks
+        self._buffers = None         # training buffers (backends.Buffers), kept between steps
 
     # -- parameters and submodules -----------------------------------------------------------
     def named_parameters(self, prefix=""):
@@ -136,6 +137,7 @@ class Module:
             m.training = bool(mode)
             if not mode:
                 m._saved = None
+                m._buffers = None
         return self
 
     def eval(self):
@@ -182,15 +184,27 @@ class Module:
         self._dropout_calls += 1
         return ws
 
+    def _bufs(self):
+        """This module's training buffers (backends.Buffers): on the fast backend in training
+        mode they are kept from step to step (a warmed-up step allocates no arrays; eval()
+        frees them); otherwise every request is a new array."""
+        if not self.training or self._ops is not FastOps:
+            return _FRESH
+        if self._buffers is None:
+            self._buffers = Buffers(reuse=True)
+        return self._buffers
+
     def _dropout(self, x, p, ws):
-        """Dropout of x in a training forward -> (y, seed for the backward or None)."""
+        """Dropout of x in a training forward, in place (x is a buffer the caller owns) ->
+        (x, seed for the backward or None)."""
         if not ws.training or p == 0.0:
             return x, None
         seed = ws.seed()
-        return self._ops.dropout(x, p, seed), seed
+        return self._ops.dropout(x, p, seed, x), seed
 
-    def _dropout_backward(self, dy, p, seed):
-        return dy if seed is None else self._ops.dropout_backward(dy, p, seed)
+    def _dropout_backward(self, dy, p, seed, out):
+        """Dropout's backward of dy into out (dy itself when no dropout was applied)."""
+        return dy if seed is None else self._ops.dropout_backward(dy, p, seed, out)
 
     def _check_saved(self, what="backward"):
         if self._saved is None:
@@ -205,8 +219,11 @@ class Module:
         """Switch every submodule to `backend` ("fast" or "reference"); returns self."""
         ops_ = backend_ops(backend)
         for m in self.modules():
-            m.backend, m._ops = backend, ops_
+            m.backend, m._ops, m._buffers = backend, ops_, None
         return self
+
+
+_FRESH = Buffers(reuse=False)     # the buffers of inference and of the reference backend
 
 
 # ---- conversions, checks and initialisers shared by the modules --------------------------------

@@ -71,17 +71,25 @@ class Seq2SeqTransformer(Module):
         return np.asarray(ids) == self.pad_id
 
     def _embed(self, emb, name, ids, offset=0, ws=None):
-        """ids (B, L) -> (B, L, C): token embedding * sqrt(C) + positions offset.., then
-        dropout in a training forward (its seed kept in self._embed_seeds)."""
+        """ids (B, L) -> (B, L, C): token embedding * sqrt(C) + positions offset... A training
+        forward writes into this model's buffers, applies dropout and keeps (seed, ids) for
+        the backward in self._embedded."""
         ids = token_ids(name, ids, emb.embedding.num_embeddings)
         if ids.ndim != 2:
             raise ValueError(f"{name} must be (B, L) token ids, got shape {ids.shape}")
         if ws is None or not ws.training:
             return self.positional_encoding(emb(ids), offset)
+        B, L = ids.shape
         pe = self.positional_encoding
-        x, seed = self._dropout(emb(ids) + pe.pe[offset:offset + ids.shape[1]], self.dropout,
-                                ws)
-        self._embed_seeds.append(seed)
+        if offset + L > pe.max_len:
+            raise ValueError(f"{name}: positions up to {offset + L} exceed max_len={pe.max_len}")
+        bufs = self._bufs()
+        kept = bufs.get(name + ".ids", (B, L), np.int64)
+        kept[...] = ids
+        x = emb._train(kept, bufs.get(name + ".x", (B, L, self.emb_size)))
+        np.add(x, pe.pe[offset:offset + L], out=x)
+        x2, seed = self._dropout(x.reshape(B * L, self.emb_size), self.dropout, ws)
+        self._embedded.append((seed, kept.reshape(-1)))
         return x
 
     def _encode(self, src_ids, src_key_padding_mask, src_mask, ws):
@@ -91,8 +99,8 @@ class Seq2SeqTransformer(Module):
             return np.zeros((B, S, C), np.float32)
         m = prepare_mask("src_mask", src_mask, self._padding(src_ids, src_key_padding_mask),
                          B, self.transformer.nhead, S, S, False, "src_key_padding_mask")
-        mem = self.transformer.encoder._forward(_stream(x, ws), m, ws, B)
-        return mem.reshape(B, S, C).copy()
+        mem = self.transformer.encoder._forward(_stream(x, ws), m, ws, B).reshape(B, S, C)
+        return mem if ws.training else mem.copy()     # training: a buffer kept till backward
 
     def _decode(self, tgt_ids, memory, tgt_mask, memory_key_padding_mask,
                 tgt_key_padding_mask, tgt_is_causal, ws):
@@ -106,7 +114,7 @@ class Seq2SeqTransformer(Module):
                                self._padding(tgt_ids, tgt_key_padding_mask),
                                memory_key_padding_mask, tgt_is_causal, False)
         out = self.transformer.decoder._forward(_stream(y, ws), mem, tm, mm, ws, B)
-        return out.reshape(B, T, C).copy()
+        return out.reshape(B, T, C) if ws.training else out.reshape(B, T, C).copy()
 
     def encode(self, src_ids, src_key_padding_mask=None, src_mask=None):
         """src_ids (B, S) -> memory (B, S, C) (inference: the training forward is the
@@ -125,39 +133,59 @@ class Seq2SeqTransformer(Module):
         """-> logits (B, T, tgt_vocab_size). Padding masks come from pad_id when not given;
         the memory padding mask defaults to the source padding mask. In training mode the
         forward applies dropout and keeps what backward(d_logits) needs."""
+        logits = self._forward(src_ids, tgt_ids, src_mask, tgt_mask, src_key_padding_mask,
+                               tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal)
+        if self.training:
+            logits = logits.copy()                   # the training buffer is the next step's
+        return logits
+
+    def _forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None,
+                 src_key_padding_mask=None, tgt_key_padding_mask=None,
+                 memory_key_padding_mask=None, tgt_is_causal=True):
+        """The forward -> logits (B, T, V); in training mode a buffer of the generator's,
+        rewritten by the next training forward."""
         src_pad = self._padding(src_ids, src_key_padding_mask)
         if memory_key_padding_mask is None:
             memory_key_padding_mask = src_pad
         ws = self._workspace()
-        self._embed_seeds = []
+        self._embedded = []
         memory = self._encode(src_ids, src_pad, src_mask, ws)
         hidden = self._decode(tgt_ids, memory, tgt_mask, memory_key_padding_mask,
                               tgt_key_padding_mask, tgt_is_causal, ws)
         B, T, C = hidden.shape
         logits = self.generator._apply(hidden.reshape(B * T, C), ws)
         if ws.training:
-            self._saved = (memory.shape, (B, T, C), list(self._embed_seeds))
+            self._saved = (memory.shape, (B, T, C), self._embedded)
         return logits.reshape(B, T, -1)
 
     def backward(self, grad_output):
         """After a training-mode forward: d_logits (B, T, V) back through the generator, the
         decoder, the encoder and into both embeddings (gradients accumulate; returns None)."""
-        mem_shape, (B, T, C), seeds = self._check_saved()
+        mem_shape, (B, T, C), embedded = self._check_saved()
         d = features("grad_output", grad_output, self.tgt_vocab_size)
         if d.shape[:2] != (B, T):
             raise ValueError(f"Seq2SeqTransformer.backward: grad_output must be "
                              f"{(B, T, self.tgt_vocab_size)}, got {d.shape}")
-        self._backward(d.reshape(B * T, -1), mem_shape, (B, T, C), seeds)
+        self._backward(d.reshape(B * T, -1), mem_shape, (B, T, C), embedded)
 
-    def _backward(self, d_logits, mem_shape, tgt_shape, seeds):
+    def _backward(self, d_logits, mem_shape, tgt_shape, embedded):
+        """d_logits (B*T, V) (not written) back to both embeddings, through scratch buffers
+        shared by the whole backward."""
         tr = self.transformer
-        dh = self.generator._backward(d_logits)                             # (B*T, C)
-        dmem = np.zeros((mem_shape[0] * mem_shape[1], mem_shape[2]), np.float32)
-        d_tgt = tr.decoder._backward(dh, dmem)                               # (B*T, C)
-        d_src = tr.encoder._backward(dmem)                                   # (B*S, C)
-        for emb, d, shape, seed in ((self.tgt_tok_emb, d_tgt, tgt_shape, seeds[1]),
-                                    (self.src_tok_emb, d_src, mem_shape, seeds[0])):
-            emb.backward(self._dropout_backward(d, self.dropout, seed).reshape(shape))
+        bufs = self._bufs()
+        B, T, C = tgt_shape
+        dh = self.generator._backward(d_logits, bufs.get("grad.hidden", (B * T, C)))
+        dmem = bufs.get("grad.memory", (mem_shape[0] * mem_shape[1], C))
+        dmem.fill(0.0)
+        d_tgt = tr.decoder._backward(dh, dmem, bufs)                         # (B*T, C)
+        self._embed_backward(self.tgt_tok_emb, d_tgt, *embedded[1])          # before its
+        d_src = tr.encoder._backward(dmem, bufs)                             # buffer is reused
+        self._embed_backward(self.src_tok_emb, d_src, *embedded[0])
+
+    def _embed_backward(self, emb, d, seed, ids):
+        """The embedding's gradient from d (N, C), the gradient of its dropout's output (a
+        scratch buffer, overwritten)."""
+        emb._accumulate(self._dropout_backward(d, self.dropout, seed, d), ids)
 
     def loss(self, src_ids, tgt_ids, *, label_smoothing=0.0, backward=False):
         """Teacher-forced cross-entropy: the decoder reads tgt_ids[:, :-1] and predicts
@@ -171,16 +199,18 @@ class Seq2SeqTransformer(Module):
         if tgt.ndim != 2 or tgt.shape[1] < 2:
             raise ValueError(f"loss: tgt_ids must be (B, T) with T >= 2 (a start token and at "
                              f"least one target), got shape {tgt.shape}")
-        logits = self(src_ids, tgt[:, :-1])                                 # (B, T-1, V)
+        logits = self._forward(src_ids, tgt[:, :-1])                        # (B, T-1, V)
         B, T, V = logits.shape
         ignore = -100 if self.pad_id is None else self.pad_id
-        loss, dlogits = self._ops.cross_entropy(logits.reshape(B * T, V),
-                                                tgt[:, 1:].reshape(-1), ignore,
-                                                label_smoothing, backward)
+        bufs = self._bufs()
+        targets = bufs.get("targets", (B, T), np.int64)
+        targets[...] = tgt[:, 1:]
+        loss, dlogits = self._ops.cross_entropy(logits.reshape(B * T, V), targets.reshape(-1),
+                                                ignore, label_smoothing, backward,
+                                                bufs.get("losses", (B * T,)))
         del logits
         if backward:
-            mem_shape, tgt_shape, seeds = self._check_saved()
-            self._backward(dlogits, mem_shape, tgt_shape, seeds)
+            self._backward(dlogits, *self._check_saved())
         return loss
 
     # -- decoding ------------------------------------------------------------------------------

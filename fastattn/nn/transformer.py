@@ -18,10 +18,18 @@ from .module import (Module, check_activation, check_batch, check_batch_first, c
 
 # ---- the residual stream -----------------------------------------------------------------------
 
-def _stream(x, ws):
+def _stream(x, ws, module=None, key="x"):
     """The residual stream (N, C) of x (B, L, C): a workspace copy when fast (updated in
-    place), x itself on the reference backend (never written)."""
+    place), x itself on the reference backend (never written). A training pass copies x into
+    `module`'s buffer `key` (the backward reads it after the caller's array may have
+    changed), or takes x itself when no module is given (a buffer the caller owns)."""
     B, L, C = x.shape
+    if ws.training:
+        if module is None:
+            return x.reshape(B * L, C)
+        s = module._bufs().get(key, (B * L, C))
+        s[...] = x.reshape(B * L, C)
+        return s
     s = ws.get("x", (B * L, C))
     if s is None:
         return x.reshape(B * L, C)
@@ -120,7 +128,7 @@ def _encoder_call(module, src, mask, key_padding_mask, is_causal, mask_name):
     m = prepare_mask(mask_name, mask, key_padding_mask, B, module.nhead, S, S, is_causal,
                      "src_key_padding_mask")
     ws = module._workspace()
-    out = module._forward(_stream(x, ws), m, ws, B).reshape(B, S, C).copy()
+    out = module._forward(_stream(x, ws, module), m, ws, B).reshape(B, S, C).copy()
     if ws.training:
         module._saved_shapes = (x.shape,)
     return out
@@ -140,7 +148,9 @@ def _decoder_call(module, tgt, memory, tgt_mask=None, memory_mask=None,
                            tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal,
                            memory_is_causal)
     ws = module._workspace()
-    out = module._forward(_stream(x, ws), mem, tm, mm, ws, B).reshape(B, T, C).copy()
+    if ws.training:
+        mem = _stream(mem, ws, module, "memory").reshape(mem.shape)
+    out = module._forward(_stream(x, ws, module), mem, tm, mm, ws, B).reshape(B, T, C).copy()
     if ws.training:
         module._saved_shapes = (x.shape, mem.shape)
     return out
@@ -158,10 +168,19 @@ def _public_backward(module, grad_output, decoder):
         raise ValueError(f"{type(module).__name__}.backward: grad_output must be {shapes[0]}, "
                          f"got {d.shape}")
     d2 = d.reshape(-1, module.d_model)
+    bufs = module._bufs()
     if not decoder:
-        return module._backward(d2).reshape(shapes[0])
-    dmem = np.zeros((shapes[1][0] * shapes[1][1], module.d_model), np.float32)
-    return module._backward(d2, dmem).reshape(shapes[0]), dmem.reshape(shapes[1])
+        return module._backward(d2, bufs).reshape(shapes[0]).copy()
+    dmem = _zeros(bufs, "grad.memory", (shapes[1][0] * shapes[1][1], module.d_model))
+    d_tgt = module._backward(d2, dmem, bufs).reshape(shapes[0]).copy()
+    return d_tgt, dmem.reshape(shapes[1]).copy()
+
+
+def _zeros(bufs, key, shape):
+    """Buffer `key` of `shape`, zeroed (where a backward accumulates the memory's gradient)."""
+    z = bufs.get(key, shape)
+    z.fill(0.0)
+    return z
 
 
 class TransformerEncoderLayer(Module):
@@ -193,58 +212,69 @@ class TransformerEncoderLayer(Module):
         l1, l2 = self.linear1, self.linear2
         if ws.training:
             seed = ws.seed() if self.dropout > 0 else None
-            y, pre = self._ops.ffn_train(h, l1.weight, l1.bias, l2.weight, l2.bias,
-                                         self.activation, self.dropout, seed)
+            bufs = self._bufs()
+            pre = bufs.get("ffn.pre", (h.shape[0], l1.out_features))
+            y = self._ops.ffn_train(h, l1.weight, l1.bias, l2.weight, l2.bias, self.activation,
+                                    self.dropout, seed, bufs.get("ffn.y", h.shape), pre)
             self._ffn_saved = (h, pre, seed)
             return y
         packed = (l1._decode_weight(ws), l2._decode_weight(ws)) if ws.decode else None
         return self._ops.ffn(h, l1.weight, l1.bias, l2.weight, l2.bias, self.activation,
                              out=ws.get("ff", h.shape), packed=packed)
 
-    def _ffn_backward(self, dy):
+    def _ffn_backward(self, dy, bufs):
+        """dy (N, C) -> the FFN input's gradient, in the backward's "fdx" buffer."""
         h, pre, seed = self._ffn_saved
         self._ffn_saved = None
         l1, l2 = self.linear1, self.linear2
         grads = tuple(None if getattr(lin, name) is None else lin._grad(name)
                       for lin in (l1, l2) for name in ("weight", "bias"))
         return self._ops.ffn_backward(dy, h, l1.weight, l1.bias, l2.weight, l2.bias, pre,
-                                      self.activation, self.dropout, seed, grads)
+                                      self.activation, self.dropout, seed, grads,
+                                      bufs.get("fdx", h.shape), bufs.get("ffn.h", pre.shape))
 
     def _sublayer(self, x, norm, f, ws):
         """One residual block on the (N, C) stream x, in place when fast: x <- block(x).
-        Training adds dropout on the sublayer's output (before the residual add) and records
-        the block for _sublayer_backward."""
+        Training adds dropout on the sublayer's output (before the residual add), writes into
+        this layer's buffers (x is left as it is: the backward reads it) and records the
+        block for _sublayer_backward."""
         if ws.training:
-            if self.norm_first:
-                y, seed = self._dropout(f(norm._apply(x, training=True)), self.dropout, ws)
-                out = x + y
-            else:
+            if self.norm_first:                           # x + drop(f(norm(x)))
+                y, seed = self._dropout(f(norm._train(x)), self.dropout, ws)
+                out = np.add(x, y, out=self._bufs().get(f"res{len(self._tape)}", x.shape))
+            else:                                         # norm(x + drop(f(x)))
                 y, seed = self._dropout(f(x), self.dropout, ws)
-                out = norm._apply(y, x, training=True)
+                out = norm._train(y, x, s=y)              # the sum is kept over f's output
             self._tape.append(seed)
             return out
         if self.norm_first:
             return _add_into(x, f(norm._apply(x, out=ws.get("h", x.shape))), ws)
         return norm._apply(f(x), x, out=_inplace(x, ws))
 
-    def _sublayer_backward(self, dout, norm, f_backward, seed):
+    def _sublayer_backward(self, dout, norm, f_backward, seed, bufs):
         """The gradient of a residual block's input from its output's, through f_backward
-        (the sublayer's backward: its output's gradient -> its input's)."""
+        (the sublayer's backward: its output's gradient -> its input's, in bufs' "fdx").
+        The result is in one of bufs' two alternating gradient buffers, never dout's."""
+        drop = bufs.get("drop", dout.shape)
         if self.norm_first:
-            dh = f_backward(self._dropout_backward(dout, self.dropout, seed))
-            return dout + norm._backward(dh)
-        ds = norm._backward(dout)                   # the gradient of (x + y): both summands
-        return ds + f_backward(self._dropout_backward(ds, self.dropout, seed))
+            dh = f_backward(self._dropout_backward(dout, self.dropout, seed, drop), bufs)
+            dx = norm._backward(dh, bufs.other(dout, dout.shape))
+            return np.add(dx, dout, out=dx)
+        ds = norm._backward(dout, bufs.other(dout, dout.shape))   # of x + y: both summands
+        df = f_backward(self._dropout_backward(ds, self.dropout, seed, drop), bufs)
+        return np.add(ds, df, out=ds)
 
-    def _self_attention_backward(self, dy):
-        dq, dk, dv = self.self_attn._attention_backward(dy)
-        return dq + dk + dv
+    def _self_attention_backward(self, dy, bufs):
+        """dy (N, C) -> the gradient of the self-attention's input (q, k and v at once)."""
+        return self.self_attn._attention_backward(dy, bufs, (bufs.get("fdx", dy.shape),))[0]
 
-    def _backward(self, dout):
-        """dout (N, C) -> the gradient of the layer's input (N, C)."""
+    def _backward(self, dout, bufs):
+        """dout (N, C) -> the gradient of the layer's input (N, C), in one of bufs' two
+        alternating gradient buffers (bufs: the backward's shared scratch)."""
         seeds, self._tape = self._tape, []
-        d = self._sublayer_backward(dout, self.norm2, self._ffn_backward, seeds[1])
-        return self._sublayer_backward(d, self.norm1, self._self_attention_backward, seeds[0])
+        d = self._sublayer_backward(dout, self.norm2, self._ffn_backward, seeds[1], bufs)
+        return self._sublayer_backward(d, self.norm1, self._self_attention_backward, seeds[0],
+                                       bufs)
 
     def backward(self, grad_output):
         """After a training-mode forward: accumulates every parameter's gradient and returns
@@ -303,20 +333,22 @@ class TransformerDecoderLayer(TransformerEncoderLayer):
             x, lambda h: self.self_attn._self_attention_step(h, cache.self_attn, t, ws),
             lambda h: self.multihead_attn._cross_attention_step(h, cache.cross_attn, ws), ws)
 
-    def _backward(self, dout, dmem):
+    def _backward(self, dout, dmem, bufs):
         """dout (N, C) -> the gradient of the layer's target input (N, C); the memory's
         gradient is added to dmem (B*S, C)."""
         seeds, self._tape = self._tape, []
 
-        def cross_backward(dy):
-            dq, dk, dv = self.multihead_attn._attention_backward(dy)
-            np.add(dmem, dk, out=dmem)
-            np.add(dmem, dv, out=dmem)
-            return dq
+        def cross_backward(dy, bufs):
+            dx = bufs.get("fdx", dy.shape)
+            dm = bufs.get("attn.dmemory", dmem.shape)
+            self.multihead_attn._attention_backward(dy, bufs, (dx, dm))
+            np.add(dmem, dm, out=dmem)
+            return dx
 
-        d = self._sublayer_backward(dout, self.norm3, self._ffn_backward, seeds[2])
-        d = self._sublayer_backward(d, self.norm2, cross_backward, seeds[1])
-        return self._sublayer_backward(d, self.norm1, self._self_attention_backward, seeds[0])
+        d = self._sublayer_backward(dout, self.norm3, self._ffn_backward, seeds[2], bufs)
+        d = self._sublayer_backward(d, self.norm2, cross_backward, seeds[1], bufs)
+        return self._sublayer_backward(d, self.norm1, self._self_attention_backward, seeds[0],
+                                       bufs)
 
     def backward(self, grad_output):
         """After a training-mode forward: accumulates every parameter's gradient and returns
@@ -360,10 +392,12 @@ class _Stack(Module):
         """The optional LayerNorm closing the stack, over the stream x (N, C)."""
         if self.norm is None:
             return x
-        return self.norm._apply(x, out=_inplace(x, ws), training=ws.training)
+        if ws.training:
+            return self.norm._train(x)
+        return self.norm._apply(x, out=_inplace(x, ws))
 
-    def _final_norm_backward(self, d):
-        return d if self.norm is None else self.norm._backward(d)
+    def _final_norm_backward(self, d, bufs):
+        return d if self.norm is None else self.norm._backward(d, bufs.other(d, d.shape))
 
 
 class TransformerEncoder(_Stack):
@@ -374,10 +408,10 @@ class TransformerEncoder(_Stack):
             x = layer._forward(x, mask, ws, B)
         return self._final_norm(x, ws)
 
-    def _backward(self, d):
-        d = self._final_norm_backward(d)
+    def _backward(self, d, bufs):
+        d = self._final_norm_backward(d, bufs)
         for layer in reversed(self.layers):
-            d = layer._backward(d)
+            d = layer._backward(d, bufs)
         return d
 
     def backward(self, grad_output):
@@ -402,10 +436,10 @@ class TransformerDecoder(_Stack):
             x = layer._step(x, lc, cache.t, ws)
         return self._final_norm(x, ws)
 
-    def _backward(self, d, dmem):
-        d = self._final_norm_backward(d)
+    def _backward(self, d, dmem, bufs):
+        d = self._final_norm_backward(d, bufs)
         for layer in reversed(self.layers):
-            d = layer._backward(d, dmem)
+            d = layer._backward(d, dmem, bufs)
         return d
 
     def backward(self, grad_output):
@@ -481,10 +515,10 @@ class Transformer(Module):
         tm, mm = decoder_masks(H, B, T, S, tgt_mask, memory_mask, tgt_key_padding_mask,
                                memory_key_padding_mask, tgt_is_causal, memory_is_causal)
         ws = self._workspace()
-        memory = self.encoder._forward(_stream(x, ws), sm, ws, B).reshape(B, S, C)
+        memory = self.encoder._forward(_stream(x, ws, self, "src"), sm, ws, B).reshape(B, S, C)
         # the memory lives on while the decoder runs: its own buffers (inference)
         mem_ws = ws if ws.training else Workspace(self._ops)
-        out = self.decoder._forward(_stream(y, mem_ws), memory, tm, mm, mem_ws, B)
+        out = self.decoder._forward(_stream(y, mem_ws, self, "tgt"), memory, tm, mm, mem_ws, B)
         if ws.training:
             self._saved_shapes = (x.shape, y.shape)
         return out.reshape(B, T, C).copy()
@@ -501,14 +535,12 @@ class Transformer(Module):
         if d.shape != shapes[1]:
             raise ValueError(f"Transformer.backward: grad_output must be {shapes[1]}, "
                              f"got {d.shape}")
-        return self._backward(d.reshape(-1, self.d_model), shapes)
-
-    def _backward(self, d, shapes):
         (B, S, C), tgt_shape = shapes
-        dmem = np.zeros((B * S, C), np.float32)
-        d_tgt = self.decoder._backward(d, dmem)
-        d_src = self.encoder._backward(dmem)
-        return d_src.reshape(B, S, C), d_tgt.reshape(tgt_shape)
+        bufs = self._bufs()
+        dmem = _zeros(bufs, "grad.memory", (B * S, C))
+        d_tgt = self.decoder._backward(d.reshape(-1, C), dmem, bufs).reshape(tgt_shape).copy()
+        d_src = self.encoder._backward(dmem, bufs)
+        return d_src.reshape(B, S, C).copy(), d_tgt
 
     @staticmethod
     def generate_square_subsequent_mask(sz):

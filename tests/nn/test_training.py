@@ -312,8 +312,10 @@ def test_training_in_lockstep_with_torch(rng, backend):
     loss_fn = torch.nn.CrossEntropyLoss(ignore_index=PAD, label_smoothing=0.1)
     data = np.random.default_rng(9)
     for step in range(50):
-        src = token_batch(data, V_SRC, [S, 3, 5, 6], S)
-        tgt = token_batch(data, V_TGT, [T, 3, 4, 2], T)
+        # shapes change from step to step (as length buckets do): buffers grow and are reused
+        ls, lt, rows = S + step % 3, T + step % 2, 4 - 2 * (step % 5 == 4)
+        src = token_batch(data, V_SRC, [ls, 3, 5, 6][:rows], ls)
+        tgt = token_batch(data, V_TGT, [lt, 3, 4, 2][:rows], lt)
         t_opt.zero_grad()
         logits = tm(torch.tensor(src), torch.tensor(tgt[:, :-1]),
                     *tutorial_masks(torch, src, tgt[:, :-1]), torch.tensor(src == PAD))
@@ -359,3 +361,88 @@ def test_optimizer_state_round_trips_through_a_file_and_training_continues(rng, 
     opt2 = optim.AdamW(m2, lr=1e-2)
     opt2.load_state_dict(io.read_state_dict(tmp_path / "optim.safetensors")[0])
     assert train(m2, opt2, batches[2:]) == full[2:]
+
+
+# ----------------------------------------------------------------------------------------------
+# training buffers: reused from step to step, never seen through a public result
+
+
+def _step(m, opt, src, tgt):
+    from fastattn import optim
+
+    opt.zero_grad()
+    loss = m.loss(src, tgt, label_smoothing=0.1, backward=True)
+    optim.clip_grad_norm(m, 1.0)
+    opt.step()
+    return loss
+
+
+def test_a_warmed_up_training_step_allocates_no_arrays():
+    """Once a step of the largest shapes has run, a whole step (forward, loss, backward,
+    clipping, AdamW) allocates no array: the Python heap's peak over the step is a few
+    Python objects (no activation-sized array: one is 320 KiB here), the same for a batch
+    five times smaller."""
+    import tracemalloc
+
+    from fastattn import optim
+
+    m = fnn.Seq2SeqTransformer(2, 2, 64, 4, 500, 500, 256, dropout=0.1, pad_id=PAD,
+                               seed=0).train()
+    opt = optim.AdamW(m, lr=1e-3)
+    data = np.random.default_rng(0)
+    big = (token_batch(data, 500, [40] + [9] * 31, 40), token_batch(data, 500, [30] + [4] * 31, 30))
+    small = (token_batch(data, 500, [13, 5, 2], 13), token_batch(data, 500, [9, 3, 2], 9))
+    _step(m, opt, *big)
+    _step(m, opt, *small)
+    buffers = sum(x._buffers.nbytes for x in m.modules() if x._buffers is not None)
+    assert buffers > 20 * 2 ** 20                    # the activations and gradients live there
+    peaks = []
+    tracemalloc.start()
+    try:
+        for src, tgt in (big, small, big):
+            base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            _step(m, opt, src, tgt)
+            peaks.append(tracemalloc.get_traced_memory()[1] - base)
+    finally:
+        tracemalloc.stop()
+    assert max(peaks) < 200 * 1024, peaks
+    assert max(peaks) - min(peaks) < 32 * 1024, peaks    # nothing grows with the batch
+    m.eval()
+    assert all(x._buffers is None for x in m.modules())  # eval() gives the memory back
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_public_training_results_are_not_overwritten_by_the_next_step(rng, backend):
+    """What a public call returns in training mode (outputs, input gradients) is the caller's:
+    the next forward and backward leave it as it was."""
+    x1, x2 = features(rng, B, S), features(rng, B, S)
+    dy = rng.standard_normal((B, S, C)).astype(np.float32)
+    modules = [
+        (fnn.Linear(C, C, backend=backend), lambda m, x: m(x)),
+        (fnn.LayerNorm(C, backend=backend), lambda m, x: m(x, x)),
+        (fnn.MultiheadAttention(C, H, backend=backend), lambda m, x: m(x, x, x)[0]),
+        (fnn.TransformerEncoderLayer(C, H, F, dropout=0.0, backend=backend), lambda m, x: m(x)),
+        (fnn.TransformerEncoder(fnn.TransformerEncoderLayer(C, H, F, dropout=0.0,
+                                                            backend=backend), 2),
+         lambda m, x: m(x)),
+        (fnn.Transformer(C, H, 1, 1, F, dropout=0.0, backend=backend), lambda m, x: m(x, x)),
+    ]
+    for m, call in modules:
+        m.train()
+        out = call(m, x1)
+        grads = m.backward(dy)
+        grads = grads if isinstance(grads, tuple) else (grads,)
+        kept = [out.copy()] + [g.copy() for g in grads]
+        call(m, x2)
+        m.backward(2 * dy)
+        for a, b in zip([out, *grads], kept):
+            assert np.array_equal(a, b), type(m).__name__
+    s2s = fnn.Seq2SeqTransformer(1, 1, C, H, V_SRC, V_TGT, F, dropout=0.0, pad_id=PAD,
+                                 backend=backend).train()
+    src, tgt = token_batch(rng, V_SRC, [S, 3], S), token_batch(rng, V_TGT, [T, 2], T)
+    logits = s2s(src, tgt)
+    kept = logits.copy()
+    s2s.backward(np.ones_like(logits))
+    s2s.loss(src[::-1], tgt[::-1], backward=True)
+    assert np.array_equal(logits, kept)
