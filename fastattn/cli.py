@@ -4,9 +4,16 @@
     fastattn bench [--threads N] [--repeat N] [--case NAME ...] [--json PATH] [--quick] [--list]
                                           ops vs the NumPy twin vs torch, as a Markdown table,
                                           then the performance targets (PASS / MISS)
-    fastattn demo                         a few-second causal attention: ops vs reference
+    fastattn demo [--quick] [--out DIR]   train the seeds' dialogue completer (about two
+                                          minutes; --quick: seconds), complete, plot
+    fastattn train DATA --out RUN_DIR ... train a model on text pairs (.tsv .jsonl .txt .yml)
+    fastattn complete RUN_DIR [TEXT ...]  one completion per TEXT (or per line of stdin)
+    fastattn plot RUN_DIR                 RUN_DIR/loss.png: training loss, validation loss, lr
+    fastattn attention RUN_DIR TEXT --out DIR
+                                          attention heatmaps (encoder, masked decoder, cross)
 
-Also runnable as ``python -m fastattn.cli``. Exit status: 0 on success, 2 on a usage error.
+Also runnable as ``python -m fastattn.cli``. Exit status: 0 on success, 1 on an error in the
+input (a message, no traceback), 2 on a usage error, 130 after Ctrl-C.
 """
 import argparse
 import json
@@ -14,6 +21,26 @@ import sys
 import time
 
 import numpy as np
+
+
+def _probability(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {value}")
+    return value
+
+
+def _positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
 
 
 def _positive_int(text):
@@ -80,10 +107,86 @@ def _parser():
     b.set_defaults(subparser=b)
     b.finish_help = lambda: _bench_help(repeat, cases)
 
-    sub.add_parser("demo", help="causal attention with ops and with the NumPy reference",
-                   description="A few-second demonstration: causal attention on a small random "
-                               "problem with fastattn.ops and fastattn.reference; prints the "
-                               "largest difference and the time of each.")
+    d = sub.add_parser("demo", help="train the seeds' dialogue completer, complete, plot",
+                       description="Train the seeds' dialogue completer on the English "
+                                   "conversations of chatterbot-corpus (pip install "
+                                   "\"fastattn[demo]\") and the seeds' lines, in about two "
+                                   "minutes on 2 cores; print the losses and completions; write "
+                                   "loss.png and attention heatmaps into --out.")
+    d.add_argument("--quick", action="store_true",
+                   help="a seconds-long check: the seeds' lines only, a few hundred steps")
+    d.add_argument("--out", metavar="DIR", default="fastattn-demo",
+                   help="where the run, loss.png and the heatmaps go (default: %(default)s)")
+    d.add_argument("--seconds", type=_positive_float, metavar="S",
+                   help="training time budget (default: 120, 10 with --quick)")
+    d.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    t = sub.add_parser("train", help="train a dialogue or translation model on text pairs",
+                       description="Train a Seq2SeqTransformer on (source, target) text pairs "
+                                   "into RUN_DIR (model, tokenizers, config, history, "
+                                   "checkpoints). DATA: .tsv (source TAB target), .jsonl "
+                                   "({\"source\": ..., \"target\": ...}), .txt (each line is "
+                                   "answered by the next) or .yml (chatterbot-corpus format).")
+    t.add_argument("data", metavar="DATA", help="the pairs file")
+    t.add_argument("--out", metavar="RUN_DIR", required=True, help="the run directory")
+    t.add_argument("--model", choices=("tiny", "small", "base"), default="tiny",
+                   help="tiny: d 128, 4 heads, 2+2 layers, ff 512; small: d 256, 4 heads, 3+3, "
+                        "ff 1024; base: the paper's (default: %(default)s)")
+    t.add_argument("--tokenizer", choices=("bpe", "word", "char"), default="bpe",
+                   help="one tokenizer trained on both sides (default: %(default)s)")
+    t.add_argument("--vocab-size", type=_positive_int, metavar="N",
+                   help="tokens in the vocabulary, specials included (default: bpe 4000, word "
+                        "8000, at most what the data holds; char: every character seen)")
+    length = t.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=_positive_int, metavar="N", help="optimiser steps")
+    length.add_argument("--epochs", type=_positive_int, metavar="N", help="passes over the data")
+    t.add_argument("--batch-tokens", type=_positive_int, default=4096, metavar="N",
+                   help="padded tokens per batch (default: %(default)s)")
+    t.add_argument("--lr", type=_positive_float, metavar="X", help="peak learning rate")
+    t.add_argument("--warmup", type=_positive_int, metavar="N", help="warm-up steps")
+    t.add_argument("--dropout", type=_probability, default=0.1, metavar="P",
+                   help="dropout (default: %(default)s)")
+    t.add_argument("--label-smoothing", type=_probability, default=0.1, metavar="X",
+                   help="label smoothing (default: %(default)s)")
+    t.add_argument("--valid", type=_probability, default=0.05, metavar="FRACTION",
+                   help="fraction of the pairs held out for validation (default: %(default)s)")
+    t.add_argument("--seed", type=int, default=0, metavar="S", help="the run's seed")
+    t.add_argument("--resume", action="store_true",
+                   help="continue RUN_DIR from its latest checkpoint")
+    t.add_argument("--quiet", action="store_true",
+                   help="no progress bar: JSON lines on standard error")
+
+    c = sub.add_parser("complete", help="complete texts with a trained run",
+                       description="One completion per TEXT, or per line of standard input "
+                                   "when no TEXT is given (one output line per input line, in "
+                                   "order).")
+    c.add_argument("run_dir", metavar="RUN_DIR")
+    c.add_argument("texts", metavar="TEXT", nargs="*")
+    c.add_argument("--method", choices=("greedy", "beam", "sample"), default="greedy")
+    c.add_argument("--beam-size", type=_positive_int, default=4, metavar="K")
+    c.add_argument("--temperature", type=_positive_float, default=1.0, metavar="T")
+    c.add_argument("--top-k", type=_positive_int, metavar="K")
+    c.add_argument("--top-p", type=_positive_float, metavar="P")
+    c.add_argument("--seed", type=int, metavar="S", help="the sampling seed")
+    c.add_argument("--max-new-tokens", type=_positive_int, default=64, metavar="N")
+    c.add_argument("--batch-size", type=_positive_int, default=64, metavar="N",
+                   help="lines completed together (default: %(default)s)")
+
+    pl = sub.add_parser("plot", help="plot a run's loss curves to RUN_DIR/loss.png",
+                        description="Training loss, validation loss and learning rate of a "
+                                    "run, from RUN_DIR/history.jsonl, as a PNG.")
+    pl.add_argument("run_dir", metavar="RUN_DIR")
+    pl.add_argument("--out", metavar="PNG", help="default: RUN_DIR/loss.png")
+
+    a = sub.add_parser("attention", help="attention heatmaps of a run for one text",
+                       description="PNG heatmaps of the encoder self-attention, the decoder's "
+                                   "masked self-attention and the cross-attention weights, one "
+                                   "panel per head, for TEXT and its target (--target, or the "
+                                   "model's greedy completion).")
+    a.add_argument("run_dir", metavar="RUN_DIR")
+    a.add_argument("text", metavar="TEXT")
+    a.add_argument("--target", metavar="TEXT")
+    a.add_argument("--out", metavar="DIR", required=True)
     return parser
 
 
@@ -151,38 +254,122 @@ def _bench(args):
     return 0
 
 
-def _demo(args):
-    import fastattn
-    from fastattn import ops, reference
+def _errors(fn):
+    """Run a command: an error in the user's input (a file, a run directory, a missing extra)
+    is one line on standard error and exit status 1, not a traceback; Ctrl-C exits 130."""
+    def run(args):
+        try:
+            return fn(args)
+        except (ValueError, FileNotFoundError, IsADirectoryError, ImportError) as exc:
+            print(f"fastattn {args.command}: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print(f"fastattn {args.command}: interrupted", file=sys.stderr)
+            return 130
+    return run
 
-    B, H, L, D = 2, 4, 256, 64
-    rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((B, H, L, D), dtype=np.float32) for _ in range(3))
 
-    def best_of(fn, n):
-        out, best = None, float("inf")
-        for _ in range(n):
-            t0 = time.perf_counter()
-            out = fn()
-            best = min(best, time.perf_counter() - t0)
-        return out, best * 1e3
+@_errors
+def _train(args):
+    from .train import read_pairs
+    from .train.run import train_run
 
-    fast, fast_ms = best_of(lambda: ops.attention(q, k, v, causal=True), 5)
-    ref, ref_ms = best_of(lambda: reference.attention(q, k, v, causal=True), 2)
-    diff = float(np.max(np.abs(fast.astype(np.float64) - ref)))
-    print(f"causal attention, q k v of shape (B, H, L, D) = ({B}, {H}, {L}, {D}), float32, "
-          f"{fastattn.get_num_threads()} threads, simd {fastattn.build_info()['simd']}")
-    print(f"  fastattn.ops.attention        {fast_ms:9.3f} ms   (C + OpenMP, tiled)")
-    print(f"  fastattn.reference.attention  {ref_ms:9.3f} ms   (NumPy, float64)")
-    print(f"  speedup                       {ref_ms / fast_ms:9.1f}x")
-    print(f"  max |ops - reference|         {diff:9.2e}")
+    pairs = read_pairs(args.data)
+    run, history = train_run(
+        pairs, args.out, model=args.model, tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size, steps=args.steps, epochs=args.epochs,
+        batch_tokens=args.batch_tokens, lr=args.lr, warmup=args.warmup, dropout=args.dropout,
+        label_smoothing=args.label_smoothing, valid=args.valid, seed=args.seed,
+        resume=args.resume, progress=not args.quiet, data=args.data)
+    print(_summary(history))
+    print(f"run written to {run.path}")
     return 0
+
+
+def _summary(history):
+    steps, evals = history.steps, history.evals
+    text = f"{len(steps)} steps"
+    if steps:
+        text += f", final training loss {steps[-1]['loss']:.4f}"
+    if evals:
+        text += (f", validation loss {evals[-1]['valid_loss']:.4f} (perplexity "
+                 f"{evals[-1]['valid_ppl']:.2f})")
+    return text
+
+
+def _generate_kwargs(args):
+    kw = dict(method=args.method, max_new_tokens=args.max_new_tokens)
+    if args.method == "beam":
+        kw["beam_size"] = args.beam_size
+    if args.method == "sample":
+        kw.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                  seed=args.seed)
+    return kw
+
+
+@_errors
+def _complete(args):
+    from .train.run import load_run
+
+    run = load_run(args.run_dir)
+    kw = _generate_kwargs(args)
+    texts = args.texts if args.texts else (line.rstrip("\r\n") for line in sys.stdin)
+    batch = []
+
+    def flush():
+        for text, out in zip(batch, run.complete(batch, **kw) if any(batch) else batch):
+            print(out.replace("\n", " ") if text else "", flush=False)
+        sys.stdout.flush()
+        batch.clear()
+
+    for text in texts:
+        batch.append(text)
+        if len(batch) == args.batch_size:
+            flush()
+    if batch:
+        flush()
+    return 0
+
+
+@_errors
+def _plot(args):
+    import os
+
+    from .plots import plot_history
+
+    path = os.path.join(args.run_dir, "history.jsonl")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no history (fastattn train writes it)")
+    out = args.out or os.path.join(args.run_dir, "loss.png")
+    plot_history(path, out)
+    print(out)
+    return 0
+
+
+@_errors
+def _attention(args):
+    from .plots import plot_model_attention
+    from .train.run import load_run
+
+    run = load_run(args.run_dir)
+    for path in plot_model_attention(run.model, run.src_tokenizer, run.tgt_tokenizer,
+                                     args.text, args.target, args.out):
+        print(path)
+    return 0
+
+
+@_errors
+def _demo(args):
+    from .train.demo import demo
+
+    return demo(quick=args.quick, out=args.out, seconds=args.seconds, progress=not args.quiet)
 
 
 def main(argv=None):
     """Entry point of the ``fastattn`` command; returns the exit status."""
     args = _parser().parse_args(argv)
-    return {"info": _info, "bench": _bench, "demo": _demo}[args.command](args)
+    return {"info": _info, "bench": _bench, "demo": _demo, "train": _train,
+            "complete": _complete, "plot": _plot, "attention": _attention}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,145 @@
+"""``fastattn demo``: the seeds' dialogue completer, trained end to end.
+
+The seeds end with a dialogue completer that learns (line, reply) pairs such as "Fool! No man
+can kill me" -> "<start> I am no man <end>". The demo trains one on those lines and, when the
+``chatterbot-corpus`` package is installed (``pip install "fastattn[demo]"``), on its English
+conversations (each turn answered by the next), for a time budget (about two minutes on 2
+cores); then it prints the losses, completes the seed's prompt and a few others, scores exact
+matches, and writes the run, loss.png and the attention heatmaps of the seed pair.
+"""
+import os
+import random
+import sys
+import time
+
+import numpy as np
+
+from .. import get_num_threads
+from .._runtime import build_info
+
+# The seeds' dialogue pairs (002: "Training a Dialogue Completer", and the masking example).
+SEED_PAIRS = [
+    ("When you play the games of thrones", "you win or you die"),
+    ("It is not our abilities that show who we truly are", "it is our choices"),
+    ("Life happens where ever you are", "whether you make it or not"),
+    ("All we have to do is decide what to do", "with the time that has been given to us"),
+    ("There is some good in this world Mr. Frodo", "and it is worth fighting for"),
+    ("Fool! No man can kill me", "I am no man"),
+]
+SEED_PROMPT, SEED_REPLY = SEED_PAIRS[-1]
+UNSEEN = ["Hello there", "What is your favorite book?", "Do you like to play games?"]
+MAX_WORDS = 16           # corpus turns longer than this are left out (they are mostly code)
+SAMPLE = 200             # corpus training pairs scored for exact match
+
+
+def _corpus(out):
+    """Corpus pairs (short turns only), or [] with a note when the extra is missing."""
+    try:
+        from . import chatterbot_pairs
+        pairs = chatterbot_pairs("english")
+    except ImportError:
+        print('chatterbot-corpus is not installed: training on the seeds\' lines alone. '
+              'pip install "fastattn[demo]" adds the corpus.', file=out)
+        return []
+    return [(s, t) for s, t in pairs
+            if 0 < len(s.split()) <= MAX_WORDS and 0 < len(t.split()) <= MAX_WORDS]
+
+
+def _normal(tok, text):
+    """The text as the tokenizer sees it (a completion is compared with what it can say)."""
+    return tok.decode(tok.encode(text))
+
+
+def _exact_match(run, pairs):
+    """Fraction of the prompts whose greedy completion equals one of their training replies
+    (a prompt with several replies in the data is right with any of them)."""
+    if not pairs:
+        return None
+    tok = run.tgt_tokenizer
+    replies = {}
+    for s, t in pairs:
+        replies.setdefault(s, set()).add(_normal(tok, t))
+    prompts = sorted(replies)
+    outs = []
+    for i in range(0, len(prompts), 64):
+        outs += run.complete(prompts[i:i + 64], max_new_tokens=32)
+    return sum(o in replies[p] for p, o in zip(prompts, outs)) / len(prompts)
+
+
+def demo(quick=False, out="fastattn-demo", seconds=None, progress=True, stream=None):
+    """Run the demo (see the module docstring); returns the exit status (0)."""
+    from .run import train_run
+
+    stream = stream or sys.stdout
+    started = time.perf_counter()
+    seconds = seconds if seconds is not None else (10.0 if quick else 120.0)
+    print(f"fastattn demo: the seeds' dialogue completer ({get_num_threads()} threads, "
+          f"simd {build_info()['simd']})", file=stream)
+    corpus = [] if quick else _corpus(stream)
+    pairs = list(dict.fromkeys(SEED_PAIRS + corpus))
+    print(f"pairs: {len(SEED_PAIRS)} from the seeds"
+          + (f", {len(pairs) - len(SEED_PAIRS)} from chatterbot-corpus (English, turns of at "
+             f"most {MAX_WORDS} words)" if corpus else ""), file=stream)
+
+    def budget(record, model):
+        if time.perf_counter() - started > seconds:
+            raise StopIteration
+
+    batch_tokens = 1024 if quick or not corpus else 2048
+    run, history = train_run(
+        pairs, os.path.join(out, "run"), model="tiny", tokenizer="word",
+        steps=10 ** 6, batch_tokens=batch_tokens, lr=1e-3, warmup=100 if corpus else 30,
+        dropout=0.1, label_smoothing=0.1, valid=0.05 if corpus else 0.0, seed=0,
+        progress=progress, keep_in_train=SEED_PAIRS, callbacks=(budget,),
+        eval_every=500)
+    train_seconds = time.perf_counter() - started
+    steps, evals = history.steps, history.evals
+    last = steps[-min(20, len(steps)):]
+    print(f"\ntrained {len(steps)} steps in {train_seconds:.0f} s "
+          f"({np.mean([r['tokens_per_s'] for r in last]):.0f} target tokens/s)", file=stream)
+    print(f"training loss (mean of the last {len(last)} steps): "
+          f"{np.mean([r['loss'] for r in last]):.3f}", file=stream)
+    if evals:
+        print(f"validation loss {evals[-1]['valid_loss']:.3f}, perplexity "
+              f"{evals[-1]['valid_ppl']:.1f} ({run.config['valid_pairs']} held-out pairs)",
+              file=stream)
+
+    seen = [s for s, _ in random.Random(1).sample(corpus, min(3, len(corpus)))]
+    prompts = [SEED_PROMPT] + [s for s, _ in SEED_PAIRS[:2]] + seen + UNSEEN
+    print("\ncompletions (greedy):", file=stream)
+    for p, c in zip(prompts, run.complete(prompts, max_new_tokens=32)):
+        kind = "unseen" if p in UNSEEN else "seen"
+        print(f"  [{kind}] {p!r} -> {c!r}", file=stream)
+
+    seed_match = _exact_match(run, SEED_PAIRS)
+    valid = set(map(tuple, getattr(run, "valid_pairs", [])))
+    train_corpus = [p for p in corpus if p not in valid]
+    sample = random.Random(2).sample(train_corpus, min(SAMPLE, len(train_corpus)))
+    corpus_match = _exact_match(run, sample)
+    print(f"\nexact match (greedy) on the seed pairs: {seed_match:.0%}", file=stream)
+    if corpus_match is not None:
+        print(f"exact match (greedy) on {len(sample)} corpus training pairs: "
+              f"{corpus_match:.0%}", file=stream)
+    _pictures(run, history, out, stream)
+    print(f"\nwall time {time.perf_counter() - started:.0f} s; the run is in "
+          f"{os.path.join(out, 'run')} (fastattn complete {os.path.join(out, 'run')} TEXT)",
+          file=stream)
+    return 0
+
+
+def _pictures(run, history, out, stream):
+    try:
+        from ..plots import plot_history, plot_model_attention
+    except ImportError as exc:
+        print(f"\nno pictures: {exc}", file=stream)
+        return
+    try:
+        loss = os.path.join(out, "loss.png")
+        plot_history(history.records, loss)
+        paths = plot_model_attention(run.model, run.src_tokenizer, run.tgt_tokenizer,
+                                     SEED_PROMPT, SEED_REPLY, os.path.join(out, "attention"))
+    except ImportError as exc:
+        print(f"\nno pictures: {exc}", file=stream)
+        return
+    print(f"\nwrote {loss} and {len(paths)} attention heatmaps of the seed pair in "
+          f"{os.path.join(out, 'attention')}", file=stream)
