@@ -176,7 +176,7 @@ class Seq2SeqTransformer(Module):
         logits = self.generator._apply(hidden.reshape(B * T, C), ws)
         if ws.training:
             self._saved = (memory.shape, (B, T, C), self._embedded)
-        return logits.reshape(B, T, -1)
+        return logits.reshape(B, T, self.tgt_vocab_size)    # not -1: B may be 0
 
     def backward(self, grad_output):
         """After a training-mode forward: d_logits (B, T, V) back through the generator, the
