@@ -20,6 +20,12 @@ Decoding goes through the layers: a decoder layer, a decoder stack and a Seq2Seq
 each have ``init_cache(...)`` and ``step(...)``, one position at a time over a cache whose
 layout they own, computed by the same block as their forward.
 
+Attention weights: ``Transformer.attention_weights(src, tgt, ...)`` and
+``Seq2SeqTransformer.attention_weights(src_ids, tgt_ids, ...)`` take the forward's arguments and
+return every layer's weights, {"encoder": [(B, H, S, S)], "decoder": [(B, H, T, T)], "cross":
+[(B, H, T, S)]}, from an inference pass through the same layers that records them (eval mode
+only); the ordinary forward keeps its fused attention and never stores a weight.
+
 The package:
     module       Module: parameters, state_dict, backends, derived (packed) weights
     backends     the op tables (fast, reference) and the activation workspace

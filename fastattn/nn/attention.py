@@ -6,6 +6,7 @@ values come from (a cache written in place) and in streaming packed weights for 
 """
 import numpy as np
 
+from .backends import _put
 from .layers import Linear
 from .masks import NO_MASK, Mask, prepare_mask
 from .module import (Module, check_batch_first, check_dropout, check_positive, features,
@@ -108,11 +109,16 @@ class MultiheadAttention(Module):
 
     def _attend(self, q, k, v, mask, ws):
         """(B, H, Lq, D) queries against (B, H, Lk, D) keys/values, then out_proj ->
-        (B*Lq, C) rows ordered (batch, query)."""
+        (B*Lq, C) rows ordered (batch, query). A recording pass (ws.weights a dict) also
+        stores the attention weights (B, H, Lq, Lk) in ws.weights[self]."""
         B, H, Lq, D = q.shape
         ctx = ws.get("ctx", (B, Lq, H, D))
         ctx_v = None if ctx is None else ctx.transpose(0, 2, 1, 3)
-        ctx_v = self._ops.attention(q, k, v, mask, out=ctx_v)               # (B, H, Lq, D)
+        if ws.weights is None:
+            ctx_v = self._ops.attention(q, k, v, mask, out=ctx_v)           # (B, H, Lq, D)
+        else:                         # a recording pass: the slow path that keeps the weights
+            y, ws.weights[self] = self._ops.attention_weights(q, k, v, mask)
+            ctx_v = _put(ctx_v, y)
         ctx = ctx_v.transpose(0, 2, 1, 3).reshape(B * Lq, H * D)            # view when fast
         return self.out_proj._apply(ctx, ws, "proj")
 

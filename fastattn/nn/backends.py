@@ -335,10 +335,15 @@ class Workspace:
     training forward keeps each layer's activations for its backward).
 
     In a training forward, ``seed()`` hands out the dropout seeds: a pure function of the base
-    seed, the forward's number and the order of the dropout sites, so every run repeats."""
+    seed, the forward's number and the order of the dropout sites, so every run repeats.
 
-    def __init__(self, ops_, decode=False, training=False, seed=0, call=0):
+    ``weights``: None in every ordinary pass; a dict in a recording pass (an inference pass
+    made by ``attention_weights``), where each MultiheadAttention stores its attention weights
+    (B, H, Lq, Lk) under itself as the key. Passes that share the dict record into one place."""
+
+    def __init__(self, ops_, decode=False, training=False, seed=0, call=0, weights=None):
         self.training = training
+        self.weights = weights
         self.fast = ops_ is FastOps and not training   # buffers reused, stream updated in place
         self.decode = decode          # a decode step: few rows, packed weights worth building
         self.bufs = {}

@@ -6,7 +6,7 @@ from .backends import Workspace
 from .layers import Linear, PositionalEncoding, TokenEmbedding
 from .masks import decoder_masks, prepare_mask
 from .module import Module, check_batch, check_dropout, features, rng_from, token_ids
-from .transformer import Transformer, _stream
+from .transformer import Transformer, _stream, collect_weights, recording_workspace
 
 
 class Seq2SeqTransformer(Module):
@@ -139,15 +139,35 @@ class Seq2SeqTransformer(Module):
             logits = logits.copy()                   # the training buffer is the next step's
         return logits
 
+    def attention_weights(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None,
+                          src_key_padding_mask=None, tgt_key_padding_mask=None,
+                          memory_key_padding_mask=None, tgt_is_causal=True):
+        """The attention weights of every layer for src_ids (B, S), tgt_ids (B, T): an
+        inference pass with the forward's arguments, masks (causal target; padding from
+        pad_id where no mask is given) and math -> {"encoder": [(B, H, S, S) per layer],
+        "decoder": [(B, H, T, T) per layer, the masked self-attention], "cross": [(B, H, T, S)
+        per layer]}, float32 arrays. A row sums to 1, or is zeros where the masks leave its
+        query no key; masked entries are exactly 0. Eval mode only (a RuntimeError in train
+        mode, whose dropout would change the weights). The forward itself never pays for it:
+        only this pass takes the attention path that stores the weights."""
+        rec = recording_workspace(self, "attention_weights")
+        logits = self._forward(src_ids, tgt_ids, src_mask, tgt_mask, src_key_padding_mask,
+                               tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal,
+                               ws=rec)
+        B, T, _ = logits.shape
+        return collect_weights(self.transformer, rec.weights, B, np.shape(src_ids)[1], T)
+
     def _forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None,
                  src_key_padding_mask=None, tgt_key_padding_mask=None,
-                 memory_key_padding_mask=None, tgt_is_causal=True):
+                 memory_key_padding_mask=None, tgt_is_causal=True, ws=None):
         """The forward -> logits (B, T, V); in training mode a buffer of the generator's,
-        rewritten by the next training forward."""
+        rewritten by the next training forward. ws: a recording workspace, or None (this
+        module's own)."""
         src_pad = self._padding(src_ids, src_key_padding_mask)
         if memory_key_padding_mask is None:
             memory_key_padding_mask = src_pad
-        ws = self._workspace()
+        if ws is None:
+            ws = self._workspace()
         self._embedded = []
         memory = self._encode(src_ids, src_pad, src_mask, ws)
         hidden = self._decode(tgt_ids, memory, tgt_mask, memory_key_padding_mask,
@@ -156,7 +176,7 @@ class Seq2SeqTransformer(Module):
         logits = self.generator._apply(hidden.reshape(B * T, C), ws)
         if ws.training:
             self._saved = (memory.shape, (B, T, C), self._embedded)
-        return logits.reshape(B, T, -1)
+        return logits.reshape(B, T, self.tgt_vocab_size)    # not -1: B may be 0
 
     def backward(self, grad_output):
         """After a training-mode forward: d_logits (B, T, V) back through the generator, the

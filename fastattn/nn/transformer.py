@@ -183,6 +183,38 @@ def _zeros(bufs, key, shape):
     return z
 
 
+# ---- attention weights on request --------------------------------------------------------------
+#
+# ``attention_weights`` (Transformer, Seq2SeqTransformer) runs the inference forward through the
+# layers' one code path with a recording workspace (Workspace.weights a dict): each
+# MultiheadAttention then calls the ops' weight-returning attention (ops.attention(...,
+# return_weights=True), or its reference twin) instead of the fused kernel, and stores the
+# weights under itself. Every other pass has weights=None: one attribute test per attention call.
+
+def recording_workspace(module, where):
+    """An inference Workspace that records attention weights. Train mode is refused: its
+    dropout would change the weights (and a pending backward's records would be disturbed)."""
+    if module.training:
+        raise RuntimeError(f"{type(module).__name__}.{where} is an inference pass: call "
+                           "model.eval() first (train mode applies dropout to the weights)")
+    return Workspace(module._ops, weights={})
+
+
+def collect_weights(transformer, weights, B, S, T):
+    """What a recording pass stored, per kind and layer: {"encoder": [(B, H, S, S)],
+    "decoder": [(B, H, T, T)], "cross": [(B, H, T, S)]} float32 (zeros when B == 0)."""
+    H = transformer.nhead
+
+    def get(mha, Lq, Lk):
+        w = weights.get(mha)
+        return np.zeros((B, H, Lq, Lk), np.float32) if w is None else w
+
+    enc, dec = transformer.encoder.layers, transformer.decoder.layers
+    return {"encoder": [get(layer.self_attn, S, S) for layer in enc],
+            "decoder": [get(layer.self_attn, T, T) for layer in dec],
+            "cross": [get(layer.multihead_attn, T, S) for layer in dec]}
+
+
 class TransformerEncoderLayer(Module):
     """torch.nn.TransformerEncoderLayer: self-attention and FFN, each with add & norm
     (post-LN: x = norm(x + f(x)); norm_first: x = x + f(norm(x)))."""
@@ -502,6 +534,32 @@ class Transformer(Module):
                  memory_key_padding_mask=None, src_is_causal=None, tgt_is_causal=False,
                  memory_is_causal=False):
         """src (B, S, C), tgt (B, T, C) -> (B, T, C)."""
+        return self._forward(None, src, tgt, src_mask, tgt_mask, memory_mask,
+                             src_key_padding_mask, tgt_key_padding_mask,
+                             memory_key_padding_mask, src_is_causal, tgt_is_causal,
+                             memory_is_causal)
+
+    def attention_weights(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None,
+                          src_key_padding_mask=None, tgt_key_padding_mask=None,
+                          memory_key_padding_mask=None, src_is_causal=None,
+                          tgt_is_causal=False, memory_is_causal=False):
+        """The attention weights of every layer for src (B, S, C), tgt (B, T, C), from an
+        inference pass with the forward's arguments, masks and math (eval mode only: a
+        RuntimeError in train mode) -> {"encoder": [(B, H, S, S) per layer], "decoder":
+        [(B, H, T, T) per layer], "cross": [(B, H, T, S) per layer]}, float32. A row sums to
+        1, or is zeros where the masks leave its query no key."""
+        rec = recording_workspace(self, "attention_weights")
+        out = self._forward(rec, src, tgt, src_mask, tgt_mask, memory_mask,
+                            src_key_padding_mask, tgt_key_padding_mask,
+                            memory_key_padding_mask, src_is_causal, tgt_is_causal,
+                            memory_is_causal)
+        return collect_weights(self, rec.weights, out.shape[0], np.shape(src)[1], out.shape[1])
+
+    def _forward(self, ws, src, tgt, src_mask, tgt_mask, memory_mask, src_key_padding_mask,
+                 tgt_key_padding_mask, memory_key_padding_mask, src_is_causal, tgt_is_causal,
+                 memory_is_causal):
+        """The forward in workspace ws (a recording one; None: this module's own, training
+        or inference) -> (B, T, C)."""
         x = features("src", src, self.d_model)
         y = features("tgt", tgt, self.d_model)
         B, S, C = x.shape
@@ -514,10 +572,11 @@ class Transformer(Module):
                           bool(src_is_causal), "src_key_padding_mask")
         tm, mm = decoder_masks(H, B, T, S, tgt_mask, memory_mask, tgt_key_padding_mask,
                                memory_key_padding_mask, tgt_is_causal, memory_is_causal)
-        ws = self._workspace()
+        if ws is None:
+            ws = self._workspace()
         memory = self.encoder._forward(_stream(x, ws, self, "src"), sm, ws, B).reshape(B, S, C)
         # the memory lives on while the decoder runs: its own buffers (inference)
-        mem_ws = ws if ws.training else Workspace(self._ops)
+        mem_ws = ws if ws.training else Workspace(self._ops, weights=ws.weights)
         out = self.decoder._forward(_stream(y, mem_ws, self, "tgt"), memory, tm, mm, mem_ws, B)
         if ws.training:
             self._saved_shapes = (x.shape, y.shape)
