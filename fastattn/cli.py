@@ -353,7 +353,7 @@ def _attention(args):
 
     run = load_run(args.run_dir)
     for path in plot_model_attention(run.model, run.src_tokenizer, run.tgt_tokenizer,
-                                     args.text, args.target, args.out):
+                                     args.text, args.target, out_dir=args.out):
         print(path)
     return 0
 

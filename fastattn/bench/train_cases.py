@@ -2,8 +2,12 @@
 loss with its backward, AdamW) against the same step of PyTorch's translation tutorial on the
 same model, weights and batch, with dropout 0.1 and label smoothing 0.1 in both.
 
-    train_small   the seeds' dialogue model: d 256, 4 heads, 3 + 3 layers, ff 1024, V 4000,
-                  B 32, S = T = 32
+    train_small   fastattn.train.fit() on the "small" preset (the seeds' dialogue model: d 256,
+                  4 heads, 3 + 3 layers, ff 1024, V 4000) over text pairs that batch to B 32,
+                  S = T = 32, against the equivalent PyTorch loop over the same batches (same
+                  model, AdamW settings, clipping, dropout, label smoothing); one call is
+                  FIT_STEPS optimiser steps (fit: encoding, batching and its optimiser
+                  included; torch: its optimiser, the batches already made)
     train_base    Transformer-base: V 8000, B 8, S = T = 128
     train_memory  peak RSS growth of one Transformer-base step after a warm-up step:
                   gradients and optimiser moments exist; fastattn's training buffers (kept
@@ -15,6 +19,7 @@ dropout masks come from different generators). tokens/s counts target tokens per
 """
 import functools
 
+import numpy as np
 
 from .. import get_num_threads, nn, optim
 from .cases import Case
@@ -25,6 +30,7 @@ SMALL = dict(num_encoder_layers=3, num_decoder_layers=3, emb_size=256, nhead=4, 
 BASE = dict(num_encoder_layers=6, num_decoder_layers=6, emb_size=512, nhead=8, vocab=8000,
             dim_feedforward=2048, B=8, S=128, T=128)
 DROPOUT, LABEL_SMOOTHING, LR, PAD = 0.1, 0.1, 1e-5, 0
+FIT_STEPS, FIT_WORDS = 6, 30       # steps per timed fit() call; words per text (+ <start> <end>)
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,6 +97,86 @@ def _torch_step(name):
     return factory
 
 
+# ---- fit() on text pairs ---------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _fit_data():
+    """(pairs, tokenizer, batches): texts of FIT_WORDS words over the small model's vocabulary,
+    a word tokenizer, and fit's batches of them (B * 32 = the budget: B 32, S = T = 32)."""
+    from ..tokenizers import WordTokenizer
+    from ..train.batching import collate, epoch_batches
+
+    cfg = SMALL
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(cfg["vocab"] - 4)]
+
+    def text():
+        return " ".join(words[i] for i in rng.integers(0, len(words), FIT_WORDS))
+    pairs = [(text(), text()) for _ in range(cfg["B"] * 4 * FIT_STEPS)]
+    tok = WordTokenizer().train([t for p in pairs for t in p], vocab_size=cfg["vocab"])
+    src = [tok.encode(s, add_start_end=True) for s, _ in pairs]
+    tgt = [tok.encode(t, add_start_end=True) for _, t in pairs]
+    budget = cfg["B"] * (FIT_WORDS + 2)
+    order = epoch_batches([len(x) for x in src], [len(x) for x in tgt], budget, seed=0)
+    batches = [(collate(src, b, tok.pad_id), collate(tgt, b, tok.pad_id)) for b in order]
+    return pairs, tok, batches, budget
+
+
+def _fit_build(rng):
+    pairs, tok, batches, budget = _fit_data()
+    return {"batches": batches}
+
+
+def _fit_fastattn(inputs):
+    from ..train import fit
+
+    pairs, tok, _, budget = _fit_data()
+    m = _model("small").train()
+    calls = []
+
+    def run():
+        calls.append(None)
+        h = fit(m, pairs, src_tokenizer=tok, tgt_tokenizer=tok, max_steps=FIT_STEPS,
+                batch_tokens=budget, schedule="constant", lr=LR,
+                label_smoothing=LABEL_SMOOTHING, clip_norm=1.0, seed=len(calls),
+                progress=False)
+        return h.steps[-1]["loss"]
+    return run
+
+
+def _fit_torch(inputs):
+    torch = require_torch()
+    torch.set_num_threads(get_num_threads())
+    tm = torch_seq2seq(_model("small"), dropout=DROPOUT).train()
+    loss_fn = torch.nn.CrossEntropyLoss(ignore_index=PAD, label_smoothing=LABEL_SMOOTHING)
+    batches = [(torch.from_numpy(s), torch.from_numpy(t)) for s, t in inputs["batches"]]
+    V = tm.generator.out_features
+
+    def run():
+        # fit's defaults: AdamW betas (0.9, 0.98), eps 1e-9, weight decay 0.01; clipping at 1
+        opt = torch.optim.AdamW(tm.parameters(), lr=LR, betas=(0.9, 0.98), eps=1e-9,
+                                weight_decay=0.01)
+        for src, tgt in batches[:FIT_STEPS]:
+            opt.zero_grad()
+            logits = tm(src, tgt[:, :-1])
+            loss = loss_fn(logits.reshape(-1, V), tgt[:, 1:].reshape(-1))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(tm.parameters(), 1.0)
+            opt.step()
+        return loss.item()
+    return run
+
+
+def _fit_case():
+    case = Case("train_small", "training with fit(), dialogue model d256 3+3 V4000 B32 S=T=32 "
+                f"({FIT_STEPS} steps a call), dropout 0.1, label smoothing 0.1, AdamW",
+                _fit_build, {"fastattn": _fit_fastattn, "torch": _fit_torch}, kind="time",
+                slow=(), repeats={"fastattn": 5, "torch": 5}, warm=False,
+                tokens=FIT_STEPS * SMALL["B"] * (FIT_WORDS + 1))
+    case.check = False            # losses differ (different dropout generators): not compared
+    return case
+
+
 def _train_case(name, cfg, title, kind="time"):
     impls = {"fastattn": _fastattn_step(name), "torch": _torch_step(name)}
     if kind == "memory":
@@ -104,8 +190,7 @@ def _train_case(name, cfg, title, kind="time"):
 
 
 TRAIN_CASES = (
-    _train_case("small", SMALL, "training step, dialogue model d256 3+3 V4000 B32 S=T=32, "
-                                "dropout 0.1, label smoothing 0.1, AdamW"),
+    _fit_case(),
     _train_case("base", BASE, "training step, Transformer-base V8000 B8 S=T=128, dropout 0.1, "
                               "label smoothing 0.1, AdamW"),
     _train_case("base", BASE, "training step memory, Transformer-base V8000 B8 S=T=128",

@@ -137,7 +137,8 @@ def _pictures(run, history, out, stream):
         loss = os.path.join(out, "loss.png")
         plot_history(history.records, loss)
         paths = plot_model_attention(run.model, run.src_tokenizer, run.tgt_tokenizer,
-                                     SEED_PROMPT, SEED_REPLY, os.path.join(out, "attention"))
+                                     SEED_PROMPT, SEED_REPLY,
+                                     out_dir=os.path.join(out, "attention"))
     except ImportError as exc:
         print(f"\nno pictures: {exc}", file=stream)
         return
