@@ -180,7 +180,7 @@ def _yaml_pairs(path, strict=True):
     """Pairs of a ChatterBot-format YAML file. strict=False skips (and counts) conversations
     that are not lists of text instead of raising."""
     yaml = _yaml_module()
-    text = "\n".join(_lines(path))
+    text = "".join(line + "\n" for line in _lines(path))
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
