@@ -88,6 +88,9 @@ class JsonLines:
         self._last = None           # the latest step record not written yet
 
     def _write(self, obj):
+        if obj.get("kind") != "step" and self._last is not None:
+            last, self._last = self._last, None       # the step it follows comes first
+            self._write({"kind": "step", **last})
         self.stream.write(json.dumps({k: _finite(v) for k, v in obj.items()}) + "\n")
         self.stream.flush()
 

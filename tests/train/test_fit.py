@@ -174,6 +174,17 @@ def test_progress_writes_json_lines_when_stderr_is_not_a_terminal(tok, pairs, ca
     assert {"loss", "lr", "tokens_per_s", "epoch"} <= set(lines[0])
 
 
+def test_progress_writes_the_last_step_before_the_final_eval(tok, pairs, capfd):
+    def stop_at_4(record, model):
+        if record["step"] == 4:
+            raise StopIteration
+
+    short_run(tok, pairs, max_steps=9, progress=3, valid_pairs=pairs[:4], callbacks=stop_at_4)
+    lines = [json.loads(line) for line in capfd.readouterr().err.splitlines()]
+    assert [(r["kind"], r["step"]) for r in lines] == [
+        ("step", 1), ("step", 3), ("step", 4), ("eval", 4)]
+
+
 def test_progress_false_writes_nothing(tok, pairs, capfd):
     short_run(tok, pairs, progress=False, valid_pairs=pairs[:4], eval_every=2)
     assert capfd.readouterr() == ("", "")
