@@ -309,11 +309,11 @@ class _Run:
                     fit=self.settings)
 
     def save(self):
-        with self.interrupts:
+        with self.interrupts:             # Ctrl-C while writing: after it, not in it
             save_checkpoint(self.checkpoint_dir, model=self.model, optimizer=self.optimizer,
                             src_tokenizer=self.src_tok, tgt_tokenizer=self.tgt_tok,
                             state=self.state(), history=self.history, keep=self.keep)
-        self.saved_step = self.step
+            self.saved_step = self.step
 
     def restore(self, path):
         ck = load_checkpoint(path, backend=getattr(self.model, "backend", "fast"))
@@ -333,12 +333,13 @@ class _Run:
                                  "keep it (it decides the data order)")
         if ck.src_tokenizer != self.src_tok or ck.tgt_tokenizer != self.tgt_tok:
             raise ValueError(f"{where}: the checkpoint's tokenizers differ from the ones given")
-        ck.restore(self.model, self.optimizer)
-        self.step, self.epoch, self.batch = st["step"], st["epoch"], st["batch"]
-        if st["numpy_rng"] != self.rng_state():
+        if st["numpy_rng"] != np.random.default_rng(
+                (self.seed, st["epoch"])).bit_generator.state:
             raise ValueError(f"{where}: this numpy does not recompute the checkpoint's data "
                              "order (its generator state differs); the run cannot resume "
                              "exactly")
+        ck.restore(self.model, self.optimizer)           # the checks passed: nothing changed
+        self.step, self.epoch, self.batch = st["step"], st["epoch"], st["batch"]
         records = ck.history.records
         self.history.records = list(records)
         self.saved_step = self.step
@@ -501,8 +502,9 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
 
     Evaluation. With valid_pairs: every eval_every steps and at the end of the run, the mean
     cross-entropy over every valid target token (token-weighted across batches, without label
-    smoothing; padding ignored) and its exp, the perplexity, in model.eval() mode; training
-    mode is restored after.
+    smoothing; padding ignored; NaN if every valid pair was skipped) and its exp, the
+    perplexity, in model.eval() mode; training mode is restored after (the model is left in
+    training mode when fit returns).
 
     Checkpoints (fastattn.train.checkpoint, layout there). With checkpoint_dir: one every
     checkpoint_every steps (if given) and one at the end; the newest keep_checkpoints are
