@@ -1,0 +1,291 @@
+"""Training checkpoints: everything a run needs to continue exactly, written atomically.
+
+Layout of a checkpoint directory (``fit(..., checkpoint_dir=...)``)::
+
+    checkpoint_dir/
+      latest                    "step-00000123\\n": the newest complete checkpoint
+      step-00000100/            older ones, up to `keep` in all (default 3)
+      step-00000123/
+        model.safetensors       fastattn.io.save(model): weights + class and config
+        optimizer.safetensors   optimizer.state_dict() (moments, step counts, hyper-parameters)
+        src_tokenizer.json      the tokenizers' own files (Tokenizer.save)
+        tgt_tokenizer.json
+        history.jsonl           the History so far (History.to_jsonl)
+        state.json              format, step, data position, RNG and dropout state, schedule
+                                step, the fit settings and a fingerprint of the training data
+
+``state.json`` holds at least ``format`` ("fastattn-checkpoint/1"), ``step``, ``epoch`` and
+``batch`` (the next batch to run: its index within epoch ``epoch``), ``dropout_seed`` and
+``dropout_calls`` (the model's dropout base seed and training-forward count: the next masks),
+``numpy_rng`` (the bit-generator state, as JSON, of the epoch's shuffling generator
+``numpy.random.default_rng((seed, epoch))``, so a resume can check that it recomputes the
+same data order) and ``schedule_step`` (the optimiser's step count: what the learning-rate
+schedule reads next).
+
+Writing (``save_checkpoint``) never leaves a checkpoint that loads wrong:
+
+1. every file is written into a fresh temporary directory ``.tmp-step-00000123-XXXX``
+   inside checkpoint_dir and fsynced, then the directory itself;
+2. ``os.replace`` renames it to ``step-00000123`` (a directory of that name only ever exists
+   complete), and checkpoint_dir is fsynced;
+3. ``latest`` is rewritten atomically: a temporary file, fsynced, ``os.replace``d onto it;
+4. checkpoints beyond the newest `keep` are renamed out of the way (``.trash-...``) and
+   removed; so are temporary directories left by a save that crashed.
+
+A crash before step 2 leaves a ``.tmp-*`` directory that loading ignores and the next save
+removes; a crash between 2 and 3 leaves ``latest`` on the previous checkpoint, which is
+complete. ``load_checkpoint(checkpoint_dir)`` follows ``latest``; if it is missing or names
+no checkpoint it takes the newest ``step-*`` directory instead.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+
+from .history import History
+
+__all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints",
+           "Checkpoint", "FORMAT", "FILES"]
+
+FORMAT = "fastattn-checkpoint/1"
+FILES = {"model": "model.safetensors", "optimizer": "optimizer.safetensors",
+         "src_tokenizer": "src_tokenizer.json", "tgt_tokenizer": "tgt_tokenizer.json",
+         "history": "history.jsonl", "state": "state.json"}
+LATEST = "latest"
+_NAME = re.compile(r"step-(\d{8,})\Z")
+_STATE_KEYS = ("format", "step", "epoch", "batch", "dropout_seed", "dropout_calls",
+               "numpy_rng", "schedule_step")
+
+
+def step_name(step):
+    """The directory name of the checkpoint after `step` updates: step-00000123."""
+    return f"step-{int(step):08d}"
+
+
+# ---- writing --------------------------------------------------------------------------------
+
+def _fsync_file(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path):
+    """fsync a directory (its entries: a rename in it is durable); a no-op where directories
+    cannot be opened (Windows)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_text(path, text):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _remove(checkpoint_dir, name):
+    """Remove the entry `name`: renamed out of the checkpoint names first (one atomic step),
+    so a removal cut short never leaves a step-* directory with files missing."""
+    path = os.path.join(checkpoint_dir, name)
+    if not name.startswith("."):
+        trash = tempfile.mkdtemp(prefix=f".trash-{name}-", dir=checkpoint_dir)
+        os.rmdir(trash)
+        os.replace(path, trash)
+        path = trash
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+
+
+def _clean(checkpoint_dir):
+    """Remove what a crashed save or removal left behind (.tmp-*, .trash-*, .latest-*)."""
+    for name in os.listdir(checkpoint_dir):
+        if name.startswith((".tmp-step-", ".trash-", ".latest-")):
+            _remove(checkpoint_dir, name)
+
+
+def save_checkpoint(checkpoint_dir, *, model, optimizer, src_tokenizer, tgt_tokenizer,
+                    state, history=None, keep=3):
+    """Write a checkpoint of step ``state["step"]`` into checkpoint_dir (created if needed),
+    atomically (see the module docstring), point ``latest`` at it and keep the newest `keep`
+    (None: all). `state` is the run's position and settings (JSON-ready); the model's dropout
+    state (``dropout_seed``, ``dropout_calls``), ``schedule_step`` and ``format`` are added
+    here. Returns the checkpoint's path."""
+    from .. import io
+    from safetensors.numpy import save_file
+
+    if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
+        raise ValueError(f"save_checkpoint: keep must be an int >= 1 or None, got {keep!r}")
+    step = state.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"save_checkpoint: state['step'] must be an int >= 0, got {step!r}")
+    checkpoint_dir = os.fspath(checkpoint_dir)
+    os.makedirs(checkpoint_dir, exist_ok=True)
+    _clean(checkpoint_dir)
+    name = step_name(step)
+    state = dict(state, format=FORMAT, dropout_seed=int(model._dropout_seed),
+                 dropout_calls=int(model._dropout_calls),
+                 schedule_step=int(optimizer.steps))
+    tmp = tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=checkpoint_dir)
+    try:
+        files = {k: os.path.join(tmp, v) for k, v in FILES.items()}
+        io.save(model, files["model"])
+        save_file(dict(optimizer.state_dict()), files["optimizer"])
+        src_tokenizer.save(files["src_tokenizer"])
+        tgt_tokenizer.save(files["tgt_tokenizer"])
+        (history if history is not None else History()).to_jsonl(files["history"])
+        _write_text(files["state"], json.dumps(state, indent=1) + "\n")   # the last one
+        for k in FILES:
+            _fsync_file(files[k])
+        _fsync_dir(tmp)
+        final = os.path.join(checkpoint_dir, name)
+        if os.path.lexists(final):           # the same step saved again: the new one wins
+            _remove(checkpoint_dir, name)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(checkpoint_dir)
+    fd, pointer = tempfile.mkstemp(prefix=".latest-", dir=checkpoint_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(name + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(pointer, os.path.join(checkpoint_dir, LATEST))
+    except BaseException:
+        try:
+            os.remove(pointer)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(checkpoint_dir)
+    if keep is not None:
+        for old in list_checkpoints(checkpoint_dir)[:-keep]:
+            if os.path.basename(old) != name:
+                _remove(checkpoint_dir, os.path.basename(old))
+    return final
+
+
+# ---- reading --------------------------------------------------------------------------------
+
+def list_checkpoints(checkpoint_dir):
+    """Paths of the complete checkpoints (step-* directories) in checkpoint_dir, oldest
+    first; [] when the directory does not exist."""
+    checkpoint_dir = os.fspath(checkpoint_dir)
+    try:
+        names = os.listdir(checkpoint_dir)
+    except FileNotFoundError:
+        return []
+    found = sorted((int(m.group(1)), n) for n in names
+                   if (m := _NAME.match(n)) and os.path.isdir(os.path.join(checkpoint_dir, n)))
+    return [os.path.join(checkpoint_dir, n) for _, n in found]
+
+
+def latest_checkpoint(checkpoint_dir):
+    """The path of the checkpoint ``latest`` names in checkpoint_dir; if the pointer is
+    missing or names no checkpoint, the newest step-* directory; None when there is none."""
+    checkpoint_dir = os.fspath(checkpoint_dir)
+    try:
+        with open(os.path.join(checkpoint_dir, LATEST), encoding="utf-8") as f:
+            name = f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        name = ""
+    if _NAME.match(name) and os.path.isdir(os.path.join(checkpoint_dir, name)):
+        return os.path.join(checkpoint_dir, name)
+    found = list_checkpoints(checkpoint_dir)
+    return found[-1] if found else None
+
+
+class Checkpoint:
+    """A loaded checkpoint: ``path``, ``step``, ``model`` (rebuilt by fastattn.io.load),
+    ``optimizer_state`` (the dict for optimizer.load_state_dict), ``src_tokenizer``,
+    ``tgt_tokenizer``, ``state`` (state.json) and ``history``."""
+
+    def __init__(self, path, model, optimizer_state, src_tokenizer, tgt_tokenizer, state,
+                 history):
+        self.path, self.model, self.optimizer_state = path, model, optimizer_state
+        self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
+        self.state, self.history = state, history
+
+    @property
+    def step(self):
+        return self.state["step"]
+
+    def restore(self, model, optimizer):
+        """Put the checkpoint's weights, dropout state and optimiser state into `model` and
+        `optimizer` (which must be of the same architecture: ValueError otherwise)."""
+        if model.config != self.model.config:
+            diff = sorted(k for k in set(model.config) | set(self.model.config)
+                          if model.config.get(k) != self.model.config.get(k))
+            raise ValueError(f"{self.path}: the checkpoint's model config differs from the "
+                             f"model's in {', '.join(diff)}: "
+                             + "; ".join(f"{k}: {self.model.config.get(k)!r} in the "
+                                         f"checkpoint, {model.config.get(k)!r} given"
+                                         for k in diff[:4]))
+        model.load_state_dict(self.model.state_dict())
+        optimizer.load_state_dict(self.optimizer_state)
+        model._dropout_seed = int(self.state["dropout_seed"])
+        model._dropout_calls = int(self.state["dropout_calls"])
+
+    def __repr__(self):
+        return f"Checkpoint({self.path!r}, step={self.step})"
+
+
+def load_checkpoint(path, *, backend="fast"):
+    """Load a checkpoint: `path` is a checkpoint (a step-* directory) or a checkpoint_dir,
+    whose latest checkpoint is loaded. Every problem (a missing file, a state.json that does
+    not hold a checkpoint's fields, a file that does not load) is a ValueError naming the
+    file; no checkpoint at all is FileNotFoundError."""
+    from .. import io, tokenizers
+
+    path = os.fspath(path)
+    if not os.path.isfile(os.path.join(path, FILES["state"])) and \
+            not _NAME.match(os.path.basename(os.path.normpath(path))):
+        found = latest_checkpoint(path)
+        if found is None:
+            raise FileNotFoundError(f"load_checkpoint: no checkpoint in {path}")
+        path = found
+    files = {k: os.path.join(path, v) for k, v in FILES.items()}
+    missing = [v for k, v in FILES.items() if not os.path.isfile(files[k])]
+    if missing:
+        raise ValueError(f"{path}: not a complete checkpoint: missing {', '.join(missing)}")
+    try:
+        with open(files["state"], encoding="utf-8") as f:
+            state = json.load(f)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{files['state']}: not valid JSON: {exc}") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{files['state']}: expected a JSON object")
+    absent = [k for k in _STATE_KEYS if k not in state]
+    if absent:
+        raise ValueError(f"{files['state']}: missing {', '.join(absent)}")
+    if state["format"] != FORMAT:
+        raise ValueError(f"{files['state']}: format {state['format']!r}, expected {FORMAT!r}")
+    for k in ("step", "epoch", "batch", "dropout_seed", "dropout_calls", "schedule_step"):
+        if not isinstance(state[k], int) or isinstance(state[k], bool) or state[k] < 0:
+            raise ValueError(f"{files['state']}: {k} must be an int >= 0, got {state[k]!r}")
+    model = io.load(files["model"], backend=backend)
+    optimizer_state, _ = io.read_state_dict(files["optimizer"])
+    src_tok = tokenizers.load(files["src_tokenizer"])
+    tgt_tok = tokenizers.load(files["tgt_tokenizer"])
+    history = History.read_jsonl(files["history"])
+    return Checkpoint(path, model, optimizer_state, src_tok, tgt_tok, state, history)

@@ -1,0 +1,535 @@
+"""fit: train a Seq2SeqTransformer on text pairs, with evaluation, checkpoints and exact resume.
+
+    from fastattn.train import fit, read_pairs
+    history = fit(model, read_pairs("train.tsv"), src_tokenizer=tok, tgt_tokenizer=tok,
+                  valid_pairs=read_pairs("valid.tsv"), max_steps=20_000, batch_tokens=4096,
+                  checkpoint_dir="ckpt", checkpoint_every=1000, eval_every=1000)
+
+One step: a token-budget batch (fastattn.train.batching), ``model.loss(src, tgt,
+label_smoothing=..., backward=True)``, gradient clipping, an AdamW update, the schedule's next
+rate. See ``fit`` for every argument and rule.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import numbers
+import signal
+import threading
+import time
+
+import numpy as np
+
+from .. import optim
+from . import batching
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .history import History
+from .progress import make_progress
+
+__all__ = ["fit", "SCHEDULES", "DEFAULT_LR"]
+
+SCHEDULES = ("inverse_sqrt", "cosine", "constant")
+DEFAULT_LR = 1e-3             # the peak of "cosine" and the rate of "constant" without lr=
+_ORDER_SETTINGS = ("seed", "batch_tokens")     # a resume must keep these (the data order)
+
+
+# ---- argument checks ------------------------------------------------------------------------
+
+def _int(value, name, minimum, none=False):
+    if value is None and none:
+        return None
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
+        extra = " or None" if none else ""
+        raise ValueError(f"fit: {name} must be an int >= {minimum}{extra}, got {value!r}")
+    return int(value)
+
+
+def _real(value, name, lo, hi=None, none=False):
+    if value is None and none:
+        return None
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and \
+        math.isfinite(value) and value >= lo and (hi is None or value < hi)
+    if not ok:
+        span = f"[{lo}, {hi})" if hi is not None else f">= {lo}"
+        extra = " or None" if none else ""
+        raise ValueError(f"fit: {name} must be a finite number {span}{extra}, got {value!r}")
+    return float(value)
+
+
+def _check_tokenizer(tok, name, model_vocab, model_pad, need_start_end):
+    if not getattr(tok, "is_fitted", False):
+        raise ValueError(f"fit: {name} must be a trained fastattn tokenizer, got {tok!r}")
+    if tok.pad_id is None:
+        raise ValueError(f"fit: {name} has no <pad> token; batches need one")
+    if tok.pad_id != model_pad:
+        raise ValueError(f"fit: {name}.pad_id is {tok.pad_id} but the model's pad_id is "
+                         f"{model_pad!r}; build the model with pad_id={tok.pad_id} so that "
+                         "padding is masked and ignored by the loss")
+    if tok.vocab_size > model_vocab:
+        raise ValueError(f"fit: {name} has {tok.vocab_size} ids, more than the model's "
+                         f"vocabulary of {model_vocab}")
+    if need_start_end and (tok.start_id is None or tok.end_id is None):
+        raise ValueError(f"fit: {name} needs <start> and <end> tokens (targets are "
+                         "<start> text <end>)")
+
+
+def _check_pairs(pairs, name):
+    if isinstance(pairs, (str, bytes)) or not hasattr(pairs, "__iter__"):
+        raise TypeError(f"fit: {name} must be a list of (source, target) str pairs, got "
+                        f"{type(pairs).__name__}")
+    pairs = list(pairs)
+    for i, p in enumerate(pairs):
+        if not (isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str)
+                and isinstance(p[1], str)):
+            raise ValueError(f"fit: {name}[{i}] must be a (source, target) pair of str, got "
+                             f"{p!r:.80}")
+    return pairs
+
+
+# ---- schedules ------------------------------------------------------------------------------
+
+class _Constant:
+    def __init__(self, lr):
+        self.lr = lr
+
+    def __call__(self, step):
+        return self.lr
+
+    def __repr__(self):
+        return f"constant({self.lr:g})"
+
+
+def _schedule(schedule, lr, warmup, d_model, total):
+    """The callable step -> lr that `schedule` names (see fit)."""
+    if callable(schedule):
+        if lr is not None:
+            raise ValueError("fit: lr= goes with a named schedule; a callable schedule gives "
+                             "every step's rate itself")
+        return schedule
+    if schedule == "inverse_sqrt":
+        warmup = _int(warmup, "warmup", 1)
+        factor = 1.0 if lr is None else lr * math.sqrt(d_model * warmup)
+        return optim.inverse_sqrt(d_model, warmup, factor)
+    if schedule == "cosine":
+        if total is None:
+            raise ValueError("fit: schedule='cosine' needs the run's length: give max_steps "
+                             "or epochs")
+        warmup = _int(warmup, "warmup", 0)
+        return optim.warmup_cosine(DEFAULT_LR if lr is None else lr, min(warmup, total), total)
+    if schedule == "constant":
+        return _Constant(DEFAULT_LR if lr is None else lr)
+    raise ValueError(f"fit: schedule must be one of {', '.join(SCHEDULES)} or a callable "
+                     f"step -> lr, got {schedule!r}")
+
+
+# ---- interrupts -----------------------------------------------------------------------------
+
+class _Interrupts:
+    """Ctrl-C during a step (or a checkpoint write) takes effect when it ends, so the model,
+    the optimiser and the history always agree when KeyboardInterrupt reaches fit; a second
+    Ctrl-C inside a step interrupts at once (the step is then torn: no checkpoint of it).
+    Only in the main thread and only when SIGINT has Python's default handler."""
+
+    def __init__(self):
+        self.pending = self.inside = self.torn = False
+        self._old = None
+
+    def install(self):
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._old = signal.signal(signal.SIGINT, self._handler)
+
+    def uninstall(self):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+            self._old = None
+
+    def _handler(self, signum, frame):
+        if self.inside and not self.pending:
+            self.pending = True
+            return
+        raise KeyboardInterrupt
+
+    def __enter__(self):
+        self.inside = True
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.inside = False
+        if exc_type is not None:
+            self.torn = self.torn or issubclass(exc_type, KeyboardInterrupt)
+            return False
+        if self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
+        return False
+
+
+# ---- the run --------------------------------------------------------------------------------
+
+def _encode(tok, texts, start_end):
+    return [np.asarray(tok.encode(t, add_start_end=start_end), dtype=np.int64) for t in texts]
+
+
+def _fingerprint(src, tgt):
+    """sha256 of the encoded training pairs (ids and lengths), in order."""
+    h = hashlib.sha256()
+    for seqs in (src, tgt):
+        h.update(np.array([len(s) for s in seqs], np.int64).tobytes())
+        for s in seqs:
+            h.update(s.tobytes())
+    return h.hexdigest()
+
+
+class _Data:
+    """Encoded pairs that fit the model: sources (with <start>/<end> when the source
+    tokenizer has them), targets <start> ... <end>, their lengths, and how many were left
+    out."""
+
+    def __init__(self, pairs, src_tok, tgt_tok, max_len):
+        src_se = src_tok.start_id is not None and src_tok.end_id is not None
+        src = _encode(src_tok, [p[0] for p in pairs], src_se)
+        tgt = _encode(tgt_tok, [p[1] for p in pairs], True)
+        # the encoder reads the source, the decoder tgt[:-1]: both must fit the positions
+        keep = [i for i in range(len(pairs))
+                if 0 < len(src[i]) <= max_len and len(tgt[i]) - 1 <= max_len]
+        self.skipped = len(pairs) - len(keep)
+        self.src = [src[i] for i in keep]
+        self.tgt = [tgt[i] for i in keep]
+        self.src_lens = np.array([len(s) for s in self.src], np.int64)
+        self.tgt_lens = np.array([len(t) for t in self.tgt], np.int64)
+
+    def __len__(self):
+        return len(self.src)
+
+    def batch(self, idx, pad_id):
+        return (batching.collate(self.src, idx, pad_id), batching.collate(self.tgt, idx, pad_id),
+                int(self.tgt_lens[idx].sum() - len(idx)))
+
+
+class _Run:
+    def __init__(self, model, train_pairs, src_tokenizer, tgt_tokenizer, valid_pairs,
+                 max_steps, epochs, batch_tokens, optimizer, lr, schedule, warmup,
+                 label_smoothing, clip_norm, seed, checkpoint_dir, checkpoint_every,
+                 keep_checkpoints, eval_every, resume, progress, callbacks):
+        for attr in ("loss", "manual_seed", "train", "eval", "config", "max_len"):
+            if not hasattr(model, attr):
+                raise TypeError(f"fit: model must be a fastattn.nn.Seq2SeqTransformer, got "
+                                f"{type(model).__name__}")
+        self.model = model
+        cfg = model.config
+        _check_tokenizer(src_tokenizer, "src_tokenizer", cfg["src_vocab_size"], model.pad_id,
+                         False)
+        _check_tokenizer(tgt_tokenizer, "tgt_tokenizer", cfg["tgt_vocab_size"], model.pad_id,
+                         True)
+        self.src_tok, self.tgt_tok, self.pad = src_tokenizer, tgt_tokenizer, model.pad_id
+        if max_steps is not None and epochs is not None:
+            raise ValueError(f"fit: give max_steps or epochs, not both (got max_steps="
+                             f"{max_steps!r}, epochs={epochs!r})")
+        if max_steps is None and epochs is None:
+            epochs = 1
+        self.max_steps = _int(max_steps, "max_steps", 1, none=True)
+        self.epochs = _int(epochs, "epochs", 1, none=True)
+        self.batch_tokens = batching.check_budget(batch_tokens, "fit: batch_tokens")
+        self.label_smoothing = _real(label_smoothing, "label_smoothing", 0.0, 1.0)
+        self.clip_norm = _real(clip_norm, "clip_norm", 0.0, none=True) or None
+        self.seed = _int(seed, "seed", 0)
+        self.checkpoint_every = _int(checkpoint_every, "checkpoint_every", 1, none=True)
+        self.eval_every = _int(eval_every, "eval_every", 1, none=True)
+        self.keep = _int(keep_checkpoints, "keep_checkpoints", 1, none=True)
+        if lr is not None:
+            lr = _real(lr, "lr", 0.0)
+        if checkpoint_dir is None and (resume or self.checkpoint_every):
+            raise ValueError("fit: resume=True and checkpoint_every need a checkpoint_dir")
+        if valid_pairs is None and self.eval_every:
+            raise ValueError("fit: eval_every needs valid_pairs")
+        self.checkpoint_dir, self.resume = checkpoint_dir, bool(resume)
+        if callable(callbacks):
+            callbacks = (callbacks,)
+        self.callbacks = tuple(callbacks)
+        for cb in self.callbacks:
+            if not callable(cb):
+                raise TypeError(f"fit: callbacks must be callables (record, model), got "
+                                f"{type(cb).__name__}")
+
+        self.data = _Data(_check_pairs(train_pairs, "train_pairs"), src_tokenizer,
+                          tgt_tokenizer, model.max_len)
+        if len(self.data) == 0:
+            raise ValueError(f"fit: no training pairs (of {self.data.skipped} given, "
+                             f"{self.data.skipped} are longer than the model's max_len="
+                             f"{model.max_len} or empty)")
+        self.valid = None
+        if valid_pairs is not None:
+            self.valid = _Data(_check_pairs(valid_pairs, "valid_pairs"), src_tokenizer,
+                               tgt_tokenizer, model.max_len)
+            self.valid_plan = batching.epoch_batches(
+                self.valid.src_lens, self.valid.tgt_lens, self.batch_tokens, shuffle=False,
+                window=max(1, len(self.valid)))
+        self.window = batching.default_window(self.data.src_lens, self.data.tgt_lens,
+                                              self.batch_tokens)
+        self._plan_epoch, self._plan = None, None
+        if self.max_steps is not None:
+            self.total = self.max_steps
+        else:
+            self.total = sum(len(self.plan(e)) for e in range(self.epochs))
+        self.schedule = _schedule(schedule, lr, warmup, cfg["emb_size"], self.total)
+        self.optimizer = optimizer if optimizer is not None else optim.AdamW(
+            model, lr=self.schedule(1), betas=(0.9, 0.98), eps=1e-9)
+        self.settings = dict(seed=self.seed, batch_tokens=self.batch_tokens,
+                             label_smoothing=self.label_smoothing, clip_norm=self.clip_norm,
+                             max_steps=self.max_steps, epochs=self.epochs,
+                             schedule=repr(self.schedule), window=self.window)
+        self.progress_arg = progress
+        self.history = History(skipped={"train": self.data.skipped,
+                                        "valid": 0 if self.valid is None else
+                                        self.valid.skipped})
+        self.step, self.epoch, self.batch = 0, 0, 0
+        self.saved_step = None
+        self.fingerprint = _fingerprint(self.data.src, self.data.tgt)
+        self.interrupts = _Interrupts()
+
+    # -- data order
+    def plan(self, epoch):
+        """The batches of `epoch` (the latest one is kept)."""
+        if self._plan_epoch != epoch:
+            self._plan = batching.epoch_batches(self.data.src_lens, self.data.tgt_lens,
+                                                self.batch_tokens, seed=self.seed,
+                                                epoch=epoch, window=self.window)
+            self._plan_epoch = epoch
+        return self._plan
+
+    def rng_state(self):
+        return np.random.default_rng((self.seed, self.epoch)).bit_generator.state
+
+    # -- checkpoints
+    def state(self):
+        return dict(step=self.step, epoch=self.epoch, batch=self.batch, seed=self.seed,
+                    numpy_rng=self.rng_state(), data={"train_pairs": len(self.data),
+                                                      "sha256": self.fingerprint},
+                    fit=self.settings)
+
+    def save(self):
+        with self.interrupts:             # Ctrl-C while writing: after it, not in it
+            save_checkpoint(self.checkpoint_dir, model=self.model, optimizer=self.optimizer,
+                            src_tokenizer=self.src_tok, tgt_tokenizer=self.tgt_tok,
+                            state=self.state(), history=self.history, keep=self.keep)
+            self.saved_step = self.step
+
+    def restore(self, path):
+        ck = load_checkpoint(path, backend=getattr(self.model, "backend", "fast"))
+        where = ck.path
+        st = ck.state
+        data = st.get("data", {})
+        if data.get("sha256") != self.fingerprint:
+            raise ValueError(f"{where}: the checkpoint was trained on other data "
+                             f"({data.get('train_pairs')} pairs, sha256 "
+                             f"{str(data.get('sha256'))[:12]}...; now {len(self.data)} pairs, "
+                             f"{self.fingerprint[:12]}...): resume needs the same pairs and "
+                             "tokenizers")
+        for k in _ORDER_SETTINGS:
+            if st.get(k, st.get("fit", {}).get(k)) != self.settings[k]:
+                raise ValueError(f"{where}: {k}={st.get(k, st.get('fit', {}).get(k))!r} in "
+                                 f"the checkpoint, {self.settings[k]!r} now; a resume must "
+                                 "keep it (it decides the data order)")
+        if ck.src_tokenizer != self.src_tok or ck.tgt_tokenizer != self.tgt_tok:
+            raise ValueError(f"{where}: the checkpoint's tokenizers differ from the ones given")
+        if st["numpy_rng"] != np.random.default_rng(
+                (self.seed, st["epoch"])).bit_generator.state:
+            raise ValueError(f"{where}: this numpy does not recompute the checkpoint's data "
+                             "order (its generator state differs); the run cannot resume "
+                             "exactly")
+        ck.restore(self.model, self.optimizer)           # the checks passed: nothing changed
+        self.step, self.epoch, self.batch = st["step"], st["epoch"], st["batch"]
+        records = ck.history.records
+        self.history.records = list(records)
+        self.saved_step = self.step
+        changed = [k for k, v in st.get("fit", {}).items()
+                   if k in self.settings and self.settings[k] != v]
+        return ck, changed
+
+    # -- steps
+    def train_step(self, idx):
+        model, opt = self.model, self.optimizer
+        src, tgt, tokens = self.data.batch(idx, self.pad)
+        padding = batching.padding_fraction(idx, self.data.src_lens, self.data.tgt_lens)
+        with self.interrupts:
+            lr = opt.lr
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss = model.loss(src, tgt, label_smoothing=self.label_smoothing, backward=True)
+            if self.clip_norm is not None:
+                optim.clip_grad_norm(model, self.clip_norm)
+            opt.step()
+            self.scheduler.step()
+            seconds = time.perf_counter() - t0
+            self.step += 1
+            self.batch += 1
+            record = self.history.add_step(
+                step=self.step, epoch=self.epoch, loss=float(loss), lr=float(lr),
+                tokens=tokens, tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
+                seconds=seconds, padding=padding)
+        return record
+
+    def evaluate(self):
+        model = self.model
+        total, count = 0.0, 0
+        model.eval()
+        try:
+            for idx in self.valid_plan:
+                src, tgt, tokens = self.valid.batch(idx, self.pad)
+                total += model.loss(src, tgt) * tokens
+                count += tokens
+        finally:
+            model.train()
+        loss = total / count if count else float("nan")
+        try:
+            ppl = math.exp(loss)
+        except OverflowError:
+            ppl = float("inf")
+        record = self.history.add_eval(step=self.step, valid_loss=loss, valid_ppl=ppl)
+        self.progress.eval(record)
+        return record
+
+    def finished(self):
+        if self.max_steps is not None:
+            return self.step >= self.max_steps
+        return self.epoch >= self.epochs
+
+    def run(self):
+        model = self.model
+        resumed = None
+        if self.resume:
+            path = latest_checkpoint(self.checkpoint_dir)
+            if path is not None:
+                resumed = self.restore(path)
+        if resumed is None:
+            model.manual_seed(self.seed)
+        self.scheduler = optim.LRScheduler(self.optimizer, self.schedule)
+        self.progress = make_progress(self.progress_arg, self.total, self.step)
+        if self.data.skipped:
+            self.progress.info(f"{self.data.skipped} training pairs skipped (longer than "
+                               f"max_len={model.max_len} or empty)")
+        if self.valid is not None and self.valid.skipped:
+            self.progress.info(f"{self.valid.skipped} validation pairs skipped (longer than "
+                               f"max_len={model.max_len} or empty)")
+        if resumed is not None:
+            ck, changed = resumed
+            note = f"; settings changed: {', '.join(changed)}" if changed else ""
+            self.progress.info(f"resumed from {ck.path} at step {self.step}{note}")
+        elif self.resume:
+            self.progress.info(f"no checkpoint in {self.checkpoint_dir}: starting a new run")
+        model.train()
+        self.interrupts.install()
+        try:
+            self._loop()
+        except KeyboardInterrupt:
+            if self.checkpoint_dir is not None and not self.interrupts.torn \
+                    and self.saved_step != self.step:
+                self.save()
+                self.progress.info(f"interrupted: checkpoint of step {self.step} written to "
+                                   f"{self.checkpoint_dir}")
+            elif self.interrupts.torn:
+                self.progress.info(f"interrupted inside step {self.step + 1}: no checkpoint "
+                                   "of it (the model may be half-updated)")
+            raise
+        finally:
+            self.interrupts.uninstall()
+            self.progress.close()
+        return self.history
+
+    def _loop(self):
+        last_eval = None
+        stop = False
+        while not self.finished() and not stop:
+            plan = self.plan(self.epoch)
+            if self.batch >= len(plan):
+                self.epoch, self.batch = self.epoch + 1, 0
+                continue
+            record = self.train_step(plan[self.batch])
+            self.progress.step(record)
+            for cb in self.callbacks:
+                try:
+                    cb(record, self.model)
+                except StopIteration:
+                    stop = True
+            if self.eval_every and self.step % self.eval_every == 0:
+                self.evaluate()
+                last_eval = self.step
+            if self.checkpoint_every and self.step % self.checkpoint_every == 0:
+                self.save()
+        if self.batch >= len(self.plan(self.epoch)):     # an epoch ended with the run
+            self.epoch, self.batch = self.epoch + 1, 0
+        if self.valid is not None and last_eval != self.step and self.step > 0:
+            self.evaluate()
+        if self.checkpoint_dir is not None and self.saved_step != self.step:
+            self.save()
+
+
+def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
+        max_steps=None, epochs=None, batch_tokens=4096, optimizer=None, lr=None,
+        schedule="inverse_sqrt", warmup=4000, label_smoothing=0.1, clip_norm=1.0, seed=0,
+        checkpoint_dir=None, checkpoint_every=None, keep_checkpoints=3, eval_every=None,
+        resume=False, progress=True, callbacks=()):
+    """Train `model` (a fastattn.nn.Seq2SeqTransformer) on text pairs; returns a History.
+
+    Data. train_pairs and valid_pairs are lists of (source, target) str pairs (read_pairs,
+    chatterbot_pairs). Sources are encoded with src_tokenizer, wrapped in <start> ... <end>
+    when it has both; targets with tgt_tokenizer, always wrapped (the decoder reads
+    <start> text and predicts text <end>). Both tokenizers' pad_id must be the model's pad_id
+    and their vocabularies must fit the model's. A pair whose source is longer than
+    model.max_len (or empty) or whose target, less one, is longer, is skipped: the counts are
+    in ``history.skipped`` and reported by the progress output, and a run without any pair
+    left is a ValueError. Batches: fastattn.train.batching, at most batch_tokens padded ids
+    per side (B * longest <= batch_tokens), shuffled per epoch from (seed, epoch).
+
+    Length. max_steps (updates) or epochs (passes over the pairs), not both; neither means
+    epochs=1. With epochs the run's step count is known in advance (the batches of every
+    epoch are planned up front), which "cosine" and the ETA use.
+
+    Optimisation. optimizer: a fastattn.optim optimiser over `model` (default AdamW with
+    betas=(0.9, 0.98), eps=1e-9, weight_decay=0.01). Its rate is set before every update by
+    the schedule: "inverse_sqrt" (the paper's: linear warm-up for `warmup` steps, then
+    1/sqrt(step); it peaks at (d_model * warmup) ** -0.5, or at lr when lr is given),
+    "cosine" (linear warm-up to lr, then a half cosine to 0 at the last step; warmup capped
+    at the run's length), "constant" (lr every step), or a callable 1-based step -> lr (then
+    lr must be None). lr defaults to 1e-3 for "cosine" and "constant". Loss: model.loss
+    with label_smoothing; gradients clipped to a global norm of clip_norm (None: no
+    clipping).
+
+    Randomness. A new run calls model.manual_seed(seed) (dropout masks) and draws the data
+    order from seed; two runs with one seed, one model initialisation and one data set give
+    the same per-step losses bit for bit.
+
+    Evaluation. With valid_pairs: every eval_every steps and at the end of the run, the mean
+    cross-entropy over every valid target token (token-weighted across batches, without label
+    smoothing; padding ignored; NaN if every valid pair was skipped) and its exp, the
+    perplexity, in model.eval() mode; training mode is restored after (the model is left in
+    training mode when fit returns).
+
+    Checkpoints (fastattn.train.checkpoint, layout there). With checkpoint_dir: one every
+    checkpoint_every steps (if given) and one at the end; the newest keep_checkpoints are
+    kept. resume=True continues from the latest checkpoint in checkpoint_dir (a new run when
+    there is none): weights, optimiser state, dropout state, data position, schedule step
+    and History are restored, so the per-step losses continue exactly as in an uninterrupted
+    run. A resume must use the same pairs, tokenizers, seed and batch_tokens (ValueError
+    otherwise); max_steps/epochs may be raised to train longer.
+
+    Progress (fastattn.train.progress): a tqdm bar on a terminal, JSON lines on stderr
+    otherwise; progress=False for none, an int k for JSON lines every k steps.
+
+    Callbacks: each callable is called as cb(step_record, model) after every step (the
+    record is the History's). A callback may raise StopIteration to stop the run early: the
+    other callbacks of that step still run, then the run ends as at max_steps (final
+    evaluation and checkpoint included) and fit returns the History.
+
+    Interrupts: Ctrl-C (KeyboardInterrupt) takes effect between steps: the step under way
+    finishes, a checkpoint of it is written (with checkpoint_dir), and the KeyboardInterrupt
+    is re-raised for the caller to handle; the checkpoint resumes exactly. A second Ctrl-C
+    inside a step interrupts at once and no checkpoint is written (the latest one stays).
+    A KeyboardInterrupt raised by a callback is handled the same way.
+    """
+    run = _Run(model, train_pairs, src_tokenizer, tgt_tokenizer, valid_pairs, max_steps,
+               epochs, batch_tokens, optimizer, lr, schedule, warmup, label_smoothing,
+               clip_norm, seed, checkpoint_dir, checkpoint_every, keep_checkpoints, eval_every,
+               resume, progress, callbacks)
+    return run.run()
