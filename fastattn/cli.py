@@ -264,7 +264,9 @@ def _errors(fn):
             print(f"fastattn {args.command}: {exc}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
-            print(f"fastattn {args.command}: interrupted", file=sys.stderr)
+            extra = (f"; the last finished step is checkpointed: rerun with --resume to "
+                     f"continue" if args.command == "train" else "")
+            print(f"fastattn {args.command}: interrupted{extra}", file=sys.stderr)
             return 130
     return run
 
@@ -322,13 +324,30 @@ def _complete(args):
         sys.stdout.flush()
         batch.clear()
 
+    bar = _generation_bar(bool(args.texts))
     for text in texts:
         batch.append(text)
         if len(batch) == args.batch_size:
             flush()
+            bar(args.batch_size)
     if batch:
+        bar(len(batch))
         flush()
+    bar(None)
     return 0
+
+
+def _generation_bar(given):
+    """A tqdm bar of lines completed, for standard input on a terminal when tqdm is there;
+    otherwise nothing. Returns update(n) (None closes it)."""
+    if given or not sys.stderr.isatty():
+        return lambda n: None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return lambda n: None
+    bar = tqdm(unit=" lines", file=sys.stderr)
+    return lambda n: bar.close() if n is None else bar.update(n)
 
 
 @_errors

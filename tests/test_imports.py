@@ -45,13 +45,15 @@ def test_generate_with_a_model_loads_neither():
         """) == []
 
 
-@pytest.mark.parametrize("command", ["info", "demo"])
-def test_cli_info_and_demo_load_neither(command):
+@pytest.mark.parametrize("command", [["info"], ["demo", "--quick", "--seconds", "1", "--quiet"]])
+def test_cli_info_and_demo_load_neither(command, tmp_path):
+    if command[0] == "demo":
+        command = command + ["--out", str(tmp_path)]
     assert modules_after(f"""
         import contextlib, io
         from fastattn import cli
         with contextlib.redirect_stdout(io.StringIO()):
-            assert cli.main([{command!r}]) == 0
+            assert cli.main({command!r}) == 0
         """) == []
 
 

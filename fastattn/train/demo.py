@@ -85,13 +85,15 @@ def demo(quick=False, out="fastattn-demo", seconds=None, progress=True, stream=N
         if time.perf_counter() - started > seconds:
             raise StopIteration
 
+    if progress and not sys.stderr.isatty():
+        progress = 200                  # JSON lines every 200 steps (a bar on a terminal)
     batch_tokens = 1024 if quick or not corpus else 2048
     run, history = train_run(
         pairs, os.path.join(out, "run"), model="tiny", tokenizer="word",
         steps=10 ** 6, batch_tokens=batch_tokens, lr=1e-3, warmup=100 if corpus else 30,
         dropout=0.1, label_smoothing=0.1, valid=0.05 if corpus else 0.0, seed=0,
         progress=progress, keep_in_train=SEED_PAIRS, callbacks=(budget,),
-        eval_every=500)
+        eval_every=500 if corpus else None)
     train_seconds = time.perf_counter() - started
     steps, evals = history.steps, history.evals
     last = steps[-min(20, len(steps)):]

@@ -1,0 +1,106 @@
+"""The training product's commands end to end: ``fastattn train`` on each data format, then
+``complete`` (arguments and standard input), ``plot``, ``attention``, ``--resume``, and clear
+errors for bad data. Small models and few steps: these check the plumbing, not the learning
+(tests/train checks that fit() learns)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+PAIRS = [("one two three", "three two one"), ("four five", "five four"),
+         ("six seven eight", "eight seven six"), ("two four six", "six four two")]
+
+
+def cli(*args, stdin=None, timeout=180):
+    return subprocess.run([sys.executable, "-m", "fastattn.cli", *map(str, args)], input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def write_data(path, fmt):
+    if fmt == "tsv":
+        path.write_text("".join(f"{s}\t{t}\n" for s, t in PAIRS))
+    elif fmt == "jsonl":
+        path.write_text("".join(json.dumps({"source": s, "target": t}) + "\n" for s, t in PAIRS))
+    elif fmt == "txt":                       # each line answered by the next
+        path.write_text("".join(f"{s}\n{t}\n\n" for s, t in PAIRS))
+    else:
+        pytest.importorskip("yaml")
+        convs = "".join(f"- - {s}\n  - {t}\n" for s, t in PAIRS)
+        path.write_text(f"categories:\n- test\nconversations:\n{convs}")
+    return path
+
+
+TRAIN = ("--model", "tiny", "--tokenizer", "word", "--steps", "12", "--batch-tokens", "64",
+         "--valid", "0", "--quiet")
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "jsonl", "txt", "yml"])
+def test_train_then_complete_round_trip(tmp_path, fmt):
+    data = write_data(tmp_path / f"pairs.{fmt}", fmt)
+    run = tmp_path / "run"
+    res = cli("train", data, "--out", run, *TRAIN)
+    assert res.returncode == 0, res.stderr
+    assert "12 steps" in res.stdout
+    for name in ("model.safetensors", "src_tokenizer.json", "tgt_tokenizer.json", "config.json",
+                 "history.jsonl"):
+        assert (run / name).exists(), name
+    assert (run / "checkpoints" / "latest").exists()
+    records = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "step"] == list(range(1, 13))
+    res = cli("complete", run, "one two three", "four five")
+    assert res.returncode == 0, res.stderr
+    assert len(res.stdout.splitlines()) == 2
+    # standard input: one output line per input line, in order, empty lines kept
+    res = cli("complete", run, "--method", "beam", "--beam-size", "2", stdin="one two\n\nsix\n")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+
+
+def test_resume_continues_a_finished_run(tmp_path):
+    data = write_data(tmp_path / "pairs.tsv", "tsv")
+    run = tmp_path / "run"
+    assert cli("train", data, "--out", run, *TRAIN).returncode == 0
+    more = [a if a != "12" else "20" for a in TRAIN]
+    res = cli("train", data, "--out", run, *more, "--resume")
+    assert res.returncode == 0, res.stderr
+    steps = [json.loads(line)["step"] for line in (run / "history.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "step"]
+    assert steps == list(range(1, 21))
+
+
+def test_plot_and_attention_pictures(tmp_path):
+    pytest.importorskip("matplotlib")
+    data = write_data(tmp_path / "pairs.tsv", "tsv")
+    run = tmp_path / "run"
+    assert cli("train", data, "--out", run, *TRAIN).returncode == 0
+    res = cli("plot", run)
+    assert res.returncode == 0, res.stderr
+    assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    res = cli("attention", run, "one two three", "--target", "three two one", "--out",
+              tmp_path / "attn")
+    assert res.returncode == 0, res.stderr
+    pngs = sorted(p.name for p in (tmp_path / "attn").glob("*.png"))
+    assert pngs == ["cross_layer0.png", "cross_layer1.png", "decoder_self_layer0.png",
+                    "decoder_self_layer1.png", "encoder_layer0.png", "encoder_layer1.png"]
+
+
+@pytest.mark.parametrize("content, expect", [
+    (b"one\ttwo\nthree\tfour\tfive\n", "line 2"),               # ragged TSV row
+    (b"", "the file is empty"),                                   # empty file
+    (b"one\ttwo\n\xff\xfe\tbad\n", "line 2"),                     # not UTF-8
+])
+def test_bad_data_is_a_one_line_error_naming_the_file(tmp_path, content, expect):
+    data = tmp_path / "bad.tsv"
+    data.write_bytes(content)
+    res = cli("train", data, "--out", tmp_path / "run", *TRAIN)
+    assert res.returncode == 1
+    assert "bad.tsv" in res.stderr and expect in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_complete_without_a_run_says_what_makes_one(tmp_path):
+    res = cli("complete", tmp_path / "nope", "hello")
+    assert res.returncode == 1 and "fastattn train" in res.stderr
+    assert "Traceback" not in res.stderr
