@@ -70,28 +70,13 @@ def build_model(preset, src_vocab_size, tgt_vocab_size, *, pad_id, dropout=0.1,
 
 def train_tokenizer(kind, texts, vocab_size=None):
     """A tokenizer of `kind` ("bpe", "word" or "char") trained on `texts`. vocab_size (all
-    tokens, specials included) defaults to DEFAULT_VOCAB[kind], capped by what the texts
-    hold (word, char) or by how far merges can go (BPE)."""
+    tokens, specials included) defaults to DEFAULT_VOCAB[kind]; the vocabulary is smaller when
+    the texts hold fewer tokens (word, char) or allow fewer merges (BPE stops when no pair is
+    left)."""
     if kind not in TOKENIZERS:
         raise ValueError(f"tokenizer must be one of {', '.join(TOKENIZERS)}, got {kind!r}")
-    texts = list(texts)
     size = vocab_size if vocab_size is not None else DEFAULT_VOCAB[kind]
-    tok = TOKENIZERS[kind]()
-    if kind != "bpe":
-        return tok.train(texts, vocab_size=size)
-    # BPE merges until vocab_size; a small corpus runs out of pairs first, which is not an
-    # error for a run: take as many merges as the texts allow.
-    try:
-        return tok.train(texts, vocab_size=size)
-    except ValueError as exc:
-        if vocab_size is not None:
-            raise
-        for merges in (2000, 1000, 500, 200, 100, 50, 0):
-            try:
-                return TOKENIZERS[kind]().train(texts, num_merges=merges)
-            except ValueError:
-                continue
-        raise exc
+    return TOKENIZERS[kind]().train(list(texts), vocab_size=size)
 
 
 def split_pairs(pairs, valid_fraction, seed=0, keep_in_train=()):
