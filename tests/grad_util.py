@@ -75,6 +75,35 @@ def run_child(module, function, env):
                           capture_output=True, text=True, timeout=600, cwd=TESTS)
 
 
+def child_isa_tests(module):
+    """The two child-process tests of an op's test file, whose isa_checks() runs its checks:
+    every SIMD level the build has, forced in turn, and an OpenMP that starts fewer threads
+    than asked. Bind them at module level:
+
+        test_every_simd_level, test_correct_when_openmp_starts_fewer_threads = \
+            child_isa_tests("test_ops_dropout")
+    """
+    import fastattn
+    import pytest
+
+    available = fastattn.build_info()["simd_available"]
+
+    @pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
+    def test_every_simd_level(isa):
+        if isa not in available:
+            pytest.skip(f"{isa} is not available on this CPU/build (available: {available})")
+        report = child_report(run_child(module, "isa_checks", {"FASTATTN_CPU_ISA": isa}))
+        assert report["simd"] == isa
+
+    @pytest.mark.parametrize("env", [{"OMP_THREAD_LIMIT": "1", "OMP_NUM_THREADS": "2"},
+                                     {"OMP_DYNAMIC": "true", "OMP_NUM_THREADS": "2"}],
+                             ids=["thread_limit_1", "dynamic"])
+    def test_correct_when_openmp_starts_fewer_threads(env):
+        child_report(run_child(module, "isa_checks", env))
+
+    return test_every_simd_level, test_correct_when_openmp_starts_fewer_threads
+
+
 def script_report(script, env):
     """Run `script` (python -c, argv[1] = the forced SIMD level or "-") in a fresh interpreter
     with extra environment `env`; -> its last stdout line, parsed as JSON (a clean exit asserted)."""

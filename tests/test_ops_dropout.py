@@ -14,11 +14,10 @@ from hypothesis import strategies as st
 import fastattn
 from conftest import TILES, assert_close, requires_torch, to_torch
 from fastattn import ops, reference
-from grad_util import child_report, run_child
+from grad_util import child_isa_tests
 from strategies import features, rand, rows
 
 VL = TILES["vector_width"]
-AVAILABLE = fastattn.build_info()["simd_available"]
 u64 = st.integers(min_value=0, max_value=2**64 - 1)
 
 
@@ -179,19 +178,8 @@ def isa_checks():
             check_dropout(rand(rng, (N, C)) + np.float32(0.1), p, seed)
 
 
-@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
-def test_every_simd_level(isa):
-    if isa not in AVAILABLE:
-        pytest.skip(f"{isa} is not available on this CPU/build (available: {AVAILABLE})")
-    report = child_report(run_child("test_ops_dropout", "isa_checks", {"FASTATTN_CPU_ISA": isa}))
-    assert report["simd"] == isa
-
-
-@pytest.mark.parametrize("env", [{"OMP_THREAD_LIMIT": "1", "OMP_NUM_THREADS": "2"},
-                                 {"OMP_DYNAMIC": "true", "OMP_NUM_THREADS": "2"}],
-                         ids=["thread_limit_1", "dynamic"])
-def test_correct_when_openmp_starts_fewer_threads(env):
-    child_report(run_child("test_ops_dropout", "isa_checks", env))
+test_every_simd_level, test_correct_when_openmp_starts_fewer_threads = \
+    child_isa_tests("test_ops_dropout")
 
 
 # ---- bad input: both twins raise the same errors -------------------------------------------

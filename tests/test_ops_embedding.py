@@ -10,10 +10,9 @@ from hypothesis import strategies as st
 import fastattn
 from conftest import assert_close, requires_torch, to_torch
 from fastattn import ops, reference
-from grad_util import child_report, float64_twins, numeric_grad, run_child
+from grad_util import child_isa_tests, float64_twins, numeric_grad
 from strategies import features, rand, rows, seeds
 
-AVAILABLE = fastattn.build_info()["simd_available"]
 
 
 def in_order_sum(dout, ids, V):
@@ -140,20 +139,8 @@ def isa_checks():
         check_embedding_backward(rand(rng, (N, C)), rng.integers(0, V, N), V)
 
 
-@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
-def test_every_simd_level(isa):
-    if isa not in AVAILABLE:
-        pytest.skip(f"{isa} is not available on this CPU/build (available: {AVAILABLE})")
-    report = child_report(run_child("test_ops_embedding", "isa_checks",
-                                    {"FASTATTN_CPU_ISA": isa}))
-    assert report["simd"] == isa
-
-
-@pytest.mark.parametrize("env", [{"OMP_THREAD_LIMIT": "1", "OMP_NUM_THREADS": "2"},
-                                 {"OMP_DYNAMIC": "true", "OMP_NUM_THREADS": "2"}],
-                         ids=["thread_limit_1", "dynamic"])
-def test_correct_when_openmp_starts_fewer_threads(env):
-    child_report(run_child("test_ops_embedding", "isa_checks", env))
+test_every_simd_level, test_correct_when_openmp_starts_fewer_threads = \
+    child_isa_tests("test_ops_embedding")
 
 
 # ---- bad input -----------------------------------------------------------------------------

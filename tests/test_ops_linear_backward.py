@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import fastattn
 from conftest import TILES, assert_close, requires_torch, to_torch
 from fastattn import ops, reference
-from grad_util import chain_atol, child_report, float64_twins, numeric_grad, run_child
+from grad_util import chain_atol, child_isa_tests, float64_twins, numeric_grad
 from strategies import features, rand, rows, seeds
 
 ACTIVATIONS = [None, "relu", "gelu"]
@@ -26,7 +26,6 @@ GELU_MAX_SLOPE = 1.13    # max |gelu'|
 SKINNY, MIN_ROWS, ROW_BLOCK = (TILES[k] for k in ("skinny_rows", "min_rows_per_thread",
                                                   "row_block"))
 VL, ALIGN = TILES["vector_width"], TILES["feature_align"]
-AVAILABLE = fastattn.build_info()["simd_available"]
 RTOL = 1e-5
 
 
@@ -462,20 +461,8 @@ def isa_checks():
     assert_close(dx, rdx, rtol=1e-6, atol=3e-7, name="gelu'")
 
 
-@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
-def test_every_simd_level(isa):
-    if isa not in AVAILABLE:
-        pytest.skip(f"{isa} is not available on this CPU/build (available: {AVAILABLE})")
-    report = child_report(run_child("test_ops_linear_backward", "isa_checks",
-                                    {"FASTATTN_CPU_ISA": isa}))
-    assert report["simd"] == isa
-
-
-@pytest.mark.parametrize("env", [{"OMP_THREAD_LIMIT": "1", "OMP_NUM_THREADS": "2"},
-                                 {"OMP_DYNAMIC": "true", "OMP_NUM_THREADS": "2"}],
-                         ids=["thread_limit_1", "dynamic"])
-def test_correct_when_openmp_starts_fewer_threads(env):
-    child_report(run_child("test_ops_linear_backward", "isa_checks", env))
+test_every_simd_level, test_correct_when_openmp_starts_fewer_threads = \
+    child_isa_tests("test_ops_linear_backward")
 
 
 # ---- bad input -----------------------------------------------------------------------------

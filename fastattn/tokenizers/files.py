@@ -58,8 +58,10 @@ def _unique_keys(pairs):
     return dict(pairs)
 
 
-def read_json(path, where):
-    """The JSON document in the file at `path`; `where` starts every error message."""
+def read_regular_file(path, where, kind):
+    """The bytes of the regular file at `path`. A missing file is FileNotFoundError; anything
+    else that keeps it from being read (a directory, a pipe, a bad path, an OS error) is a
+    ValueError starting with `where` and naming `kind` ("a tokenizer file", ...)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -68,14 +70,19 @@ def read_json(path, where):
         raise ValueError(f"{where}: cannot read the file: {exc}") from None
     if not stat.S_ISREG(mode):                # checked first: opening a pipe would block
         what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-        raise ValueError(f"{where}: not a tokenizer file ({what})")
+        raise ValueError(f"{where}: not {kind} ({what})")
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            return f.read()
     except FileNotFoundError:
         raise
     except OSError as exc:
         raise ValueError(f"{where}: cannot read the file: {exc}") from None
+
+
+def read_json(path, where):
+    """The JSON document in the file at `path`; `where` starts every error message."""
+    data = read_regular_file(path, where, "a tokenizer file")
     try:
         return json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys)
     except RecursionError:

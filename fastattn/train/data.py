@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import json
 import os
-import stat
+
+from ..tokenizers.files import read_regular_file
 
 __all__ = ["read_pairs", "chatterbot_pairs", "Pairs", "FORMATS"]
 
@@ -62,28 +63,10 @@ def _short(text, n=60):
 
 # ---- lines of a file -----------------------------------------------------------------------
 
-def _read_bytes(path):
-    """The bytes of the regular file at `path`; ValueError naming it otherwise."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise
-    except (OSError, ValueError) as exc:           # ValueError: a NUL character in the path
-        raise ValueError(f"{path}: cannot read the file: {exc}") from None
-    if not stat.S_ISREG(mode):                     # checked first: opening a pipe would block
-        what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-        raise ValueError(f"{path}: not a file of pairs ({what})")
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read the file: {exc}") from None
-
-
 def _lines(path):
     """The lines of the file as str, without their line ends (\\n, \\r\\n); a UTF-8 byte
     order mark at the start is dropped. A line that is not UTF-8 is a ValueError naming it."""
-    data = _read_bytes(path)
+    data = read_regular_file(path, path, "a file of pairs")
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
     raw = data.split(b"\n")
