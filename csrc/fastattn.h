@@ -469,4 +469,93 @@ void fa_dropout_backward(float *dx, const float *dy, int64_t N, int64_t C, doubl
 int fa_embedding_backward(float *dweight, const float *dout, const int64_t *ids, int64_t N,
                           int64_t C, int64_t V, int accumulate, int nthreads);
 
+/* ---- quantised weights: int8 (per-row scales) and bfloat16 ------------------------------------
+ * int8, symmetric per row, for a weight (M, K) and, dynamically, for activations (N, K) alike:
+ *   amax = max_k |w[m, k]|;  scale[m] = amax / 127;  inv = 127 / amax   (float32 divisions)
+ *   q[m, k] = clip(rint(w[m, k] * inv), -127, 127)   (rint: to nearest, ties to even)
+ *   amax < 2^-121 (zeros, or so small that 127 / amax would overflow): scale 0 and q 0.
+ *   An activation row that is not finite gets scale NaN and q 0, so its output row is NaN.
+ * A product y = act(x w^T + b) with int8 weights:
+ *   acc[n, m] = sum_k xq[n, k] q[m, k]     exact, in int32 (K <= FA_INT8_MAX_K)
+ *   y[n, m]   = act(fl(fl(fl(acc) * fl(sx[n] * scale[m])) + b[m]))   fl: float32 rounding, no
+ *              fused multiply-add, so the twin reproduces it bit for bit (gelu: to its accuracy)
+ * bfloat16: bits = the float32's top 16 bits rounded to nearest even (NaN: a quiet NaN, sign
+ * and top payload kept); products widen the weight to float32 and accumulate in float32.
+ * The weights reach the kernels packed (fa_int8_pack / fa_bf16_pack), in a layout private to C
+ * that depends on the int8 path chosen at import: packed arrays are never saved.
+ */
+#define FA_INT8_MAX_K 133144  /* (2^31 - 1) / (127 * 127): the int32 sums cannot overflow */
+#define FA_INT8_MIN_AMAX 0x1p-121f /* rows below: zero (127 / amax is finite from here up) */
+
+/* int8 code paths (user names generic / avx2 / avx512bw / avx512vnni), at most the ISA level. */
+typedef enum {
+    FA_INT8_GENERIC = 0, FA_INT8_AVX2 = 1, FA_INT8_AVX512BW = 2, FA_INT8_AVX512VNNI = 3
+} fa_int8_path_t;
+
+/* fa_int8_init -- pick the int8 path once, after fa_cpu_init (called at import).
+ *   forced  -1 = the best path the SIMD level in use allows; else a fa_int8_path_t.
+ *   Returns 0, or -1 if `forced` is above the SIMD level in use or unsupported (unchanged). */
+int fa_int8_init(int forced);
+int fa_int8_supports(int path);     /* 1 if this CPU, build and SIMD level can run `path` */
+int fa_int8_path(void);             /* the path in use */
+
+/* fa_amx_status -- AMX facts, for build_info() (no kernel uses AMX): bit 0 the CPU has
+ * AMX-TILE + AMX-INT8, bit 1 AMX-BF16, bit 2 the OS enables tile state (XCR0 bits 17-18),
+ * bit 3 Linux granted this process the tile data permission (ARCH_REQ_XCOMP_PERM, asked once
+ * at fa_int8_init when the CPU has AMX). */
+int fa_amx_status(void);
+
+/* fa_quantize_int8 -- the per-row rule above, on N rows of K.
+ *   q      (N, K)  out, int8
+ *   scale  (N)     out; NaN for a row that is not finite (its q row is 0)
+ *   x      (N, K)  in
+ *   Returns -1, or the first row that is not finite.
+ *   Twin: fastattn.reference.quantize_int8 (which raises for such rows, as ops does) */
+int64_t fa_quantize_int8(int8_t *q, float *scale, const float *x, int64_t N, int64_t K,
+                         int nthreads);
+
+/* fa_int8_pack -- an int8 weight laid out for fa_linear_int8_forward on the path in use.
+ *   wp    (fa_int8_packed_size(M, K))  out, int8; feature panels, K padded with zeros
+ *   wsum  (fa_int8_wsum_size(M))       out, int32: -128 * sum_k q[m, k] per padded feature
+ *                                      (the u8 x s8 path's shift compensation), 0 past M
+ *   q     (M, K)  in, int8 in [-127, 127]
+ */
+int64_t fa_int8_packed_size(int64_t M, int64_t K);
+int64_t fa_int8_wsum_size(int64_t M);
+void fa_int8_pack(int8_t *wp, int32_t *wsum, const int8_t *q, int64_t M, int64_t K,
+                  int nthreads);
+
+/* fa_linear_int8_forward -- y = act(x weight^T + bias), weight int8 with per-row scales.
+ *   y      (N, M)  out
+ *   x      (N, K)  in; quantised per row on the fly (the rule above)
+ *   wp, wsum       the packed weight (fa_int8_pack)
+ *   scale  (M)     in; the weight's row scales
+ *   bias   (M)     in, may be NULL
+ *   K <= FA_INT8_MAX_K (ops.py checks). Many rows: blocks of rows per thread, each quantised
+ *   into a packed block, then every panel; few rows (decode steps): panels split over threads.
+ *   Each element is computed the same way whatever N and the thread count: bit-identical.
+ *   Returns 0, or -1: out of memory.
+ *   Twin: fastattn.reference.linear with a QuantizedWeight
+ */
+int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const int32_t *wsum,
+                           const float *scale, const float *bias, int64_t N, int64_t K,
+                           int64_t M, int activation, int nthreads);
+
+/* fa_to_bfloat16 -- bits[i] = bf16(x[i]) (the rounding above).   bits, x  (n) */
+void fa_to_bfloat16(uint16_t *bits, const float *x, int64_t n, int nthreads);
+
+/* fa_bf16_pack -- a bf16 weight (M, K) laid out for fa_linear_bf16_forward.
+ *   wp  (fa_bf16_packed_size(M, K))  out, uint16; panels of features, zero past M
+ *   w   (M, K)  in, bf16 bits */
+int64_t fa_bf16_packed_size(int64_t M, int64_t K);
+void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nthreads);
+
+/* fa_linear_bf16_forward -- y = act(x float32(weight)^T + bias), weight bf16, fp32 sums.
+ *   y (N, M) out;  x (N, K) in;  wp the packed weight (fa_bf16_pack);  bias (M) or NULL
+ *   Many rows: panels widened to float32 blocks and multiplied by BLAS; few rows: the weight
+ *   streamed once, widened in registers.  Returns 0, or -1: out of memory.
+ *   Twin: fastattn.reference.linear with a QuantizedWeight */
+int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
+                           int64_t N, int64_t K, int64_t M, int activation, int nthreads);
+
 #endif /* FASTATTN_H */

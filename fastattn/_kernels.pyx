@@ -6,7 +6,7 @@ C in elements (memoryview strides are bytes). An array that is None or has no el
 passed as NULL (the kernels read nothing through it), so that no pointer is ever taken to the
 first element of an empty view (an IndexError under the debug build's bounds checks).
 """
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t, uint64_t
 
 
 cdef extern from "fastattn.h" nogil:
@@ -78,6 +78,25 @@ cdef extern from "fastattn.h" nogil:
                              uint64_t seed, int nthreads)
     int fa_embedding_backward(float *dweight, const float *dout, const int64_t *ids, int64_t N,
                               int64_t C, int64_t V, int accumulate, int nthreads)
+    enum: FA_INT8_MAX_K
+    int fa_int8_init(int forced)
+    int fa_int8_supports(int path)
+    int fa_int8_path()
+    int fa_amx_status()
+    int64_t fa_quantize_int8(int8_t *q, float *scale, const float *x, int64_t N, int64_t K,
+                             int nthreads)
+    int64_t fa_int8_packed_size(int64_t M, int64_t K)
+    int64_t fa_int8_wsum_size(int64_t M)
+    void fa_int8_pack(int8_t *wp, int32_t *wsum, const int8_t *q, int64_t M, int64_t K,
+                      int nthreads)
+    int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const int32_t *wsum,
+                               const float *scale, const float *bias, int64_t N, int64_t K,
+                               int64_t M, int activation, int nthreads)
+    void fa_to_bfloat16(uint16_t *bits, const float *x, int64_t n, int nthreads)
+    int64_t fa_bf16_packed_size(int64_t M, int64_t K)
+    void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nthreads)
+    int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
+                               int64_t N, int64_t K, int64_t M, int activation, int nthreads)
 
 
 def cpu_init(int forced):
@@ -572,3 +591,130 @@ def embedding_backward(float[:, ::1] dweight not None, const float[:, ::1] dout 
                                    dweight.shape[0], accumulate, nthreads)
     if rc != 0:
         raise MemoryError("embedding_backward: could not allocate the sort")
+
+
+# ---- quantised weights (int8, bf16) ----------------------------------------------------------
+
+def int8_max_k():
+    return FA_INT8_MAX_K
+
+
+def int8_init(int forced):
+    return fa_int8_init(forced)
+
+
+def int8_supports(int path):
+    return fa_int8_supports(path)
+
+
+def int8_path():
+    return fa_int8_path()
+
+
+def amx_status():
+    return fa_amx_status()
+
+
+def quantize_int8(int8_t[:, ::1] q not None, float[::1] scale not None,
+                  const float[:, ::1] x not None, int nthreads):
+    """q (N, K) int8, scale (N), x (N, K) -> -1, or the first row that is not finite."""
+    cdef int8_t *qp = NULL
+    cdef const float *xp = NULL
+    cdef float *sp = _p1(scale)
+    cdef int64_t rc
+    if x.shape[0] > 0 and x.shape[1] > 0:
+        qp = &q[0, 0]
+        xp = &x[0, 0]
+    with nogil:
+        rc = fa_quantize_int8(qp, sp, xp, x.shape[0], x.shape[1], nthreads)
+    return rc
+
+
+def int8_packed_size(int64_t M, int64_t K):
+    return fa_int8_packed_size(M, K)
+
+
+def int8_wsum_size(int64_t M):
+    return fa_int8_wsum_size(M)
+
+
+def int8_pack(int8_t[::1] wp not None, int32_t[::1] wsum not None,
+              const int8_t[:, ::1] q not None, int nthreads):
+    """wp (int8_packed_size(M, K)), wsum (int8_wsum_size(M)), q (M, K) int8."""
+    cdef int8_t *pp = NULL
+    cdef int32_t *sp = NULL
+    cdef const int8_t *src = NULL
+    if wp.shape[0] > 0:
+        pp = &wp[0]
+    if wsum.shape[0] > 0:
+        sp = &wsum[0]
+    if q.shape[0] > 0 and q.shape[1] > 0:
+        src = &q[0, 0]
+    with nogil:
+        fa_int8_pack(pp, sp, src, q.shape[0], q.shape[1], nthreads)
+
+
+def linear_int8_forward(float[:, ::1] y not None, const float[:, ::1] x not None,
+                        const int8_t[::1] wp not None, const int32_t[::1] wsum not None,
+                        const float[::1] scale not None, const float[::1] bias,
+                        int activation, int nthreads):
+    """y (N, M), x (N, K), wp / wsum from int8_pack of an (M, K) weight, scale (M), bias (M)."""
+    cdef float *yp = _p2(y)
+    cdef const float *xp = _cp2(x)
+    cdef const int8_t *pp = NULL
+    cdef const int32_t *sp = NULL
+    cdef const float *scp = _cp1(scale)
+    cdef const float *bp = _cp1(bias)
+    cdef int rc
+    if wp.shape[0] > 0:
+        pp = &wp[0]
+    if wsum.shape[0] > 0:
+        sp = &wsum[0]
+    with nogil:
+        rc = fa_linear_int8_forward(yp, xp, pp, sp, scp, bp, x.shape[0], x.shape[1],
+                                    y.shape[1], activation, nthreads)
+    if rc != 0:
+        raise MemoryError("linear (int8): could not allocate the quantised activations")
+
+
+def to_bfloat16(uint16_t[::1] bits not None, const float[::1] x not None, int nthreads):
+    cdef uint16_t *bp = NULL
+    cdef const float *xp = _cp1(x)
+    if bits.shape[0] > 0:
+        bp = &bits[0]
+    with nogil:
+        fa_to_bfloat16(bp, xp, x.shape[0], nthreads)
+
+
+def bf16_packed_size(int64_t M, int64_t K):
+    return fa_bf16_packed_size(M, K)
+
+
+def bf16_pack(uint16_t[::1] wp not None, const uint16_t[:, ::1] w not None, int nthreads):
+    """wp (bf16_packed_size(M, K)), w (M, K) bf16 bits."""
+    cdef uint16_t *pp = NULL
+    cdef const uint16_t *src = NULL
+    if wp.shape[0] > 0:
+        pp = &wp[0]
+    if w.shape[0] > 0 and w.shape[1] > 0:
+        src = &w[0, 0]
+    with nogil:
+        fa_bf16_pack(pp, src, w.shape[0], w.shape[1], nthreads)
+
+
+def linear_bf16_forward(float[:, ::1] y not None, const float[:, ::1] x not None,
+                        const uint16_t[::1] wp not None, const float[::1] bias,
+                        int activation, int nthreads):
+    """y (N, M), x (N, K), wp from bf16_pack of an (M, K) weight, bias (M) or None."""
+    cdef float *yp = _p2(y)
+    cdef const float *xp = _cp2(x)
+    cdef const uint16_t *pp = NULL
+    cdef const float *bp = _cp1(bias)
+    cdef int rc
+    if wp.shape[0] > 0:
+        pp = &wp[0]
+    with nogil:
+        rc = fa_linear_bf16_forward(yp, xp, pp, bp, x.shape[0], x.shape[1], y.shape[1],
+                                    activation, nthreads)
+    if rc != 0:
+        raise MemoryError("linear (bf16): could not allocate the widened weight blocks")

@@ -25,6 +25,7 @@ TILE_NAMES = (  # index = fa_tile_t in csrc/fastattn.h; the sizes themselves: cs
     "packed_max_rows", "skinny_rows", "min_rows_per_thread", "row_block", "feature_align",
     "reduce_rows",
 )
+INT8_PATHS = ("generic", "avx2", "avx512bw", "avx512vnni")  # index = fa_int8_path_t (fastattn.h)
 _state = {"threads": 1}
 
 
@@ -100,6 +101,36 @@ def _isa_from_env():
     return level
 
 
+def _int8_path_from_env():
+    """FASTATTN_INT8_PATH: the int8 kernels' code path, at most the SIMD level in use (so
+    FASTATTN_CPU_ISA=avx2 alone already keeps them on AVX2 code); unset = the best one."""
+    name = os.environ.get("FASTATTN_INT8_PATH", "").strip().lower()
+    if not name:
+        return -1
+    if name not in INT8_PATHS:
+        raise ValueError(f"FASTATTN_INT8_PATH={name!r}: expected one of {', '.join(INT8_PATHS)}")
+    path = INT8_PATHS.index(name)
+    if not _kernels.int8_supports(path):
+        raise RuntimeError(f"FASTATTN_INT8_PATH={name}: this CPU, this build or the SIMD level "
+                           f"in use ({ISA_NAMES[_kernels.cpu_level()]}) cannot run it "
+                           f"(available: {', '.join(available_int8_paths())})")
+    return path
+
+
+def available_int8_paths():
+    """int8 code paths this CPU, this build and the SIMD level in use can run, lowest first."""
+    return [name for i, name in enumerate(INT8_PATHS) if _kernels.int8_supports(i)]
+
+
+def amx_info():
+    """AMX, reported only (no kernel uses it; the int8 kernels take the VNNI path there):
+    whether the CPU has AMX-INT8 / AMX-BF16, the OS enables tile state (XCR0), and Linux
+    granted this process tile data (ARCH_REQ_XCOMP_PERM)."""
+    st = _kernels.amx_status()
+    return {"int8": bool(st & 1), "bf16": bool(st & 2), "os_enabled": bool(st & 4),
+            "permitted": bool(st & 8), "used": False}
+
+
 def available_isas():
     """ISA levels this CPU and this build can run, lowest first."""
     return [name for i, name in enumerate(ISA_NAMES) if _kernels.cpu_supports(i)]
@@ -133,6 +164,7 @@ def tiles(isa=None):
 
 def init():
     _kernels.cpu_init(_isa_from_env())
+    _kernels.int8_init(_int8_path_from_env())
     set_num_threads(_threads_from_env())
 
 
@@ -150,6 +182,9 @@ def build_info():
         "blas_threads": _kernels.blas_get_num_threads(),
         "simd": ISA_NAMES[_kernels.cpu_level()],
         "simd_available": available_isas(),
+        "int8_path": INT8_PATHS[_kernels.int8_path()],     # FASTATTN_INT8_PATH
+        "int8_paths_available": available_int8_paths(),
+        "amx": amx_info(),
         "tiles": tiles(),                                  # at the level in use ("simd")
         "tiles_by_isa": {name: tiles(name) for name in available_isas()},
         "threads": get_num_threads() if _kernels.openmp_enabled() else 1,  # effective

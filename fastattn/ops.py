@@ -323,6 +323,9 @@ def _rows(x, name, op):
 
 
 def _weight(w, name, op, shape_text):
+    if isinstance(w, QuantizedWeight):
+        raise TypeError(f"{op}: {name} is a QuantizedWeight; quantised weights are for "
+                        "inference (linear, ffn), not training")
     w = _contig(w, name, op)
     _ndim(w, 2, name, op, shape_text)
     return w
@@ -342,7 +345,10 @@ def _check_linear(x, weight, bias, activation):
 
 
 def linear(x, weight, bias=None, *, activation=None):
-    """act(x @ weight.T + bias), GEMM through BLAS with a fused epilogue; see reference.linear."""
+    """act(x @ weight.T + bias), GEMM through BLAS with a fused epilogue; see reference.linear.
+    weight may be a QuantizedWeight (int8 or bf16): the quantised kernels, any number of rows."""
+    if isinstance(weight, QuantizedWeight):
+        return _linear_quantized(x, weight, bias, activation, "linear")
     x, weight, bias, act, N, M, K = _check_linear(x, weight, bias, activation)
     y = np.empty(x.shape[:-1] + (M,), np.float32)
     if N and M and K:
@@ -404,7 +410,11 @@ def linear_backward(dy, x, weight, *, pre=None, activation=None):
 
 
 def ffn(x, w1, b1, w2, b2, *, activation="relu"):
-    """linear(act(linear(x, w1, b1)), w2, b2) in row blocks; see reference.ffn."""
+    """linear(act(linear(x, w1, b1)), w2, b2) in row blocks; see reference.ffn. w1 and w2 may
+    be QuantizedWeights: then two products (the activation fused in the first one's
+    epilogue) with a float32 hidden in between."""
+    if isinstance(w1, QuantizedWeight) or isinstance(w2, QuantizedWeight):
+        return _ffn_quantized(x, w1, b1, w2, b2, activation)
     x, w1, b1, w2, b2, act = _check_ffn(x, w1, b1, w2, b2, activation, "ffn")
     C, F = x.shape[-1], w1.shape[0]
     N = x.size // C if C else int(np.prod(x.shape[:-1]))
@@ -926,3 +936,326 @@ def clip_grads(grads, max_norm):
     if not total <= max_norm:                 # also NaN, as torch
         _kernels.scale_inplace(flat, max_norm / (total + 1e-6), get_num_threads())
     return total
+
+
+# ---- quantised weights: int8 (per-row scales) and bfloat16 -------------------------------------
+# The rules are reference.quantize_int8's and reference._linear_quantized's (and fastattn.h's):
+# ops and reference agree bit for bit on quantize_int8, dequantize_int8, to_bfloat16 and
+# from_bfloat16, and on linear with an int8 weight when the activation is None or relu (gelu:
+# to the gelu kernel's accuracy, ~1e-6 relative); with a bf16 weight, linear agrees with the
+# twin as the fp32 linear does (float32 sums).
+
+__all__ += ["quantize_int8", "dequantize_int8", "to_bfloat16", "from_bfloat16",
+            "QuantizedWeight", "INT8_MAX_K"]
+
+INT8_MAX_K = _kernels.int8_max_k()    # = reference.INT8_MAX_K: K * 127 * 127 fits an int32
+QUANT_DTYPES = ("int8", "bf16")
+
+
+def quantize_int8(x):
+    """Symmetric per-row int8 quantisation of the last axis: (q int8 (..., K), scale float32
+    (...,)), with x ~= q * scale[..., None]; see reference.quantize_int8 for the exact rule
+    (bit for bit the same here). A row with NaN or inf raises ValueError naming it."""
+    op = "quantize_int8"
+    x = _rows(x, "x", op)
+    lead, K = x.shape[:-1], x.shape[-1]
+    N = math.prod(lead)
+    q = np.empty((N, K), np.int8)
+    scale = np.empty(N, np.float32)
+    bad = _kernels.quantize_int8(q, scale, x.reshape(N, K), get_num_threads())
+    if bad >= 0:
+        raise ValueError(f"{op}: x row {reference._row_name(bad, lead)} is not finite (NaN or "
+                         "inf); int8 quantisation needs finite values")
+    return q.reshape(x.shape), scale.reshape(lead)
+
+
+def _int8_array(q, name, op):
+    a = np.asarray(q)
+    if a.dtype != np.int8:
+        raise TypeError(f"{op}: {name} must be an int8 array, got dtype {a.dtype}")
+    return a
+
+
+def _float32_exact(a, name, op):
+    """A float32 array as given (never converted: a conversion would change stored values)."""
+    a = np.asarray(a)
+    if a.dtype != np.float32:
+        raise TypeError(f"{op}: {name} must be a float32 array, got dtype {a.dtype}")
+    return a
+
+
+def dequantize_int8(q, scale):
+    """q * scale[..., None] as float32: q (..., K) int8, scale (...,) float32 -> (..., K)."""
+    op = "dequantize_int8"
+    q = _int8_array(q, "q", op)
+    if q.ndim == 0:
+        raise ValueError(f"{op}: q must have at least 1 dimension (..., K), got a scalar")
+    scale = _float32_exact(scale, "scale", op)
+    if scale.shape != q.shape[:-1]:
+        raise ValueError(f"{op}: scale must have shape {q.shape[:-1]} (q's rows), got "
+                         f"{scale.shape}")
+    return reference.dequantize_int8(q, scale)
+
+
+def to_bfloat16(x):
+    """bfloat16 bits (uint16, same shape) of x (converted to float32 first): round to nearest
+    even; NaN stays a quiet NaN. See reference.to_bfloat16 (bit for bit the same)."""
+    x = _contig(x, "x", "to_bfloat16")
+    bits = np.empty(x.shape, np.uint16)
+    _kernels.to_bfloat16(bits.reshape(-1), x.reshape(-1), get_num_threads())
+    return bits
+
+
+def from_bfloat16(bits):
+    """float32 values of bfloat16 bits (a uint16 array), exact."""
+    return reference.from_bfloat16(bits)
+
+
+def _dtype_name(dtype, op):
+    if not isinstance(dtype, str) or dtype not in QUANT_DTYPES:
+        raise ValueError(f"{op}: dtype must be 'int8' or 'bf16', got {dtype!r}")
+    return dtype
+
+
+def _readonly(a):
+    """a as a C-contiguous, aligned, read-only array: a view when it already is one (so a
+    loaded weight is not copied; its owner must not change it afterwards), else a copy."""
+    if not (a.flags.c_contiguous and a.flags.aligned):
+        a = a.copy(order="C")
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def _first_bad_row(bad_rows):
+    rows = np.flatnonzero(bad_rows)
+    return int(rows[0]) if rows.size else -1
+
+
+class QuantizedWeight:
+    """A linear layer's (M, K) weight stored in int8 (with per-row float32 scales) or bf16, for
+    inference: ``linear(x, qw, bias, activation=...)`` and ``ffn`` accept it in place of a
+    float32 weight, in ops (the kernels) and reference (the same math in NumPy) alike.
+
+    - ``QuantizedWeight.from_float(w, "int8" | "bf16")`` quantises (see
+      reference.quantize_int8 and reference.to_bfloat16); a weight with NaN or inf raises
+      ValueError naming the row, as does a bf16 value that rounds to inf.
+    - ``QuantizedWeight.from_stored(dtype, data, scale=None)`` wraps stored arrays (int8 data
+      (M, K) + scale (M,) float32; bf16 data (M, K) uint16), validated, never requantised.
+      Arrays that are already C-contiguous are used without a copy: do not change them after.
+    - ``.dtype`` ("int8" | "bf16"), ``.shape`` (M, K), ``.data``, ``.scale`` ((M,) float32, or
+      None for bf16), ``.nbytes`` (data + scale), ``.dequantize()`` -> float32 (M, K).
+      ``data`` and ``scale`` are read-only.
+    - ``w[lo:hi]`` is the QuantizedWeight of rows lo:hi (views of data and scale), cached per
+      (lo, hi): slicing an in-projection into q, k, v on every call costs a dict lookup.
+
+    The kernels read a packed copy (a layout private to C, for the int8 path in use, see
+    build_info()["int8_path"]) built on first use and never saved: it costs as much memory as
+    ``data`` again. Two threads using a new weight at once may both build it (one is kept);
+    neither sees a partial one.
+    """
+
+    __slots__ = ("dtype", "data", "scale", "shape", "_packed", "_slices")
+    _fastattn_quantized = True       # how reference.linear recognises one (without importing ops)
+
+    def __init__(self, dtype, data, scale):
+        """Private: use from_float or from_stored (which validate)."""
+        self.dtype = dtype
+        self.data = _readonly(data)
+        self.scale = None if scale is None else _readonly(scale)
+        self.shape = tuple(int(s) for s in self.data.shape)
+        self._packed = None
+        self._slices = {}
+
+    @classmethod
+    def from_float(cls, w, dtype):
+        op = "QuantizedWeight.from_float"
+        dtype = _dtype_name(dtype, op)
+        w = _weight(w, "w", op, "(out_features, in_features)")
+        M, K = w.shape
+        if dtype == "int8":
+            _check_int8_k(K, op)
+            q = np.empty((M, K), np.int8)
+            scale = np.empty(M, np.float32)
+            bad = _kernels.quantize_int8(q, scale, w, get_num_threads())
+            if bad >= 0:
+                raise ValueError(f"{op}: weight row {bad} is not finite (NaN or inf)")
+            return cls("int8", q, scale)
+        finite = np.isfinite(w).all(axis=1) if K else np.ones(M, bool)
+        if not finite.all():
+            raise ValueError(f"{op}: weight row {_first_bad_row(~finite)} is not finite "
+                             "(NaN or inf)")
+        bits = to_bfloat16(w)
+        row = _first_bad_row(_bf16_nonfinite_rows(bits))
+        if row >= 0:
+            raise ValueError(f"{op}: weight row {row} has a value beyond the bfloat16 range "
+                             "(it rounds to inf)")
+        return cls("bf16", bits, None)
+
+    @classmethod
+    def from_stored(cls, dtype, data, scale=None):
+        op = "QuantizedWeight.from_stored"
+        dtype = _dtype_name(dtype, op)
+        if dtype == "int8":
+            data = _int8_array(data, "data", op)
+            _ndim(data, 2, "data", op, "(out_features, in_features)")
+            M, K = data.shape
+            _check_int8_k(K, op)
+            if scale is None:
+                raise ValueError(f"{op}: int8 data needs its scale (M,) = ({M},) float32")
+            scale = _float32_exact(scale, "scale", op)
+            if scale.shape != (M,):
+                raise ValueError(f"{op}: scale must have shape ({M},) (one per row of data "
+                                 f"{data.shape}), got {scale.shape}")
+            ok = np.isfinite(scale) & (scale >= 0)
+            if not ok.all():
+                row = _first_bad_row(~ok)
+                raise ValueError(f"{op}: scale[{row}] = {scale[row]!r}; scales must be finite "
+                                 "and >= 0")
+            low = (data == -128).any(axis=1) if K else np.zeros(M, bool)
+            if low.any():
+                raise ValueError(f"{op}: data row {_first_bad_row(low)} holds -128; int8 "
+                                 "weights are symmetric, in [-127, 127]")
+            return cls("int8", data, scale)
+        if scale is not None:
+            raise ValueError(f"{op}: bf16 weights have no scale (got one)")
+        data = np.asarray(data)
+        if data.dtype != np.uint16:
+            raise TypeError(f"{op}: bf16 data must be uint16 (bfloat16 bit patterns), got "
+                            f"dtype {data.dtype}")
+        _ndim(data, 2, "data", op, "(out_features, in_features)")
+        row = _first_bad_row(_bf16_nonfinite_rows(data))
+        if row >= 0:
+            raise ValueError(f"{op}: data row {row} holds a bfloat16 NaN or inf")
+        return cls("bf16", data, None)
+
+    @property
+    def nbytes(self):
+        return self.data.nbytes + (0 if self.scale is None else self.scale.nbytes)
+
+    def dequantize(self):
+        """The float32 (M, K) weight the kernels compute with."""
+        if self.dtype == "int8":
+            return reference.dequantize_int8(self.data, self.scale)
+        return reference.from_bfloat16(self.data)
+
+    def __getitem__(self, key):
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError(f"QuantizedWeight: only row slices w[lo:hi] are supported, got "
+                            f"{key!r}")
+        lo, hi, _ = key.indices(self.shape[0])
+        hi = max(lo, hi)
+        if (lo, hi) == (0, self.shape[0]):
+            return self
+        sub = self._slices.get((lo, hi))
+        if sub is None:
+            sub = QuantizedWeight(self.dtype, self.data[lo:hi],
+                                  None if self.scale is None else self.scale[lo:hi])
+            self._slices[(lo, hi)] = sub
+        return sub
+
+    def __repr__(self):
+        return f"QuantizedWeight(dtype={self.dtype!r}, shape={self.shape})"
+
+    def _kernel_arrays(self):
+        """The packed copy for the kernels (built once per int8 path; see the class doc)."""
+        path = _kernels.int8_path()
+        packed = self._packed
+        if packed is None or packed[0] != path:
+            M, K = self.shape
+            if self.dtype == "int8":
+                wp = np.empty(_kernels.int8_packed_size(M, K), np.int8)
+                wsum = np.empty(_kernels.int8_wsum_size(M), np.int32)
+                _kernels.int8_pack(wp, wsum, self.data, get_num_threads())
+                packed = (path, wp, wsum)
+            else:
+                wp = np.empty(_kernels.bf16_packed_size(M, K), np.uint16)
+                _kernels.bf16_pack(wp, self.data, get_num_threads())
+                packed = (path, wp, None)
+            self._packed = packed
+        return packed
+
+
+def _check_int8_k(K, op):
+    if K > INT8_MAX_K:
+        raise ValueError(f"{op}: in_features K = {K} is above the int8 limit of {INT8_MAX_K} "
+                         "(K * 127 * 127 must fit the int32 sums)")
+
+
+def _bf16_nonfinite_rows(bits):
+    """(M,) bool: rows of bf16 bits (M, K) holding an inf or NaN (exponent all ones)."""
+    if bits.shape[1] == 0:
+        return np.zeros(bits.shape[0], bool)
+    return ((bits & 0x7F80) == 0x7F80).any(axis=1)
+
+
+def _linear_quantized_into(y, x, qweight, bias, act):
+    """y (N, M) = act(x (N, K) @ weight.T + bias) with a QuantizedWeight (int8 or bf16): the
+    model backends' entry (arguments trusted: float32, C-contiguous, shapes consistent; act an
+    FA_ACT code). The kernel takes any N: few rows (decode steps) stream the packed weight once,
+    split by panels; many rows run the blocked GEMM."""
+    N, K = x.shape
+    if N == 0 or y.shape[1] == 0:
+        return y
+    if K == 0:          # an empty sum: only the bias and activation remain
+        y[...] = reference.linear(x, qweight, bias, activation=_ACT_NAMES[act])
+        return y
+    _, wp, wsum = qweight._kernel_arrays()
+    if qweight.dtype == "int8":
+        _kernels.linear_int8_forward(y, x, wp, wsum, qweight.scale, bias, act,
+                                     get_num_threads())
+    else:
+        _kernels.linear_bf16_forward(y, x, wp, bias, act, get_num_threads())
+    return y
+
+
+_ACT_NAMES = {code: name for name, code in ACTIVATIONS.items()}
+
+
+def _linear_any_into(y, x, weight, bias, act):
+    """_linear_into or _linear_quantized_into, by the weight's type."""
+    if isinstance(weight, QuantizedWeight):
+        return _linear_quantized_into(y, x, weight, bias, act)
+    return _linear_into(y, x, weight, bias, act)
+
+
+def _quantized_or_float(w, name, op, shape_text):
+    return w if isinstance(w, QuantizedWeight) else _weight(w, name, op, shape_text)
+
+
+def _linear_quantized(x, weight, bias, activation, op):
+    x = _rows(x, "x", op)
+    M, K = weight.shape
+    if x.shape[-1] != K:
+        raise ValueError(f"{op}: x {x.shape} has {x.shape[-1]} features but weight "
+                         f"{weight!r} expects {K}")
+    bias = _vector(bias, M, "bias", op)
+    act = _activation(activation, op)
+    N = math.prod(x.shape[:-1])
+    y = np.empty(x.shape[:-1] + (M,), np.float32)
+    _linear_quantized_into(y.reshape(N, M), x.reshape(N, K), weight, bias, act)
+    return y
+
+
+def _ffn_quantized(x, w1, b1, w2, b2, activation):
+    op = "ffn"
+    x = _rows(x, "x", op)
+    C = x.shape[-1]
+    w1 = _quantized_or_float(w1, "w1", op, "(F, C)")
+    w2 = _quantized_or_float(w2, "w2", op, "(C, F)")
+    F = w1.shape[0]
+    if w1.shape[1] != C:
+        raise ValueError(f"{op}: w1 must be (F, C) with C = {C} from x {x.shape}, got "
+                         f"{w1.shape}")
+    if tuple(w2.shape) != (C, F):
+        raise ValueError(f"{op}: w2 must be (C, F) = ({C}, {F}) from x {x.shape} and w1 "
+                         f"{tuple(w1.shape)}, got {tuple(w2.shape)}")
+    b1 = _vector(b1, F, "b1", op)
+    b2 = _vector(b2, C, "b2", op)
+    act = _activation(activation, op)
+    N = math.prod(x.shape[:-1])
+    hidden = np.empty((N, F), np.float32)
+    y = np.empty(x.shape, np.float32)
+    _linear_any_into(hidden, x.reshape(N, C), w1, b1, act)
+    _linear_any_into(y.reshape(N, C), hidden, w2, b2, 0)
+    return y

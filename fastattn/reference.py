@@ -500,12 +500,16 @@ def linear(x, weight, bias=None, *, activation=None):
 
     ====================  ==============  =====================================================
     x                     (..., C_in)     input; every leading dim is a row
-    weight                (C_out, C_in)   torch layout
+    weight                (C_out, C_in)   torch layout; or a QuantizedWeight (int8, bf16)
     bias                  (C_out,)        optional
     activation            str or None     None, "relu" or "gelu" (exact erf form)
     -> y                  (..., C_out)    float32
     ====================  ==============  =====================================================
+
+    With a QuantizedWeight the result is the quantised math of the kernels (_linear_quantized).
     """
+    if _is_quantized(weight):                                            # int8 / bf16
+        return _linear_quantized(x, weight, bias, activation)
     x = _rank(x, "x", "linear")                                          # (..., C_in)
     weight = _rank(weight, "weight", "linear", 2, "(out_features, in_features)")
     y = _linear64(_f64(x), _f64(weight), None if bias is None else _f64(bias), activation)
@@ -581,8 +585,13 @@ def ffn(x, w1, b1, w2, b2, *, activation="relu"):
     -> y                  (..., C)        float32
     ====================  ==============  =====================================================
 
-    The hidden activations (..., F) stay in float64 between the two layers.
+    The hidden activations (..., F) stay in float64 between the two layers, except with a
+    QuantizedWeight w1 or w2: then each layer is linear() and the hidden is float32, as the
+    kernels keep it (and quantise it, for an int8 w2).
     """
+    if _is_quantized(w1) or _is_quantized(w2):
+        h = np.asarray(linear(x, w1, b1, activation=activation), np.float32)   # (..., F)
+        return linear(h, w2, b2)
     x = _rank(x, "x", "ffn")                            # (..., C)
     w1 = _rank(w1, "w1", "ffn", 2, "(F, C)")            # (F, C)
     w2 = _rank(w2, "w2", "ffn", 2, "(C, F)")            # (C, F)
@@ -948,3 +957,126 @@ def clip_grads(grads, max_norm):
         for g in grads:
             g[...] = _f64(g) * coef
     return total
+
+
+# ----------------------------------------------------------------------------------------------
+# quantised weights: int8 with per-row scales, bfloat16
+
+__all__ += ["quantize_int8", "dequantize_int8", "to_bfloat16", "from_bfloat16",
+            "QuantizedWeight", "INT8_MAX_K"]
+
+INT8_MAX_K = (2**31 - 1) // (127 * 127)   # 133144: K * 127 * 127 still fits an int32 sum
+INT8_MIN_AMAX = np.float32(2.0**-121)     # rows with a smaller max |x| quantise to zero
+
+
+def __getattr__(name):
+    # QuantizedWeight is one class, fastattn.ops.QuantizedWeight: a container of arrays that
+    # both twins compute with (this module reads its .data and .scale, never its packed copy).
+    if name == "QuantizedWeight":
+        from .ops import QuantizedWeight
+        return QuantizedWeight
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _is_quantized(w):
+    return getattr(type(w), "_fastattn_quantized", False)
+
+
+def _row_name(row, lead):
+    """Row `row` of the flattened leading dims `lead`, as an index into them."""
+    idx = np.unravel_index(row, lead) if lead else ()
+    return str(int(idx[0])) if len(idx) == 1 else str(tuple(int(i) for i in idx))
+
+
+def _quantize_rows(x):
+    """The int8 rule on float32 rows x (R, K) -> q (R, K) int8, scale (R,) float32, and which
+    rows are not finite (their q is 0 and scale NaN)."""
+    amax = np.max(np.abs(x), axis=-1, initial=np.float32(0))      # (R,) float32; NaN stays NaN
+    bad = ~np.isfinite(amax)
+    zero = amax < INT8_MIN_AMAX                                     # zeros, or 127/amax = inf
+    safe = np.where(bad | zero, np.float32(1), amax)                # (R,) float32
+    scale = safe / np.float32(127)                                  # float32 division
+    inv = np.float32(127) / safe                                    # float32 division
+    t = x * inv[:, None]                                            # float32 products
+    q = np.rint(np.clip(t, -127, 127)).astype(np.int8)              # ties to even
+    q[bad | zero] = 0
+    scale = np.where(zero, np.float32(0), np.where(bad, np.float32(np.nan), scale))
+    scale = scale.astype(np.float32)
+    return q, scale, bad
+
+
+def quantize_int8(x):
+    """Symmetric per-row int8 quantisation of the last axis.
+
+    ====================  ==============  =====================================================
+    x                     (..., K)        converted to float32 first; must be finite
+    -> q                  (..., K) int8   clip(rint(x * (127 / amax)), -127, 127)
+    -> scale              (...,) float32  amax / 127, amax = max |x| over the row
+    ====================  ==============  =====================================================
+
+    Both divisions are float32 (127 / amax and amax / 127), the product x * (127 / amax) too,
+    and rint rounds ties to even, so ops and reference agree bit for bit. A row with amax below
+    2^-121 (~3.8e-37: zeros, or values so small that 127 / amax would overflow) gets scale 0
+    and q 0. A row with NaN or inf raises ValueError naming it. |x - q * scale| <= scale / 2.
+    """
+    x = np.asarray(_rank(x, "x", "quantize_int8", letters="(..., K)"), np.float32)
+    lead, K = x.shape[:-1], x.shape[-1]
+    q, scale, bad = _quantize_rows(x.reshape(-1, K))
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise ValueError(f"quantize_int8: x row {_row_name(row, lead)} is not finite (NaN or "
+                         "inf); int8 quantisation needs finite values")
+    return q.reshape(x.shape), scale.reshape(lead)
+
+
+def dequantize_int8(q, scale):
+    """q * scale[..., None] in float32: q (..., K) int8, scale (...,) float32 -> (..., K)."""
+    q = _rank(q, "q", "dequantize_int8", letters="(..., K)")
+    scale = np.asarray(scale, np.float32)
+    return q.astype(np.float32) * scale[..., None]
+
+
+def to_bfloat16(x):
+    """bfloat16 bits (uint16, same shape) of x (converted to float32 first): the top 16 bits
+    rounded to nearest, ties to even (so a value past the largest bfloat16 becomes inf); NaN
+    stays a quiet NaN with its sign and top payload bits."""
+    b = np.asarray(x, np.float32).view(np.uint32)
+    rounded = (b + np.uint32(0x7FFF) + ((b >> 16) & 1)) >> 16      # no overflow: b < 2^32 - 2^16
+    nan = (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    return np.where(nan, (b >> 16) | 0x0040, rounded).astype(np.uint16)
+
+
+def from_bfloat16(bits):
+    """float32 values of bfloat16 bits (uint16 array): exact (bits << 16)."""
+    b = np.asarray(bits)
+    if b.dtype != np.uint16:
+        raise TypeError(f"from_bfloat16: bits must be uint16 (bfloat16 bit patterns), got "
+                        f"dtype {b.dtype}")
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def _linear_quantized(x, weight, bias, activation):
+    """linear() with a QuantizedWeight: the kernels' math, step by step.
+
+    int8: x quantised per row as quantize_int8 (a row that is not finite gets scale NaN, so
+    its output row is NaN); acc = xq @ q^T exactly (computed in float64: every partial sum is
+    an integer below 2^31 < 2^53); then in float32, rounding after each operation:
+        y = act(float32(acc) * (sx[n] * scale[m]) + bias[m])
+    (act in float64 on that float32 value). bf16: the weight widened to float32 (exact), then
+    linear() in float64.
+    """
+    x = np.asarray(_rank(x, "x", "linear"), np.float64 if weight.dtype == "bf16" else np.float32)
+    M, K = weight.shape
+    if weight.dtype == "bf16":
+        w = from_bfloat16(weight.data).astype(np.float64)
+        return _f32(_linear64(x, w, None if bias is None else _f64(bias), activation))
+    lead = x.shape[:-1]
+    xq, sx, _ = _quantize_rows(x.reshape(math.prod(lead), K))       # (N, K) int8, (N,)
+    acc = xq.astype(np.float64) @ weight.data.astype(np.float64).T  # (N, M), exact integers
+    s = sx[:, None] * np.asarray(weight.scale, np.float32)[None, :]  # (N, M) float32
+    with np.errstate(invalid="ignore", over="ignore"):
+        pre = acc.astype(np.float32) * s                            # float32
+        if bias is not None:
+            pre = pre + np.asarray(bias, np.float32)                # float32
+    y = _act64(pre.astype(np.float64), activation)
+    return _f32(y.reshape(lead + (M,)))

@@ -1,0 +1,491 @@
+"""Quantised weights: ops.quantize_int8 / to_bfloat16 and linear / ffn with a QuantizedWeight
+(int8 per-row scales with dynamic per-row activation quantisation; bf16 widened to float32)
+against the NumPy twin.
+
+The int8 product is exact integer arithmetic followed by a float32 epilogue that the twin
+computes the same way (reference._linear_quantized), so ops and reference agree bit for bit
+without an activation and with relu; any error in the integer sums or in the quantisation of
+the activations fails those comparisons. gelu differs only by the gelu kernel's accuracy. The
+bf16 product sums in float32 and is held to the fp32 linear's tolerance (dot_atol) against the
+twin's float64 on the same widened weights.
+"""
+import math
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import fastattn
+from conftest import assert_close, dot_atol
+from fastattn import ops, reference
+from grad_util import child_report, child_isa_tests, run_child
+from strategies import features, rand, seeds
+
+ACTIVATIONS = [None, "relu", "gelu"]
+QW = ops.QuantizedWeight
+GELU_RTOL, GELU_ATOL = 2e-6, 1e-6       # the gelu kernel against float64 gelu (test_ops_linear)
+
+
+def quantized(w, dtype):
+    return QW.from_float(w, dtype)
+
+
+def check_int8_linear(x, w, b=None, activation=None, qw=None):
+    """ops vs reference with an int8 weight: bit for bit, or to gelu's accuracy."""
+    qw = qw if qw is not None else quantized(w, "int8")
+    y = ops.linear(x, qw, b, activation=activation)
+    ref = reference.linear(x, qw, b, activation=activation)
+    assert y.dtype == np.float32 and y.shape == ref.shape
+    if activation == "gelu":
+        assert_close(y, ref, rtol=GELU_RTOL, atol=GELU_ATOL, name="int8 linear gelu")
+    else:
+        np.testing.assert_array_equal(y, ref, err_msg=f"int8 linear ({activation})")
+    return y
+
+
+def check_bf16_linear(x, w, b=None, activation=None, qw=None):
+    qw = qw if qw is not None else quantized(w, "bf16")
+    y = ops.linear(x, qw, b, activation=activation)
+    ref = reference.linear(x, qw, b, activation=activation)
+    assert_close(y, ref, rtol=1e-5, atol=dot_atol(x, qw.dequantize(), bias=b),
+                 name=f"bf16 linear ({activation})")
+    return y
+
+
+# ----------------------------------------------------------------------------------------------
+# quantize_int8, to_bfloat16: bit for bit
+
+
+def special_rows(rng, K):
+    """Rows that hit the rule's corners: zeros, exact .5 ties after scaling, huge and tiny
+    magnitudes (127 / amax overflowing), a single non-zero."""
+    rows = [np.zeros(K, np.float32),
+            (np.arange(K, dtype=np.float32) - K // 2) * np.float32(0.5),    # ties when amax=127/2
+            rand(rng, (K,)) * np.float32(5e37),
+            rand(rng, (K,)) * np.float32(1e-39),                             # subnormal amax
+            np.full(K, -2.5, np.float32)]
+    one = np.zeros(K, np.float32)
+    one[K // 2] = -7.0
+    rows.append(one)
+    ties = np.float32(127.0) * (np.arange(K, dtype=np.float32) % 9 - 4) / np.float32(8.0)
+    ties[0] = 127.0                                           # amax 127: inv = 1, x.5 ties
+    rows.append(ties)
+    return np.stack(rows)
+
+
+@given(N=st.integers(0, 9), K=features(1, 300), seed=seeds, scale=st.sampled_from(
+    [1.0, 1e-3, 1e30, 1e-30]))
+def test_quantize_int8_bit_exact(N, K, seed, scale):
+    rng = np.random.default_rng(seed)
+    x = np.concatenate([rand(rng, (N, K)) * np.float32(scale), special_rows(rng, K)])
+    q, s = ops.quantize_int8(x)
+    q_ref, s_ref = reference.quantize_int8(x)
+    assert q.dtype == np.int8 and s.dtype == np.float32 and q.shape == x.shape
+    np.testing.assert_array_equal(q, q_ref)
+    np.testing.assert_array_equal(s, s_ref)
+    assert np.abs(q.astype(np.int32)).max(initial=0) <= 127
+    # dequantised: within half a step of x (rows below 2^-121 become zero rows)
+    err = np.abs(ops.dequantize_int8(q, s).astype(np.float64) - x)
+    amax = np.abs(x).max(axis=1, initial=0)[:, None]
+    tiny = np.where(amax < 2.0**-121, amax, 0.0)
+    assert (err <= 0.5 * s[:, None] * (1 + 1e-6) + tiny + 1e-45).all()
+
+
+def test_quantize_int8_rule_by_hand():
+    x = np.array([[0.0, 0.5, -1.0, 2.0, 127.0, 63.5, -0.5, 1.5],
+                  [0, 0, 0, 0, 0, 0, 0, 0]], np.float32)
+    q, s = ops.quantize_int8(x)
+    # row 0: amax 127 -> inv 1, rint ties to even (0.5 -> 0, 63.5 -> 64, -0.5 -> -0, 1.5 -> 2)
+    np.testing.assert_array_equal(q[0], [0, 0, -1, 2, 127, 64, 0, 2])
+    assert s[0] == np.float32(1.0) and s[1] == 0.0 and not q[1].any()
+
+
+def test_quantize_int8_shapes_and_errors():
+    x = np.arange(24, dtype=np.float64).reshape(2, 3, 4)
+    q, s = ops.quantize_int8(x)
+    assert q.shape == (2, 3, 4) and s.shape == (2, 3)
+    assert ops.quantize_int8(np.zeros((0, 5)))[0].shape == (0, 5)
+    q1, s1 = ops.quantize_int8(np.float32([3.0]))                   # 1-D: one row
+    assert q1.tolist() == [127] and s1.shape == ()
+    bad = x.copy()
+    bad[1, 2, 0] = np.nan
+    for twin in (ops, reference):
+        with pytest.raises(ValueError, match=r"x row \(1, 2\) is not finite"):
+            twin.quantize_int8(bad)
+        with pytest.raises(ValueError, match="at least 1 dimension"):
+            twin.quantize_int8(np.float32(1.0))
+    with pytest.raises(TypeError, match="real numeric"):
+        ops.quantize_int8(np.array(["a"]))
+    with pytest.raises(TypeError, match="int8"):
+        ops.dequantize_int8(np.zeros((2, 3), np.int16), np.zeros(2, np.float32))
+    with pytest.raises(ValueError, match=r"scale must have shape \(2,\)"):
+        ops.dequantize_int8(np.zeros((2, 3), np.int8), np.zeros(3, np.float32))
+
+
+def test_bfloat16_bit_exact():
+    rng = np.random.default_rng(5)
+    bits = rng.integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32)
+    specials = np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001,
+                         0xFFFFFFFF, 0x7F7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0x00008000, 0x00018000,
+                         0x3F808000, 0x3F818000, 0x00000001], np.uint32)
+    x = np.concatenate([bits, specials]).view(np.float32)
+    b = ops.to_bfloat16(x)
+    np.testing.assert_array_equal(b, reference.to_bfloat16(x))
+    back = ops.from_bfloat16(b)
+    nan = np.isnan(x)
+    assert np.isnan(back[nan]).all() and (b[nan] & 0x0040).all()           # quiet NaN
+    assert np.array_equal(np.signbit(back[nan]), np.signbit(x[nan]))
+    fin = np.isfinite(x) & (np.abs(x) < np.float32(3.38e38)) & (np.abs(x) >= 2.0**-126)
+    rel = np.abs(back[fin].astype(np.float64) - x[fin]) / np.maximum(np.abs(x[fin]), 1e-38)
+    assert rel.max() <= 2.0**-8
+    # ties to even: 1 + 2^-8 is halfway between 1 and 1 + 2^-7 -> 1; 1 + 3 * 2^-8 -> 1 + 2^-6
+    assert ops.to_bfloat16(np.float32([1 + 2**-8, 1 + 3 * 2**-8])).tolist() == [0x3F80, 0x3F82]
+    assert ops.to_bfloat16(np.float32(3.4e38)) == 0x7F80                       # rounds to inf
+    with pytest.raises(TypeError, match="uint16"):
+        ops.from_bfloat16(np.zeros(3, np.int16))
+
+
+# ----------------------------------------------------------------------------------------------
+# linear with int8 and bf16 weights
+
+
+@given(N=st.integers(1, 40), K=features(1, 600), M=features(1, 300),
+       activation=st.sampled_from(ACTIVATIONS), with_bias=st.booleans(), seed=seeds)
+def test_int8_linear_matches_twin(N, K, M, activation, with_bias, seed):
+    rng = np.random.default_rng(seed)
+    x, w = rand(rng, (N, K)), rand(rng, (M, K), 1.0 / math.sqrt(K))
+    b = rand(rng, (M,)) if with_bias else None
+    check_int8_linear(x, w, b, activation)
+
+
+@given(N=st.integers(1, 40), K=features(1, 600), M=features(1, 300),
+       activation=st.sampled_from(ACTIVATIONS), seed=seeds)
+def test_bf16_linear_matches_twin(N, K, M, activation, seed):
+    rng = np.random.default_rng(seed)
+    x, w, b = rand(rng, (N, K)), rand(rng, (M, K), 1.0 / math.sqrt(K)), rand(rng, (M,))
+    check_bf16_linear(x, w, b, activation)
+
+
+ROW_COUNTS = list(range(1, 34)) + [63, 64, 65, 200, 513, 1100]
+
+
+@pytest.mark.parametrize("K,M", [(1, 1), (3, 5), (64, 64), (67, 129), (256, 63), (515, 200)])
+def test_int8_linear_rows_around_the_few_row_kernel(K, M):
+    """N = 1..33 (the decode kernel and the switch to the blocked GEMM), then many rows; K
+    not a multiple of the int8 groups (2 or 4) or vectors, M not a multiple of the panels."""
+    rng = np.random.default_rng(K * 1000 + M)
+    w, b = rand(rng, (M, K), 1.0 / math.sqrt(K)), rand(rng, (M,))
+    qw = quantized(w, "int8")
+    x_all = rand(rng, (max(ROW_COUNTS), K))
+    for N in ROW_COUNTS:
+        for activation in ([None, "relu", "gelu"] if N in (1, 9, 33, 513) else [None]):
+            check_int8_linear(x_all[:N], w, b, activation, qw=qw)
+
+
+@pytest.mark.parametrize("K,M", [(1, 1), (67, 129), (515, 200)])
+def test_bf16_linear_rows_around_the_few_row_kernel(K, M):
+    rng = np.random.default_rng(K * 1000 + M)
+    w, b = rand(rng, (M, K), 1.0 / math.sqrt(K)), rand(rng, (M,))
+    qw = quantized(w, "bf16")
+    x_all = rand(rng, (max(ROW_COUNTS), K))
+    for N in ROW_COUNTS:
+        check_bf16_linear(x_all[:N], w, b, "relu" if N % 2 else None, qw=qw)
+
+
+def test_int8_rows_are_batch_invariant(rng):
+    """Each output row is computed the same way whatever the number of rows (a beam's
+    result does not depend on the other beams)."""
+    x, w = rand(rng, (300, 96)), rand(rng, (130, 96))
+    qw = quantized(w, "int8")
+    for dtype_qw in (qw, quantized(w, "bf16")):
+        full = ops.linear(x, dtype_qw)
+        for n in (1, 5, 17, 32, 33, 200):
+            np.testing.assert_array_equal(ops.linear(x[:n], dtype_qw), full[:n])
+
+
+def test_int8_error_against_float_is_bounded(rng):
+    """The documented accuracy: |y - x @ dequantize(w).T| <= sx[n] / 2 * sum_k |wq[m, k]|
+    (activation rounding) + float32 rounding."""
+    N, K, M = 50, 300, 70
+    x, w = rand(rng, (N, K)), rand(rng, (M, K), 1.0 / math.sqrt(K))
+    qw = quantized(w, "int8")
+    wd = qw.dequantize().astype(np.float64)
+    y = ops.linear(x, qw)
+    exact = x.astype(np.float64) @ wd.T
+    _, sx = reference.quantize_int8(x)
+    bound = 0.5 * sx[:, None] * np.abs(wd).sum(axis=1)[None, :] + 1e-5 * np.abs(exact) + 1e-6
+    assert (np.abs(y - exact) <= bound).all()
+    # and the weights: within half a step of w
+    assert (np.abs(wd - w) <= 0.5 * qw.scale[:, None] * (1 + 1e-6)).all()
+
+
+def test_non_finite_activation_rows_give_nan_rows(rng):
+    x, w, b = rand(rng, (40, 33)), rand(rng, (20, 33)), rand(rng, (20,))
+    x[3, 5], x[17, 0], x[39, 32] = np.nan, np.inf, -np.inf
+    qw = quantized(w, "int8")
+    for activation in ACTIVATIONS:
+        y = ops.linear(x, qw, b, activation=activation)
+        for n in (3, 17, 39):
+            assert np.isnan(y[n]).all()
+        ok = np.ones(40, bool)
+        ok[[3, 17, 39]] = False
+        assert np.isfinite(y[ok]).all()
+        ref = reference.linear(x, qw, b, activation=activation)
+        np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+    for n in (1, 2, 8):                                   # the few-row kernel too
+        y = ops.linear(x[3:3 + n], qw, b)
+        assert np.isnan(y[0]).all() and np.isfinite(y[1:]).all()
+
+
+def test_zero_weight_rows_and_zero_inputs(rng):
+    w = rand(rng, (9, 20))
+    w[4] = 0.0
+    qw = quantized(w, "int8")
+    assert qw.scale[4] == 0 and not qw.data[4].any()
+    x = rand(rng, (3, 20))
+    x[1] = 0.0
+    b = rand(rng, (9,))
+    y = check_int8_linear(x, w, b)
+    np.testing.assert_array_equal(y[:, 4], np.broadcast_to(b[4], (3,)))
+    np.testing.assert_array_equal(y[1], b)
+
+
+def test_leading_dims_noncontiguous_and_dtypes(rng):
+    w = rand(rng, (13, 24))
+    for dtype in ("int8", "bf16"):
+        qw = quantized(w, dtype)
+        x = rand(rng, (2, 3, 24))
+        y = ops.linear(x, qw)
+        assert y.shape == (2, 3, 13)
+        np.testing.assert_array_equal(y, ops.linear(x.reshape(6, 24), qw).reshape(2, 3, 13))
+        x_t = rand(rng, (24, 7)).T                                   # non-contiguous (7, 24)
+        np.testing.assert_array_equal(ops.linear(x_t, qw), ops.linear(x_t.copy(), qw))
+        np.testing.assert_array_equal(ops.linear(x_t.astype(np.float64), qw),
+                                      ops.linear(x_t.copy(), qw))
+        raw = np.frombuffer(b"\0" + x_t.copy().tobytes(), np.float32, offset=1)  # misaligned
+        np.testing.assert_array_equal(ops.linear(raw.reshape(7, 24), qw),
+                                      ops.linear(x_t.copy(), qw))
+        assert ops.linear(np.zeros((0, 24), np.float32), qw).shape == (0, 13)
+        assert ops.linear(np.zeros((2, 0, 24), np.float32), qw).shape == (2, 0, 13)
+
+
+def test_zero_in_features(rng):
+    b = rand(rng, (5,))
+    for dtype in ("int8", "bf16"):
+        qw = quantized(np.zeros((5, 0), np.float32), dtype)
+        y = ops.linear(np.zeros((3, 0), np.float32), qw, b, activation="relu")
+        np.testing.assert_array_equal(y, np.broadcast_to(np.maximum(b, 0), (3, 5)))
+        np.testing.assert_array_equal(y, reference.linear(np.zeros((3, 0)), qw, b,
+                                                          activation="relu"))
+
+
+def test_threads_bit_identical(rng):
+    saved = fastattn.get_num_threads()
+    x, w, b = rand(rng, (700, 200)), rand(rng, (300, 200)), rand(rng, (300,))
+    try:
+        for dtype in ("int8", "bf16"):
+            qw = quantized(w, dtype)
+            out = {}
+            for n in (1, 2):
+                fastattn.set_num_threads(n)
+                out[n] = [ops.linear(x[:rows], qw, b, activation="gelu")
+                          for rows in (1, 7, 32, 700)]
+            for a, c in zip(out[1], out[2]):
+                np.testing.assert_array_equal(a, c)
+    finally:
+        fastattn.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("dtypes", [("int8", "int8"), ("bf16", "bf16"), ("int8", None),
+                                    (None, "bf16")])
+def test_ffn_with_quantized_weights(rng, dtypes):
+    x = rand(rng, (2, 7, 32))
+    w1, b1, w2, b2 = rand(rng, (80, 32), 0.2), rand(rng, (80,)), rand(rng, (32, 80), 0.1), \
+        rand(rng, (32,))
+    q1 = quantized(w1, dtypes[0]) if dtypes[0] else w1
+    q2 = quantized(w2, dtypes[1]) if dtypes[1] else w2
+    for activation in ("relu", "gelu"):
+        y = ops.ffn(x, q1, b1, q2, b2, activation=activation)
+        composed = ops.linear(ops.linear(x, q1, b1, activation=activation), q2, b2)
+        np.testing.assert_array_equal(y, composed)
+        ref = reference.ffn(x, q1, b1, q2, b2, activation=activation)
+        exact = dtypes == ("int8", "int8") and activation == "relu"
+        if exact:
+            np.testing.assert_array_equal(y, ref)
+        else:
+            assert_close(y, ref, rtol=1e-4, atol=1e-4, name="ffn quantised")
+
+
+# ----------------------------------------------------------------------------------------------
+# QuantizedWeight
+
+
+def test_quantized_weight_attributes_and_readonly(rng):
+    w = rand(rng, (10, 6))
+    q8, b16 = quantized(w, "int8"), quantized(w, "bf16")
+    assert q8.dtype == "int8" and q8.shape == (10, 6) and q8.data.dtype == np.int8
+    assert q8.scale.shape == (10,) and q8.scale.dtype == np.float32
+    assert q8.nbytes == 10 * 6 + 10 * 4
+    assert b16.dtype == "bf16" and b16.scale is None and b16.data.dtype == np.uint16
+    assert b16.nbytes == 10 * 6 * 2
+    np.testing.assert_array_equal(q8.data, reference.quantize_int8(w)[0])
+    np.testing.assert_array_equal(b16.data, reference.to_bfloat16(w))
+    np.testing.assert_array_equal(q8.dequantize(),
+                                  reference.dequantize_int8(*reference.quantize_int8(w)))
+    np.testing.assert_array_equal(b16.dequantize(), reference.from_bfloat16(b16.data))
+    for a in (q8.data, q8.scale, b16.data):
+        assert not a.flags.writeable
+        with pytest.raises(ValueError):
+            a[0] = 1
+    assert "int8" in repr(q8) and reference.QuantizedWeight is QW
+
+
+def test_quantized_weight_slicing_is_cached(rng):
+    x, w = rand(rng, (5, 16)), rand(rng, (12, 16))
+    for dtype in ("int8", "bf16"):
+        qw = quantized(w, dtype)
+        q, k, v = qw[0:4], qw[4:8], qw[8:]
+        assert qw[0:4] is q and qw[8:12] is v and qw[:] is qw
+        assert q.shape == (4, 16) and v.shape == (4, 16)
+        assert np.shares_memory(k.data, qw.data)
+        full = ops.linear(x, qw)
+        for i, part in enumerate((q, k, v)):
+            np.testing.assert_array_equal(ops.linear(x, part), full[:, 4 * i:4 * i + 4])
+            np.testing.assert_array_equal(reference.linear(x, part),
+                                          reference.linear(x, qw)[:, 4 * i:4 * i + 4])
+        packed = k._packed
+        ops.linear(x, qw[4:8])
+        assert k._packed is packed                                    # not repacked
+        assert qw[3:3].shape == (0, 16) and ops.linear(x, qw[3:3]).shape == (5, 0)
+        with pytest.raises(TypeError, match="row slices"):
+            qw[0]
+        with pytest.raises(TypeError, match="row slices"):
+            qw[::2]
+
+
+def test_from_stored_round_trip_and_validation(rng):
+    w = rand(rng, (6, 9))
+    q8, b16 = quantized(w, "int8"), quantized(w, "bf16")
+    s8 = QW.from_stored("int8", np.array(q8.data), np.array(q8.scale))
+    sb = QW.from_stored("bf16", np.array(b16.data))
+    x = rand(rng, (4, 9))
+    np.testing.assert_array_equal(ops.linear(x, s8), ops.linear(x, q8))
+    np.testing.assert_array_equal(ops.linear(x, sb), ops.linear(x, b16))
+    data, scale = np.array(q8.data), np.array(q8.scale)
+    cases = [
+        (("int4", data, scale), ValueError, "dtype must be 'int8' or 'bf16'"),
+        (("int8", data.astype(np.int16), scale), TypeError, "data must be an int8"),
+        (("int8", data, scale.astype(np.float64)), TypeError, "scale must be a float32"),
+        (("int8", data, None), ValueError, r"needs its scale \(M,\) = \(6,\)"),
+        (("int8", data, scale[:5]), ValueError, r"scale must have shape \(6,\)"),
+        (("int8", data[0], scale), ValueError, "data must be 2-D"),
+        (("int8", data, np.where(np.arange(6) == 2, np.float32(-1), scale)), ValueError,
+         r"scale\[2\] = .*finite and >= 0"),
+        (("int8", data, np.where(np.arange(6) == 4, np.float32(np.nan), scale)), ValueError,
+         r"scale\[4\]"),
+        (("int8", np.where(np.arange(9) == 3, np.int8(-128), data), scale), ValueError,
+         r"data row 0 holds -128"),
+        (("bf16", np.array(b16.data), scale), ValueError, "bf16 weights have no scale"),
+        (("bf16", np.array(b16.data).astype(np.int16)), TypeError, "uint16"),
+        (("bf16", np.where(np.arange(9) == 1, np.uint16(0x7FC0), b16.data)), ValueError,
+         "data row 0 holds a bfloat16 NaN or inf"),
+    ]
+    for args, error, pattern in cases:
+        with pytest.raises(error, match=pattern):
+            QW.from_stored(*args)
+    big = np.zeros((1, ops.INT8_MAX_K + 1), np.int8)
+    with pytest.raises(ValueError, match="int8 limit of 133144"):
+        QW.from_stored("int8", big, np.zeros(1, np.float32))
+    with pytest.raises(ValueError, match="int8 limit"):
+        QW.from_float(big.astype(np.float32), "int8")
+    # stored arrays are wrapped without a copy, read-only views
+    s = QW.from_stored("int8", data, scale)
+    assert np.shares_memory(s.data, data) and not s.data.flags.writeable
+
+
+def test_from_float_bad_input(rng):
+    w = rand(rng, (5, 4))
+    w_bad = w.copy()
+    w_bad[3, 1] = np.inf
+    for dtype in ("int8", "bf16"):
+        with pytest.raises(ValueError, match="weight row 3 is not finite"):
+            QW.from_float(w_bad, dtype)
+        with pytest.raises(ValueError, match=r"must be 2-D"):
+            QW.from_float(w[0], dtype)
+        with pytest.raises(TypeError, match="real numeric"):
+            QW.from_float(w.astype(np.complex64), dtype)
+    with pytest.raises(ValueError, match="dtype must be 'int8' or 'bf16'"):
+        QW.from_float(w, "fp8")
+    with pytest.raises(ValueError, match="weight row 1 has a value beyond the bfloat16"):
+        QW.from_float(np.float32([[1.0], [3.4e38]]), "bf16")
+
+
+def test_linear_bad_input(rng):
+    qw = quantized(rand(rng, (5, 4)), "int8")
+    with pytest.raises(ValueError, match=r"x \(3, 6\) has 6 features but weight "
+                                         r"QuantizedWeight\(dtype='int8', shape=\(5, 4\)\) "
+                                         r"expects 4"):
+        ops.linear(rand(rng, (3, 6)), qw)
+    with pytest.raises(ValueError, match=r"bias must have shape \(5,\)"):
+        ops.linear(rand(rng, (3, 4)), qw, rand(rng, (4,)))
+    with pytest.raises(ValueError, match="activation"):
+        ops.linear(rand(rng, (3, 4)), qw, activation="tanh")
+    with pytest.raises(TypeError, match="QuantizedWeight; quantised weights are for inference"):
+        ops.linear_forward(rand(rng, (3, 4)), qw)
+    with pytest.raises(ValueError, match=r"w2 must be \(C, F\)"):
+        ops.ffn(rand(rng, (3, 4)), qw, None, qw, None)
+
+
+# ----------------------------------------------------------------------------------------------
+# every SIMD level and int8 path, in child processes
+
+
+def isa_checks():
+    """Run in a child under each FASTATTN_CPU_ISA / FASTATTN_INT8_PATH (and small OpenMP
+    teams): int8 bit for bit, bf16 to tolerance, at sizes around every kernel's edges."""
+    forced = os.environ.get("FASTATTN_INT8_PATH")
+    info = fastattn.build_info()
+    if forced:
+        assert info["int8_path"] == forced, info["int8_path"]
+    rng = np.random.default_rng(11)
+    x = rand(rng, (1100, 515))
+    for K, M in ((1, 1), (7, 33), (67, 129), (515, 200)):
+        w, b = rand(rng, (M, K), 1.0 / math.sqrt(K)), rand(rng, (M,))
+        q8, b16 = quantized(w, "int8"), quantized(w, "bf16")
+        np.testing.assert_array_equal(ops.quantize_int8(x[:40, :K])[0],
+                                      reference.quantize_int8(x[:40, :K])[0])
+        for N in (1, 2, 5, 8, 9, 16, 31, 32, 33, 64, 130, 1100):
+            act = ACTIVATIONS[N % 3]
+            check_int8_linear(x[:N, :K], w, b, act, qw=q8)
+            if N in (1, 9, 33, 130):
+                check_bf16_linear(x[:N, :K], w, b, act, qw=b16)
+    np.testing.assert_array_equal(ops.to_bfloat16(x[:3]), reference.to_bfloat16(x[:3]))
+
+
+test_every_simd_level, test_correct_when_openmp_starts_fewer_threads = \
+    child_isa_tests("test_ops_quant")
+
+INT8_PATHS = fastattn.build_info()["int8_paths_available"]
+
+
+@pytest.mark.parametrize("path", ["generic", "avx2", "avx512bw", "avx512vnni"])
+def test_every_int8_path(path):
+    if path not in INT8_PATHS:
+        pytest.skip(f"int8 path {path} is not available here (available: {INT8_PATHS})")
+    child_report(run_child("test_ops_quant", "isa_checks", {"FASTATTN_INT8_PATH": path}))
+
+
+def test_int8_path_forcing_errors():
+    import subprocess
+    import sys
+    for env, pattern in (({"FASTATTN_INT8_PATH": "sse9"}, "expected one of generic, avx2"),
+                         ({"FASTATTN_INT8_PATH": "avx512vnni", "FASTATTN_CPU_ISA": "generic"},
+                          "cannot run it")):
+        proc = subprocess.run([sys.executable, "-c", "import fastattn"], capture_output=True,
+                              text=True, env={**os.environ, **env}, timeout=120)
+        assert proc.returncode != 0 and pattern in proc.stderr, proc.stderr
+    info = fastattn.build_info()
+    assert info["int8_path"] in info["int8_paths_available"]
+    assert set(info["amx"]) >= {"int8", "bf16", "os_enabled", "permitted", "used"}
