@@ -69,6 +69,7 @@ class MultiheadAttention(Module):
     """
 
     _params = ("in_proj_weight", "in_proj_bias")
+    _quantizable = ("in_proj_weight",)
     _children = ("out_proj",)
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, batch_first=True, *,

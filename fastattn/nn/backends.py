@@ -215,15 +215,21 @@ class FastOps(_TrainingOps):
 
     @staticmethod
     def pack(weight):
-        """A copy of `weight` laid out for few-row products (decode steps)."""
+        """A copy of `weight` laid out for few-row products (decode steps); None for a
+        quantized weight, which keeps its own layouts."""
+        if isinstance(weight, ops.QuantizedWeight):
+            return None
         return ops.PackedWeight(weight)
 
     @staticmethod
     def linear(x, weight, bias, activation=None, out=None, packed=None):
         """act(x (N, K) @ weight (M, K).T + bias) -> (N, M); `packed` (the same weight packed)
-        is used for N <= PACKED_MAX_ROWS."""
+        is used for N <= PACKED_MAX_ROWS. A quantized weight (ops.QuantizedWeight) takes its
+        own kernels, which choose between many and few rows themselves."""
         if out is None:
             out = np.empty((x.shape[0], weight.shape[0]), np.float32)
+        if isinstance(weight, ops.QuantizedWeight):
+            return ops._linear_quantized_into(out, x, weight, bias, ACTIVATIONS[activation])
         if packed is not None and x.shape[0] <= PACKED_MAX_ROWS:
             return ops._linear_packed_into(out, x, packed, bias, ACTIVATIONS[activation])
         return ops._linear_into(out, x, weight, bias, ACTIVATIONS[activation])
@@ -231,9 +237,13 @@ class FastOps(_TrainingOps):
     @staticmethod
     def ffn(x, w1, b1, w2, b2, activation, out=None, packed=None):
         """linear2(act(linear1(x))) (N, C) -> (N, C): the fused kernel, or two packed products
-        for decode-sized N when `packed` = (w1 packed, w2 packed)."""
+        for decode-sized N when `packed` = (w1 packed, w2 packed), or two quantized
+        products."""
         if out is None:
             out = np.empty(x.shape, np.float32)
+        if isinstance(w1, ops.QuantizedWeight) or isinstance(w2, ops.QuantizedWeight):
+            hidden = FastOps.linear(x, w1, b1, activation)
+            return FastOps.linear(hidden, w2, b2, None, out=out)
         if packed is not None and x.shape[0] <= PACKED_MAX_ROWS:
             hidden = FastOps.linear(x, w1, b1, activation, packed=packed[0])
             return FastOps.linear(hidden, w2, b2, None, out=out, packed=packed[1])
@@ -277,6 +287,9 @@ class ReferenceOps(_TrainingOps):
 
     @staticmethod
     def ffn(x, w1, b1, w2, b2, activation, out=None, packed=None):
+        if isinstance(w1, ops.QuantizedWeight) or isinstance(w2, ops.QuantizedWeight):
+            hidden = reference.linear(x, w1, b1, activation=activation)
+            return _put(out, reference.linear(hidden, w2, b2))
         return _put(out, reference.ffn(x, w1, b1, w2, b2, activation=activation))
 
     @staticmethod

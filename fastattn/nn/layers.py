@@ -13,6 +13,7 @@ class Linear(Module):
     """y = x @ weight.T + bias; weight (out_features, in_features) as in torch."""
 
     _params = ("weight", "bias")
+    _quantizable = ("weight",)
 
     def __init__(self, in_features, out_features, bias=True, *, backend="fast", seed=None):
         super().__init__(backend)

@@ -17,10 +17,14 @@ class Module:
     when the weights change: ``load_state_dict`` (and every update fastattn makes) calls
     ``invalidate_caches()``; a parameter array rebound to a new array is noticed by identity.
     Whoever edits a parameter array *in place* by hand calls ``invalidate_caches()`` after.
+
+    ``quantize("int8" | "bf16")`` converts the parameters named in ``_quantizable`` (the linear
+    weights) to ``ops.QuantizedWeight`` for inference; ``quantize("float32")`` converts back.
     """
 
     _params = ()
     _children = ()
+    _quantizable = ()    # parameters quantize() converts: the weights of linear products
 
     def __init__(self, backend="fast"):
         self.backend = backend
@@ -33,6 +37,7 @@ class Module:
         self._dropout_seed = 0       # dropout's base seed when this module is called directly
         self._dropout_calls = 0      # training forwards so far: each draws fresh masks
         self._buffers = None         # training buffers (backends.Buffers), kept between steps
+        self._compute_type = "float32"   # of this module's _quantizable weights (quantize())
 
     # -- parameters and submodules -----------------------------------------------------------
     def named_parameters(self, prefix=""):
@@ -68,8 +73,11 @@ class Module:
 
     # -- weights -------------------------------------------------------------------------------
     def state_dict(self):
-        """{torch key: float32 array}, in torch's order and layouts."""
-        return {k: v for k, v in self.named_parameters()}
+        """{torch key: float32 array}, in torch's order and layouts. In a quantized model the
+        converted weights are given dequantized (what the model multiplies by, as float32:
+        loadable into torch); ``named_parameters()`` yields them as they are stored."""
+        return {k: v.dequantize() if isinstance(v, ops.QuantizedWeight) else v
+                for k, v in self.named_parameters()}
 
     def _ignored_keys(self):
         """Keys torch has that are recomputed here rather than loaded."""
@@ -86,6 +94,11 @@ class Module:
         if not hasattr(state_dict, "items"):
             raise TypeError(f"load_state_dict: expected a mapping of name -> array, got "
                             f"{type(state_dict).__name__}")
+        if self.compute_type != "float32":
+            raise RuntimeError(f"load_state_dict into {type(self).__name__}: the model is "
+                               f"quantized ({self.compute_type}); load float32 weights into a "
+                               "float32 model, then quantize() it (fastattn.io.load does this "
+                               "with compute_type=)")
         own = dict(self.named_parameters())
         given = {k: to_numpy(k, v) for k, v in state_dict.items()}
         ignored = set(self._ignored_keys())
@@ -118,6 +131,77 @@ class Module:
             m._derived.clear()
         return self
 
+    # -- quantized inference -----------------------------------------------------------------
+    @property
+    def compute_type(self):
+        """"float32", "int8" or "bf16": how the linear weights of this module and its
+        submodules are stored (see quantize); "mixed" when submodules were quantized apart."""
+        kinds = {m._compute_type for m in self.modules() if m._has_quantizable()}
+        if not kinds:
+            return self._compute_type
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+
+    def _has_quantizable(self):
+        return any(getattr(self, name) is not None for name in self._quantizable)
+
+    def quantize(self, compute_type):
+        """Convert the linear weights for inference, in place; returns self.
+
+        - "int8": each weight row gets a symmetric scale (max |w| / 127) and int8 values; the
+          products quantize their input rows the same way on the fly, accumulate exactly in
+          int32 and apply scale, bias and activation in float32 (``ops.QuantizedWeight``).
+        - "bf16": weights rounded to bfloat16 (to nearest even), widened to float32 in the
+          kernels; products accumulate in float32.
+        - "float32": back to float32 arrays (the dequantized values: quantizing is lossy).
+
+        Converted: the attention projections (in_proj_weight, out_proj.weight), the feed-
+        forward's linear1 / linear2 weights and a Seq2SeqTransformer's generator weight.
+        Embeddings, positions, layer norms, biases, the attention itself and the softmax stay
+        float32. Quantizing is for inference: a quantized model refuses train(); training keeps
+        its float32 weights (quantize a copy, e.g. one loaded with fastattn.io.load(path,
+        compute_type="int8")). A weight already int8 is not converted to bf16 or back the
+        other way (that would quantize twice): go through the float32 original.
+        """
+        compute_type = check_compute_type(compute_type)
+        if self.training:
+            raise RuntimeError("quantize: the model is in training mode; quantized weights are "
+                               "for inference (call eval() first; training keeps float32 "
+                               "weights)")
+        current = {m._compute_type for m in self.modules() if m._has_quantizable()}
+        if compute_type != "float32" and current - {"float32", compute_type}:
+            raise ValueError(f"quantize({compute_type!r}): the weights are already "
+                             f"{'/'.join(sorted(current - {'float32'}))}; converting them "
+                             "again would quantize twice: start from the float32 weights")
+        for m in self.modules():
+            for name in m._quantizable:
+                w = getattr(m, name)
+                if w is None:
+                    continue
+                if compute_type == "float32":
+                    if isinstance(w, ops.QuantizedWeight):
+                        setattr(m, name, w.dequantize())
+                elif not isinstance(w, ops.QuantizedWeight):
+                    setattr(m, name, ops.QuantizedWeight.from_float(w, compute_type))
+            m._compute_type = compute_type
+            m._grads.clear()
+            m._saved, m._buffers = None, None
+        return self.invalidate_caches()
+
+    def _set_quantized(self, weights):
+        """Install stored quantized weights {state_dict key: ops.QuantizedWeight} (all of one
+        compute type) into their slots, as they are: fastattn.io.load's path (no
+        requantizing)."""
+        slots = {key: (m, name) for key, m, name in self._named_slots()}
+        for key, w in weights.items():
+            m, name = slots[key]
+            if name not in m._quantizable:
+                raise ValueError(f"{key} is not a linear weight; it cannot be quantized")
+            if tuple(w.shape) != getattr(m, name).shape:
+                raise ValueError(f"{key}: expected {getattr(m, name).shape}, got {w.shape}")
+            setattr(m, name, w)
+            m._compute_type = w.dtype
+        return self.invalidate_caches()
+
     def _packed(self, key, param, rows=None):
         """param[:rows] packed for decode-sized products (see backends.PACKED_MAX_ROWS), built
         once per weights version; None on a backend that multiplies the weight itself."""
@@ -132,7 +216,11 @@ class Module:
     # -- training ------------------------------------------------------------------------------
     def train(self, mode=True):
         """Training mode for this module and its submodules: forwards apply dropout and keep
-        what backward() needs. Returns self."""
+        what backward() needs. Returns self. A quantized model (quantize()) cannot train."""
+        if mode and self.compute_type != "float32":
+            raise RuntimeError(f"train: the model is quantized ({self.compute_type}), which is "
+                               "for inference only; train the float32 model (quantize("
+                               "'float32') converts back, with the quantized values)")
         for m in self.modules():
             m.training = bool(mode)
             if not mode:
@@ -261,6 +349,16 @@ def check_dropout(p):
     if not isinstance(p, numbers.Real) or isinstance(p, bool) or not 0.0 <= p < 1.0:
         raise ValueError(f"dropout must be a probability in [0, 1), got {p!r}")
     return float(p)
+
+
+COMPUTE_TYPES = ("float32", "int8", "bf16")
+
+
+def check_compute_type(compute_type):
+    if compute_type not in COMPUTE_TYPES:
+        raise ValueError(f"compute_type must be one of {', '.join(map(repr, COMPUTE_TYPES))}, "
+                         f"got {compute_type!r}")
+    return compute_type
 
 
 def check_activation(activation):
