@@ -19,15 +19,24 @@ unexpected tensor, a tensor of the wrong shape or dtype. A missing file is FileN
 
 Dtypes: float32 is loaded as is; float16, bfloat16 and float64 are converted to float32 (a
 float64 value outside float32's range is refused, not turned into inf); integer, bool and other
-tensors are refused, since every entry of a fastattn state_dict is a float parameter and
-``save`` writes float32 only.
+tensors are refused, since every entry of a float32 fastattn state_dict is a float parameter.
+
+Quantized models (``model.quantize("int8" | "bf16")``) are saved as they are: the metadata
+says ``compute_type``; an int8 linear weight is an I8 tensor under its own key plus a float32
+``<key>_scale`` tensor (one scale per output row); a bf16 one is a BF16 tensor. Loading one
+never requantizes: the stored values are the model's. ``load(path, compute_type=...)``
+converts once while loading: a float32 file to "int8" or "bf16" (quantized from the float32
+weights), a quantized file to "float32" (dequantized); int8 <-> bf16 is refused (it would
+quantize twice).
 """
 import json
 import os
+import tempfile
 
 import numpy as np
 
-from . import nn
+from . import nn, ops
+from .nn.module import COMPUTE_TYPES
 
 FORMAT = "fastattn/1"
 BACKENDS = ("fast", "reference")
@@ -46,27 +55,60 @@ CONVERTED = ("F16", "BF16", "F64")        # widened or rounded to float32 by loa
 MAX_HEADER = 100_000_000                  # bytes; the safetensors library's own limit
 PE_FLOATS = 1 << 24                       # positional table always allowed (64 MiB float32)
 LISTED = 5                                # problems of each kind named in an error
-
-
-def _safetensors():
-    try:
-        from safetensors.numpy import save_file
-    except ImportError as exc:                        # a declared dependency; say what to do
-        raise ImportError("fastattn.io needs the safetensors package: pip install "
-                          "safetensors") from exc
-    return save_file
+SCALE = "_scale"                          # suffix of an int8 weight's per-row scales
+# what a quantized linear weight is stored as, per compute type
+QUANTIZED = {"int8": "I8", "bf16": "BF16"}
 
 
 def save(model, path):
-    """Write `model` (Transformer or Seq2SeqTransformer) to `path` in safetensors format."""
+    """Write `model` (Transformer or Seq2SeqTransformer, float32 or quantized) to `path` in
+    safetensors format. The file is written beside `path` and renamed over it, so a reader
+    never sees half a file."""
     name = type(model).__name__
     if name not in SAVABLE or not isinstance(model, SAVABLE[name]):
         raise TypeError(f"save: can save {', '.join(SAVABLE)}, got {type(model).__name__}")
-    save_file = _safetensors()
-    tensors = {k: np.ascontiguousarray(v, dtype=np.float32)
-               for k, v in model.state_dict().items()}
+    compute_type = model.compute_type
+    if compute_type == "mixed":
+        raise ValueError("save: parts of the model were quantized to different types; "
+                         "quantize() the whole model to one type first")
+    tensors = {}                                      # key -> (safetensors dtype, array)
+    for k, v in model.named_parameters():
+        if isinstance(v, ops.QuantizedWeight):
+            tensors[k] = (QUANTIZED[v.dtype], v.data)
+            if v.dtype == "int8":
+                tensors[k + SCALE] = ("F32", v.scale)
+        else:
+            tensors[k] = ("F32", np.asarray(v, np.float32))
     metadata = {"format": FORMAT, "class": name, "config": json.dumps(model.config)}
-    save_file(tensors, os.fspath(path), metadata=metadata)
+    if compute_type != "float32":
+        metadata["compute_type"] = compute_type
+    _write(os.fspath(path), tensors, metadata)
+
+
+def _write(path, tensors, metadata):
+    """A safetensors file of tensors {key: (dtype, array)} (the safetensors library's NumPy
+    writer has no bfloat16): 8-byte little-endian header length, the JSON header padded with
+    spaces to a multiple of 8, then the tensors' bytes in key order, little-endian."""
+    header, at = {"__metadata__": metadata}, 0
+    for k, (dtype, arr) in tensors.items():
+        header[k] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [at, at + arr.nbytes]}
+        at += arr.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".fastattn-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(len(raw).to_bytes(8, "little"))
+            f.write(raw)
+            for _, arr in tensors.values():
+                little = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
+                f.write(np.ascontiguousarray(little).data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 # ---- the header: read and checked against the file, no tensor data touched -----------------
@@ -197,8 +239,9 @@ def _open(path, what):
     return f, header
 
 
-def _read_tensor(f, header, name, path, what):
-    """The data of tensor `name` as a NumPy array (BF16 widened to float32)."""
+def _read_tensor(f, header, name, path, what, raw_bf16=False):
+    """The data of tensor `name` as a NumPy array (BF16 widened to float32, or with raw_bf16
+    its bits as uint16)."""
     dtype, shape, begin, end = header.tensors[name]
     np_dtype = DTYPES[dtype][0]
     if dtype == "BF16":
@@ -211,7 +254,7 @@ def _read_tensor(f, header, name, path, what):
     got = f.readinto(memoryview(arr).cast("B")) if arr.nbytes else 0
     if got != end - begin:
         raise ValueError(f"{what}: {path} ended inside tensor {_short(name)} (truncated?)")
-    if dtype == "BF16":                               # bfloat16 = the top half of a float32
+    if dtype == "BF16" and not raw_bf16:              # bfloat16 = the top half of a float32
         arr = (arr.astype(np.uint32) << 16).view(np.float32)
     return arr.astype(arr.dtype.newbyteorder("="), copy=False)
 
@@ -233,6 +276,13 @@ def state_dict_shapes(class_name, config):
     """Yield (state_dict key, shape) in state_dict order for the model that `config` (as in
     ``model.config``) builds: what a file for it must hold. Nothing is allocated, so a config
     can be checked against a file's header before a model is built."""
+    for key, shape, _ in _tensor_specs(class_name, config):
+        yield key, shape
+
+
+def _tensor_specs(class_name, config):
+    """(key, shape, quantizable) for state_dict_shapes; quantizable: a linear weight, which
+    quantize() converts."""
     if class_name not in SAVABLE:
         raise ValueError(f"state_dict_shapes: class must be one of {', '.join(SAVABLE)}, "
                          f"got {_short(class_name)}")
@@ -243,20 +293,20 @@ def state_dict_shapes(class_name, config):
     top = "transformer." if seq2seq else ""
 
     def linear(name, out_features, in_features):
-        yield f"{name}.weight", (out_features, in_features)
+        yield f"{name}.weight", (out_features, in_features), True
         if bias:
-            yield f"{name}.bias", (out_features,)
+            yield f"{name}.bias", (out_features,), False
 
     def attention(name):
-        yield f"{name}.in_proj_weight", (3 * C, C)
+        yield f"{name}.in_proj_weight", (3 * C, C), True
         if bias:
-            yield f"{name}.in_proj_bias", (3 * C,)
+            yield f"{name}.in_proj_bias", (3 * C,), False
         yield from linear(f"{name}.out_proj", C, C)
 
     def norm(name):
-        yield f"{name}.weight", (C,)
+        yield f"{name}.weight", (C,), False
         if bias:
-            yield f"{name}.bias", (C,)
+            yield f"{name}.bias", (C,), False
 
     for stack, attentions, norms in (("encoder", ("self_attn",), 2),
                                      ("decoder", ("self_attn", "multihead_attn"), 3)):
@@ -271,8 +321,8 @@ def state_dict_shapes(class_name, config):
         yield from norm(f"{top}{stack}.norm")
     if seq2seq:
         yield from linear("generator", config["tgt_vocab_size"], C)
-        yield "src_tok_emb.embedding.weight", (config["src_vocab_size"], C)
-        yield "tgt_tok_emb.embedding.weight", (config["tgt_vocab_size"], C)
+        yield "src_tok_emb.embedding.weight", (config["src_vocab_size"], C), False
+        yield "tgt_tok_emb.embedding.weight", (config["tgt_vocab_size"], C), False
 
 
 def _positive_int(v):
@@ -343,15 +393,27 @@ def _check_config(class_name, config):
                          f"{config['nhead']} heads")
 
 
-def _compare(class_name, config, header):
-    """The problems (at most LISTED of each kind) between the tensors `config` implies and the
-    header; the expected table is cut off once it outgrows the file (10**6 layers cost
-    nothing)."""
+def _expected(class_name, config, compute_type):
+    """(key, shape, dtypes allowed) of every tensor a file of `compute_type` holds."""
+    floats = ("F32",) + CONVERTED
+    for key, shape, quantizable in _tensor_specs(class_name, config):
+        if not quantizable or compute_type == "float32":
+            yield key, shape, floats
+            continue
+        yield key, shape, (QUANTIZED[compute_type],)
+        if compute_type == "int8":
+            yield key + SCALE, shape[:1], ("F32",)
+
+
+def _compare(class_name, config, header, compute_type="float32"):
+    """The problems (at most LISTED of each kind) between the tensors `config` implies (for a
+    file of `compute_type`) and the header; the expected table is cut off once it outgrows the
+    file (10**6 layers cost nothing)."""
     have = header.tensors
     mismatched, dtypes, missing, seen = [], [], [], set()
     n_missing = 0
     cut = False
-    for key, shape in state_dict_shapes(class_name, config):
+    for key, shape, allowed in _expected(class_name, config, compute_type):
         if len(seen) + n_missing >= len(have) + LISTED:
             cut = True
             break
@@ -364,11 +426,14 @@ def _compare(class_name, config, header):
         dtype, stored, _, _ = have[key]
         if stored != shape:
             mismatched.append(f"{key}: expected shape {shape}, file has {stored}")
-        elif dtype not in ("F32",) + CONVERTED:
-            why = ("bool is not a weight" if dtype == "BOOL" else
-                   "integer weights are not converted" if dtype[0] in "IU" else
-                   "not a supported float type")
-            dtypes.append(f"{key}: dtype {dtype} ({why}; fastattn weights are float32)")
+        elif dtype not in allowed:
+            if len(allowed) == 1:
+                why = f"a {compute_type} file stores it as {allowed[0]}"
+            else:
+                why = ("bool is not a weight" if dtype == "BOOL" else
+                       "integer weights are not converted" if dtype[0] in "IU" else
+                       "not a supported float type") + "; fastattn weights are float32"
+            dtypes.append(f"{key}: dtype {dtype} ({why})")
     problems = []
     if mismatched:
         problems.append("shape mismatch: " + _few(mismatched))
@@ -391,12 +456,20 @@ def _few(items, sep="; "):
     return sep.join(items[:LISTED]) + more
 
 
-def load(path, *, backend="fast"):
+def load(path, *, backend="fast", compute_type=None):
     """Rebuild the model saved at `path` (class and config from the metadata), load its
     weights strictly and return it on `backend`. The header, the config and every tensor's
-    name, shape and dtype are checked before a model is built or any data is read."""
+    name, shape and dtype are checked before a model is built or any data is read.
+
+    compute_type: None keeps the file's ("float32", or the type a quantized model was saved
+    with, its values as stored); "int8" / "bf16" quantizes a float32 file once, while loading;
+    "float32" dequantizes a quantized file. A quantized file is never quantized again (int8 to
+    bf16 or back is refused)."""
     if backend not in BACKENDS:                      # the caller's mistake, not the file's
         raise ValueError(f"load: backend must be one of {BACKENDS}, got {_short(backend)}")
+    if compute_type is not None and compute_type not in COMPUTE_TYPES:
+        raise ValueError(f"load: compute_type must be None or one of {COMPUTE_TYPES}, got "
+                         f"{_short(compute_type)}")
     f, header = _open(path, "load")
     path = os.fspath(path)
     with f:
@@ -406,6 +479,14 @@ def load(path, *, backend="fast"):
                              f"format={_short(meta.get('format'))}, "
                              f"class={_short(meta.get('class'))})")
         name = meta["class"]
+        stored = meta.get("compute_type", "float32")
+        if stored not in COMPUTE_TYPES:
+            raise ValueError(f"load: {path} has an unknown compute_type {_short(stored)} in its "
+                             f"metadata (expected one of {COMPUTE_TYPES})")
+        if compute_type not in (None, "float32", stored) and stored != "float32":
+            raise ValueError(f"load: {path} holds {stored} weights; converting them to "
+                             f"{compute_type} would quantize twice: load the float32 model, "
+                             f"or this file as {stored} or float32")
         try:
             if "config" not in meta:
                 raise ValueError("the metadata holds no config")
@@ -414,7 +495,7 @@ def load(path, *, backend="fast"):
         except ValueError as exc:
             raise ValueError(f"load: the config stored in {path} does not build a {name}: "
                              f"{exc}") from None
-        problems = _compare(name, config, header)
+        problems = _compare(name, config, header, stored)
         if problems:
             raise ValueError(f"load: {path} does not match its config ({name}): "
                              + " | ".join(problems))
@@ -432,8 +513,21 @@ def load(path, *, backend="fast"):
         except (TypeError, ValueError) as exc:
             raise ValueError(f"load: the config stored in {path} does not build a "
                              f"{name}: {exc}") from None
-        tensors = {}
+        quantized = {k for k, _, q in _tensor_specs(name, config) if q} \
+            if stored != "float32" else set()
+        tensors, qweights = {}, {}
         for key, (dtype, _, _, _) in header.tensors.items():
+            if key in quantized:
+                data = _read_tensor(f, header, key, path, "load", raw_bf16=True)
+                scale = _read_tensor(f, header, key + SCALE, path, "load") \
+                    if stored == "int8" else None
+                try:
+                    qweights[key] = ops.QuantizedWeight.from_stored(stored, data, scale)
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(f"load: {path}: tensor {key}: {exc}") from None
+                continue
+            if stored == "int8" and key.endswith(SCALE) and key[:-len(SCALE)] in quantized:
+                continue                              # read with its weight
             arr = _read_tensor(f, header, key, path, "load")
             with np.errstate(over="ignore"):         # overflow is refused just below
                 tensors[key] = arr.astype(np.float32, copy=False)
@@ -442,7 +536,11 @@ def load(path, *, backend="fast"):
                 raise ValueError(f"load: {path}: tensor {key} (float64) holds values "
                                  "outside float32's range")
     try:
-        model.load_state_dict(tensors, strict=True)
+        missing, _ = model.load_state_dict(tensors, strict=not quantized)
     except ValueError as exc:
         raise ValueError(f"load: {path} does not match its config: {exc}") from None
+    if quantized:                     # _compare checked the names: missing == quantized
+        model._set_quantized(qweights)
+    if compute_type is not None and compute_type != stored:
+        model.quantize(compute_type)                  # converted once, here
     return model

@@ -354,7 +354,7 @@ def test_io_source_never_unpickles():
             imported |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             imported.add(node.module.split(".")[0])
-    assert imported <= {"json", "os", "numpy", "safetensors"}, imported
+    assert imported <= {"json", "os", "tempfile", "numpy", "safetensors"}, imported
 
 
 # ----------------------------------------------------------------------------------------------
@@ -778,3 +778,145 @@ def test_float8_is_refused(saved, tmp_path):
 def test_state_dict_shapes_knows_only_savable_classes():
     with pytest.raises(ValueError, match="Linear"):
         list(fio.state_dict_shapes("Linear", {}))
+
+
+# ----------------------------------------------------------------------------------------------
+# quantized models: saved as they are, never quantized again on load
+
+QUANT = ("int8", "bf16")
+
+
+@pytest.fixture(params=QUANT)
+def saved_quantized(request, tmp_path):
+    """(quantized Seq2SeqTransformer, its compute type, path)."""
+    m = seq2seq().quantize(request.param)
+    path = tmp_path / f"{request.param}.safetensors"
+    fio.save(m, path)
+    return m, request.param, path
+
+
+def quantized_params(model):
+    from fastattn.ops import QuantizedWeight
+    return {k: v for k, v in model.named_parameters() if isinstance(v, QuantizedWeight)}
+
+
+def test_quantized_round_trip_is_exact(saved_quantized):
+    m, kind, path = saved_quantized
+    loaded = fio.load(path)
+    assert loaded.compute_type == kind
+    got, want = quantized_params(loaded), quantized_params(m)
+    assert list(got) == list(want) and want
+    for k in want:
+        assert got[k].dtype == kind and np.array_equal(got[k].data, want[k].data), k
+        if kind == "int8":
+            assert np.array_equal(got[k].scale, want[k].scale), k
+    assert_same_state(m, loaded)                  # the float32 rest, and the dequantized values
+    assert np.array_equal(outputs(loaded, np.random.default_rng(5), "seq2seq"),
+                          outputs(m, np.random.default_rng(5), "seq2seq"))
+    ref = fio.load(path, backend="reference")
+    assert ref.compute_type == kind and ref.backend == "reference"
+
+
+def test_quantized_file_stores_int8_with_scales_or_bf16(saved_quantized):
+    m, kind, path = saved_quantized
+    header, _ = raw_parts(path)
+    assert header["__metadata__"]["compute_type"] == kind
+    for k, w in quantized_params(m).items():
+        assert header[k]["dtype"] == {"int8": "I8", "bf16": "BF16"}[kind]
+        assert header[k]["shape"] == list(w.shape)
+        if kind == "int8":
+            assert header[k + "_scale"] == {**header[k + "_scale"], "dtype": "F32",
+                                            "shape": [w.shape[0]]}
+        else:
+            assert k + "_scale" not in header
+    assert header["src_tok_emb.embedding.weight"]["dtype"] == "F32"
+    assert Path(path).stat().st_size < 0.6 * sum(v.nbytes for v in seq2seq().state_dict().values())
+
+
+def test_quantized_file_reads_back_in_the_safetensors_library(saved_quantized):
+    m, kind, path = saved_quantized
+    if kind == "bf16":
+        torch = pytest.importorskip("torch")
+        from safetensors.torch import load_file
+        t = load_file(str(path))
+        for k, w in quantized_params(m).items():
+            assert t[k].dtype == torch.bfloat16
+            assert np.array_equal(t[k].float().numpy(), w.dequantize()), k
+    else:
+        from safetensors.numpy import load_file
+        t = load_file(str(path))
+        for k, w in quantized_params(m).items():
+            assert np.array_equal(t[k], w.data) and np.array_equal(t[k + "_scale"], w.scale)
+
+
+@pytest.mark.parametrize("kind", QUANT)
+def test_load_with_compute_type_quantizes_a_float32_file_once(tmp_path, kind):
+    m = seq2seq()
+    path = tmp_path / "f32.safetensors"
+    fio.save(m, path)
+    loaded = fio.load(path, compute_type=kind)
+    want = seq2seq().quantize(kind)
+    assert loaded.compute_type == kind
+    for k, w in quantized_params(want).items():
+        assert np.array_equal(quantized_params(loaded)[k].data, w.data), k
+    assert np.array_equal(outputs(loaded, np.random.default_rng(5), "seq2seq"),
+                          outputs(want, np.random.default_rng(5), "seq2seq"))
+    assert fio.load(path, compute_type="float32").compute_type == "float32"
+
+
+def test_load_as_float32_dequantizes_and_other_types_are_refused(saved_quantized, tmp_path):
+    m, kind, path = saved_quantized
+    f32 = fio.load(path, compute_type="float32")
+    assert f32.compute_type == "float32"
+    assert_same_state(m, f32)
+    other = {"int8": "bf16", "bf16": "int8"}[kind]
+    with pytest.raises(ValueError, match=f"holds {kind} weights; converting them to {other} "
+                                         "would quantize twice"):
+        fio.load(path, compute_type=other)
+    with pytest.raises(ValueError, match="compute_type must be None or one of"):
+        fio.load(path, compute_type="fp8")
+
+
+def test_save_refuses_a_mixed_model(tmp_path):
+    m = seq2seq()
+    m.transformer.encoder.quantize("int8")
+    with pytest.raises(ValueError, match="different types"):
+        fio.save(m, tmp_path / "mixed.safetensors")
+
+
+def _edit_tensor(path, out, key, fn):
+    """The file at `path` with the raw bytes of tensor `key` replaced by fn(bytes)."""
+    header, data = raw_parts(path)
+    begin, end = header[key]["data_offsets"]
+    return write_raw(out, header, data[:begin] + fn(data[begin:end]) + data[end:])
+
+
+def test_lying_quantized_files_are_refused(saved_quantized, tmp_path):
+    m, kind, path = saved_quantized
+    key = next(iter(quantized_params(m)))
+    header, data = raw_parts(path)
+    header["__metadata__"]["compute_type"] = "int4"
+    fails(write_raw(tmp_path / "type.safetensors", header, data), "unknown compute_type")
+    header, data = raw_parts(path)
+    del header["__metadata__"]["compute_type"]             # quantized tensors, float32 file
+    nometa = write_raw(tmp_path / "nometa.safetensors", header, data)
+    if kind == "int8":
+        fails(nometa, rf"wrong dtype: {re.escape(key)}: dtype I8")
+    else:                                   # bfloat16 tensors of a float32 file: widened
+        widened = fio.load(nometa)
+        assert widened.compute_type == "float32"
+        assert_same_state(m, widened)
+    if kind == "int8":
+        neg = np.float32(-1.0).tobytes()
+        bad = _edit_tensor(path, tmp_path / "neg.safetensors", key + "_scale",
+                           lambda b: neg + b[4:])
+        fails(bad, rf"tensor {re.escape(key)}: .*scale")
+        t, meta = fio.read_state_dict(path)
+        del t[key + "_scale"]
+        out = tmp_path / "noscale.safetensors"
+        fio._write(str(out), {k: ("I8" if v.dtype == np.int8 else "F32", v)
+                              for k, v in t.items()}, meta)
+        fails(out, rf"missing tensors: {re.escape(key)}_scale")
+    header, data = raw_parts(path)
+    header["__metadata__"]["compute_type"] = {"int8": "bf16", "bf16": "int8"}[kind]
+    fails(write_raw(tmp_path / "other.safetensors", header, data), "wrong dtype|missing tensors")

@@ -110,9 +110,10 @@ def _write_json(path, obj):
     os.replace(tmp, path)
 
 
-def load_run(run_dir, *, backend="fast"):
+def load_run(run_dir, *, backend="fast", compute_type=None):
     """The run in `run_dir` (see the module docstring) -> Run. A missing or unreadable file is
-    an error naming it and saying what writes it."""
+    an error naming it and saying what writes it. compute_type: the model's weights as
+    fastattn.io.load converts them ("int8" / "bf16" quantize once, for inference)."""
     run_dir = os.fspath(run_dir)
     if not os.path.isdir(run_dir):
         raise FileNotFoundError(f"{run_dir}: no such run directory (fastattn train DATA --out "
@@ -128,7 +129,8 @@ def load_run(run_dir, *, backend="fast"):
             config = json.load(f)
         except ValueError as exc:
             raise ValueError(f"{_path(run_dir, 'config')}: not valid JSON ({exc})") from None
-    model = io.load(_path(run_dir, "model"), backend=backend).eval()
+    model = io.load(_path(run_dir, "model"), backend=backend,
+                    compute_type=compute_type).eval()
     src = tokenizers.load(_path(run_dir, "src_tokenizer"))
     tgt = tokenizers.load(_path(run_dir, "tgt_tokenizer"))
     return Run(run_dir, model, src, tgt, config)
