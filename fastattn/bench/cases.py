@@ -32,7 +32,7 @@ __all__ = ["IMPLEMENTATIONS", "Case", "Unavailable", "CASES", "OP_CASES", "MODEL
            "DEFAULT_CASES", "DecodeCase", "BASE", "GEN", "seq2seq_model", "decoder_weight_bytes",
            "decode_metrics"]
 
-IMPLEMENTATIONS = ("fastattn", "numpy", "torch")
+IMPLEMENTATIONS = ("fastattn", "numpy", "torch", "ctranslate2")
 
 
 class Case:
@@ -55,16 +55,19 @@ class Case:
               exactly, and tokens/s is reported), or 0
     numpy_label  what the numpy implementation is, in the notes ("numpy twin" or the model's
               "reference backend")
+    exact     generation cases: the implementations whose tokens must equal the reference's
+              (None: all); the others compute another function (CTranslate2's own int8
+              quantization), so their differing rows are reported, not flagged
     """
 
     def __init__(self, name, title, build, impls, *, flops=0, nbytes=0, kind="time",
                  slow=("numpy",), seed=0, repeats=None, warm=True, timed_first=(), tokens=0,
-                 numpy_label="numpy twin"):
+                 numpy_label="numpy twin", exact=None):
         self.name, self.title, self.kind = name, title, kind
         self.flops, self.nbytes, self.slow, self.seed = flops, nbytes, tuple(slow), seed
         self.repeats, self.warm = dict(repeats or {}), warm
         self.timed_first, self.tokens = tuple(timed_first), tokens
-        self.numpy_label = numpy_label
+        self.numpy_label, self.exact = numpy_label, exact
         self._build, self._impls, self._inputs = build, dict(impls), None
 
     def __repr__(self):
@@ -317,9 +320,10 @@ BASE = dict(d_model=512, nhead=8, num_encoder_layers=6, num_decoder_layers=6,
 
 
 @functools.lru_cache(maxsize=None)
-def _base_model(backend):
-    """Transformer-base with seeded random weights (the same weights for every backend)."""
-    return nn.Transformer(**BASE, backend=backend, seed=0)
+def _base_model(backend, compute_type="float32"):
+    """Transformer-base with seeded random weights (the same weights for every backend),
+    quantized to compute_type."""
+    return nn.Transformer(**BASE, backend=backend, seed=0).quantize(compute_type)
 
 
 @functools.lru_cache(maxsize=None)
@@ -328,9 +332,12 @@ def _torch_base_model():
     return torch_transformer(_base_model("fast"))
 
 
-def _model_case(name, B, S, T):
+def _model_case(name, B, S, T, compute_type="float32"):
     """Transformer-base forward: the encoder alone (T = 0), or encoder + decoder with a causal
-    target; fastattn's fast backend vs its reference backend vs torch's nn.Transformer."""
+    target; fastattn's fast backend vs its reference backend vs torch's nn.Transformer. With
+    quantized weights (compute_type int8 / bf16) fastattn alone: the reference backend's exact
+    integer products take minutes at this size, and torch has no such model (the float32
+    row of the same run is the comparison: see targets)."""
     C = BASE["d_model"]
 
     def build(rng):
@@ -342,7 +349,7 @@ def _model_case(name, B, S, T):
 
     def impl(backend):
         def factory(i):
-            m = _base_model(backend)
+            m = _base_model(backend, compute_type)
             if not T:
                 return functools.partial(m.encoder, i["src"])
             return functools.partial(m, i["src"], i["tgt"], tgt_mask=i["tgt_mask"],
@@ -361,26 +368,31 @@ def _model_case(name, B, S, T):
     if T:
         flops += 6 * (L(T) + 2 * B * T * 2 * C * C + 2 * B * S * 2 * C * C)  # + cross-attn
     what = f"encoder B={B} L={S}" if not T else f"encoder-decoder B={B} S={S} T={T} causal"
-    return Case(name, f"Transformer-base {what}", build,
-                {"fastattn": impl("fast"), "numpy": impl("reference"),
-                 "torch": _torch_impl(torch_body)}, flops=flops,
+    impls = {"fastattn": impl("fast")}
+    if compute_type == "float32":
+        impls.update(numpy=impl("reference"), torch=_torch_impl(torch_body))
+    else:
+        what += f", {compute_type} weights"
+    return Case(name, f"Transformer-base {what}", build, impls, flops=flops,
                 numpy_label="reference backend")
 
 
 # ---- generation --------------------------------------------------------------------------------
 
 GEN = dict(vocab=8000, src_len=128, new_tokens=64, beam_size=4, start_id=2)
-GEN_REPEATS = {"fastattn": 3, "torch": 1, "numpy": 1}   # calls of seconds (torch: up to minutes)
+GEN_REPEATS = {"fastattn": 3, "torch": 1, "numpy": 1,   # calls of seconds (torch: minutes)
+               "ctranslate2": 3}
 
 
 @functools.lru_cache(maxsize=None)
-def seq2seq_model(backend):
+def seq2seq_model(backend, compute_type="float32"):
     """Transformer-base Seq2SeqTransformer, vocabularies of GEN["vocab"], seeded random weights
-    (the same weights for every backend)."""
+    (the same weights for every backend), quantized to compute_type."""
     V = GEN["vocab"]
     return nn.Seq2SeqTransformer(BASE["num_encoder_layers"], BASE["num_decoder_layers"],
                                  BASE["d_model"], BASE["nhead"], V, V,
-                                 BASE["dim_feedforward"], backend=backend, seed=0)
+                                 BASE["dim_feedforward"], backend=backend,
+                                 seed=0).quantize(compute_type)
 
 
 @functools.lru_cache(maxsize=None)
@@ -394,31 +406,50 @@ def _source_ids(B):
     return build
 
 
-def _generate_case(name, B, method):
+def _generate_case(name, B, method, compute_type="float32"):
     """Transformer-base generation of GEN["new_tokens"] tokens from B sources of
     GEN["src_len"] tokens, end_id=None (every run does the same work): fastattn's fast backend
     (KV cache) vs torch's nn.Transformer re-running its decoder on the prefix each step (the
     tutorial's loop, torch_models.TorchDecoder, searched by fastattn.generate's own loops) vs
-    the reference backend (the same decode steps with the NumPy twin's ops; greedy only)."""
+    the reference backend (the same decode steps with the NumPy twin's ops; greedy only) vs
+    CTranslate2 holding the same weights (ct2_models; when installed).
+
+    Quantized weights (compute_type int8 / bf16): fastattn against CTranslate2's own int8
+    quantization of the same float32 weights (CPU CTranslate2 has no bf16); torch and the
+    reference backend only run float32. CTranslate2's int8 rounds differently, so its tokens
+    are reported, not required to match."""
     n, k = GEN["new_tokens"], GEN["beam_size"]
     kw = dict(max_new_tokens=n, start_id=GEN["start_id"])
     if method == "beam":
         kw.update(method="beam", beam_size=k)
 
     def impl(backend):
-        return lambda i: functools.partial(seq2seq_model(backend).generate, i["src"], **kw)
+        return lambda i: functools.partial(seq2seq_model(backend, compute_type).generate,
+                                           i["src"], **kw)
 
     def torch_body(F, t):
         return functools.partial(torch_generate, _torch_seq2seq_base(), t["src"], **kw)
 
-    impls = {"fastattn": impl("fast"), "torch": _torch_impl(torch_body)}
-    if method == "greedy":
-        impls["numpy"] = impl("reference")
+    def ct2_impl(i):
+        from .ct2_models import ct2_generate, ct2_translator
+        translator = ct2_translator(seq2seq_model("fast"), ct2_type)
+        return functools.partial(ct2_generate, translator, i["src"], **kw)
+
+    impls = {"fastattn": impl("fast")}
+    if compute_type == "float32":
+        impls["torch"] = _torch_impl(torch_body)
+        if method == "greedy":
+            impls["numpy"] = impl("reference")
+    ct2_type = {"float32": "float32", "int8": "int8"}.get(compute_type)
+    if ct2_type is not None:
+        impls["ctranslate2"] = ct2_impl
     what = "greedy" if method == "greedy" else f"beam {k}"
+    weights = "" if compute_type == "float32" else f", {compute_type} weights"
     return Case(name, f"Transformer-base generate {what} B={B} S={GEN['src_len']} +{n} tokens "
-                      f"V={GEN['vocab']}", _source_ids(B), impls, repeats=GEN_REPEATS,
+                      f"V={GEN['vocab']}{weights}", _source_ids(B), impls, repeats=GEN_REPEATS,
                 warm=False, timed_first=("torch", "numpy"), tokens=B * n,
-                numpy_label="reference backend")
+                numpy_label="reference backend",
+                exact=None if compute_type == "float32" else ("fastattn", "numpy", "torch"))
 
 
 def decoder_weight_bytes(model):
@@ -428,12 +459,13 @@ def decoder_weight_bytes(model):
     (Biases, the KV caches and the cross-attention keys and values are not counted.)"""
     C = model.transformer.d_model
     n = 0
-    for layer in model.transformer.decoder.layers:
-        n += layer.self_attn.in_proj_weight.size + layer.self_attn.out_proj.weight.size
-        n += layer.multihead_attn.in_proj_weight[:C].size
-        n += layer.multihead_attn.out_proj.weight.size
-        n += layer.linear1.weight.size + layer.linear2.weight.size
-    return 4 * (n + model.generator.weight.size)
+    for layer in model.transformer.decoder.layers:          # bytes as stored: float32, or
+        n += layer.self_attn.in_proj_weight.nbytes          # int8 + row scales, or bf16
+        n += layer.self_attn.out_proj.weight.nbytes
+        n += layer.multihead_attn.in_proj_weight[:C].nbytes
+        n += layer.multihead_attn.out_proj.weight.nbytes
+        n += layer.linear1.weight.nbytes + layer.linear2.weight.nbytes
+    return n + model.generator.weight.nbytes
 
 
 def decode_metrics(generate_ms, prefill_ms, copy_ms, weight_bytes, copy_bytes, steps):
@@ -458,23 +490,28 @@ class DecodeCase(Case):
     steps           decode steps of one generate call
     """
 
-    def __init__(self, B=1):
-        self.steps = GEN["new_tokens"]
-        super().__init__("decode_step", f"decode step, Transformer-base greedy B={B} "
-                                        f"S={GEN['src_len']} V={GEN['vocab']} (ms per step)",
+    def __init__(self, B=1, compute_type="float32"):
+        self.steps, self.compute_type = GEN["new_tokens"], compute_type
+        name = "decode_step" + ("" if compute_type == "float32" else f"_{compute_type}")
+        weights = "" if compute_type == "float32" else f", {compute_type} weights"
+        super().__init__(name, f"decode step, Transformer-base greedy B={B} "
+                               f"S={GEN['src_len']} V={GEN['vocab']}{weights} (ms per step)",
                          _source_ids(B), {"fastattn": self._generate}, kind="decode", slow=(),
                          repeats={"fastattn": 5}, warm=False)
 
+    def _model(self):
+        return seq2seq_model("fast", self.compute_type)
+
     def _generate(self, inputs):
-        return functools.partial(seq2seq_model("fast").generate, inputs["src"],
+        return functools.partial(self._model().generate, inputs["src"],
                                  max_new_tokens=self.steps, start_id=GEN["start_id"])
 
     def prefill(self):
-        return functools.partial(seq2seq_model("fast").init_cache, self.inputs()["src"],
+        return functools.partial(self._model().init_cache, self.inputs()["src"],
                                  beams=1, max_len=self.steps)
 
     def weight_bytes(self):
-        return decoder_weight_bytes(seq2seq_model("fast"))
+        return decoder_weight_bytes(self._model())
 
 
 # ---- the registry ------------------------------------------------------------------------------
@@ -500,6 +537,13 @@ CASES = {c.name: c for c in (
     _generate_case("generate_beam_b1", 1, "beam"),
     _generate_case("generate_beam_b8", 8, "beam"),
     DecodeCase(),
+    *(c for t in ("int8", "bf16") for c in (
+        _model_case(f"encoder_{t}", 8, 128, 0, t),
+        _model_case(f"transformer_{t}", 8, 128, 128, t),
+        _generate_case(f"generate_greedy_b1_{t}", 1, "greedy", t),
+        _generate_case(f"generate_greedy_b8_{t}", 8, "greedy", t),
+        _generate_case(f"generate_beam_b8_{t}", 8, "beam", t),
+        DecodeCase(compute_type=t))),
     # A tiny case for the command line's own tests; not run by default.
     _attention_case("smoke", "smoke: attention causal", 1, 2, 128, 32, True),
 )}
@@ -509,6 +553,10 @@ OP_CASES = ("attention_causal", "attention_full", "layer_norm", "ffn", "sgemm",
 OP_CASES += ("attention_backward_causal", "attention_backward_full", "attention_backward_memory")
 MODEL_CASES = ("encoder", "transformer", "generate_greedy_b1", "generate_greedy_b8",
                "generate_beam_b1", "generate_beam_b8", "decode_step")
+QUANT_CASES = tuple(f"{c}_{t}" for t in ("int8", "bf16") for c in (
+    "encoder", "transformer", "generate_greedy_b1", "generate_greedy_b8", "generate_beam_b8",
+    "decode_step"))
+MODEL_CASES += QUANT_CASES
 DEFAULT_CASES = OP_CASES + MODEL_CASES
 
 

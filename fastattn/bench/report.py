@@ -24,20 +24,22 @@ def _cell(row, impl):
 
 def format_table(rows):
     """The rows as a Markdown table (speedups are the other's time over fastattn's)."""
-    head = ["case", "fastattn ms", "torch ms", "numpy ms", "speedup vs torch",
-            "speedup vs numpy", "GFLOP/s fastattn", "notes"]
+    head = ["case", "fastattn ms", "torch ms", "numpy ms", "ctranslate2 ms", "speedup vs torch",
+            "speedup vs numpy", "speedup vs ctranslate2", "GFLOP/s fastattn", "notes"]
     body = []
     for r in rows:
         body.append([
             r["title"], _cell(r, "fastattn"), _cell(r, "torch"), _cell(r, "numpy"),
+            _cell(r, "ctranslate2"),
             *(f"{r[k]:.2f}x" if r.get(k) else "-" for k in ("speedup_vs_torch",
-                                                            "speedup_vs_numpy")),
+                                                            "speedup_vs_numpy",
+                                                            "speedup_vs_ctranslate2")),
             fmt_ms(r["fastattn_gflops"]) if r.get("fastattn_gflops") else "-",
             "; ".join(r["notes"]),
         ])
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h)
               for i, h in enumerate(head)]
-    right = {1, 2, 3, 4, 5, 6}
+    right = {1, 2, 3, 4, 5, 6, 7, 8}
 
     def line(cells):
         return "| " + " | ".join(c.rjust(w) if i in right else c.ljust(w)

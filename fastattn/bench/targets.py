@@ -151,6 +151,36 @@ TARGETS += (
 )
 
 
+# ---- quantized weights: against the float32 rows of the same run, and CTranslate2 ------------
+
+def _faster_than_float32(case, base, field="fastattn_ms", what="ms"):
+    """fastattn with quantized weights (row `case`) against its float32 row `base` of the same
+    run: base's time over case's."""
+    def measure(rows):
+        q, f = _row(rows, case), _row(rows, base)
+        if q is None:
+            return None, "not run"
+        if f is None or not f.get(field) or not q.get(field):
+            return None, f"needs the {base} case in the same run"
+        v = f[field] / q[field]
+        return v, f"{v:.2f}x float32 ({fmt_ms(q[field])} vs {fmt_ms(f[field])} {what})"
+    return measure
+
+
+TARGETS += (
+    ("encoder_int8", "speedup vs float32 encoder >= 1.5x",
+     _faster_than_float32("encoder_int8", "encoder"), lambda v: v >= 1.5),
+    ("decode_step_int8", "speedup vs float32 decode step >= 3x",
+     _faster_than_float32("decode_step_int8", "decode_step", "step_ms", "ms per step"),
+     lambda v: v >= 3.0),
+    ("decode_step_bf16", "speedup vs float32 decode step >= 1.8x",
+     _faster_than_float32("decode_step_bf16", "decode_step", "step_ms", "ms per step"),
+     lambda v: v >= 1.8),
+    _speedup_target("generate_greedy_b8_int8", "ctranslate2", 1.2, field="tokens_per_s",
+                    unit="tokens/s"),
+)
+
+
 def check_targets(rows):
     """One dict per target: case, target, value, detail, status ("PASS", "MISS" or "SKIP")."""
     results = []
