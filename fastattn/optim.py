@@ -76,6 +76,9 @@ class _AdamBase:
             if not callable(getattr(model, attr, None)):
                 raise TypeError(f"{name}: the model must have {attr}() (a fastattn.nn module), "
                                 f"got {type(model).__name__}")
+        if getattr(model, "compute_type", "float32") != "float32":
+            raise ValueError(f"{name}: the model is quantized ({model.compute_type}), which is "
+                             "for inference only; optimize the float32 model")
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"{name}: betas must be a pair (beta1, beta2), got {betas!r}")
         self.model = model

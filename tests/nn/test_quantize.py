@@ -128,6 +128,8 @@ def test_misuse_is_a_clear_error():
         m.quantize("bf16")
     with pytest.raises(RuntimeError, match="quantized"):
         m.load_state_dict(transformer().state_dict())
+    with pytest.raises(ValueError, match="AdamW: the model is quantized"):
+        fastattn.optim.AdamW(m)
     assert m.quantize("int8") is m                # the same type again: nothing to do
 
 
