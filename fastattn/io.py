@@ -58,10 +58,20 @@ def _safetensors():
 
 
 def save(model, path):
-    """Write `model` (Transformer or Seq2SeqTransformer) to `path` in safetensors format."""
+    """Write `model` (Transformer or Seq2SeqTransformer) to `path` in safetensors format. A
+    model the stored config cannot rebuild (a custom_encoder / custom_decoder, an activation
+    that is a plain Python function) is refused with a ValueError."""
     name = type(model).__name__
     if name not in SAVABLE or not isinstance(model, SAVABLE[name]):
         raise TypeError(f"save: can save {', '.join(SAVABLE)}, got {type(model).__name__}")
+    custom = getattr(model, "custom_parts", ())
+    if custom:
+        raise ValueError(f"save: this {name} was built with {' and '.join(custom)}, which "
+                         "its config cannot rebuild; save model.state_dict() yourself")
+    if not isinstance(model.config["activation"], str):
+        raise ValueError(f"save: activation is the Python callable "
+                         f"{model.config['activation']!r}, which a file cannot hold (torch's "
+                         "relu / gelu callables are saved by name; any other is not)")
     save_file = _safetensors()
     tensors = {k: np.ascontiguousarray(v, dtype=np.float32)
                for k, v in model.state_dict().items()}

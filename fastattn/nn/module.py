@@ -6,6 +6,7 @@ import numbers
 import numpy as np
 
 from .. import ops
+from . import activations
 from .backends import Buffers, FastOps, Workspace, backend_ops
 
 
@@ -47,20 +48,19 @@ class Module:
                 yield prefix + name, self, name
         for cname in self._children:
             child = getattr(self, cname)
-            if child is None:
-                continue
             if isinstance(child, list):
                 for i, c in enumerate(child):
                     yield from c._named_slots(f"{prefix}{cname}.{i}.")
-            else:
+            elif isinstance(child, Module):      # not None, nor a custom part that is no module
                 yield from child._named_slots(f"{prefix}{cname}.")
 
     def modules(self):
+        """This module and every submodule (fastattn modules only), depth first."""
         yield self
         for cname in self._children:
             child = getattr(self, cname)
             for c in (child if isinstance(child, list) else [child]):
-                if c is not None:
+                if isinstance(c, Module):
                     yield from c.modules()
 
     def parameters_nbytes(self):
@@ -132,13 +132,22 @@ class Module:
     # -- training ------------------------------------------------------------------------------
     def train(self, mode=True):
         """Training mode for this module and its submodules: forwards apply dropout and keep
-        what backward() needs. Returns self."""
+        what backward() needs. Returns self. A module that cannot train (an activation
+        without a derivative, a custom part without a backward) raises here, naming why, and
+        nothing changes."""
+        if mode:
+            for m in self.modules():
+                m._check_trainable()
         for m in self.modules():
             m.training = bool(mode)
             if not mode:
                 m._saved = None
                 m._buffers = None
         return self
+
+    def _check_trainable(self):
+        """Raise (RuntimeError naming the argument) when this module cannot run a training
+        forward and backward; every module can unless it says otherwise."""
 
     def eval(self):
         """Inference mode (no dropout, nothing kept for backward). Returns self."""
@@ -247,7 +256,9 @@ def uniform(rng, shape, bound):
 
 
 def xavier(rng, shape):
-    fan_out, fan_in = shape
+    """torch's xavier_uniform_: fans (out, in) of the first two axes times the rest."""
+    field = math.prod(shape[2:])
+    fan_out, fan_in = shape[0] * field, shape[1] * field
     return uniform(rng, shape, math.sqrt(6.0 / (fan_in + fan_out)))
 
 
@@ -264,9 +275,9 @@ def check_dropout(p):
 
 
 def check_activation(activation):
-    if activation not in ("relu", "gelu"):
-        raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
-    return activation
+    """torch's activation argument -> "relu" | "gelu" | "gelu_tanh" | a plain callable (see
+    activations.resolve)."""
+    return activations.resolve(activation)
 
 
 def check_batch_first(batch_first):

@@ -8,6 +8,7 @@ import copy
 
 import numpy as np
 
+from . import activations
 from .attention import MultiheadAttention
 from .backends import Workspace
 from .layers import LayerNorm, Linear
@@ -203,11 +204,9 @@ def recording_workspace(module, where):
 def collect_weights(transformer, weights, B, S, T):
     """What a recording pass stored, per kind and layer: {"encoder": [(B, H, S, S)],
     "decoder": [(B, H, T, T)], "cross": [(B, H, T, S)]} float32 (zeros when B == 0)."""
-    H = transformer.nhead
-
     def get(mha, Lq, Lk):
         w = weights.get(mha)
-        return np.zeros((B, H, Lq, Lk), np.float32) if w is None else w
+        return np.zeros((B, mha.num_heads, Lq, Lk), np.float32) if w is None else w
 
     enc, dec = transformer.encoder.layers, transformer.decoder.layers
     return {"encoder": [get(layer.self_attn, S, S) for layer in enc],
@@ -238,10 +237,21 @@ class TransformerEncoderLayer(Module):
         self.norm1 = LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)
         self.norm2 = LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)
 
+    def _check_trainable(self):
+        if not activations.trainable(self.activation):
+            raise RuntimeError(
+                f"{type(self).__name__} cannot train with activation="
+                f"{activations.describe(self.activation)}: a plain Python function has no "
+                "derivative in fastattn (it runs in inference only, unfused). Train with "
+                "'relu', 'gelu', torch.nn.functional.relu / gelu or torch.nn.ReLU() / "
+                "GELU(approximate='none' | 'tanh')")
+
     def _ffn(self, h, ws):
         """linear2(dropout(act(linear1(h)))) of the (N, C) rows h; packed weights in a decode
         step; the pre-activation kept in training."""
         l1, l2 = self.linear1, self.linear2
+        if not activations.fused(self.activation):
+            return self._ffn_unfused(h, ws)
         if ws.training:
             seed = ws.seed() if self.dropout > 0 else None
             bufs = self._bufs()
@@ -254,10 +264,30 @@ class TransformerEncoderLayer(Module):
         return self._ops.ffn(h, l1.weight, l1.bias, l2.weight, l2.bias, self.activation,
                              out=ws.get("ff", h.shape), packed=packed)
 
+    def _ffn_unfused(self, h, ws):
+        """The FFN of an activation the kernel does not fuse (activations.py): linear1, the
+        activation over its (N, F) output as a NumPy array, dropout (training), linear2; each
+        linear through the ops (packed weights in a decode step)."""
+        l1, l2 = self.linear1, self.linear2
+        pre = l1._apply(h, ws, "ffn.pre")                                  # (N, F)
+        if not ws.training:
+            return l2._apply(activations.apply(self.activation, pre), ws, "ff")
+        bufs = self._bufs()
+        hidden = bufs.get("ffn.act", pre.shape)
+        hidden[...] = activations.apply(self.activation, pre)
+        hidden, seed = self._dropout(hidden, self.dropout, ws)
+        self._ffn_saved = (None, pre, seed)        # l1 and l2 keep their inputs themselves
+        return l2._apply(hidden, ws)
+
     def _ffn_backward(self, dy, bufs):
         """dy (N, C) -> the FFN input's gradient, in the backward's "fdx" buffer."""
         h, pre, seed = self._ffn_saved
         self._ffn_saved = None
+        if not activations.fused(self.activation):                        # unfused: by hand
+            dh = self.linear2._backward(dy, bufs.get("ffn.h", pre.shape))
+            dh = self._dropout_backward(dh, self.dropout, seed, dh)
+            dpre = activations.backward(self.activation, pre, dh)
+            return self.linear1._backward(dpre, bufs.get("fdx", dy.shape))
         l1, l2 = self.linear1, self.linear2
         grads = tuple(None if getattr(lin, name) is None else lin._grad(name)
                       for lin in (l1, l2) for name in ("weight", "bias"))
@@ -408,11 +438,23 @@ class TransformerDecoderLayer(TransformerEncoderLayer):
 
 class _Stack(Module):
     """num_layers copies of a layer (torch deep-copies it too), then an optional final
-    LayerNorm (``norm``)."""
+    LayerNorm (``norm``). The layer and the norm are fastattn modules (torch's are refused,
+    naming the argument: load torch's weights with load_state_dict instead)."""
 
     _children = ("layers", "norm")
+    _layer_class = None                      # the class of layer a stack of this kind takes
 
     def __init__(self, layer, num_layers, norm=None, *, backend=None):
+        name = "encoder_layer" if self._layer_class is TransformerEncoderLayer else \
+            "decoder_layer"
+        if not isinstance(layer, self._layer_class) or (
+                self._layer_class is TransformerEncoderLayer
+                and isinstance(layer, TransformerDecoderLayer)):
+            raise TypeError(f"{type(self).__name__}: {name} must be a fastattn.nn."
+                            f"{self._layer_class.__name__}, got {_describe_type(layer)}")
+        if norm is not None and not isinstance(norm, LayerNorm):
+            raise TypeError(f"{type(self).__name__}: norm must be a fastattn.nn.LayerNorm or "
+                            f"None, got {_describe_type(norm)}")
         super().__init__(backend or layer.backend)
         self.num_layers = check_positive("num_layers", num_layers)
         self.layers = [copy.deepcopy(layer) for _ in range(num_layers)]
@@ -432,8 +474,24 @@ class _Stack(Module):
         return d if self.norm is None else self.norm._backward(d, bufs.other(d, d.shape))
 
 
+def _describe_type(obj):
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 class TransformerEncoder(_Stack):
-    """torch.nn.TransformerEncoder(encoder_layer, num_layers, norm=None)."""
+    """torch.nn.TransformerEncoder(encoder_layer, num_layers, norm=None,
+    enable_nested_tensor=True, mask_check=True). The last two are accepted and kept, and
+    change nothing: fastattn never builds nested tensors, so the output at padded source
+    positions is computed like any other (torch's nested-tensor path returns zeros there)."""
+
+    _layer_class = TransformerEncoderLayer
+
+    def __init__(self, encoder_layer, num_layers, norm=None, enable_nested_tensor=True,
+                 mask_check=True, *, backend=None):
+        super().__init__(encoder_layer, num_layers, norm, backend=backend)
+        self.enable_nested_tensor = bool(enable_nested_tensor)
+        self.mask_check = bool(mask_check)
 
     def _forward(self, x, mask, ws, B):
         for layer in self.layers:
@@ -450,13 +508,18 @@ class TransformerEncoder(_Stack):
         """After a training-mode forward: the gradient of src; parameter gradients accumulate."""
         return _public_backward(self, grad_output, decoder=False)
 
-    def __call__(self, src, mask=None, src_key_padding_mask=None, is_causal=False):
+    def __call__(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
         return _encoder_call(self, src, mask, src_key_padding_mask, is_causal, "mask")
 
 
 class TransformerDecoder(_Stack):
     """torch.nn.TransformerDecoder(decoder_layer, num_layers, norm=None); ``init_cache`` /
     ``step`` decode one position at a time through the layers' own steps."""
+
+    _layer_class = TransformerDecoderLayer
+
+    def __init__(self, decoder_layer, num_layers, norm=None, *, backend=None):
+        super().__init__(decoder_layer, num_layers, norm, backend=backend)
 
     def _forward(self, x, memory, tgt_mask, memory_mask, ws, B):
         for layer in self.layers:
@@ -492,9 +555,20 @@ class TransformerDecoder(_Stack):
         return out.copy()
 
 
+
 class Transformer(Module):
     """torch.nn.Transformer (batch-first): encoder and decoder stacks, each ending in a
-    LayerNorm as torch builds them (so a post-LN model has two norms in a row at the end)."""
+    LayerNorm as torch builds them (so a post-LN model has two norms in a row at the end).
+
+    ``custom_encoder`` / ``custom_decoder`` replace a stack, as in torch (and are re-initialised
+    with the rest, as torch does). A fastattn TransformerEncoder / TransformerDecoder runs as
+    the built one does. Anything else is called as torch calls it, with NumPy float32 arrays
+    (B, L, C): ``custom_encoder(src, mask=..., src_key_padding_mask=..., is_causal=...)`` ->
+    memory (B, S', C); ``custom_decoder(tgt, memory, tgt_mask=..., memory_mask=...,
+    tgt_key_padding_mask=..., memory_key_padding_mask=..., tgt_is_causal=...,
+    memory_is_causal=...)`` -> (B, T, C). Only a fastattn module (one with backward) trains;
+    ``attention_weights`` needs fastattn's own stacks; ``io.save`` refuses custom parts (its
+    config cannot rebuild them). torch modules are refused: fastattn runs NumPy arrays."""
 
     _children = ("encoder", "decoder")
 
@@ -504,30 +578,54 @@ class Transformer(Module):
                  bias=True, *, backend="fast", seed=None):
         super().__init__(backend)
         check_batch_first(batch_first)
-        if custom_encoder is not None or custom_decoder is not None:
-            raise ValueError("Transformer: custom_encoder/custom_decoder are not supported")
         self.d_model = check_positive("d_model", d_model)
         self.nhead = check_positive("nhead", nhead)
         if d_model % nhead:
             raise ValueError(f"d_model {d_model} must be divisible by nhead {nhead}")
+        activation = check_activation(activation)      # torch's callables -> their names
         self.config = dict(d_model=d_model, nhead=nhead, num_encoder_layers=num_encoder_layers,
                            num_decoder_layers=num_decoder_layers,
                            dim_feedforward=dim_feedforward, activation=activation,
                            layer_norm_eps=layer_norm_eps, norm_first=bool(norm_first),
                            bias=bool(bias), dropout=check_dropout(dropout))
+        custom = {"custom_encoder": custom_encoder, "custom_decoder": custom_decoder}
+        self.custom_parts = tuple(k for k, v in custom.items() if v is not None)
+        for name in self.custom_parts:
+            _check_custom(name, custom[name], d_model)
         rng = rng_from(seed)
         kw = dict(dim_feedforward=dim_feedforward, activation=activation,
                   layer_norm_eps=layer_norm_eps, norm_first=norm_first, bias=bias,
                   backend=backend)
         kw["dropout"] = dropout
-        enc = TransformerEncoderLayer(d_model, nhead, seed=rng, **kw)
-        dec = TransformerDecoderLayer(d_model, nhead, seed=rng, **kw)
+        enc = TransformerEncoderLayer(d_model, nhead, seed=rng, **kw) \
+            if custom_encoder is None else None
+        dec = TransformerDecoderLayer(d_model, nhead, seed=rng, **kw) \
+            if custom_decoder is None else None
         norm = lambda: LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)  # noqa
-        self.encoder = TransformerEncoder(enc, num_encoder_layers, norm())
-        self.decoder = TransformerDecoder(dec, num_decoder_layers, norm())
+        self.encoder = custom_encoder if enc is None else \
+            TransformerEncoder(enc, num_encoder_layers, norm())
+        self.decoder = custom_decoder if dec is None else \
+            TransformerDecoder(dec, num_decoder_layers, norm())
+        self.to_backend(backend)                          # custom fastattn parts follow
         for name, p in self.named_parameters():        # torch's _reset_parameters: xavier
             if p.ndim > 1:
                 p[...] = xavier(rng, p.shape)
+        self.invalidate_caches()
+
+    def _check_trainable(self):
+        for name in self.custom_parts:
+            part = getattr(self, name[len("custom_"):])
+            if not (isinstance(part, Module) and callable(getattr(part, "backward", None))):
+                raise RuntimeError(
+                    f"Transformer cannot train: {name} is {_describe_type(part)}, not a "
+                    "fastattn module with a backward (fastattn has no autograd: a part trains "
+                    "only through its own backward)")
+
+    def _own(self, stack):
+        """True when `stack` ("encoder" or "decoder") is fastattn's own stack class, which
+        runs inside the model's pass (shared workspace, masks prepared once)."""
+        cls = TransformerEncoder if stack == "encoder" else TransformerDecoder
+        return isinstance(getattr(self, stack), cls)
 
     def __call__(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None,
                  src_key_padding_mask=None, tgt_key_padding_mask=None,
@@ -548,6 +646,12 @@ class Transformer(Module):
         RuntimeError in train mode) -> {"encoder": [(B, H, S, S) per layer], "decoder":
         [(B, H, T, T) per layer], "cross": [(B, H, T, S) per layer]}, float32. A row sums to
         1, or is zeros where the masks leave its query no key."""
+        for name in self.custom_parts:
+            stack = name[len("custom_"):]
+            if not self._own(stack):
+                raise TypeError(f"Transformer.attention_weights records the layers of "
+                                f"fastattn's own Transformer{stack.capitalize()}; the {stack} "
+                                f"({name}) is {_describe_type(getattr(self, stack))}")
         rec = recording_workspace(self, "attention_weights")
         out = self._forward(rec, src, tgt, src_mask, tgt_mask, memory_mask,
                             src_key_padding_mask, tgt_key_padding_mask,
@@ -567,24 +671,41 @@ class Transformer(Module):
         T = y.shape[1]
         if B == 0:
             return np.zeros((B, T, C), np.float32)
-        H = self.nhead
-        sm = prepare_mask("src_mask", src_mask, src_key_padding_mask, B, H, S, S,
-                          bool(src_is_causal), "src_key_padding_mask")
-        tm, mm = decoder_masks(H, B, T, S, tgt_mask, memory_mask, tgt_key_padding_mask,
-                               memory_key_padding_mask, tgt_is_causal, memory_is_causal)
         if ws is None:
             ws = self._workspace()
-        memory = self.encoder._forward(_stream(x, ws, self, "src"), sm, ws, B).reshape(B, S, C)
-        # the memory lives on while the decoder runs: its own buffers (inference)
-        mem_ws = ws if ws.training else Workspace(self._ops, weights=ws.weights)
-        out = self.decoder._forward(_stream(y, mem_ws, self, "tgt"), memory, tm, mm, mem_ws, B)
+        if self._own("encoder"):
+            sm = prepare_mask("src_mask", src_mask, src_key_padding_mask, B, self.encoder.nhead,
+                              S, S, bool(src_is_causal), "src_key_padding_mask")
+            memory = self.encoder._forward(_stream(x, ws, self, "src"), sm, ws, B).reshape(
+                B, S, C)
+        else:
+            memory = _custom_output("custom_encoder", self.encoder(
+                x, mask=src_mask, src_key_padding_mask=src_key_padding_mask,
+                is_causal=src_is_causal), B, None, C)
+            if ws.training:        # kept for the decoder's backward, whatever the part does
+                memory = _stream(memory, ws, self, "memory").reshape(memory.shape)
+        if self._own("decoder"):
+            dec = self.decoder
+            tm, mm = decoder_masks(dec.nhead, B, T, memory.shape[1], tgt_mask, memory_mask,
+                                   tgt_key_padding_mask, memory_key_padding_mask,
+                                   tgt_is_causal, memory_is_causal)
+            # the memory lives on while the decoder runs: its own buffers (inference)
+            mem_ws = ws if ws.training else Workspace(self._ops, weights=ws.weights)
+            out = dec._forward(_stream(y, mem_ws, self, "tgt"), memory, tm, mm, mem_ws, B)
+        else:
+            out = _custom_output("custom_decoder", self.decoder(
+                y, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                tgt_key_padding_mask=tgt_key_padding_mask,
+                memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=tgt_is_causal,
+                memory_is_causal=memory_is_causal), B, T, C)
         if ws.training:
-            self._saved_shapes = (x.shape, y.shape)
+            self._saved_shapes = (x.shape, y.shape, memory.shape)
         return out.reshape(B, T, C).copy()
 
     def backward(self, grad_output):
         """After a training-mode forward: accumulates every parameter's gradient and returns
-        (d_src, d_tgt)."""
+        (d_src, d_tgt). Custom parts run their own backward: the decoder's returns (d_tgt,
+        d_memory), the encoder's d_src."""
         shapes = getattr(self, "_saved_shapes", None)
         if shapes is None:
             raise RuntimeError("Transformer.backward: no training-mode forward to "
@@ -594,13 +715,55 @@ class Transformer(Module):
         if d.shape != shapes[1]:
             raise ValueError(f"Transformer.backward: grad_output must be {shapes[1]}, "
                              f"got {d.shape}")
-        (B, S, C), tgt_shape = shapes
+        src_shape, tgt_shape, mem_shape = shapes
+        C = self.d_model
         bufs = self._bufs()
-        dmem = _zeros(bufs, "grad.memory", (B * S, C))
-        d_tgt = self.decoder._backward(d.reshape(-1, C), dmem, bufs).reshape(tgt_shape).copy()
-        d_src = self.encoder._backward(dmem, bufs)
-        return d_src.reshape(B, S, C).copy(), d_tgt
+        if self._own("decoder"):
+            dmem = _zeros(bufs, "grad.memory", (mem_shape[0] * mem_shape[1], C))
+            d_tgt = self.decoder._backward(d.reshape(-1, C), dmem, bufs).reshape(
+                tgt_shape).copy()
+        else:
+            d_tgt, dmem = self.decoder.backward(d)
+            d_tgt = _custom_output("custom_decoder.backward's d_tgt", d_tgt, *tgt_shape)
+            dmem = _custom_output("custom_decoder.backward's d_memory", dmem,
+                                  *mem_shape).reshape(-1, C)
+        if self._own("encoder"):
+            d_src = self.encoder._backward(dmem, bufs).reshape(src_shape).copy()
+        else:
+            d_src = _custom_output("custom_encoder.backward's d_src",
+                                   self.encoder.backward(dmem.reshape(mem_shape)), *src_shape)
+        return d_src, d_tgt
 
     @staticmethod
     def generate_square_subsequent_mask(sz):
         return generate_square_subsequent_mask(sz)
+
+
+def _check_custom(name, part, d_model):
+    """A custom_encoder / custom_decoder fastattn can call: a fastattn module of d_model
+    features, or any callable over NumPy arrays; torch modules are refused."""
+    if isinstance(part, Module):
+        C = getattr(part, "d_model", d_model)
+        if C != d_model:
+            raise ValueError(f"Transformer: {name} has d_model {C}, the model {d_model}")
+        return
+    if type(part).__module__.split(".")[0] == "torch":
+        raise TypeError(f"Transformer: {name} is {_describe_type(part)}, a torch module; "
+                        "fastattn calls its parts with NumPy arrays: give a fastattn.nn module "
+                        "(e.g. fastattn.nn.TransformerEncoder, with torch's weights loaded by "
+                        "load_state_dict) or a callable over NumPy arrays")
+    if not callable(part):
+        raise TypeError(f"Transformer: {name} must be callable, got {_describe_type(part)}")
+
+
+def _custom_output(name, out, B, L, C):
+    """What a custom part returned, as float32 (B, L, C) (L None: any length)."""
+    try:
+        a = features(f"the array {name} returned", out, C)
+    except TypeError:
+        raise TypeError(f"Transformer: {name} returned {type(out).__name__}, not an array "
+                        "of numbers") from None
+    if a.shape[0] != B or (L is not None and a.shape[1] != L):
+        raise ValueError(f"Transformer: {name} returned shape {a.shape}, expected "
+                         f"({B}, {'L' if L is None else L}, {C})")
+    return a
