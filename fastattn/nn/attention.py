@@ -11,8 +11,8 @@ import numpy as np
 from .backends import _put
 from .layers import Linear
 from .masks import NO_MASK, Mask, prepare_mask
-from .module import (Module, check_batch_first, check_dropout, check_positive, features,
-                     rng_from, xavier)
+from .module import (Layout, Module, check_batch_first, check_dropout, check_positive,
+                     features, rng_from, xavier)
 
 
 # in_proj rows of each projection, in units of embed_dim: q | k | v
@@ -85,7 +85,7 @@ class MultiheadAttention(Module):
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=True, *,
                  backend="fast", seed=None):
         super().__init__(backend)
-        check_batch_first(batch_first)
+        self.batch_first = check_batch_first(batch_first)
         self.embed_dim = check_positive("embed_dim", embed_dim)
         self.num_heads = check_positive("num_heads", num_heads)
         if embed_dim % num_heads:
@@ -292,18 +292,19 @@ class MultiheadAttention(Module):
         return dy
 
     def backward(self, grad_output):
-        """After a training-mode forward: accumulates the gradients of in_proj_* and
-        out_proj.*, and returns (d_query, d_key, d_value) (sum them when one array was passed
+        """After a training-mode forward: accumulates the gradients of the projection weights
+        (in_proj_* or q/k/v_proj_weight), bias_k / bias_v and out_proj.*, and returns
+        (d_query, d_key, d_value), in the inputs' layout (sum them when one array was passed
         as several of the inputs)."""
-        saved, shapes = self._check_saved()
+        saved, shapes, layout = self._check_saved()
         self._saved = saved
-        dy = features("grad_output", grad_output, self.embed_dim)
+        dy = features("grad_output", layout.features_in(grad_output, "grad_output"), self.embed_dim)
         if dy.shape != shapes[0]:
-            raise ValueError(f"MultiheadAttention.backward: grad_output must be {shapes[0]}, "
-                             f"got {dy.shape}")
+            raise ValueError(f"MultiheadAttention.backward: grad_output must be {shapes[0]} "
+                             f"(batch-first), got {dy.shape}")
         dxs = tuple(np.empty((s[0] * s[1], s[2]), np.float32) for s in shapes)
         self._attention_backward(dy.reshape(-1, self.embed_dim), self._bufs(), dxs)
-        return tuple(d.reshape(s) for d, s in zip(dxs, shapes))
+        return tuple(layout.features_out(d.reshape(s)) for d, s in zip(dxs, shapes))
 
     # -- decode steps: one new position per row ----------------------------------------------
     def _init_self_cache(self, rows, max_len):
@@ -340,11 +341,23 @@ class MultiheadAttention(Module):
                  attn_mask=None, average_attn_weights=True, is_causal=False):
         """-> (attn_output (B, L, C), attn_weights (B, L, S) averaged over heads, or
         (B, H, L, S), or None when need_weights=False), as torch returns them; S counts the
-        keys add_bias_kv / add_zero_attn append.
+        keys add_bias_kv / add_zero_attn append. batch_first=False takes and returns (L, B, C);
+        unbatched (L, C) inputs give (L, C) and weights without the batch axis, as in torch.
 
         is_causal: torch's hint that attn_mask is the causal mask. fastattn follows the
         attn_mask given; without one (where torch raises) it applies the causal rule itself
         (bottom-right aligned, as DESIGN's masks)."""
+        layout = Layout(self.batch_first, query)
+        q = layout.features_in(query, "query")
+        k = q if key is query else layout.features_in(key, "key")
+        v = k if value is key else layout.features_in(value, "value")
+        out, w = self._call(q, k, v, layout.padding_in(key_padding_mask), need_weights,
+                            attn_mask, average_attn_weights, is_causal, layout)
+        return layout.features_out(out), layout.weights_out(w)
+
+    def _call(self, query, key, value, key_padding_mask, need_weights, attn_mask,
+              average_attn_weights, is_causal, layout):
+        """The public forward on batch-first arrays (`layout`: the caller's, for backward)."""
         C = self.embed_dim
         q = features("query", query, C)
         k = q if key is query and self.kdim == C else features("key", key, self.kdim)
@@ -368,7 +381,7 @@ class MultiheadAttention(Module):
             out = self._attention_train([(q, "q"), (k, "k"), (v, "v")], mask, ws)
             out = out.reshape(B, L, C).copy()        # the training buffer is the next step's
             _, heads, _, _, _, seed = self._saved
-            self._saved = (self._saved, (q.shape, k.shape, v.shape))
+            self._saved = (self._saved, (q.shape, k.shape, v.shape), layout)
             if not need_weights:
                 return out, None
             _, w = self._ops.F.attention(*heads, mask=mask.bias,

@@ -280,9 +280,60 @@ def check_activation(activation):
     return activations.resolve(activation)
 
 
+class Layout:
+    """Where a public call's arrays sit in torch's layouts, and the way to fastattn's
+    batch-first (B, L, C) and back: batch_first=False is (L, B, C); an unbatched input is (L, C)
+    (torch decides by the rank of the first input: 2), its key padding mask (S,). Inside,
+    every module runs batch-first; only the public calls (and backward) convert."""
+
+    __slots__ = ("batch_first", "unbatched")
+
+    def __init__(self, batch_first, first):
+        self.batch_first = batch_first
+        self.unbatched = np.ndim(first) == 2
+
+    @property
+    def identity(self):
+        return self.batch_first and not self.unbatched
+
+    def features_in(self, x, name="input"):
+        """An input (or gradient) named `name` in the caller's layout -> (B, L, C) (a view),
+        or a ValueError when its rank does not fit the layout."""
+        if x is None or self.identity:
+            return x
+        a = np.asarray(x)
+        if self.unbatched:
+            if a.ndim != 2:
+                raise ValueError(f"{name} must be unbatched (L, C) like the first input, got "
+                                 f"shape {a.shape} (give every input a batch axis or none)")
+            return a[None]
+        if a.ndim != 3:
+            raise ValueError(f"{name} must be (L, B, C) (batch_first=False) or unbatched "
+                             f"(L, C), got shape {a.shape}")
+        return a.swapaxes(0, 1)
+
+    def padding_in(self, mask):
+        """A key padding mask: (S,) -> (1, S) when unbatched."""
+        if mask is None or not self.unbatched:
+            return mask
+        m = np.asarray(mask)
+        return m[None] if m.ndim == 1 else m
+
+    def features_out(self, y):
+        """(B, L, C) -> the caller's layout (C-contiguous)."""
+        if self.identity:
+            return y
+        return y[0] if self.unbatched else np.ascontiguousarray(y.swapaxes(0, 1))
+
+    def weights_out(self, w):
+        """Attention weights (B, ...) -> without the batch axis when unbatched (torch returns
+        them batch-major whatever batch_first says)."""
+        return w[0] if w is not None and self.unbatched else w
+
+
 def check_batch_first(batch_first):
-    if not batch_first:
-        raise ValueError("fastattn modules are always batch-first: batch_first must be True")
+    """torch's batch_first flag as a bool (both layouts are taken; see Layout)."""
+    return bool(batch_first)
 
 
 def check_batch(name, x, B):

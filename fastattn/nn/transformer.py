@@ -13,8 +13,8 @@ from .attention import MultiheadAttention
 from .backends import Workspace
 from .layers import LayerNorm, Linear
 from .masks import decoder_masks, generate_square_subsequent_mask, key_bias, prepare_mask
-from .module import (Module, check_activation, check_batch, check_batch_first, check_dropout,
-                     check_positive, features, rng_from, xavier)
+from .module import (Layout, Module, check_activation, check_batch, check_batch_first,
+                     check_dropout, check_positive, features, rng_from, xavier)
 
 
 # ---- the residual stream -----------------------------------------------------------------------
@@ -108,9 +108,10 @@ def _init_cache(module, layers, memory, memory_key_padding_mask, beams, max_len)
     """A DecoderCache for `layers` over memory (B, S, C)."""
     beams = check_positive("beams", beams)
     max_len = check_positive("max_len", max_len)
-    mem = features("memory", memory, module.d_model)
+    layout = Layout(module.batch_first, memory)
+    mem = features("memory", layout.features_in(memory, "memory"), module.d_model)
     B, S, _ = mem.shape
-    kb = key_bias(memory_key_padding_mask, B, S, "memory_key_padding_mask")
+    kb = key_bias(layout.padding_in(memory_key_padding_mask), B, S, "memory_key_padding_mask")
     ws = Workspace(module._ops)
     caches = [DecoderLayerCache(layer.self_attn._init_self_cache(B * beams, max_len),
                                 layer.multihead_attn._init_cross_cache(mem, kb, ws))
@@ -121,30 +122,38 @@ def _init_cache(module, layers, memory, memory_key_padding_mask, beams, max_len)
 # ---- layers ------------------------------------------------------------------------------------
 
 def _encoder_call(module, src, mask, key_padding_mask, is_causal, mask_name):
-    """The public forward shared by an encoder layer and an encoder stack: (B, S, C) in/out."""
-    x = features("src", src, module.d_model)
+    """The public forward shared by an encoder layer and an encoder stack: (B, S, C) in/out
+    (or the module's torch layout: see module.Layout)."""
+    layout = Layout(module.batch_first, src)
+    x = features("src", layout.features_in(src, "src"), module.d_model)
+    key_padding_mask = layout.padding_in(key_padding_mask)
     B, S, C = x.shape
     if B == 0:
-        return np.zeros((B, S, C), np.float32)
+        return layout.features_out(np.zeros((B, S, C), np.float32))
     m = prepare_mask(mask_name, mask, key_padding_mask, B, module.nhead, S, S, is_causal,
                      "src_key_padding_mask")
     ws = module._workspace()
     out = module._forward(_stream(x, ws, module), m, ws, B).reshape(B, S, C).copy()
     if ws.training:
         module._saved_shapes = (x.shape,)
-    return out
+        module._saved_layout = layout
+    return layout.features_out(out)
 
 
 def _decoder_call(module, tgt, memory, tgt_mask=None, memory_mask=None,
                   tgt_key_padding_mask=None, memory_key_padding_mask=None, tgt_is_causal=False,
                   memory_is_causal=False):
-    """The public forward shared by a decoder layer and a decoder stack: (B, T, C) out."""
-    x = features("tgt", tgt, module.d_model)
-    mem = features("memory", memory, module.d_model)
+    """The public forward shared by a decoder layer and a decoder stack: (B, T, C) out (or
+    the module's torch layout: see module.Layout)."""
+    layout = Layout(module.batch_first, tgt)
+    x = features("tgt", layout.features_in(tgt, "tgt"), module.d_model)
+    mem = features("memory", layout.features_in(memory, "memory"), module.d_model)
+    tgt_key_padding_mask = layout.padding_in(tgt_key_padding_mask)
+    memory_key_padding_mask = layout.padding_in(memory_key_padding_mask)
     B, T, C = x.shape
     check_batch("memory", mem, B)
     if B == 0:
-        return np.zeros((B, T, C), np.float32)
+        return layout.features_out(np.zeros((B, T, C), np.float32))
     tm, mm = decoder_masks(module.nhead, B, T, mem.shape[1], tgt_mask, memory_mask,
                            tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal,
                            memory_is_causal)
@@ -154,7 +163,8 @@ def _decoder_call(module, tgt, memory, tgt_mask=None, memory_mask=None,
     out = module._forward(_stream(x, ws, module), mem, tm, mm, ws, B).reshape(B, T, C).copy()
     if ws.training:
         module._saved_shapes = (x.shape, mem.shape)
-    return out
+        module._saved_layout = layout
+    return layout.features_out(out)
 
 
 def _public_backward(module, grad_output, decoder):
@@ -164,17 +174,18 @@ def _public_backward(module, grad_output, decoder):
         raise RuntimeError(f"{type(module).__name__}.backward: no training-mode forward to "
                            "differentiate (call model.train() and run a forward first)")
     module._saved_shapes = None
-    d = features("grad_output", grad_output, module.d_model)
+    layout = module._saved_layout
+    d = features("grad_output", layout.features_in(grad_output, "grad_output"), module.d_model)
     if d.shape != shapes[0]:
-        raise ValueError(f"{type(module).__name__}.backward: grad_output must be {shapes[0]}, "
-                         f"got {d.shape}")
+        raise ValueError(f"{type(module).__name__}.backward: grad_output must be {shapes[0]} "
+                         f"(batch-first), got {d.shape}")
     d2 = d.reshape(-1, module.d_model)
     bufs = module._bufs()
     if not decoder:
-        return module._backward(d2, bufs).reshape(shapes[0]).copy()
+        return layout.features_out(module._backward(d2, bufs).reshape(shapes[0]).copy())
     dmem = _zeros(bufs, "grad.memory", (shapes[1][0] * shapes[1][1], module.d_model))
     d_tgt = module._backward(d2, dmem, bufs).reshape(shapes[0]).copy()
-    return d_tgt, dmem.reshape(shapes[1]).copy()
+    return layout.features_out(d_tgt), layout.features_out(dmem.reshape(shapes[1]).copy())
 
 
 def _zeros(bufs, key, shape):
@@ -224,14 +235,14 @@ class TransformerEncoderLayer(Module):
                  layer_norm_eps=1e-5, batch_first=True, norm_first=False, bias=True, *,
                  backend="fast", seed=None):
         super().__init__(backend)
-        check_batch_first(batch_first)
+        self.batch_first = check_batch_first(batch_first)
         rng = rng_from(seed)
         self.d_model, self.nhead = d_model, nhead
         self.activation = check_activation(activation)
         self.norm_first = bool(norm_first)
         self.dropout = check_dropout(dropout)
         self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
-                                            backend=backend, seed=rng)
+                                            batch_first=batch_first, backend=backend, seed=rng)
         self.linear1 = Linear(d_model, dim_feedforward, bias=bias, backend=backend, seed=rng)
         self.linear2 = Linear(dim_feedforward, d_model, bias=bias, backend=backend, seed=rng)
         self.norm1 = LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)
@@ -371,7 +382,8 @@ class TransformerDecoderLayer(TransformerEncoderLayer):
         super().__init__(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
                          batch_first, norm_first, bias, backend=backend, seed=rng)
         self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
-                                                 backend=backend, seed=rng)
+                                                 batch_first=batch_first, backend=backend,
+                                                 seed=rng)
         self.norm3 = LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)
 
     def _block(self, x, self_attn, cross_attn, ws):
@@ -460,6 +472,7 @@ class _Stack(Module):
         self.layers = [copy.deepcopy(layer) for _ in range(num_layers)]
         self.norm = norm
         self.d_model, self.nhead = layer.d_model, layer.nhead
+        self.batch_first = layer.batch_first        # torch reads it from the layer too
         self.to_backend(self.backend)
 
     def _final_norm(self, x, ws):
@@ -577,7 +590,7 @@ class Transformer(Module):
                  custom_decoder=None, layer_norm_eps=1e-5, batch_first=True, norm_first=False,
                  bias=True, *, backend="fast", seed=None):
         super().__init__(backend)
-        check_batch_first(batch_first)
+        self.batch_first = check_batch_first(batch_first)
         self.d_model = check_positive("d_model", d_model)
         self.nhead = check_positive("nhead", nhead)
         if d_model % nhead:
@@ -595,7 +608,7 @@ class Transformer(Module):
         rng = rng_from(seed)
         kw = dict(dim_feedforward=dim_feedforward, activation=activation,
                   layer_norm_eps=layer_norm_eps, norm_first=norm_first, bias=bias,
-                  backend=backend)
+                  batch_first=self.batch_first, backend=backend)
         kw["dropout"] = dropout
         enc = TransformerEncoderLayer(d_model, nhead, seed=rng, **kw) \
             if custom_encoder is None else None
@@ -629,23 +642,27 @@ class Transformer(Module):
 
     def __call__(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None,
                  src_key_padding_mask=None, tgt_key_padding_mask=None,
-                 memory_key_padding_mask=None, src_is_causal=None, tgt_is_causal=False,
+                 memory_key_padding_mask=None, src_is_causal=None, tgt_is_causal=None,
                  memory_is_causal=False):
-        """src (B, S, C), tgt (B, T, C) -> (B, T, C)."""
-        return self._forward(None, src, tgt, src_mask, tgt_mask, memory_mask,
-                             src_key_padding_mask, tgt_key_padding_mask,
-                             memory_key_padding_mask, src_is_causal, tgt_is_causal,
-                             memory_is_causal)
+        """src (B, S, C), tgt (B, T, C) -> (B, T, C) (batch_first=False: (S, B, C), (T, B, C)
+        -> (T, B, C); unbatched: (S, C), (T, C) -> (T, C))."""
+        layout = Layout(self.batch_first, src)
+        out = self._forward(None, layout, src, tgt, src_mask, tgt_mask, memory_mask,
+                            src_key_padding_mask, tgt_key_padding_mask,
+                            memory_key_padding_mask, src_is_causal, tgt_is_causal,
+                            memory_is_causal)
+        return layout.features_out(out)
 
     def attention_weights(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None,
                           src_key_padding_mask=None, tgt_key_padding_mask=None,
                           memory_key_padding_mask=None, src_is_causal=None,
-                          tgt_is_causal=False, memory_is_causal=False):
+                          tgt_is_causal=None, memory_is_causal=False):
         """The attention weights of every layer for src (B, S, C), tgt (B, T, C), from an
         inference pass with the forward's arguments, masks and math (eval mode only: a
         RuntimeError in train mode) -> {"encoder": [(B, H, S, S) per layer], "decoder":
-        [(B, H, T, T) per layer], "cross": [(B, H, T, S) per layer]}, float32. A row sums to
-        1, or is zeros where the masks leave its query no key."""
+        [(B, H, T, T) per layer], "cross": [(B, H, T, S) per layer]}, float32 (batch-major
+        whatever batch_first says; no batch axis for unbatched inputs). A row sums to 1, or is
+        zeros where the masks leave its query no key."""
         for name in self.custom_parts:
             stack = name[len("custom_"):]
             if not self._own(stack):
@@ -653,19 +670,26 @@ class Transformer(Module):
                                 f"fastattn's own Transformer{stack.capitalize()}; the {stack} "
                                 f"({name}) is {_describe_type(getattr(self, stack))}")
         rec = recording_workspace(self, "attention_weights")
-        out = self._forward(rec, src, tgt, src_mask, tgt_mask, memory_mask,
+        layout = Layout(self.batch_first, src)
+        out = self._forward(rec, layout, src, tgt, src_mask, tgt_mask, memory_mask,
                             src_key_padding_mask, tgt_key_padding_mask,
                             memory_key_padding_mask, src_is_causal, tgt_is_causal,
                             memory_is_causal)
-        return collect_weights(self, rec.weights, out.shape[0], np.shape(src)[1], out.shape[1])
+        S = np.shape(layout.features_in(src, "src"))[1]
+        weights = collect_weights(self, rec.weights, out.shape[0], S, out.shape[1])
+        return {kind: [layout.weights_out(w) for w in ws] for kind, ws in weights.items()}
 
-    def _forward(self, ws, src, tgt, src_mask, tgt_mask, memory_mask, src_key_padding_mask,
-                 tgt_key_padding_mask, memory_key_padding_mask, src_is_causal, tgt_is_causal,
-                 memory_is_causal):
+    def _forward(self, ws, layout, src, tgt, src_mask, tgt_mask, memory_mask,
+                 src_key_padding_mask, tgt_key_padding_mask, memory_key_padding_mask,
+                 src_is_causal, tgt_is_causal, memory_is_causal):
         """The forward in workspace ws (a recording one; None: this module's own, training
-        or inference) -> (B, T, C)."""
-        x = features("src", src, self.d_model)
-        y = features("tgt", tgt, self.d_model)
+        or inference) of inputs in `layout` -> (B, T, C), batch-first. Custom parts are called
+        in the caller's layout, as torch calls them."""
+        x = features("src", layout.features_in(src, "src"), self.d_model)
+        y = features("tgt", layout.features_in(tgt, "tgt"), self.d_model)
+        src_key_padding_mask = layout.padding_in(src_key_padding_mask)
+        tgt_key_padding_mask = layout.padding_in(tgt_key_padding_mask)
+        memory_key_padding_mask = layout.padding_in(memory_key_padding_mask)
         B, S, C = x.shape
         check_batch("tgt", y, B)
         T = y.shape[1]
@@ -679,9 +703,11 @@ class Transformer(Module):
             memory = self.encoder._forward(_stream(x, ws, self, "src"), sm, ws, B).reshape(
                 B, S, C)
         else:
-            memory = _custom_output("custom_encoder", self.encoder(
-                x, mask=src_mask, src_key_padding_mask=src_key_padding_mask,
-                is_causal=src_is_causal), B, None, C)
+            memory = self.encoder(layout.features_out(x), mask=src_mask,
+                                  src_key_padding_mask=_unpad(layout, src_key_padding_mask),
+                                  is_causal=src_is_causal)
+            memory = _custom_output("custom_encoder", layout.features_in(
+                memory, "the memory custom_encoder returned"), B, None, C)
             if ws.training:        # kept for the decoder's backward, whatever the part does
                 memory = _stream(memory, ws, self, "memory").reshape(memory.shape)
         if self._own("decoder"):
@@ -693,28 +719,33 @@ class Transformer(Module):
             mem_ws = ws if ws.training else Workspace(self._ops, weights=ws.weights)
             out = dec._forward(_stream(y, mem_ws, self, "tgt"), memory, tm, mm, mem_ws, B)
         else:
-            out = _custom_output("custom_decoder", self.decoder(
-                y, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
-                tgt_key_padding_mask=tgt_key_padding_mask,
-                memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=tgt_is_causal,
-                memory_is_causal=memory_is_causal), B, T, C)
+            out = self.decoder(
+                layout.features_out(y), layout.features_out(memory), tgt_mask=tgt_mask,
+                memory_mask=memory_mask,
+                tgt_key_padding_mask=_unpad(layout, tgt_key_padding_mask),
+                memory_key_padding_mask=_unpad(layout, memory_key_padding_mask),
+                tgt_is_causal=tgt_is_causal, memory_is_causal=memory_is_causal)
+            out = _custom_output("custom_decoder", layout.features_in(
+                out, "the output custom_decoder returned"), B, T, C)
         if ws.training:
             self._saved_shapes = (x.shape, y.shape, memory.shape)
+            self._saved_layout = layout
         return out.reshape(B, T, C).copy()
 
     def backward(self, grad_output):
         """After a training-mode forward: accumulates every parameter's gradient and returns
-        (d_src, d_tgt). Custom parts run their own backward: the decoder's returns (d_tgt,
-        d_memory), the encoder's d_src."""
+        (d_src, d_tgt), in the inputs' layout. Custom parts run their own backward: the
+        decoder's returns (d_tgt, d_memory), the encoder's d_src."""
         shapes = getattr(self, "_saved_shapes", None)
         if shapes is None:
             raise RuntimeError("Transformer.backward: no training-mode forward to "
                                "differentiate (call model.train() and run a forward first)")
         self._saved_shapes = None
-        d = features("grad_output", grad_output, self.d_model)
+        layout = self._saved_layout
+        d = features("grad_output", layout.features_in(grad_output, "grad_output"), self.d_model)
         if d.shape != shapes[1]:
-            raise ValueError(f"Transformer.backward: grad_output must be {shapes[1]}, "
-                             f"got {d.shape}")
+            raise ValueError(f"Transformer.backward: grad_output must be {shapes[1]} "
+                             f"(batch-first), got {d.shape}")
         src_shape, tgt_shape, mem_shape = shapes
         C = self.d_model
         bufs = self._bufs()
@@ -723,16 +754,19 @@ class Transformer(Module):
             d_tgt = self.decoder._backward(d.reshape(-1, C), dmem, bufs).reshape(
                 tgt_shape).copy()
         else:
-            d_tgt, dmem = self.decoder.backward(d)
-            d_tgt = _custom_output("custom_decoder.backward's d_tgt", d_tgt, *tgt_shape)
-            dmem = _custom_output("custom_decoder.backward's d_memory", dmem,
-                                  *mem_shape).reshape(-1, C)
+            d_tgt, dmem = self.decoder.backward(layout.features_out(d))
+            d_tgt = _custom_output("custom_decoder.backward's d_tgt", layout.features_in(
+                d_tgt, "custom_decoder.backward's d_tgt"), *tgt_shape)
+            dmem = _custom_output("custom_decoder.backward's d_memory", layout.features_in(
+                dmem, "custom_decoder.backward's d_memory"), *mem_shape).reshape(-1, C)
         if self._own("encoder"):
-            d_src = self.encoder._backward(dmem, bufs).reshape(src_shape).copy()
+            d_src = self.encoder._backward(np.ascontiguousarray(dmem), bufs).reshape(
+                src_shape).copy()
         else:
-            d_src = _custom_output("custom_encoder.backward's d_src",
-                                   self.encoder.backward(dmem.reshape(mem_shape)), *src_shape)
-        return d_src, d_tgt
+            d_src = self.encoder.backward(layout.features_out(dmem.reshape(mem_shape)))
+            d_src = _custom_output("custom_encoder.backward's d_src", layout.features_in(
+                d_src, "custom_encoder.backward's d_src"), *src_shape)
+        return layout.features_out(d_src), layout.features_out(d_tgt)
 
     @staticmethod
     def generate_square_subsequent_mask(sz):
@@ -754,6 +788,11 @@ def _check_custom(name, part, d_model):
                         "load_state_dict) or a callable over NumPy arrays")
     if not callable(part):
         raise TypeError(f"Transformer: {name} must be callable, got {_describe_type(part)}")
+
+
+def _unpad(layout, mask):
+    """A key padding mask back in the caller's layout ((S,) when unbatched)."""
+    return mask[0] if mask is not None and layout.unbatched else mask
 
 
 def _custom_output(name, out, B, L, C):
