@@ -227,7 +227,13 @@ def collect_weights(transformer, weights, B, S, T):
 
 class TransformerEncoderLayer(Module):
     """torch.nn.TransformerEncoderLayer: self-attention and FFN, each with add & norm
-    (post-LN: x = norm(x + f(x)); norm_first: x = x + f(norm(x)))."""
+    (post-LN: x = norm(x + f(x)); norm_first: x = x + f(norm(x))).
+
+    ``activation``: "relu" / "gelu" (fused into the FFN kernel), torch's relu / gelu callables
+    (the same, by name), GELU(approximate="tanh") or "gelu_tanh" (unfused: linear1, the
+    activation, linear2), or any other callable, run as a plain Python function over
+    linear1's (N, dim_feedforward) float32 NumPy output (unfused; inference only: train()
+    raises). ``self.activation`` holds the name, or that callable."""
 
     _children = ("self_attn", "linear1", "linear2", "norm1", "norm2")
 

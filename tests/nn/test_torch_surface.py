@@ -860,3 +860,95 @@ def test_custom_part_in_seq_first_layout(rng):
     assert shapes == [(S, B, C)] and out.shape == (T, B, C)
     assert_backends_close(out, fm.decoder(to_layout(tgt, "seq_first"),
                                           to_layout(src, "seq_first")))
+
+
+# ----------------------------------------------------------------------------------------------
+# cases from torch's own MultiheadAttention unit tests (test/nn/test_multihead_attention.py)
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_case_in_proj_weight_none(rng, backend):
+    """kdim = vdim = 2 != embed_dim 4 (4 heads of 1 feature), torch's default layout
+    (batch_first=False): separate projection weights, no in_proj_weight. fastattn computes in
+    float32 (a float64 input is converted; torch would answer in float64)."""
+    torch = requires_torch()
+    torch.manual_seed(13)
+    tm = torch.nn.MultiheadAttention(4, 4, vdim=2, kdim=2)
+    perturb(torch, tm, 13)
+    fm = twin(tm, fnn.MultiheadAttention(4, 4, vdim=2, kdim=2, batch_first=False,
+                                         backend=backend))
+    assert fm.in_proj_weight is None and tm.in_proj_weight is None
+    q, k = rng.random((4, 4, 4)), rng.random((4, 4, 2))             # float64, as torch's test
+    ref, ref_w = run_torch_mha(torch, tm.eval(), q.astype(np.float32), k.astype(np.float32),
+                               k.astype(np.float32))
+    out, w = fm(q, k, k)
+    assert out.dtype == np.float32
+    assert_rel(out, ref, rel=REL)
+    assert_rel(w, ref_w, rel=REL, name="weights")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_case_3d_mask_equals_per_batch_2d(rng, backend):
+    """A (B * H, L, S) mask repeating a per-batch (L, S) mask gives, batch by batch, what
+    that 2-D mask gives."""
+    m = fnn.MultiheadAttention(8, 4, backend=backend, seed=14)
+    m.in_proj_bias[...] = rng.standard_normal(24)
+    q, k = rng.random((8, 2, 8)), rng.random((8, 3, 8))
+    mask = np.where(rng.random((8, 2, 3)) < 0.5, -np.inf, 0.0).astype(np.float32)
+    mask[..., 0] = 0.0
+    out3, _ = m(q, k, k, attn_mask=np.repeat(mask, 4, axis=0))
+    for i in range(8):
+        out2, _ = m(q[i:i + 1], k[i:i + 1], k[i:i + 1], attn_mask=mask[i])
+        assert_backends_close(out3[i:i + 1], out2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_torch_case_two_masks_fully_masked_rows(need_weights, backend):
+    """torch's two-masks case: random bool attn_mask and key padding mask, so some query rows
+    have no allowed key. Those are NaN in torch (or whatever its fast path leaves) and zeros
+    from attention here (the row is out_proj's bias); every other row equals torch."""
+    torch = requires_torch()
+    rng = np.random.default_rng(15)
+    tm, fm = mha_twins(torch, {}, backend, heads=8, seed=15)
+    x = rng.random((8, 5, C)).astype(np.float32)
+    attn_mask = rng.random((5, 5)) < 0.5
+    kpm = rng.random((8, 5)) < 0.5
+    blocked = (attn_mask[None] | kpm[:, None, :]).all(-1)                     # (B, L)
+    assert blocked.any() and not blocked.all()
+    ref, ref_w = run_torch_mha(torch, tm, x, x, x, attn_mask=attn_mask, key_padding_mask=kpm,
+                               need_weights=need_weights)
+    out, w = fm(x, x, x, attn_mask=attn_mask, key_padding_mask=kpm, need_weights=need_weights)
+    assert np.isfinite(out).all()
+    assert_rel(out[~blocked], ref[~blocked], rel=REL)
+    assert np.array_equal(out[blocked], np.broadcast_to(fm.out_proj.bias, out[blocked].shape))
+    if need_weights:
+        assert_rel(w[~blocked], ref_w[~blocked], rel=REL, name="weights")
+        assert np.all(w[blocked] == 0)
+
+
+@pytest.mark.parametrize("call,msg", [
+    (lambda m, x, x2: m(x, x2, x), r"key must be \(B, L, d_model\)"),
+    (lambda m, x, x2: m(x, x, x2), r"value must be \(B, L, d_model\)"),
+    (lambda m, x, x2: m(x, x, x, key_padding_mask=np.array([0, 0, 1, 1], bool)),
+     r"key_padding_mask must be \(B, S\) = \(4, 4\)"),
+    (lambda m, x, x2: m(x, x, x, attn_mask=np.array([0, 0, 1, 1], bool)),
+     r"attn_mask must be \(L, S\) = \(4, 4\) or \(B\*nhead, L, S\)"),
+    (lambda m, x, x2: m(x2, x, x2), r"key must be unbatched"),
+    (lambda m, x, x2: m(x2, x2, x), r"value must be unbatched"),
+    (lambda m, x, x2: m(x2, x2, x2, key_padding_mask=np.zeros((2, 4), bool)),
+     r"key_padding_mask must be \(B, S\) = \(1, 4\)"),
+    (lambda m, x, x2: m(x2, x2, x2, attn_mask=np.zeros((5, 4, 4), bool)),
+     r"attn_mask must be .*\(4, 4, 4\), got \(5, 4, 4\)"),
+])
+def test_torch_case_invalid_shapes_named(call, msg):
+    """torch's invalid-shape cases (batched and unbatched): a ValueError naming the argument
+    and the shape expected (torch raises AssertionError)."""
+    m = fnn.MultiheadAttention(4, 4)
+    with pytest.raises(ValueError, match=msg):
+        call(m, np.zeros((4, 4, 4), np.float32), np.zeros((4, 4), np.float32))
+
+
+def test_torch_case_bias_false_has_no_projection_biases():
+    m = fnn.MultiheadAttention(8, 4, bias=False)
+    assert m.in_proj_bias is None and m.out_proj.bias is None
+    assert list(m.state_dict()) == ["in_proj_weight", "out_proj.weight"]
