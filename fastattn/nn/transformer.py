@@ -574,9 +574,8 @@ class TransformerDecoder(_Stack):
         return out.copy()
 
 
-
 class Transformer(Module):
-    """torch.nn.Transformer (batch-first): encoder and decoder stacks, each ending in a
+    """torch.nn.Transformer: encoder and decoder stacks, each ending in a
     LayerNorm as torch builds them (so a post-LN model has two norms in a row at the end).
 
     ``custom_encoder`` / ``custom_decoder`` replace a stack, as in torch (and are re-initialised
