@@ -63,10 +63,20 @@ QUANTIZED = {"int8": "I8", "bf16": "BF16"}
 def save(model, path):
     """Write `model` (Transformer or Seq2SeqTransformer, float32 or quantized) to `path` in
     safetensors format. The file is written beside `path` and renamed over it, so a reader
-    never sees half a file."""
+    never sees half a file. A model the stored config cannot rebuild (a custom_encoder /
+    custom_decoder, an activation that is a plain Python function) is refused with a
+    ValueError."""
     name = type(model).__name__
     if name not in SAVABLE or not isinstance(model, SAVABLE[name]):
         raise TypeError(f"save: can save {', '.join(SAVABLE)}, got {type(model).__name__}")
+    custom = getattr(model, "custom_parts", ())
+    if custom:
+        raise ValueError(f"save: this {name} was built with {' and '.join(custom)}, which "
+                         "its config cannot rebuild; save model.state_dict() yourself")
+    if not isinstance(model.config["activation"], str):
+        raise ValueError(f"save: activation is the Python callable "
+                         f"{model.config['activation']!r}, which a file cannot hold (torch's "
+                         "relu / gelu callables are saved by name; any other is not)")
     compute_type = model.compute_type
     if compute_type == "mixed":
         raise ValueError("save: parts of the model were quantized to different types; "

@@ -1,8 +1,17 @@
-"""torch.nn-shaped Transformer modules over the kernels (batch-first always).
+"""torch.nn-shaped Transformer modules over the kernels (batch-first inside).
 
 Names, constructor arguments, forward arguments, defaults and state_dict keys follow torch.nn,
 so a model trained there loads here as it is (see ``Module.load_state_dict``). Parameters are
-NumPy float32 arrays held in attributes named exactly as torch's state_dict keys.
+NumPy float32 arrays held in attributes named exactly as torch's state_dict keys. One default
+differs: ``batch_first`` is True here (torch's is False); ``batch_first=False`` and unbatched
+(L, C) inputs are taken as torch takes them and converted at the public calls.
+
+torch's other options are followed too: ``activation`` as torch's callables (``F.relu``,
+``F.gelu``, ``nn.ReLU()``, ``nn.GELU(approximate=...)``, recognised by name; see
+``activations``) or a plain function over NumPy (inference only, unfused);
+MultiheadAttention's ``kdim`` / ``vdim``, ``add_bias_kv``, ``add_zero_attn``;
+Transformer's ``custom_encoder`` / ``custom_decoder``; TransformerEncoder's
+``enable_nested_tensor`` / ``mask_check`` (accepted, no effect: no nested tensors here).
 
 Every module takes ``backend="fast"`` (the C kernels, buffers reused across layers) or
 ``backend="reference"`` (the NumPy twin, written the way a prototype would be); both give the
@@ -14,7 +23,8 @@ Training: ``model.train()`` makes forwards apply dropout (where torch applies it
 backward and decode step sit together in its module.
 
 Masks use torch's conventions (``masks``). A query with no allowed key gives zeros where torch
-gives NaN.
+gives NaN. ``is_causal`` / ``tgt_is_causal`` are hints, as in torch: a mask given is followed;
+without one (where torch raises) the causal rule is applied.
 
 Decoding goes through the layers: a decoder layer, a decoder stack and a Seq2SeqTransformer
 each have ``init_cache(...)`` and ``step(...)``, one position at a time over a cache whose
@@ -29,6 +39,7 @@ only); the ordinary forward keeps its fused attention and never stores a weight.
 The package:
     module       Module: parameters, state_dict, backends, derived (packed) weights
     backends     the op tables (fast, reference) and the activation workspace
+    activations  torch's activation argument -> a fused name, or the unfused math
     masks        torch-convention masks -> the kernels' form, for forward and decoding alike
     layers       Linear, Embedding, LayerNorm, PositionalEncoding, TokenEmbedding
     attention    MultiheadAttention and its key/value caches

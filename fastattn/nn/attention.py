@@ -4,13 +4,15 @@ One set of pieces serves the forward and the decode step: the input projections 
 the attention plus output projection (``_attend``); a decode step differs only in where keys and
 values come from (a cache written in place) and in streaming packed weights for its few rows.
 """
+import math
+
 import numpy as np
 
 from .backends import _put
 from .layers import Linear
 from .masks import NO_MASK, Mask, prepare_mask
-from .module import (Module, check_batch_first, check_dropout, check_positive, features,
-                     rng_from, xavier)
+from .module import (Layout, Module, check_batch_first, check_dropout, check_positive,
+                     features, rng_from, xavier)
 
 
 # in_proj rows of each projection, in units of embed_dim: q | k | v
@@ -66,41 +68,92 @@ class MultiheadAttention(Module):
 
     Self-attention (query is key is value) runs one GEMM for q, k and v; cross-attention (key
     is value) one for q and one for k|v; heads are read in place through strides.
+
+    torch's other options, with torch's keys: ``kdim`` / ``vdim`` other than embed_dim give
+    separate q_proj_weight (C, C), k_proj_weight (C, kdim) and v_proj_weight (C, vdim) (no
+    in_proj_weight; in_proj_bias stays packed); ``add_bias_kv`` appends the learned bias_k /
+    bias_v (1, 1, C) as one more projected key and value, ``add_zero_attn`` a zero key and
+    value after them; masks are padded for them as torch pads its masks (every query may see
+    them). These run the general path (one GEMM per projection), and train.
     """
 
-    _params = ("in_proj_weight", "in_proj_bias")
-    _quantizable = ("in_proj_weight",)
+    _params = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight",
+               "in_proj_bias", "bias_k", "bias_v")
+    _quantizable = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight")
     _children = ("out_proj",)
 
-    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, batch_first=True, *,
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
+                 add_zero_attn=False, kdim=None, vdim=None, batch_first=True, *,
                  backend="fast", seed=None):
         super().__init__(backend)
-        check_batch_first(batch_first)
+        self.batch_first = check_batch_first(batch_first)
         self.embed_dim = check_positive("embed_dim", embed_dim)
         self.num_heads = check_positive("num_heads", num_heads)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
+        self.kdim = embed_dim if kdim is None else check_positive("kdim", kdim)
+        self.vdim = embed_dim if vdim is None else check_positive("vdim", vdim)
+        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
         self.head_dim = embed_dim // num_heads
         self.dropout = check_dropout(dropout)
+        self.add_zero_attn = bool(add_zero_attn)
         rng = rng_from(seed)
-        self.in_proj_weight = xavier(rng, (3 * embed_dim, embed_dim))
+        self.in_proj_weight = self.q_proj_weight = self.k_proj_weight = None
+        self.v_proj_weight = None
+        if self._qkv_same_embed_dim:
+            self.in_proj_weight = xavier(rng, (3 * embed_dim, embed_dim))
+        else:
+            self.q_proj_weight = xavier(rng, (embed_dim, embed_dim))
+            self.k_proj_weight = xavier(rng, (embed_dim, self.kdim))
+            self.v_proj_weight = xavier(rng, (embed_dim, self.vdim))
         self.in_proj_bias = np.zeros(3 * embed_dim, np.float32) if bias else None
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias, backend=backend, seed=rng)
         if bias:
             self.out_proj.bias[...] = 0.0
+        self.bias_k = self.bias_v = None
+        if add_bias_kv:                        # torch: xavier_normal_ on (1, 1, C)
+            std = math.sqrt(1.0 / embed_dim)
+            self.bias_k, self.bias_v = (
+                (rng.standard_normal((1, 1, embed_dim)) * std).astype(np.float32)
+                for _ in range(2))
+
+    @property
+    def _extra_keys(self):
+        """Keys appended after the given ones: bias_k (add_bias_kv), then a zero key."""
+        return int(self.bias_k is not None) + int(self.add_zero_attn)
 
     # -- pieces shared by the forward and the decode step -------------------------------------
     def _project(self, x, part, ws, key):
-        """x (N, C) @ in_proj_weight[rows].T + in_proj_bias[rows] -> (N, len(rows)); part is
-        "qkv", "q" or "kv" (rows 0:3C, 0:C, C:3C)."""
+        """x (N, K) @ in_proj_weight[rows].T + in_proj_bias[rows] -> (N, len(rows)); part is
+        "qkv", "q", "kv", "k" or "v" (rows 0:3C, 0:C, C:3C, C:2C, 2C:3C). With separate
+        projection weights (kdim / vdim), part is one letter and its own weight is used."""
         C = self.embed_dim
-        lo, hi = {"qkv": (0, 3 * C), "q": (0, C), "kv": (C, 3 * C)}[part]
-        w = self.in_proj_weight[lo:hi]
-        b = None if self.in_proj_bias is None else self.in_proj_bias[lo:hi]
+        lo, hi = (C * i for i in _PARTS[part])
+        w, b = self._in_proj(part)
         packed = None
-        if ws.decode and lo == 0:                 # decode steps project their queries (q, qkv)
+        if ws.decode and self.in_proj_weight is None:
+            packed = self._packed(part, w)
+        elif ws.decode and lo == 0:               # decode steps project their queries (q, qkv)
             packed = self._packed(part, self.in_proj_weight, hi)
         return self._ops.linear(x, w, b, out=ws.get(key, (x.shape[0], hi - lo)), packed=packed)
+
+    def _with_extra_keys(self, y, part, out=None):
+        """y (B, S, C), projected keys (part "k") or values ("v") -> (B, S + extra, C): the
+        bias_k / bias_v row (add_bias_kv), then a zero row (add_zero_attn), after the S rows,
+        as torch appends them; into `out` when given. Queries (and no extra key) pass as
+        they are."""
+        extra = self._extra_keys
+        if not extra or part not in ("k", "v"):
+            return y
+        B, S, C = y.shape
+        if out is None:
+            out = np.empty((B, S + extra, C), np.float32)
+        out[:, :S] = y
+        if self.bias_k is not None:
+            out[:, S] = (self.bias_k if part == "k" else self.bias_v).reshape(C)
+        if self.add_zero_attn:
+            out[:, S + extra - 1] = 0.0
+        return out
 
     def _heads(self, x, part, parts):
         """(B, L, parts*C) -> the `part`-th (B, H, L, D) view, no copy."""
@@ -145,12 +198,24 @@ class MultiheadAttention(Module):
 
     # -- training: the forward that keeps what the backward needs, and the backward -----------
     def _in_proj(self, part):
-        """(weight rows, bias rows) of in_proj for `part` ("qkv", "q", "kv", "k" or "v")."""
+        """(weight rows, bias rows) of in_proj for `part` ("qkv", "q", "kv", "k" or "v"); with
+        separate projection weights (kdim / vdim) part is one letter, and its weight whole."""
         C = self.embed_dim
         lo, hi = _PARTS[part]
         b = self.in_proj_bias
-        return (self.in_proj_weight[lo * C:hi * C],
-                None if b is None else b[lo * C:hi * C])
+        b = None if b is None else b[lo * C:hi * C]
+        if self.in_proj_weight is None:
+            return getattr(self, part + "_proj_weight"), b
+        return self.in_proj_weight[lo * C:hi * C], b
+
+    def _in_proj_grads(self, part):
+        """The gradient buffers (weight, bias or None) matching _in_proj(part)."""
+        C = self.embed_dim
+        lo, hi = _PARTS[part]
+        gb = None if self.in_proj_bias is None else self._grad("in_proj_bias")[lo * C:hi * C]
+        if self.in_proj_weight is None:
+            return self._grad(part + "_proj_weight"), gb
+        return self._grad("in_proj_weight")[lo * C:hi * C], gb
 
     def _attention_train(self, inputs, mask, ws):
         """A training forward -> (B*Lq, C) rows from out_proj. `inputs` lists (x (B, L, C),
@@ -163,12 +228,16 @@ class MultiheadAttention(Module):
         bufs = self._bufs()
         proj, heads = [], {}
         for x, part in inputs:
-            B, L, _ = x.shape
-            x2 = x.reshape(B * L, C)
+            B, L, K = x.shape
+            x2 = x.reshape(B * L, K)
             w, b = self._in_proj(part)
             y = self._ops.linear_train(x2, w, b, None, bufs.get(part, (B * L, len(part) * C)),
                                        None)
             proj.append((x2, part))
+            if part in ("k", "v") and self._extra_keys:     # bias_k / zero key appended
+                y = self._with_extra_keys(
+                    y.reshape(B, L, C), part,
+                    bufs.get("ext." + part, (B, L + self._extra_keys, C))).reshape(-1, C)
             heads.update(self._part_heads(y, part, B))
         q, k, v = heads["q"], heads["k"], heads["v"]
         B, _, Lq, _ = q.shape
@@ -194,35 +263,49 @@ class MultiheadAttention(Module):
         C = H * D
         dctx = self.out_proj._backward(dy, bufs.get("attn.dctx", (B * Lq, C)))
         dout = dctx.reshape(B, Lq, H, D).transpose(0, 2, 1, 3)               # (B, H, Lq, D)
+        extra = self._extra_keys
         dproj, dheads = [], {}
         for x2, part in proj:                 # dq, dk, dv written in the projections' layout
-            d = bufs.get("attn.d" + part, (x2.shape[0], len(part) * C))
+            rows = x2.shape[0] + (B * extra if part in ("k", "v") else 0)
+            d = bufs.get("attn.d" + part, (rows, len(part) * C))
             dproj.append(d)
             dheads.update(self._part_heads(d, part, B))
         self._ops.attention_backward(dout, q, k, v, out, lse, mask, self.dropout, seed,
                                      dheads["q"], dheads["k"], dheads["v"])
-        gw = self._grad("in_proj_weight")
-        gb = None if self.in_proj_bias is None else self._grad("in_proj_bias")
         for (x2, part), d, dx in zip(proj, dproj, dxs):
-            lo, hi = _PARTS[part]
+            if d.shape[0] != x2.shape[0]:     # the extra keys' rows: bias_k / bias_v's grads
+                d = self._extra_keys_backward(d.reshape(B, -1, C), part, bufs)
             w, _ = self._in_proj(part)
-            self._ops.linear_backward(d, x2, w, None, None, gw[lo * C:hi * C],
-                                      None if gb is None else gb[lo * C:hi * C], dx)
+            gw, gb = self._in_proj_grads(part)
+            self._ops.linear_backward(d, x2, w, None, None, gw, gb, dx)
         return dxs
 
+    def _extra_keys_backward(self, d, part, bufs):
+        """d (B, S + extra, C), the gradient of _with_extra_keys' output -> that of its y
+        (B*S, C) (a buffer); bias_k / bias_v's gradient accumulated (the zero key has none)."""
+        B, Sx, C = d.shape
+        S = Sx - self._extra_keys
+        if self.bias_k is not None:
+            g = self._grad("bias_k" if part == "k" else "bias_v")
+            g += d[:, S].sum(axis=0).reshape(g.shape)
+        dy = bufs.get("attn.dy" + part, (B * S, C))
+        dy.reshape(B, S, C)[...] = d[:, :S]
+        return dy
+
     def backward(self, grad_output):
-        """After a training-mode forward: accumulates the gradients of in_proj_* and
-        out_proj.*, and returns (d_query, d_key, d_value) (sum them when one array was passed
+        """After a training-mode forward: accumulates the gradients of the projection weights
+        (in_proj_* or q/k/v_proj_weight), bias_k / bias_v and out_proj.*, and returns
+        (d_query, d_key, d_value), in the inputs' layout (sum them when one array was passed
         as several of the inputs)."""
-        saved, shapes = self._check_saved()
+        saved, shapes, layout = self._check_saved()
         self._saved = saved
-        dy = features("grad_output", grad_output, self.embed_dim)
+        dy = features("grad_output", layout.features_in(grad_output, "grad_output"), self.embed_dim)
         if dy.shape != shapes[0]:
-            raise ValueError(f"MultiheadAttention.backward: grad_output must be {shapes[0]}, "
-                             f"got {dy.shape}")
-        dxs = tuple(np.empty((s[0] * s[1], self.embed_dim), np.float32) for s in shapes)
+            raise ValueError(f"MultiheadAttention.backward: grad_output must be {shapes[0]} "
+                             f"(batch-first), got {dy.shape}")
+        dxs = tuple(np.empty((s[0] * s[1], s[2]), np.float32) for s in shapes)
         self._attention_backward(dy.reshape(-1, self.embed_dim), self._bufs(), dxs)
-        return tuple(d.reshape(s) for d, s in zip(dxs, shapes))
+        return tuple(layout.features_out(d.reshape(s)) for d, s in zip(dxs, shapes))
 
     # -- decode steps: one new position per row ----------------------------------------------
     def _init_self_cache(self, rows, max_len):
@@ -258,28 +341,48 @@ class MultiheadAttention(Module):
     def __call__(self, query, key, value, key_padding_mask=None, need_weights=True,
                  attn_mask=None, average_attn_weights=True, is_causal=False):
         """-> (attn_output (B, L, C), attn_weights (B, L, S) averaged over heads, or
-        (B, H, L, S), or None when need_weights=False), as torch returns them."""
+        (B, H, L, S), or None when need_weights=False), as torch returns them; S counts the
+        keys add_bias_kv / add_zero_attn append. batch_first=False takes and returns (L, B, C);
+        unbatched (L, C) inputs give (L, C) and weights without the batch axis, as in torch.
+
+        is_causal: torch's hint that attn_mask is the causal mask. fastattn follows the
+        attn_mask given; without one (where torch raises) it applies the causal rule itself
+        (bottom-right aligned, as DESIGN's masks)."""
+        layout = Layout(self.batch_first, query)
+        q = layout.features_in(query, "query")
+        k = q if key is query else layout.features_in(key, "key")
+        v = k if value is key else layout.features_in(value, "value")
+        out, w = self._call(q, k, v, layout.padding_in(key_padding_mask), need_weights,
+                            attn_mask, average_attn_weights, is_causal, layout)
+        return layout.features_out(out), layout.weights_out(w)
+
+    def _call(self, query, key, value, key_padding_mask, need_weights, attn_mask,
+              average_attn_weights, is_causal, layout):
+        """The public forward on batch-first arrays (`layout`: the caller's, for backward)."""
         C = self.embed_dim
         q = features("query", query, C)
-        k = q if key is query else features("key", key, C)
-        v = k if value is key else features("value", value, C)
+        k = q if key is query and self.kdim == C else features("key", key, self.kdim)
+        v = k if value is key and self.vdim == self.kdim else features("value", value,
+                                                                       self.vdim)
         B, L, _ = q.shape
         S = k.shape[1]
         if k.shape[0] != B or v.shape[:2] != (B, S):
             raise ValueError(f"MultiheadAttention: key {k.shape} and value {v.shape} must be "
-                             f"(B, S, C) with B = {B} from query {q.shape}")
+                             f"(B, S, kdim) and (B, S, vdim) with B = {B} from query {q.shape}")
+        extra = self._extra_keys
         if B == 0:
-            w = np.zeros((B, L, S) if average_attn_weights else (B, self.num_heads, L, S),
+            Sx = S + extra
+            w = np.zeros((B, L, Sx) if average_attn_weights else (B, self.num_heads, L, Sx),
                          np.float32)
             return np.zeros((B, L, C), np.float32), (w if need_weights else None)
         mask = prepare_mask("attn_mask", attn_mask, key_padding_mask, B, self.num_heads, L, S,
-                            is_causal)
+                            is_causal, extra_keys=extra)
         ws = self._workspace()
         if ws.training:
             out = self._attention_train([(q, "q"), (k, "k"), (v, "v")], mask, ws)
             out = out.reshape(B, L, C).copy()        # the training buffer is the next step's
             _, heads, _, _, _, seed = self._saved
-            self._saved = (self._saved, (q.shape, k.shape, v.shape))
+            self._saved = (self._saved, (q.shape, k.shape, v.shape), layout)
             if not need_weights:
                 return out, None
             _, w = self._ops.F.attention(*heads, mask=mask.bias,
@@ -287,7 +390,7 @@ class MultiheadAttention(Module):
                                          causal=mask.causal, return_weights=True,
                                          dropout_p=self.dropout, seed=seed)
             return out, (w.mean(axis=1) if average_attn_weights else w)
-        if need_weights or value is not key:
+        if need_weights or value is not key or extra or not self._qkv_same_embed_dim:
             return self._general(q, k, v, mask, need_weights, average_attn_weights, ws)
         if key is query:
             out = self._self_attention(q, mask, ws)
@@ -296,18 +399,18 @@ class MultiheadAttention(Module):
         return out.reshape(B, L, C), None
 
     def _general(self, q, k, v, mask, need_weights, average, ws):
-        """Separate q, k, v projections, and the weights when asked (torch's slow path)."""
-        C, H = self.embed_dim, self.num_heads
+        """Separate q, k, v projections (with the extra keys appended), and the weights when
+        asked (torch's slow path)."""
+        C = self.embed_dim
         B, L, _ = q.shape
         heads = []
-        for i, x in enumerate((q, k, v)):
-            rows = slice(i * C, (i + 1) * C)
-            b = None if self.in_proj_bias is None else self.in_proj_bias[rows]
-            p = self._ops.linear(x.reshape(B * x.shape[1], C), self.in_proj_weight[rows], b)
-            heads.append(p.reshape(B, x.shape[1], H, C // H).transpose(0, 2, 1, 3))
+        for x, part in ((q, "q"), (k, "k"), (v, "v")):
+            Bx, Lx, K = x.shape
+            p = self._project(x.reshape(Bx * Lx, K), part, ws, part).reshape(Bx, Lx, C)
+            heads.append(self._heads(self._with_extra_keys(p, part), 0, 1))
+        if not need_weights:
+            return self._attend(*heads, mask, ws).reshape(B, L, C), None
         ctx, w = self._ops.attention_weights(*heads, mask)
         ctx = np.ascontiguousarray(ctx.transpose(0, 2, 1, 3)).reshape(B * L, C)
         out = self.out_proj._apply(ctx, ws).reshape(B, L, C)
-        if not need_weights:
-            return out, None
         return out, (w.mean(axis=1) if average else w)

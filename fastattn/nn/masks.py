@@ -56,8 +56,10 @@ def key_bias(key_padding_mask, B, Lk, name="key_padding_mask"):
 
 
 def prepare_mask(name, attn_mask, key_padding_mask, B, H, Lq, Lk, is_causal=False,
-                 kpm_name="key_padding_mask"):
-    """torch-convention masks -> Mask, with clear errors for bad shapes or dtypes."""
+                 kpm_name="key_padding_mask", extra_keys=0):
+    """torch-convention masks -> Mask, with clear errors for bad shapes or dtypes. Lk is the
+    number of keys the caller gave; `extra_keys` more follow them (MultiheadAttention's
+    add_bias_kv / add_zero_attn), which every query may see, as torch pads its masks."""
     causal = bool(is_causal) and attn_mask is None
     bias = None
     if attn_mask is not None:
@@ -75,7 +77,25 @@ def prepare_mask(name, attn_mask, key_padding_mask, B, H, Lq, Lk, is_causal=Fals
             raise ValueError(f"{name} must be (L, S) = ({Lq}, {Lk}) or (B*nhead, L, S) = "
                              f"({B * H}, {Lq}, {Lk}), got {m.shape}")
     kb = key_bias(key_padding_mask, B, Lk, kpm_name)
+    if extra_keys:
+        bias, kb = _allow_extra_keys(bias, kb, causal, Lq, Lk, extra_keys)
+        causal = False
     return Mask(bias, None if kb is None else kb.reshape(-1), causal)
+
+
+def _allow_extra_keys(bias, kb, causal, Lq, Lk, extra):
+    """(bias, key_bias) with `extra` allowed key columns appended (torch's pad(mask, (0, 1))
+    once per extra key: 0 added, nothing blocked). A causal rule over the Lk keys given
+    becomes an explicit (Lq, Lk) array first (the kernel's causal mode would count the extra
+    keys as positions)."""
+    if causal:                                           # j <= i + (Lk - Lq), bottom right
+        blocked = np.arange(Lk)[None, :] > np.arange(Lq)[:, None] + (Lk - Lq)
+        bias = np.where(blocked, np.float32(-np.inf), np.float32(0.0))
+    if bias is not None:
+        bias = np.pad(bias, [(0, 0)] * (bias.ndim - 1) + [(0, extra)])
+    if kb is not None:
+        kb = np.pad(kb, ((0, 0), (0, extra)))
+    return bias, kb
 
 
 def decoder_masks(H, B, T, S, tgt_mask, memory_mask, tgt_key_padding_mask,

@@ -6,6 +6,7 @@ import numbers
 import numpy as np
 
 from .. import ops
+from . import activations
 from .backends import Buffers, FastOps, Workspace, backend_ops
 
 
@@ -52,20 +53,19 @@ class Module:
                 yield prefix + name, self, name
         for cname in self._children:
             child = getattr(self, cname)
-            if child is None:
-                continue
             if isinstance(child, list):
                 for i, c in enumerate(child):
                     yield from c._named_slots(f"{prefix}{cname}.{i}.")
-            else:
+            elif isinstance(child, Module):      # not None, nor a custom part that is no module
                 yield from child._named_slots(f"{prefix}{cname}.")
 
     def modules(self):
+        """This module and every submodule (fastattn modules only), depth first."""
         yield self
         for cname in self._children:
             child = getattr(self, cname)
             for c in (child if isinstance(child, list) else [child]):
-                if c is not None:
+                if isinstance(c, Module):
                     yield from c.modules()
 
     def parameters_nbytes(self):
@@ -216,17 +216,26 @@ class Module:
     # -- training ------------------------------------------------------------------------------
     def train(self, mode=True):
         """Training mode for this module and its submodules: forwards apply dropout and keep
-        what backward() needs. Returns self. A quantized model (quantize()) cannot train."""
+        what backward() needs. Returns self. A module that cannot train (a quantized model, an
+        activation without a derivative, a custom part without a backward) raises here, naming
+        why, and nothing changes."""
         if mode and self.compute_type != "float32":
             raise RuntimeError(f"train: the model is quantized ({self.compute_type}), which is "
                                "for inference only; train the float32 model (quantize("
                                "'float32') converts back, with the quantized values)")
+        if mode:
+            for m in self.modules():
+                m._check_trainable()
         for m in self.modules():
             m.training = bool(mode)
             if not mode:
                 m._saved = None
                 m._buffers = None
         return self
+
+    def _check_trainable(self):
+        """Raise (RuntimeError naming the argument) when this module cannot run a training
+        forward and backward; every module can unless it says otherwise."""
 
     def eval(self):
         """Inference mode (no dropout, nothing kept for backward). Returns self."""
@@ -335,7 +344,9 @@ def uniform(rng, shape, bound):
 
 
 def xavier(rng, shape):
-    fan_out, fan_in = shape
+    """torch's xavier_uniform_: fans (out, in) of the first two axes times the rest."""
+    field = math.prod(shape[2:])
+    fan_out, fan_in = shape[0] * field, shape[1] * field
     return uniform(rng, shape, math.sqrt(6.0 / (fan_in + fan_out)))
 
 
@@ -362,14 +373,65 @@ def check_compute_type(compute_type):
 
 
 def check_activation(activation):
-    if activation not in ("relu", "gelu"):
-        raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
-    return activation
+    """torch's activation argument -> "relu" | "gelu" | "gelu_tanh" | a plain callable (see
+    activations.resolve)."""
+    return activations.resolve(activation)
+
+
+class Layout:
+    """Where a public call's arrays sit in torch's layouts, and the way to fastattn's
+    batch-first (B, L, C) and back: batch_first=False is (L, B, C); an unbatched input is (L, C)
+    (torch decides by the rank of the first input: 2), its key padding mask (S,). Inside,
+    every module runs batch-first; only the public calls (and backward) convert."""
+
+    __slots__ = ("batch_first", "unbatched")
+
+    def __init__(self, batch_first, first):
+        self.batch_first = batch_first
+        self.unbatched = np.ndim(first) == 2
+
+    @property
+    def identity(self):
+        return self.batch_first and not self.unbatched
+
+    def features_in(self, x, name="input"):
+        """An input (or gradient) named `name` in the caller's layout -> (B, L, C) (a view),
+        or a ValueError when its rank does not fit the layout."""
+        if x is None or self.identity:
+            return x
+        a = np.asarray(x)
+        if self.unbatched:
+            if a.ndim != 2:
+                raise ValueError(f"{name} must be unbatched (L, C) like the first input, got "
+                                 f"shape {a.shape} (give every input a batch axis or none)")
+            return a[None]
+        if a.ndim != 3:
+            raise ValueError(f"{name} must be (L, B, C) (batch_first=False) or unbatched "
+                             f"(L, C), got shape {a.shape}")
+        return a.swapaxes(0, 1)
+
+    def padding_in(self, mask):
+        """A key padding mask: (S,) -> (1, S) when unbatched."""
+        if mask is None or not self.unbatched:
+            return mask
+        m = np.asarray(mask)
+        return m[None] if m.ndim == 1 else m
+
+    def features_out(self, y):
+        """(B, L, C) -> the caller's layout (C-contiguous)."""
+        if self.identity:
+            return y
+        return y[0] if self.unbatched else np.ascontiguousarray(y.swapaxes(0, 1))
+
+    def weights_out(self, w):
+        """Attention weights (B, ...) -> without the batch axis when unbatched (torch returns
+        them batch-major whatever batch_first says)."""
+        return w[0] if w is not None and self.unbatched else w
 
 
 def check_batch_first(batch_first):
-    if not batch_first:
-        raise ValueError("fastattn modules are always batch-first: batch_first must be True")
+    """torch's batch_first flag as a bool (both layouts are taken; see Layout)."""
+    return bool(batch_first)
 
 
 def check_batch(name, x, B):

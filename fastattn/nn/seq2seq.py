@@ -5,7 +5,8 @@ import numpy as np
 from .backends import Workspace
 from .layers import Linear, PositionalEncoding, TokenEmbedding
 from .masks import decoder_masks, prepare_mask
-from .module import Module, check_batch, check_dropout, features, rng_from, token_ids
+from .module import (Module, check_activation, check_batch, check_dropout, features, rng_from,
+                     token_ids)
 from .transformer import Transformer, _stream, collect_weights, recording_workspace
 
 
@@ -33,6 +34,7 @@ class Seq2SeqTransformer(Module):
                  backend="fast", seed=None):
         super().__init__(backend)
         rng = rng_from(seed)
+        activation = check_activation(activation)      # torch's callables -> their names
         self.config = dict(num_encoder_layers=num_encoder_layers,
                            num_decoder_layers=num_decoder_layers, emb_size=emb_size,
                            nhead=nhead, src_vocab_size=src_vocab_size,

@@ -8,12 +8,13 @@ import copy
 
 import numpy as np
 
+from . import activations
 from .attention import MultiheadAttention
 from .backends import Workspace
 from .layers import LayerNorm, Linear
 from .masks import decoder_masks, generate_square_subsequent_mask, key_bias, prepare_mask
-from .module import (Module, check_activation, check_batch, check_batch_first, check_dropout,
-                     check_positive, features, rng_from, xavier)
+from .module import (Layout, Module, check_activation, check_batch, check_batch_first,
+                     check_dropout, check_positive, features, rng_from, xavier)
 
 
 # ---- the residual stream -----------------------------------------------------------------------
@@ -107,9 +108,10 @@ def _init_cache(module, layers, memory, memory_key_padding_mask, beams, max_len)
     """A DecoderCache for `layers` over memory (B, S, C)."""
     beams = check_positive("beams", beams)
     max_len = check_positive("max_len", max_len)
-    mem = features("memory", memory, module.d_model)
+    layout = Layout(module.batch_first, memory)
+    mem = features("memory", layout.features_in(memory, "memory"), module.d_model)
     B, S, _ = mem.shape
-    kb = key_bias(memory_key_padding_mask, B, S, "memory_key_padding_mask")
+    kb = key_bias(layout.padding_in(memory_key_padding_mask), B, S, "memory_key_padding_mask")
     ws = Workspace(module._ops)
     caches = [DecoderLayerCache(layer.self_attn._init_self_cache(B * beams, max_len),
                                 layer.multihead_attn._init_cross_cache(mem, kb, ws))
@@ -120,30 +122,38 @@ def _init_cache(module, layers, memory, memory_key_padding_mask, beams, max_len)
 # ---- layers ------------------------------------------------------------------------------------
 
 def _encoder_call(module, src, mask, key_padding_mask, is_causal, mask_name):
-    """The public forward shared by an encoder layer and an encoder stack: (B, S, C) in/out."""
-    x = features("src", src, module.d_model)
+    """The public forward shared by an encoder layer and an encoder stack: (B, S, C) in/out
+    (or the module's torch layout: see module.Layout)."""
+    layout = Layout(module.batch_first, src)
+    x = features("src", layout.features_in(src, "src"), module.d_model)
+    key_padding_mask = layout.padding_in(key_padding_mask)
     B, S, C = x.shape
     if B == 0:
-        return np.zeros((B, S, C), np.float32)
+        return layout.features_out(np.zeros((B, S, C), np.float32))
     m = prepare_mask(mask_name, mask, key_padding_mask, B, module.nhead, S, S, is_causal,
                      "src_key_padding_mask")
     ws = module._workspace()
     out = module._forward(_stream(x, ws, module), m, ws, B).reshape(B, S, C).copy()
     if ws.training:
         module._saved_shapes = (x.shape,)
-    return out
+        module._saved_layout = layout
+    return layout.features_out(out)
 
 
 def _decoder_call(module, tgt, memory, tgt_mask=None, memory_mask=None,
                   tgt_key_padding_mask=None, memory_key_padding_mask=None, tgt_is_causal=False,
                   memory_is_causal=False):
-    """The public forward shared by a decoder layer and a decoder stack: (B, T, C) out."""
-    x = features("tgt", tgt, module.d_model)
-    mem = features("memory", memory, module.d_model)
+    """The public forward shared by a decoder layer and a decoder stack: (B, T, C) out (or
+    the module's torch layout: see module.Layout)."""
+    layout = Layout(module.batch_first, tgt)
+    x = features("tgt", layout.features_in(tgt, "tgt"), module.d_model)
+    mem = features("memory", layout.features_in(memory, "memory"), module.d_model)
+    tgt_key_padding_mask = layout.padding_in(tgt_key_padding_mask)
+    memory_key_padding_mask = layout.padding_in(memory_key_padding_mask)
     B, T, C = x.shape
     check_batch("memory", mem, B)
     if B == 0:
-        return np.zeros((B, T, C), np.float32)
+        return layout.features_out(np.zeros((B, T, C), np.float32))
     tm, mm = decoder_masks(module.nhead, B, T, mem.shape[1], tgt_mask, memory_mask,
                            tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal,
                            memory_is_causal)
@@ -153,7 +163,8 @@ def _decoder_call(module, tgt, memory, tgt_mask=None, memory_mask=None,
     out = module._forward(_stream(x, ws, module), mem, tm, mm, ws, B).reshape(B, T, C).copy()
     if ws.training:
         module._saved_shapes = (x.shape, mem.shape)
-    return out
+        module._saved_layout = layout
+    return layout.features_out(out)
 
 
 def _public_backward(module, grad_output, decoder):
@@ -163,17 +174,18 @@ def _public_backward(module, grad_output, decoder):
         raise RuntimeError(f"{type(module).__name__}.backward: no training-mode forward to "
                            "differentiate (call model.train() and run a forward first)")
     module._saved_shapes = None
-    d = features("grad_output", grad_output, module.d_model)
+    layout = module._saved_layout
+    d = features("grad_output", layout.features_in(grad_output, "grad_output"), module.d_model)
     if d.shape != shapes[0]:
-        raise ValueError(f"{type(module).__name__}.backward: grad_output must be {shapes[0]}, "
-                         f"got {d.shape}")
+        raise ValueError(f"{type(module).__name__}.backward: grad_output must be {shapes[0]} "
+                         f"(batch-first), got {d.shape}")
     d2 = d.reshape(-1, module.d_model)
     bufs = module._bufs()
     if not decoder:
-        return module._backward(d2, bufs).reshape(shapes[0]).copy()
+        return layout.features_out(module._backward(d2, bufs).reshape(shapes[0]).copy())
     dmem = _zeros(bufs, "grad.memory", (shapes[1][0] * shapes[1][1], module.d_model))
     d_tgt = module._backward(d2, dmem, bufs).reshape(shapes[0]).copy()
-    return d_tgt, dmem.reshape(shapes[1]).copy()
+    return layout.features_out(d_tgt), layout.features_out(dmem.reshape(shapes[1]).copy())
 
 
 def _zeros(bufs, key, shape):
@@ -203,11 +215,9 @@ def recording_workspace(module, where):
 def collect_weights(transformer, weights, B, S, T):
     """What a recording pass stored, per kind and layer: {"encoder": [(B, H, S, S)],
     "decoder": [(B, H, T, T)], "cross": [(B, H, T, S)]} float32 (zeros when B == 0)."""
-    H = transformer.nhead
-
     def get(mha, Lq, Lk):
         w = weights.get(mha)
-        return np.zeros((B, H, Lq, Lk), np.float32) if w is None else w
+        return np.zeros((B, mha.num_heads, Lq, Lk), np.float32) if w is None else w
 
     enc, dec = transformer.encoder.layers, transformer.decoder.layers
     return {"encoder": [get(layer.self_attn, S, S) for layer in enc],
@@ -217,7 +227,13 @@ def collect_weights(transformer, weights, B, S, T):
 
 class TransformerEncoderLayer(Module):
     """torch.nn.TransformerEncoderLayer: self-attention and FFN, each with add & norm
-    (post-LN: x = norm(x + f(x)); norm_first: x = x + f(norm(x)))."""
+    (post-LN: x = norm(x + f(x)); norm_first: x = x + f(norm(x))).
+
+    ``activation``: "relu" / "gelu" (fused into the FFN kernel), torch's relu / gelu callables
+    (the same, by name), GELU(approximate="tanh") or "gelu_tanh" (unfused: linear1, the
+    activation, linear2), or any other callable, run as a plain Python function over
+    linear1's (N, dim_feedforward) float32 NumPy output (unfused; inference only: train()
+    raises). ``self.activation`` holds the name, or that callable."""
 
     _children = ("self_attn", "linear1", "linear2", "norm1", "norm2")
 
@@ -225,23 +241,34 @@ class TransformerEncoderLayer(Module):
                  layer_norm_eps=1e-5, batch_first=True, norm_first=False, bias=True, *,
                  backend="fast", seed=None):
         super().__init__(backend)
-        check_batch_first(batch_first)
+        self.batch_first = check_batch_first(batch_first)
         rng = rng_from(seed)
         self.d_model, self.nhead = d_model, nhead
         self.activation = check_activation(activation)
         self.norm_first = bool(norm_first)
         self.dropout = check_dropout(dropout)
         self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
-                                            backend=backend, seed=rng)
+                                            batch_first=batch_first, backend=backend, seed=rng)
         self.linear1 = Linear(d_model, dim_feedforward, bias=bias, backend=backend, seed=rng)
         self.linear2 = Linear(dim_feedforward, d_model, bias=bias, backend=backend, seed=rng)
         self.norm1 = LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)
         self.norm2 = LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)
 
+    def _check_trainable(self):
+        if not activations.trainable(self.activation):
+            raise RuntimeError(
+                f"{type(self).__name__} cannot train with activation="
+                f"{activations.describe(self.activation)}: a plain Python function has no "
+                "derivative in fastattn (it runs in inference only, unfused). Train with "
+                "'relu', 'gelu', torch.nn.functional.relu / gelu or torch.nn.ReLU() / "
+                "GELU(approximate='none' | 'tanh')")
+
     def _ffn(self, h, ws):
         """linear2(dropout(act(linear1(h)))) of the (N, C) rows h; packed weights in a decode
         step; the pre-activation kept in training."""
         l1, l2 = self.linear1, self.linear2
+        if not activations.fused(self.activation):
+            return self._ffn_unfused(h, ws)
         if ws.training:
             seed = ws.seed() if self.dropout > 0 else None
             bufs = self._bufs()
@@ -254,10 +281,30 @@ class TransformerEncoderLayer(Module):
         return self._ops.ffn(h, l1.weight, l1.bias, l2.weight, l2.bias, self.activation,
                              out=ws.get("ff", h.shape), packed=packed)
 
+    def _ffn_unfused(self, h, ws):
+        """The FFN of an activation the kernel does not fuse (activations.py): linear1, the
+        activation over its (N, F) output as a NumPy array, dropout (training), linear2; each
+        linear through the ops (packed weights in a decode step)."""
+        l1, l2 = self.linear1, self.linear2
+        pre = l1._apply(h, ws, "ffn.pre")                                  # (N, F)
+        if not ws.training:
+            return l2._apply(activations.apply(self.activation, pre), ws, "ff")
+        bufs = self._bufs()
+        hidden = bufs.get("ffn.act", pre.shape)
+        hidden[...] = activations.apply(self.activation, pre)
+        hidden, seed = self._dropout(hidden, self.dropout, ws)
+        self._ffn_saved = (None, pre, seed)        # l1 and l2 keep their inputs themselves
+        return l2._apply(hidden, ws)
+
     def _ffn_backward(self, dy, bufs):
         """dy (N, C) -> the FFN input's gradient, in the backward's "fdx" buffer."""
         h, pre, seed = self._ffn_saved
         self._ffn_saved = None
+        if not activations.fused(self.activation):                        # unfused: by hand
+            dh = self.linear2._backward(dy, bufs.get("ffn.h", pre.shape))
+            dh = self._dropout_backward(dh, self.dropout, seed, dh)
+            dpre = activations.backward(self.activation, pre, dh)
+            return self.linear1._backward(dpre, bufs.get("fdx", dy.shape))
         l1, l2 = self.linear1, self.linear2
         grads = tuple(None if getattr(lin, name) is None else lin._grad(name)
                       for lin in (l1, l2) for name in ("weight", "bias"))
@@ -341,7 +388,8 @@ class TransformerDecoderLayer(TransformerEncoderLayer):
         super().__init__(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
                          batch_first, norm_first, bias, backend=backend, seed=rng)
         self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
-                                                 backend=backend, seed=rng)
+                                                 batch_first=batch_first, backend=backend,
+                                                 seed=rng)
         self.norm3 = LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)
 
     def _block(self, x, self_attn, cross_attn, ws):
@@ -408,16 +456,29 @@ class TransformerDecoderLayer(TransformerEncoderLayer):
 
 class _Stack(Module):
     """num_layers copies of a layer (torch deep-copies it too), then an optional final
-    LayerNorm (``norm``)."""
+    LayerNorm (``norm``). The layer and the norm are fastattn modules (torch's are refused,
+    naming the argument: load torch's weights with load_state_dict instead)."""
 
     _children = ("layers", "norm")
+    _layer_class = None                      # the class of layer a stack of this kind takes
 
     def __init__(self, layer, num_layers, norm=None, *, backend=None):
+        name = "encoder_layer" if self._layer_class is TransformerEncoderLayer else \
+            "decoder_layer"
+        if not isinstance(layer, self._layer_class) or (
+                self._layer_class is TransformerEncoderLayer
+                and isinstance(layer, TransformerDecoderLayer)):
+            raise TypeError(f"{type(self).__name__}: {name} must be a fastattn.nn."
+                            f"{self._layer_class.__name__}, got {_describe_type(layer)}")
+        if norm is not None and not isinstance(norm, LayerNorm):
+            raise TypeError(f"{type(self).__name__}: norm must be a fastattn.nn.LayerNorm or "
+                            f"None, got {_describe_type(norm)}")
         super().__init__(backend or layer.backend)
         self.num_layers = check_positive("num_layers", num_layers)
         self.layers = [copy.deepcopy(layer) for _ in range(num_layers)]
         self.norm = norm
         self.d_model, self.nhead = layer.d_model, layer.nhead
+        self.batch_first = layer.batch_first        # torch reads it from the layer too
         self.to_backend(self.backend)
 
     def _final_norm(self, x, ws):
@@ -432,8 +493,24 @@ class _Stack(Module):
         return d if self.norm is None else self.norm._backward(d, bufs.other(d, d.shape))
 
 
+def _describe_type(obj):
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 class TransformerEncoder(_Stack):
-    """torch.nn.TransformerEncoder(encoder_layer, num_layers, norm=None)."""
+    """torch.nn.TransformerEncoder(encoder_layer, num_layers, norm=None,
+    enable_nested_tensor=True, mask_check=True). The last two are accepted and kept, and
+    change nothing: fastattn never builds nested tensors, so the output at padded source
+    positions is computed like any other (torch's nested-tensor path returns zeros there)."""
+
+    _layer_class = TransformerEncoderLayer
+
+    def __init__(self, encoder_layer, num_layers, norm=None, enable_nested_tensor=True,
+                 mask_check=True, *, backend=None):
+        super().__init__(encoder_layer, num_layers, norm, backend=backend)
+        self.enable_nested_tensor = bool(enable_nested_tensor)
+        self.mask_check = bool(mask_check)
 
     def _forward(self, x, mask, ws, B):
         for layer in self.layers:
@@ -450,13 +527,18 @@ class TransformerEncoder(_Stack):
         """After a training-mode forward: the gradient of src; parameter gradients accumulate."""
         return _public_backward(self, grad_output, decoder=False)
 
-    def __call__(self, src, mask=None, src_key_padding_mask=None, is_causal=False):
+    def __call__(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
         return _encoder_call(self, src, mask, src_key_padding_mask, is_causal, "mask")
 
 
 class TransformerDecoder(_Stack):
     """torch.nn.TransformerDecoder(decoder_layer, num_layers, norm=None); ``init_cache`` /
     ``step`` decode one position at a time through the layers' own steps."""
+
+    _layer_class = TransformerDecoderLayer
+
+    def __init__(self, decoder_layer, num_layers, norm=None, *, backend=None):
+        super().__init__(decoder_layer, num_layers, norm, backend=backend)
 
     def _forward(self, x, memory, tgt_mask, memory_mask, ws, B):
         for layer in self.layers:
@@ -493,8 +575,18 @@ class TransformerDecoder(_Stack):
 
 
 class Transformer(Module):
-    """torch.nn.Transformer (batch-first): encoder and decoder stacks, each ending in a
-    LayerNorm as torch builds them (so a post-LN model has two norms in a row at the end)."""
+    """torch.nn.Transformer: encoder and decoder stacks, each ending in a
+    LayerNorm as torch builds them (so a post-LN model has two norms in a row at the end).
+
+    ``custom_encoder`` / ``custom_decoder`` replace a stack, as in torch (and are re-initialised
+    with the rest, as torch does). A fastattn TransformerEncoder / TransformerDecoder runs as
+    the built one does. Anything else is called as torch calls it, with NumPy float32 arrays
+    (B, L, C): ``custom_encoder(src, mask=..., src_key_padding_mask=..., is_causal=...)`` ->
+    memory (B, S', C); ``custom_decoder(tgt, memory, tgt_mask=..., memory_mask=...,
+    tgt_key_padding_mask=..., memory_key_padding_mask=..., tgt_is_causal=...,
+    memory_is_causal=...)`` -> (B, T, C). Only a fastattn module (one with backward) trains;
+    ``attention_weights`` needs fastattn's own stacks; ``io.save`` refuses custom parts (its
+    config cannot rebuild them). torch modules are refused: fastattn runs NumPy arrays."""
 
     _children = ("encoder", "decoder")
 
@@ -503,104 +595,219 @@ class Transformer(Module):
                  custom_decoder=None, layer_norm_eps=1e-5, batch_first=True, norm_first=False,
                  bias=True, *, backend="fast", seed=None):
         super().__init__(backend)
-        check_batch_first(batch_first)
-        if custom_encoder is not None or custom_decoder is not None:
-            raise ValueError("Transformer: custom_encoder/custom_decoder are not supported")
+        self.batch_first = check_batch_first(batch_first)
         self.d_model = check_positive("d_model", d_model)
         self.nhead = check_positive("nhead", nhead)
         if d_model % nhead:
             raise ValueError(f"d_model {d_model} must be divisible by nhead {nhead}")
+        activation = check_activation(activation)      # torch's callables -> their names
         self.config = dict(d_model=d_model, nhead=nhead, num_encoder_layers=num_encoder_layers,
                            num_decoder_layers=num_decoder_layers,
                            dim_feedforward=dim_feedforward, activation=activation,
                            layer_norm_eps=layer_norm_eps, norm_first=bool(norm_first),
                            bias=bool(bias), dropout=check_dropout(dropout))
+        custom = {"custom_encoder": custom_encoder, "custom_decoder": custom_decoder}
+        self.custom_parts = tuple(k for k, v in custom.items() if v is not None)
+        for name in self.custom_parts:
+            _check_custom(name, custom[name], d_model)
         rng = rng_from(seed)
         kw = dict(dim_feedforward=dim_feedforward, activation=activation,
                   layer_norm_eps=layer_norm_eps, norm_first=norm_first, bias=bias,
-                  backend=backend)
+                  batch_first=self.batch_first, backend=backend)
         kw["dropout"] = dropout
-        enc = TransformerEncoderLayer(d_model, nhead, seed=rng, **kw)
-        dec = TransformerDecoderLayer(d_model, nhead, seed=rng, **kw)
+        enc = TransformerEncoderLayer(d_model, nhead, seed=rng, **kw) \
+            if custom_encoder is None else None
+        dec = TransformerDecoderLayer(d_model, nhead, seed=rng, **kw) \
+            if custom_decoder is None else None
         norm = lambda: LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)  # noqa
-        self.encoder = TransformerEncoder(enc, num_encoder_layers, norm())
-        self.decoder = TransformerDecoder(dec, num_decoder_layers, norm())
+        self.encoder = custom_encoder if enc is None else \
+            TransformerEncoder(enc, num_encoder_layers, norm())
+        self.decoder = custom_decoder if dec is None else \
+            TransformerDecoder(dec, num_decoder_layers, norm())
+        self.to_backend(backend)                          # custom fastattn parts follow
         for name, p in self.named_parameters():        # torch's _reset_parameters: xavier
             if p.ndim > 1:
                 p[...] = xavier(rng, p.shape)
+        self.invalidate_caches()
+
+    def _check_trainable(self):
+        for name in self.custom_parts:
+            part = getattr(self, name[len("custom_"):])
+            if not (isinstance(part, Module) and callable(getattr(part, "backward", None))):
+                raise RuntimeError(
+                    f"Transformer cannot train: {name} is {_describe_type(part)}, not a "
+                    "fastattn module with a backward (fastattn has no autograd: a part trains "
+                    "only through its own backward)")
+
+    def _own(self, stack):
+        """True when `stack` ("encoder" or "decoder") is fastattn's own stack class, which
+        runs inside the model's pass (shared workspace, masks prepared once)."""
+        cls = TransformerEncoder if stack == "encoder" else TransformerDecoder
+        return isinstance(getattr(self, stack), cls)
 
     def __call__(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None,
                  src_key_padding_mask=None, tgt_key_padding_mask=None,
-                 memory_key_padding_mask=None, src_is_causal=None, tgt_is_causal=False,
+                 memory_key_padding_mask=None, src_is_causal=None, tgt_is_causal=None,
                  memory_is_causal=False):
-        """src (B, S, C), tgt (B, T, C) -> (B, T, C)."""
-        return self._forward(None, src, tgt, src_mask, tgt_mask, memory_mask,
-                             src_key_padding_mask, tgt_key_padding_mask,
-                             memory_key_padding_mask, src_is_causal, tgt_is_causal,
-                             memory_is_causal)
+        """src (B, S, C), tgt (B, T, C) -> (B, T, C) (batch_first=False: (S, B, C), (T, B, C)
+        -> (T, B, C); unbatched: (S, C), (T, C) -> (T, C))."""
+        layout = Layout(self.batch_first, src)
+        out = self._forward(None, layout, src, tgt, src_mask, tgt_mask, memory_mask,
+                            src_key_padding_mask, tgt_key_padding_mask,
+                            memory_key_padding_mask, src_is_causal, tgt_is_causal,
+                            memory_is_causal)
+        return layout.features_out(out)
 
     def attention_weights(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None,
                           src_key_padding_mask=None, tgt_key_padding_mask=None,
                           memory_key_padding_mask=None, src_is_causal=None,
-                          tgt_is_causal=False, memory_is_causal=False):
+                          tgt_is_causal=None, memory_is_causal=False):
         """The attention weights of every layer for src (B, S, C), tgt (B, T, C), from an
         inference pass with the forward's arguments, masks and math (eval mode only: a
         RuntimeError in train mode) -> {"encoder": [(B, H, S, S) per layer], "decoder":
-        [(B, H, T, T) per layer], "cross": [(B, H, T, S) per layer]}, float32. A row sums to
-        1, or is zeros where the masks leave its query no key."""
+        [(B, H, T, T) per layer], "cross": [(B, H, T, S) per layer]}, float32 (batch-major
+        whatever batch_first says; no batch axis for unbatched inputs). A row sums to 1, or is
+        zeros where the masks leave its query no key."""
+        for name in self.custom_parts:
+            stack = name[len("custom_"):]
+            if not self._own(stack):
+                raise TypeError(f"Transformer.attention_weights records the layers of "
+                                f"fastattn's own Transformer{stack.capitalize()}; the {stack} "
+                                f"({name}) is {_describe_type(getattr(self, stack))}")
         rec = recording_workspace(self, "attention_weights")
-        out = self._forward(rec, src, tgt, src_mask, tgt_mask, memory_mask,
+        layout = Layout(self.batch_first, src)
+        out = self._forward(rec, layout, src, tgt, src_mask, tgt_mask, memory_mask,
                             src_key_padding_mask, tgt_key_padding_mask,
                             memory_key_padding_mask, src_is_causal, tgt_is_causal,
                             memory_is_causal)
-        return collect_weights(self, rec.weights, out.shape[0], np.shape(src)[1], out.shape[1])
+        S = np.shape(layout.features_in(src, "src"))[1]
+        weights = collect_weights(self, rec.weights, out.shape[0], S, out.shape[1])
+        return {kind: [layout.weights_out(w) for w in ws] for kind, ws in weights.items()}
 
-    def _forward(self, ws, src, tgt, src_mask, tgt_mask, memory_mask, src_key_padding_mask,
-                 tgt_key_padding_mask, memory_key_padding_mask, src_is_causal, tgt_is_causal,
-                 memory_is_causal):
+    def _forward(self, ws, layout, src, tgt, src_mask, tgt_mask, memory_mask,
+                 src_key_padding_mask, tgt_key_padding_mask, memory_key_padding_mask,
+                 src_is_causal, tgt_is_causal, memory_is_causal):
         """The forward in workspace ws (a recording one; None: this module's own, training
-        or inference) -> (B, T, C)."""
-        x = features("src", src, self.d_model)
-        y = features("tgt", tgt, self.d_model)
+        or inference) of inputs in `layout` -> (B, T, C), batch-first. Custom parts are called
+        in the caller's layout, as torch calls them."""
+        x = features("src", layout.features_in(src, "src"), self.d_model)
+        y = features("tgt", layout.features_in(tgt, "tgt"), self.d_model)
+        src_key_padding_mask = layout.padding_in(src_key_padding_mask)
+        tgt_key_padding_mask = layout.padding_in(tgt_key_padding_mask)
+        memory_key_padding_mask = layout.padding_in(memory_key_padding_mask)
         B, S, C = x.shape
         check_batch("tgt", y, B)
         T = y.shape[1]
         if B == 0:
             return np.zeros((B, T, C), np.float32)
-        H = self.nhead
-        sm = prepare_mask("src_mask", src_mask, src_key_padding_mask, B, H, S, S,
-                          bool(src_is_causal), "src_key_padding_mask")
-        tm, mm = decoder_masks(H, B, T, S, tgt_mask, memory_mask, tgt_key_padding_mask,
-                               memory_key_padding_mask, tgt_is_causal, memory_is_causal)
         if ws is None:
             ws = self._workspace()
-        memory = self.encoder._forward(_stream(x, ws, self, "src"), sm, ws, B).reshape(B, S, C)
-        # the memory lives on while the decoder runs: its own buffers (inference)
-        mem_ws = ws if ws.training else Workspace(self._ops, weights=ws.weights)
-        out = self.decoder._forward(_stream(y, mem_ws, self, "tgt"), memory, tm, mm, mem_ws, B)
+        if self._own("encoder"):
+            sm = prepare_mask("src_mask", src_mask, src_key_padding_mask, B, self.encoder.nhead,
+                              S, S, bool(src_is_causal), "src_key_padding_mask")
+            memory = self.encoder._forward(_stream(x, ws, self, "src"), sm, ws, B).reshape(
+                B, S, C)
+        else:
+            memory = self.encoder(layout.features_out(x), mask=src_mask,
+                                  src_key_padding_mask=_unpad(layout, src_key_padding_mask),
+                                  is_causal=src_is_causal)
+            memory = _custom_output("custom_encoder", layout.features_in(
+                memory, "the memory custom_encoder returned"), B, None, C)
+            if ws.training:        # kept for the decoder's backward, whatever the part does
+                memory = _stream(memory, ws, self, "memory").reshape(memory.shape)
+        if self._own("decoder"):
+            dec = self.decoder
+            tm, mm = decoder_masks(dec.nhead, B, T, memory.shape[1], tgt_mask, memory_mask,
+                                   tgt_key_padding_mask, memory_key_padding_mask,
+                                   tgt_is_causal, memory_is_causal)
+            # the memory lives on while the decoder runs: its own buffers (inference)
+            mem_ws = ws if ws.training else Workspace(self._ops, weights=ws.weights)
+            out = dec._forward(_stream(y, mem_ws, self, "tgt"), memory, tm, mm, mem_ws, B)
+        else:
+            out = self.decoder(
+                layout.features_out(y), layout.features_out(memory), tgt_mask=tgt_mask,
+                memory_mask=memory_mask,
+                tgt_key_padding_mask=_unpad(layout, tgt_key_padding_mask),
+                memory_key_padding_mask=_unpad(layout, memory_key_padding_mask),
+                tgt_is_causal=tgt_is_causal, memory_is_causal=memory_is_causal)
+            out = _custom_output("custom_decoder", layout.features_in(
+                out, "the output custom_decoder returned"), B, T, C)
         if ws.training:
-            self._saved_shapes = (x.shape, y.shape)
+            self._saved_shapes = (x.shape, y.shape, memory.shape)
+            self._saved_layout = layout
         return out.reshape(B, T, C).copy()
 
     def backward(self, grad_output):
         """After a training-mode forward: accumulates every parameter's gradient and returns
-        (d_src, d_tgt)."""
+        (d_src, d_tgt), in the inputs' layout. Custom parts run their own backward: the
+        decoder's returns (d_tgt, d_memory), the encoder's d_src."""
         shapes = getattr(self, "_saved_shapes", None)
         if shapes is None:
             raise RuntimeError("Transformer.backward: no training-mode forward to "
                                "differentiate (call model.train() and run a forward first)")
         self._saved_shapes = None
-        d = features("grad_output", grad_output, self.d_model)
+        layout = self._saved_layout
+        d = features("grad_output", layout.features_in(grad_output, "grad_output"), self.d_model)
         if d.shape != shapes[1]:
-            raise ValueError(f"Transformer.backward: grad_output must be {shapes[1]}, "
-                             f"got {d.shape}")
-        (B, S, C), tgt_shape = shapes
+            raise ValueError(f"Transformer.backward: grad_output must be {shapes[1]} "
+                             f"(batch-first), got {d.shape}")
+        src_shape, tgt_shape, mem_shape = shapes
+        C = self.d_model
         bufs = self._bufs()
-        dmem = _zeros(bufs, "grad.memory", (B * S, C))
-        d_tgt = self.decoder._backward(d.reshape(-1, C), dmem, bufs).reshape(tgt_shape).copy()
-        d_src = self.encoder._backward(dmem, bufs)
-        return d_src.reshape(B, S, C).copy(), d_tgt
+        if self._own("decoder"):
+            dmem = _zeros(bufs, "grad.memory", (mem_shape[0] * mem_shape[1], C))
+            d_tgt = self.decoder._backward(d.reshape(-1, C), dmem, bufs).reshape(
+                tgt_shape).copy()
+        else:
+            d_tgt, dmem = self.decoder.backward(layout.features_out(d))
+            d_tgt = _custom_output("custom_decoder.backward's d_tgt", layout.features_in(
+                d_tgt, "custom_decoder.backward's d_tgt"), *tgt_shape)
+            dmem = _custom_output("custom_decoder.backward's d_memory", layout.features_in(
+                dmem, "custom_decoder.backward's d_memory"), *mem_shape).reshape(-1, C)
+        if self._own("encoder"):
+            d_src = self.encoder._backward(np.ascontiguousarray(dmem), bufs).reshape(
+                src_shape).copy()
+        else:
+            d_src = self.encoder.backward(layout.features_out(dmem.reshape(mem_shape)))
+            d_src = _custom_output("custom_encoder.backward's d_src", layout.features_in(
+                d_src, "custom_encoder.backward's d_src"), *src_shape)
+        return layout.features_out(d_src), layout.features_out(d_tgt)
 
     @staticmethod
     def generate_square_subsequent_mask(sz):
         return generate_square_subsequent_mask(sz)
+
+
+def _check_custom(name, part, d_model):
+    """A custom_encoder / custom_decoder fastattn can call: a fastattn module of d_model
+    features, or any callable over NumPy arrays; torch modules are refused."""
+    if isinstance(part, Module):
+        C = getattr(part, "d_model", d_model)
+        if C != d_model:
+            raise ValueError(f"Transformer: {name} has d_model {C}, the model {d_model}")
+        return
+    if type(part).__module__.split(".")[0] == "torch":
+        raise TypeError(f"Transformer: {name} is {_describe_type(part)}, a torch module; "
+                        "fastattn calls its parts with NumPy arrays: give a fastattn.nn module "
+                        "(e.g. fastattn.nn.TransformerEncoder, with torch's weights loaded by "
+                        "load_state_dict) or a callable over NumPy arrays")
+    if not callable(part):
+        raise TypeError(f"Transformer: {name} must be callable, got {_describe_type(part)}")
+
+
+def _unpad(layout, mask):
+    """A key padding mask back in the caller's layout ((S,) when unbatched)."""
+    return mask[0] if mask is not None and layout.unbatched else mask
+
+
+def _custom_output(name, out, B, L, C):
+    """What a custom part returned, as float32 (B, L, C) (L None: any length)."""
+    try:
+        a = features(f"the array {name} returned", out, C)
+    except TypeError:
+        raise TypeError(f"Transformer: {name} returned {type(out).__name__}, not an array "
+                        "of numbers") from None
+    if a.shape[0] != B or (L is not None and a.shape[1] != L):
+        raise ValueError(f"Transformer: {name} returned shape {a.shape}, expected "
+                         f"({B}, {'L' if L is None else L}, {C})")
+    return a

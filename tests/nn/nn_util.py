@@ -49,6 +49,25 @@ def assert_rel(actual, expected, rel=TORCH_REL, name="output"):
     assert_close(actual, expected, rtol=0.0, atol=rel * max(scale, 1e-30), name=name)
 
 
+def perturb(torch, module, seed=0):
+    """Move every parameter of a torch module off its initial value (in place): biases off
+    0, norm weights off 1."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+
+def assert_grads(fm, tm, rel=TORCH_REL):
+    """named_grads() == torch's .grad for every parameter, keys and order included."""
+    ours = dict(fm.named_grads())
+    theirs = {k: p.grad for k, p in tm.named_parameters() if p.grad is not None}
+    assert list(ours) == [k for k, _ in fm.named_parameters() if k in ours]
+    assert set(ours) == set(theirs), (set(ours) ^ set(theirs))
+    for k, g in ours.items():
+        assert_rel(g, theirs[k].numpy(), rel=rel, name=k)
+
+
 def assert_backends_close(fast, ref, name="output"):
     ref = np.asarray(ref)
     assert_close(fast, ref, rtol=BACKEND_RTOL, atol=BACKEND_RTOL * float(np.abs(ref).max()),

@@ -182,8 +182,10 @@ def test_wrong_d_model_input():
         m(np.zeros((2, S, C + 1), np.float32), good_tgt)
     with pytest.raises(ValueError, match=rf"tgt.*\(2, {T}, {C - 1}\)"):
         m(good_src, np.zeros((2, T, C - 1), np.float32))
-    with pytest.raises(ValueError, match=rf"src.*\(2, {C}\)"):
-        m(np.zeros((2, C), np.float32), good_tgt)
+    with pytest.raises(ValueError, match=rf"tgt must be unbatched.*\(2, {T}, {C}\)"):
+        m(np.zeros((2, C), np.float32), good_tgt)       # an unbatched src needs a (T, C) tgt
+    with pytest.raises(ValueError, match=rf"src.*\(2, 3, 4, {C}\)"):
+        m(np.zeros((2, 3, 4, C), np.float32), good_tgt)
     with pytest.raises(ValueError, match="batch"):
         m(good_src, np.zeros((3, T, C), np.float32))
     with pytest.raises(ValueError, match="memory"):
@@ -227,17 +229,6 @@ def test_features_must_be_numeric(rng):
     m = fast_transformer()
     with pytest.raises(TypeError):
         m(np.zeros((2, S, C), bool), features(rng, 2, T))
-
-
-@pytest.mark.parametrize("make", [
-    lambda: fnn.Transformer(C, H, 1, 1, F, batch_first=False),
-    lambda: fnn.MultiheadAttention(C, H, batch_first=False),
-    lambda: fnn.TransformerEncoderLayer(C, H, F, batch_first=False),
-    lambda: fnn.TransformerDecoderLayer(C, H, F, batch_first=False),
-])
-def test_batch_first_false_rejected(make):
-    with pytest.raises(ValueError, match="batch_first"):
-        make()
 
 
 @pytest.mark.parametrize("make", [

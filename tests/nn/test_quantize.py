@@ -287,3 +287,24 @@ def test_trained_model_keeps_its_tokens_and_its_loss(reverse_model, kind, loss_r
     same = sum(a == b for a, b in pairs) / len(pairs)
     assert same >= 0.95, f"{kind}: {same:.1%} of positions equal the float32 tokens"
     assert q_loss <= loss * (1 + loss_rise), f"{kind}: loss {loss:.4f} -> {q_loss:.4f}"
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_multihead_attention_with_separate_projections_quantizes_them(kind):
+    """kdim / vdim: q_proj_weight, k_proj_weight and v_proj_weight are linear weights too."""
+    def mha():
+        m = fnn.MultiheadAttention(C, H, kdim=12, vdim=20, add_bias_kv=True, seed=7)
+        rng = np.random.default_rng(7)
+        for _, p in m.named_parameters():
+            p[...] += 0.1 * rng.standard_normal(p.shape).astype(np.float32)
+        return m
+    rng = np.random.default_rng(8)
+    q, k, v = features(rng, 2, 5), features(rng, 2, 7, 12), features(rng, 2, 7, 20)
+    f32 = mha()(q, k, v, need_weights=False)[0]
+    m = mha().quantize(kind)
+    assert {k for k, w in m.named_parameters() if isinstance(w, ops.QuantizedWeight)} == {
+        "q_proj_weight", "k_proj_weight", "v_proj_weight", "out_proj.weight"}
+    out = m(q, k, v, need_weights=False)[0]
+    ref = mha().quantize(kind).to_backend("reference")(q, k, v, need_weights=False)[0]
+    assert rel(out, ref) < 1e-5
+    assert 0 < rel(out, f32) < REL_ERROR[kind]

@@ -17,15 +17,6 @@ from nn_util import TORCH_WARNINGS
 pytestmark = TORCH_WARNINGS
 
 BACKENDS = ["fast", "reference"]
-GRAD_REL = 1e-4
-
-
-def perturb(torch, module, seed=0):
-    """Move every parameter of a torch module off its initial value (in place)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
 
 
 def twin(torch, tm, make):
@@ -33,16 +24,6 @@ def twin(torch, tm, make):
     fm = make()
     fm.load_state_dict(tm.state_dict())
     return fm.train()
-
-
-def assert_grads(fm, tm, rel=GRAD_REL):
-    """named_grads() == torch's .grad for every parameter, keys and order included."""
-    ours = dict(fm.named_grads())
-    theirs = {k: p.grad for k, p in tm.named_parameters() if p.grad is not None}
-    assert list(ours) == [k for k, _ in fm.named_parameters() if k in ours]
-    assert set(ours) == set(theirs), (set(ours) ^ set(theirs))
-    for k, g in ours.items():
-        assert_rel(g, theirs[k].numpy(), rel=rel, name=k)
 
 
 def run_torch(torch, tm, inputs, dout):
