@@ -133,56 +133,92 @@ static void FA_CAT(bf16_widen_, FA_SFX)(float *dst, const uint16_t *src, int64_t
  *   x   (N, K)    in
  *   wp  (P, K, BF_PANEL) in; panel p holds features p BF_PANEL .. + BF_PANEL (fa_bf16_pack)
  * Vectors along the features: per k, BF_NV widened weight vectors meet a broadcast of each of
- * BF_RB rows of x. Streams wp once per BF_RB rows, in order. Each y element is the same sum in
- * the same order whatever N is. */
+ * up to BF_RB rows of x (a tile of exactly the rows left: one row computes one row). Streams
+ * wp once per BF_RB rows, in order. Each y element is the same sum in the same order whatever
+ * N is (the tile height changes which rows share a pass, not any element's sum). */
 #if FA_VL == 16
 #define BF_RB 12
+#define BF_NV 2
 #elif FA_VL == 8
 #define BF_RB 4
+#define BF_NV 2
 #else
 #define BF_RB 2
+#define BF_NV 4
 #endif
-#define BF_NV (FA_VL == 4 ? 4 : 2)   /* weight vectors per register tile (<= BF_PANEL / FA_VL) */
+
+/* BF_NV vectors of widened weights at w (float32(bits) = bits << 16) */
+FA_INLINE void FA_CAT(bf16_load_, FA_SFX)(VF *wv, const uint16_t *w)
+{
+    for (int c = 0; c < BF_NV; c++) {
+#if FA_VL == 16
+        wv[c] = (VF)_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(w + 16 * c))), 16);
+#elif FA_VL == 8
+        wv[c] = (VF)_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + 8 * c))), 16);
+#else
+        typedef FA_CAT(vw_, FA_SFX) VW;
+        wv[c] = (VF)(__builtin_convertvector(*(const VW *)(w + c * FA_VL), VU) << 16);
+#endif
+    }
+}
+
+/* nr rows (a constant once inlined) x BF_NV vectors of features m0.. (nf of them) */
+FA_INLINE void FA_CAT(bf16_tile_, FA_SFX)(float *y, int64_t ldy, const float *x, int64_t K,
+                                          const uint16_t *w_k, int64_t nf, const int nr)
+{
+    VF acc[BF_RB][BF_NV];
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < BF_NV; c++) acc[r][c] = vsplat(0.0f);
+    for (int64_t k = 0; k < K; k++, w_k += BF_PANEL) {
+        VF wv[BF_NV];
+        FA_CAT(bf16_load_, FA_SFX)(wv, w_k);
+        for (int r = 0; r < nr; r++) {
+            const VF xv = vsplat(x[r * K + k]);
+            for (int c = 0; c < BF_NV; c++) acc[r][c] += xv * wv[c];
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        float *y_r = y + r * ldy;
+        if (nf == BF_NV * FA_VL) {
+            for (int c = 0; c < BF_NV; c++) vstore(y_r + c * FA_VL, acc[r][c]);
+        } else {
+            for (int64_t f = 0; f < nf; f++) y_r[f] = acc[r][f / FA_VL][f % FA_VL];
+        }
+    }
+}
+
+#define BF_TILE_AT(NR)                                                                         \
+    static __attribute__((noinline)) void FA_CAT(FA_CAT(bf16_tile_, FA_SFX), _##NR)(          \
+        float *y, int64_t ldy, const float *x, int64_t K, const uint16_t *w_k, int64_t nf)     \
+    {                                                                                          \
+        FA_CAT(bf16_tile_, FA_SFX)(y, ldy, x, K, w_k, nf, NR > BF_RB ? BF_RB : NR);           \
+    }
+BF_TILE_AT(1) BF_TILE_AT(2) BF_TILE_AT(3) BF_TILE_AT(4) BF_TILE_AT(5) BF_TILE_AT(6)
+BF_TILE_AT(7) BF_TILE_AT(8) BF_TILE_AT(9) BF_TILE_AT(10) BF_TILE_AT(11) BF_TILE_AT(12)
+#undef BF_TILE_AT
 
 static void FA_CAT(bf16_packed_gemm_, FA_SFX)(float *FA_RESTRICT y, int64_t ldy,
                                               const float *FA_RESTRICT x, int64_t N,
                                               const uint16_t *FA_RESTRICT wp, int64_t p0,
                                               int64_t p1, int64_t M, int64_t K)
 {
-    typedef FA_CAT(vw_, FA_SFX) VW;
+#define BF_AT(NR) FA_CAT(FA_CAT(bf16_tile_, FA_SFX), _##NR)
+    void (*const at[13])(float *, int64_t, const float *, int64_t, const uint16_t *, int64_t) =
+        {NULL,    BF_AT(1), BF_AT(2),  BF_AT(3),  BF_AT(4),  BF_AT(5), BF_AT(6),
+         BF_AT(7), BF_AT(8), BF_AT(9), BF_AT(10), BF_AT(11), BF_AT(12)};
+#undef BF_AT
     const int64_t step = BF_NV * FA_VL;             /* features per register tile */
     for (int64_t p = p0; p < p1; p++) {
         const uint16_t *w_p = wp + p * K * BF_PANEL;
         for (int64_t f0 = 0; f0 < BF_PANEL; f0 += step) {
             const int64_t m0 = p * BF_PANEL + f0;
             if (m0 >= M) break;
+            const int64_t nf = M - m0 < step ? M - m0 : step;
             for (int64_t r0 = 0; r0 < N; r0 += BF_RB) {
                 const int64_t nr = N - r0 < BF_RB ? N - r0 : BF_RB;
-                VF acc[BF_RB][BF_NV];
-                for (int r = 0; r < BF_RB; r++)
-                    for (int c = 0; c < BF_NV; c++) acc[r][c] = vsplat(0.0f);
-                const uint16_t *w_k = w_p + f0;
-                const float *x_r0 = x + r0 * K;
-                for (int64_t k = 0; k < K; k++, w_k += BF_PANEL) {
-                    VF wv[BF_NV];
-                    for (int c = 0; c < BF_NV; c++)
-                        wv[c] = (VF)(__builtin_convertvector(*(const VW *)(w_k + c * FA_VL), VU)
-                                     << 16);
-                    for (int r = 0; r < BF_RB; r++) {
-                        /* rows past N read row 0 again (harmless, never stored) */
-                        const VF xv = vsplat(x_r0[(r < nr ? r : 0) * K + k]);
-                        for (int c = 0; c < BF_NV; c++) acc[r][c] += xv * wv[c];
-                    }
-                }
-                const int64_t nf = M - m0 < step ? M - m0 : step;
-                for (int r = 0; r < nr; r++) {
-                    float *y_r = y + (r0 + r) * ldy + m0;
-                    if (nf == step) {
-                        for (int c = 0; c < BF_NV; c++) vstore(y_r + c * FA_VL, acc[r][c]);
-                    } else {
-                        for (int64_t f = 0; f < nf; f++) y_r[f] = acc[r][f / FA_VL][f % FA_VL];
-                    }
-                }
+                at[nr](y + r0 * ldy + m0, ldy, x + r0 * K, K, w_p + f0, nf);
             }
         }
     }
