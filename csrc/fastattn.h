@@ -486,6 +486,8 @@ int fa_embedding_backward(float *dweight, const float *dout, const int64_t *ids,
  */
 #define FA_INT8_MAX_K 133144  /* (2^31 - 1) / (127 * 127): the int32 sums cannot overflow */
 #define FA_INT8_MIN_AMAX 0x1p-121f /* rows below: zero (127 / amax is finite from here up) */
+#define FA_BF16_PACKED_MAX_ROWS 32 /* bf16: up to this many rows, the packed few-row kernel */
+enum { Q8_FMT_I16 = 0, Q8_FMT_U8 = 1, Q8_FMT_I8 = 2 };  /* quantised activations' formats */
 
 /* int8 code paths (user names generic / avx2 / avx512bw / avx512vnni), at most the ISA level. */
 typedef enum {
@@ -551,11 +553,21 @@ int64_t fa_bf16_packed_size(int64_t M, int64_t K);
 void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nthreads);
 
 /* fa_linear_bf16_forward -- y = act(x float32(weight)^T + bias), weight bf16, fp32 sums.
- *   y (N, M) out;  x (N, K) in;  wp the packed weight (fa_bf16_pack);  bias (M) or NULL
- *   Many rows: panels widened to float32 blocks and multiplied by BLAS; few rows: the weight
- *   streamed once, widened in registers.  Returns 0, or -1: out of memory.
+ *   y (N, M) out;  x (N, K) in;  bias (M) or NULL
+ *   w   (M, K)  in, bf16 bits (row-major, as stored)
+ *   wp  the packed weight (fa_bf16_pack), or NULL; read only for N <= FA_BF16_PACKED_MAX_ROWS
+ *   Few rows with wp: panels split over threads, the weight streamed once and widened in
+ *   registers. Otherwise: w widened to a float32 copy (exact), then fa_linear_forward (BLAS).
+ *   Returns 0, or -1: out of memory.
  *   Twin: fastattn.reference.linear with a QuantizedWeight */
-int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
-                           int64_t N, int64_t K, int64_t M, int activation, int nthreads);
+int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *w, const uint16_t *wp,
+                           const float *bias, int64_t N, int64_t K, int64_t M, int activation,
+                           int nthreads);
+
+/* fa_quant_tiles -- the quantised kernels' sizes, for build_info()["quant_tiles"]: out[0..6] =
+ * int8 features per panel, K per group, rows per tile (of the int8 path in use), int8 rows per
+ * block, int8 rows per thread below which panels are split, bf16 features per panel,
+ * FA_BF16_PACKED_MAX_ROWS. Returns the count (7). */
+int fa_quant_tiles(int64_t *out);
 
 #endif /* FASTATTN_H */

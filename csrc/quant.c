@@ -9,11 +9,32 @@
 #include "fa_blas.h"
 #include "fastattn.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+/* Sizes shared by every ISA (the per-path int8 tiles are in q8_impl_of below). */
+#define BF_PANEL 32          /* bf16 features per packed panel: wp[p][k][f] = w[32 p + f][k] */
+#define Q8_ROW_BLOCK 96      /* int8, many rows: rows quantised and multiplied together (the
+                                quantised block stays in L2 while every panel meets it) */
+#define Q8_MIN_ROWS 48       /* int8: below this many rows per thread, threads split panels */
+
 #define FA_BODY "quant_body.h"
 #include "fa_instantiate.h"
 
-typedef void (*epi_fn)(float *, float *, const float *, int64_t, int64_t, int64_t, int, int64_t,
-                       int64_t, const fa_dropout_t *);
+/* The VNNI tile: the v4 body's int8 part once more, with AVX-512 VNNI enabled. */
+#if defined(FA_HAVE_V4)
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v4,avx512vnni")
+#define Q8_VNNI_PASS 1
+#define FA_SFX v4vnni
+#define FA_VL 16
+#include "fa_simd.h"
+#include "quant_body.h"
+#include "fa_simd_end.h"
+#undef Q8_VNNI_PASS
+#pragma GCC pop_options
+#endif
 
 /* ---- the int8 path ---------------------------------------------------------------------------- */
 
@@ -98,27 +119,79 @@ int fa_int8_init(int forced)
     return 0;
 }
 
-/* ---- layouts ------------------------------------------------------------------------------------
- * int8: panels of NP features; in a panel, K in groups of G: wp[p][kg][f][g] = q[p NP + f][kg G
- * + g], zero past M and past K. (G = 4: one int32 lane of vpdpbusd; G = 2: one of vpmaddwd.) */
-static const int64_t PANEL_OF[4] = {16, 32, 64, 64};
-static const int64_t GROUP_OF[4] = {2, 2, 2, 4};
-#define BF_PANEL 64     /* bf16: wp[p][k][f] = w[p BF_PANEL + f][k] */
+/* ---- per-path tables ------------------------------------------------------------------------ */
+
+typedef void (*epi_fn)(float *, float *, const float *, int64_t, int64_t, int64_t, int, int64_t,
+                       int64_t, const fa_dropout_t *);
+typedef void (*q8_panel_fn)(float *, int64_t, const void *, int64_t, int64_t, const int8_t *,
+                            const int32_t *, const float *, const float *, const float *,
+                            int64_t, int64_t, int);
+typedef void (*q8_quant_fn)(void *, float *, const float *, int64_t, int64_t, int64_t, int);
+typedef float (*q8_row_fn)(void *, const float *, int64_t, int64_t, int);
+typedef void (*bf_gemm_fn)(float *, int64_t, const float *, int64_t, const uint16_t *, int64_t,
+                           int64_t, int64_t, int64_t);
+typedef void (*widen_fn)(float *, const uint16_t *, int64_t);
+
+/* One int8 path: its layout (np features per panel, K in groups of g), its tile height (mr,
+ * for build_info), the activations' format, and the helpers of its ISA level. */
+typedef struct {
+    int64_t np, g, mr;
+    int fmt;
+    q8_panel_fn panel;
+    q8_quant_fn quant;
+    epi_fn epi;
+} q8_impl_t;
+
+static q8_impl_t q8_impl_of(int path)
+{
+    q8_impl_t im = {16, 2, 4, Q8_FMT_I16, q8_panel_generic, q8_quant_rows_generic,
+                    bias_act_rows_generic};
+#if defined(FA_HAVE_V3)
+    if (path == FA_INT8_AVX2)
+        im = (q8_impl_t){32, 2, 4, Q8_FMT_I16, q8_panel_avx2, q8_quant_rows_v3, bias_act_rows_v3};
+#endif
+#if defined(FA_HAVE_V4)
+    if (path == FA_INT8_AVX512BW)
+        im = (q8_impl_t){64, 2, 6, Q8_FMT_I16, q8_panel_avx512bw, q8_quant_rows_v4,
+                         bias_act_rows_v4};
+    if (path == FA_INT8_AVX512VNNI)
+        im = (q8_impl_t){64, 4, 6, Q8_FMT_U8, q8_panel_vnni, q8_quant_rows_v4, bias_act_rows_v4};
+#endif
+    return im;
+}
 
 static int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-int64_t fa_int8_packed_size(int64_t M, int64_t K)
+int fa_quant_tiles(int64_t *out)
 {
-    return round_up(M, PANEL_OF[g_path]) * round_up(K, GROUP_OF[g_path]);
+    const q8_impl_t im = q8_impl_of(g_path);
+    out[0] = im.np;
+    out[1] = im.g;
+    out[2] = im.mr;
+    out[3] = Q8_ROW_BLOCK;
+    out[4] = Q8_MIN_ROWS;
+    out[5] = BF_PANEL;
+    out[6] = FA_BF16_PACKED_MAX_ROWS;
+    return 7;
 }
 
-int64_t fa_int8_wsum_size(int64_t M) { return round_up(M, PANEL_OF[g_path]); }
+/* ---- int8 --------------------------------------------------------------------------------------
+ * Packed weight: panels of np features, K in groups of g (see quant_body.h):
+ *   wp[p][kg][f][j] = q[p np + f][kg g + j], zero past M and K;  wsum[m] = -128 sum_k q[m, k] */
+
+int64_t fa_int8_packed_size(int64_t M, int64_t K)
+{
+    const q8_impl_t im = q8_impl_of(g_path);
+    return round_up(M, im.np) * round_up(K, im.g);
+}
+
+int64_t fa_int8_wsum_size(int64_t M) { return round_up(M, q8_impl_of(g_path).np); }
 
 void fa_int8_pack(int8_t *wp, int32_t *wsum, const int8_t *q, int64_t M, int64_t K,
                   int nthreads)
 {
-    const int64_t NP = PANEL_OF[g_path], G = GROUP_OF[g_path], Kp = round_up(K, G);
-    const int64_t P = (M + NP - 1) / NP;
+    const q8_impl_t im = q8_impl_of(g_path);
+    const int64_t NP = im.np, G = im.g, Kp = round_up(K, G), P = (M + NP - 1) / NP;
     const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)(P * NP * Kp), 1e6);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t p = 0; p < P; p++) {
@@ -131,62 +204,37 @@ void fa_int8_pack(int8_t *wp, int32_t *wsum, const int8_t *q, int64_t M, int64_t
                 w_p[(k / G) * NP * G + f * G + k % G] = v;
                 s += v;
             }
-            wsum[m] = -128 * s;
+            wsum[m] = -128 * s;                                /* |s| <= 127 K: no overflow */
         }
     }
-}
-
-/* ---- quantisation (scalar math; the kernels' vector code computes exactly this) --------------- */
-
-/* One row: scale and q as the rule in fastattn.h; returns 0, or -1 if the row is not finite. */
-static int quantize_row(int8_t *q, float *scale, const float *x, int64_t K)
-{
-    uint32_t amax_bits = 0;               /* |x| as bits: NaN > inf > every finite value */
-    for (int64_t k = 0; k < K; k++) {
-        uint32_t b;
-        memcpy(&b, x + k, 4);
-        b &= 0x7fffffffu;
-        amax_bits = b > amax_bits ? b : amax_bits;
-    }
-    if (amax_bits >= 0x7f800000u) {
-        *scale = NAN;
-        memset(q, 0, (size_t)K);
-        return -1;
-    }
-    float amax;
-    memcpy(&amax, &amax_bits, 4);
-    if (amax < FA_INT8_MIN_AMAX) {                          /* zeros, or 127 / amax = inf */
-        *scale = 0.0f;
-        memset(q, 0, (size_t)K);
-        return 0;
-    }
-    *scale = amax / 127.0f;
-    const float inv = 127.0f / amax;
-    for (int64_t k = 0; k < K; k++) {
-        float t = x[k] * inv;                              /* |t| <= 127 (1 + 2^-23) */
-        t = t > 127.0f ? 127.0f : t < -127.0f ? -127.0f : t;
-        q[k] = (int8_t)lrintf(t);
-    }
-    return 0;
 }
 
 int64_t fa_quantize_int8(int8_t *q, float *scale, const float *x, int64_t N, int64_t K,
                          int nthreads)
 {
+    const q8_row_fn row = FA_DISPATCH(q8_quant_row_);
     int64_t bad = N;
     const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)N * (double)K, 1e5);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static) reduction(min : bad)
-    for (int64_t n = 0; n < N; n++)
-        if (quantize_row(q + n * K, scale + n, x + n * K, K) != 0 && n < bad) bad = n;
+    for (int64_t n = 0; n < N; n++) {
+        scale[n] = row(q + n * K, x + n * K, K, K, Q8_FMT_I8);
+        if (scale[n] != scale[n] && n < bad) bad = n;
+    }
     return bad == N ? -1 : bad;
 }
 
-/* fl(fl(a * s) + b) without a fused multiply-add: the asm keeps the product a float32 value. */
-static inline float mul_add_rounded(float a, float s, float b)
+/* Rows [r0, r0 + rows) of y, panels [p0, p1): every tile, then gelu (relu is in the tiles). */
+static void q8_panels(const q8_impl_t *im, float *y, const void *xq, const float *sx,
+                      int64_t rows, int64_t Kp, const int8_t *wp, const int32_t *wsum,
+                      const float *scale, const float *bias, int64_t p0, int64_t p1, int64_t M,
+                      int act)
 {
-    float t = a * s;
-    __asm__("" : "+x"(t));
-    return t + b;
+    for (int64_t p = p0; p < p1; p++) {
+        const int64_t m0 = p * im->np, nf = M - m0 < im->np ? M - m0 : im->np;
+        im->panel(y + m0, M, xq, Kp, rows, wp + m0 * Kp, wsum + m0, sx, scale + m0,
+                  bias ? bias + m0 : NULL, Kp / im->g, nf, act == FA_ACT_RELU);
+        if (act == FA_ACT_GELU) im->epi(y + m0, NULL, NULL, rows, nf, M, act, 0, 0, NULL);
+    }
 }
 
 int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const int32_t *wsum,
@@ -194,33 +242,41 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const int
                            int64_t M, int activation, int nthreads)
 {
     if (N <= 0 || M <= 0) return 0;
-    const int64_t NP = PANEL_OF[g_path], G = GROUP_OF[g_path], Kp = round_up(K, G);
-    int8_t *xq = malloc((size_t)(N * (K > 0 ? K : 1)));
-    float *sx = malloc((size_t)N * sizeof(float));
-    if (!xq || !sx) {
-        free(xq);
-        free(sx);
-        return -1;
-    }
-    fa_quantize_int8(xq, sx, x, N, K, nthreads);
-    const epi_fn epi = FA_DISPATCH(bias_act_rows_);
-    const int nt FA_OMP_ONLY = fa_team_size(nthreads, 2.0 * (double)N * (double)K * (double)M,
-                                            2e5);
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const int8_t *x_n = xq + n * K;
-        for (int64_t m = 0; m < M; m++) {
-            const int8_t *w_p = wp + (m / NP) * NP * Kp + (m % NP) * G;
-            int32_t acc = 0;
-            for (int64_t k = 0; k < K; k++)
-                acc += (int32_t)x_n[k] * (int32_t)w_p[(k / G) * NP * G + k % G];
-            y[n * M + m] = mul_add_rounded((float)acc, sx[n] * scale[m], bias ? bias[m] : 0.0f);
+    const q8_impl_t im = q8_impl_of(g_path);
+    const int64_t Kp = round_up(K, im.g), P = (M + im.np - 1) / im.np;
+    const int64_t esz = im.fmt == Q8_FMT_I16 ? 2 : 1;
+    const int nt = fa_team_size(nthreads, 2.0 * (double)N * (double)K * (double)M, 2e5);
+    const int by_rows = N >= (int64_t)nt * Q8_MIN_ROWS;
+    /* by rows: blocks of about Q8_ROW_BLOCK rows, a multiple of the team in number (equal
+     * shares); by panels: every thread quantises all N rows for itself (no barrier) */
+    const int64_t nblk = by_rows ? round_up((N + Q8_ROW_BLOCK - 1) / Q8_ROW_BLOCK, nt) : 1;
+    const int64_t per = (N + nblk - 1) / nblk;
+    const int64_t stride = round_up(per * Kp * esz + per * 4, 64) + 64;   /* bytes per thread */
+    char *buf = aligned_alloc(64, (size_t)(stride * nt));
+    if (!buf) return -1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        char *xq = buf + stride * fa_thread_id();
+        float *sx = (float *)(xq + round_up(per * Kp * esz, 64));
+        if (by_rows) {
+#pragma omp for schedule(static)
+            for (int64_t blk = 0; blk < nblk; blk++) {
+                const int64_t r0 = blk * per, rows = N - r0 < per ? N - r0 : per;
+                if (rows <= 0) continue;
+                im.quant(xq, sx, x + r0 * K, rows, K, Kp, im.fmt);
+                q8_panels(&im, y + r0 * M, xq, sx, rows, Kp, wp, wsum, scale, bias, 0, P, M,
+                          activation);
+            }
+        } else {
+            int64_t p0, p1;
+            fa_split(P, 1, &p0, &p1);
+            if (p0 < p1) {
+                im.quant(xq, sx, x, N, K, Kp, im.fmt);
+                q8_panels(&im, y, xq, sx, N, Kp, wp, wsum, scale, bias, p0, p1, M, activation);
+            }
         }
-        epi(y + n * M, NULL, NULL, 1, M, M, activation, n, 0, NULL);
     }
-    (void)wsum;
-    free(xq);
-    free(sx);
+    free(buf);
     return 0;
 }
 
@@ -232,14 +288,6 @@ static inline uint16_t bf16_round(float v)
     memcpy(&b, &v, 4);
     if ((b & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((b >> 16) | 0x0040u);   /* NaN */
     return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-}
-
-static inline float bf16_widen(uint16_t h)
-{
-    const uint32_t b = (uint32_t)h << 16;
-    float v;
-    memcpy(&v, &b, 4);
-    return v;
 }
 
 void fa_to_bfloat16(uint16_t *bits, const float *x, int64_t n, int nthreads)
@@ -265,39 +313,42 @@ void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nth
     }
 }
 
-int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
-                           int64_t N, int64_t K, int64_t M, int activation, int nthreads)
+int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *w, const uint16_t *wp,
+                           const float *bias, int64_t N, int64_t K, int64_t M, int activation,
+                           int nthreads)
 {
     if (N <= 0 || M <= 0) return 0;
-    const int64_t P = (M + BF_PANEL - 1) / BF_PANEL;
     const epi_fn epi = FA_DISPATCH(bias_act_rows_);
-    const int nt = fa_team_size(nthreads < P ? nthreads : (int)P,
-                                2.0 * (double)N * (double)K * (double)M, 2e5);
-    float *wide = malloc((size_t)(nt * (K > 0 ? K : 1) * BF_PANEL) * sizeof(float));
-    float *tile = malloc((size_t)(nt * N * BF_PANEL) * sizeof(float));
-    if (!wide || !tile) {
-        free(wide);
-        free(tile);
-        return -1;
+    if (wp && N <= FA_BF16_PACKED_MAX_ROWS) {          /* few rows: stream the packed weight */
+        const bf_gemm_fn gemm = FA_DISPATCH(bf16_packed_gemm_);
+        const int64_t P = (M + BF_PANEL - 1) / BF_PANEL;
+        const int nt FA_OMP_ONLY = fa_team_size(nthreads < P ? nthreads : (int)P,
+                                                2.0 * (double)N * (double)K * (double)M, 2e5);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+        {
+            int64_t p0, p1;
+            fa_split(P, 1, &p0, &p1);
+            if (p0 < p1) {
+                gemm(y, M, x, N, wp, p0, p1, M, K);
+                const int64_t m0 = p0 * BF_PANEL, m1 = p1 * BF_PANEL < M ? p1 * BF_PANEL : M;
+                epi(y + m0, NULL, bias ? bias + m0 : NULL, N, m1 - m0, M, activation, 0, m0,
+                    NULL);
+            }
+        }
+        return 0;
     }
+    /* many rows: the weight widened to float32 (exact), then the fp32 linear (BLAS) */
+    float *wide = malloc((size_t)(M * (K > 0 ? K : 1)) * sizeof(float));
+    if (!wide) return -1;
+    const widen_fn widen = FA_DISPATCH(bf16_widen_);
+    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)M * (double)K, 1e5);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        float *w_t = wide + fa_thread_id() * K * BF_PANEL;
-        float *z_t = tile + fa_thread_id() * N * BF_PANEL;
-        int64_t p0, p1;
-        fa_split(P, 1, &p0, &p1);
-        for (int64_t p = p0; p < p1; p++) {
-            for (int64_t i = 0; i < K * BF_PANEL; i++) w_t[i] = bf16_widen(wp[p * K * BF_PANEL + i]);
-            const int64_t m0 = p * BF_PANEL, nf = M - m0 < BF_PANEL ? M - m0 : BF_PANEL;
-            fa_sgemm_rowmajor(0, 0, N, BF_PANEL, K, 1.0f, x, K, w_t, BF_PANEL, 0.0f, z_t,
-                              BF_PANEL);
-            for (int64_t n = 0; n < N; n++)
-                for (int64_t f = 0; f < nf; f++)
-                    y[n * M + m0 + f] = z_t[n * BF_PANEL + f] + (bias ? bias[m0 + f] : 0.0f);
-            epi(y + m0, NULL, NULL, N, nf, M, activation, 0, m0, NULL);
-        }
+        int64_t lo, hi;
+        fa_split(M * K, 4096, &lo, &hi);
+        if (lo < hi) widen(wide + lo, w + lo, hi - lo);
     }
+    fa_linear_forward(y, NULL, x, wide, bias, N, K, M, activation, nthreads);
     free(wide);
-    free(tile);
     return 0;
 }

@@ -1,4 +1,562 @@
 /* quant_body.h -- the int8 and bf16 weight kernels, per ISA (included by quant.c through
- * fa_instantiate.h). The activations come from linear_body.h (bias_act_rows_), so a quantised
- * product applies exactly the fp32 linear's relu and gelu. */
+ * fa_instantiate.h, and once more for AVX-512 VNNI). The activations come from linear_body.h
+ * (bias_act_rows_), so a quantised product applies exactly the fp32 linear's gelu.
+ *
+ * int8 layouts (fa_int8_pack): panels of Q8_NP features, K in groups of Q8_G,
+ *   wp[p][kg][f][g] = q[p Q8_NP + f][kg Q8_G + g]  (zero past M and K)
+ * and the quantised activations, one row of Kp = K rounded up to Q8_G per row of x:
+ *   int16 (G = 2 paths: vpmaddwd on a broadcast pair)  or  u8 = xq + 128 (VNNI: vpdpbusd on a
+ *   broadcast quadruple, the +128 cancelled by wsum = -128 sum_k q[m, k] as the accumulator's
+ *   start). Every path sums the same integers exactly: the results do not depend on the path.
+ */
+#ifndef Q8_VNNI_PASS
 #include "linear_body.h"
+#endif
+
+#ifndef QUANT_BODY_ONCE
+#define QUANT_BODY_ONCE
+/* 32 bits from anywhere (memcpy: no alignment or aliasing assumption) */
+FA_INLINE int32_t q8_load32(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+#endif
+
+#ifndef Q8_VNNI_PASS
+
+/* ---- activations, quantised per row ----------------------------------------------------------
+ * scalar math (the rule in fastattn.h, as reference._quantize_rows):
+ *   amax = max_k |x_k| (as bits: NaN > inf > finite);  non-finite: sx = NaN, q = 0
+ *   amax < 2^-121: sx = 0, q = 0;  else sx = amax / 127, inv = 127 / amax,
+ *   q_k = rint(clip(x_k * inv, -127, 127))   (x_k * inv is within 127 (1 + 2^-23) anyway)
+ * rint: (t + 1.5 2^23) - 1.5 2^23 rounds |t| < 2^22 to the nearest integer, ties to even.
+ * Output (fmt): Q8_FMT_I16 int16 rows (Kp, zero padded), Q8_FMT_U8 uint8 rows xq + 128 (pad
+ * 128), Q8_FMT_I8 int8 rows (quantize_int8's output). */
+typedef int16_t FA_CAT(vh_, FA_SFX) __attribute__((vector_size(FA_VL * 2), aligned(1),
+                                                     may_alias));
+typedef uint8_t FA_CAT(vb_, FA_SFX) __attribute__((vector_size(FA_VL), aligned(1), may_alias));
+typedef int8_t FA_CAT(vs_, FA_SFX) __attribute__((vector_size(FA_VL), aligned(1), may_alias));
+typedef uint16_t FA_CAT(vw_, FA_SFX) __attribute__((vector_size(FA_VL * 2), aligned(1),
+                                                      may_alias));
+
+static float FA_CAT(q8_quant_row_, FA_SFX)(void *dst, const float *x, int64_t K, int64_t Kp,
+                                           int fmt)
+{
+    const int u8 = fmt == Q8_FMT_U8, i8 = fmt == Q8_FMT_I8;
+    typedef FA_CAT(vh_, FA_SFX) VH;
+    typedef FA_CAT(vb_, FA_SFX) VB;
+    typedef FA_CAT(vs_, FA_SFX) VS;
+    const int64_t Kv = K - K % FA_VL;
+    VI mv = (VI){0};
+    for (int64_t k = 0; k < Kv; k += FA_VL) {
+        const VI a = (VI)vload(x + k) & 0x7fffffff;
+        const VI gt = a > mv;
+        mv = (a & gt) | (mv & ~gt);
+    }
+    int32_t amax_bits = 0;
+    for (int i = 0; i < FA_VL; i++) amax_bits = mv[i] > amax_bits ? mv[i] : amax_bits;
+    for (int64_t k = Kv; k < K; k++) {
+        int32_t b;
+        memcpy(&b, x + k, 4);
+        b &= 0x7fffffff;
+        amax_bits = b > amax_bits ? b : amax_bits;
+    }
+    float amax, sx;
+    memcpy(&amax, &amax_bits, 4);
+    int8_t *h8 = dst;
+    int16_t *h16 = dst;
+    if (amax_bits >= 0x7f800000 || amax < FA_INT8_MIN_AMAX) {   /* not finite, or zero */
+        if (u8 || i8)
+            memset(h8, u8 ? 0x80 : 0, (size_t)Kp);
+        else
+            memset(h16, 0, (size_t)Kp * 2);
+        return amax_bits >= 0x7f800000 ? NAN : 0.0f;
+    }
+    sx = amax / 127.0f;
+    const float inv = 127.0f / amax;
+    const VF vinv = vsplat(inv), hi = vsplat(127.0f), lo = vsplat(-127.0f);
+    const VF magic = vsplat(12582912.0f);
+    for (int64_t k = 0; k < Kv; k += FA_VL) {
+        VF t = vload(x + k) * vinv;
+        t = (VF)(((VI)(t > hi) & (VI)hi) | (~(VI)(t > hi) & (VI)t));
+        t = (VF)(((VI)(t < lo) & (VI)lo) | (~(VI)(t < lo) & (VI)t));
+        const VI q = __builtin_convertvector((t + magic) - magic, VI);
+        if (u8)
+            *(VB *)(h8 + k) = __builtin_convertvector(q + 128, VB);
+        else if (i8)
+            *(VS *)(h8 + k) = __builtin_convertvector(q, VS);
+        else
+            *(VH *)(h16 + k) = __builtin_convertvector(q, VH);
+    }
+    for (int64_t k = Kv; k < Kp; k++) {
+        float t = k < K ? x[k] * inv : 0.0f;
+        t = t > 127.0f ? 127.0f : t < -127.0f ? -127.0f : t;
+        const int32_t q = (int32_t)((t + 12582912.0f) - 12582912.0f);
+        if (u8)
+            h8[k] = (int8_t)(uint8_t)(q + 128);
+        else if (i8)
+            h8[k] = (int8_t)q;
+        else
+            h16[k] = (int16_t)q;
+    }
+    return sx;
+}
+
+/* rows of x (row stride K) into dst (row stride Kp elements), scales into sx */
+static void FA_CAT(q8_quant_rows_, FA_SFX)(void *dst, float *sx, const float *x, int64_t rows,
+                                           int64_t K, int64_t Kp, int fmt)
+{
+    const int64_t esz = fmt == Q8_FMT_I16 ? 2 : 1;
+    for (int64_t r = 0; r < rows; r++)
+        sx[r] = FA_CAT(q8_quant_row_, FA_SFX)((char *)dst + r * Kp * esz, x + r * K, K, Kp, fmt);
+}
+
+/* ---- bf16 ------------------------------------------------------------------------------------ */
+
+/* dst[i] = float32(src[i]): the bits shifted up 16 (exact) */
+static void FA_CAT(bf16_widen_, FA_SFX)(float *dst, const uint16_t *src, int64_t n)
+{
+    typedef FA_CAT(vw_, FA_SFX) VW;
+    const int64_t nv = n - n % FA_VL;
+    for (int64_t i = 0; i < nv; i += FA_VL)
+        vstore(dst + i, (VF)(__builtin_convertvector(*(const VW *)(src + i), VU) << 16));
+    for (int64_t i = nv; i < n; i++) {
+        const uint32_t b = (uint32_t)src[i] << 16;
+        memcpy(dst + i, &b, 4);
+    }
+}
+
+/* Few-row GEMM on packed bf16 weights: y[r][m] = x_r . float32(w_m), for panels [p0, p1).
+ *   y   (N, ldy)  out; the panels' features (< M) only, without bias
+ *   x   (N, K)    in
+ *   wp  (P, K, BF_PANEL) in; panel p holds features p BF_PANEL .. + BF_PANEL (fa_bf16_pack)
+ * Vectors along the features: per k, BF_NV widened weight vectors meet a broadcast of each of
+ * up to BF_RB rows of x (a tile of exactly the rows left: one row computes one row). Streams
+ * wp once per BF_RB rows, in order. Each y element is the same sum in the same order whatever
+ * N is (the tile height changes which rows share a pass, not any element's sum). */
+#if FA_VL == 16
+#define BF_RB 12
+#define BF_NV 2
+#elif FA_VL == 8
+#define BF_RB 4
+#define BF_NV 2
+#else
+#define BF_RB 2
+#define BF_NV 4
+#endif
+
+/* BF_NV vectors of widened weights at w (float32(bits) = bits << 16) */
+FA_INLINE void FA_CAT(bf16_load_, FA_SFX)(VF *wv, const uint16_t *w)
+{
+    for (int c = 0; c < BF_NV; c++) {
+#if FA_VL == 16
+        wv[c] = (VF)_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(w + 16 * c))), 16);
+#elif FA_VL == 8
+        wv[c] = (VF)_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + 8 * c))), 16);
+#else
+        typedef FA_CAT(vw_, FA_SFX) VW;
+        wv[c] = (VF)(__builtin_convertvector(*(const VW *)(w + c * FA_VL), VU) << 16);
+#endif
+    }
+}
+
+/* nr rows (a constant once inlined) x BF_NV vectors of features m0.. (nf of them) */
+FA_INLINE void FA_CAT(bf16_tile_, FA_SFX)(float *y, int64_t ldy, const float *x, int64_t K,
+                                          const uint16_t *w_k, int64_t nf, const int nr)
+{
+    VF acc[BF_RB][BF_NV];
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < BF_NV; c++) acc[r][c] = vsplat(0.0f);
+    for (int64_t k = 0; k < K; k++, w_k += BF_PANEL) {
+        VF wv[BF_NV];
+        FA_CAT(bf16_load_, FA_SFX)(wv, w_k);
+        for (int r = 0; r < nr; r++) {
+            const VF xv = vsplat(x[r * K + k]);
+            for (int c = 0; c < BF_NV; c++) acc[r][c] += xv * wv[c];
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        float *y_r = y + r * ldy;
+        if (nf == BF_NV * FA_VL) {
+            for (int c = 0; c < BF_NV; c++) vstore(y_r + c * FA_VL, acc[r][c]);
+        } else {
+            for (int64_t f = 0; f < nf; f++) y_r[f] = acc[r][f / FA_VL][f % FA_VL];
+        }
+    }
+}
+
+#define BF_TILE_AT(NR)                                                                         \
+    static __attribute__((noinline)) void FA_CAT(FA_CAT(bf16_tile_, FA_SFX), _##NR)(          \
+        float *y, int64_t ldy, const float *x, int64_t K, const uint16_t *w_k, int64_t nf)     \
+    {                                                                                          \
+        FA_CAT(bf16_tile_, FA_SFX)(y, ldy, x, K, w_k, nf, NR > BF_RB ? BF_RB : NR);           \
+    }
+BF_TILE_AT(1) BF_TILE_AT(2) BF_TILE_AT(3) BF_TILE_AT(4) BF_TILE_AT(5) BF_TILE_AT(6)
+BF_TILE_AT(7) BF_TILE_AT(8) BF_TILE_AT(9) BF_TILE_AT(10) BF_TILE_AT(11) BF_TILE_AT(12)
+#undef BF_TILE_AT
+
+static void FA_CAT(bf16_packed_gemm_, FA_SFX)(float *FA_RESTRICT y, int64_t ldy,
+                                              const float *FA_RESTRICT x, int64_t N,
+                                              const uint16_t *FA_RESTRICT wp, int64_t p0,
+                                              int64_t p1, int64_t M, int64_t K)
+{
+#define BF_AT(NR) FA_CAT(FA_CAT(bf16_tile_, FA_SFX), _##NR)
+    void (*const at[13])(float *, int64_t, const float *, int64_t, const uint16_t *, int64_t) =
+        {NULL,    BF_AT(1), BF_AT(2),  BF_AT(3),  BF_AT(4),  BF_AT(5), BF_AT(6),
+         BF_AT(7), BF_AT(8), BF_AT(9), BF_AT(10), BF_AT(11), BF_AT(12)};
+#undef BF_AT
+    const int64_t step = BF_NV * FA_VL;             /* features per register tile */
+    for (int64_t p = p0; p < p1; p++) {
+        const uint16_t *w_p = wp + p * K * BF_PANEL;
+        for (int64_t f0 = 0; f0 < BF_PANEL; f0 += step) {
+            const int64_t m0 = p * BF_PANEL + f0;
+            if (m0 >= M) break;
+            const int64_t nf = M - m0 < step ? M - m0 : step;
+            for (int64_t r0 = 0; r0 < N; r0 += BF_RB) {
+                const int64_t nr = N - r0 < BF_RB ? N - r0 : BF_RB;
+                at[nr](y + r0 * ldy + m0, ldy, x + r0 * K, K, w_p + f0, nf);
+            }
+        }
+    }
+}
+#undef BF_RB
+#undef BF_NV
+
+#endif /* !Q8_VNNI_PASS */
+
+/* ---- int8 GEMM tiles ----------------------------------------------------------------------------
+ * One tile: rows r < mr of the quantised x (row stride ldx elements) against one panel, over
+ * all of K, then the epilogue on the int32 sums (scalar math):
+ *   y[r][f] = relu?(fl(fl(float(acc) * fl(sx[r] * scale[f])) + bias[f]))     for f < nf
+ * The product is kept a float32 value (an empty asm: no fused multiply-add may absorb it).
+ * Q8_TILE(level) names the tile function of a path; Q8_PANEL(level) runs a panel's tiles. */
+
+/* Row r of a tile in registers: a<r>_0 .. a<r>_<NV-1>, named (an array of vectors indexed
+ * under `if (r < mr)` is not kept in registers by GCC). Q8_ROWS(X) expands X(r) per tile row;
+ * a row r >= mr is dead code once the tile is inlined with a constant mr. */
+#define Q8_ROWS6(X) X(0) X(1) X(2) X(3) X(4) X(5)
+/* acc += ...: in place, by an asm statement. Written with intrinsics (acc = f(acc, ...)), GCC
+ * 12 copies the 24 accumulators between registers and stores them to the stack on every
+ * iteration; with the accumulator an in-out asm operand it keeps each one in its register.
+ *   Q8_DPBUSD   acc[i] += sum_j u8 b[4i + j] * s8 w[4i + j]   (vpdpbusd: no saturation)
+ *   Q8_ADD512 / Q8_ADD256   acc += p   (int32 lanes, wrapping: vpaddd) */
+#define Q8_DPBUSD(acc, b, w) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(b), "v"(w))
+#define Q8_ADD512(acc, p) __asm__("vpaddd %1, %0, %0" : "+v"(acc) : "v"(p))
+#define Q8_ADD256(acc, p) __asm__("vpaddd %1, %0, %0" : "+x"(acc) : "x"(p))
+
+#if FA_VL == 16 && !defined(Q8_VNNI_PASS)
+/* The AVX-512 epilogue of one vector of a tile row: 16 int32 sums -> y (mask: nf) */
+FA_INLINE void q8_out512(float *y, __m512i a, __m512 s_r, __m512 sc, __m512 bi, __mmask16 mk,
+                         int relu)
+{
+    __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(s_r, sc));
+    __asm__("" : "+v"(t));                                  /* fl(acc * s), then + bias */
+    t = _mm512_add_ps(t, bi);
+    if (relu)
+        t = _mm512_mask_mov_ps(t, _mm512_cmp_ps_mask(t, _mm512_setzero_ps(), _CMP_LT_OQ),
+                               _mm512_setzero_ps());
+    _mm512_mask_storeu_ps(y, mk, t);
+}
+
+/* scale, bias and store masks of a 64-feature panel with nf features */
+FA_INLINE void q8_cols512(__m512 *sc, __m512 *bi, __mmask16 *mk, const float *scale_p,
+                          const float *bias_p, int64_t nf)
+{
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        const int64_t left = nf - 16 * j;
+        mk[j] = left >= 16 ? (__mmask16)0xffff
+              : left <= 0  ? (__mmask16)0 : (__mmask16)((1u << left) - 1u);
+        sc[j] = _mm512_maskz_loadu_ps(mk[j], scale_p + 16 * j);
+        bi[j] = bias_p ? _mm512_maskz_loadu_ps(mk[j], bias_p + 16 * j) : _mm512_setzero_ps();
+    }
+}
+#endif
+
+#define Q8_OUT512(r)                                                                           \
+    if (mr > r) {                                                                              \
+        const __m512 s_r = _mm512_set1_ps(sx[r]);                                              \
+        q8_out512(y + r * ldy, a##r##_0, s_r, sc[0], bi[0], mk[0], relu);                      \
+        q8_out512(y + r * ldy + 16, a##r##_1, s_r, sc[1], bi[1], mk[1], relu);                 \
+        q8_out512(y + r * ldy + 32, a##r##_2, s_r, sc[2], bi[2], mk[2], relu);                 \
+        q8_out512(y + r * ldy + 48, a##r##_3, s_r, sc[3], bi[3], mk[3], relu);                 \
+    }
+
+#if FA_VL == 16 && defined(Q8_VNNI_PASS)
+/* AVX-512 VNNI: 64 features (4 zmm of int32) x 6 rows; u8 activations (xq + 128) against s8
+ * weights, 4 products per lane per vpdpbusd; the accumulators start at wsum = -128 sum_k q, so
+ * they end at sum_k xq q exactly (int32 wrap-around in between cancels: the true sum fits). */
+FA_INLINE void q8_tile_vnni(float *y, int64_t ldy, const uint8_t *xq, int64_t ldx,
+                            const int8_t *w_p, const int32_t *wsum_p, const float *sx,
+                            const float *scale_p, const float *bias_p, int64_t Kg, int64_t nf,
+                            const int mr, int relu)
+{
+    const __m512i s0 = _mm512_loadu_si512(wsum_p), s1 = _mm512_loadu_si512(wsum_p + 16);
+    const __m512i s2 = _mm512_loadu_si512(wsum_p + 32), s3 = _mm512_loadu_si512(wsum_p + 48);
+#define Q8_INIT(r) __m512i a##r##_0 = s0, a##r##_1 = s1, a##r##_2 = s2, a##r##_3 = s3;
+    Q8_ROWS6(Q8_INIT)
+#undef Q8_INIT
+    for (int64_t kg = 0; kg < Kg; kg++) {
+        const int8_t *w_k = w_p + kg * 256;
+        const __m512i w0 = _mm512_loadu_si512(w_k), w1 = _mm512_loadu_si512(w_k + 64);
+        const __m512i w2 = _mm512_loadu_si512(w_k + 128), w3 = _mm512_loadu_si512(w_k + 192);
+#define Q8_STEP(r)                                                                             \
+        if (mr > r) {                                                                          \
+            const __m512i b = _mm512_set1_epi32(q8_load32(xq + r * ldx + 4 * kg));             \
+            Q8_DPBUSD(a##r##_0, b, w0);                                                        \
+            Q8_DPBUSD(a##r##_1, b, w1);                                                        \
+            Q8_DPBUSD(a##r##_2, b, w2);                                                        \
+            Q8_DPBUSD(a##r##_3, b, w3);                                                        \
+        }
+        Q8_ROWS6(Q8_STEP)
+#undef Q8_STEP
+    }
+    __m512 sc[4], bi[4];
+    __mmask16 mk[4];
+    q8_cols512(sc, bi, mk, scale_p, bias_p, nf);
+    Q8_ROWS6(Q8_OUT512)
+}
+#endif
+
+#if FA_VL == 16 && !defined(Q8_VNNI_PASS)
+/* AVX-512BW: 64 features x 6 rows; int16 activations, broadcast in pairs, against the weights
+ * sign-extended to int16 (vpmovsxbw): vpmaddwd + vpaddd, exact (|pair sum| <= 2 127^2). */
+FA_INLINE void q8_tile_avx512bw(float *y, int64_t ldy, const int16_t *xq, int64_t ldx,
+                                const int8_t *w_p, const int32_t *wsum_p, const float *sx,
+                                const float *scale_p, const float *bias_p, int64_t Kg,
+                                int64_t nf, const int mr, int relu)
+{
+    const __m512i z = _mm512_setzero_si512();
+#define Q8_INIT(r) __m512i a##r##_0 = z, a##r##_1 = z, a##r##_2 = z, a##r##_3 = z;
+    Q8_ROWS6(Q8_INIT)
+#undef Q8_INIT
+    for (int64_t kg = 0; kg < Kg; kg++) {
+        const int8_t *w_k = w_p + kg * 128;
+        const __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)w_k));
+        const __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w_k + 32)));
+        const __m512i w2 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w_k + 64)));
+        const __m512i w3 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w_k + 96)));
+#define Q8_STEP(r)                                                                             \
+        if (mr > r) {                                                                          \
+            const __m512i b = _mm512_set1_epi32(q8_load32(xq + r * ldx + 2 * kg));             \
+            Q8_ADD512(a##r##_0, _mm512_madd_epi16(w0, b));                                     \
+            Q8_ADD512(a##r##_1, _mm512_madd_epi16(w1, b));                                     \
+            Q8_ADD512(a##r##_2, _mm512_madd_epi16(w2, b));                                     \
+            Q8_ADD512(a##r##_3, _mm512_madd_epi16(w3, b));                                     \
+        }
+        Q8_ROWS6(Q8_STEP)
+#undef Q8_STEP
+    }
+    (void)wsum_p;
+    __m512 sc[4], bi[4];
+    __mmask16 mk[4];
+    q8_cols512(sc, bi, mk, scale_p, bias_p, nf);
+    Q8_ROWS6(Q8_OUT512)
+}
+#endif
+
+#if FA_VL == 8
+/* The AVX2 epilogue of one vector of a tile row: 8 int32 sums -> dst (sc, bi: zero past nf) */
+FA_INLINE void q8_out256(float *dst, __m256i a, __m256 s_r, const float *sc, const float *bi,
+                         int relu)
+{
+    __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_mul_ps(s_r, _mm256_loadu_ps(sc)));
+    __asm__("" : "+x"(t));                                  /* fl(acc * s), then + bias */
+    t = _mm256_add_ps(t, _mm256_loadu_ps(bi));
+    if (relu) t = _mm256_andnot_ps(_mm256_cmp_ps(t, _mm256_setzero_ps(), _CMP_LT_OQ), t);
+    _mm256_storeu_ps(dst, t);
+}
+
+/* AVX2: 32 features x 4 rows, as two passes of 16 features (2 ymm of int32) over kg groups
+ * [kg0, kg0 + Kg); int16 activations in broadcast pairs, weights sign-extended to int16:
+ * vpmaddwd + vpaddd, exact. Per pass 8 accumulators, 2 weights, a broadcast and a product: 12
+ * of the 16 ymm registers (the whole panel at once, 16 accumulators, would not fit). K comes
+ * in blocks (q8_panel_avx2): the sums start at 0 (first) or at part (mr, 32) int32, and end in
+ * the epilogue (last) or in part. */
+#define Q8_ROWS4(X) X(0) X(1) X(2) X(3)
+FA_INLINE void q8_tile_avx2(float *y, int64_t ldy, const int16_t *xq, int64_t ldx,
+                            const int8_t *w_p, int32_t *part, const float *sx,
+                            const float *scale_p, const float *bias_p, int64_t Kg, int64_t nf,
+                            const int mr, int relu, int first, int last)
+{
+    float sc[32], bi[32];
+    if (last)
+        for (int f = 0; f < 32; f++) {
+            sc[f] = f < nf ? scale_p[f] : 0.0f;
+            bi[f] = f < nf && bias_p ? bias_p[f] : 0.0f;
+        }
+    for (int h = 0; h < 2 && 16 * h < nf; h++) {
+        const __m256i z = _mm256_setzero_si256();
+#define Q8_INIT(r)                                                                             \
+        __m256i a##r##_0 = z, a##r##_1 = z;                                                    \
+        if (!first && mr > r) {                                                                \
+            a##r##_0 = _mm256_loadu_si256((const __m256i *)(part + 32 * r + 16 * h));          \
+            a##r##_1 = _mm256_loadu_si256((const __m256i *)(part + 32 * r + 16 * h + 8));      \
+        }
+        Q8_ROWS4(Q8_INIT)
+#undef Q8_INIT
+        const int8_t *w_h = w_p + 32 * h;
+        for (int64_t kg = 0; kg < Kg; kg++) {
+            const int8_t *w_k = w_h + kg * 64;
+            const __m256i wa = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w_k));
+            const __m256i wb = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w_k + 16)));
+#define Q8_STEP(r)                                                                             \
+            if (mr > r) {                                                                      \
+                const __m256i b = _mm256_set1_epi32(q8_load32(xq + r * ldx + 2 * kg));         \
+                Q8_ADD256(a##r##_0, _mm256_madd_epi16(wa, b));                                 \
+                Q8_ADD256(a##r##_1, _mm256_madd_epi16(wb, b));                                 \
+            }
+            Q8_ROWS4(Q8_STEP)
+#undef Q8_STEP
+        }
+        if (!last) {
+#define Q8_PART(r)                                                                             \
+            if (mr > r) {                                                                      \
+                _mm256_storeu_si256((__m256i *)(part + 32 * r + 16 * h), a##r##_0);            \
+                _mm256_storeu_si256((__m256i *)(part + 32 * r + 16 * h + 8), a##r##_1);        \
+            }
+            Q8_ROWS4(Q8_PART)
+#undef Q8_PART
+            continue;
+        }
+        const int64_t nh = nf - 16 * h < 16 ? nf - 16 * h : 16;
+#define Q8_OUT256(r)                                                                           \
+        if (mr > r) {                                                                          \
+            const __m256 s_r = _mm256_set1_ps(sx[r]);                                          \
+            float out[16], *dst = nh == 16 ? y + r * ldy + 16 * h : out;                       \
+            q8_out256(dst, a##r##_0, s_r, sc + 16 * h, bi + 16 * h, relu);                     \
+            q8_out256(dst + 8, a##r##_1, s_r, sc + 16 * h + 8, bi + 16 * h + 8, relu);         \
+            if (nh < 16) memcpy(y + r * ldy + 16 * h, out, (size_t)nh * sizeof(float));        \
+        }
+        Q8_ROWS4(Q8_OUT256)
+#undef Q8_OUT256
+    }
+}
+
+#define Q8_AVX2_AT(MRV)                                                                        \
+    static __attribute__((noinline)) void q8_tile_avx2_##MRV(                                  \
+        float *y, int64_t ldy, const int16_t *xq, int64_t ldx, const int8_t *w_p, int32_t *part,\
+        const float *sx, const float *scale_p, const float *bias_p, int64_t Kg, int64_t nf,   \
+        int relu, int first, int last)                                                         \
+    {                                                                                          \
+        q8_tile_avx2(y, ldy, xq, ldx, w_p, part, sx, scale_p, bias_p, Kg, nf, MRV, relu, first, \
+                     last);                                                                    \
+    }
+Q8_AVX2_AT(1)
+Q8_AVX2_AT(2)
+Q8_AVX2_AT(3)
+Q8_AVX2_AT(4)
+#undef Q8_AVX2_AT
+
+/* AVX2 panel: chunks of up to Q8_AVX2_ROWS rows; per chunk, K in blocks of Q8_AVX2_KG pairs
+ * (the panel's block, 32 x 2 Q8_AVX2_KG bytes = 16 KB, stays in L1 while every 4-row tile of
+ * the chunk meets it), partial sums in `part` (the chunk's rows x 32 int32, on the stack). */
+#define Q8_AVX2_ROWS 96
+#define Q8_AVX2_KG 256
+static void q8_panel_avx2(float *y, int64_t ldy, const void *xq, int64_t ldx, int64_t rows,
+                          const int8_t *w_p, const int32_t *wsum_p, const float *sx,
+                          const float *scale_p, const float *bias_p, int64_t Kg, int64_t nf,
+                          int relu)
+{
+    void (*const at[5])(float *, int64_t, const int16_t *, int64_t, const int8_t *, int32_t *,
+                        const float *, const float *, const float *, int64_t, int64_t, int, int,
+                        int) = {NULL, q8_tile_avx2_1, q8_tile_avx2_2, q8_tile_avx2_3,
+                                q8_tile_avx2_4};
+    const int16_t *x = xq;
+    int32_t part[Q8_AVX2_ROWS * 32];
+    (void)wsum_p;
+    for (int64_t c0 = 0; c0 < rows; c0 += Q8_AVX2_ROWS) {
+        const int64_t c1 = rows - c0 < Q8_AVX2_ROWS ? rows : c0 + Q8_AVX2_ROWS;
+        for (int64_t k0 = 0; k0 < Kg || k0 == 0; k0 += Q8_AVX2_KG) {
+            const int64_t kn = Kg - k0 < Q8_AVX2_KG ? Kg - k0 : Q8_AVX2_KG;
+            const int first = k0 == 0, last = k0 + kn >= Kg;
+            for (int64_t r0 = c0; r0 < c1; r0 += 4) {
+                const int64_t mr = c1 - r0 < 4 ? c1 - r0 : 4;
+                at[mr](y + r0 * ldy, ldy, x + r0 * ldx + 2 * k0, ldx, w_p + 64 * k0,
+                       part + 32 * (r0 - c0), sx + r0, scale_p, bias_p, kn, nf, relu, first,
+                       last);
+            }
+        }
+    }
+}
+#endif
+
+#if FA_VL == 4
+/* generic: 16 features x 4 rows, plain C on the int16 pair layout (the compiler vectorises
+ * what it can with SSE2's pmaddwd). */
+#define Q8_MR 4
+FA_INLINE void q8_tile_generic(float *y, int64_t ldy, const int16_t *xq, int64_t ldx,
+                               const int8_t *w_p, const int32_t *wsum_p, const float *sx,
+                               const float *scale_p, const float *bias_p, int64_t Kg,
+                               int64_t nf, const int mr, int relu)
+{
+    int32_t acc[Q8_MR][16];
+    for (int r = 0; r < Q8_MR; r++)
+        for (int f = 0; f < 16; f++) acc[r][f] = 0;
+    for (int64_t kg = 0; kg < Kg; kg++) {
+        const int8_t *w_k = w_p + kg * 32;
+        for (int r = 0; r < Q8_MR; r++) {
+            if (r < mr) {
+                const int32_t x0 = xq[r * ldx + 2 * kg], x1 = xq[r * ldx + 2 * kg + 1];
+                for (int f = 0; f < 16; f++)
+                    acc[r][f] += x0 * (int32_t)w_k[2 * f] + x1 * (int32_t)w_k[2 * f + 1];
+            }
+        }
+    }
+    (void)wsum_p;
+    for (int r = 0; r < mr; r++)
+        for (int64_t f = 0; f < nf; f++) {
+            float t = (float)acc[r][f] * (sx[r] * scale_p[f]);
+            __asm__("" : "+x"(t));
+            t = t + (bias_p ? bias_p[f] : 0.0f);
+            y[r * ldy + f] = relu && t < 0.0f ? 0.0f : t;
+        }
+}
+#undef Q8_MR
+#endif
+
+/* ---- a panel: every tile of `rows` rows -----------------------------------------------------
+ * One function per tile height (noinline: inlined into the panel loop, the tile's loop
+ * invariants would be hoisted out of it and push the accumulators out of registers). */
+#define Q8_TILE_ARGS float *y, int64_t ldy, const void *xq, int64_t ldx, const int8_t *w_p,     \
+                     const int32_t *wsum_p, const float *sx, const float *scale_p,              \
+                     const float *bias_p, int64_t Kg, int64_t nf, int relu
+#define Q8_TILE_AT(name, tile, xtype, MRV)                                                     \
+    static __attribute__((noinline)) void name##_##MRV(Q8_TILE_ARGS)                            \
+    {                                                                                           \
+        tile(y, ldy, (const xtype *)xq, ldx, w_p, wsum_p, sx, scale_p, bias_p, Kg, nf, MRV,    \
+             relu);                                                                             \
+    }
+#define Q8_PANEL_FN(name, tile, xtype, MR)                                                      \
+    Q8_TILE_AT(name, tile, xtype, 1)                                                            \
+    Q8_TILE_AT(name, tile, xtype, 2)                                                            \
+    Q8_TILE_AT(name, tile, xtype, 3)                                                            \
+    Q8_TILE_AT(name, tile, xtype, 4)                                                            \
+    Q8_TILE_AT(name, tile, xtype, 5)                                                            \
+    Q8_TILE_AT(name, tile, xtype, 6)                                                            \
+    static void name(float *y, int64_t ldy, const void *xq, int64_t ldx, int64_t rows,          \
+                     const int8_t *w_p, const int32_t *wsum_p, const float *sx,                 \
+                     const float *scale_p, const float *bias_p, int64_t Kg, int64_t nf,         \
+                     int relu)                                                                  \
+    {                                                                                           \
+        void (*const at[7])(Q8_TILE_ARGS) = {NULL,       name##_1, name##_2, name##_3,          \
+                                             name##_4,   name##_5, name##_6};                   \
+        const xtype *x = xq;                                                                    \
+        for (int64_t r0 = 0; r0 < rows; r0 += MR) {                                             \
+            const int64_t mr = rows - r0 < MR ? rows - r0 : MR;                                 \
+            at[mr](y + r0 * ldy, ldy, x + r0 * ldx, ldx, w_p, wsum_p, sx + r0, scale_p, bias_p, \
+                   Kg, nf, relu);                                                               \
+        }                                                                                       \
+    }
+
+#if FA_VL == 16 && defined(Q8_VNNI_PASS)
+Q8_PANEL_FN(q8_panel_vnni, q8_tile_vnni, uint8_t, 6)
+#elif FA_VL == 16
+Q8_PANEL_FN(q8_panel_avx512bw, q8_tile_avx512bw, int16_t, 6)
+#elif FA_VL == 4
+Q8_PANEL_FN(q8_panel_generic, q8_tile_generic, int16_t, 4)
+#endif

@@ -131,6 +131,15 @@ def amx_info():
             "permitted": bool(st & 8), "used": False}
 
 
+QUANT_TILE_NAMES = ("int8_panel", "int8_group", "int8_tile_rows", "int8_row_block",
+                    "int8_min_rows_per_thread", "bf16_panel", "bf16_packed_max_rows")
+
+
+def quant_tiles():
+    """The quantised kernels' sizes (csrc/quant.c) for the int8 path in use, as {name: int}."""
+    return dict(zip(QUANT_TILE_NAMES, _kernels.quant_tiles()))
+
+
 def available_isas():
     """ISA levels this CPU and this build can run, lowest first."""
     return [name for i, name in enumerate(ISA_NAMES) if _kernels.cpu_supports(i)]
@@ -185,6 +194,7 @@ def build_info():
         "int8_path": INT8_PATHS[_kernels.int8_path()],     # FASTATTN_INT8_PATH
         "int8_paths_available": available_int8_paths(),
         "amx": amx_info(),
+        "quant_tiles": quant_tiles(),                      # of the int8 path in use
         "tiles": tiles(),                                  # at the level in use ("simd")
         "tiles_by_isa": {name: tiles(name) for name in available_isas()},
         "threads": get_num_threads() if _kernels.openmp_enabled() else 1,  # effective

@@ -18,7 +18,7 @@ import numbers
 import numpy as np
 
 from . import _kernels, reference
-from ._runtime import get_num_threads, tiles
+from ._runtime import get_num_threads, quant_tiles, tiles
 
 __all__ = [
     "attention", "attention_forward", "softmax", "layer_norm", "layer_norm_forward", "linear",
@@ -949,6 +949,9 @@ __all__ += ["quantize_int8", "dequantize_int8", "to_bfloat16", "from_bfloat16",
             "QuantizedWeight", "INT8_MAX_K"]
 
 INT8_MAX_K = _kernels.int8_max_k()    # = reference.INT8_MAX_K: K * 127 * 127 fits an int32
+# bf16 products of up to this many rows stream a packed copy; more rows widen the weight to
+# float32 and run the fp32 GEMM
+BF16_PACKED_MAX_ROWS = quant_tiles()["bf16_packed_max_rows"]
 QUANT_DTYPES = ("int8", "bf16")
 
 
@@ -1158,7 +1161,9 @@ class QuantizedWeight:
         return f"QuantizedWeight(dtype={self.dtype!r}, shape={self.shape})"
 
     def _kernel_arrays(self):
-        """The packed copy for the kernels (built once per int8 path; see the class doc)."""
+        """The packed copy for the kernels (built once per int8 path; see the class doc):
+        (path, wp, wsum) for int8 (every product reads it), (path, wp, None) for bf16 (only
+        products of up to BF16_PACKED_MAX_ROWS rows read it: built on the first of those)."""
         path = _kernels.int8_path()
         packed = self._packed
         if packed is None or packed[0] != path:
@@ -1200,12 +1205,13 @@ def _linear_quantized_into(y, x, qweight, bias, act):
     if K == 0:          # an empty sum: only the bias and activation remain
         y[...] = reference.linear(x, qweight, bias, activation=_ACT_NAMES[act])
         return y
-    _, wp, wsum = qweight._kernel_arrays()
     if qweight.dtype == "int8":
+        _, wp, wsum = qweight._kernel_arrays()
         _kernels.linear_int8_forward(y, x, wp, wsum, qweight.scale, bias, act,
                                      get_num_threads())
     else:
-        _kernels.linear_bf16_forward(y, x, wp, bias, act, get_num_threads())
+        wp = qweight._kernel_arrays()[1] if N <= BF16_PACKED_MAX_ROWS else None
+        _kernels.linear_bf16_forward(y, x, qweight.data, wp, bias, act, get_num_threads())
     return y
 
 
