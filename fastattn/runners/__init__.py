@@ -17,8 +17,9 @@ token-budget batches, generation, decoding; a run as plain data for other proces
 lines), ``ray`` and ``dask`` (imported only when used: the core install never imports Ray or
 Dask).
 """
-from .core import DEFAULT_BATCH_TOKENS, TOO_LONG, Result, Translator, run_from_state, run_state
+from .core import (DEFAULT_BATCH_TOKENS, TOO_LONG, Result, Translator, record, run_from_state,
+                   run_state)
 from .files import DEFAULT_WINDOW, INPUT_FORMATS, translate_file
 
-__all__ = ["translate_file", "Translator", "Result", "run_state", "run_from_state",
+__all__ = ["translate_file", "Translator", "Result", "record", "run_state", "run_from_state",
            "DEFAULT_BATCH_TOKENS", "DEFAULT_WINDOW", "INPUT_FORMATS", "TOO_LONG"]
