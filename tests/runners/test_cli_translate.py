@@ -44,7 +44,7 @@ def kill_once_lines_grow(proc, out, more_than, timeout=60):
 
 def test_sigkill_mid_run_then_resume_gives_every_line_once_with_the_same_outputs(run, run_dir,
                                                                                   tmp_path):
-    texts = sentences(3000, seed=11)
+    texts = sentences(2000, seed=11)
     src = write_lines(tmp_path / "in.txt", texts)
     out = tmp_path / "out.jsonl"
     args = ("translate", run_dir, "--input", src, "--output", out, *OPTIONS)
