@@ -32,8 +32,8 @@ Greedy and beam search give each source the output ``translate_file`` and
 ``model.translate`` give it, whatever its batch (sampling: see fastattn.runners.core).
 
 Faults: Ray Data restarts an actor that dies (its process killed, its node lost) and retries
-the batches it held (``map_batches``' defaults for actor pools: max_restarts=-1,
-max_task_retries=-1; ``ray_remote_args`` can change them), so every row comes back once.
+the batches it held (its defaults for actor pools: max_restarts=-1, max_task_retries=-1), so
+every row comes back once.
 
 Memory per node: one copy of the weights in the object store, plus per actor the decode
 step's packed copy of the decoder and generator weights, a batch's activations and a Python
@@ -99,8 +99,7 @@ def _count(name, value):
 def translate_dataset(ds, run_dir, *, column="source", output_column="output",
                       error_column="error", concurrency=None, num_cpus_per_worker=1,
                       batch_size=DEFAULT_BATCH_SIZE, batch_tokens=DEFAULT_BATCH_TOKENS,
-                      too_long="truncate", max_source_tokens=None, ray_remote_args=None,
-                      **generate_kwargs):
+                      too_long="truncate", max_source_tokens=None, **generate_kwargs):
     """`ds` (a ray.data.Dataset with a str column `column`) with each row's translation by the
     run in `run_dir` (a run directory or a loaded Run) -> a Dataset (lazy, as map_batches).
     See the module docstring. concurrency: actors (an int, or (min, max) to autoscale;
@@ -142,4 +141,4 @@ def translate_dataset(ds, run_dir, *, column="source", output_column="output",
         _Translate, fn_constructor_args=([state], max(1, int(num_cpus_per_worker)),
                                          (column, output_column, error_column), options),
         batch_size=batch_size, batch_format="pyarrow", compute=pool,
-        num_cpus=num_cpus_per_worker, **(ray_remote_args or {}))
+        num_cpus=num_cpus_per_worker)
