@@ -154,7 +154,9 @@ class Translator:
         if kw.get("method") == "sample" and self.seed is not None:
             kw = dict(kw, seed=[self.seed, zlib.crc32(ids.tobytes())])
         out = self.model.generate(ids, src_key_padding_mask=ids == self.pad_id, **kw)
-        return [self.tgt.decode(row) for row in out.tolist()], _generated(out, kw["end_id"])
+        counts = _generated(out, kw["end_id"])
+        # decoded up to <end>: the padding after it is specials, dropped by decode anyway
+        return [self.tgt.decode(row[:1 + n]) for row, n in zip(out.tolist(), counts)], counts
 
     def translate(self, texts):
         """One Result per text (str; anything else is an error result), in order."""
