@@ -42,6 +42,7 @@ process (Ray's worker, fastattn, NumPy: some 200 MB).
 from __future__ import annotations
 
 import numbers
+import os
 
 from .core import DEFAULT_BATCH_TOKENS, Translator, run_from_state, run_state
 
@@ -125,7 +126,9 @@ def translate_dataset(ds, run_dir, *, column="source", output_column="output",
                          f"{num_cpus_per_worker!r}")
     batch_size = _count("batch_size", batch_size)
     if concurrency is None:
-        cpus = ray.cluster_resources().get("CPU", 1) if ray.is_initialized() else 1
+        # Ray Data starts a local Ray with every CPU when none is running
+        cpus = ray.cluster_resources().get("CPU", 1) if ray.is_initialized() else \
+            os.cpu_count() or 1
         concurrency = max(1, int(cpus // num_cpus_per_worker))
     if isinstance(concurrency, tuple):
         lo, hi = (_count("concurrency", c) for c in concurrency)
