@@ -6,10 +6,10 @@ worker and kernels that release the GIL.
     stats = translate_file("run", "corpus.txt", "out.jsonl")     # streamed, resumable
 
     from fastattn.runners.ray import translate_dataset           # pip install "fastattn[ray]"
-    ds = translate_dataset(ray.data.read_text("corpus.txt", ...), "run", concurrency=2)
+    ds = translate_dataset(ray.data.read_text("corpus.txt"), "run", column="text")
 
     from fastattn.runners.dask import translate_bag              # pip install "fastattn[dask]"
-    records = translate_bag(dask.bag.read_text("corpus-*.txt"), "run").compute()
+    records = translate_bag(dask.bag.from_sequence(lines, npartitions=8), "run").compute()
 
 Modules: ``core`` (the Translator they all share: encoding, too-long sources, length-sorted
 token-budget batches, generation, decoding; a run as plain data for other processes),

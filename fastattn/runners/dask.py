@@ -6,7 +6,7 @@ built once per worker process.
     from fastattn.runners.dask import translate_bag
 
     client = Client()                   # on a cluster: Client("tcp://scheduler:8786")
-    lines = db.read_text("corpus-*.txt").map(str.rstrip)
+    lines = db.read_text("corpus-*.txt").map(lambda line: line.rstrip("\\r\\n"))
     records = translate_bag(lines, "run")           # {"source", "output"} per line, in order
     records.map(json.dumps).to_textfiles("translated-*.jsonl")
 
