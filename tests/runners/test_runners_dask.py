@@ -3,6 +3,8 @@ the module): translate_bag and translate_dataframe equal the single-process runn
 is built once per worker process; a worker restarted mid-job loses nothing and repeats
 nothing; bad options fail on the client. Skipped without Dask (``pip install
 "fastattn[dask]"``)."""
+import os
+
 import pytest
 
 from fastattn.runners import Translator, record
@@ -55,11 +57,13 @@ def test_bag_and_dataframe_equal_the_single_process_runner(client, run, run_dir)
 def test_a_worker_restarted_mid_job_loses_and_repeats_nothing(client, run, run_dir):
     texts = corpus(600, seed=32)
     parts = translate_bag(db.from_sequence(texts, npartitions=24), run_dir).to_delayed()
+    pids = set(client.run(os.getpid).values())
     futures = client.compute(parts)
     first = next(distributed.as_completed(futures))
     (victim,) = client.who_has(first)[first.key][:1]               # a worker holding results
     client.restart_workers([victim])
     got = [rec for part in client.gather(futures) for rec in part]
+    assert len(pids & set(client.run(os.getpid).values())) == 1      # one process is new
     assert got == expected(run, texts)                            # every line once, in order
 
 
