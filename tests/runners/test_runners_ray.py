@@ -75,16 +75,17 @@ def test_an_actor_killed_mid_job_is_replaced_and_every_row_comes_back_once(clust
     texts = corpus(1000, seed=22)
     ds = ray.data.from_items([{"id": i, "source": t} for i, t in enumerate(texts)])
     out = translate_dataset(ds, run, concurrency=2, batch_size=25)
-    ids, outputs, killed = [], {}, None
+    ids, outputs, killed, seen = [], {}, None, set()
     for batch in out.iter_batches(batch_format="pyarrow", batch_size=None):
         if killed is None:
-            pids = actor_pids()
-            assert pids, "no translating actor found"
-            killed = pids[0]
+            first = actor_pids()
+            assert first, "no translating actor found"
+            killed = first[0]
             os.kill(killed, signal.SIGKILL)
+        seen.update(actor_pids())
         ids.extend(batch.column("id").to_pylist())
         outputs.update(zip(batch.column("id").to_pylist(), batch.column("output").to_pylist()))
-    assert killed is not None and killed not in actor_pids()
+    assert seen - set(first), "no actor was started in place of the killed one"
     assert sorted(ids) == list(range(len(texts)))                   # each exactly once
     assert outputs == {i: o for i, (o, _) in expected(run, texts).items()}
 
