@@ -108,14 +108,15 @@ def translate_file(run_dir, input_path, output_path, *, batch_tokens=DEFAULT_BAT
     if done or cut:
         reporter.info(f"resuming {output_path} after line {done}"
                       + (f" ({cut} bytes of an unfinished line cut off)" if cut else ""))
-    job = _Job(tr, fmt, window, done, total, reporter)
+    job, stats = _Job(tr, fmt, window, done, total, reporter), None
     try:
         job.run(input_path, output_path)
+        stats = job.stats()
     finally:
-        reporter.close(job.stats() if job.finished else None)
+        reporter.close(stats)
     state["complete"] = True
     _write_state(output_path + STATE_SUFFIX, state)
-    return job.stats()
+    return stats
 
 
 # ---- arguments --------------------------------------------------------------------------------
@@ -296,7 +297,6 @@ class _Job:
         self.written = self.errors = self.truncated = self.batches = 0
         self.source_tokens = self.tokens = self.padded = self.positions = 0
         self.generate_seconds = 0.0
-        self.finished = False
         self.started = time.perf_counter()
 
     def run(self, input_path, output_path):
@@ -318,7 +318,6 @@ class _Job:
                                  f"the input has {lines}")
             out.flush()
             os.fsync(out.fileno())
-        self.finished = True
 
     def _window(self, raw, first):
         """Translate the lines first+1 .. first+len(raw) not yet in the output, write them."""
