@@ -107,7 +107,7 @@ def translate_file(run_dir, input_path, output_path, *, batch_tokens=DEFAULT_BAT
     reporter = make_progress(progress, total, done)
     if done or cut:
         reporter.info(f"resuming {output_path} after line {done}"
-                      + (f" ({cut} bytes of an unfinished line cut off)" if cut else ""))
+                      + (f" ({cut} bytes after its last whole line cut off)" if cut else ""))
     job, stats = _Job(tr, fmt, window, done, total, reporter), None
     try:
         job.run(input_path, output_path)
