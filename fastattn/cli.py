@@ -8,6 +8,9 @@
                                           minutes; --quick: seconds), complete, plot
     fastattn train DATA --out RUN_DIR ... train a model on text pairs (.tsv .jsonl .txt .yml)
     fastattn complete RUN_DIR [TEXT ...]  one completion per TEXT (or per line of stdin)
+    fastattn translate RUN_DIR --input IN --output OUT [--resume]
+                                          every line of a file, streamed and batched, as JSON
+                                          lines; a stopped job resumes where it stopped
     fastattn plot RUN_DIR                 RUN_DIR/loss.png: training loss, validation loss, lr
     fastattn attention RUN_DIR TEXT --out DIR
                                           attention heatmaps (encoder, masked decoder, cross)
@@ -162,15 +165,46 @@ def _parser():
                                    "order).")
     c.add_argument("run_dir", metavar="RUN_DIR")
     c.add_argument("texts", metavar="TEXT", nargs="*")
-    c.add_argument("--method", choices=("greedy", "beam", "sample"), default="greedy")
-    c.add_argument("--beam-size", type=_positive_int, default=4, metavar="K")
-    c.add_argument("--temperature", type=_positive_float, default=1.0, metavar="T")
-    c.add_argument("--top-k", type=_positive_int, metavar="K")
-    c.add_argument("--top-p", type=_positive_float, metavar="P")
-    c.add_argument("--seed", type=int, metavar="S", help="the sampling seed")
-    c.add_argument("--max-new-tokens", type=_positive_int, default=64, metavar="N")
+    _generation_flags(c)
     c.add_argument("--batch-size", type=_positive_int, default=64, metavar="N",
                    help="lines completed together (default: %(default)s)")
+
+    tr = sub.add_parser(
+        "translate", help="translate every line of a file with a trained run (resumable)",
+        description="Translate (or complete) every line of IN with the run in RUN_DIR and write "
+                    "one JSON line per input line to OUT, in input order: {\"id\": line "
+                    "number, \"source\": ..., \"output\": ...}. IN is read as a stream: text "
+                    "lines, or JSON lines with a \"source\" field (.jsonl). Lines are batched "
+                    "by a token budget, sorted by length within a window. An empty line gives "
+                    "an empty output; a line that is not UTF-8 or not a JSON object (and, with "
+                    "--too-long skip, a source longer than the model takes) gives \"output\": "
+                    "null and an \"error\". A stopped job (Ctrl-C, kill -9) continues with "
+                    "--resume: every line exactly once, the same outputs.")
+    tr.add_argument("run_dir", metavar="RUN_DIR")
+    tr.add_argument("--input", metavar="IN", required=True, help="the file of source lines")
+    tr.add_argument("--output", metavar="OUT", required=True, help="the JSON-lines output")
+    tr.add_argument("--format", choices=("auto", "text", "jsonl"), default="auto",
+                    help="IN's format (default: %(default)s: .jsonl and .ndjson are JSON "
+                         "lines, anything else text)")
+    _generation_flags(tr)
+    tr.add_argument("--batch-tokens", type=_positive_int, default=4096, metavar="N",
+                    help="padded source tokens per batch (default: %(default)s)")
+    tr.add_argument("--window", type=_positive_int, default=2048, metavar="N",
+                    help="lines sorted by length together (default: %(default)s)")
+    tr.add_argument("--too-long", choices=("truncate", "skip"), default="truncate",
+                    help="a source longer than the model takes: cut it (and say so in its "
+                         "line) or leave it untranslated with an error (default: %(default)s)")
+    tr.add_argument("--max-source-tokens", type=_positive_int, metavar="N",
+                    help="the longest source, <start> and <end> included (default: the "
+                         "model's max_len)")
+    again = tr.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue OUT where a stopped job left it")
+    again.add_argument("--overwrite", action="store_true", help="start OUT over")
+    tr.add_argument("--threads", type=_positive_int, metavar="N",
+                    help="fastattn threads (default: OMP_NUM_THREADS or all CPUs)")
+    tr.add_argument("--quiet", action="store_true",
+                    help="no progress (a bar on a terminal, else JSON lines on standard error)")
 
     pl = sub.add_parser("plot", help="plot a run's loss curves to RUN_DIR/loss.png",
                         description="Training loss, validation loss and learning rate of a "
@@ -188,6 +222,17 @@ def _parser():
     a.add_argument("--target", metavar="TEXT")
     a.add_argument("--out", metavar="DIR", required=True)
     return parser
+
+
+def _generation_flags(p):
+    """The generation options of complete and translate (see fastattn.generate)."""
+    p.add_argument("--method", choices=("greedy", "beam", "sample"), default="greedy")
+    p.add_argument("--beam-size", type=_positive_int, default=4, metavar="K")
+    p.add_argument("--temperature", type=_positive_float, default=1.0, metavar="T")
+    p.add_argument("--top-k", type=_positive_int, metavar="K")
+    p.add_argument("--top-p", type=_positive_float, metavar="P")
+    p.add_argument("--seed", type=int, metavar="S", help="the sampling seed")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=64, metavar="N")
 
 
 def _info(args):
@@ -264,8 +309,10 @@ def _errors(fn):
             print(f"fastattn {args.command}: {exc}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
-            extra = (f"; the last finished step is checkpointed: rerun with --resume to "
-                     f"continue" if args.command == "train" else "")
+            extra = {"train": "; the last finished step is checkpointed: rerun with --resume "
+                              "to continue",
+                     "translate": "; the lines written are kept: rerun with --resume to "
+                                  "continue"}.get(args.command, "")
             print(f"fastattn {args.command}: interrupted{extra}", file=sys.stderr)
             return 130
     return run
@@ -351,6 +398,26 @@ def _generation_bar(given):
 
 
 @_errors
+def _translate(args):
+    import fastattn
+    from .runners import translate_file
+
+    if args.threads:
+        fastattn.set_num_threads(args.threads)
+    stats = translate_file(args.run_dir, args.input, args.output, input_format=args.format,
+                           batch_tokens=args.batch_tokens, window=args.window,
+                           too_long=args.too_long, max_source_tokens=args.max_source_tokens,
+                           resume=args.resume, overwrite=args.overwrite,
+                           progress=not args.quiet, **_generate_kwargs(args))
+    done = f" after the {stats['skipped']} already there" if stats["skipped"] else ""
+    print(f"{stats['lines']} lines translated into {args.output}{done} ({stats['errors']} "
+          f"errors, {stats['truncated']} truncated): {stats['tokens']} tokens in "
+          f"{stats['seconds']:.1f} s ({stats['tokens_per_s']:.0f} tokens/s), padding "
+          f"{stats['padding']:.1%}")
+    return 0
+
+
+@_errors
 def _plot(args):
     import os
 
@@ -388,7 +455,8 @@ def main(argv=None):
     """Entry point of the ``fastattn`` command; returns the exit status."""
     args = _parser().parse_args(argv)
     return {"info": _info, "bench": _bench, "demo": _demo, "train": _train,
-            "complete": _complete, "plot": _plot, "attention": _attention}[args.command](args)
+            "complete": _complete, "translate": _translate, "plot": _plot,
+            "attention": _attention}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -658,3 +658,9 @@ from .train_cases import TRAIN_CASES  # noqa: E402
 CASES.update((c.name, c) for c in TRAIN_CASES)
 TRAIN_CASE_NAMES = tuple(c.name for c in TRAIN_CASES)
 DEFAULT_CASES = DEFAULT_CASES + TRAIN_CASE_NAMES
+
+# ---- corpus runners (runner_cases.py; not run by default: each trains its model first) -------
+from .runner_cases import RUNNER_CASES  # noqa: E402
+
+CASES.update((c.name, c) for c in RUNNER_CASES)
+RUNNER_CASE_NAMES = tuple(c.name for c in RUNNER_CASES)

@@ -150,6 +150,11 @@ TARGETS += (
      lambda v: v >= 0.8),
 )
 
+# ---- corpus runners (runner_cases.py) -------------------------------------------------------
+from .runner_cases import RUNNER_TARGETS  # noqa: E402
+
+TARGETS += RUNNER_TARGETS
+
 
 # ---- quantized weights: against the float32 rows of the same run, and CTranslate2 ------------
 

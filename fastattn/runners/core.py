@@ -1,0 +1,257 @@
+"""The translator every runner shares: a run's model and tokenizers with one set of generation
+options; texts in, one ``Result`` per text out, in order.
+
+    tr = Translator.from_run(load_run("run"), batch_tokens=4096, method="greedy")
+    results = tr.translate(["first line", "second line"])      # [Result(output, ...), ...]
+
+How a list of texts is translated (``translate``; the file runner does the same per window):
+
+1. each text is encoded alone (``encode``) with the run's source tokenizer, wrapped in
+   <start> ... <end> when the tokenizer has them (as ``Seq2SeqTransformer.translate`` does);
+   an empty text is not run through the model: its output is "" (as ``fastattn complete``);
+2. a source longer than ``max_source_tokens`` (default: the model's max_len positions, which it
+   cannot exceed) is cut (``too_long="truncate"``: <start>, the first ids, <end>, as
+   ``encode_batch(max_length=...)`` cuts; the result says ``truncated``) or not translated
+   (``too_long="skip"``: the result has an ``error`` and no output);
+3. the sources are sorted by length and cut into batches of at most ``batch_tokens`` padded
+   source ids (``fastattn.train.batching.epoch_batches`` without shuffling: B * longest <=
+   batch_tokens; a source over the budget alone is a batch of its own), so little of a batch
+   is padding; the batches run in the order of their first text (``plan``);
+4. each batch is padded on the right with a key padding mask and generated
+   (``model.generate``), and each row decoded with the target tokenizer (specials dropped).
+
+The outputs equal ``model.translate(texts, ...)``'s text for text (greedy and beam search:
+a source's tokens do not depend on the others in its batch or on the padding; the tests
+check it). Sampling draws from one generator per batch, seeded from (seed, the batch's ids),
+so a batch repeats its draws, but a text's sample depends on its batch (seed=None: not
+reproducible).
+
+``run_state`` and ``run_from_state`` carry a run to another process (Ray's object store, a
+Dask worker): the weights as NumPy arrays, the tokenizers and configs as plain data; the
+rebuilt model uses the given arrays as its weights, without a copy (read-only arrays are fine
+for inference).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import numbers
+import zlib
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from .. import tokenizers
+from ..nn import Seq2SeqTransformer
+from ..train.batching import check_budget, epoch_batches
+
+__all__ = ["Translator", "Result", "DEFAULT_BATCH_TOKENS", "TOO_LONG", "run_state",
+           "run_from_state", "run_hash", "record"]
+
+DEFAULT_BATCH_TOKENS = 4096      # padded source ids per generated batch
+TOO_LONG = ("truncate", "skip")
+DEFAULT_MAX_NEW_TOKENS = 64      # as Run.complete and Seq2SeqTransformer.translate
+
+
+class Result(NamedTuple):
+    """One text's result: ``output`` (None when it was not translated), ``error`` (why not,
+    else None), ``truncated`` (its source was cut to max_source_tokens), ``source_tokens``
+    (ids the model read) and ``tokens`` (ids it generated, <end> included)."""
+    output: Optional[str]
+    error: Optional[str] = None
+    truncated: bool = False
+    source_tokens: int = 0
+    tokens: int = 0
+
+
+class Translator:
+    """A model, its tokenizers and the options of one translation job (see the module
+    docstring). generate_kwargs go to ``model.generate`` (method, max_new_tokens, beam_size,
+    temperature, top_k, top_p, seed, ...); start_id, end_id and pad_id default to the target
+    tokenizer's specials and max_new_tokens to 64. Every option is checked here, before any
+    text is read: a ValueError or TypeError naming it."""
+
+    def __init__(self, model, src_tokenizer, tgt_tokenizer, *, batch_tokens=DEFAULT_BATCH_TOKENS,
+                 too_long="truncate", max_source_tokens=None, **generate_kwargs):
+        if not isinstance(model, Seq2SeqTransformer):
+            raise TypeError(f"model must be a Seq2SeqTransformer, got {type(model).__name__}")
+        self.model, self.src, self.tgt = model, src_tokenizer, tgt_tokenizer
+        self.batch_tokens = check_budget(batch_tokens)
+        if too_long not in TOO_LONG:
+            raise ValueError(f"too_long must be one of {', '.join(map(repr, TOO_LONG))}, got "
+                             f"{too_long!r}")
+        self.too_long = too_long
+        self.add_start_end = src_tokenizer.start_id is not None and \
+            src_tokenizer.end_id is not None
+        self.max_source_tokens = _max_source(max_source_tokens, model.max_len,
+                                             2 if self.add_start_end else 1)
+        t = tgt_tokenizer
+        kw = dict(start_id=t.start_id, end_id=t.end_id,
+                  pad_id=t.pad_id if t.pad_id is not None else 0,
+                  max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
+        kw.update(generate_kwargs)
+        if kw["start_id"] is None:
+            raise ValueError("the target tokenizer has no <start> token; pass start_id")
+        seed = kw.pop("seed", None)
+        if seed is not None and (not isinstance(seed, numbers.Integral) or
+                                 isinstance(seed, bool) or seed < 0):
+            raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
+        model.generate(np.zeros((0, 1), np.int64), **kw)    # checks every option, runs nothing
+        self.seed = None if seed is None else int(seed)
+        self.generate_kwargs = kw
+        if src_tokenizer.pad_id is None:
+            raise ValueError("the source tokenizer has no <pad> token to pad batches with")
+        self.pad_id = src_tokenizer.pad_id
+
+    @classmethod
+    def from_run(cls, run, **options):
+        """A Translator over a loaded run (fastattn.train.run.Run)."""
+        return cls(run.model, run.src_tokenizer, run.tgt_tokenizer, **options)
+
+    def options(self):
+        """The options that decide the outputs, as JSON-ready data (the file runner keeps them
+        to refuse resuming a file with other options)."""
+        return dict(batch_tokens=self.batch_tokens, too_long=self.too_long,
+                    max_source_tokens=self.max_source_tokens, seed=self.seed,
+                    **self.generate_kwargs)
+
+    # -- one text ------------------------------------------------------------------------------
+    def encode(self, text):
+        """(ids, truncated, error) for one source text: ids None for a text that is not run
+        through the model (empty: error None; too long with too_long="skip": the error)."""
+        if not text:
+            return None, False, None
+        ids = self.src.encode(text, add_start_end=self.add_start_end)
+        if not ids:                # no token, and no <start> <end> to wrap it: nothing to read
+            return None, False, None
+        limit = self.max_source_tokens
+        if len(ids) <= limit:
+            return ids, False, None
+        if self.too_long == "skip":
+            return None, False, (f"too long: {len(ids)} source tokens, at most {limit} "
+                                 f"(too_long='skip')")
+        if self.add_start_end:
+            return ids[:limit - 1] + ids[-1:], True, None
+        return ids[:limit], True, None
+
+    # -- batches -------------------------------------------------------------------------------
+    def plan(self, lengths):
+        """Batches (int64 index arrays into `lengths`) of sources sorted by length, each
+        under batch_tokens padded ids, in the order of their first index."""
+        if len(lengths) == 0:
+            return []
+        batches = epoch_batches(lengths, lengths, self.batch_tokens, window=len(lengths),
+                                shuffle=False)
+        return sorted(batches, key=lambda b: int(b.min()))
+
+    def generate(self, rows):
+        """Source id lists -> (outputs, generated token counts), one per row, in order."""
+        B, S = len(rows), max(map(len, rows))
+        ids = np.full((B, S), self.pad_id, dtype=np.int64)
+        for b, r in enumerate(rows):
+            ids[b, :len(r)] = r
+        kw = self.generate_kwargs
+        if kw.get("method") == "sample" and self.seed is not None:
+            kw = dict(kw, seed=[self.seed, zlib.crc32(ids.tobytes())])
+        out = self.model.generate(ids, src_key_padding_mask=ids == self.pad_id, **kw)
+        counts = _generated(out, kw["end_id"])
+        # decoded up to <end>: the padding after it is specials, dropped by decode anyway
+        return [self.tgt.decode(row[:1 + n]) for row, n in zip(out.tolist(), counts)], counts
+
+    def translate(self, texts):
+        """One Result per text (str; anything else is an error result), in order."""
+        results, encoded = [None] * len(texts), {}
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                results[i] = Result(None, f"the source must be a str, got "
+                                          f"{type(text).__name__}")
+                continue
+            ids, truncated, error = self.encode(text)
+            if ids is None:
+                results[i] = Result(None if error else "", error)
+            else:
+                encoded[i] = (ids, truncated)
+        todo = list(encoded)
+        for batch in self.plan([len(encoded[i][0]) for i in todo]):
+            rows = [todo[j] for j in batch]
+            outputs, counts = self.generate([encoded[i][0] for i in rows])
+            for i, output, n in zip(rows, outputs, counts):
+                ids, truncated = encoded[i]
+                results[i] = Result(output, None, truncated, len(ids), n)
+        return results
+
+
+def record(source, result, line_id=None):
+    """The output record of one source: {"id" (when given), "source", "output"}, plus
+    "truncated": true for a cut source and "error" for one not translated."""
+    rec = {} if line_id is None else {"id": line_id}
+    rec.update(source=source, output=result.output)
+    if result.truncated:
+        rec["truncated"] = True
+    if result.error is not None:
+        rec["error"] = result.error
+    return rec
+
+
+def _max_source(value, model_max, least):
+    if value is None:
+        return model_max
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or \
+            not least <= value <= model_max:
+        raise ValueError(f"max_source_tokens must be an int in [{least}, {model_max}] (the "
+                         f"model's max_len), got {value!r}")
+    return int(value)
+
+
+def _generated(out, end_id):
+    """Generated ids per row of generate's (B, T) output (start token excluded, <end>
+    included, the padding after it not)."""
+    gen = out[:, 1:]
+    if end_id is None or gen.shape[1] == 0:
+        return [gen.shape[1]] * len(out)
+    ended = gen == end_id
+    return np.where(ended.any(axis=1), ended.argmax(axis=1) + 1, gen.shape[1]).tolist()
+
+
+# ---- a run as plain data, for other processes -------------------------------------------------
+
+def run_hash(run):
+    """SHA-256 (hex) of what decides a run's outputs: the model's config and weights, and both
+    tokenizers."""
+    h = hashlib.sha256()
+    h.update(json.dumps(run.model.config, sort_keys=True).encode())
+    for key, arr in run.model.state_dict().items():
+        h.update(key.encode())
+        h.update(np.ascontiguousarray(arr).view(np.uint8))
+    for tok in (run.src_tokenizer, run.tgt_tokenizer):
+        h.update(json.dumps(tok.to_dict(), sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def run_state(run):
+    """A loaded run as plain data: {"config", "weights" (the state_dict's arrays), "src_tokenizer",
+    "tgt_tokenizer" (their to_dict()), "run_config", "path"}."""
+    return {"config": dict(run.model.config), "weights": run.model.state_dict(),
+            "src_tokenizer": run.src_tokenizer.to_dict(),
+            "tgt_tokenizer": run.tgt_tokenizer.to_dict(),
+            "run_config": run.config, "path": run.path}
+
+
+def run_from_state(state):
+    """The Run that run_state described, its model in eval mode with the given arrays as its
+    weights (no copy; they may be read-only)."""
+    from ..train.run import Run
+
+    model = Seq2SeqTransformer(**state["config"]).eval()
+    weights = state["weights"]
+    for key, module, name in model._named_slots():
+        own, given = getattr(module, name), weights[key]
+        if given.shape != own.shape or given.dtype != np.float32 or \
+                not given.flags.c_contiguous:
+            raise ValueError(f"run_from_state: {key} must be C-contiguous float32 "
+                             f"{own.shape}, got {given.dtype} {given.shape}")
+        setattr(module, name, given)
+    model.invalidate_caches()
+    src = tokenizers.Tokenizer.from_dict(state["src_tokenizer"], where="src_tokenizer")
+    tgt = tokenizers.Tokenizer.from_dict(state["tgt_tokenizer"], where="tgt_tokenizer")
+    return Run(state["path"], model, src, tgt, state["run_config"])
