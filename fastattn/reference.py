@@ -997,7 +997,7 @@ def _quantize_rows(x):
     safe = np.where(bad | zero, np.float32(1), amax)                # (R,) float32
     scale = safe / np.float32(127)                                  # float32 division
     inv = np.float32(127) / safe                                    # float32 division
-    t = x * inv[:, None]                                            # float32 products
+    t = np.where(bad[:, None], np.float32(0), x) * inv[:, None]     # float32 products
     q = np.rint(np.clip(t, -127, 127)).astype(np.int8)              # ties to even
     q[bad | zero] = 0
     scale = np.where(zero, np.float32(0), np.where(bad, np.float32(np.nan), scale))

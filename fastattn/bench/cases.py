@@ -610,3 +610,11 @@ from .train_cases import TRAIN_CASES  # noqa: E402
 CASES.update((c.name, c) for c in TRAIN_CASES)
 TRAIN_CASE_NAMES = tuple(c.name for c in TRAIN_CASES)
 DEFAULT_CASES = DEFAULT_CASES + TRAIN_CASE_NAMES
+
+# ---- quantised weights (quant_cases.py; imported last: it builds on Case) ---------------------
+from .quant_cases import QUANT_CASES  # noqa: E402
+
+CASES.update((c.name, c) for c in QUANT_CASES)
+QUANT_CASE_NAMES = tuple(c.name for c in QUANT_CASES)
+OP_CASES += QUANT_CASE_NAMES
+DEFAULT_CASES = DEFAULT_CASES + QUANT_CASE_NAMES
