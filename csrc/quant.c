@@ -259,7 +259,9 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const int
     }
     const int64_t Kp = round_up(K, im.g), P = (M + im.np - 1) / im.np;
     const int64_t esz = im.fmt == Q8_FMT_I16 ? 2 : 1;
-    const int nt = fa_team_size(nthreads, 2.0 * (double)N * (double)K * (double)M, 2e5);
+    /* a second thread pays off from about 1M multiply-adds (N = 1: 512 x 512 ran faster on
+     * one thread, 512 x 1024 on two) */
+    const int nt = fa_team_size(nthreads, (double)N * (double)K * (double)M, 6e5);
     const int by_rows = N >= (int64_t)nt * Q8_MIN_ROWS;
     /* by rows: blocks of about Q8_ROW_BLOCK rows, a multiple of the team in number (equal
      * shares); by panels: every thread quantises all N rows for itself (no barrier) */
