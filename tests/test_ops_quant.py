@@ -317,6 +317,11 @@ def test_ffn_with_quantized_weights(rng, dtypes):
         y = ops.ffn(x, q1, b1, q2, b2, activation=activation)
         composed = ops.linear(ops.linear(x, q1, b1, activation=activation), q2, b2)
         np.testing.assert_array_equal(y, composed)
+        into = np.full((14, 32), np.nan, np.float32)
+        ops._ffn_quantized_into(into, x.reshape(14, 32), q1, b1, q2, b2,
+                                ops.ACTIVATIONS[activation], hidden=np.empty((14, 80),
+                                                                             np.float32))
+        np.testing.assert_array_equal(into, y.reshape(14, 32))
         ref = reference.ffn(x, q1, b1, q2, b2, activation=activation)
         exact = dtypes == ("int8", "int8") and activation == "relu"
         if exact:
