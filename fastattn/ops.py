@@ -1052,6 +1052,12 @@ class QuantizedWeight:
     - ``w[lo:hi]`` is the QuantizedWeight of rows lo:hi (views of data and scale), cached per
       (lo, hi): slicing an in-projection into q, k, v on every call costs a dict lookup.
 
+    The products (reference.linear gives the exact rule): int8 quantises each row of x to
+    int8 on the fly, sums exactly in int32 and computes
+    ``y = act(float32(acc) * (sx[n] * scale[m]) + bias[m])`` in float32 (bit for bit the
+    twin's for activation None and relu; a row of x with NaN or inf gives a NaN row); bf16
+    widens the weight to float32 and sums in float32.
+
     The kernels read a packed copy (a layout private to C, for the int8 path in use, see
     build_info()["int8_path"]) built on first use and never saved: it costs as much memory as
     ``data`` again. Two threads using a new weight at once may both build it (one is kept);
