@@ -192,6 +192,10 @@ void fa_int8_pack(int8_t *wp, int32_t *wsum, const int8_t *q, int64_t M, int64_t
 {
     const q8_impl_t im = q8_impl_of(g_path);
     const int64_t NP = im.np, G = im.g, Kp = round_up(K, G), P = (M + NP - 1) / NP;
+    if (Kp == 0) {                      /* no weights (wp has no elements): sums of nothing */
+        for (int64_t m = 0; m < P * NP; m++) wsum[m] = 0;
+        return;
+    }
     const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)(P * NP * Kp), 1e6);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t p = 0; p < P; p++) {
@@ -212,6 +216,10 @@ void fa_int8_pack(int8_t *wp, int32_t *wsum, const int8_t *q, int64_t M, int64_t
 int64_t fa_quantize_int8(int8_t *q, float *scale, const float *x, int64_t N, int64_t K,
                          int nthreads)
 {
+    if (K <= 0) {                       /* empty rows: amax = 0, scale 0 (q has no elements) */
+        for (int64_t n = 0; n < N; n++) scale[n] = 0.0f;
+        return -1;
+    }
     const q8_row_fn row = FA_DISPATCH(q8_quant_row_);
     int64_t bad = N;
     const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)N * (double)K, 1e5);
@@ -243,9 +251,17 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const int
 {
     if (N <= 0 || M <= 0) return 0;
     const q8_impl_t im = q8_impl_of(g_path);
+    if (K <= 0) {                       /* empty sums: acc = 0, sx = 0, y = act(0 * 0 + bias) */
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t m = 0; m < M; m++) y[n * M + m] = 0.0f + (bias ? bias[m] : 0.0f);
+        im.epi(y, NULL, NULL, N, M, M, activation, 0, 0, NULL);
+        return 0;
+    }
     const int64_t Kp = round_up(K, im.g), P = (M + im.np - 1) / im.np;
     const int64_t esz = im.fmt == Q8_FMT_I16 ? 2 : 1;
-    const int nt = fa_team_size(nthreads, 2.0 * (double)N * (double)K * (double)M, 2e5);
+    /* a second thread pays off from about 1M multiply-adds (N = 1: 512 x 512 ran faster on
+     * one thread, 512 x 1024 on two) */
+    const int nt = fa_team_size(nthreads, (double)N * (double)K * (double)M, 6e5);
     const int by_rows = N >= (int64_t)nt * Q8_MIN_ROWS;
     /* by rows: blocks of about Q8_ROW_BLOCK rows, a multiple of the team in number (equal
      * shares); by panels: every thread quantises all N rows for itself (no barrier) */
@@ -302,6 +318,7 @@ int64_t fa_bf16_packed_size(int64_t M, int64_t K) { return round_up(M, BF_PANEL)
 void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nthreads)
 {
     const int64_t P = (M + BF_PANEL - 1) / BF_PANEL;
+    if (K <= 0) return;                 /* wp has no elements */
     const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)(P * BF_PANEL * K), 1e6);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t p = 0; p < P; p++) {

@@ -506,7 +506,18 @@ def linear(x, weight, bias=None, *, activation=None):
     -> y                  (..., C_out)    float32
     ====================  ==============  =====================================================
 
-    With a QuantizedWeight the result is the quantised math of the kernels (_linear_quantized).
+    With a QuantizedWeight (ops.QuantizedWeight; float32 out, the same in ops and here):
+
+    - int8 (q (M, K), scale (M,)): each row of x is quantised as quantize_int8 does (xq,
+      sx[n]); acc[n, m] = sum_k xq[n, k] q[m, k] exactly (int32; K <= INT8_MAX_K); then, in
+      float32 with a rounding after every operation and no fused multiply-add,
+          y[n, m] = act((float32(acc[n, m]) * (sx[n] * scale[m])) + bias[m])
+      ops matches this bit for bit for activation None and relu (gelu: to its kernel's ~1e-6).
+      A row of x holding NaN or inf gives a row of NaN (its sx is NaN), never an error.
+      Against float math with the dequantised weight, |error| <= sx[n] / 2 * sum_k |w[m, k]|
+      plus float32 rounding.
+    - bf16 (bits (M, K) uint16): the weight widened to float32 (exact), x kept float32; the
+      product as linear() computes it (float32 sums in ops).
     """
     if _is_quantized(weight):                                            # int8 / bf16
         return _linear_quantized(x, weight, bias, activation)
@@ -997,7 +1008,7 @@ def _quantize_rows(x):
     safe = np.where(bad | zero, np.float32(1), amax)                # (R,) float32
     scale = safe / np.float32(127)                                  # float32 division
     inv = np.float32(127) / safe                                    # float32 division
-    t = x * inv[:, None]                                            # float32 products
+    t = np.where(bad[:, None], np.float32(0), x) * inv[:, None]     # float32 products
     q = np.rint(np.clip(t, -127, 127)).astype(np.int8)              # ties to even
     q[bad | zero] = 0
     scale = np.where(zero, np.float32(0), np.where(bad, np.float32(np.nan), scale))

@@ -194,15 +194,19 @@ def test_bf16_linear_rows_around_the_few_row_kernel(K, M):
         check_bf16_linear(x_all[:N], w, b, "relu" if N % 2 else None, qw=qw)
 
 
-def test_int8_rows_are_batch_invariant(rng):
-    """Each output row is computed the same way whatever the number of rows (a beam's
-    result does not depend on the other beams)."""
+def test_rows_are_batch_invariant(rng):
+    """A row's result does not depend on the other rows (a beam's on the other beams): int8
+    for any number of rows (exact sums, one epilogue), bf16 up to BF16_PACKED_MAX_ROWS (one
+    kernel; more rows go through sgemm, which sums in its own order)."""
     x, w = rand(rng, (300, 96)), rand(rng, (130, 96))
-    qw = quantized(w, "int8")
-    for dtype_qw in (qw, quantized(w, "bf16")):
-        full = ops.linear(x, dtype_qw)
-        for n in (1, 5, 17, 32, 33, 200):
-            np.testing.assert_array_equal(ops.linear(x[:n], dtype_qw), full[:n])
+    q8, b16 = quantized(w, "int8"), quantized(w, "bf16")
+    full = ops.linear(x, q8)
+    for n in (1, 5, 17, 32, 33, 200):
+        np.testing.assert_array_equal(ops.linear(x[:n], q8), full[:n])
+    most = ops.BF16_PACKED_MAX_ROWS
+    full = ops.linear(x[:most], b16)
+    for n in (1, 5, 12, 13, most - 1):
+        np.testing.assert_array_equal(ops.linear(x[:n], b16), full[:n])
 
 
 def test_int8_error_against_float_is_bounded(rng):
@@ -313,6 +317,11 @@ def test_ffn_with_quantized_weights(rng, dtypes):
         y = ops.ffn(x, q1, b1, q2, b2, activation=activation)
         composed = ops.linear(ops.linear(x, q1, b1, activation=activation), q2, b2)
         np.testing.assert_array_equal(y, composed)
+        into = np.full((14, 32), np.nan, np.float32)
+        ops._ffn_quantized_into(into, x.reshape(14, 32), q1, b1, q2, b2,
+                                ops.ACTIVATIONS[activation], hidden=np.empty((14, 80),
+                                                                             np.float32))
+        np.testing.assert_array_equal(into, y.reshape(14, 32))
         ref = reference.ffn(x, q1, b1, q2, b2, activation=activation)
         exact = dtypes == ("int8", "int8") and activation == "relu"
         if exact:

@@ -553,10 +553,10 @@ OP_CASES = ("attention_causal", "attention_full", "layer_norm", "ffn", "sgemm",
 OP_CASES += ("attention_backward_causal", "attention_backward_full", "attention_backward_memory")
 MODEL_CASES = ("encoder", "transformer", "generate_greedy_b1", "generate_greedy_b8",
                "generate_beam_b1", "generate_beam_b8", "decode_step")
-QUANT_CASES = tuple(f"{c}_{t}" for t in ("int8", "bf16") for c in (
+QUANT_MODEL_CASES = tuple(f"{c}_{t}" for t in ("int8", "bf16") for c in (
     "encoder", "transformer", "generate_greedy_b1", "generate_greedy_b8", "generate_beam_b8",
     "decode_step"))
-MODEL_CASES += QUANT_CASES
+MODEL_CASES += QUANT_MODEL_CASES
 DEFAULT_CASES = OP_CASES + MODEL_CASES
 
 
@@ -664,3 +664,11 @@ from .runner_cases import RUNNER_CASES  # noqa: E402
 
 CASES.update((c.name, c) for c in RUNNER_CASES)
 RUNNER_CASE_NAMES = tuple(c.name for c in RUNNER_CASES)
+
+# ---- quantized weights, op level (quant_cases.py; imported last: it builds on Case) ------------
+from .quant_cases import QUANT_CASES as QUANT_OP_CASES  # noqa: E402
+
+CASES.update((c.name, c) for c in QUANT_OP_CASES)
+QUANT_OP_CASE_NAMES = tuple(c.name for c in QUANT_OP_CASES)
+OP_CASES += QUANT_OP_CASE_NAMES
+DEFAULT_CASES = DEFAULT_CASES + QUANT_OP_CASE_NAMES

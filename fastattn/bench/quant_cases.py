@@ -1,0 +1,95 @@
+"""Quantised-weight op cases: linear with int8 and bf16 weights (ops.QuantizedWeight) against
+the fp32 linear on the same shapes, many rows (an encoder's GEMMs) and decode-sized rows.
+
+    linear_fp32           ops.linear, N=1024 rows, K=512 -> M=2048 (the GEMMs' fp32 baseline:
+                          BLAS sgemm + fused epilogue); numpy twin, torch F.linear
+    linear_int8           the same product with an int8 weight (per-row scales, activations
+                          quantised per row, exact int32 sums): GOP/s in the GFLOP/s column
+    linear_bf16           the same with a bf16 weight (widened to float32, then sgemm)
+    decode_linear_<dt>_n<N>   fp32 / int8 / bf16, N = 1 and 8 rows (a decode step's beams), one
+                          call = one product with each of DECODE_WEIGHTS distinct 2048 x 2048
+                          weights, so the weights come from memory, not from the caches (the
+                          int8 set alone is larger than a 32 MiB L3); GB/s of weight bytes
+                          read, against a memory copy timed in the same run (% of copy)
+
+The int8 and bf16 rows are checked against the twin (reference.linear with the same
+QuantizedWeight: bit for bit for int8); their torch column is empty (torch has no product of
+an fp32 activation with per-row int8 or bf16 weights with this math). Compare a row with its
+fp32 row for the speedup over fp32. The packed copies the kernels read are built in the
+inputs (before timing), as a model does on its first call.
+"""
+import numpy as np
+
+from .. import ops, reference
+from .cases import Case, _normal, _torch_impl
+
+LINEAR = dict(N=1024, K=512, M=2048)
+DECODE = dict(K=2048, M=2048)
+DECODE_WEIGHTS = 12          # 12 x 2048 x 2048: int8 48 MiB, bf16 96 MiB, fp32 192 MiB
+DTYPES = ("fp32", "int8", "bf16")
+WEIGHT_BYTES = {"fp32": 4, "int8": 1, "bf16": 2}
+
+
+def _weight(w, dtype):
+    """The weight as the fast backend would hold it, its kernel copy built (first call)."""
+    if dtype == "fp32":
+        return w
+    qw = ops.QuantizedWeight.from_float(w, dtype)
+    qw._kernel_arrays()
+    return qw
+
+
+def _linear_case(dtype, N, K, M):
+    def build(rng):
+        w = _normal(rng, (M, K), K ** -0.5)
+        return {"x": _normal(rng, (N, K)), "w": _weight(w, dtype),
+                "b": _normal(rng, (M,), 0.1)}
+
+    def impl(fn):
+        return lambda i: (lambda: fn(i["x"], i["w"], i["b"], activation="relu"))
+
+    impls = {"fastattn": impl(ops.linear), "numpy": impl(reference.linear)}
+    if dtype == "fp32":
+        impls["torch"] = _torch_impl(lambda F, t: (lambda: F.relu(F.linear(t["x"], t["w"],
+                                                                           t["b"]))))
+    what = {"fp32": "fp32 weight (sgemm)", "int8": "int8 weight, per-row scales",
+            "bf16": "bf16 weight"}[dtype]
+    return Case(f"linear_{dtype}", f"linear + relu, {what} ({N}, {K}) -> {M}", build, impls,
+                flops=2 * N * K * M)
+
+
+def _decode_linear_case(dtype, N, K, M, count=DECODE_WEIGHTS):
+    def build(rng):
+        ws = [_normal(rng, (M, K), K ** -0.5) for _ in range(count)]
+        inputs = {"x": _normal(rng, (N, K)), "ws": [_weight(w, dtype) for w in ws]}
+        if dtype == "fp32":
+            inputs["packed"] = [ops.PackedWeight(w) for w in ws]
+        return inputs
+
+    def fast(i):
+        x, y = i["x"], np.empty((count, N, M), np.float32)
+
+        def run():
+            for j in range(count):
+                if dtype == "fp32":     # the fp32 decode kernel, as the fast backend calls it
+                    ops._linear_packed_into(y[j], x, i["packed"][j], None, 0)
+                else:
+                    ops._linear_quantized_into(y[j], x, i["ws"][j], None, 0)
+            return y
+        return run
+
+    def twin(i):
+        return lambda: np.stack([reference.linear(i["x"], w) for w in i["ws"]])
+
+    case = Case(f"decode_linear_{dtype}_n{N}",
+                f"decode linear, {dtype} weights, {N} row{'s' if N > 1 else ''} x {count} "
+                f"weights ({K}, {M})", build, {"fastattn": fast, "numpy": twin},
+                nbytes=count * M * K * WEIGHT_BYTES[dtype],
+                flops=2 * count * N * K * M)
+    case.copy_probe = True       # % of a memory copy timed in the same run
+    return case
+
+
+QUANT_CASES = tuple(
+    [_linear_case(dt, **LINEAR) for dt in DTYPES]
+    + [_decode_linear_case(dt, n, **DECODE) for n in (1, 8) for dt in DTYPES])
