@@ -13,6 +13,7 @@ import pytest
 from fastattn import cli
 from fastattn.runners import DEFAULT_BATCH_TOKENS, DEFAULT_WINDOW, translate_file
 from runner_util import read_records, sentences, write_lines
+from runner_util import run, run_dir, single_thread  # noqa: F401 (fixtures)
 
 OPTIONS = ("--batch-tokens", "128", "--window", "64", "--threads", "1", "--quiet")
 

@@ -9,6 +9,7 @@ import pytest
 
 from fastattn.runners import Translator, record
 from runner_util import sentences
+from runner_util import run, run_dir, single_thread  # noqa: F401 (fixtures)
 
 dask = pytest.importorskip("dask")
 db = pytest.importorskip("dask.bag")

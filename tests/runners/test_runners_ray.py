@@ -10,6 +10,7 @@ import pytest
 
 from fastattn.runners import Translator
 from runner_util import sentences
+from runner_util import run, run_dir, single_thread  # noqa: F401 (fixtures)
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
