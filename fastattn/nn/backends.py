@@ -242,8 +242,7 @@ class FastOps(_TrainingOps):
         if out is None:
             out = np.empty(x.shape, np.float32)
         if isinstance(w1, ops.QuantizedWeight) or isinstance(w2, ops.QuantizedWeight):
-            hidden = FastOps.linear(x, w1, b1, activation)
-            return FastOps.linear(hidden, w2, b2, None, out=out)
+            return ops._ffn_quantized_into(out, x, w1, b1, w2, b2, ACTIVATIONS[activation])
         if packed is not None and x.shape[0] <= PACKED_MAX_ROWS:
             hidden = FastOps.linear(x, w1, b1, activation, packed=packed[0])
             return FastOps.linear(hidden, w2, b2, None, out=out, packed=packed[1])
