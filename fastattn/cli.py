@@ -233,6 +233,9 @@ def _generation_flags(p):
     p.add_argument("--top-p", type=_positive_float, metavar="P")
     p.add_argument("--seed", type=int, metavar="S", help="the sampling seed")
     p.add_argument("--max-new-tokens", type=_positive_int, default=64, metavar="N")
+    p.add_argument("--compute-type", choices=("float32", "int8", "bf16"),
+                   help="convert the model's linear weights for inference (int8 / bf16: "
+                        "quantized once while loading; default: as saved)")
 
 
 def _info(args):
@@ -360,7 +363,7 @@ def _generate_kwargs(args):
 def _complete(args):
     from .train.run import load_run
 
-    run = load_run(args.run_dir)
+    run = load_run(args.run_dir, compute_type=args.compute_type)
     kw = _generate_kwargs(args)
     texts = args.texts if args.texts else (line.rstrip("\r\n") for line in sys.stdin)
     batch = []
@@ -408,7 +411,8 @@ def _translate(args):
                            batch_tokens=args.batch_tokens, window=args.window,
                            too_long=args.too_long, max_source_tokens=args.max_source_tokens,
                            resume=args.resume, overwrite=args.overwrite,
-                           progress=not args.quiet, **_generate_kwargs(args))
+                           compute_type=args.compute_type, progress=not args.quiet,
+                           **_generate_kwargs(args))
     done = f" after the {stats['skipped']} already there" if stats["skipped"] else ""
     print(f"{stats['lines']} lines translated into {args.output}{done} ({stats['errors']} "
           f"errors, {stats['truncated']} truncated): {stats['tokens']} tokens in "

@@ -56,6 +56,12 @@ def test_train_then_complete_round_trip(tmp_path, fmt):
     assert res.returncode == 0, res.stderr
     lines = res.stdout.split("\n")
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+    # quantized while loading: the same completions as the run loaded with int8 weights
+    res = cli("complete", run, "one two three", "four five", "--compute-type", "int8")
+    assert res.returncode == 0, res.stderr
+    from fastattn.train.run import load_run
+    want = load_run(run, compute_type="int8").complete(["one two three", "four five"])
+    assert res.stdout.splitlines() == want
 
 
 def test_resume_continues_a_finished_run(tmp_path):

@@ -216,10 +216,11 @@ def _generated(out, end_id):
 # ---- a run as plain data, for other processes -------------------------------------------------
 
 def run_hash(run):
-    """SHA-256 (hex) of what decides a run's outputs: the model's config and weights, and both
-    tokenizers."""
+    """SHA-256 (hex) of what decides a run's outputs: the model's config, weights and compute
+    type (quantized weights hash as their dequantized values), and both tokenizers."""
     h = hashlib.sha256()
     h.update(json.dumps(run.model.config, sort_keys=True).encode())
+    h.update(run.model.compute_type.encode())
     for key, arr in run.model.state_dict().items():
         h.update(key.encode())
         h.update(np.ascontiguousarray(arr).view(np.uint8))

@@ -83,10 +83,12 @@ HEAD_BYTES = 1 << 20           # the input's first bytes hashed into the sidecar
 def translate_file(run_dir, input_path, output_path, *, batch_tokens=DEFAULT_BATCH_TOKENS,
                    window=DEFAULT_WINDOW, input_format="auto", too_long="truncate",
                    max_source_tokens=None, method="greedy", resume=True, overwrite=False,
-                   progress=True, **generate_kwargs):
+                   compute_type=None, progress=True, **generate_kwargs):
     """Translate every line of `input_path` into `output_path` (JSON lines) with the run in
     `run_dir` (a run directory, or a loaded fastattn.train.run.Run); see the module
     docstring for the formats, the error lines, resuming and the stats returned (a dict).
+    compute_type ("float32" / "int8" / "bf16") converts the model's weights while the run is
+    loaded (fastattn.io.load); a resume must use the same (the run's hash covers it).
     generate_kwargs go to model.generate (max_new_tokens (default 64), beam_size,
     temperature, top_k, top_p, seed, ...)."""
     from ..train.run import Run, load_run
@@ -95,7 +97,15 @@ def translate_file(run_dir, input_path, output_path, *, batch_tokens=DEFAULT_BAT
     window = check_budget(window, "window")
     fmt = _input_format(input_format, input_path)
     check_progress(progress)
-    run = run_dir if isinstance(run_dir, Run) else load_run(run_dir)
+    if isinstance(run_dir, Run):
+        run = run_dir
+        if compute_type not in (None, run.model.compute_type):
+            raise ValueError(f"translate_file: compute_type={compute_type!r} applies while a "
+                             f"run is loaded; the run given is loaded already "
+                             f"({run.model.compute_type}): pass its directory, or quantize "
+                             "run.model yourself")
+    else:
+        run = load_run(run_dir, compute_type=compute_type)
     tr = Translator.from_run(run, batch_tokens=batch_tokens, too_long=too_long,
                              max_source_tokens=max_source_tokens, method=method,
                              **generate_kwargs)

@@ -274,3 +274,18 @@ def test_translator_lists_and_a_run_as_plain_data(run):
     assert all(np.shares_memory(a, frozen[k]) for k, a in clone.model.state_dict().items())
     assert Translator.from_run(clone).translate(texts[:25]) == \
         Translator.from_run(run).translate(texts[:25])
+
+
+def test_compute_type_quantizes_the_run_and_a_resume_must_keep_it(run_dir, tmp_path):
+    from fastattn.train.run import load_run
+
+    src = write_lines(tmp_path / "in.txt", sentences(30, seed=5))
+    out = tmp_path / "out.jsonl"
+    translate_file(run_dir, src, out, compute_type="int8", progress=False)
+    want = load_run(run_dir, compute_type="int8").complete(sentences(30, seed=5))
+    assert [r["output"] for r in read_records(out)] == want
+    with pytest.raises(ValueError, match="run"):       # the int8 run is not the float32 one
+        translate_file(run_dir, src, out, resume=True, progress=False)
+    with pytest.raises(ValueError, match="loaded already"):
+        translate_file(load_run(run_dir), src, tmp_path / "o2.jsonl", compute_type="bf16",
+                       progress=False)
