@@ -71,82 +71,104 @@ static int64_t FA_CAT(attention_scratch_, FA_SFX)(int64_t D, int64_t Dv)
     return D * BQ + ATT_BK * BQ + Dv * BQ + 2 * BQ;
 }
 
-/* st[j][:] = k_j . qt[:, :] for j < nb (k_j = row j of the key block, read in place through
- * its row stride), in register tiles of MR_S keys x BQ queries; mx = lane-wise max of st. */
+/* The rows left over after whole register tiles of MR rows (MR <= 8): a tile of 4, of 2, of 1,
+ * as needed (TILE(rows) runs one; i advances past it). */
+#define ATT_TAIL(i, n, MR, TILE)                     \
+    do {                                             \
+        if ((MR) > 4 && (n) - (i) >= 4) {            \
+            TILE(4);                                 \
+            (i) += 4;                                \
+        }                                            \
+        if ((MR) > 2 && (n) - (i) >= 2) {            \
+            TILE(2);                                 \
+            (i) += 2;                                \
+        }                                            \
+        while ((n) - (i) >= 1) {                     \
+            TILE(1);                                 \
+            (i) += 1;                                \
+        }                                            \
+    } while (0)
+_Static_assert(ATT_MR_S <= 8 && ATT_MR_P <= 8, "ATT_TAIL covers at most 7 rows left over");
+
+/* One register tile of the scores: st[r][:] = k_r . qt[:, :] for r < ROWS keys (k_r = row r,
+ * read in place through the row stride ksl), BQ queries along the lanes; mx takes the
+ * lane-wise max.
+ *   scalar math:  st[r][i] = sum_d k[r][d] * qt[d][i]                                    */
+FA_INLINE void FA_CAT(score_rows_, FA_SFX)(float *FA_RESTRICT st, VF *FA_RESTRICT mx,
+                                           const float *FA_RESTRICT qt,
+                                           const float *FA_RESTRICT k, int64_t ksl, int64_t D,
+                                           const int ROWS)
+{
+    VF acc[MR_S][NR];
+    const float *k_r[MR_S];
+    for (int r = 0; r < ROWS; r++) {
+        k_r[r] = k + r * ksl;
+        for (int c = 0; c < NR; c++) acc[r][c] = vsplat(0.0f);
+    }
+    const float *qd = qt;
+    for (int64_t d = 0; d < D; d++, qd += BQ) {
+        VF qv[NR];
+        for (int c = 0; c < NR; c++) qv[c] = vload(qd + c * FA_VL);
+        for (int r = 0; r < ROWS; r++) {
+            VF kk = vsplat(k_r[r][d]);
+            for (int c = 0; c < NR; c++) acc[r][c] += kk * qv[c];
+        }
+    }
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < NR; c++) {
+            vstore(st + r * BQ + c * FA_VL, acc[r][c]);
+            mx[c] = vmax(mx[c], acc[r][c]);
+        }
+}
+
+/* st[j][:] = k_j . qt[:, :] for j < nb (k_j = row j of the key block), in register tiles of
+ * MR_S keys x BQ queries (the keys left over in smaller tiles); mx = lane-wise max of st. */
 static void FA_CAT(score_tile_, FA_SFX)(float *FA_RESTRICT st, VF *FA_RESTRICT mx,
                                         const float *FA_RESTRICT qt, const float *FA_RESTRICT k,
                                         int64_t ksl, int64_t nb, int64_t D)
 {
     int64_t j = 0;
-    for (; j + MR_S <= nb; j += MR_S) {
-        VF acc[MR_S][NR];
-        const float *k_r[MR_S];
-        for (int r = 0; r < MR_S; r++) {
-            k_r[r] = k + (j + r) * ksl;
-            for (int c = 0; c < NR; c++) acc[r][c] = vsplat(0.0f);
-        }
-        const float *qd = qt;
-        for (int64_t d = 0; d < D; d++, qd += BQ) {
-            VF qv[NR];
-            for (int c = 0; c < NR; c++) qv[c] = vload(qd + c * FA_VL);
-            for (int r = 0; r < MR_S; r++) {
-                VF kk = vsplat(k_r[r][d]);
-                for (int c = 0; c < NR; c++) acc[r][c] += kk * qv[c];
-            }
-        }
-        for (int r = 0; r < MR_S; r++)
-            for (int c = 0; c < NR; c++) {
-                vstore(st + (j + r) * BQ + c * FA_VL, acc[r][c]);
-                mx[c] = vmax(mx[c], acc[r][c]);
-            }
-    }
-    for (; j < nb; j++) { /* tail keys, one at a time */
-        VF acc[NR];
-        const float *k_j = k + j * ksl;
-        for (int c = 0; c < NR; c++) acc[c] = vsplat(0.0f);
-        for (int64_t d = 0; d < D; d++) {
-            VF kk = vsplat(k_j[d]);
-            for (int c = 0; c < NR; c++) acc[c] += kk * vload(qt + d * BQ + c * FA_VL);
-        }
-        for (int c = 0; c < NR; c++) {
-            vstore(st + j * BQ + c * FA_VL, acc[c]);
-            mx[c] = vmax(mx[c], acc[c]);
-        }
-    }
+#define TILE(rows) FA_CAT(score_rows_, FA_SFX)(st + j * BQ, mx, qt, k + j * ksl, ksl, D, rows)
+    for (; j + MR_S <= nb; j += MR_S) TILE(MR_S);
+    ATT_TAIL(j, nb, MR_S, TILE);
+#undef TILE
 }
 
-/* ot[e][:] += sum_{j<nb} v_j[e] * st[j][:], rows e in register tiles of MR_P. */
+/* One register tile of the output: ot[r][:] += sum_{j<nb} v_j[r] * st[j][:] for r < ROWS value
+ * features (v_j read in place from feature 0 of v, row stride vsl).
+ *   scalar math:  ot[r][i] += sum_j v[j][r] * st[j][i]                                    */
+FA_INLINE void FA_CAT(pv_rows_, FA_SFX)(float *FA_RESTRICT ot, const float *FA_RESTRICT st,
+                                        const float *FA_RESTRICT v, int64_t vsl, int64_t nb,
+                                        const int ROWS)
+{
+    VF acc[MR_P][NR];
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < NR; c++) acc[r][c] = vload(ot + r * BQ + c * FA_VL);
+    const float *vj = v;
+    const float *pj = st;
+    for (int64_t j = 0; j < nb; j++, vj += vsl, pj += BQ) {
+        VF pv[NR];
+        for (int c = 0; c < NR; c++) pv[c] = vload(pj + c * FA_VL);
+        for (int r = 0; r < ROWS; r++) {
+            VF vv = vsplat(vj[r]);
+            for (int c = 0; c < NR; c++) acc[r][c] += vv * pv[c];
+        }
+    }
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < NR; c++) vstore(ot + r * BQ + c * FA_VL, acc[r][c]);
+}
+
+/* ot[e][:] += sum_{j<nb} v_j[e] * st[j][:], rows e in register tiles of MR_P (the features
+ * left over in smaller tiles). */
 static void FA_CAT(pv_tile_, FA_SFX)(float *FA_RESTRICT ot, const float *FA_RESTRICT st,
                                      const float *FA_RESTRICT v, int64_t vsl, int64_t nb,
                                      int64_t Dv)
 {
     int64_t e = 0;
-    for (; e + MR_P <= Dv; e += MR_P) {
-        VF acc[MR_P][NR];
-        for (int r = 0; r < MR_P; r++)
-            for (int c = 0; c < NR; c++) acc[r][c] = vload(ot + (e + r) * BQ + c * FA_VL);
-        const float *vj = v + e;
-        const float *pj = st;
-        for (int64_t j = 0; j < nb; j++, vj += vsl, pj += BQ) {
-            VF pv[NR];
-            for (int c = 0; c < NR; c++) pv[c] = vload(pj + c * FA_VL);
-            for (int r = 0; r < MR_P; r++) {
-                VF vv = vsplat(vj[r]);
-                for (int c = 0; c < NR; c++) acc[r][c] += vv * pv[c];
-            }
-        }
-        for (int r = 0; r < MR_P; r++)
-            for (int c = 0; c < NR; c++) vstore(ot + (e + r) * BQ + c * FA_VL, acc[r][c]);
-    }
-    for (; e < Dv; e++) { /* tail value features */
-        VF acc[NR];
-        for (int c = 0; c < NR; c++) acc[c] = vload(ot + e * BQ + c * FA_VL);
-        for (int64_t j = 0; j < nb; j++) {
-            VF vv = vsplat(v[j * vsl + e]);
-            for (int c = 0; c < NR; c++) acc[c] += vv * vload(st + j * BQ + c * FA_VL);
-        }
-        for (int c = 0; c < NR; c++) vstore(ot + e * BQ + c * FA_VL, acc[c]);
-    }
+#define TILE(rows) FA_CAT(pv_rows_, FA_SFX)(ot + e * BQ, st, v + e, vsl, nb, rows)
+    for (; e + MR_P <= Dv; e += MR_P) TILE(MR_P);
+    ATT_TAIL(e, Dv, MR_P, TILE);
+#undef TILE
 }
 
 /* Scores of key block [jb, jb+nb) for query block [i0, i0+nq), masks applied, into st;
@@ -489,22 +511,6 @@ static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int
 #define BR ATT_BWD_BR
 /* The rows (or features) [i, n) left after the MR_S tiles, in tiles of 4, 2 and 1, each of a
  * size known at compile time; every row's arithmetic is the same whatever tile holds it. */
-#define ATT_TAIL(i, n, TILE)                         \
-    do {                                             \
-        if (MR_S > 4 && (n) - (i) >= 4) {            \
-            TILE(4);                                 \
-            (i) += 4;                                \
-        }                                            \
-        if ((n) - (i) >= 2) {                        \
-            TILE(2);                                 \
-            (i) += 2;                                \
-        }                                            \
-        if ((n) - (i) >= 1) {                        \
-            TILE(1);                                 \
-            (i) += 1;                                \
-        }                                            \
-    } while (0)
-_Static_assert(ATT_MR_S <= 7, "ATT_TAIL covers at most 7 rows left over");
 
 static int64_t FA_CAT(attention_bwd_scratch_, FA_SFX)(int64_t D, int64_t Dv)
 {
@@ -600,7 +606,7 @@ static void FA_CAT(bwd_dot_, FA_SFX)(float *FA_RESTRICT s, const float *FA_RESTR
     int64_t r = 0;
 #define TILE(rows) FA_CAT(bwd_dot_tile_, FA_SFX)(s + r * KB, mt, x + r * xs, xs, F, rows)
     for (; r + MR_S <= n; r += MR_S) TILE(MR_S);
-    ATT_TAIL(r, n, TILE);
+    ATT_TAIL(r, n, MR_S, TILE);
 #undef TILE
 }
 
@@ -634,7 +640,7 @@ static void FA_CAT(bwd_acc_, FA_SFX)(float *FA_RESTRICT acc_t, const float *FA_R
     int64_t f = 0;
 #define TILE(cols) FA_CAT(bwd_acc_tile_, FA_SFX)(acc_t + f * KB, p, x + f, xs, n, cols)
     for (; f + MR_S <= F; f += MR_S) TILE(MR_S);
-    ATT_TAIL(f, F, TILE);
+    ATT_TAIL(f, F, MR_S, TILE);
 #undef TILE
 }
 
@@ -695,11 +701,11 @@ static void FA_CAT(bwd_dq_, FA_SFX)(float *FA_RESTRICT dq, int64_t dqs,
                                  1)
     for (; d0 + NR * FA_VL <= Dp; d0 += NR * FA_VL) {
         for (r = 0; r + MR_S <= n; r += MR_S) TILE_NR(MR_S);
-        ATT_TAIL(r, n, TILE_NR);
+        ATT_TAIL(r, n, MR_S, TILE_NR);
     }
     for (; d0 < Dp; d0 += FA_VL) { /* the last (Dp mod NR*VL) features, a vector at a time */
         for (r = 0; r + MR_S <= n; r += MR_S) TILE_1(MR_S);
-        ATT_TAIL(r, n, TILE_1);
+        ATT_TAIL(r, n, MR_S, TILE_1);
     }
 #undef TILE_NR
 #undef TILE_1
