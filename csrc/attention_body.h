@@ -41,6 +41,29 @@ FA_INLINE VF FA_CAT(keep_, FA_SFX)(VU row_key, VU col, uint32_t thr, float drop_
     return (VF)((VI)(x >= vsplatu(thr)) & (VI)vsplat(drop_scale));
 }
 
+/* 2^x for the softmax's x = s - m <= 0 (or -inf, or NaN): vexp2 (fa_simd.h) without its
+ * clamps, bit for bit the same result on x <= 127, in 13 vector ops instead of 22 (the
+ * probabilities are a quarter of attention's vector work beside its two products). No clamp
+ * is needed: a lane with x < -126 (-inf included; its 2^n bits are garbage there) is zeroed by
+ * `keep` as in vexp2, and 2^n is multiplied in, so NaN in stays NaN. n comes from the rounding
+ * add's low bits (1.5 * 2^23 + n: shifted left 23, only n << 23 survives), so no conversion.
+ *   scalar math:  n = round(x);  f = x - n;  2^x = P(f) * 2^n, 0 for x < -126 */
+FA_INLINE VF FA_CAT(att_exp2_, FA_SFX)(VF x)
+{
+    const VF t = x + vsplat(12582912.0f);                /* 1.5 * 2^23 + n */
+    const VF f = x - (t - vsplat(12582912.0f));          /* in [-1/2, 1/2] */
+    VF p = vsplat(1.5353362e-4f);
+    p = p * f + vsplat(1.3398874e-3f);
+    p = p * f + vsplat(9.6181291e-3f);
+    p = p * f + vsplat(5.5504109e-2f);
+    p = p * f + vsplat(2.4022651e-1f);
+    p = p * f + vsplat(6.9314718e-1f);
+    p = p * f + vsplat(1.0f);
+    const VF two_n = (VF)(((VU)t << 23) + vsplatu(127u << 23));   /* 2^n, n >= -126 */
+    return (VF)((VI)(p * two_n) & ~(VI)(x < vsplat(-126.0f)));
+}
+#define att_exp2 FA_CAT(att_exp2_, FA_SFX)
+
 static int64_t FA_CAT(attention_block_q_, FA_SFX)(void) { return BQ; }
 
 static int64_t FA_CAT(attention_scratch_, FA_SFX)(int64_t D, int64_t Dv)
@@ -48,82 +71,104 @@ static int64_t FA_CAT(attention_scratch_, FA_SFX)(int64_t D, int64_t Dv)
     return D * BQ + ATT_BK * BQ + Dv * BQ + 2 * BQ;
 }
 
-/* st[j][:] = k_j . qt[:, :] for j < nb (k_j = row j of the key block, read in place through
- * its row stride), in register tiles of MR_S keys x BQ queries; mx = lane-wise max of st. */
+/* The rows left over after whole register tiles of MR rows (MR <= 8): a tile of 4, of 2, of 1,
+ * as needed (TILE(rows) runs one; i advances past it). */
+#define ATT_TAIL(i, n, MR, TILE)                     \
+    do {                                             \
+        if ((MR) > 4 && (n) - (i) >= 4) {            \
+            TILE(4);                                 \
+            (i) += 4;                                \
+        }                                            \
+        if ((MR) > 2 && (n) - (i) >= 2) {            \
+            TILE(2);                                 \
+            (i) += 2;                                \
+        }                                            \
+        while ((n) - (i) >= 1) {                     \
+            TILE(1);                                 \
+            (i) += 1;                                \
+        }                                            \
+    } while (0)
+_Static_assert(ATT_MR_S <= 8 && ATT_MR_P <= 8, "ATT_TAIL covers at most 7 rows left over");
+
+/* One register tile of the scores: st[r][:] = k_r . qt[:, :] for r < ROWS keys (k_r = row r,
+ * read in place through the row stride ksl), BQ queries along the lanes; mx takes the
+ * lane-wise max.
+ *   scalar math:  st[r][i] = sum_d k[r][d] * qt[d][i]                                    */
+FA_INLINE void FA_CAT(score_rows_, FA_SFX)(float *FA_RESTRICT st, VF *FA_RESTRICT mx,
+                                           const float *FA_RESTRICT qt,
+                                           const float *FA_RESTRICT k, int64_t ksl, int64_t D,
+                                           const int ROWS)
+{
+    VF acc[MR_S][NR];
+    const float *k_r[MR_S];
+    for (int r = 0; r < ROWS; r++) {
+        k_r[r] = k + r * ksl;
+        for (int c = 0; c < NR; c++) acc[r][c] = vsplat(0.0f);
+    }
+    const float *qd = qt;
+    for (int64_t d = 0; d < D; d++, qd += BQ) {
+        VF qv[NR];
+        for (int c = 0; c < NR; c++) qv[c] = vload(qd + c * FA_VL);
+        for (int r = 0; r < ROWS; r++) {
+            VF kk = vsplat(k_r[r][d]);
+            for (int c = 0; c < NR; c++) acc[r][c] += kk * qv[c];
+        }
+    }
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < NR; c++) {
+            vstore(st + r * BQ + c * FA_VL, acc[r][c]);
+            mx[c] = vmax(mx[c], acc[r][c]);
+        }
+}
+
+/* st[j][:] = k_j . qt[:, :] for j < nb (k_j = row j of the key block), in register tiles of
+ * MR_S keys x BQ queries (the keys left over in smaller tiles); mx = lane-wise max of st. */
 static void FA_CAT(score_tile_, FA_SFX)(float *FA_RESTRICT st, VF *FA_RESTRICT mx,
                                         const float *FA_RESTRICT qt, const float *FA_RESTRICT k,
                                         int64_t ksl, int64_t nb, int64_t D)
 {
     int64_t j = 0;
-    for (; j + MR_S <= nb; j += MR_S) {
-        VF acc[MR_S][NR];
-        const float *k_r[MR_S];
-        for (int r = 0; r < MR_S; r++) {
-            k_r[r] = k + (j + r) * ksl;
-            for (int c = 0; c < NR; c++) acc[r][c] = vsplat(0.0f);
-        }
-        const float *qd = qt;
-        for (int64_t d = 0; d < D; d++, qd += BQ) {
-            VF qv[NR];
-            for (int c = 0; c < NR; c++) qv[c] = vload(qd + c * FA_VL);
-            for (int r = 0; r < MR_S; r++) {
-                VF kk = vsplat(k_r[r][d]);
-                for (int c = 0; c < NR; c++) acc[r][c] += kk * qv[c];
-            }
-        }
-        for (int r = 0; r < MR_S; r++)
-            for (int c = 0; c < NR; c++) {
-                vstore(st + (j + r) * BQ + c * FA_VL, acc[r][c]);
-                mx[c] = vmax(mx[c], acc[r][c]);
-            }
-    }
-    for (; j < nb; j++) { /* tail keys, one at a time */
-        VF acc[NR];
-        const float *k_j = k + j * ksl;
-        for (int c = 0; c < NR; c++) acc[c] = vsplat(0.0f);
-        for (int64_t d = 0; d < D; d++) {
-            VF kk = vsplat(k_j[d]);
-            for (int c = 0; c < NR; c++) acc[c] += kk * vload(qt + d * BQ + c * FA_VL);
-        }
-        for (int c = 0; c < NR; c++) {
-            vstore(st + j * BQ + c * FA_VL, acc[c]);
-            mx[c] = vmax(mx[c], acc[c]);
-        }
-    }
+#define TILE(rows) FA_CAT(score_rows_, FA_SFX)(st + j * BQ, mx, qt, k + j * ksl, ksl, D, rows)
+    for (; j + MR_S <= nb; j += MR_S) TILE(MR_S);
+    ATT_TAIL(j, nb, MR_S, TILE);
+#undef TILE
 }
 
-/* ot[e][:] += sum_{j<nb} v_j[e] * st[j][:], rows e in register tiles of MR_P. */
+/* One register tile of the output: ot[r][:] += sum_{j<nb} v_j[r] * st[j][:] for r < ROWS value
+ * features (v_j read in place from feature 0 of v, row stride vsl).
+ *   scalar math:  ot[r][i] += sum_j v[j][r] * st[j][i]                                    */
+FA_INLINE void FA_CAT(pv_rows_, FA_SFX)(float *FA_RESTRICT ot, const float *FA_RESTRICT st,
+                                        const float *FA_RESTRICT v, int64_t vsl, int64_t nb,
+                                        const int ROWS)
+{
+    VF acc[MR_P][NR];
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < NR; c++) acc[r][c] = vload(ot + r * BQ + c * FA_VL);
+    const float *vj = v;
+    const float *pj = st;
+    for (int64_t j = 0; j < nb; j++, vj += vsl, pj += BQ) {
+        VF pv[NR];
+        for (int c = 0; c < NR; c++) pv[c] = vload(pj + c * FA_VL);
+        for (int r = 0; r < ROWS; r++) {
+            VF vv = vsplat(vj[r]);
+            for (int c = 0; c < NR; c++) acc[r][c] += vv * pv[c];
+        }
+    }
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < NR; c++) vstore(ot + r * BQ + c * FA_VL, acc[r][c]);
+}
+
+/* ot[e][:] += sum_{j<nb} v_j[e] * st[j][:], rows e in register tiles of MR_P (the features
+ * left over in smaller tiles). */
 static void FA_CAT(pv_tile_, FA_SFX)(float *FA_RESTRICT ot, const float *FA_RESTRICT st,
                                      const float *FA_RESTRICT v, int64_t vsl, int64_t nb,
                                      int64_t Dv)
 {
     int64_t e = 0;
-    for (; e + MR_P <= Dv; e += MR_P) {
-        VF acc[MR_P][NR];
-        for (int r = 0; r < MR_P; r++)
-            for (int c = 0; c < NR; c++) acc[r][c] = vload(ot + (e + r) * BQ + c * FA_VL);
-        const float *vj = v + e;
-        const float *pj = st;
-        for (int64_t j = 0; j < nb; j++, vj += vsl, pj += BQ) {
-            VF pv[NR];
-            for (int c = 0; c < NR; c++) pv[c] = vload(pj + c * FA_VL);
-            for (int r = 0; r < MR_P; r++) {
-                VF vv = vsplat(vj[r]);
-                for (int c = 0; c < NR; c++) acc[r][c] += vv * pv[c];
-            }
-        }
-        for (int r = 0; r < MR_P; r++)
-            for (int c = 0; c < NR; c++) vstore(ot + (e + r) * BQ + c * FA_VL, acc[r][c]);
-    }
-    for (; e < Dv; e++) { /* tail value features */
-        VF acc[NR];
-        for (int c = 0; c < NR; c++) acc[c] = vload(ot + e * BQ + c * FA_VL);
-        for (int64_t j = 0; j < nb; j++) {
-            VF vv = vsplat(v[j * vsl + e]);
-            for (int c = 0; c < NR; c++) acc[c] += vv * vload(st + j * BQ + c * FA_VL);
-        }
-        for (int c = 0; c < NR; c++) vstore(ot + e * BQ + c * FA_VL, acc[c]);
-    }
+#define TILE(rows) FA_CAT(pv_rows_, FA_SFX)(ot + e * BQ, st, v + e, vsl, nb, rows)
+    for (; e + MR_P <= Dv; e += MR_P) TILE(MR_P);
+    ATT_TAIL(e, Dv, MR_P, TILE);
+#undef TILE
 }
 
 /* Scores of key block [jb, jb+nb) for query block [i0, i0+nq), masks applied, into st;
@@ -248,14 +293,14 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
             VF mo = vload(m + c * FA_VL), mn = vmax(mo, mx[c]);
             VI dead = (VI)(mn == vsplat(-INFINITY));
             muse[c] = (VF)(~dead & (VI)mn);
-            alpha[c] = vexp2(mo - muse[c]);
+            alpha[c] = att_exp2(mo - muse[c]);
             vstore(m + c * FA_VL, mn);
             lsum[c] = vsplat(0.0f);
             for (int i = 0; i < FA_VL; i++) rescale |= alpha[c][i] != 1.0f;
         }
         for (int64_t jj = 0; jj < nb; jj++) {
             for (int c = 0; c < NR; c++) {
-                VF p = vexp2(vload(st + jj * BQ + c * FA_VL) - muse[c]);
+                VF p = att_exp2(vload(st + jj * BQ + c * FA_VL) - muse[c]);
                 vstore(st + jj * BQ + c * FA_VL, p);
                 lsum[c] += p;
             }
@@ -402,7 +447,7 @@ static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int
     for (int64_t j = jend; j < jpad; j++) s[j] = -INFINITY;
     float l = 0.0f;
     for (int64_t j = 0; j < jpad; j += FA_VL) {
-        VF p = vexp2(vload(s + j) - vsplat(ref));
+        VF p = att_exp2(vload(s + j) - vsplat(ref));
         vstore(s + j, p);
         l += hsum(p);
     }
@@ -466,22 +511,6 @@ static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int
 #define BR ATT_BWD_BR
 /* The rows (or features) [i, n) left after the MR_S tiles, in tiles of 4, 2 and 1, each of a
  * size known at compile time; every row's arithmetic is the same whatever tile holds it. */
-#define ATT_TAIL(i, n, TILE)                         \
-    do {                                             \
-        if (MR_S > 4 && (n) - (i) >= 4) {            \
-            TILE(4);                                 \
-            (i) += 4;                                \
-        }                                            \
-        if ((n) - (i) >= 2) {                        \
-            TILE(2);                                 \
-            (i) += 2;                                \
-        }                                            \
-        if ((n) - (i) >= 1) {                        \
-            TILE(1);                                 \
-            (i) += 1;                                \
-        }                                            \
-    } while (0)
-_Static_assert(ATT_MR_S <= 7, "ATT_TAIL covers at most 7 rows left over");
 
 static int64_t FA_CAT(attention_bwd_scratch_, FA_SFX)(int64_t D, int64_t Dv)
 {
@@ -577,7 +606,7 @@ static void FA_CAT(bwd_dot_, FA_SFX)(float *FA_RESTRICT s, const float *FA_RESTR
     int64_t r = 0;
 #define TILE(rows) FA_CAT(bwd_dot_tile_, FA_SFX)(s + r * KB, mt, x + r * xs, xs, F, rows)
     for (; r + MR_S <= n; r += MR_S) TILE(MR_S);
-    ATT_TAIL(r, n, TILE);
+    ATT_TAIL(r, n, MR_S, TILE);
 #undef TILE
 }
 
@@ -611,7 +640,7 @@ static void FA_CAT(bwd_acc_, FA_SFX)(float *FA_RESTRICT acc_t, const float *FA_R
     int64_t f = 0;
 #define TILE(cols) FA_CAT(bwd_acc_tile_, FA_SFX)(acc_t + f * KB, p, x + f, xs, n, cols)
     for (; f + MR_S <= F; f += MR_S) TILE(MR_S);
-    ATT_TAIL(f, F, TILE);
+    ATT_TAIL(f, F, MR_S, TILE);
 #undef TILE
 }
 
@@ -672,11 +701,11 @@ static void FA_CAT(bwd_dq_, FA_SFX)(float *FA_RESTRICT dq, int64_t dqs,
                                  1)
     for (; d0 + NR * FA_VL <= Dp; d0 += NR * FA_VL) {
         for (r = 0; r + MR_S <= n; r += MR_S) TILE_NR(MR_S);
-        ATT_TAIL(r, n, TILE_NR);
+        ATT_TAIL(r, n, MR_S, TILE_NR);
     }
     for (; d0 < Dp; d0 += FA_VL) { /* the last (Dp mod NR*VL) features, a vector at a time */
         for (r = 0; r + MR_S <= n; r += MR_S) TILE_1(MR_S);
-        ATT_TAIL(r, n, TILE_1);
+        ATT_TAIL(r, n, MR_S, TILE_1);
     }
 #undef TILE_NR
 #undef TILE_1
@@ -717,7 +746,7 @@ static void FA_CAT(bwd_probs_, FA_SFX)(const fa_att_bwd_args *a, const fa_att_bw
         const VF dl = vsplat(delta_bh[i]);
         if (!f->dropout) {
             for (int c = 0; c < NR; c++) {
-                const VF p = (VF)((VI)vexp2(vload(s_r + c * FA_VL) - l2) & live);
+                const VF p = (VF)((VI)att_exp2(vload(s_r + c * FA_VL) - l2) & live);
                 const VF dp = vload(p_r + c * FA_VL);
                 vstore(p_r + c * FA_VL, p);
                 vstore(s_r + c * FA_VL, p * (dp - dl) * sc);
@@ -725,7 +754,7 @@ static void FA_CAT(bwd_probs_, FA_SFX)(const fa_att_bwd_args *a, const fa_att_bw
         } else {
             const VU rk = vsplatu(fa_rng_row_key(f->seed, (uint64_t)(bh * Lq + i)));
             for (int c = 0; c < NR; c++) {
-                const VF p = (VF)((VI)vexp2(vload(s_r + c * FA_VL) - l2) & live);
+                const VF p = (VF)((VI)att_exp2(vload(s_r + c * FA_VL) - l2) & live);
                 const VF kf = FA_CAT(keep_, FA_SFX)(rk, col[c], f->drop_thr, f->drop_scale);
                 const VF dp = vload(p_r + c * FA_VL) * kf;
                 vstore(p_r + c * FA_VL, p * kf);
@@ -830,3 +859,4 @@ static void FA_CAT(attention_bwd_queries_, FA_SFX)(const fa_att_bwd_args *a, int
 #undef MR_S
 #undef MR_P
 #undef vsplatu
+#undef att_exp2

@@ -11,7 +11,10 @@
 /* ---- per ISA: <knob>_<suffix>, suffix = generic | v3 (AVX2 + FMA) | v4 (AVX-512) ----------
  *   FA_VL     floats per vector         ATT_NR    query vectors per attention tile (BQ = NR*VL)
  *   ATT_MR_S  keys per score tile       ATT_MR_P  value features per P.V tile
- *   SK_NV     weight vectors per packed-GEMM tile   SK_RB  rows of x per packed-GEMM tile */
+ *   SK_NV     weight vectors per packed-GEMM tile   SK_RB  rows of x per packed-GEMM tile
+ * The attention tiles hold NR*MR accumulators: 12 of AVX2's 16 registers (2 of them for the
+ * q or P vectors, 1 for the broadcast), 24 of AVX-512's 32; 12 independent FMA chains cover the
+ * FMA latency x throughput of every AVX2 core (Haswell needs 10). */
 #define FA_VL_generic 4
 #define ATT_NR_generic 2
 #define ATT_MR_S_generic 6
@@ -22,14 +25,14 @@
 #define FA_VL_v3 8
 #define ATT_NR_v3 2
 #define ATT_MR_S_v3 6
-#define ATT_MR_P_v3 4
+#define ATT_MR_P_v3 6
 #define SK_NV_v3 2
 #define SK_RB_v3 6
 
 #define FA_VL_v4 16
 #define ATT_NR_v4 4
 #define ATT_MR_S_v4 6
-#define ATT_MR_P_v4 4
+#define ATT_MR_P_v4 6
 #define SK_NV_v4 3
 #define SK_RB_v4 8
 

@@ -199,51 +199,95 @@ static void FA_CAT(skinny_gemm_, FA_SFX)(float *FA_RESTRICT y, int64_t ldy,
     }
 }
 
+/* Packed-GEMM register tiles: PK_ACC accumulators (SK_RB rows x SK_NV vectors, the full tile);
+ * a panel is PK_PV vectors wide. */
+#define PK_ACC (SK_RB * SK_NV)
+#define PK_PV (FA_PANEL / FA_VL)
+
+/* Vectors per tile for a block of `rows` rows: the full tile's SK_NV for SK_RB rows; fewer rows
+ * take the widest slice of the panel (a divisor of PK_PV) that fits PK_ACC accumulators, so a
+ * decode step's one or few rows read each panel once, in order, with as many independent sums
+ * as the registers hold (at one row, SK_NV vectors would leave the FMA chains latency-bound
+ * and sweep the panel SK_NV / PK_PV of a row at a time). A constant after inlining. */
+FA_INLINE int FA_CAT(packed_nv_, FA_SFX)(int rows)
+{
+    if (rows >= SK_RB) return SK_NV;
+    for (int nv = PK_PV; nv > 1; nv--)
+        if (PK_PV % nv == 0 && rows * nv <= PK_ACC) return nv;
+    return 1;
+}
+
+/* One row block of one panel: y[r][m0 + f] = x_r . w_f for r < ROWS, f < width (the features
+ * of the panel below M), in register tiles of ROWS rows x NV vectors.
+ *   scalar math:  y[r][m] = sum_k x[r][k] * w_p[k][m - m0]   (k in order: one sum per element) */
+FA_INLINE void FA_CAT(packed_rows_, FA_SFX)(float *FA_RESTRICT y, int64_t ldy,
+                                            const float *FA_RESTRICT x, int64_t K,
+                                            const float *FA_RESTRICT w_p, int64_t m0,
+                                            int64_t width, const int ROWS, const int NV)
+{
+    const int64_t step = NV * FA_VL;                /* features per register tile */
+    for (int64_t f0 = 0; f0 < width; f0 += step) {
+        VF acc[SK_RB][PK_PV];
+        for (int r = 0; r < ROWS; r++)
+            for (int c = 0; c < NV; c++) acc[r][c] = vsplat(0.0f);
+        const float *w_k = w_p + f0;
+        for (int64_t k = 0; k < K; k++, w_k += FA_PANEL) {
+            VF wv[PK_PV];
+            for (int c = 0; c < NV; c++) wv[c] = vload(w_k + c * FA_VL);
+            for (int r = 0; r < ROWS; r++) {
+                const VF xv = vsplat(x[r * K + k]);
+                for (int c = 0; c < NV; c++) acc[r][c] += xv * wv[c];
+            }
+        }
+        const int64_t nf = width - f0 < step ? width - f0 : step;
+        for (int r = 0; r < ROWS; r++) {
+            float *y_r = y + r * ldy + m0 + f0;
+            if (nf == step) {
+                for (int c = 0; c < NV; c++) vstore(y_r + c * FA_VL, acc[r][c]);
+            } else {
+                for (int64_t f = 0; f < nf; f++) y_r[f] = acc[r][f / FA_VL][f % FA_VL];
+            }
+        }
+    }
+}
+
 /* Few-row GEMM on packed weights (decode steps): y[r][m] = x_r . w_m, for panels [p0, p1).
  *   y   (N, ldy)  out; columns of the panels' features (< M) only
  *   x   (N, K)    in
  *   wp  (P, K, FA_PANEL) in; panel p holds features p*FA_PANEL .. +FA_PANEL, row k contiguous
  *       (fa_pack_panels), features past M are zero
- * Vectors run along the features, so no horizontal sums: per k, SK_NV weight vectors meet a
- * broadcast of each of SK_RB rows of x. Bound by streaming wp once, which it does in order.
+ * Vectors run along the features, so no horizontal sums: per k, the weight vectors of a tile
+ * meet a broadcast of each of its rows of x: SK_RB rows x SK_NV vectors, and the rows left
+ * over (fewer than SK_RB: all of them at a decode step's N = 1) in one tile as wide as
+ * packed_nv_ allows. Bound by streaming wp once, which it does in order.
  * Each y element is the same sum in the same order whatever N is (batch invariance). */
 static void FA_CAT(packed_gemm_, FA_SFX)(float *FA_RESTRICT y, int64_t ldy,
                                          const float *FA_RESTRICT x, int64_t N,
                                          const float *FA_RESTRICT wp, int64_t p0, int64_t p1,
                                          int64_t M, int64_t K)
 {
-    const int64_t step = SK_NV * FA_VL;             /* features per register tile */
     for (int64_t p = p0; p < p1; p++) {
         const float *w_p = wp + p * K * FA_PANEL;
-        for (int64_t f0 = 0; f0 < FA_PANEL; f0 += step) {
-            const int64_t m0 = p * FA_PANEL + f0;
-            if (m0 >= M) break;
-            for (int64_t r0 = 0; r0 < N; r0 += SK_RB) {
-                const int64_t nr = N - r0 < SK_RB ? N - r0 : SK_RB;
-                VF acc[SK_RB][SK_NV];
-                for (int r = 0; r < SK_RB; r++)
-                    for (int c = 0; c < SK_NV; c++) acc[r][c] = vsplat(0.0f);
-                const float *w_k = w_p + f0;
-                const float *x_r0 = x + r0 * K;
-                for (int64_t k = 0; k < K; k++, w_k += FA_PANEL) {
-                    VF wv[SK_NV];
-                    for (int c = 0; c < SK_NV; c++) wv[c] = vload(w_k + c * FA_VL);
-                    for (int r = 0; r < SK_RB; r++) {
-                        /* rows past N read row 0 again (harmless, never stored) */
-                        const VF xv = vsplat(x_r0[(r < nr ? r : 0) * K + k]);
-                        for (int c = 0; c < SK_NV; c++) acc[r][c] += xv * wv[c];
-                    }
-                }
-                const int64_t nf = M - m0 < step ? M - m0 : step;
-                for (int r = 0; r < nr; r++) {
-                    float *y_r = y + (r0 + r) * ldy + m0;
-                    if (nf == step) {
-                        for (int c = 0; c < SK_NV; c++) vstore(y_r + c * FA_VL, acc[r][c]);
-                    } else {
-                        for (int64_t f = 0; f < nf; f++) y_r[f] = acc[r][f / FA_VL][f % FA_VL];
-                    }
-                }
-            }
+        const int64_t m0 = p * FA_PANEL, width = M - m0 < FA_PANEL ? M - m0 : FA_PANEL;
+        int64_t r0 = 0;
+#define ROWS(n) FA_CAT(packed_rows_, FA_SFX)(y + r0 * ldy, ldy, x + r0 * K, K, w_p, m0, width, \
+                                             n, FA_CAT(packed_nv_, FA_SFX)(n))
+        for (; r0 + SK_RB <= N; r0 += SK_RB) ROWS(SK_RB);
+        switch (N - r0) { /* the rows left over, in one tile */
+        case 1: ROWS(1); break;
+        case 2: ROWS(2); break;
+        case 3: ROWS(3); break;
+        case 4: ROWS(4); break;
+        case 5: ROWS(5); break;
+#if SK_RB > 6
+        case 6: ROWS(6); break;
+        case 7: ROWS(7); break;
+#endif
+        default: break;
         }
+#undef ROWS
     }
 }
+_Static_assert(SK_RB <= 8, "packed_gemm_ handles at most 7 rows left over");
+#undef PK_ACC
+#undef PK_PV

@@ -107,7 +107,7 @@ def _row(case, fast=None, torch=None, numpy=None, **extra):
 def test_targets_pass_miss_skip():
     rows = [
         _row("attention_causal", fast=10.0, torch=20.0, numpy=90.0),  # 2x torch, 9x numpy
-        _row("attention_full", fast=10.0, torch=11.0),                 # 1.1x torch
+        _row("attention_full", fast=10.0, torch=12.5),                 # 1.25x torch
         _row("ffn", fast=10.0),
         _row("sgemm", numpy=10.0 * 2 * 2048 ** 3 / (4 * 2048 * 512 * 2048) / 0.95),
         _row("attention_memory", fast=1000.0, fastattn_peak_mib=16.0, matrix_mib=1024.0),
@@ -115,7 +115,7 @@ def test_targets_pass_miss_skip():
     status = {(r["case"], r["target"]): r["status"] for r in bench.check_targets(rows)}
     assert status[("attention_causal", "speedup vs torch >= 1.8x")] == "PASS"
     assert status[("attention_causal", "speedup vs numpy >= 10x")] == "MISS"
-    assert status[("attention_full", "speedup vs torch >= 1.2x")] == "MISS"
+    assert status[("attention_full", "speedup vs torch >= 1.3x")] == "MISS"
     assert status[("ffn", "GFLOP/s >= 90% of sgemm GFLOP/s")] == "PASS"      # 95 %
     assert status[("attention_memory", "peak memory growth < 64 MiB")] == "PASS"
     assert status[("layer_norm", "speedup vs torch >= 1.5x")] == "SKIP"     # not run
@@ -153,7 +153,7 @@ def test_interleaving_spreads_the_slow_runs():
 def test_generation_targets():
     rows = [
         _row("generate_greedy_b8", fast=1000.0, torch=12000.0, numpy=30000.0),   # 12x torch
-        _row("decode_step", fast=5.0, share_of_copy=0.65, weight_gbps=13.0, copy_gbps=20.0,
+        _row("decode_step", fast=5.0, share_of_copy=0.8, weight_gbps=16.0, copy_gbps=20.0,
              step_ms=5.0),
     ]
     assert rows[0]["fastattn_tokens_per_s"] == pytest.approx(8 * 64 / 1.0)
@@ -162,8 +162,8 @@ def test_generation_targets():
     results = {r["case"]: r for r in bench.check_targets(rows)}
     assert results["generate_greedy_b8"]["status"] == "PASS"
     assert "512 tokens/s" in results["generate_greedy_b8"]["detail"]
-    assert results["decode_step"]["status"] == "MISS"                      # 65% < 70%
-    assert "65% of the copy" in results["decode_step"]["detail"]
+    assert results["decode_step"]["status"] == "MISS"                      # 80% < 85%
+    assert "80% of the copy" in results["decode_step"]["detail"]
     slow = [_row("generate_greedy_b8", fast=1000.0, torch=9000.0)]
     (t,) = [r for r in bench.check_targets(slow) if r["case"] == "generate_greedy_b8"]
     assert t["status"] == "MISS"

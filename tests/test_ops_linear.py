@@ -203,14 +203,15 @@ def test_ffn_vs_torch(rng, N):
                      atol=2 * ffn_atol(x, w1, b1, w2, b2, act), name=f"ffn({act}) vs torch")
 
 
-@pytest.mark.parametrize("n_rows", [1, 2, TILE_ROWS - 1, TILE_ROWS, TILE_ROWS + 1,
-                                    4 * TILE_ROWS + 1, ops.PACKED_MAX_ROWS])
+@pytest.mark.parametrize("n_rows", sorted({*range(1, TILE_ROWS + 2), 2 * TILE_ROWS - 1,
+                                           4 * TILE_ROWS + 1, ops.PACKED_MAX_ROWS}))
 @pytest.mark.parametrize("shape", [(1, 1), (PANEL - 1, 33), (PANEL, 64), (PANEL + 1, 512),
                                    (4 * PANEL + 8, 17)])
 @pytest.mark.parametrize("activation", [None, "relu", "gelu"])
 def test_packed_linear_matches_reference(n_rows, shape, activation):
     """The decode-step kernel (weights packed in PANEL-feature panels) vs the twin, including
-    partial panels (M % PANEL), K tails and row counts around its register tiles' rows."""
+    partial panels (M % PANEL), K tails, every count of rows left over after the full register
+    tiles (each has its own tile shape) and row counts around the tiles' rows."""
     M, K = shape
     rng = np.random.default_rng(M * 1000 + K + n_rows)
     x = rng.standard_normal((n_rows, K), dtype=np.float32)
@@ -233,3 +234,7 @@ def test_packed_linear_rows_are_batch_invariant():
         one = np.empty((1, 130), np.float32)
         ops._linear_packed_into(one, x[r:r + 1], pw, None, 0)
         assert np.array_equal(one[0], full[r])
+    for n in range(2, 13):  # every count of rows left over: each takes its own tile shape
+        part = np.empty((n, 130), np.float32)
+        ops._linear_packed_into(part, x[:n], pw, None, 0)
+        assert np.array_equal(part, full[:n]), n
