@@ -3,7 +3,7 @@
     import ray
     from fastattn.runners.ray import translate_dataset
 
-    ray.init()                          # on a cluster: ray.init(address="ray://head:10001")
+    ray.init()                          # on a cluster: ray.init(address="HEAD:6379")
     ds = ray.data.read_text("corpus.txt")                       # a "text" column
     out = translate_dataset(ds, "run", column="text", concurrency=4, num_cpus_per_worker=2)
     out.write_json("translated/")
