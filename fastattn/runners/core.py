@@ -43,6 +43,7 @@ import numpy as np
 
 from .. import tokenizers
 from ..nn import Seq2SeqTransformer
+from ..ops import QuantizedWeight
 from ..train.batching import check_budget, epoch_batches
 
 __all__ = ["Translator", "Result", "DEFAULT_BATCH_TOKENS", "TOO_LONG", "run_state",
@@ -230,12 +231,21 @@ def run_hash(run):
 
 
 def run_state(run):
-    """A loaded run as plain data: {"config", "weights" (the state_dict's arrays), "src_tokenizer",
-    "tgt_tokenizer" (their to_dict()), "run_config", "path"}."""
-    return {"config": dict(run.model.config), "weights": run.model.state_dict(),
-            "src_tokenizer": run.src_tokenizer.to_dict(),
-            "tgt_tokenizer": run.tgt_tokenizer.to_dict(),
-            "run_config": run.config, "path": run.path}
+    """A loaded run as plain data: {"config", "compute_type", "weights" (the parameters'
+    arrays as stored: a quantized weight as its int8 data plus "<key>_scale", or its bf16
+    bits), "src_tokenizer", "tgt_tokenizer" (their to_dict()), "run_config", "path"}."""
+    weights = {}
+    for key, value in run.model.named_parameters():
+        if isinstance(value, QuantizedWeight):
+            weights[key] = value.data
+            if value.scale is not None:
+                weights[key + "_scale"] = value.scale
+        else:
+            weights[key] = value
+    return {"config": dict(run.model.config), "compute_type": run.model.compute_type,
+            "weights": weights, "src_tokenizer": run.src_tokenizer.to_dict(),
+            "tgt_tokenizer": run.tgt_tokenizer.to_dict(), "run_config": run.config,
+            "path": run.path}
 
 
 def run_from_state(state):
@@ -244,15 +254,23 @@ def run_from_state(state):
     from ..train.run import Run
 
     model = Seq2SeqTransformer(**state["config"]).eval()
-    weights = state["weights"]
+    weights, compute_type = state["weights"], state.get("compute_type", "float32")
+    quantized = {}
     for key, module, name in model._named_slots():
         own, given = getattr(module, name), weights[key]
+        if compute_type != "float32" and name in module._quantizable:
+            quantized[key] = QuantizedWeight.from_stored(compute_type, given,
+                                                         weights.get(key + "_scale"))
+            continue
         if given.shape != own.shape or given.dtype != np.float32 or \
                 not given.flags.c_contiguous:
             raise ValueError(f"run_from_state: {key} must be C-contiguous float32 "
                              f"{own.shape}, got {given.dtype} {given.shape}")
         setattr(module, name, given)
-    model.invalidate_caches()
+    if quantized:
+        model._set_quantized(quantized)
+    else:
+        model.invalidate_caches()
     src = tokenizers.Tokenizer.from_dict(state["src_tokenizer"], where="src_tokenizer")
     tgt = tokenizers.Tokenizer.from_dict(state["tgt_tokenizer"], where="tgt_tokenizer")
     return Run(state["path"], model, src, tgt, state["run_config"])

@@ -289,3 +289,21 @@ def test_compute_type_quantizes_the_run_and_a_resume_must_keep_it(run_dir, tmp_p
     with pytest.raises(ValueError, match="loaded already"):
         translate_file(load_run(run_dir), src, tmp_path / "o2.jsonl", compute_type="bf16",
                        progress=False)
+
+
+@pytest.mark.parametrize("kind", ["int8", "bf16"])
+def test_a_quantized_run_reaches_the_workers_as_it_is(run_dir, kind):
+    """run_state / run_from_state (what Ray and Dask ship) keep quantized weights as stored:
+    the worker's model computes exactly what the driver's does, not a float32 rebuild."""
+    from fastattn.runners.core import run_from_state, run_hash, run_state
+    from fastattn.train.run import load_run
+
+    run = load_run(run_dir, compute_type=kind)
+    state = run_state(run)
+    for arr in state["weights"].values():
+        arr.setflags(write=False)                 # as from Ray's object store
+    worker = run_from_state(state)
+    assert worker.model.compute_type == kind
+    assert run_hash(worker) == run_hash(run)
+    texts = sentences(20, seed=9)
+    assert worker.complete(texts) == run.complete(texts)
