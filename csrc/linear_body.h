@@ -270,8 +270,10 @@ static void FA_CAT(packed_gemm_, FA_SFX)(float *FA_RESTRICT y, int64_t ldy,
         const float *w_p = wp + p * K * FA_PANEL;
         const int64_t m0 = p * FA_PANEL, width = M - m0 < FA_PANEL ? M - m0 : FA_PANEL;
         int64_t r0 = 0;
+        /* (n capped at SK_RB: the cases past SK_RB - 1 rows never run, but still compile) */
 #define ROWS(n) FA_CAT(packed_rows_, FA_SFX)(y + r0 * ldy, ldy, x + r0 * K, K, w_p, m0, width, \
-                                             n, FA_CAT(packed_nv_, FA_SFX)(n))
+                                             PK_CAP(n), FA_CAT(packed_nv_, FA_SFX)(PK_CAP(n)))
+#define PK_CAP(n) ((n) < SK_RB ? (n) : SK_RB)
         for (; r0 + SK_RB <= N; r0 += SK_RB) ROWS(SK_RB);
         switch (N - r0) { /* the rows left over, in one tile */
         case 1: ROWS(1); break;
@@ -279,12 +281,11 @@ static void FA_CAT(packed_gemm_, FA_SFX)(float *FA_RESTRICT y, int64_t ldy,
         case 3: ROWS(3); break;
         case 4: ROWS(4); break;
         case 5: ROWS(5); break;
-#if SK_RB > 6
         case 6: ROWS(6); break;
         case 7: ROWS(7); break;
-#endif
         default: break;
         }
+#undef PK_CAP
 #undef ROWS
     }
 }
