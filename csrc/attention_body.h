@@ -42,8 +42,8 @@ FA_INLINE VF FA_CAT(keep_, FA_SFX)(VU row_key, VU col, uint32_t thr, float drop_
 }
 
 /* 2^x for the softmax's x = s - m <= 0 (or -inf, or NaN): vexp2 (fa_simd.h) without its
- * clamps, bit for bit the same result on x <= 127, in 13 vector ops instead of 22 (the
- * probabilities are a quarter of attention's vector work beside its two products). No clamp
+ * clamps, bit for bit the same result on x <= 127, in 14 vector ops instead of 24 (with its
+ * load, subtraction, store and sum, a tenth of attention's vector ops at D = 64). No clamp
  * is needed: a lane with x < -126 (-inf included; its 2^n bits are garbage there) is zeroed by
  * `keep` as in vexp2, and 2^n is multiplied in, so NaN in stays NaN. n comes from the rounding
  * add's low bits (1.5 * 2^23 + n: shifted left 23, only n << 23 survives), so no conversion.
