@@ -21,6 +21,8 @@ import json
 import numbers
 import sys
 
+from ..train.progress import terminal_tqdm
+
 __all__ = ["make_progress", "progress_enabled", "check_progress", "DEFAULT_EVERY"]
 
 DEFAULT_EVERY = 10
@@ -54,14 +56,9 @@ def make_progress(progress, total, initial=0, stream=None):
     if _off(progress):
         return Silent()
     stream = sys.stderr if stream is None else stream
-    isatty = getattr(stream, "isatty", None)
-    if isatty is not None and isatty():
-        try:
-            import tqdm
-        except ImportError:
-            pass
-        else:
-            return Bar(tqdm.tqdm, total, initial, stream)
+    bar = terminal_tqdm(stream)
+    if bar is not None:
+        return Bar(bar, total, initial, stream)
     return JsonLines(stream, DEFAULT_EVERY if progress is True else int(progress), total)
 
 

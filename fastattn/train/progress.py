@@ -46,15 +46,23 @@ def make_progress(progress, total, initial=0, stream=None):
         return Silent()
     every = _every(progress)
     stream = sys.stderr if stream is None else stream
-    isatty = getattr(stream, "isatty", None)
-    if isatty is not None and isatty():
-        try:
-            import tqdm
-        except ImportError:
-            pass
-        else:
-            return Bar(tqdm.tqdm, total, initial, stream)
+    bar = terminal_tqdm(stream)
+    if bar is not None:
+        return Bar(bar, total, initial, stream)
     return JsonLines(stream, every, total)
+
+
+def terminal_tqdm(stream):
+    """tqdm.tqdm when `stream` is a terminal and tqdm (the demo extra) is installed, else
+    None: the reporters then write JSON lines."""
+    isatty = getattr(stream, "isatty", None)
+    if isatty is None or not isatty():
+        return None
+    try:
+        import tqdm
+    except ImportError:
+        return None
+    return tqdm.tqdm
 
 
 class Silent:
