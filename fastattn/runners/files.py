@@ -66,6 +66,7 @@ import os
 import time
 
 from ..train.batching import check_budget
+from ..train.run import write_json_atomic
 from .core import DEFAULT_BATCH_TOKENS, Result, Translator, record, run_hash
 from .progress import check_progress, make_progress, progress_enabled
 
@@ -125,7 +126,7 @@ def translate_file(run_dir, input_path, output_path, *, batch_tokens=DEFAULT_BAT
     finally:
         reporter.close(stats)
     state["complete"] = True
-    _write_state(output_path + STATE_SUFFIX, state)
+    write_json_atomic(output_path + STATE_SUFFIX, state)
     return stats
 
 
@@ -167,16 +168,6 @@ def _input_print(path):
     with open(path, "rb") as f:
         head = f.read(HEAD_BYTES)
     return {"size": os.path.getsize(path), "head_sha256": hashlib.sha256(head).hexdigest()}
-
-
-def _write_state(path, state):
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(state, f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _read_state(path):
@@ -225,7 +216,7 @@ def _prepare(output_path, state, resume, overwrite):
                              f"{'; '.join(diff)}; rerun with its settings, or pass "
                              f"overwrite=True (--overwrite) to start over")
         return _repair(output_path)
-    _write_state(state_path, state)
+    write_json_atomic(state_path, state)
     with open(output_path, "wb") as f:
         os.fsync(f.fileno())
     return 0, 0

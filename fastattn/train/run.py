@@ -100,7 +100,8 @@ def _path(run_dir, name):
     return os.path.join(os.fspath(run_dir), FILES[name])
 
 
-def _write_json(path, obj):
+def write_json_atomic(path, obj):
+    """obj as JSON in `path`, written beside it, synced and renamed over it (atomic)."""
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2)
@@ -170,7 +171,7 @@ def train_run(pairs, out, *, model="tiny", tokenizer="bpe", vocab_size=None, ste
                       train_pairs=len(train_pairs), valid_pairs=len(valid_pairs))
         src_tok.save(_path(out, "src_tokenizer"))
         tgt_tok.save(_path(out, "tgt_tokenizer"))
-        _write_json(_path(out, "config"), config)
+        write_json_atomic(_path(out, "config"), config)
     net = build_model(model, src_tok.vocab_size, tgt_tok.vocab_size, pad_id=src_tok.pad_id,
                       dropout=dropout, seed=seed)
     kw = dict(src_tokenizer=src_tok, tgt_tokenizer=tgt_tok, valid_pairs=valid_pairs or None,
