@@ -267,7 +267,10 @@ def _teacher_forced(m, tok, texts):
     return float(m.loss(collate(src, rows, tok.pad_id), collate(tgt, rows, tok.pad_id)))
 
 
-@pytest.mark.parametrize("kind, loss_rise", [("int8", 0.02), ("bf16", 0.005)])
+# The loss bounds: int8's held-out loss rise on this model spread from -0.1% to +3.8% over
+# seeds 0-2 trained on the AVX-512 and the AVX2 kernels (+3.2% for seed 0 on AVX2, +0.9% on
+# AVX-512), bf16's from -0.4% to +0.5%; see the README's accuracy figures.
+@pytest.mark.parametrize("kind, loss_rise", [("int8", 0.05), ("bf16", 0.005)])
 def test_trained_model_keeps_its_tokens_and_its_loss(reverse_model, kind, loss_rise):
     m, tok, held_out = reverse_model
     before = fastattn.get_num_threads()
