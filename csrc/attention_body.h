@@ -52,13 +52,7 @@ FA_INLINE VF FA_CAT(att_exp2_, FA_SFX)(VF x)
 {
     const VF t = x + vsplat(12582912.0f);                /* 1.5 * 2^23 + n */
     const VF f = x - (t - vsplat(12582912.0f));          /* in [-1/2, 1/2] */
-    VF p = vsplat(1.5353362e-4f);
-    p = p * f + vsplat(1.3398874e-3f);
-    p = p * f + vsplat(9.6181291e-3f);
-    p = p * f + vsplat(5.5504109e-2f);
-    p = p * f + vsplat(2.4022651e-1f);
-    p = p * f + vsplat(6.9314718e-1f);
-    p = p * f + vsplat(1.0f);
+    const VF p = vexp2_poly(f);
     const VF two_n = (VF)(((VU)t << 23) + vsplatu(127u << 23));   /* 2^n, n >= -126 */
     return (VF)((VI)(p * two_n) & ~(VI)(x < vsplat(-126.0f)));
 }

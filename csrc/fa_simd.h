@@ -51,6 +51,21 @@ FA_INLINE float FA_CAT(hmax_, FA_SFX)(VF a)
 }
 #define hmax FA_CAT(hmax_, FA_SFX)
 
+/* 2^f for |f| <= 1/2: a degree-6 polynomial (rel. err ~1e-7), shared by vexp2 and the
+ * attention kernels' cheaper exponent (att_exp2) so both give the same bits. */
+FA_INLINE VF FA_CAT(vexp2_poly_, FA_SFX)(VF f)
+{
+    VF p = vsplat(1.5353362e-4f);
+    p = p * f + vsplat(1.3398874e-3f);
+    p = p * f + vsplat(9.6181291e-3f);
+    p = p * f + vsplat(5.5504109e-2f);
+    p = p * f + vsplat(2.4022651e-1f);
+    p = p * f + vsplat(6.9314718e-1f);
+    p = p * f + vsplat(1.0f);
+    return p;
+}
+#define vexp2_poly FA_CAT(vexp2_poly_, FA_SFX)
+
 /* 2^x for x <= ~128: x = n + f, |f| <= 1/2, 2^f by a degree-6 polynomial (rel. err ~1e-7),
  * 2^n by exponent-field arithmetic. x < -126 gives exactly 0 (so -inf -> 0, as the masks need);
  * NaN in gives NaN out. x is clamped to [-127, 127] (NaN lanes to 0) before the conversion to
@@ -63,13 +78,7 @@ FA_INLINE VF FA_CAT(vexp2_, FA_SFX)(VF x)
     xc = (VF)((((VI)(xc < lo) & (VI)lo) | (~(VI)(xc < lo) & (VI)xc)) & ~nan); /* below; NaN: 0 */
     VF fn = xc + vsplat(12582912.0f) - vsplat(12582912.0f);              /* round to nearest */
     VF f = xc - fn;
-    VF p = vsplat(1.5353362e-4f);
-    p = p * f + vsplat(1.3398874e-3f);
-    p = p * f + vsplat(9.6181291e-3f);
-    p = p * f + vsplat(5.5504109e-2f);
-    p = p * f + vsplat(2.4022651e-1f);
-    p = p * f + vsplat(6.9314718e-1f);
-    p = p * f + vsplat(1.0f);
+    const VF p = vexp2_poly(f);
     VU n = (VU)__builtin_convertvector(fn, VI);                         /* in [-127, 127] */
     VI keep = ~(VI)(x < vsplat(-126.0f));
     VI bits = (VI)((VU)p + (n << 23)) & keep;

@@ -6,6 +6,7 @@
 #undef hsum
 #undef hmax
 #undef vexp2
+#undef vexp2_poly
 #undef vexp
 #undef FA_SFX
 #undef FA_VL

@@ -88,33 +88,33 @@ def get_num_threads():
     return _state["threads"]
 
 
-def _isa_from_env():
-    name = os.environ.get("FASTATTN_CPU_ISA", "").strip().lower()
+def _forced_from_env(var, names, supports, cannot, available):
+    """The index in `names` of the code path environment variable `var` forces, or -1 when
+    unset. An unknown name is a ValueError; one that `supports(index)` refuses a RuntimeError
+    saying who `cannot` run it and what is `available` (a callable)."""
+    name = os.environ.get(var, "").strip().lower()
     if not name:
         return -1
-    if name not in ISA_NAMES:
-        raise ValueError(f"FASTATTN_CPU_ISA={name!r}: expected one of {', '.join(ISA_NAMES)}")
-    level = ISA_NAMES.index(name)
-    if not _kernels.cpu_supports(level):
-        raise RuntimeError(f"FASTATTN_CPU_ISA={name}: this CPU or this build cannot run it "
-                           f"(available: {', '.join(available_isas())})")
-    return level
+    if name not in names:
+        raise ValueError(f"{var}={name!r}: expected one of {', '.join(names)}")
+    index = names.index(name)
+    if not supports(index):
+        raise RuntimeError(f"{var}={name}: {cannot} cannot run it "
+                           f"(available: {', '.join(available())})")
+    return index
+
+
+def _isa_from_env():
+    return _forced_from_env("FASTATTN_CPU_ISA", ISA_NAMES, _kernels.cpu_supports,
+                            "this CPU or this build", available_isas)
 
 
 def _int8_path_from_env():
     """FASTATTN_INT8_PATH: the int8 kernels' code path, at most the SIMD level in use (so
     FASTATTN_CPU_ISA=avx2 alone already keeps them on AVX2 code); unset = the best one."""
-    name = os.environ.get("FASTATTN_INT8_PATH", "").strip().lower()
-    if not name:
-        return -1
-    if name not in INT8_PATHS:
-        raise ValueError(f"FASTATTN_INT8_PATH={name!r}: expected one of {', '.join(INT8_PATHS)}")
-    path = INT8_PATHS.index(name)
-    if not _kernels.int8_supports(path):
-        raise RuntimeError(f"FASTATTN_INT8_PATH={name}: this CPU, this build or the SIMD level "
-                           f"in use ({ISA_NAMES[_kernels.cpu_level()]}) cannot run it "
-                           f"(available: {', '.join(available_int8_paths())})")
-    return path
+    return _forced_from_env("FASTATTN_INT8_PATH", INT8_PATHS, _kernels.int8_supports,
+                            f"this CPU, this build or the SIMD level in use "
+                            f"({ISA_NAMES[_kernels.cpu_level()]})", available_int8_paths)
 
 
 def available_int8_paths():

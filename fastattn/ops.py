@@ -427,11 +427,14 @@ def ffn(x, w1, b1, w2, b2, *, activation="relu"):
     return y
 
 
-def _check_ffn(x, w1, b1, w2, b2, activation, op):
+def _check_ffn(x, w1, b1, w2, b2, activation, op, weight=None):
+    """ffn's arguments checked and converted; weight: the check of w1 and w2 (_weight, or
+    _quantized_or_float where quantised weights are allowed)."""
+    weight = weight or _weight
     x = _rows(x, "x", op)
     C = x.shape[-1]
-    w1 = _weight(w1, "w1", op, "(F, C)")
-    w2 = _weight(w2, "w2", op, "(C, F)")
+    w1 = weight(w1, "w1", op, "(F, C)")
+    w2 = weight(w2, "w2", op, "(C, F)")
     F = w1.shape[0]
     if w1.shape[1] != C:
         raise ValueError(f"{op}: w1 must be (F, C) with C = {C} from x {x.shape}, got {w1.shape}")
@@ -1250,21 +1253,9 @@ def _linear_quantized(x, weight, bias, activation, op):
 
 
 def _ffn_quantized(x, w1, b1, w2, b2, activation):
-    op = "ffn"
-    x = _rows(x, "x", op)
+    x, w1, b1, w2, b2, act = _check_ffn(x, w1, b1, w2, b2, activation, "ffn",
+                                        weight=_quantized_or_float)
     C = x.shape[-1]
-    w1 = _quantized_or_float(w1, "w1", op, "(F, C)")
-    w2 = _quantized_or_float(w2, "w2", op, "(C, F)")
-    F = w1.shape[0]
-    if w1.shape[1] != C:
-        raise ValueError(f"{op}: w1 must be (F, C) with C = {C} from x {x.shape}, got "
-                         f"{w1.shape}")
-    if tuple(w2.shape) != (C, F):
-        raise ValueError(f"{op}: w2 must be (C, F) = ({C}, {F}) from x {x.shape} and w1 "
-                         f"{tuple(w1.shape)}, got {tuple(w2.shape)}")
-    b1 = _vector(b1, F, "b1", op)
-    b2 = _vector(b2, C, "b2", op)
-    act = _activation(activation, op)
     N = math.prod(x.shape[:-1])
     y = np.empty(x.shape, np.float32)
     _ffn_quantized_into(y.reshape(N, C), x.reshape(N, C), w1, b1, w2, b2, act)

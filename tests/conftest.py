@@ -167,5 +167,15 @@ def assert_close(actual, expected, rtol, atol, name="tensor", dtype=np.float32):
 
 
 @pytest.fixture
+def single_thread():
+    """fastattn on one OpenMP thread for the test (tiny models: a team costs more than it
+    brings, and the machine's other threads stay out of the timings)."""
+    before = fastattn.get_num_threads()
+    fastattn.set_num_threads(1)
+    yield
+    fastattn.set_num_threads(before)
+
+
+@pytest.fixture
 def rng():
     return np.random.default_rng(20240611)

@@ -44,14 +44,6 @@ def rel(a, b):
     return float(np.abs(np.asarray(a, np.float64) - b).max() / np.abs(b).max())
 
 
-@pytest.fixture
-def single_thread():
-    before = fastattn.get_num_threads()
-    fastattn.set_num_threads(1)
-    yield
-    fastattn.set_num_threads(before)
-
-
 # ---- what is converted -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", TYPES)

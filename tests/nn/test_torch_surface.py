@@ -608,6 +608,20 @@ def test_layer_layouts_vs_torch(rng, layout, kind, backend):
     assert_grads(fl, tl, rel=REL)
 
 
+def check_transformer_training(torch, rng, fm, tm, src, tgt, masks):
+    """A training forward and backward of fastattn's Transformer fm against torch's tm (the
+    same weights): outputs, input gradients and parameter gradients."""
+    ts, tg = tt(torch, src, grad=True), tt(torch, tgt, grad=True)
+    ref = tm.train()(ts, tg, **{k: tt(torch, m) for k, m in masks.items()})
+    dy = rng.standard_normal(ref.shape).astype(np.float32)
+    ref.backward(torch.from_numpy(dy))
+    assert_rel(fm.train()(src, tgt, **masks), ref.detach().numpy(), rel=REL)
+    d_src, d_tgt = fm.backward(dy)
+    assert_rel(d_src, ts.grad.numpy(), rel=REL, name="d_src")
+    assert_rel(d_tgt, tg.grad.numpy(), rel=REL, name="d_tgt")
+    assert_grads(fm, tm, rel=REL)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("layout", ["seq_first", "unbatched"])
 def test_transformer_layouts_vs_torch(rng, layout, backend):
@@ -631,15 +645,7 @@ def test_transformer_layouts_vs_torch(rng, layout, backend):
     assert_rel(out, ref.numpy(), rel=REL)
     w = fm.attention_weights(src, tgt, **masks)
     assert w["cross"][0].shape == ((H, T, S) if layout == "unbatched" else (B, H, T, S))
-    ts, tg = tt(torch, src, grad=True), tt(torch, tgt, grad=True)
-    ref = tm.train()(ts, tg, **{k: tt(torch, m) for k, m in masks.items()})
-    dy = rng.standard_normal(ref.shape).astype(np.float32)
-    ref.backward(torch.from_numpy(dy))
-    assert_rel(fm.train()(src, tgt, **masks), ref.detach().numpy(), rel=REL)
-    d_src, d_tgt = fm.backward(dy)
-    assert_rel(d_src, ts.grad.numpy(), rel=REL, name="d_src")
-    assert_rel(d_tgt, tg.grad.numpy(), rel=REL, name="d_tgt")
-    assert_grads(fm, tm, rel=REL)
+    check_transformer_training(torch, rng, fm, tm, src, tgt, masks)
 
 
 def test_decoder_cache_takes_memory_in_the_module_layout(rng):
@@ -746,15 +752,7 @@ def test_custom_fastattn_stacks_vs_torch(rng, parts, backend):
     skpm = padding(B, S, [S, 4, 2])
     masks = dict(tgt_mask=fnn.generate_square_subsequent_mask(T), src_key_padding_mask=skpm,
                  memory_key_padding_mask=skpm)
-    ts, tg = tt(torch, src, grad=True), tt(torch, tgt, grad=True)
-    ref = tm.train()(ts, tg, **{k: tt(torch, m) for k, m in masks.items()})
-    dy = rng.standard_normal(ref.shape).astype(np.float32)
-    ref.backward(torch.from_numpy(dy))
-    assert_rel(fm.train()(src, tgt, **masks), ref.detach().numpy(), rel=REL)
-    d_src, d_tgt = fm.backward(dy)
-    assert_rel(d_src, ts.grad.numpy(), rel=REL, name="d_src")
-    assert_rel(d_tgt, tg.grad.numpy(), rel=REL, name="d_tgt")
-    assert_grads(fm, tm, rel=REL)
+    check_transformer_training(torch, rng, fm, tm, src, tgt, masks)
     with torch.inference_mode():
         ref = t2.eval()(tt(torch, src), tt(torch, tgt),
                         **{k: tt(torch, m) for k, m in masks.items()})

@@ -4,9 +4,9 @@ The run is a "tiny" preset model (d 128, 2 + 2 layers) trained for a few seconds
 word sequences: enough for outputs that vary in length and end with <end>; the tests check
 the plumbing (order, resume, errors, engines), not the translations' quality.
 
-The fixtures (``run``, ``run_dir``, the autouse ``single_thread``) live here, imported by each
-test file, rather than in a conftest.py: a second conftest module would shadow the one in
-tests/ that the other test files import helpers from. The run is trained once per process.
+The fixtures (``run``, ``run_dir``) live here, imported by each test file (which also uses
+tests/conftest.py's ``single_thread``), rather than in a conftest.py: a second conftest
+module would shadow the one in tests/ that the other test files import helpers from. The run is trained once per process.
 
 The runs and engines here use one fastattn thread: on a shared 2-core machine a two-thread
 team waiting on a busy core made the tiny model's batches many times slower, and the
@@ -76,11 +76,3 @@ def run():
 @pytest.fixture(scope="session")
 def run_dir():
     return shared_run().path
-
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    before = fastattn.get_num_threads()
-    fastattn.set_num_threads(1)
-    yield
-    fastattn.set_num_threads(before)

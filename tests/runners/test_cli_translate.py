@@ -13,7 +13,9 @@ import pytest
 from fastattn import cli
 from fastattn.runners import DEFAULT_BATCH_TOKENS, DEFAULT_WINDOW, translate_file
 from runner_util import read_records, sentences, write_lines
-from runner_util import run, run_dir, single_thread  # noqa: F401 (fixtures)
+from runner_util import run, run_dir  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 OPTIONS = ("--batch-tokens", "128", "--window", "64", "--threads", "1", "--quiet")
 

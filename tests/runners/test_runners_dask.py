@@ -9,7 +9,9 @@ import pytest
 
 from fastattn.runners import Translator, record
 from runner_util import sentences
-from runner_util import run, run_dir, single_thread  # noqa: F401 (fixtures)
+from runner_util import run, run_dir  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 dask = pytest.importorskip("dask")
 db = pytest.importorskip("dask.bag")

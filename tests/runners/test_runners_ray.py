@@ -10,7 +10,9 @@ import pytest
 
 from fastattn.runners import Translator
 from runner_util import sentences
-from runner_util import run, run_dir, single_thread  # noqa: F401 (fixtures)
+from runner_util import run, run_dir  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")

@@ -13,7 +13,9 @@ from fastattn.runners import Translator, run_from_state, run_state, translate_fi
 from fastattn.runners import progress as progress_mod
 from fastattn.runners.files import STATE_SUFFIX
 from runner_util import read_records, sentences, write_lines
-from runner_util import run, run_dir, single_thread  # noqa: F401 (fixtures)
+from runner_util import run, run_dir  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 STATS = {"lines", "skipped", "errors", "truncated", "batches", "source_tokens", "tokens",
          "padding", "seconds", "generate_seconds", "tokens_per_s", "lines_per_s"}

@@ -8,7 +8,7 @@ import pytest
 
 from fastattn.train import fit, latest_checkpoint, list_checkpoints, load_checkpoint
 from fastattn.train.checkpoint import FILES
-from train_util import char_tokenizer, single_thread, tiny_model, untimed, words  # noqa: F401
+from train_util import char_tokenizer, tiny_model, untimed, words  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

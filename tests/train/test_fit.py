@@ -8,7 +8,7 @@ import pytest
 
 from fastattn import optim
 from fastattn.train import History, fit
-from train_util import char_tokenizer, single_thread, tiny_model, untimed, words  # noqa: F401
+from train_util import char_tokenizer, tiny_model, untimed, words  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -1,12 +1,11 @@
 """Shared pieces of the training tests: a tiny task, a tiny model, one thread.
 
-The tiny models run with one OpenMP thread (``single_thread``, autouse in each test file):
+The tiny models run with one OpenMP thread (tests/conftest.py's ``single_thread``, used by each test file):
 their steps take ~3 ms, and on a shared 2-core machine a two-thread team waiting on a busy
 core made them up to 50x slower. Results within one process are bitwise repeatable at any
 thread count; the tests compare runs within one process only.
 """
 import numpy as np
-import pytest
 
 import fastattn
 from fastattn.nn import Seq2SeqTransformer
@@ -14,14 +13,6 @@ from fastattn.tokenizers import CharTokenizer
 
 LETTERS = "abcdefgh"
 TIMING = ("seconds", "tokens_per_s")      # the only fields two identical runs may differ in
-
-
-@pytest.fixture
-def single_thread():
-    before = fastattn.get_num_threads()
-    fastattn.set_num_threads(1)
-    yield
-    fastattn.set_num_threads(before)
 
 
 def words(n, seed=0, lo=3, hi=6, letters=LETTERS):
