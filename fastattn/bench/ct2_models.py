@@ -184,13 +184,23 @@ def ct2_model_dir(model, directory=None):
         raise
 
 
+def _openmp_cap(n):
+    """n threads, at most OMP_THREAD_LIMIT: CTranslate2 (4.8.5) asked for more intra threads
+    than OpenMP starts returns wrong tokens (OMP_THREAD_LIMIT=1, intra_threads=2: greedy
+    tokens that differ from its own 1-thread run); fastattn's kernels split their work over
+    the threads actually started, so only CTranslate2 needs the cap."""
+    limit = os.environ.get("OMP_THREAD_LIMIT", "").strip()
+    return min(n, int(limit)) if limit.isdigit() and int(limit) > 0 else n
+
+
 def ct2_translator(model, compute_type, *, directory=None, inter_threads=1, intra_threads=None):
     """A ctranslate2.Translator (CPU) running `model`, a fastattn Seq2SeqTransformer, in
     compute_type "float32" or "int8" (CTranslate2 quantises the float32 weights when loading;
-    its other CPU types pass through). intra_threads=None: fastattn.get_num_threads(). Built
-    once per (model, compute_type, threads) when directory is None (see ct2_model_dir)."""
+    its other CPU types pass through). intra_threads=None: fastattn.get_num_threads(); either
+    is capped at OMP_THREAD_LIMIT (_openmp_cap). Built once per (model, compute_type, threads)
+    when directory is None (see ct2_model_dir)."""
     ct2 = require_ctranslate2()
-    intra = get_num_threads() if intra_threads is None else int(intra_threads)
+    intra = _openmp_cap(get_num_threads() if intra_threads is None else int(intra_threads))
     key = (id(model), compute_type, int(inter_threads), intra)
     cached = _translators.get(key) if directory is None else None
     if cached is not None and cached[0] is model:
