@@ -227,7 +227,8 @@ int fa_layer_norm_backward(float *dx, float *dweight, float *dbias,
 
 /* ---- linear and feed-forward ------------------------------------------------------------------ */
 
-enum { FA_ACT_NONE = 0, FA_ACT_RELU = 1, FA_ACT_GELU = 2 }; /* gelu: exact, erf form */
+/* gelu: exact, erf form; gelu_tanh: its tanh approximation (torch's approximate="tanh") */
+enum { FA_ACT_NONE = 0, FA_ACT_RELU = 1, FA_ACT_GELU = 2, FA_ACT_GELU_TANH = 3 };
 
 /* fa_linear_forward -- y = act(x weight^T + bias).
  *

@@ -3,6 +3,8 @@
  *   scalar math:  relu(t) = max(t, 0);  gelu(t) = t * Phi(t) = t * (1 - erfc(t / sqrt 2) / 2)
  *                 relu'(t) = [t > 0];   gelu'(t) = Phi(t) + t phi(t)
  *                 phi(t) = exp(-t^2 / 2) / sqrt(2 pi)
+ *                 gelu_tanh(t) = t (1 + tanh(u)) / 2,  u = k0 (t + k1 t^3), k0 = sqrt(2 / pi),
+ *                   k1 = 0.044715;  gelu_tanh'(t) = (1 + th) / 2 + t (1 - th^2) k0 (1 + 3 k1 t^2) / 2
  * erfc uses the Chebyshev-fitted form erfc(z) = u exp(-z^2 + P(u)), u = 1 / (1 + z/2), z >= 0
  * (fractional error < 1.2e-7 for all z), so gelu is accurate in both tails without cancellation. */
 #include "fa_rng_simd.h"
@@ -36,10 +38,44 @@ FA_INLINE VF FA_CAT(vgelu_, FA_SFX)(VF t)
     return (VF)((neg & (VI)negv) | (~neg & (VI)pos));
 }
 
+/* 1 + tanh(u), u = k0 (t + k1 t^3), without cancellation on either side: with
+ * q = 2 / (1 + e^(2|u|)) in (0, 1], 1 + tanh(u) = q for u < 0 and 2 - q for u >= 0
+ * (e^(2|u|) saturates at 2^127: q ~ 1e-38 or 0, never inf / inf). NaN stays NaN. */
+FA_INLINE VF FA_CAT(vgelu_tanh_a_, FA_SFX)(VF t)
+{
+    const VF u = vsplat(0.7978845608028654f) * t * (vsplat(1.0f) + vsplat(0.044715f) * t * t);
+    const VI neg = (VI)(u < vsplat(0.0f));
+    const VF au = (VF)((VI)u & ((VI)vsplat(0.0f) | 0x7fffffff));       /* |u| */
+    const VF q = vsplat(2.0f) / (vsplat(1.0f) + vexp(vsplat(2.0f) * au));
+    return (VF)((neg & (VI)q) | (~neg & (VI)(vsplat(2.0f) - q)));
+}
+
+/* gelu_tanh(t) = t (1 + tanh(u)) / 2; -inf gives 0 (the limit; -inf * 0 would be NaN) */
+FA_INLINE VF FA_CAT(vgelu_tanh_, FA_SFX)(VF t)
+{
+    const VF y = vsplat(0.5f) * t * FA_CAT(vgelu_tanh_a_, FA_SFX)(t);
+    return (VF)(~(VI)(t == vsplat(-INFINITY)) & (VI)y);
+}
+
+/* gelu_tanh'(t) = A / 2 + t A (2 - A) k0 (1 + 3 k1 t^2) / 2, A = 1 + tanh(u) (so
+ * 1 - tanh(u)^2 = A (2 - A), accurate in both tails); |t| > 20 gives its limits 0 / 1 (no
+ * inf * 0); NaN stays NaN */
+FA_INLINE VF FA_CAT(vgelu_tanh_grad_, FA_SFX)(VF t)
+{
+    const VF A = FA_CAT(vgelu_tanh_a_, FA_SFX)(t);
+    const VF d = vsplat(0.5f) * A + vsplat(0.5f) * t * A * (vsplat(2.0f) - A) *
+                                        vsplat(0.7978845608028654f) *
+                                        (vsplat(1.0f) + vsplat(3.0f * 0.044715f) * t * t);
+    const VI big = (VI)(t > vsplat(20.0f)) | (VI)(t < vsplat(-20.0f));
+    const VF lim = (VF)((VI)(t > vsplat(0.0f)) & (VI)vsplat(1.0f));
+    return (VF)((big & (VI)lim) | (~big & (VI)d));
+}
+
 FA_INLINE VF FA_CAT(vact_, FA_SFX)(VF t, int act)
 {
     if (act == FA_ACT_RELU) return (VF)(~(VI)(t < vsplat(0.0f)) & (VI)t); /* NaN stays NaN */
     if (act == FA_ACT_GELU) return FA_CAT(vgelu_, FA_SFX)(t);
+    if (act == FA_ACT_GELU_TANH) return FA_CAT(vgelu_tanh_, FA_SFX)(t);
     return t;
 }
 
@@ -112,7 +148,7 @@ static void FA_CAT(grad_act_rows_, FA_SFX)(float *dz, float *h, const float *g, 
         const uint32_t key = dr ? fa_rng_row_key(drop->seed, (uint64_t)(row0 + r)) : 0u;
         for (int64_t c = 0; c < M; c += FA_VL) {
             /* scalar math (the tail: one lane of a vector built from single elements)
-             *   d = g * m;  dz = act == relu ? (p > 0 ? d : 0) : act == gelu ? d * gelu'(p) : d */
+             *   d = g * m;  dz = act == relu ? (p > 0 ? d : 0) : gelu(_tanh) ? d * act'(p) : d */
             const int64_t nl = c < Mv ? FA_VL : M - c;
             VF gv, pv, mv = vsplat(1.0f);
             if (nl == FA_VL) {
@@ -137,6 +173,8 @@ static void FA_CAT(grad_act_rows_, FA_SFX)(float *dz, float *h, const float *g, 
                 d = (VF)((VI)(pv > vsplat(0.0f)) & (VI)d);
             else if (act == FA_ACT_GELU)
                 d *= FA_CAT(vgelu_grad_, FA_SFX)(pv);
+            else if (act == FA_ACT_GELU_TANH)
+                d *= FA_CAT(vgelu_tanh_grad_, FA_SFX)(pv);
             if (nl == FA_VL) {
                 vstore(dz_r + c, d);
                 if (h_r) vstore(h_r + c, a);

@@ -241,7 +241,8 @@ static void q8_panels(const q8_impl_t *im, float *y, const void *xq, const float
         const int64_t m0 = p * im->np, nf = M - m0 < im->np ? M - m0 : im->np;
         im->panel(y + m0, M, xq, Kp, rows, wp + m0 * Kp, wsum + m0, sx, scale + m0,
                   bias ? bias + m0 : NULL, Kp / im->g, nf, act == FA_ACT_RELU);
-        if (act == FA_ACT_GELU) im->epi(y + m0, NULL, NULL, rows, nf, M, act, 0, 0, NULL);
+        if (act == FA_ACT_GELU || act == FA_ACT_GELU_TANH)
+            im->epi(y + m0, NULL, NULL, rows, nf, M, act, 0, 0, NULL);
     }
 }
 

@@ -26,7 +26,9 @@ __all__ = [
     "ffn", "positional_encoding",
 ]
 
-ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2}  # = FA_ACT_* in csrc/fastattn.h
+# = FA_ACT_* in csrc/fastattn.h; "gelu" is the exact (erf) GELU, "gelu_tanh" its tanh
+# approximation (torch's GELU(approximate="tanh"))
+ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
 
 
 # ---- argument checks ---------------------------------------------------------------------------
@@ -66,7 +68,8 @@ def _vector(x, n, name, op):
 
 def _activation(activation, op):
     if not isinstance(activation, (str, type(None))) or activation not in ACTIVATIONS:
-        raise ValueError(f"{op}: activation must be None, 'relu' or 'gelu', got {activation!r}")
+        raise ValueError(f"{op}: activation must be None, 'relu', 'gelu' or 'gelu_tanh', got "
+                         f"{activation!r}")
     return ACTIVATIONS[activation]
 
 
@@ -944,8 +947,8 @@ def clip_grads(grads, max_norm):
 # ---- quantised weights: int8 (per-row scales) and bfloat16 -------------------------------------
 # The rules are reference.quantize_int8's and reference._linear_quantized's (and fastattn.h's):
 # ops and reference agree bit for bit on quantize_int8, dequantize_int8, to_bfloat16 and
-# from_bfloat16, and on linear with an int8 weight when the activation is None or relu (gelu:
-# to the gelu kernel's accuracy, ~1e-6 relative); with a bf16 weight, linear agrees with the
+# from_bfloat16, and on linear with an int8 weight when the activation is None or relu (gelu,
+# gelu_tanh: to their kernels' accuracy, ~1e-6 relative); with a bf16 weight, linear agrees with the
 # twin as the fp32 linear does (float32 sums).
 
 __all__ += ["quantize_int8", "dequantize_int8", "to_bfloat16", "from_bfloat16",

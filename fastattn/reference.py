@@ -107,6 +107,9 @@ def _softmax64(x, axis):
 _erfc = np.vectorize(math.erfc, otypes=[np.float64])
 
 
+_ACT_MESSAGE = "activation must be None, 'relu', 'gelu' or 'gelu_tanh', got {!r}"
+
+
 def _gelu64(x):
     # exact GELU: x * Phi(x) = 0.5 * x * erfc(-x / sqrt(2)); the erfc form keeps its accuracy in
     # the left tail, where 1 + erf(x / sqrt(2)) cancels. gelu(-inf) = 0, not -inf * 0 = NaN.
@@ -123,15 +126,46 @@ def _gelu_grad64(x):
     return cdf + np.where(np.isinf(x), 0.0, tpdf)
 
 
+_K0, _K1 = math.sqrt(2.0 / math.pi), 0.044715
+
+
+def _gelu_tanh_a64(x):
+    # 1 + tanh(u), u = sqrt(2 / pi) (x + 0.044715 x^3), without cancellation in either tail:
+    # q = 2 / (1 + e^(2|u|)); 1 + tanh(u) = q for u < 0, 2 - q for u >= 0
+    with np.errstate(invalid="ignore", over="ignore"):
+        u = _K0 * (x + _K1 * x * x * x)
+        q = 2.0 / (1.0 + np.exp(2.0 * np.abs(u)))
+    return np.where(u < 0, q, 2.0 - q)
+
+
+def _gelu_tanh64(x):
+    # torch's GELU(approximate="tanh"): 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)));
+    # gelu_tanh(-inf) = 0, not -inf * 0 = NaN
+    with np.errstate(invalid="ignore"):
+        y = 0.5 * x * _gelu_tanh_a64(x)
+    return np.where(x == -np.inf, 0.0, y)
+
+
+def _gelu_tanh_grad64(x):
+    # A / 2 + x A (2 - A) sqrt(2 / pi) (1 + 3 * 0.044715 x^2) / 2, A = 1 + tanh(u) (so that
+    # 1 - tanh(u)^2 = A (2 - A)); its limits 0 / 1 past |x| = 20 (no inf * 0)
+    a = _gelu_tanh_a64(x)
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = 0.5 * a + 0.5 * x * a * (2.0 - a) * _K0 * (1.0 + 3.0 * _K1 * x * x)
+    return np.where(np.abs(x) > 20, (x > 0).astype(np.float64), d)
+
+
 def _act64(pre, activation):
-    """act(pre) for activation None, "relu" or "gelu"."""
+    """act(pre) for activation None, "relu", "gelu" or "gelu_tanh"."""
     if activation is None:
         return pre
     if activation == "relu":
         return np.maximum(pre, 0.0)
     if activation == "gelu":
         return _gelu64(pre)
-    raise ValueError(f"activation must be None, 'relu' or 'gelu', got {activation!r}")
+    if activation == "gelu_tanh":
+        return _gelu_tanh64(pre)
+    raise ValueError(_ACT_MESSAGE.format(activation))
 
 
 def _act_backward64(g, pre, activation):
@@ -144,20 +178,16 @@ def _act_backward64(g, pre, activation):
         return np.where(positive, g, 0.0)
     if activation == "gelu":
         return g * _gelu_grad64(pre)
-    raise ValueError(f"activation must be None, 'relu' or 'gelu', got {activation!r}")
+    if activation == "gelu_tanh":
+        return g * _gelu_tanh_grad64(pre)
+    raise ValueError(_ACT_MESSAGE.format(activation))
 
 
 def _linear64(x, weight, bias, activation):
     y = x @ weight.T                                            # (..., in) @ (in, out)
     if bias is not None:
         y = y + bias                                            # (..., out)
-    if activation is None:
-        return y
-    if activation == "relu":
-        return np.maximum(y, 0.0)
-    if activation == "gelu":
-        return _gelu64(y)
-    raise ValueError(f"activation must be None, 'relu' or 'gelu', got {activation!r}")
+    return _act64(y, activation)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -502,7 +532,8 @@ def linear(x, weight, bias=None, *, activation=None):
     x                     (..., C_in)     input; every leading dim is a row
     weight                (C_out, C_in)   torch layout; or a QuantizedWeight (int8, bf16)
     bias                  (C_out,)        optional
-    activation            str or None     None, "relu" or "gelu" (exact erf form)
+    activation            str or None     None, "relu", "gelu" (exact erf form) or
+                                          "gelu_tanh" (its tanh approximation)
     -> y                  (..., C_out)    float32
     ====================  ==============  =====================================================
 
@@ -512,7 +543,8 @@ def linear(x, weight, bias=None, *, activation=None):
       sx[n]); acc[n, m] = sum_k xq[n, k] q[m, k] exactly (int32; K <= INT8_MAX_K); then, in
       float32 with a rounding after every operation and no fused multiply-add,
           y[n, m] = act((float32(acc[n, m]) * (sx[n] * scale[m])) + bias[m])
-      ops matches this bit for bit for activation None and relu (gelu: to its kernel's ~1e-6).
+      ops matches this bit for bit for activation None and relu (gelu, gelu_tanh: to their
+      kernels' ~1e-6).
       A row of x holding NaN or inf gives a row of NaN (its sx is NaN), never an error.
       Against float math with the dequantised weight, |error| <= sx[n] / 2 * sum_k |w[m, k]|
       plus float32 rounding.
@@ -534,7 +566,8 @@ def linear_forward(x, weight, bias=None, *, activation=None):
     x                     (..., C_in)     input; every leading dim is a row (N rows in all)
     weight                (C_out, C_in)   torch layout
     bias                  (C_out,)        optional
-    activation            str or None     None, "relu" or "gelu" (exact erf form)
+    activation            str or None     None, "relu", "gelu" (exact erf form) or
+                                          "gelu_tanh" (its tanh approximation)
     -> y                  (..., C_out)    float32; act(pre)
     -> cache["pre"]       (N, C_out)      float32; x @ weight.T + bias, or None when activation
                                           is None (then pre = y)
@@ -592,7 +625,7 @@ def ffn(x, w1, b1, w2, b2, *, activation="relu"):
     b1                    (F,)            first layer bias (may be None)
     w2                    (C, F)          second layer weight
     b2                    (C,)            second layer bias (may be None)
-    activation            str or None     "relu" (default), "gelu" or None
+    activation            str or None     "relu" (default), "gelu", "gelu_tanh" or None
     -> y                  (..., C)        float32
     ====================  ==============  =====================================================
 
@@ -621,7 +654,7 @@ def ffn_forward(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=Non
     x                     (..., C)        input; every leading dim is a row (N rows in all)
     w1, b1                (F, C), (F,)    first layer (b1 may be None)
     w2, b2                (C, F), (C,)    second layer (b2 may be None)
-    activation            str or None     "relu" (default), "gelu" or None
+    activation            str or None     "relu" (default), "gelu", "gelu_tanh" or None
     dropout_p             float           in [0, 1): hidden element (n, f) is kept iff
                                           dropout_keep(seed, [n], [f], dropout_p), then
                                           scaled by 1 / (1 - dropout_p); 0 = no dropout

@@ -158,13 +158,16 @@ CHILD = textwrap.dedent(r"""
     x = np.linspace(-9, 9, 1001, dtype=np.float32)[:, None]
     compare("linear.gelu_range", ops.linear(x, np.eye(1, dtype=np.float32), activation="gelu"),
             reference.linear(x, np.eye(1), activation="gelu"), 1e-6, 2e-7)
+    compare("linear.gelu_tanh_range",
+            ops.linear(x, np.eye(1, dtype=np.float32), activation="gelu_tanh"),
+            reference.linear(x, np.eye(1), activation="gelu_tanh"), 1e-5, 2e-7)
 
     # few-row paths: the skinny kernel (up to skinny_rows rows, row-major weight) and the packed
     # one (rows in register tiles of packed_tile_rows, features in panels)
     SK, RB, M = tiles["skinny_rows"], tiles["packed_tile_rows"], 2 * tiles["packed_panel"] + 5
     for n_rows in sorted({1, RB - 1, RB, RB + 1, SK, SK + 1}):
         x, w, b = rand(n_rows, 77), rand(M, 77, scale=0.2), rand(M)
-        for act in (None, "relu", "gelu"):
+        for act in (None, "relu", "gelu", "gelu_tanh"):
             expect = reference.linear(x, w, b, activation=act)
             compare(f"linear.rows{n_rows}.{act}", ops.linear(x, w, b, activation=act), expect,
                     t["rtol"], dot_atol(x, w, b, t["atol"]))

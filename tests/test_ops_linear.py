@@ -3,6 +3,7 @@
 Tolerance of a float32 dot product of K terms: a few eps * sqrt(K) times the size of the terms
 (max of |x| @ |w|^T + |b|), not of the result, which may cancel to ~0.
 """
+import functools
 import math
 
 import numpy as np
@@ -15,7 +16,7 @@ from conftest import TILES, TOL, assert_close, dot_atol, requires_torch, to_torc
 from fastattn import ops, reference
 from strategies import features, rand, rows, seeds
 
-ACTIVATIONS = [None, "relu", "gelu"]
+ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh"]
 GELU_MAX_SLOPE = 1.13   # max |gelu'(x)|: an error in the hidden layer grows by at most this
 
 # Row counts around the kernels' few-row thresholds: the skinny kernel (SKINNY rows at most),
@@ -121,6 +122,11 @@ def test_gelu_accuracy_over_range():
     y = ops.linear(x, np.eye(1, dtype=np.float32), activation="gelu")
     assert_close(y, reference.linear(x, np.eye(1), activation="gelu"), rtol=1e-6, atol=2e-7,
                  name="gelu")
+    # tanh form: u = k0 (x + k1 x^3) carries float32's relative error ~1e-7 into e^(2|u|),
+    # so the left tail (where 1 + tanh(u) = 2 / (1 + e^(2|u|))) is good to ~1e-5 relative
+    y = ops.linear(x, np.eye(1, dtype=np.float32), activation="gelu_tanh")
+    assert_close(y, reference.linear(x, np.eye(1), activation="gelu_tanh"), rtol=1e-5,
+                 atol=2e-7, name="gelu_tanh")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -185,6 +191,8 @@ def test_linear_vs_torch(rng, activation, with_bias, N, K, M):
         ref = torch.relu(ref)
     elif activation == "gelu":
         ref = torch.nn.functional.gelu(ref)
+    elif activation == "gelu_tanh":
+        ref = torch.nn.functional.gelu(ref, approximate="tanh")
     assert_close(y, ref.numpy(), rtol=TOL["torch"]["rtol"],
                  atol=2 * dot_atol(x, w, bias=b if with_bias else None), name="linear vs torch")
 
@@ -196,7 +204,9 @@ def test_ffn_vs_torch(rng, N):
     w1, b1, w2, b2 = rand(rng, (256, 64), 0.125), rand(rng, (256,)), rand(rng, (64, 256), 0.0625), \
         rand(rng, (64,))
     fl = torch.nn.functional.linear
-    for act, tact in (("relu", torch.relu), ("gelu", torch.nn.functional.gelu)):
+    gelu_tanh = functools.partial(torch.nn.functional.gelu, approximate="tanh")
+    for act, tact in (("relu", torch.relu), ("gelu", torch.nn.functional.gelu),
+                      ("gelu_tanh", gelu_tanh)):
         y = ops.ffn(x, w1, b1, w2, b2, activation=act)
         ref = fl(tact(fl(to_torch(x), to_torch(w1), to_torch(b1))), to_torch(w2), to_torch(b2))
         assert_close(y, ref.numpy(), rtol=TOL["torch"]["rtol"],
@@ -207,7 +217,7 @@ def test_ffn_vs_torch(rng, N):
                                            4 * TILE_ROWS + 1, ops.PACKED_MAX_ROWS}))
 @pytest.mark.parametrize("shape", [(1, 1), (PANEL - 1, 33), (PANEL, 64), (PANEL + 1, 512),
                                    (4 * PANEL + 8, 17)])
-@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_packed_linear_matches_reference(n_rows, shape, activation):
     """The decode-step kernel (weights packed in PANEL-feature panels) vs the twin, including
     partial panels (M % PANEL), K tails, every count of rows left over after the full register

@@ -21,7 +21,7 @@ from fastattn import ops, reference
 from grad_util import chain_atol, child_isa_tests, float64_twins, numeric_grad
 from strategies import features, rand, rows, seeds
 
-ACTIVATIONS = [None, "relu", "gelu"]
+ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh"]
 GELU_MAX_SLOPE = 1.13    # max |gelu'|
 SKINNY, MIN_ROWS, ROW_BLOCK = (TILES[k] for k in ("skinny_rows", "min_rows_per_thread",
                                                   "row_block"))
@@ -122,12 +122,13 @@ def test_linear_leading_dims_and_empty(rng):
 
 
 def test_activation_gradient_special_values():
-    """relu' is a select on pre > 0; gelu' = Phi + pre * phi, 1 and 0 at +inf and -inf."""
+    """relu' is a select on pre > 0; gelu' = Phi + pre * phi, 1 and 0 at +inf and -inf (and
+    gelu_tanh' likewise)."""
     pre = np.array([[0.0, -0.0, 1e-30, -1e-30, 0.5, -0.75, 3.0, -3.0, 12.0, -12.0, 40.0, -40.0,
                      3e38, np.inf, -np.inf, np.nan]], np.float32).T           # (16, 1)
     eye = np.eye(1, dtype=np.float32)
     dy = np.ones_like(pre)
-    for activation in ("relu", "gelu"):
+    for activation in ("relu", "gelu", "gelu_tanh"):
         dx, _, _ = ops.linear_backward(dy, pre, eye, pre=pre, activation=activation)
         with np.errstate(invalid="ignore"):       # dweight: NaN * inf terms, as intended
             rdx, _, _ = reference.linear_backward(dy, pre, eye, pre=pre, activation=activation)
@@ -141,6 +142,10 @@ def test_gelu_gradient_over_range():
     rdx, _, _ = reference.linear_backward(np.ones_like(pre), pre, eye, pre=pre,
                                           activation="gelu")
     assert_close(dx, rdx, rtol=1e-6, atol=3e-7, name="gelu'")
+    dx, _, _ = ops.linear_backward(np.ones_like(pre), pre, eye, pre=pre, activation="gelu_tanh")
+    rdx, _, _ = reference.linear_backward(np.ones_like(pre), pre, eye, pre=pre,
+                                          activation="gelu_tanh")
+    assert_close(dx, rdx, rtol=1e-5, atol=3e-7, name="gelu_tanh'")
 
 
 # ---- ffn -----------------------------------------------------------------------------------
@@ -295,7 +300,8 @@ def test_ffn_twin_matches_finite_differences(activation, dropout_p):
 
 
 def _torch_act(torch, activation):
-    return {None: lambda t: t, "relu": torch.relu, "gelu": torch.nn.functional.gelu}[activation]
+    return {None: lambda t: t, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
+            "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}[activation]
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
@@ -316,7 +322,7 @@ def test_linear_vs_torch_autograd(rng, activation, N, K, M):
                  name="dbias")
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
 @pytest.mark.parametrize("dropout_p", [0.0, 0.25])
 @pytest.mark.parametrize("N", [12, 600])
 def test_ffn_vs_torch_autograd(rng, activation, dropout_p, N):

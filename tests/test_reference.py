@@ -532,7 +532,7 @@ def test_layer_norm_vs_torch(rng, shape, with_residual):
     assert_close(cache["rstd"], rstd.reshape(-1).numpy(), rtol=TORCH_RTOL, atol=TORCH_ATOL)
 
 
-@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh"])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_vs_torch(rng, activation, with_bias):
     torch = requires_torch()
@@ -543,6 +543,8 @@ def test_linear_vs_torch(rng, activation, with_bias):
         ref = torch.relu(ref)
     elif activation == "gelu":
         ref = torch.nn.functional.gelu(ref)
+    elif activation == "gelu_tanh":
+        ref = torch.nn.functional.gelu(ref, approximate="tanh")
     assert_close(y, ref.numpy(), rtol=TORCH_RTOL, atol=1e-5)
 
 

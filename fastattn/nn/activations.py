@@ -8,16 +8,14 @@ recognises torch's own callables by name, without importing torch: the functions
 ``torch.nn.ReLU()`` / ``torch.nn.GELU(approximate="none" | "tanh")``. Each becomes a name:
 
     "relu", "gelu"   fused into the FFN kernel (the exact, erf form of GELU)
-    "gelu_tanh"      GELU's tanh approximation (torch's approximate="tanh"): the kernels have no
-                     epilogue for it yet, so the FFN runs unfused (linear1, this module's
-                     gelu_tanh, linear2), forward and backward, on both backends
+    "gelu_tanh"      GELU's tanh approximation (torch's approximate="tanh"), fused likewise
+                     (ops.ACTIVATIONS), forward and backward, on both backends
 
 Any other callable (not from torch) is a plain Python function applied to the (N, F) float32
 NumPy array of linear1's output, between the two linear layers; it is not fused, and it has no
 derivative here, so a layer holding one runs inference only (``train()`` refuses it).
 """
 import functools
-import math
 
 import numpy as np
 
@@ -108,16 +106,12 @@ def trainable(activation):
     return isinstance(activation, str)
 
 
-# ---- the unfused activations ---------------------------------------------------------------
-
-_K0 = math.sqrt(2.0 / math.pi)
-_K1 = 0.044715
+# ---- plain callables ------------------------------------------------------------------------
 
 
 def apply(activation, pre):
-    """act(pre) for pre (N, F) float32, linear1's output -> (N, F) float32 (a new array)."""
-    if activation == "gelu_tanh":
-        return gelu_tanh(pre)
+    """act(pre) for pre (N, F) float32, linear1's output, and a plain callable activation ->
+    (N, F) float32 (a new array)."""
     if callable(activation):
         y = activation(pre)
         try:
@@ -130,33 +124,3 @@ def apply(activation, pre):
                              f"for an input of shape {pre.shape} (it must keep the shape)")
         return np.ascontiguousarray(y)
     raise ValueError(f"activation {activation!r} has no unfused form")       # fused names
-
-
-def backward(activation, pre, g):
-    """g * act'(pre) (N, F), written over g."""
-    if activation != "gelu_tanh":
-        raise ValueError(f"activation {describe(activation)} has no derivative in fastattn")
-    return gelu_tanh_backward(pre, g)
-
-
-def gelu_tanh(x):
-    """torch's GELU(approximate="tanh"): 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))."""
-    x = np.asarray(x, np.float32)
-    with np.errstate(over="ignore", invalid="ignore"):
-        t = np.tanh(np.float32(_K0) * (x + np.float32(_K1) * x * x * x))
-        y = np.float32(0.5) * x * (np.float32(1.0) + t)
-    return np.where(x == -np.inf, np.float32(0.0), y)           # -inf * 0 -> 0, as the limit
-
-
-def gelu_tanh_backward(x, g):
-    """g * d/dx gelu_tanh(x) = g * (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2 / pi)
-    (1 + 3 * 0.044715 x^2)), t = tanh(...) as in the forward; written over g."""
-    x = np.asarray(x, np.float32)
-    with np.errstate(over="ignore", invalid="ignore"):
-        x2 = x * x
-        t = np.tanh(np.float32(_K0) * (x + np.float32(_K1) * x2 * x))
-        d = np.float32(0.5) * (np.float32(1.0) + t) + np.float32(0.5) * x * (
-            np.float32(1.0) - t * t) * np.float32(_K0) * (np.float32(1.0)
-                                                          + np.float32(3 * _K1) * x2)
-    d = np.where(np.abs(x) > 20, (x > 0).astype(np.float32), d)     # the limits, no inf * 0
-    return np.multiply(g, d, out=g)

@@ -229,11 +229,11 @@ class TransformerEncoderLayer(Module):
     """torch.nn.TransformerEncoderLayer: self-attention and FFN, each with add & norm
     (post-LN: x = norm(x + f(x)); norm_first: x = x + f(norm(x))).
 
-    ``activation``: "relu" / "gelu" (fused into the FFN kernel), torch's relu / gelu callables
-    (the same, by name), GELU(approximate="tanh") or "gelu_tanh" (unfused: linear1, the
-    activation, linear2), or any other callable, run as a plain Python function over
-    linear1's (N, dim_feedforward) float32 NumPy output (unfused; inference only: train()
-    raises). ``self.activation`` holds the name, or that callable."""
+    ``activation``: "relu" / "gelu" / "gelu_tanh" (fused into the FFN kernel), torch's relu /
+    gelu callables and GELU(approximate="tanh") (the same, by name), or any other callable,
+    run as a plain Python function over linear1's (N, dim_feedforward) float32 NumPy output
+    (unfused; inference only: train() raises). ``self.activation`` holds the name, or that
+    callable."""
 
     _children = ("self_attn", "linear1", "linear2", "norm1", "norm2")
 
@@ -282,29 +282,17 @@ class TransformerEncoderLayer(Module):
                              out=ws.get("ff", h.shape), packed=packed)
 
     def _ffn_unfused(self, h, ws):
-        """The FFN of an activation the kernel does not fuse (activations.py): linear1, the
-        activation over its (N, F) output as a NumPy array, dropout (training), linear2; each
-        linear through the ops (packed weights in a decode step)."""
+        """The FFN of a plain callable activation (activations.py; inference only): linear1,
+        the activation over its (N, F) output as a NumPy array, linear2; each linear through
+        the ops (packed weights in a decode step)."""
         l1, l2 = self.linear1, self.linear2
         pre = l1._apply(h, ws, "ffn.pre")                                  # (N, F)
-        if not ws.training:
-            return l2._apply(activations.apply(self.activation, pre), ws, "ff")
-        bufs = self._bufs()
-        hidden = bufs.get("ffn.act", pre.shape)
-        hidden[...] = activations.apply(self.activation, pre)
-        hidden, seed = self._dropout(hidden, self.dropout, ws)
-        self._ffn_saved = (None, pre, seed)        # l1 and l2 keep their inputs themselves
-        return l2._apply(hidden, ws)
+        return l2._apply(activations.apply(self.activation, pre), ws, "ff")
 
     def _ffn_backward(self, dy, bufs):
         """dy (N, C) -> the FFN input's gradient, in the backward's "fdx" buffer."""
-        h, pre, seed = self._ffn_saved
+        h, pre, seed = self._ffn_saved           # every trainable activation is fused
         self._ffn_saved = None
-        if not activations.fused(self.activation):                        # unfused: by hand
-            dh = self.linear2._backward(dy, bufs.get("ffn.h", pre.shape))
-            dh = self._dropout_backward(dh, self.dropout, seed, dh)
-            dpre = activations.backward(self.activation, pre, dh)
-            return self.linear1._backward(dpre, bufs.get("fdx", dy.shape))
         l1, l2 = self.linear1, self.linear2
         grads = tuple(None if getattr(lin, name) is None else lin._grad(name)
                       for lin in (l1, l2) for name in ("weight", "bias"))

@@ -221,9 +221,9 @@ def test_plain_callable_bad_result_named(rng, result, err, msg):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("activation", ["gelu_tanh", "plain"])
-def test_unfused_activation_decode_step_equals_forward(rng, backend, activation):
-    """The unfused FFN in a decode step (packed weights on the fast backend) gives what the
-    forward gives under the causal target mask."""
+def test_activation_decode_step_equals_forward(rng, backend, activation):
+    """The tanh GELU (fused) and a plain callable (unfused) in a decode step (packed weights
+    on the fast backend) give what the forward gives under the causal target mask."""
     act = _np_act if activation == "plain" else activation
     fl = fnn.TransformerDecoderLayer(C, H, F, dropout=0.0, activation=act, backend=backend,
                                      seed=5)
