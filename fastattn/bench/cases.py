@@ -8,9 +8,9 @@
   ``torch.set_num_threads(fastattn.get_num_threads())``.
 
 Op cases (OP_CASES): attention (causal, full, and the memory of a long causal call), layer norm
-with the residual add, the FFN, and the sgemm roofline; the attention backward (causal and full,
-the backward alone against torch's SDPA backward, and the memory of a long causal forward +
-backward). Model cases (MODEL_CASES): the
+with the residual add, the FFN (relu, and the tanh GELU: ffn_gelu_tanh), and the sgemm
+roofline; the attention backward (causal and full, the backward alone against torch's SDPA
+backward, and the memory of a long causal forward + backward). Model cases (MODEL_CASES): the
 Transformer-base encoder and encoder-decoder forwards, generation (greedy and beam, B = 1 and 8)
 and the decode step.
 
@@ -215,7 +215,14 @@ def _layer_norm_case(N=2048, C=512):
                 nbytes=3 * N * C * 4)
 
 
-def _ffn_case(N=2048, C=512, F_=2048):
+def _ffn_case(activation="relu", N=2048, C=512, F_=2048):
+    """The FFN forward, relu ("ffn") or the tanh GELU ("ffn_gelu_tanh": torch's
+    F.gelu(approximate="tanh"), fused in fastattn's epilogue like relu)."""
+    name = "ffn" if activation == "relu" else f"ffn_{activation}"
+
+    def torch_act(F, h):
+        return F.relu(h) if activation == "relu" else F.gelu(h, approximate="tanh")
+
     def build(rng):
         return {"x": _normal(rng, (N, C)),
                 "w1": _normal(rng, (F_, C), 1 / math.sqrt(C)), "b1": _normal(rng, F_, 0.1),
@@ -223,15 +230,15 @@ def _ffn_case(N=2048, C=512, F_=2048):
 
     def impl(fn):
         return lambda i: functools.partial(fn, i["x"], i["w1"], i["b1"], i["w2"], i["b2"],
-                                           activation="relu")
+                                           activation=activation)
 
     impls = {
         "fastattn": impl(ops.ffn),
         "numpy": impl(reference.ffn),
         "torch": _torch_impl(lambda F, t: lambda: F.linear(
-            F.relu(F.linear(t["x"], t["w1"], t["b1"])), t["w2"], t["b2"])),
+            torch_act(F, F.linear(t["x"], t["w1"], t["b1"])), t["w2"], t["b2"])),
     }
-    return Case("ffn", f"FFN relu ({N}, {C}) -> {F_} -> {C}", build, impls,
+    return Case(name, f"FFN {activation} ({N}, {C}) -> {F_} -> {C}", build, impls,
                 flops=4 * N * C * F_)
 
 
@@ -526,6 +533,7 @@ CASES = {c.name: c for c in (
     _attention_backward_memory_case(),
     _layer_norm_case(),
     _ffn_case(),
+    _ffn_case("gelu_tanh"),
     _layer_norm_backward_case(),
     _ffn_backward_case(),
     _sgemm_case(),
@@ -547,7 +555,7 @@ CASES = {c.name: c for c in (
     # A tiny case for the command line's own tests; not run by default.
     _attention_case("smoke", "smoke: attention causal", 1, 2, 128, 32, True),
 )}
-OP_CASES = ("attention_causal", "attention_full", "layer_norm", "ffn", "sgemm",
+OP_CASES = ("attention_causal", "attention_full", "layer_norm", "ffn", "ffn_gelu_tanh", "sgemm",
             "attention_memory",
             "layer_norm_backward", "ffn_backward")
 OP_CASES += ("attention_backward_causal", "attention_backward_full", "attention_backward_memory")
