@@ -3,8 +3,9 @@
  *   scalar math:  relu(t) = max(t, 0);  gelu(t) = t * Phi(t) = t * (1 - erfc(t / sqrt 2) / 2)
  *                 relu'(t) = [t > 0];   gelu'(t) = Phi(t) + t phi(t)
  *                 phi(t) = exp(-t^2 / 2) / sqrt(2 pi)
- *                 gelu_tanh(t) = t (1 + tanh(u)) / 2,  u = k0 (t + k1 t^3), k0 = sqrt(2 / pi),
- *                   k1 = 0.044715;  gelu_tanh'(t) = (1 + th) / 2 + t (1 - th^2) k0 (1 + 3 k1 t^2) / 2
+ *                 gelu_tanh(t) = t (1 + th) / 2,  th = tanh(k0 (t + k1 t^3)),
+ *                   k0 = sqrt(2 / pi), k1 = 0.044715
+ *                 gelu_tanh'(t) = (1 + th) / 2 + t (1 - th^2) k0 (1 + 3 k1 t^2) / 2
  * erfc uses the Chebyshev-fitted form erfc(z) = u exp(-z^2 + P(u)), u = 1 / (1 + z/2), z >= 0
  * (fractional error < 1.2e-7 for all z), so gelu is accurate in both tails without cancellation. */
 #include "fa_rng_simd.h"
