@@ -169,6 +169,32 @@ def test_generation_targets():
     assert t["status"] == "MISS"
 
 
+def test_quantized_decode_target_prefers_its_interleaved_float32_step():
+    """decode_step_int8 divides the float32 step timed between its own calls (robust to the
+    memory bandwidth changing between cases) when the row has one, else the decode_step row
+    of the same run."""
+    own = _row("decode_step_int8", fast=1.0, step_ms=1.0, float32_step_ms=3.5)
+    base = _row("decode_step", fast=2.5, step_ms=2.5)
+
+    def result(rows):
+        (t,) = [r for r in bench.check_targets(rows) if r["case"] == "decode_step_int8"]
+        return t
+    t = result([base, own])
+    assert t["status"] == "PASS" and t["value"] == pytest.approx(3.5)
+    assert "interleaved" in t["detail"]
+    alone = _row("decode_step_int8", fast=1.0, step_ms=1.0)
+    t = result([base, alone])
+    assert t["status"] == "MISS" and t["value"] == pytest.approx(2.5)
+    assert result([alone])["status"] == "SKIP"
+
+
+def test_quantized_decode_case_has_a_float32_twin():
+    case = bench.CASES["decode_step_bf16"]
+    twin = case.float32_twin()
+    assert twin.compute_type == "float32" and twin.B == case.B and twin.steps == case.steps
+    assert bench.CASES["decode_step"].float32_twin() is None
+
+
 def test_decode_metrics_and_weight_bytes():
     from fastattn import nn as fnn
 

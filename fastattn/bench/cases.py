@@ -498,7 +498,7 @@ class DecodeCase(Case):
     """
 
     def __init__(self, B=1, compute_type="float32"):
-        self.steps, self.compute_type = GEN["new_tokens"], compute_type
+        self.B, self.steps, self.compute_type = B, GEN["new_tokens"], compute_type
         name = "decode_step" + ("" if compute_type == "float32" else f"_{compute_type}")
         weights = "" if compute_type == "float32" else f", {compute_type} weights"
         super().__init__(name, f"decode step, Transformer-base greedy B={B} "
@@ -519,6 +519,14 @@ class DecodeCase(Case):
 
     def weight_bytes(self):
         return decoder_weight_bytes(self._model())
+
+    def float32_twin(self):
+        """The float32 case of the same model and sources (None for a float32 case): a
+        quantized case times its generate and prefill interleaved with its own, so the
+        speedup over float32 does not move with the memory bandwidth between two cases."""
+        if self.compute_type == "float32":
+            return None
+        return DecodeCase(self.B, "float32")
 
 
 # ---- the registry ------------------------------------------------------------------------------

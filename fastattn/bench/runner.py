@@ -205,15 +205,20 @@ def decode_probes(case, threads=None, rounds=5):
 
 
 def _decode_times(case, threads, counts):
-    """Seconds per call of the decode case's generate, prefill and memory copy (those named
-    in counts), interleaved; returns (times, bytes one copy moves)."""
+    """Seconds per call of the decode case's generate, prefill and memory copy, and of its
+    float32 twin's generate and prefill ("generate_fp32", "prefill_fp32"; those named in
+    counts), interleaved; returns (times, bytes one copy moves)."""
     copy, copy_bytes = timing.memory_copy(threads=threads)
     fns = {"generate": case.callable("fastattn"), "prefill": case.prefill(), "copy": copy}
+    twin = case.float32_twin() if hasattr(case, "float32_twin") else None
+    if twin is not None and "generate_fp32" in counts:
+        fns.update(generate_fp32=twin.callable("fastattn"), prefill_fp32=twin.prefill())
     fns = {name: fn for name, fn in fns.items() if name in counts}
     try:
         for fn in fns.values():
             fn()                                   # weights packed, pages touched
-        warm = {"prefill": timing.WARM_SECONDS, "copy": timing.WARM_SECONDS}
+        warm = {"prefill": timing.WARM_SECONDS, "copy": timing.WARM_SECONDS,
+                "prefill_fp32": timing.WARM_SECONDS}
         return timing.time_interleaved(fns, counts, warm), copy_bytes
     finally:
         copy.close()
@@ -222,10 +227,15 @@ def _decode_times(case, threads, counts):
 def _run_decode_case(case, threads, repeat):
     row = empty_row(case, threads)
     n = min(repeat, case.repeats.get("fastattn", repeat))
-    times, copy_bytes = _decode_times(case, threads,
-                                      {"generate": n, "prefill": n, "copy": n})
+    counts = {"generate": n, "prefill": n, "copy": n}
+    if case.float32_twin() is not None:
+        counts.update(generate_fp32=n, prefill_fp32=n)
+    times, copy_bytes = _decode_times(case, threads, counts)
     med = {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
     steps = case.steps
+    if "generate_fp32" in med:              # the float32 step, timed between this case's calls
+        row["float32_step_ms"] = (med["generate_fp32"] - med["prefill_fp32"]) / steps
+        row["notes"].append(f"float32 step {row['float32_step_ms']:.2f} ms (interleaved)")
     m = decode_metrics(med["generate"], med["prefill"], med["copy"], case.weight_bytes(),
                        copy_bytes, steps)
     row["fastattn_times_ms"] = [(t * 1e3 - med["prefill"]) / steps for t in times["generate"]]
