@@ -188,6 +188,27 @@ def test_quantized_decode_target_prefers_its_interleaved_float32_step():
     assert result([alone])["status"] == "SKIP"
 
 
+def test_quantized_model_case_times_float32_interleaved(monkeypatch):
+    """A quantized model case (encoder_int8) times the float32 model between its own calls
+    (float32_fastattn_ms), and its target divides by that; on a tiny model, so the test is
+    quick."""
+    from fastattn import nn as fnn
+    from fastattn.bench import cases
+
+    small = dict(d_model=32, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                 dim_feedforward=64)
+    monkeypatch.setattr(cases, "BASE", small)
+    monkeypatch.setattr(cases, "_base_model", lambda backend, ct="float32": fnn.Transformer(
+        **small, backend=backend, seed=0).quantize(ct))
+    case = cases._model_case("encoder_int8", 2, 8, 0, "int8")
+    row = runner._run_time_case(case, 2, repeat=3, numpy_repeat=1)
+    assert row["float32_fastattn_ms"] > 0 and row["fastattn_ms"] > 0
+    assert any("(interleaved)" in n for n in row["notes"])
+    (t,) = [r for r in bench.check_targets([row]) if r["case"] == "encoder_int8"]
+    assert t["value"] == pytest.approx(row["float32_fastattn_ms"] / row["fastattn_ms"])
+    assert "interleaved" in t["detail"]
+
+
 def test_quantized_decode_case_has_a_float32_twin():
     case = bench.CASES["decode_step_bf16"]
     twin = case.float32_twin()

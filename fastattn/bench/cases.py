@@ -354,9 +354,9 @@ def _model_case(name, B, S, T, compute_type="float32"):
             inputs["tgt_mask"] = nn.generate_square_subsequent_mask(T)
         return inputs
 
-    def impl(backend):
+    def impl(backend, ct=compute_type):
         def factory(i):
-            m = _base_model(backend, compute_type)
+            m = _base_model(backend, ct)
             if not T:
                 return functools.partial(m.encoder, i["src"])
             return functools.partial(m, i["src"], i["tgt"], tgt_mask=i["tgt_mask"],
@@ -380,8 +380,13 @@ def _model_case(name, B, S, T, compute_type="float32"):
         impls.update(numpy=impl("reference"), torch=_torch_impl(torch_body))
     else:
         what += f", {compute_type} weights"
-    return Case(name, f"Transformer-base {what}", build, impls, flops=flops,
+    case = Case(name, f"Transformer-base {what}", build, impls, flops=flops,
                 numpy_label="reference backend")
+    if compute_type != "float32":
+        # the float32 model on the same inputs, timed between this case's calls (the runner's
+        # float32_fastattn_ms), so the speedup over float32 is measured side by side
+        case.float32_impl = impl("fast", "float32")
+    return case
 
 
 # ---- generation --------------------------------------------------------------------------------

@@ -153,6 +153,13 @@ def _run_time_case(case, threads, repeat, numpy_repeat):
             for impl in fns}
     timed = {i: fn for i, fn in fns.items() if left[i] > 0}
     timed_counts = {i: n for i, n in left.items() if n > 0}
+    float32 = getattr(case, "float32_impl", None)
+    if float32 is not None and "fastattn" in timed:
+        # the float32 model (quantized cases), interleaved with the implementations
+        timed["float32"], timed_counts["float32"] = float32(case.inputs()), timed_counts[
+            "fastattn"]
+        timed["float32"]()                                       # weights packed, warm
+        warm["float32"] = warm["fastattn"]
     copy = None
     if getattr(case, "copy_probe", False) and "fastattn" in fns:
         # a memory copy on as many threads, timed interleaved with the implementations
@@ -167,6 +174,9 @@ def _run_time_case(case, threads, repeat, numpy_repeat):
             copy.close()
     if copy is not None:
         _copy_metrics(row, times.pop("copy"), copy_bytes)
+    if "float32" in times:
+        row["float32_fastattn_ms"] = statistics.median(times.pop("float32")) * 1e3
+        row["notes"].append(f"float32 {fmt_ms(row['float32_fastattn_ms'])} ms (interleaved)")
     for impl in fns:
         ts = ([first[impl]] if impl in first else []) + times.get(impl, [])
         row[f"{impl}_times_ms"] = [t * 1e3 for t in ts]
