@@ -231,6 +231,13 @@ int64_t fa_quantize_int8(int8_t *q, float *scale, const float *x, int64_t N, int
     return bad == N ? -1 : bad;
 }
 
+/* Start of row block blk of nblk over N rows (N for blk = nblk): blocks of about N / nblk
+ * rows, each starting at a multiple of the tile height mr */
+static int64_t q8_block_start(int64_t blk, int64_t nblk, int64_t N, int64_t mr)
+{
+    return blk >= nblk ? N : blk * N / nblk / mr * mr;
+}
+
 /* Rows [r0, r0 + rows) of y, panels [p0, p1): every tile, then gelu (relu is in the tiles). */
 static void q8_panels(const q8_impl_t *im, float *y, const void *xq, const float *sx,
                       int64_t rows, int64_t Kp, const int8_t *wp, const int32_t *wsum,
@@ -280,9 +287,8 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const int
         if (by_rows) {
 #pragma omp for schedule(static)
             for (int64_t blk = 0; blk < nblk; blk++) {
-                const int64_t r0 = blk * N / nblk / im.mr * im.mr;
-                const int64_t rows = (blk + 1 == nblk ? N : (blk + 1) * N / nblk / im.mr * im.mr)
-                                   - r0;
+                const int64_t r0 = q8_block_start(blk, nblk, N, im.mr);
+                const int64_t rows = q8_block_start(blk + 1, nblk, N, im.mr) - r0;
                 if (rows <= 0) continue;
                 im.quant(xq, sx, x + r0 * K, rows, K, Kp, im.fmt);
                 q8_panels(&im, y + r0 * M, xq, sx, rows, Kp, wp, wsum, scale, bias, 0, P, M,

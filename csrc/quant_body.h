@@ -226,12 +226,11 @@ static void FA_CAT(bf16_packed_gemm_, FA_SFX)(float *FA_RESTRICT y, int64_t ldy,
 #undef BF_AT
 #if BF_FEW
     if (N <= BF_FEW) {
+        void (*const few)(float *, int64_t, const float *, int64_t, const uint16_t *, int64_t) =
+            N == 1 ? FA_CAT(FA_CAT(bf16_few_, FA_SFX), _1) : FA_CAT(FA_CAT(bf16_few_, FA_SFX), _2);
         for (int64_t p = p0; p < p1; p++) {
             const int64_t m0 = p * BF_PANEL, nf = M - m0 < BF_PANEL ? M - m0 : BF_PANEL;
-            if (N == 1)
-                FA_CAT(FA_CAT(bf16_few_, FA_SFX), _1)(y + m0, ldy, x, K, wp + p * K * BF_PANEL, nf);
-            else
-                FA_CAT(FA_CAT(bf16_few_, FA_SFX), _2)(y + m0, ldy, x, K, wp + p * K * BF_PANEL, nf);
+            few(y + m0, ldy, x, K, wp + p * K * BF_PANEL, nf);
         }
         return;
     }
@@ -400,6 +399,17 @@ FA_INLINE void q8_out256(float *dst, __m256i a, __m256 s_r, const float *sc, con
     _mm256_storeu_ps(dst, t);
 }
 
+/* A 32-feature panel's scales and biases, zero past nf (and without a bias): the AVX2
+ * epilogues read whole vectors of them */
+FA_INLINE void q8_cols256(float *sc, float *bi, const float *scale_p, const float *bias_p,
+                          int64_t nf)
+{
+    for (int f = 0; f < 32; f++) {
+        sc[f] = f < nf ? scale_p[f] : 0.0f;
+        bi[f] = f < nf && bias_p ? bias_p[f] : 0.0f;
+    }
+}
+
 /* AVX2: 32 features x 6 rows, as two passes of 16 features (2 ymm of int32) over kg groups
  * [kg0, kg0 + Kg); int16 activations in broadcast pairs, weights sign-extended to int16 (in
  * the loop from w_p, or already in w16[h][kg][16][2]): vpmaddwd + vpaddd, exact. Per pass 12
@@ -414,11 +424,7 @@ FA_INLINE void q8_tile_avx2(float *y, int64_t ldy, const int16_t *xq, int64_t ld
                             int64_t Kg, int64_t nf, const int mr, int relu, int first, int last)
 {
     float sc[32], bi[32];
-    if (last)
-        for (int f = 0; f < 32; f++) {
-            sc[f] = f < nf ? scale_p[f] : 0.0f;
-            bi[f] = f < nf && bias_p ? bias_p[f] : 0.0f;
-        }
+    if (last) q8_cols256(sc, bi, scale_p, bias_p, nf);
     for (int h = 0; h < 2 && 16 * h < nf; h++) {
         const __m256i z = _mm256_setzero_si256();
 #define Q8_INIT(r)                                                                             \
@@ -429,15 +435,14 @@ FA_INLINE void q8_tile_avx2(float *y, int64_t ldy, const int16_t *xq, int64_t ld
         }
         Q8_ROWS6(Q8_INIT)
 #undef Q8_INIT
-        const int8_t *w_h = w_p + 32 * h;
-        const int16_t *w16_h = w16 + 32 * Kg * h;
         for (int64_t kg = 0; kg < Kg; kg++) {
             __m256i wa, wb;
             if (w16) {                                      /* widened by q8_widen_avx2 */
-                wa = _mm256_loadu_si256((const __m256i *)(w16_h + kg * 32));
-                wb = _mm256_loadu_si256((const __m256i *)(w16_h + kg * 32 + 16));
+                const int16_t *w_k = w16 + 32 * (Kg * h + kg);
+                wa = _mm256_loadu_si256((const __m256i *)w_k);
+                wb = _mm256_loadu_si256((const __m256i *)(w_k + 16));
             } else {
-                const int8_t *w_k = w_h + kg * 64;
+                const int8_t *w_k = w_p + 64 * kg + 32 * h;
                 wa = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w_k));
                 wb = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w_k + 16)));
             }
@@ -527,10 +532,7 @@ FA_INLINE void q8_few_avx2(float *y, int64_t ldy, const int16_t *xq, int64_t ldx
 #undef Q8_STEP
     }
     float sc[32], bi[32];
-    for (int f = 0; f < 32; f++) {
-        sc[f] = f < nf ? scale_p[f] : 0.0f;
-        bi[f] = f < nf && bias_p ? bias_p[f] : 0.0f;
-    }
+    q8_cols256(sc, bi, scale_p, bias_p, nf);
 #define Q8_OUT256(r)                                                                           \
     if (mr > r) {                                                                              \
         const __m256 s_r = _mm256_set1_ps(sx[r]);                                              \
