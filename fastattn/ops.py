@@ -29,6 +29,7 @@ __all__ = [
 # = FA_ACT_* in csrc/fastattn.h; "gelu" is the exact (erf) GELU, "gelu_tanh" its tanh
 # approximation (torch's GELU(approximate="tanh"))
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
+_ACT_CHOICES = ", ".join(map(repr, list(ACTIVATIONS)[:-1])) + f" or {list(ACTIVATIONS)[-1]!r}"
 
 
 # ---- argument checks ---------------------------------------------------------------------------
@@ -68,8 +69,7 @@ def _vector(x, n, name, op):
 
 def _activation(activation, op):
     if not isinstance(activation, (str, type(None))) or activation not in ACTIVATIONS:
-        raise ValueError(f"{op}: activation must be None, 'relu', 'gelu' or 'gelu_tanh', got "
-                         f"{activation!r}")
+        raise ValueError(f"{op}: activation must be {_ACT_CHOICES}, got {activation!r}")
     return ACTIVATIONS[activation]
 
 
@@ -430,10 +430,9 @@ def ffn(x, w1, b1, w2, b2, *, activation="relu"):
     return y
 
 
-def _check_ffn(x, w1, b1, w2, b2, activation, op, weight=None):
+def _check_ffn(x, w1, b1, w2, b2, activation, op, weight=_weight):
     """ffn's arguments checked and converted; weight: the check of w1 and w2 (_weight, or
     _quantized_or_float where quantised weights are allowed)."""
-    weight = weight or _weight
     x = _rows(x, "x", op)
     C = x.shape[-1]
     w1 = weight(w1, "w1", op, "(F, C)")

@@ -58,16 +58,18 @@ class Case:
     exact     generation cases: the implementations whose tokens must equal the reference's
               (None: all); the others compute another function (CTranslate2's own int8
               quantization), so their differing rows are reported, not flagged
+    float32_impl  quantized model cases: a factory like impls' of the float32 model, timed
+              between the case's own calls (the row's float32_fastattn_ms), or None
     """
 
     def __init__(self, name, title, build, impls, *, flops=0, nbytes=0, kind="time",
                  slow=("numpy",), seed=0, repeats=None, warm=True, timed_first=(), tokens=0,
-                 numpy_label="numpy twin", exact=None):
+                 numpy_label="numpy twin", exact=None, float32_impl=None):
         self.name, self.title, self.kind = name, title, kind
         self.flops, self.nbytes, self.slow, self.seed = flops, nbytes, tuple(slow), seed
         self.repeats, self.warm = dict(repeats or {}), warm
         self.timed_first, self.tokens = tuple(timed_first), tokens
-        self.numpy_label, self.exact = numpy_label, exact
+        self.numpy_label, self.exact, self.float32_impl = numpy_label, exact, float32_impl
         self._build, self._impls, self._inputs = build, dict(impls), None
 
     def __repr__(self):
@@ -380,13 +382,11 @@ def _model_case(name, B, S, T, compute_type="float32"):
         impls.update(numpy=impl("reference"), torch=_torch_impl(torch_body))
     else:
         what += f", {compute_type} weights"
-    case = Case(name, f"Transformer-base {what}", build, impls, flops=flops,
-                numpy_label="reference backend")
-    if compute_type != "float32":
-        # the float32 model on the same inputs, timed between this case's calls (the runner's
-        # float32_fastattn_ms), so the speedup over float32 is measured side by side
-        case.float32_impl = impl("fast", "float32")
-    return case
+    # quantized: the float32 model on the same inputs, timed between this case's calls, so
+    # the speedup over float32 is measured side by side
+    return Case(name, f"Transformer-base {what}", build, impls, flops=flops,
+                numpy_label="reference backend",
+                float32_impl=None if compute_type == "float32" else impl("fast", "float32"))
 
 
 # ---- generation --------------------------------------------------------------------------------

@@ -153,13 +153,11 @@ def _run_time_case(case, threads, repeat, numpy_repeat):
             for impl in fns}
     timed = {i: fn for i, fn in fns.items() if left[i] > 0}
     timed_counts = {i: n for i, n in left.items() if n > 0}
-    float32 = getattr(case, "float32_impl", None)
-    if float32 is not None and "fastattn" in timed:
+    if case.float32_impl is not None and "fastattn" in timed:
         # the float32 model (quantized cases), interleaved with the implementations
-        timed["float32"], timed_counts["float32"] = float32(case.inputs()), timed_counts[
-            "fastattn"]
+        timed["float32"] = case.float32_impl(case.inputs())
+        timed_counts["float32"], warm["float32"] = timed_counts["fastattn"], warm["fastattn"]
         timed["float32"]()                                       # weights packed, warm
-        warm["float32"] = warm["fastattn"]
     copy = None
     if getattr(case, "copy_probe", False) and "fastattn" in fns:
         # a memory copy on as many threads, timed interleaved with the implementations
@@ -214,14 +212,13 @@ def decode_probes(case, threads=None, rounds=5):
             copy_bytes)
 
 
-def _decode_times(case, threads, counts):
-    """Seconds per call of the decode case's generate, prefill and memory copy, and of its
-    float32 twin's generate and prefill ("generate_fp32", "prefill_fp32"; those named in
-    counts), interleaved; returns (times, bytes one copy moves)."""
+def _decode_times(case, threads, counts, twin=None):
+    """Seconds per call of the decode case's generate, prefill and memory copy, and of the
+    float32 twin case's generate and prefill ("generate_fp32", "prefill_fp32"), those named
+    in counts, interleaved; returns (times, bytes one copy moves)."""
     copy, copy_bytes = timing.memory_copy(threads=threads)
     fns = {"generate": case.callable("fastattn"), "prefill": case.prefill(), "copy": copy}
-    twin = case.float32_twin() if hasattr(case, "float32_twin") else None
-    if twin is not None and "generate_fp32" in counts:
+    if twin is not None:
         fns.update(generate_fp32=twin.callable("fastattn"), prefill_fp32=twin.prefill())
     fns = {name: fn for name, fn in fns.items() if name in counts}
     try:
@@ -238,9 +235,10 @@ def _run_decode_case(case, threads, repeat):
     row = empty_row(case, threads)
     n = min(repeat, case.repeats.get("fastattn", repeat))
     counts = {"generate": n, "prefill": n, "copy": n}
-    if case.float32_twin() is not None:
+    twin = case.float32_twin()
+    if twin is not None:
         counts.update(generate_fp32=n, prefill_fp32=n)
-    times, copy_bytes = _decode_times(case, threads, counts)
+    times, copy_bytes = _decode_times(case, threads, counts, twin)
     med = {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
     steps = case.steps
     if "generate_fp32" in med:              # the float32 step, timed between this case's calls

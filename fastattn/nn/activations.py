@@ -21,7 +21,7 @@ import numpy as np
 
 from ..ops import ACTIVATIONS
 
-NAMES = ("relu", "gelu", "gelu_tanh")
+NAMES = tuple(name for name in ACTIVATIONS if name)        # "relu", "gelu", "gelu_tanh"
 
 # where torch's relu / gelu functions live (F.relu is Python; F.gelu a builtin of torch._C._nn)
 _TORCH_FUNCTION_HOMES = ("torch.nn.functional", "torch._C._nn", "torch",
