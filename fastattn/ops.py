@@ -1064,22 +1064,47 @@ class QuantizedWeight:
     widens the weight to float32 and sums in float32.
 
     The kernels read a packed copy (a layout private to C, for the int8 path in use, see
-    build_info()["int8_path"]) built on first use and never saved: it costs as much memory as
-    ``data`` again. Two threads using a new weight at once may both build it (one is kept);
-    neither sees a partial one.
+    build_info()["int8_path"]) built on first use and never saved. An int8 weight then lets
+    go of ``data`` and keeps only the packed copy (M and K rounded up to the panel, at most a
+    few KB more), so a quantised model holds one byte per weight, not two; ``data`` still
+    reads as before, unpacked into a new read-only array on each access (M K bytes: the
+    reference backend, io.save and state_dict pay that copy, the kernels never do). A row
+    slice starting on a panel edge (``build_info()["quant_tiles"]["int8_panel"]``, e.g. an
+    in-projection's q / kv parts at d_model = 512) reads its parent's packed copy in place.
+    A bf16 weight keeps ``data`` (products of many rows widen it for BLAS) and builds its
+    packed copy on its first product of up to BF16_PACKED_MAX_ROWS rows (decode steps), so
+    a model that decodes holds it twice. Two threads using a new weight at once may both
+    build the packed copy (one is kept); neither sees a partial one.
     """
 
-    __slots__ = ("dtype", "data", "scale", "shape", "_packed", "_slices")
+    __slots__ = ("dtype", "_data", "scale", "shape", "_packed", "_slices", "_parent", "_lo")
     _fastattn_quantized = True       # how reference.linear recognises one (without importing ops)
 
-    def __init__(self, dtype, data, scale):
-        """Private: use from_float or from_stored (which validate)."""
+    def __init__(self, dtype, data, scale, parent=None, lo=0):
+        """Private: use from_float or from_stored (which validate). A row slice has its
+        parent and first row (data: its rows, or None once the parent has let go of its
+        own)."""
         self.dtype = dtype
-        self.data = _readonly(data)
         self.scale = None if scale is None else _readonly(scale)
-        self.shape = tuple(int(s) for s in self.data.shape)
+        self._data = None if data is None else _readonly(data)
+        self.shape = (int(self.scale.shape[0]), parent.shape[1]) if data is None else \
+            tuple(int(s) for s in self._data.shape)
         self._packed = None
         self._slices = {}
+        self._parent = parent
+        self._lo = lo
+
+    @property
+    def data(self):
+        """The stored values: int8 (M, K) or bf16 bits (M, K) uint16, read-only. Once an
+        int8 weight's packed copy is built, unpacked from it on each access (see above)."""
+        data = self._data
+        if data is not None:
+            return data
+        if self._parent is not None and self._packed is None:
+            lo = self._lo
+            return _readonly(self._parent.data[lo:lo + self.shape[0]])
+        return _unpack_int8(self._packed, self.shape)
 
     @classmethod
     def from_float(cls, w, dtype):
@@ -1145,7 +1170,10 @@ class QuantizedWeight:
 
     @property
     def nbytes(self):
-        return self.data.nbytes + (0 if self.scale is None else self.scale.nbytes)
+        """Bytes of the stored values and scales (what io.save writes)."""
+        M, K = self.shape
+        return M * K * (1 if self.dtype == "int8" else 2) + \
+            (0 if self.scale is None else self.scale.nbytes)
 
     def dequantize(self):
         """The float32 (M, K) weight the kernels compute with."""
@@ -1163,8 +1191,10 @@ class QuantizedWeight:
             return self
         sub = self._slices.get((lo, hi))
         if sub is None:
-            sub = QuantizedWeight(self.dtype, self.data[lo:hi],
-                                  None if self.scale is None else self.scale[lo:hi])
+            data = self._data
+            sub = QuantizedWeight(self.dtype, None if data is None else data[lo:hi],
+                                  None if self.scale is None else self.scale[lo:hi],
+                                  parent=self, lo=lo)
             self._slices[(lo, hi)] = sub
         return sub
 
@@ -1180,16 +1210,39 @@ class QuantizedWeight:
         if packed is None or packed[0] != path:
             M, K = self.shape
             if self.dtype == "int8":
-                wp = np.empty(_kernels.int8_packed_size(M, K), np.int8)
-                wsum = np.empty(_kernels.int8_wsum_size(M), np.int32)
-                _kernels.int8_pack(wp, wsum, self.data, get_num_threads())
-                packed = (path, wp, wsum)
+                panel, group = _kernels.quant_tiles()[:2]
+                parent = self._parent
+                if parent is not None and self._lo % panel == 0 and M > 0:
+                    # rows lo.. of the parent's panels, in place (a panel past hi, if any,
+                    # is computed and dropped by the kernel like a padded one)
+                    _, pwp, psum = parent._kernel_arrays()[:3]
+                    kp, lo = -(-K // group) * group, self._lo
+                    wp = pwp[lo * kp:lo * kp + _kernels.int8_packed_size(M, K)]
+                    wsum = psum[lo:lo + _kernels.int8_wsum_size(M)]
+                else:
+                    data = self.data
+                    wp = np.empty(_kernels.int8_packed_size(M, K), np.int8)
+                    wsum = np.empty(_kernels.int8_wsum_size(M), np.int32)
+                    _kernels.int8_pack(wp, wsum, data, get_num_threads())
+                packed = (path, wp, wsum, panel, group)
+                self._packed = packed
+                self._data = None           # data now unpacks from the packed copy
             else:
                 wp = np.empty(_kernels.bf16_packed_size(M, K), np.uint16)
                 _kernels.bf16_pack(wp, self.data, get_num_threads())
                 packed = (path, wp, None)
-            self._packed = packed
+                self._packed = packed
         return packed
+
+
+def _unpack_int8(packed, shape):
+    """The (M, K) int8 weight of a packed copy (path, wp, wsum, panel, group), read-only:
+    wp[p][kg][f][j] = q[p panel + f][kg group + j] (fa_int8_pack), zero padded."""
+    M, K = shape
+    wp, panel, group = packed[1], packed[3], packed[4]
+    P, Kg = -(-M // panel), -(-K // group)
+    q = wp[:P * Kg * panel * group].reshape(P, Kg, panel, group).transpose(0, 2, 1, 3)
+    return _readonly(np.ascontiguousarray(q.reshape(P * panel, Kg * group)[:M, :K]))
 
 
 def _check_int8_k(K, op):
@@ -1217,7 +1270,7 @@ def _linear_quantized_into(y, x, qweight, bias, act):
         y[...] = reference.linear(x, qweight, bias, activation=_ACT_NAMES[act])
         return y
     if qweight.dtype == "int8":
-        _, wp, wsum = qweight._kernel_arrays()
+        wp, wsum = qweight._kernel_arrays()[1:3]
         _kernels.linear_int8_forward(y, x, wp, wsum, qweight.scale, bias, act,
                                      get_num_threads())
     else:

@@ -377,6 +377,87 @@ def test_quantized_weight_slicing_is_cached(rng):
             qw[::2]
 
 
+PANEL = fastattn.build_info()["quant_tiles"]["int8_panel"]
+
+
+@given(M=st.integers(1, 3 * PANEL + 5), K=st.integers(1, 70), seed=seeds)
+def test_int8_weight_keeps_only_its_packed_copy_once_used(M, K, seed):
+    """After its first product an int8 weight lets go of data; data then reads the same
+    values from the packed copy (a new read-only array each time), for any M and K (neither a
+    multiple of the panel or the group), and products, the twin and saving are unchanged."""
+    rng = np.random.default_rng(seed)
+    w, x = rand(rng, (M, K)), rand(rng, (3, K))
+    qw = quantized(w, "int8")
+    want = qw.data.copy()
+    ref = reference.linear(x, qw)
+    check_int8_linear(x, w, qw=qw)
+    assert qw._data is None                                         # one copy held: packed
+    got = qw.data
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == np.int8 and got.flags.c_contiguous and not got.flags.writeable
+    assert qw.data is not got                                       # unpacked, not kept
+    assert qw.nbytes == M * K + 4 * M
+    np.testing.assert_array_equal(reference.linear(x, qw), ref)
+    np.testing.assert_array_equal(qw.dequantize(), reference.dequantize_int8(want, qw.scale))
+
+
+@given(lo=st.integers(0, 2 * PANEL + 3), n=st.integers(0, PANEL + 5),
+       first=st.sampled_from(["parent", "slice"]), seed=seeds)
+def test_int8_slices_read_the_packed_parent(lo, n, first, seed):
+    """A row slice that starts on a panel edge multiplies with its parent's packed copy in
+    place (no copy of its own); any other slice packs its own rows. Either way, whichever of
+    parent and slice is used first, both agree with the twin and with each other, and data
+    reads the slice's rows."""
+    rng = np.random.default_rng(seed)
+    M, K = 2 * PANEL + 9, 21
+    w, x = rand(rng, (M, K)), rand(rng, (4, K))
+    hi = min(lo + n, M)
+    qw = quantized(w, "int8")
+    want = qw.data.copy()
+    order = [qw, qw[lo:hi]] if first == "parent" else [qw[lo:hi], qw]
+    for q in order:
+        check_int8_linear(x, w, qw=q)
+    sub = qw[lo:hi]
+    np.testing.assert_array_equal(ops.linear(x, sub), ops.linear(x, qw)[:, lo:hi])
+    np.testing.assert_array_equal(sub.data, want[lo:hi])
+    np.testing.assert_array_equal(qw.data, want)
+    if lo % PANEL == 0 and hi > lo:
+        assert np.shares_memory(sub._packed[1], qw._packed[1])
+    later = qw[lo:max(lo, hi - 1)]                                  # made after the parent let go
+    np.testing.assert_array_equal(later.data, want[lo:max(lo, hi - 1)])
+    check_int8_linear(x, w, qw=later)
+
+
+def test_quantized_model_holds_one_byte_per_int8_weight():
+    """A quantised encoder-decoder, after translating: every int8 weight it multiplied with
+    holds its packed copy alone, and the cross-attention's q and kv parts (slices on panel
+    edges) read their in-projection's copy; saved and loaded, it gives the same tokens."""
+    import tempfile
+
+    from fastattn import io
+    from fastattn import nn as fnn
+    C = 2 * PANEL
+    m = fnn.Seq2SeqTransformer(1, 1, C, 2, 11, 11, 2 * C, 0.0, max_len=12, seed=0).eval()
+    m.quantize("int8")
+    src = np.array([[4, 5, 6, 7]])
+    first = m.generate(src, max_new_tokens=5, start_id=1)
+    weights = [w for mod in m.modules() for w in vars(mod).values() if isinstance(w, QW)]
+    assert weights and any(w._slices for w in weights)
+    for w in weights:
+        parts = list(w._slices.values())
+        if parts:                                   # used through its q / kv parts only
+            assert all(p._data is None for p in parts)
+            for p in parts:
+                assert np.shares_memory(p._packed[1], w._packed[1])
+            assert w._data is None
+        else:
+            assert w._data is None, w
+    with tempfile.TemporaryDirectory() as d:
+        io.save(m, os.path.join(d, "m"))
+        back = io.load(os.path.join(d, "m"))
+    np.testing.assert_array_equal(back.generate(src, max_new_tokens=5, start_id=1), first)
+
+
 def test_from_stored_round_trip_and_validation(rng):
     w = rand(rng, (6, 9))
     q8, b16 = quantized(w, "int8"), quantized(w, "bf16")
