@@ -428,6 +428,41 @@ def test_int8_slices_read_the_packed_parent(lo, n, first, seed):
     check_int8_linear(x, w, qw=later)
 
 
+def test_threads_racing_to_pack_and_read_a_fresh_int8_weight(rng):
+    """8 Python threads on one fresh int8 weight: some multiply with it or its slices (the
+    first of them packs it and lets go of data), the others read data and run the twin at
+    the same time. Every thread gets the single-thread answers."""
+    import threading
+
+    M, K = 3 * PANEL, 40
+    w, x = rand(rng, (M, K)), rand(rng, (6, K))
+    ref = reference.linear(x, quantized(w, "int8"))
+    want_data = quantized(w, "int8").data.copy()
+    for _ in range(3):
+        qw = quantized(w, "int8")
+        errors = []
+
+        def work(i):
+            try:
+                for _ in range(5):
+                    if i % 2:
+                        np.testing.assert_array_equal(qw.data, want_data)
+                        np.testing.assert_array_equal(reference.linear(x, qw), ref)
+                    else:
+                        lo = PANEL * (i // 2 % 3)
+                        np.testing.assert_array_equal(ops.linear(x, qw[lo:M]), ref[:, lo:])
+                        np.testing.assert_array_equal(ops.linear(x, qw), ref)
+            except Exception as exc:              # pragma: no cover - reported below
+                errors.append(exc)
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors[0]
+        assert qw._data is None
+
+
 def test_quantized_model_holds_one_byte_per_int8_weight():
     """A quantised encoder-decoder, after translating: every int8 weight it multiplied with
     holds its packed copy alone, and the cross-attention's q and kv parts (slices on panel
