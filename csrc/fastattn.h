@@ -247,6 +247,12 @@ void fa_linear_forward(float *y, float *pre, const float *x, const float *weight
                        const float *bias, int64_t N, int64_t K, int64_t M, int activation,
                        int nthreads);
 
+/* fa_linear_forward_t -- the same with the weight given transposed: wt (K, ldt), ldt >= M
+ * (columns past M unused), no pre. */
+void fa_linear_forward_t(float *y, const float *x, const float *wt, int64_t ldt,
+                         const float *bias, int64_t N, int64_t K, int64_t M, int activation,
+                         int nthreads);
+
 /* fa_linear_backward -- gradients of y = act(x weight^T + bias).
  *
  *   dx       (N, K)  out, may be NULL (not wanted: a first layer); dz weight
@@ -555,15 +561,13 @@ void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nth
 
 /* fa_linear_bf16_forward -- y = act(x float32(weight)^T + bias), weight bf16, fp32 sums.
  *   y (N, M) out;  x (N, K) in;  bias (M) or NULL
- *   w   (M, K)  in, bf16 bits (row-major, as stored)
- *   wp  the packed weight (fa_bf16_pack), or NULL; read only for N <= FA_BF16_PACKED_MAX_ROWS
- *   Few rows with wp: panels split over threads, the weight streamed once and widened in
- *   registers. Otherwise: w widened to a float32 copy (exact), then fa_linear_forward (BLAS).
- *   Returns 0, or -1: out of memory.
+ *   wp  the packed weight (fa_bf16_pack): the only copy of it the kernels need
+ *   Up to FA_BF16_PACKED_MAX_ROWS rows: panels split over threads, the weight streamed once and
+ *   widened in registers. More: the panels widened (exact) into a float32 copy of weight^T,
+ *   then fa_linear_forward_t (BLAS). Returns 0, or -1: out of memory.
  *   Twin: fastattn.reference.linear with a QuantizedWeight */
-int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *w, const uint16_t *wp,
-                           const float *bias, int64_t N, int64_t K, int64_t M, int activation,
-                           int nthreads);
+int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
+                           int64_t N, int64_t K, int64_t M, int activation, int nthreads);
 
 /* fa_quant_tiles -- the quantised kernels' sizes, for build_info()["quant_tiles"]: out[0..6] =
  * int8 features per panel, K per group, rows per tile (of the int8 path in use), int8 rows per

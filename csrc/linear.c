@@ -37,11 +37,12 @@ static int64_t row_blocks(int64_t N, int nt)
 
 /* y[:, m0:m1] = drop(act(x w[m0:m1]^T + b[m0:m1])) for this thread's slice of the M features
  * (split over the team actually running, fa_split); pre[:, m0:m1] (if not NULL) keeps the value
- * before the activation. xp: x with rows padded to a multiple of 4 for the skinny kernel
- * (N <= SKINNY_ROWS), or NULL to use BLAS. drop may be NULL. */
+ * before the activation. w is (M, K), or with ldt > 0 its transpose (K, ldt) (w^T, columns
+ * past M unused). xp: x with rows padded to a multiple of 4 for the skinny kernel
+ * (N <= SKINNY_ROWS; w (M, K) only), or NULL to use BLAS. drop may be NULL. */
 static void linear_cols(float *y, float *pre, const float *x, const float *xp, const float *w,
-                        const float *b, int64_t N, int64_t K, int64_t M, int act, epi_fn epi,
-                        skinny_fn skinny, const fa_dropout_t *drop)
+                        int64_t ldt, const float *b, int64_t N, int64_t K, int64_t M, int act,
+                        epi_fn epi, skinny_fn skinny, const fa_dropout_t *drop)
 {
     int64_t m0, m1;
     fa_split(M, COL_ALIGN, &m0, &m1);
@@ -49,6 +50,8 @@ static void linear_cols(float *y, float *pre, const float *x, const float *xp, c
     float *z = pre ? pre : y;                             /* where the GEMM writes */
     if (xp)
         skinny(z + m0, M, xp, N, w + m0 * K, m1 - m0, K);
+    else if (ldt > 0)
+        fa_sgemm_rowmajor(0, 0, N, m1 - m0, K, 1.0f, x, K, w + m0, ldt, 0.0f, z + m0, M);
     else
         fa_sgemm_rowmajor(0, 1, N, m1 - m0, K, 1.0f, x, K, w + m0 * K, K, 0.0f, z + m0, M);
     epi(y + m0, pre ? pre + m0 : NULL, b ? b + m0 : NULL, N, m1 - m0, M, act, 0, m0, drop);
@@ -66,9 +69,10 @@ static float *skinny_rows(const float *x, int64_t N, int64_t K)
     return xp;
 }
 
-void fa_linear_forward(float *y, float *pre, const float *x, const float *weight,
-                       const float *bias, int64_t N, int64_t K, int64_t M, int activation,
-                       int nthreads)
+/* fa_linear_forward, with the weight (M, K), or with ldt > 0 its transpose (K, ldt) */
+static void linear_forward(float *y, float *pre, const float *x, const float *weight, int64_t ldt,
+                           const float *bias, int64_t N, int64_t K, int64_t M, int activation,
+                           int nthreads)
 {
     if (N <= 0 || M <= 0) return;
     const epi_fn epi = FA_DISPATCH(bias_act_rows_);
@@ -76,7 +80,7 @@ void fa_linear_forward(float *y, float *pre, const float *x, const float *weight
     const int by_rows = N >= (int64_t)nt * MIN_ROWS;
     const int64_t nblk = row_blocks(N, nt), per = (N + nblk - 1) / nblk;
     const skinny_fn skinny = FA_DISPATCH(skinny_gemm_);
-    float *xp = by_rows ? NULL : skinny_rows(x, N, K);
+    float *xp = by_rows || ldt > 0 ? NULL : skinny_rows(x, N, K);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         if (by_rows) {
@@ -85,15 +89,30 @@ void fa_linear_forward(float *y, float *pre, const float *x, const float *weight
                 const int64_t r0 = blk * per, rows = N - r0 < per ? N - r0 : per;
                 if (rows <= 0) continue;
                 float *p_r = pre ? pre + r0 * M : NULL;
-                fa_sgemm_rowmajor(0, 1, rows, M, K, 1.0f, x + r0 * K, K, weight, K, 0.0f,
-                                  p_r ? p_r : y + r0 * M, M);
+                fa_sgemm_rowmajor(0, ldt > 0 ? 0 : 1, rows, M, K, 1.0f, x + r0 * K, K, weight,
+                                  ldt > 0 ? ldt : K, 0.0f, p_r ? p_r : y + r0 * M, M);
                 epi(y + r0 * M, p_r, bias, rows, M, M, activation, r0, 0, NULL);
             }
         } else {
-            linear_cols(y, pre, x, xp, weight, bias, N, K, M, activation, epi, skinny, NULL);
+            linear_cols(y, pre, x, xp, weight, ldt, bias, N, K, M, activation, epi, skinny,
+                        NULL);
         }
     }
     free(xp);
+}
+
+void fa_linear_forward(float *y, float *pre, const float *x, const float *weight,
+                       const float *bias, int64_t N, int64_t K, int64_t M, int activation,
+                       int nthreads)
+{
+    linear_forward(y, pre, x, weight, 0, bias, N, K, M, activation, nthreads);
+}
+
+void fa_linear_forward_t(float *y, const float *x, const float *wt, int64_t ldt,
+                         const float *bias, int64_t N, int64_t K, int64_t M, int activation,
+                         int nthreads)
+{
+    linear_forward(y, NULL, x, wt, ldt, bias, N, K, M, activation, nthreads);
 }
 
 /* ---- backward helpers ------------------------------------------------------------------------- */
@@ -254,9 +273,9 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
             }
         } else {
             /* the whole team writes the hidden, waits, then reads all of it */
-            linear_cols(hidden, pre, x, xp, w1, b1, N, C, F, activation, epi, skinny, &drop);
+            linear_cols(hidden, pre, x, xp, w1, 0, b1, N, C, F, activation, epi, skinny, &drop);
 #pragma omp barrier
-            linear_cols(y, NULL, hidden, xp ? hidden : NULL, w2, b2, N, F, C, FA_ACT_NONE, epi,
+            linear_cols(y, NULL, hidden, xp ? hidden : NULL, w2, 0, b2, N, F, C, FA_ACT_NONE, epi,
                         skinny, NULL);
         }
     }

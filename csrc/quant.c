@@ -130,7 +130,7 @@ typedef void (*q8_quant_fn)(void *, float *, const float *, int64_t, int64_t, in
 typedef float (*q8_row_fn)(void *, const float *, int64_t, int64_t, int);
 typedef void (*bf_gemm_fn)(float *, int64_t, const float *, int64_t, const uint16_t *, int64_t,
                            int64_t, int64_t, int64_t);
-typedef void (*widen_fn)(float *, const uint16_t *, int64_t);
+typedef void (*widen_t_fn)(float *, const uint16_t *, int64_t, int64_t, int64_t, int64_t);
 
 /* One int8 path: its layout (np features per panel, K in groups of g), its tile height (mr,
  * for build_info), the activations' format, and the helpers of its ISA level. */
@@ -341,15 +341,14 @@ void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nth
     }
 }
 
-int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *w, const uint16_t *wp,
-                           const float *bias, int64_t N, int64_t K, int64_t M, int activation,
-                           int nthreads)
+int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
+                           int64_t N, int64_t K, int64_t M, int activation, int nthreads)
 {
     if (N <= 0 || M <= 0) return 0;
-    const epi_fn epi = FA_DISPATCH(bias_act_rows_);
-    if (wp && N <= FA_BF16_PACKED_MAX_ROWS) {          /* few rows: stream the packed weight */
+    const int64_t P = (M + BF_PANEL - 1) / BF_PANEL;
+    if (N <= FA_BF16_PACKED_MAX_ROWS) {                /* few rows: stream the packed weight */
+        const epi_fn epi = FA_DISPATCH(bias_act_rows_);
         const bf_gemm_fn gemm = FA_DISPATCH(bf16_packed_gemm_);
-        const int64_t P = (M + BF_PANEL - 1) / BF_PANEL;
         const int nt FA_OMP_ONLY = fa_team_size(nthreads < P ? nthreads : (int)P,
                                                 2.0 * (double)N * (double)K * (double)M, 2e5);
 #pragma omp parallel num_threads(nt) if (nt > 1)
@@ -365,18 +364,20 @@ int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *w, const ui
         }
         return 0;
     }
-    /* many rows: the weight widened to float32 (exact), then the fp32 linear (BLAS) */
-    float *wide = malloc((size_t)(M * (K > 0 ? K : 1)) * sizeof(float));
+    /* many rows: the panels widened to float32 (exact) as weight^T (K, P BF_PANEL), each
+     * panel's row k a contiguous run of BF_PANEL features; then the fp32 linear (BLAS) */
+    const int64_t ldt = P * BF_PANEL;
+    float *wide = malloc((size_t)(ldt * (K > 0 ? K : 1)) * sizeof(float));
     if (!wide) return -1;
-    const widen_fn widen = FA_DISPATCH(bf16_widen_);
+    const widen_t_fn widen = FA_DISPATCH(bf16_widen_t_);
     const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)M * (double)K, 1e5);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         int64_t lo, hi;
-        fa_split(M * K, 4096, &lo, &hi);
-        if (lo < hi) widen(wide + lo, w + lo, hi - lo);
+        fa_split(K, 1, &lo, &hi);
+        if (lo < hi) widen(wide, wp, lo, hi, K, P);
     }
-    fa_linear_forward(y, NULL, x, wide, bias, N, K, M, activation, nthreads);
+    fa_linear_forward_t(y, x, wide, ldt, bias, N, K, M, activation, nthreads);
     free(wide);
     return 0;
 }

@@ -110,17 +110,19 @@ static void FA_CAT(q8_quant_rows_, FA_SFX)(void *dst, float *sx, const float *x,
 
 /* ---- bf16 ------------------------------------------------------------------------------------ */
 
-/* dst[i] = float32(src[i]): the bits shifted up 16 (exact) */
-static void FA_CAT(bf16_widen_, FA_SFX)(float *dst, const uint16_t *src, int64_t n)
+/* Packed bf16 panels (wp[p][k][f], P panels of BF_PANEL features) widened to float32 as
+ * weight^T: dst[k][p BF_PANEL + f] (row stride P BF_PANEL), for k in [k0, k1) */
+static void FA_CAT(bf16_widen_t_, FA_SFX)(float *dst, const uint16_t *wp, int64_t k0, int64_t k1,
+                                          int64_t K, int64_t P)
 {
     typedef FA_CAT(vw_, FA_SFX) VW;
-    const int64_t nv = n - n % FA_VL;
-    for (int64_t i = 0; i < nv; i += FA_VL)
-        vstore(dst + i, (VF)(__builtin_convertvector(*(const VW *)(src + i), VU) << 16));
-    for (int64_t i = nv; i < n; i++) {
-        const uint32_t b = (uint32_t)src[i] << 16;
-        memcpy(dst + i, &b, 4);
-    }
+    for (int64_t k = k0; k < k1; k++)
+        for (int64_t p = 0; p < P; p++) {
+            const uint16_t *src = wp + (p * K + k) * BF_PANEL;
+            float *d = dst + k * P * BF_PANEL + p * BF_PANEL;
+            for (int f = 0; f < BF_PANEL; f += FA_VL)
+                vstore(d + f, (VF)(__builtin_convertvector(*(const VW *)(src + f), VU) << 16));
+        }
 }
 
 /* Few-row GEMM on packed bf16 weights: y[r][m] = x_r . float32(w_m), for panels [p0, p1).

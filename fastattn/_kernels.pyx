@@ -95,9 +95,8 @@ cdef extern from "fastattn.h" nogil:
     void fa_to_bfloat16(uint16_t *bits, const float *x, int64_t n, int nthreads)
     int64_t fa_bf16_packed_size(int64_t M, int64_t K)
     void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nthreads)
-    int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *w, const uint16_t *wp,
-                               const float *bias, int64_t N, int64_t K, int64_t M,
-                               int activation, int nthreads)
+    int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
+                               int64_t N, int64_t K, int64_t M, int activation, int nthreads)
     int fa_quant_tiles(int64_t *out)
 
 
@@ -705,22 +704,18 @@ def bf16_pack(uint16_t[::1] wp not None, const uint16_t[:, ::1] w not None, int 
 
 
 def linear_bf16_forward(float[:, ::1] y not None, const float[:, ::1] x not None,
-                        const uint16_t[:, ::1] w not None, const uint16_t[::1] wp,
-                        const float[::1] bias, int activation, int nthreads):
-    """y (N, M), x (N, K), w (M, K) bf16 bits, wp from bf16_pack of w or None, bias (M) or
-    None."""
+                        const uint16_t[::1] wp not None, const float[::1] bias, int activation,
+                        int nthreads):
+    """y (N, M), x (N, K), wp (bf16_packed_size(M, K)) from bf16_pack, bias (M) or None."""
     cdef float *yp = _p2(y)
     cdef const float *xp = _cp2(x)
-    cdef const uint16_t *src = NULL
     cdef const uint16_t *pp = NULL
     cdef const float *bp = _cp1(bias)
     cdef int rc
-    if w.shape[0] > 0 and w.shape[1] > 0:
-        src = &w[0, 0]
-    if wp is not None and wp.shape[0] > 0:
+    if wp.shape[0] > 0:
         pp = &wp[0]
     with nogil:
-        rc = fa_linear_bf16_forward(yp, xp, src, pp, bp, x.shape[0], x.shape[1], y.shape[1],
+        rc = fa_linear_bf16_forward(yp, xp, pp, bp, x.shape[0], x.shape[1], y.shape[1],
                                     activation, nthreads)
     if rc != 0:
         raise MemoryError("linear (bf16): could not allocate the widened weight")

@@ -1064,30 +1064,28 @@ class QuantizedWeight:
     widens the weight to float32 and sums in float32.
 
     The kernels read a packed copy (a layout private to C, for the int8 path in use, see
-    build_info()["int8_path"]) built on first use and never saved. An int8 weight then lets
-    go of ``data`` and keeps only the packed copy (M and K rounded up to the panel, at most a
-    few KB more), so a quantised model holds one byte per weight, not two; ``data`` still
-    reads as before, unpacked into a new read-only array on each access (M K bytes: the
-    reference backend, io.save and state_dict pay that copy, the kernels never do). A row
-    slice starting on a panel edge (``build_info()["quant_tiles"]["int8_panel"]``, e.g. an
-    in-projection's q / kv parts at d_model = 512) reads its parent's packed copy in place.
-    A bf16 weight keeps ``data`` (products of many rows widen it for BLAS) and builds its
-    packed copy on its first product of up to BF16_PACKED_MAX_ROWS rows (decode steps), so
-    a model that decodes holds it twice. Two threads using a new weight at once may both
-    build the packed copy (one is kept); neither sees a partial one.
+    build_info()["int8_path"]) built on first use and never saved. The weight then lets go of
+    ``data`` and keeps only the packed copy (M and K rounded up to the panel, at most a few
+    KB more), so a quantised model holds one byte per int8 weight and two per bf16 weight,
+    not twice that; ``data`` still reads as before, unpacked into a new read-only array on
+    each access (the reference backend, io.save and state_dict pay that copy, the kernels
+    never do). A row slice starting on a panel edge (``build_info()["quant_tiles"]``
+    ``["int8_panel"]`` or ``["bf16_panel"]``, e.g. an in-projection's q / kv parts at
+    d_model = 512) reads its parent's packed copy in place. Two threads using a new weight at
+    once may both build the packed copy (one is kept); neither sees a partial one.
     """
 
     __slots__ = ("dtype", "_data", "scale", "shape", "_packed", "_slices", "_parent", "_lo")
     _fastattn_quantized = True       # how reference.linear recognises one (without importing ops)
 
-    def __init__(self, dtype, data, scale, parent=None, lo=0):
+    def __init__(self, dtype, data, scale, parent=None, lo=0, hi=0):
         """Private: use from_float or from_stored (which validate). A row slice has its
-        parent and first row (data: its rows, or None once the parent has let go of its
+        parent and rows lo:hi (data: its rows, or None once the parent has let go of its
         own)."""
         self.dtype = dtype
         self.scale = None if scale is None else _readonly(scale)
         self._data = None if data is None else _readonly(data)
-        self.shape = (int(self.scale.shape[0]), parent.shape[1]) if data is None else \
+        self.shape = (hi - lo, parent.shape[1]) if data is None else \
             tuple(int(s) for s in self._data.shape)
         self._packed = None
         self._slices = {}
@@ -1096,15 +1094,15 @@ class QuantizedWeight:
 
     @property
     def data(self):
-        """The stored values: int8 (M, K) or bf16 bits (M, K) uint16, read-only. Once an
-        int8 weight's packed copy is built, unpacked from it on each access (see above)."""
+        """The stored values: int8 (M, K) or bf16 bits (M, K) uint16, read-only. Once the
+        packed copy is built, unpacked from it on each access (see above)."""
         data = self._data
         if data is not None:
             return data
         if self._parent is not None and self._packed is None:
             lo = self._lo
             return _readonly(self._parent.data[lo:lo + self.shape[0]])
-        return _unpack_int8(self._packed, self.shape)
+        return _unpack(self._packed, self.shape)
 
     @classmethod
     def from_float(cls, w, dtype):
@@ -1194,7 +1192,7 @@ class QuantizedWeight:
             data = self._data
             sub = QuantizedWeight(self.dtype, None if data is None else data[lo:hi],
                                   None if self.scale is None else self.scale[lo:hi],
-                                  parent=self, lo=lo)
+                                  parent=self, lo=lo, hi=hi)
             self._slices[(lo, hi)] = sub
         return sub
 
@@ -1226,18 +1224,25 @@ class QuantizedWeight:
                     _kernels.int8_pack(wp, wsum, data, get_num_threads())
                 packed = (path, wp, wsum, panel, group)
                 self._packed = packed
-                self._data = None           # data now unpacks from the packed copy
             else:
-                wp = np.empty(_kernels.bf16_packed_size(M, K), np.uint16)
-                _kernels.bf16_pack(wp, self.data, get_num_threads())
-                packed = (path, wp, None)
+                panel = _kernels.quant_tiles()[5]
+                parent = self._parent
+                if parent is not None and self._lo % panel == 0 and M > 0:
+                    pwp = parent._kernel_arrays()[1]
+                    wp = pwp[self._lo * K:self._lo * K + _kernels.bf16_packed_size(M, K)]
+                else:
+                    wp = np.empty(_kernels.bf16_packed_size(M, K), np.uint16)
+                    _kernels.bf16_pack(wp, self.data, get_num_threads())
+                packed = (path, wp, None, panel, 1)
                 self._packed = packed
+            self._data = None               # data now unpacks from the packed copy
         return packed
 
 
-def _unpack_int8(packed, shape):
-    """The (M, K) int8 weight of a packed copy (path, wp, wsum, panel, group), read-only:
-    wp[p][kg][f][j] = q[p panel + f][kg group + j] (fa_int8_pack), zero padded."""
+def _unpack(packed, shape):
+    """The (M, K) weight of a packed copy (path, wp, wsum, panel, group), read-only:
+    wp[p][kg][f][j] = w[p panel + f][kg group + j], zero padded (fa_int8_pack; fa_bf16_pack's
+    layout is the same with group 1)."""
     M, K = shape
     wp, panel, group = packed[1], packed[3], packed[4]
     P, Kg = -(-M // panel), -(-K // group)
@@ -1274,8 +1279,8 @@ def _linear_quantized_into(y, x, qweight, bias, act):
         _kernels.linear_int8_forward(y, x, wp, wsum, qweight.scale, bias, act,
                                      get_num_threads())
     else:
-        wp = qweight._kernel_arrays()[1] if N <= BF16_PACKED_MAX_ROWS else None
-        _kernels.linear_bf16_forward(y, x, qweight.data, wp, bias, act, get_num_threads())
+        _kernels.linear_bf16_forward(y, x, qweight._kernel_arrays()[1], bias, act,
+                                     get_num_threads())
     return y
 
 

@@ -377,55 +377,64 @@ def test_quantized_weight_slicing_is_cached(rng):
             qw[::2]
 
 
-PANEL = fastattn.build_info()["quant_tiles"]["int8_panel"]
+QUANT_TILES = fastattn.build_info()["quant_tiles"]
+PANEL = {"int8": QUANT_TILES["int8_panel"], "bf16": QUANT_TILES["bf16_panel"]}
 
 
-@given(M=st.integers(1, 3 * PANEL + 5), K=st.integers(1, 70), seed=seeds)
-def test_int8_weight_keeps_only_its_packed_copy_once_used(M, K, seed):
-    """After its first product an int8 weight lets go of data; data then reads the same
+def check_linear(x, w, qw):
+    return (check_int8_linear if qw.dtype == "int8" else check_bf16_linear)(x, w, qw=qw)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bf16"])
+@given(M=st.integers(1, 100), K=st.integers(1, 70), N=st.sampled_from([3, 40]), seed=seeds)
+def test_quantized_weight_keeps_only_its_packed_copy_once_used(dtype, M, K, N, seed):
+    """After its first product a quantised weight lets go of data; data then reads the same
     values from the packed copy (a new read-only array each time), for any M and K (neither a
-    multiple of the panel or the group), and products, the twin and saving are unchanged."""
+    multiple of the panel or the group), and products (few rows: the packed kernel; many:
+    BLAS on the widened panels), the twin and saving are unchanged."""
     rng = np.random.default_rng(seed)
-    w, x = rand(rng, (M, K)), rand(rng, (3, K))
-    qw = quantized(w, "int8")
+    w, x = rand(rng, (M, K)), rand(rng, (N, K))
+    qw = quantized(w, dtype)
     want = qw.data.copy()
     ref = reference.linear(x, qw)
-    check_int8_linear(x, w, qw=qw)
+    check_linear(x, w, qw)
     assert qw._data is None                                         # one copy held: packed
     got = qw.data
     np.testing.assert_array_equal(got, want)
-    assert got.dtype == np.int8 and got.flags.c_contiguous and not got.flags.writeable
+    assert got.dtype == want.dtype and got.flags.c_contiguous and not got.flags.writeable
     assert qw.data is not got                                       # unpacked, not kept
-    assert qw.nbytes == M * K + 4 * M
+    assert qw.nbytes == want.nbytes + (4 * M if dtype == "int8" else 0)
     np.testing.assert_array_equal(reference.linear(x, qw), ref)
-    np.testing.assert_array_equal(qw.dequantize(), reference.dequantize_int8(want, qw.scale))
+    np.testing.assert_array_equal(qw.dequantize(), QW.from_stored(dtype, want, qw.scale)
+                                  .dequantize())
 
 
-@given(lo=st.integers(0, 2 * PANEL + 3), n=st.integers(0, PANEL + 5),
+@pytest.mark.parametrize("dtype", ["int8", "bf16"])
+@given(lo=st.integers(0, 2 * 64 + 3), n=st.integers(0, 64 + 5),
        first=st.sampled_from(["parent", "slice"]), seed=seeds)
-def test_int8_slices_read_the_packed_parent(lo, n, first, seed):
+def test_quantized_slices_read_the_packed_parent(dtype, lo, n, first, seed):
     """A row slice that starts on a panel edge multiplies with its parent's packed copy in
     place (no copy of its own); any other slice packs its own rows. Either way, whichever of
     parent and slice is used first, both agree with the twin and with each other, and data
     reads the slice's rows."""
     rng = np.random.default_rng(seed)
-    M, K = 2 * PANEL + 9, 21
+    M, K = 2 * 64 + 9, 21
     w, x = rand(rng, (M, K)), rand(rng, (4, K))
     hi = min(lo + n, M)
-    qw = quantized(w, "int8")
+    qw = quantized(w, dtype)
     want = qw.data.copy()
     order = [qw, qw[lo:hi]] if first == "parent" else [qw[lo:hi], qw]
     for q in order:
-        check_int8_linear(x, w, qw=q)
+        check_linear(x, w, q)
     sub = qw[lo:hi]
     np.testing.assert_array_equal(ops.linear(x, sub), ops.linear(x, qw)[:, lo:hi])
     np.testing.assert_array_equal(sub.data, want[lo:hi])
     np.testing.assert_array_equal(qw.data, want)
-    if lo % PANEL == 0 and hi > lo:
+    if lo % PANEL[dtype] == 0 and hi > lo:
         assert np.shares_memory(sub._packed[1], qw._packed[1])
     later = qw[lo:max(lo, hi - 1)]                                  # made after the parent let go
     np.testing.assert_array_equal(later.data, want[lo:max(lo, hi - 1)])
-    check_int8_linear(x, w, qw=later)
+    check_linear(x, w, later)
 
 
 def test_threads_racing_to_pack_and_read_a_fresh_int8_weight(rng):
@@ -434,7 +443,7 @@ def test_threads_racing_to_pack_and_read_a_fresh_int8_weight(rng):
     the same time. Every thread gets the single-thread answers."""
     import threading
 
-    M, K = 3 * PANEL, 40
+    M, K = 3 * PANEL["int8"], 40
     w, x = rand(rng, (M, K)), rand(rng, (6, K))
     ref = reference.linear(x, quantized(w, "int8"))
     want_data = quantized(w, "int8").data.copy()
@@ -449,7 +458,7 @@ def test_threads_racing_to_pack_and_read_a_fresh_int8_weight(rng):
                         np.testing.assert_array_equal(qw.data, want_data)
                         np.testing.assert_array_equal(reference.linear(x, qw), ref)
                     else:
-                        lo = PANEL * (i // 2 % 3)
+                        lo = PANEL["int8"] * (i // 2 % 3)
                         np.testing.assert_array_equal(ops.linear(x, qw[lo:M]), ref[:, lo:])
                         np.testing.assert_array_equal(ops.linear(x, qw), ref)
             except Exception as exc:              # pragma: no cover - reported below
@@ -463,30 +472,28 @@ def test_threads_racing_to_pack_and_read_a_fresh_int8_weight(rng):
         assert qw._data is None
 
 
-def test_quantized_model_holds_one_byte_per_int8_weight():
-    """A quantised encoder-decoder, after translating: every int8 weight it multiplied with
-    holds its packed copy alone, and the cross-attention's q and kv parts (slices on panel
-    edges) read their in-projection's copy; saved and loaded, it gives the same tokens."""
+@pytest.mark.parametrize("dtype", ["int8", "bf16"])
+def test_quantized_model_holds_one_copy_of_each_weight(dtype):
+    """A quantised encoder-decoder, after generating (a many-row encoder, few-row decode
+    steps): every weight holds its packed copy alone, and the cross-attention's q and kv
+    parts (slices on panel edges) read their in-projection's copy; saved and loaded, it gives
+    the same tokens."""
     import tempfile
 
     from fastattn import io
     from fastattn import nn as fnn
-    C = 2 * PANEL
-    m = fnn.Seq2SeqTransformer(1, 1, C, 2, 11, 11, 2 * C, 0.0, max_len=12, seed=0).eval()
-    m.quantize("int8")
-    src = np.array([[4, 5, 6, 7]])
+    C = 128
+    m = fnn.Seq2SeqTransformer(1, 1, C, 2, 11, 11, 2 * C, 0.0, max_len=40, seed=0).eval()
+    m.quantize(dtype)
+    src = np.random.default_rng(0).integers(4, 11, (2, 20))        # 40 encoder rows
     first = m.generate(src, max_new_tokens=5, start_id=1)
     weights = [w for mod in m.modules() for w in vars(mod).values() if isinstance(w, QW)]
     assert weights and any(w._slices for w in weights)
     for w in weights:
-        parts = list(w._slices.values())
-        if parts:                                   # used through its q / kv parts only
-            assert all(p._data is None for p in parts)
-            for p in parts:
-                assert np.shares_memory(p._packed[1], w._packed[1])
-            assert w._data is None
-        else:
-            assert w._data is None, w
+        assert w._data is None, w
+        for part in w._slices.values():             # used through its q / kv parts
+            assert part._data is None
+            assert np.shares_memory(part._packed[1], w._packed[1])
     with tempfile.TemporaryDirectory() as d:
         io.save(m, os.path.join(d, "m"))
         back = io.load(os.path.join(d, "m"))
