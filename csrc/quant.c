@@ -346,8 +346,14 @@ int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const f
 {
     if (N <= 0 || M <= 0) return 0;
     const int64_t P = (M + BF_PANEL - 1) / BF_PANEL;
+    const epi_fn epi = FA_DISPATCH(bias_act_rows_);
+    if (K <= 0) {                       /* empty sums (wp has no elements): act(bias) */
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t m = 0; m < M; m++) y[n * M + m] = bias ? bias[m] : 0.0f;
+        epi(y, NULL, NULL, N, M, M, activation, 0, 0, NULL);
+        return 0;
+    }
     if (N <= FA_BF16_PACKED_MAX_ROWS) {                /* few rows: stream the packed weight */
-        const epi_fn epi = FA_DISPATCH(bias_act_rows_);
         const bf_gemm_fn gemm = FA_DISPATCH(bf16_packed_gemm_);
         const int nt FA_OMP_ONLY = fa_team_size(nthreads < P ? nthreads : (int)P,
                                                 2.0 * (double)N * (double)K * (double)M, 2e5);

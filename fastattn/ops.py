@@ -1054,8 +1054,9 @@ class QuantizedWeight:
     - ``.dtype`` ("int8" | "bf16"), ``.shape`` (M, K), ``.data``, ``.scale`` ((M,) float32, or
       None for bf16), ``.nbytes`` (data + scale), ``.dequantize()`` -> float32 (M, K).
       ``data`` and ``scale`` are read-only.
-    - ``w[lo:hi]`` is the QuantizedWeight of rows lo:hi (views of data and scale), cached per
-      (lo, hi): slicing an in-projection into q, k, v on every call costs a dict lookup.
+    - ``w[lo:hi]`` is the QuantizedWeight of rows lo:hi (a view of scale; of data, or of the
+      packed copy, see below), cached per (lo, hi): slicing an in-projection into q, k, v on
+      every call costs a dict lookup.
 
     The products (reference.linear gives the exact rule): int8 quantises each row of x to
     int8 on the fly, sums exactly in int32 and computes
@@ -1065,9 +1066,9 @@ class QuantizedWeight:
 
     The kernels read a packed copy (a layout private to C, for the int8 path in use, see
     build_info()["int8_path"]) built on first use and never saved. The weight then lets go of
-    ``data`` and keeps only the packed copy (M and K rounded up to the panel, at most a few
-    KB more), so a quantised model holds one byte per int8 weight and two per bf16 weight,
-    not twice that; ``data`` still reads as before, unpacked into a new read-only array on
+    ``data`` and keeps only the packed copy (M rounded up to the panel, K to the int8 group:
+    no larger when M is a multiple of the panel, as in every Transformer-base weight), so a
+    quantised model holds one byte per int8 weight and two per bf16 weight, not twice that; ``data`` still reads as before, unpacked into a new read-only array on
     each access (the reference backend, io.save and state_dict pay that copy, the kernels
     never do). A row slice starting on a panel edge (``build_info()["quant_tiles"]``
     ``["int8_panel"]`` or ``["bf16_panel"]``, e.g. an in-projection's q / kv parts at
@@ -1099,10 +1100,10 @@ class QuantizedWeight:
         data = self._data
         if data is not None:
             return data
-        if self._parent is not None and self._packed is None:
-            lo = self._lo
-            return _readonly(self._parent.data[lo:lo + self.shape[0]])
-        return _unpack(self._packed, self.shape)
+        packed, parent = self._packed, self._parent     # each read once: threads may pack
+        if packed is None and parent is not None:      # a slice made after its parent packed
+            return _readonly(parent.data[self._lo:self._lo + self.shape[0]])
+        return _unpack(self._packed, self.shape)       # set before _data / _parent were cleared
 
     @classmethod
     def from_float(cls, w, dtype):
@@ -1200,9 +1201,10 @@ class QuantizedWeight:
         return f"QuantizedWeight(dtype={self.dtype!r}, shape={self.shape})"
 
     def _kernel_arrays(self):
-        """The packed copy for the kernels (built once per int8 path; see the class doc):
-        (path, wp, wsum) for int8 (every product reads it), (path, wp, None) for bf16 (only
-        products of up to BF16_PACKED_MAX_ROWS rows read it: built on the first of those)."""
+        """The packed copy for the kernels, built on the first product (once per int8 path;
+        see the class doc): (path, wp, wsum, panel, group) for int8, (path, wp, None, panel,
+        1) for bf16 (the same layout with K in groups of 1), wp a view of the parent's for a
+        slice on a panel edge."""
         path = _kernels.int8_path()
         packed = self._packed
         if packed is None or packed[0] != path:
@@ -1224,6 +1226,7 @@ class QuantizedWeight:
                     _kernels.int8_pack(wp, wsum, data, get_num_threads())
                 packed = (path, wp, wsum, panel, group)
                 self._packed = packed
+                self._parent = None         # the packed copy is all a slice needs now
             else:
                 panel = _kernels.quant_tiles()[5]
                 parent = self._parent
@@ -1235,6 +1238,7 @@ class QuantizedWeight:
                     _kernels.bf16_pack(wp, self.data, get_num_threads())
                 packed = (path, wp, None, panel, 1)
                 self._packed = packed
+                self._parent = None
             self._data = None               # data now unpacks from the packed copy
         return packed
 

@@ -39,16 +39,27 @@ def _weight(w, dtype):
     return qw
 
 
+def _unpacked(w):
+    """The twin's weight: the same values in a QuantizedWeight never packed, holding its data
+    as a prototype does (a packed one would unpack it on every call)."""
+    if isinstance(w, ops.QuantizedWeight):
+        return ops.QuantizedWeight.from_stored(w.dtype, w.data, w.scale)
+    return w
+
+
 def _linear_case(dtype, N, K, M):
     def build(rng):
         w = _normal(rng, (M, K), K ** -0.5)
         return {"x": _normal(rng, (N, K)), "w": _weight(w, dtype),
                 "b": _normal(rng, (M,), 0.1)}
 
-    def impl(fn):
-        return lambda i: (lambda: fn(i["x"], i["w"], i["b"], activation="relu"))
+    def impl(fn, weight=lambda w: w):
+        def factory(i):
+            w = weight(i["w"])
+            return lambda: fn(i["x"], w, i["b"], activation="relu")
+        return factory
 
-    impls = {"fastattn": impl(ops.linear), "numpy": impl(reference.linear)}
+    impls = {"fastattn": impl(ops.linear), "numpy": impl(reference.linear, _unpacked)}
     if dtype == "fp32":
         impls["torch"] = _torch_impl(lambda F, t: (lambda: F.relu(F.linear(t["x"], t["w"],
                                                                            t["b"]))))
@@ -79,7 +90,8 @@ def _decode_linear_case(dtype, N, K, M, count=DECODE_WEIGHTS):
         return run
 
     def twin(i):
-        return lambda: np.stack([reference.linear(i["x"], w) for w in i["ws"]])
+        ws = [_unpacked(w) for w in i["ws"]]
+        return lambda: np.stack([reference.linear(i["x"], w) for w in ws])
 
     case = Case(f"decode_linear_{dtype}_n{N}",
                 f"decode linear, {dtype} weights, {N} row{'s' if N > 1 else ''} x {count} "
