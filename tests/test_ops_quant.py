@@ -437,6 +437,26 @@ def test_quantized_slices_read_the_packed_parent(dtype, lo, n, first, seed):
     check_linear(x, w, later)
 
 
+@pytest.mark.parametrize("dtype", ["int8", "bf16"])
+def test_a_dropped_weight_frees_its_packed_copy_at_once(dtype, rng):
+    """Weight and slices hold no reference cycle once packed: the packed copy goes with the
+    last reference, without waiting for a garbage collection."""
+    import gc
+    import weakref
+
+    x = rand(rng, (3, 16))
+    qw = quantized(rand(rng, (3 * 64, 16)), dtype)
+    ops.linear(x, qw[0:64])
+    ops.linear(x, qw[64:3 * 64])
+    gone = weakref.ref(qw._packed[1])
+    gc.disable()
+    try:
+        del qw
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
 def test_threads_racing_to_pack_and_read_a_fresh_int8_weight(rng):
     """8 Python threads on one fresh int8 weight: some multiply with it or its slices (the
     first of them packs it and lets go of data), the others read data and run the twin at
