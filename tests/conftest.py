@@ -66,6 +66,28 @@ def dot_atol(x, w, *, bias=None, factor=TOL["linear"]["atol"]):
     return factor * EPS32 * np.sqrt(w.shape[1]) * float(mag.max())
 
 
+def run_in_threads(work, n):
+    """work(i) for i < n, each in its own Python thread at once; raises the first exception a
+    thread saw (assertion failures included), after all have finished."""
+    import threading
+
+    errors = []
+
+    def run(i):
+        try:
+            work(i)
+        except Exception as exc:  # reported below, with the thread that saw it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def requires_torch():
     """The torch module, or skip the calling test (torch is optional)."""
     return pytest.importorskip("torch")

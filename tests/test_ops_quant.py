@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fastattn
-from conftest import assert_close, dot_atol
+from conftest import assert_close, dot_atol, run_in_threads
 from fastattn import ops, reference
 from grad_util import child_report, child_isa_tests, run_child
 from strategies import features, rand, seeds
@@ -461,34 +461,23 @@ def test_threads_racing_to_pack_and_read_a_fresh_int8_weight(rng):
     """8 Python threads on one fresh int8 weight: some multiply with it or its slices (the
     first of them packs it and lets go of data), the others read data and run the twin at
     the same time. Every thread gets the single-thread answers."""
-    import threading
-
     M, K = 3 * PANEL["int8"], 40
     w, x = rand(rng, (M, K)), rand(rng, (6, K))
     ref = reference.linear(x, quantized(w, "int8"))
     want_data = quantized(w, "int8").data.copy()
     for _ in range(3):
         qw = quantized(w, "int8")
-        errors = []
 
         def work(i):
-            try:
-                for _ in range(5):
-                    if i % 2:
-                        np.testing.assert_array_equal(qw.data, want_data)
-                        np.testing.assert_array_equal(reference.linear(x, qw), ref)
-                    else:
-                        lo = PANEL["int8"] * (i // 2 % 3)
-                        np.testing.assert_array_equal(ops.linear(x, qw[lo:M]), ref[:, lo:])
-                        np.testing.assert_array_equal(ops.linear(x, qw), ref)
-            except Exception as exc:              # pragma: no cover - reported below
-                errors.append(exc)
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors, errors[0]
+            for _ in range(5):
+                if i % 2:
+                    np.testing.assert_array_equal(qw.data, want_data)
+                    np.testing.assert_array_equal(reference.linear(x, qw), ref)
+                else:
+                    lo = PANEL["int8"] * (i // 2 % 3)
+                    np.testing.assert_array_equal(ops.linear(x, qw[lo:M]), ref[:, lo:])
+                    np.testing.assert_array_equal(ops.linear(x, qw), ref)
+        run_in_threads(work, 8)
         assert qw._data is None
 
 

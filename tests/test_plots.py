@@ -3,7 +3,6 @@ Skipped without matplotlib (the optional ``demo`` extra)."""
 import json
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from matplotlib.image import imread  # noqa: E402
 from fastattn import nn as fnn  # noqa: E402
 from fastattn import plots  # noqa: E402
 from fastattn.tokenizers import WordTokenizer  # noqa: E402
+from conftest import run_in_threads  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SRC = ["when you play the game of thrones", "you win or you die", "there is no middle ground"]
@@ -141,20 +141,8 @@ def test_attention_from_threads(tmp_path, rng):
     """No pyplot state: figures drawn at once from several threads all come out whole."""
     w = causal_weights(2, 5, rng)
     toks = list("abcde")
-    errors = []
-
-    def draw(i):
-        try:
-            plots.plot_attention(w, toks, toks, tmp_path / f"{i}.png", title=f"t{i}")
-        except Exception as e:                               # pragma: no cover
-            errors.append(e)
-
-    threads = [threading.Thread(target=draw, args=(i,)) for i in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors
+    run_in_threads(lambda i: plots.plot_attention(w, toks, toks, tmp_path / f"{i}.png",
+                                                  title=f"t{i}"), 4)
     for i in range(4):
         assert_picture(tmp_path / f"{i}.png")
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import fastattn
-from conftest import TILES, assert_close
+from conftest import TILES, assert_close, run_in_threads
 from fastattn import ops, reference
 from strategies import rand
 
@@ -288,25 +288,15 @@ def test_concurrent_python_threads_linear_ffn(restore_threads, rng):
         cases.append((x, w, b, w1, b1, w2, b2))
     expect = [(reference.linear(x, w, b, activation="gelu"), reference.ffn(x, w1, b1, w2, b2))
               for x, w, b, w1, b1, w2, b2 in cases]
-    errors = []
     start = threading.Barrier(len(cases))
 
     def work(i):
         x, w, b, w1, b1, w2, b2 = cases[i]
-        try:
-            start.wait()
-            for _ in range(20):
-                np.testing.assert_allclose(ops.linear(x, w, b, activation="gelu"), expect[i][0],
-                                           rtol=1e-4, atol=1e-4, err_msg=f"linear, thread {i}")
-                np.testing.assert_allclose(ops.ffn(x, w1, b1, w2, b2), expect[i][1],
-                                           rtol=1e-4, atol=1e-4, err_msg=f"ffn, thread {i}")
-        except Exception as exc:  # reported below, with the thread that saw it
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(cases))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+        start.wait()
+        for _ in range(20):
+            np.testing.assert_allclose(ops.linear(x, w, b, activation="gelu"), expect[i][0],
+                                       rtol=1e-4, atol=1e-4, err_msg=f"linear, thread {i}")
+            np.testing.assert_allclose(ops.ffn(x, w1, b1, w2, b2), expect[i][1],
+                                       rtol=1e-4, atol=1e-4, err_msg=f"ffn, thread {i}")
+    run_in_threads(work, len(cases))
     assert fastattn.build_info()["blas_threads"] == 1

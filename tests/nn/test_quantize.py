@@ -5,7 +5,6 @@ misuse, and accuracy on a model trained here (a reverse task) and on random weig
 The kernels themselves are tested against their twin in tests/test_ops_quant.py; here the
 question is whether the model layer routes every product through them and nothing else.
 """
-import threading
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ import pytest
 import fastattn
 from fastattn import nn as fnn
 from fastattn import ops
+from conftest import run_in_threads
 from nn_util import C, F, H, features
 
 TYPES = ("int8", "bf16")
@@ -191,19 +191,11 @@ def test_eight_python_threads_share_one_quantized_model():
     srcs = [rng.integers(1, 23, size=(2, 6 + i)) for i in range(8)]
     want = [seq2seq(seed=4).quantize("int8").generate(s, max_new_tokens=6, start_id=1)
             for s in srcs]
-    got, errors = [None] * 8, []
+    got = [None] * 8
 
     def run(i):
-        try:
-            got[i] = m.generate(srcs[i], max_new_tokens=6, start_id=1)
-        except Exception as exc:                  # pragma: no cover - reported below
-            errors.append(exc)
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+        got[i] = m.generate(srcs[i], max_new_tokens=6, start_id=1)
+    run_in_threads(run, 8)
     assert all(np.array_equal(g, w) for g, w in zip(got, want))
 
 
