@@ -267,9 +267,11 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const int
     }
     const int64_t Kp = round_up(K, im.g), P = (M + im.np - 1) / im.np;
     const int64_t esz = im.fmt == Q8_FMT_I16 ? 2 : 1;
-    /* a second thread pays off from about 1M multiply-adds (N = 1: 512 x 512 ran faster on
-     * one thread, 512 x 1024 on two) */
-    const int nt = fa_team_size(nthreads, (double)N * (double)K * (double)M, 6e5);
+    /* a second thread pays off from about 200K multiply-adds: one row against 100 distinct
+     * 512 x 512 weights (26 MB, a decode step's working set, from L3 rather than L2) took
+     * 8.6-10.7 us a product on two AVX2 threads against 12.1-13.6 on one (AVX-512 VNNI:
+     * 10.3-10.7 against 12.8-14.0); only a weight already in L2 runs as fast on one thread */
+    const int nt = fa_team_size(nthreads, (double)N * (double)K * (double)M, 2e5);
     const int by_rows = N >= (int64_t)nt * Q8_MIN_ROWS;
     /* by rows: blocks of about Q8_ROW_BLOCK rows, a multiple of the team in number (equal
      * shares), starting at multiples of the tile height (only the last block ends in a
