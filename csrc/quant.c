@@ -375,7 +375,7 @@ int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const f
     /* many rows: the panels widened to float32 (exact) as weight^T (K, P BF_PANEL), each
      * panel's row k a contiguous run of BF_PANEL features; then the fp32 linear (BLAS) */
     const int64_t ldt = P * BF_PANEL;
-    float *wide = malloc((size_t)(ldt * (K > 0 ? K : 1)) * sizeof(float));
+    float *wide = malloc((size_t)(ldt * K) * sizeof(float));             /* K > 0 here */
     if (!wide) return -1;
     const widen_t_fn widen = FA_DISPATCH(bf16_widen_t_);
     const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)M * (double)K, 1e5);

@@ -110,21 +110,6 @@ static void FA_CAT(q8_quant_rows_, FA_SFX)(void *dst, float *sx, const float *x,
 
 /* ---- bf16 ------------------------------------------------------------------------------------ */
 
-/* Packed bf16 panels (wp[p][k][f], P panels of BF_PANEL features) widened to float32 as
- * weight^T: dst[k][p BF_PANEL + f] (row stride P BF_PANEL), for k in [k0, k1) */
-static void FA_CAT(bf16_widen_t_, FA_SFX)(float *dst, const uint16_t *wp, int64_t k0, int64_t k1,
-                                          int64_t K, int64_t P)
-{
-    typedef FA_CAT(vw_, FA_SFX) VW;
-    for (int64_t k = k0; k < k1; k++)
-        for (int64_t p = 0; p < P; p++) {
-            const uint16_t *src = wp + (p * K + k) * BF_PANEL;
-            float *d = dst + k * P * BF_PANEL + p * BF_PANEL;
-            for (int f = 0; f < BF_PANEL; f += FA_VL)
-                vstore(d + f, (VF)(__builtin_convertvector(*(const VW *)(src + f), VU) << 16));
-        }
-}
-
 /* Few-row GEMM on packed bf16 weights: y[r][m] = x_r . float32(w_m), for panels [p0, p1).
  *   y   (N, ldy)  out; the panels' features (< M) only, without bias
  *   x   (N, K)    in
@@ -163,6 +148,20 @@ FA_INLINE void FA_CAT(bf16_load_, FA_SFX)(VF *wv, const uint16_t *w, const int n
         wv[c] = (VF)(__builtin_convertvector(*(const VW *)(w + c * FA_VL), VU) << 16);
 #endif
     }
+}
+
+/* Packed bf16 panels (wp[p][k][f], P panels of BF_PANEL features) widened to float32 as
+ * weight^T: dst[k][p BF_PANEL + f] (row stride P BF_PANEL), for k in [k0, k1) */
+static void FA_CAT(bf16_widen_t_, FA_SFX)(float *dst, const uint16_t *wp, int64_t k0, int64_t k1,
+                                          int64_t K, int64_t P)
+{
+    for (int64_t k = k0; k < k1; k++)
+        for (int64_t p = 0; p < P; p++) {
+            VF wv[BF_PANEL / FA_VL];
+            FA_CAT(bf16_load_, FA_SFX)(wv, wp + (p * K + k) * BF_PANEL, BF_PANEL / FA_VL);
+            for (int c = 0; c < BF_PANEL / FA_VL; c++)
+                vstore(dst + k * P * BF_PANEL + p * BF_PANEL + c * FA_VL, wv[c]);
+        }
 }
 
 /* nr rows x nv vectors of features m0.. (nf of them; both constants once inlined) */

@@ -1068,11 +1068,12 @@ class QuantizedWeight:
     build_info()["int8_path"]) built on first use and never saved. The weight then lets go of
     ``data`` and keeps only the packed copy (M rounded up to the panel, K to the int8 group:
     no larger when M is a multiple of the panel, as in every Transformer-base weight), so a
-    quantised model holds one byte per int8 weight and two per bf16 weight, not twice that; ``data`` still reads as before, unpacked into a new read-only array on
-    each access (the reference backend, io.save and state_dict pay that copy, the kernels
-    never do). A row slice starting on a panel edge (``build_info()["quant_tiles"]``
-    ``["int8_panel"]`` or ``["bf16_panel"]``, e.g. an in-projection's q / kv parts at
-    d_model = 512) reads its parent's packed copy in place. Two threads using a new weight at
+    quantised model holds one byte per int8 weight and two per bf16 weight, not twice that;
+    ``data`` still reads as before, unpacked into a new read-only array on each access (the
+    reference backend, io.save and state_dict pay that copy, the kernels never do). A row
+    slice starting on a panel edge (``build_info()["quant_tiles"]["int8_panel"]`` or
+    ``["bf16_panel"]``, e.g. an in-projection's q / kv parts at d_model = 512) reads its
+    parent's packed copy in place. Two threads using a new weight at
     once may both build the packed copy (one is kept); neither sees a partial one.
     """
 
@@ -1209,36 +1210,30 @@ class QuantizedWeight:
         packed = self._packed
         if packed is None or packed[0] != path:
             M, K = self.shape
-            if self.dtype == "int8":
-                panel, group = _kernels.quant_tiles()[:2]
-                parent = self._parent
-                if parent is not None and self._lo % panel == 0 and M > 0:
-                    # rows lo.. of the parent's panels, in place (a panel past hi, if any,
-                    # is computed and dropped by the kernel like a padded one)
-                    _, pwp, psum = parent._kernel_arrays()[:3]
-                    kp, lo = -(-K // group) * group, self._lo
-                    wp = pwp[lo * kp:lo * kp + _kernels.int8_packed_size(M, K)]
-                    wsum = psum[lo:lo + _kernels.int8_wsum_size(M)]
-                else:
-                    data = self.data
-                    wp = np.empty(_kernels.int8_packed_size(M, K), np.int8)
+            int8 = self.dtype == "int8"
+            tiles = _kernels.quant_tiles()
+            panel, group = (tiles[0], tiles[1]) if int8 else (tiles[5], 1)
+            size = (_kernels.int8_packed_size if int8 else _kernels.bf16_packed_size)(M, K)
+            parent, lo = self._parent, self._lo
+            if parent is not None and lo % panel == 0 and M > 0:
+                # rows lo.. of the parent's panels, in place (a panel past hi, if any, is
+                # computed and dropped by the kernel like a padded one)
+                pwp, psum = parent._kernel_arrays()[1:3]
+                start = lo * (-(-K // group) * group)
+                wp = pwp[start:start + size]
+                wsum = psum[lo:lo + _kernels.int8_wsum_size(M)] if int8 else None
+            else:
+                data = self.data
+                wp = np.empty(size, data.dtype)
+                if int8:
                     wsum = np.empty(_kernels.int8_wsum_size(M), np.int32)
                     _kernels.int8_pack(wp, wsum, data, get_num_threads())
-                packed = (path, wp, wsum, panel, group)
-                self._packed = packed
-                self._parent = None         # the packed copy is all a slice needs now
-            else:
-                panel = _kernels.quant_tiles()[5]
-                parent = self._parent
-                if parent is not None and self._lo % panel == 0 and M > 0:
-                    pwp = parent._kernel_arrays()[1]
-                    wp = pwp[self._lo * K:self._lo * K + _kernels.bf16_packed_size(M, K)]
                 else:
-                    wp = np.empty(_kernels.bf16_packed_size(M, K), np.uint16)
-                    _kernels.bf16_pack(wp, self.data, get_num_threads())
-                packed = (path, wp, None, panel, 1)
-                self._packed = packed
-                self._parent = None
+                    wsum = None
+                    _kernels.bf16_pack(wp, data, get_num_threads())
+            packed = (path, wp, wsum, panel, group)
+            self._packed = packed
+            self._parent = None             # the packed copy is all a slice needs now
             self._data = None               # data now unpacks from the packed copy
         return packed
 
