@@ -54,6 +54,15 @@ static void set_dropout(fa_att_args *a, double dropout_p, uint64_t seed)
 
 typedef void (*att_task_fn)(const fa_att_args *, int64_t, int64_t, int64_t, float *);
 typedef void (*att_row_fn)(const fa_att_args *, int64_t, int64_t, int64_t, float *);
+/* Forward task t of B * H * nqb (head by head, each head's query blocks last first): one query
+ * row (rows) or one block of queries. */
+static void attention_forward_task(const fa_att_args *a, int rows, att_row_fn row,
+                                   att_task_fn task, int64_t nqb, int64_t t, float *scratch)
+{
+    const int64_t qb = nqb - 1 - t % nqb, bh = t / nqb;
+    (rows ? row : task)(a, bh / a->H, bh % a->H, qb, scratch);
+}
+
 typedef void (*att_bwd_keys_fn)(const fa_att_bwd_args *, int64_t, int64_t, int64_t, int64_t, int,
                                 float *);
 typedef void (*att_bwd_queries_fn)(const fa_att_bwd_args *, int64_t, int64_t, int64_t, float *);
@@ -91,17 +100,18 @@ int fa_attention_forward(float *out, float *lse, float *weights,
     float *buf = malloc((size_t)(scratch * nt) * sizeof(float));
     if (!buf) return -1;
 
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        float *mine = buf + scratch * fa_thread_id(); /* id < team <= nt buffers */
-        /* Causal tasks grow with the query block: hand out the heavy (late) blocks first. */
+    /* Causal tasks grow with the query block: hand out the heavy (late) blocks first. A team
+     * of one runs them without an OpenMP region (see fa_team_size). */
+    if (nt <= 1) {
+        for (int64_t t = 0; t < ntasks; t++)
+            attention_forward_task(&a, rows, row, task, nqb, t, buf);
+    } else {
+#pragma omp parallel num_threads(nt)
+        {
+            float *mine = buf + scratch * fa_thread_id(); /* id < team <= nt buffers */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < ntasks; t++) {
-            const int64_t qb = nqb - 1 - t % nqb, bh = t / nqb;
-            if (rows)
-                row(&a, bh / H, bh % H, qb, mine);
-            else
-                task(&a, bh / H, bh % H, qb, mine);
+            for (int64_t t = 0; t < ntasks; t++)
+                attention_forward_task(&a, rows, row, task, nqb, t, mine);
         }
     }
     free(buf);
