@@ -18,7 +18,7 @@ void fa_layer_norm_forward(float *y, float *sum_out, float *mean, float *rstd,
 {
     if (N <= 0 || C <= 0) return; /* C = 0: no statistics to write (ops.py asks the twin) */
     const ln_rows_fn rows = FA_DISPATCH(layer_norm_rows_);
-    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)N * (double)C, 1.3e5); /* >= 0.5 MB */
+    const int nt = fa_team_size(nthreads, (double)N * (double)C, 1.3e5); /* >= 0.5 MB */
     if (nt <= 1) {                                   /* no OpenMP region: see fa_team_size */
         rows(y, sum_out, mean, rstd, x, residual, weight, bias, 0, N, C, eps);
         return;

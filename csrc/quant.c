@@ -231,6 +231,16 @@ int64_t fa_quantize_int8(int8_t *q, float *scale, const float *x, int64_t N, int
     return bad == N ? -1 : bad;
 }
 
+/* y (N, M) = act(0 + bias): a product over K = 0 (empty sums: nothing of the weight is read),
+ * with either weight type; 0 + bias as the twin computes it (a -0 bias gives +0) */
+static void empty_product(float *y, const float *bias, int64_t N, int64_t M, int activation,
+                          epi_fn epi)
+{
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t m = 0; m < M; m++) y[n * M + m] = 0.0f + (bias ? bias[m] : 0.0f);
+    epi(y, NULL, NULL, N, M, M, activation, 0, 0, NULL);
+}
+
 /* Start of row block blk of nblk over N rows (N for blk = nblk): blocks of about N / nblk
  * rows, each starting at a multiple of the tile height mr */
 static int64_t q8_block_start(int64_t blk, int64_t nblk, int64_t N, int64_t mr)
@@ -259,10 +269,8 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const int
 {
     if (N <= 0 || M <= 0) return 0;
     const q8_impl_t im = q8_impl_of(g_path);
-    if (K <= 0) {                       /* empty sums: acc = 0, sx = 0, y = act(0 * 0 + bias) */
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t m = 0; m < M; m++) y[n * M + m] = 0.0f + (bias ? bias[m] : 0.0f);
-        im.epi(y, NULL, NULL, N, M, M, activation, 0, 0, NULL);
+    if (K <= 0) {                       /* acc = 0, sx = 0: y = act(0 * 0 + bias) */
+        empty_product(y, bias, N, M, activation, im.epi);
         return 0;
     }
     const int64_t Kp = round_up(K, im.g), P = (M + im.np - 1) / im.np;
@@ -349,10 +357,8 @@ int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const f
     if (N <= 0 || M <= 0) return 0;
     const int64_t P = (M + BF_PANEL - 1) / BF_PANEL;
     const epi_fn epi = FA_DISPATCH(bias_act_rows_);
-    if (K <= 0) {                       /* empty sums (wp has no elements): act(bias) */
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t m = 0; m < M; m++) y[n * M + m] = bias ? bias[m] : 0.0f;
-        epi(y, NULL, NULL, N, M, M, activation, 0, 0, NULL);
+    if (K <= 0) {                       /* wp has no elements */
+        empty_product(y, bias, N, M, activation, epi);
         return 0;
     }
     if (N <= FA_BF16_PACKED_MAX_ROWS) {                /* few rows: stream the packed weight */

@@ -1101,10 +1101,12 @@ class QuantizedWeight:
         data = self._data
         if data is not None:
             return data
-        packed, parent = self._packed, self._parent     # each read once: threads may pack
+        packed, parent = self._packed, self._parent     # threads may pack meanwhile
         if packed is None and parent is not None:      # a slice made after its parent packed
             return _readonly(parent.data[self._lo:self._lo + self.shape[0]])
-        return _unpack(self._packed, self.shape)       # set before _data / _parent were cleared
+        # read again: if another thread packed between the two reads above, packed was None
+        # and parent already cleared; _packed is set before _data and _parent are cleared
+        return _unpack(self._packed, self.shape)
 
     @classmethod
     def from_float(cls, w, dtype):

@@ -285,6 +285,33 @@ def test_zero_in_features(rng):
                                                           activation="relu"))
 
 
+
+@pytest.mark.parametrize("dtype", ["int8", "bf16"])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_kernels_over_zero_in_features(dtype, activation):
+    """The kernels' own K = 0 branch (ops answers K = 0 with the twin; the C entry points
+    handle it for any caller): act(0 + bias), a -0 bias giving +0 as in the twin; no bias,
+    act(0)."""
+    from fastattn import _kernels
+
+    M = 5
+    qw = quantized(np.zeros((M, 0), np.float32), dtype)
+    wp, wsum = qw._kernel_arrays()[1:3]
+    x = np.zeros((3, 0), np.float32)
+    for b in (np.array([1.0, -0.0, -2.0, 3.0, 0.5], np.float32), None):
+        y = np.full((3, M), np.nan, np.float32)
+        act = ops.ACTIVATIONS[activation]
+        if dtype == "int8":
+            _kernels.linear_int8_forward(y, x, wp, wsum, qw.scale, b, act, 2)
+        else:
+            _kernels.linear_bf16_forward(y, x, wp, b, act, 2)
+        ref = reference.linear(x, qw, b, activation=activation)
+        if activation == "gelu":
+            assert_close(y, ref, rtol=GELU_RTOL, atol=GELU_ATOL, name=f"{dtype} K = 0 gelu")
+        else:
+            np.testing.assert_array_equal(y, ref)
+            np.testing.assert_array_equal(np.signbit(y), np.signbit(ref))
+
 def test_threads_bit_identical(rng):
     """1, 2 and 8 threads: the same bits. (8 threads on 300 rows split the panels, each thread
     taking all 300 rows: more than one row block per panel.)"""
