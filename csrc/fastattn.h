@@ -241,6 +241,9 @@ enum { FA_ACT_NONE = 0, FA_ACT_RELU = 1, FA_ACT_GELU = 2, FA_ACT_GELU_TANH = 3 }
  *   GEMM through BLAS; bias + activation applied to each block right after its GEMM, while it
  *   is in cache. OpenMP splits the work (row blocks when there are many rows, slices of the M
  *   output features when there are few) and BLAS runs single-threaded inside every thread.
+ *   Row blocks start on multiples of 12 rows, so every team size that splits by rows gives the
+ *   same bits; a split of the features may round differently in BLAS (OpenBLAS's Haswell
+ *   kernels do).
  *   Twin: fastattn.reference.linear / linear_forward
  */
 void fa_linear_forward(float *y, float *pre, const float *x, const float *weight,
@@ -248,7 +251,8 @@ void fa_linear_forward(float *y, float *pre, const float *x, const float *weight
                        int nthreads);
 
 /* fa_linear_forward_t -- the same with the weight given transposed: wt (K, ldt), ldt >= M
- * (columns past M unused), no pre. */
+ * (columns past M unused), no pre. Always split by row blocks (starting on multiples of 12
+ * rows): every team size gives the same bits, whichever kernels OpenBLAS runs. */
 void fa_linear_forward_t(float *y, const float *x, const float *wt, int64_t ldt,
                          const float *bias, int64_t N, int64_t K, int64_t M, int activation,
                          int nthreads);
@@ -321,7 +325,8 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
  *   Four GEMMs (8 N C F flops). Threads: dh, h, dpre and dx by row blocks (few rows: by feature
  *   slices, a barrier, dx by slices of C); after a barrier, dw2 and dw1 by slices of their
  *   larger dimension, db1 and db2 by feature slices (column sums as in fa_linear_backward:
- *   bit-identical for every thread count).
+ *   the same sums for every thread count; db2 is then bit-identical, while db1 sums dh = dy w2,
+ *   which BLAS may round differently in its last bits when the threads split it differently).
  *   Twin: fastattn.reference.ffn_backward
  */
 void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,

@@ -35,14 +35,22 @@ static int64_t row_blocks(int64_t N, int nt)
     return (nblk + nt - 1) / nt * nt;
 }
 
+/* Rows per block of nblk blocks: an even share rounded up to a multiple of BLAS_ROW_ALIGN, so
+ * that BLAS computes each row the same way whatever the team size (the last blocks may be
+ * short or empty). */
+static int64_t block_rows(int64_t N, int64_t nblk)
+{
+    const int64_t per = (N + nblk - 1) / nblk;
+    return (per + BLAS_ROW_ALIGN - 1) / BLAS_ROW_ALIGN * BLAS_ROW_ALIGN;
+}
+
 /* y[:, m0:m1] = drop(act(x w[m0:m1]^T + b[m0:m1])) for this thread's slice of the M features
  * (split over the team actually running, fa_split); pre[:, m0:m1] (if not NULL) keeps the value
- * before the activation. w is (M, K), or with ldt > 0 its transpose (K, ldt) (w^T, columns
- * past M unused). xp: x with rows padded to a multiple of 4 for the skinny kernel
- * (N <= SKINNY_ROWS; w (M, K) only), or NULL to use BLAS. drop may be NULL. */
+ * before the activation. w is (M, K). xp: x with rows padded to a multiple of 4 for the skinny
+ * kernel (N <= SKINNY_ROWS), or NULL to use BLAS. drop may be NULL. */
 static void linear_cols(float *y, float *pre, const float *x, const float *xp, const float *w,
-                        int64_t ldt, const float *b, int64_t N, int64_t K, int64_t M, int act,
-                        epi_fn epi, skinny_fn skinny, const fa_dropout_t *drop)
+                        const float *b, int64_t N, int64_t K, int64_t M, int act, epi_fn epi,
+                        skinny_fn skinny, const fa_dropout_t *drop)
 {
     int64_t m0, m1;
     fa_split(M, COL_ALIGN, &m0, &m1);
@@ -50,8 +58,6 @@ static void linear_cols(float *y, float *pre, const float *x, const float *xp, c
     float *z = pre ? pre : y;                             /* where the GEMM writes */
     if (xp)
         skinny(z + m0, M, xp, N, w + m0 * K, m1 - m0, K);
-    else if (ldt > 0)
-        fa_sgemm_rowmajor(0, 0, N, m1 - m0, K, 1.0f, x, K, w + m0, ldt, 0.0f, z + m0, M);
     else
         fa_sgemm_rowmajor(0, 1, N, m1 - m0, K, 1.0f, x, K, w + m0 * K, K, 0.0f, z + m0, M);
     epi(y + m0, pre ? pre + m0 : NULL, b ? b + m0 : NULL, N, m1 - m0, M, act, 0, m0, drop);
@@ -77,10 +83,12 @@ static void linear_forward(float *y, float *pre, const float *x, const float *we
     if (N <= 0 || M <= 0) return;
     const epi_fn epi = FA_DISPATCH(bias_act_rows_);
     const int nt = fa_team_size(nthreads, 2.0 * (double)N * (double)K * (double)M, 2e6);
-    const int by_rows = N >= (int64_t)nt * MIN_ROWS;
-    const int64_t nblk = row_blocks(N, nt), per = (N + nblk - 1) / nblk;
+    /* the transposed weight (the bf16 path's widened copy) is always split by rows: its
+     * results must not depend on the team size (BLAS's may for another split of features) */
+    const int by_rows = ldt > 0 || N >= (int64_t)nt * MIN_ROWS;
+    const int64_t nblk = row_blocks(N, nt), per = block_rows(N, nblk);
     const skinny_fn skinny = FA_DISPATCH(skinny_gemm_);
-    float *xp = by_rows || ldt > 0 ? NULL : skinny_rows(x, N, K);
+    float *xp = by_rows ? NULL : skinny_rows(x, N, K);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         if (by_rows) {
@@ -94,8 +102,7 @@ static void linear_forward(float *y, float *pre, const float *x, const float *we
                 epi(y + r0 * M, p_r, bias, rows, M, M, activation, r0, 0, NULL);
             }
         } else {
-            linear_cols(y, pre, x, xp, weight, ldt, bias, N, K, M, activation, epi, skinny,
-                        NULL);
+            linear_cols(y, pre, x, xp, weight, bias, N, K, M, activation, epi, skinny, NULL);
         }
     }
     free(xp);
@@ -191,7 +198,7 @@ void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
     const int nt = fa_team_size(nthreads, 2.0 * gemms * (double)N * (double)K * (double)M
                                               + (double)N * (double)M, 2e6);
     const int by_rows = N >= (int64_t)nt * MIN_ROWS;
-    const int64_t nblk = row_blocks(N, nt), per = (N + nblk - 1) / nblk;
+    const int64_t nblk = row_blocks(N, nt), per = block_rows(N, nblk);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         /* dz = dy * act'(pre), then dx = dz w */
@@ -248,7 +255,7 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
     const fa_dropout_t drop = fa_dropout_make(dropout_p, seed);
     const int nt = fa_team_size(nthreads, 4.0 * (double)N * (double)C * (double)F, 2e6);
     const int by_rows = N >= (int64_t)nt * MIN_ROWS;
-    const int64_t nblk = row_blocks(N, nt), per = (N + nblk - 1) / nblk;
+    const int64_t nblk = row_blocks(N, nt), per = block_rows(N, nblk);
     /* by rows: one (per, F) hidden block per thread; by features: the whole (N, F), N small */
     float *hidden = malloc((size_t)(by_rows ? per * F * nt : (N + 3) / 4 * 4 * F) * sizeof(float));
     if (!hidden) return -1;
@@ -273,9 +280,9 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
             }
         } else {
             /* the whole team writes the hidden, waits, then reads all of it */
-            linear_cols(hidden, pre, x, xp, w1, 0, b1, N, C, F, activation, epi, skinny, &drop);
+            linear_cols(hidden, pre, x, xp, w1, b1, N, C, F, activation, epi, skinny, &drop);
 #pragma omp barrier
-            linear_cols(y, NULL, hidden, xp ? hidden : NULL, w2, 0, b2, N, F, C, FA_ACT_NONE, epi,
+            linear_cols(y, NULL, hidden, xp ? hidden : NULL, w2, b2, N, F, C, FA_ACT_NONE, epi,
                         skinny, NULL);
         }
     }
@@ -308,7 +315,7 @@ void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
     const fa_dropout_t drop = fa_dropout_make(dropout_p, seed);
     const int nt = fa_team_size(nthreads, 8.0 * (double)N * (double)C * (double)F, 2e6);
     const int by_rows = N >= (int64_t)nt * MIN_ROWS;
-    const int64_t nblk = row_blocks(N, nt), per = (N + nblk - 1) / nblk;
+    const int64_t nblk = row_blocks(N, nt), per = block_rows(N, nblk);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         /* dh = dy w2 (into h); then h = drop(act(pre)) and dpre = dh * drop' * act'(pre) in one

@@ -97,6 +97,25 @@ def test_linear_leading_dims_and_noncontiguous(rng):
     np.testing.assert_array_equal(y64, y_t)
 
 
+@pytest.mark.parametrize("N", [3 * MIN_ROWS + 1, 2 * ROW_BLOCK + 277])
+def test_linear_by_rows_same_bits_for_every_team_size(rng, N):
+    # row blocks start on multiples of 12 rows: OpenBLAS's Haswell kernels round a row the same
+    # way only at the same place in their 12-row tile (a 2-thread split at row 193 moved rows)
+    x, w, b = rand(rng, (N, 600)), rand(rng, (300, 600), 0.04), rand(rng, (300,))
+    saved = fastattn.get_num_threads()
+    try:
+        out = {}
+        for n in (1, 2, 3):
+            fastattn.set_num_threads(n)
+            out[n] = (ops.linear(x, w, b, activation="gelu"),
+                      ops.ffn(x, w, b, w.T.copy(), None, activation="relu"))
+    finally:
+        fastattn.set_num_threads(saved)
+    for n in (2, 3):
+        for one, many in zip(out[1], out[n]):
+            np.testing.assert_array_equal(many, one, err_msg=f"{n} threads vs 1")
+
+
 def test_linear_empty(rng):
     w, b = rand(rng, (5, 4)), rand(rng, (5,))
     assert ops.linear(np.zeros((0, 4), np.float32), w, b).shape == (0, 5)

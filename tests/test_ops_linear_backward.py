@@ -415,24 +415,28 @@ def restore_threads():
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("N", [MIN_ROWS // 2, 3 * MIN_ROWS + 1, 2 * ROW_BLOCK + 276])
 def test_threads(restore_threads, rng, n, N):
-    """Bias gradients bit-identical for every thread count; dx, dweight within 1e-6 (BLAS), and
-    bit-identical from one run to the next."""
+    """Bias gradients of what the caller gives (linear's dbias from dy, ffn's db2) bit-identical
+    for every thread count; the rest within 1e-6 (BLAS: ffn's db1 sums dh = dy w2, which BLAS
+    may round differently when the threads split it differently), and bit-identical from one run
+    to the next."""
     C, F = 64, 200
     x, dy = rand(rng, (N, C)), rand(rng, (N, C))
     w1, b1, w2, b2 = rand(rng, (F, C), 0.125), rand(rng, (F,)), rand(rng, (C, F), 0.07), \
         rand(rng, (C,))
 
+    # the forwards' caches once, so that every thread count differentiates the same inputs
+    # (a forward split differently may round its BLAS products differently)
+    _, cl = ops.linear_forward(x, w1, b1, activation="gelu")
+    _, cf = ops.ffn_forward(x, w1, b1, w2, b2, dropout_p=0.2, seed=4)
+
     def run(threads):
         fastattn.set_num_threads(threads)
-        _, cl = ops.linear_forward(x, w1, b1, activation="gelu")
         lin = ops.linear_backward(rand(np.random.default_rng(1), (N, F)), x, w1, pre=cl["pre"],
                                   activation="gelu")
-        _, cf = ops.ffn_forward(x, w1, b1, w2, b2, dropout_p=0.2, seed=4)
         ffn = ops.ffn_backward(dy, x, w1, b1, w2, b2, cf["pre"], dropout_p=0.2, seed=4)
         return lin, ffn
     (lin1, ffn1), (linn, ffnn), (linn2, ffnn2) = run(1), run(n), run(n)
     np.testing.assert_array_equal(lin1[2], linn[2], err_msg="linear dbias")
-    np.testing.assert_array_equal(ffn1[2], ffnn[2], err_msg="ffn db1")
     np.testing.assert_array_equal(ffn1[4], ffnn[4], err_msg="ffn db2")
     for one, many, again, names in ((lin1, linn, linn2, ("dx", "dweight", "dbias")),
                                     (ffn1, ffnn, ffnn2, ("dx", "dw1", "db1", "dw2", "db2"))):
