@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from . import _kernels
+from . import _blas_core, _kernels
 
 ISA_NAMES = ("generic", "avx2", "avx512")  # index = fa_isa_t in csrc/fa_common.h
 TILE_NAMES = (  # index = fa_tile_t in csrc/fastattn.h; the sizes themselves: csrc/fa_tiles.h
@@ -188,6 +188,7 @@ def build_info():
         "sanitize_build": bool(_kernels.build_sanitize()),   # FASTATTN_SANITIZE=1
         "blas": _kernels.blas_config(),
         "blas_core": _kernels.blas_corename(),
+        "blas_core_choice": _blas_core.choice,           # who chose them: see _blas_core
         "blas_threads": _kernels.blas_get_num_threads(),
         "simd": ISA_NAMES[_kernels.cpu_level()],
         "simd_available": available_isas(),
