@@ -209,8 +209,7 @@ class Module:
         if hit is not None and hit[0] == self._version and hit[1] is param:
             return hit[2]
         packed = self._ops.pack(param if rows is None else param[:rows])
-        if packed is not None:
-            self._derived[key] = (self._version, param, packed)
+        self._derived[key] = (self._version, param, packed)   # None too: asked once per version
         return packed
 
     # -- training ------------------------------------------------------------------------------
@@ -317,6 +316,7 @@ class Module:
         ops_ = backend_ops(backend)
         for m in self.modules():
             m.backend, m._ops, m._buffers = backend, ops_, None
+            m._derived.clear()                  # packed for (or refused by) the old backend
         return self
 
 

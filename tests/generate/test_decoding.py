@@ -250,3 +250,19 @@ def test_invalidate_caches_on_a_submodule_and_its_return_value():
     layer.self_attn.in_proj_weight[:] *= np.float32(-1.0)
     assert layer.invalidate_caches() is layer
     assert_tokens(m.generate(src, **kw), forward_greedy(m, src, 4, START, None, kpm))
+
+
+def test_switching_backends_rebuilds_the_packed_decode_weights():
+    """Decoding on the reference backend (which packs nothing) and then on the fast one: the
+    fast backend packs its own decode weights, and both give the forward's tokens."""
+    m = model(seed=39).to_backend("reference")
+    src, kpm = source_batch(seed=17)
+    kw = dict(max_new_tokens=4, start_id=START, src_key_padding_mask=kpm)
+    want = forward_greedy(m, src, 4, START, None, kpm)
+    assert_tokens(m.generate(src, **kw), want, name="reference")
+    gen = m.generator
+    assert gen._derived["weight"][2] is None          # refused, and remembered as refused
+    m.to_backend("fast")
+    assert "weight" not in gen._derived               # what the old backend derived is gone
+    assert_tokens(m.generate(src, **kw), want, name="fast after reference")
+    assert gen._derived["weight"][2] is not None      # packed by the fast backend
