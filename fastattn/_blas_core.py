@@ -54,11 +54,18 @@ def cpu_name(cpuinfo):
 
 
 def _read_cpuinfo():
+    """The first processor's block of /proc/cpuinfo (the rest can be long: one per CPU); "" where
+    there is none (not Linux: OpenBLAS keeps its own pick)."""
+    lines = []
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            return f.read()
-    except OSError:                                  # not Linux: OpenBLAS's own pick
+            for line in f:
+                if not line.strip() and lines:
+                    break
+                lines.append(line)
+    except OSError:
         return ""
+    return "".join(lines)
 
 
 def preferred_core(cpuinfo, environ):
