@@ -1,6 +1,8 @@
 """The CTranslate2 twin (fastattn.bench.ct2_models) computes the function of a Seq2SeqTransformer:
 teacher-forced log-probabilities within 1e-3 (float32), greedy and beam tokens equal to
 fastattn.generate's; int8 runs. Skipped where ctranslate2 is not installed."""
+import os
+
 import numpy as np
 import pytest
 
@@ -114,3 +116,29 @@ def test_translators_cached_and_directory(model, src, tmp_path):
     assert (tmp_path / "model.bin").is_file() and own is not tr
     assert ct2_models.ct2_generate(own, src, max_new_tokens=0, start_id=START).shape == \
         (len(src), 1)
+
+
+def test_released_translators_end_and_are_rebuilt(model, src):
+    """release_translators (the runner calls it after each case) drops the cache, so the
+    translator's threads, which hold OpenMP teams of fastattn's own runtime when torch is
+    imported, end; the next call builds a new translator giving the same tokens."""
+    threads = lambda: len(os.listdir("/proc/self/task"))  # noqa: E731
+    ct2_models.release_translators()
+    before = threads()
+    tr = ct2_models.ct2_translator(model, "float32")
+    want = ct2_models.ct2_generate(tr, src, max_new_tokens=4, start_id=START)
+    assert threads() > before                        # its workers (and their OpenMP teams)
+    ct2_models.release_translators()
+    del tr
+    assert threads() == before                       # ended with the translator
+    again = ct2_models.ct2_translator(model, "float32")
+    np.testing.assert_array_equal(
+        ct2_models.ct2_generate(again, src, max_new_tokens=4, start_id=START), want)
+
+
+def test_the_runner_releases_translators_after_every_case(monkeypatch):
+    from fastattn import bench
+    calls = []
+    monkeypatch.setattr(ct2_models, "release_translators", lambda: calls.append(1))
+    bench.run(["layer_norm"], repeat=1, numpy_repeat=1)
+    assert calls == [1]

@@ -14,7 +14,7 @@ import statistics
 
 import numpy as np
 
-from . import timing
+from . import ct2_models, timing
 from .cases import CASES, DEFAULT_CASES, IMPLEMENTATIONS, Unavailable, decode_metrics
 from .report import fmt_ms
 
@@ -330,12 +330,15 @@ def run(cases=None, repeat=DEFAULT_REPEAT, threads=None, *, numpy_repeat=DEFAULT
             if progress is not None:
                 progress(case.name)
             before = timing.machine_cpu()
-            if case.kind == "memory":
-                row = _run_memory_case(case, count)
-            elif case.kind == "decode":
-                row = _run_decode_case(case, count, repeat)
-            else:
-                row = _run_time_case(case, count, repeat, numpy_repeat)
+            try:
+                if case.kind == "memory":
+                    row = _run_memory_case(case, count)
+                elif case.kind == "decode":
+                    row = _run_decode_case(case, count, repeat)
+                else:
+                    row = _run_time_case(case, count, repeat, numpy_repeat)
+            finally:
+                ct2_models.release_translators()   # their OpenMP teams slow fastattn's
             row["others_cpu"] = share = timing.others_share(before, timing.machine_cpu())
             if share is not None and share >= NOISY_SHARE:
                 row["notes"].append(f"noisy: other processes used {100 * share:.0f}% of the "
