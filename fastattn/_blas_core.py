@@ -86,19 +86,17 @@ def loading_openblas():
     library is already loaded (its kernels are chosen) or the user set the variable."""
     global choice
     if "scipy_openblas32" in sys.modules:
-        choice = "OPENBLAS_CORETYPE" if os.environ.get(ENV) else "OpenBLAS"
-        yield
-        return
-    core, choice = preferred_core(_read_cpuinfo(), os.environ)
-    if core is None:
-        yield
-        return
+        core, choice = None, ENV if os.environ.get(ENV) else "OpenBLAS"
+    else:
+        core, choice = preferred_core(_read_cpuinfo(), os.environ)
     before = os.environ.get(ENV)                       # None, or set but empty
-    os.environ[ENV] = core
+    if core is not None:
+        os.environ[ENV] = core
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = before
+        if core is not None:
+            if before is None:
+                os.environ.pop(ENV, None)
+            else:
+                os.environ[ENV] = before

@@ -199,5 +199,13 @@ def single_thread():
 
 
 @pytest.fixture
+def restore_threads():
+    """fastattn's thread count put back after the test (which sets its own counts)."""
+    saved = fastattn.get_num_threads()
+    yield
+    fastattn.set_num_threads(saved)
+
+
+@pytest.fixture
 def rng():
     return np.random.default_rng(20240611)

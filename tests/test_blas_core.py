@@ -1,7 +1,6 @@
 """Which OpenBLAS kernels fastattn loads (fastattn._blas_core): Haswell's on AMD Zen 4 unless
 OPENBLAS_CORETYPE says otherwise, OpenBLAS's own pick elsewhere, the environment left as it
 was."""
-import json
 import os
 import subprocess
 import sys
@@ -10,6 +9,7 @@ import textwrap
 import pytest
 
 from fastattn import _blas_core
+from grad_util import child_report
 
 ZEN4 = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -65,10 +65,8 @@ def child(env_value, mode="fresh"):
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
     if env_value is not None:
         env["OPENBLAS_CORETYPE"] = env_value
-    proc = subprocess.run([sys.executable, "-c", CHILD, mode], env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return child_report(subprocess.run([sys.executable, "-c", CHILD, mode], env=env,
+                                       capture_output=True, text=True, timeout=120))
 
 
 def this_cpu():

@@ -152,13 +152,6 @@ def test_convention_matches_torch(rng):
 # ---- threads, teams and SIMD levels --------------------------------------------------------
 
 
-@pytest.fixture
-def restore_threads():
-    saved = fastattn.get_num_threads()
-    yield
-    fastattn.set_num_threads(saved)
-
-
 @pytest.mark.parametrize("n", [2, 3])
 def test_bit_identical_for_every_thread_count(restore_threads, rng, n):
     x = rand(rng, (1001, 515))

@@ -111,13 +111,6 @@ def test_vs_torch_autograd(rng, shape, V):
 # ---- threads, teams and SIMD levels --------------------------------------------------------
 
 
-@pytest.fixture
-def restore_threads():
-    saved = fastattn.get_num_threads()
-    yield
-    fastattn.set_num_threads(saved)
-
-
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("skew", ["uniform", "one", "zipf"])
 def test_bit_identical_for_every_thread_count(restore_threads, rng, n, skew):

@@ -211,13 +211,6 @@ def test_vs_torch_autograd(rng, shape, with_residual, with_weight):
 # ---- threads, teams and SIMD levels --------------------------------------------------------
 
 
-@pytest.fixture
-def restore_threads():
-    saved = fastattn.get_num_threads()
-    yield
-    fastattn.set_num_threads(saved)
-
-
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("C", [17, 512, 1025])
 def test_bit_identical_for_every_thread_count(restore_threads, rng, n, C):

@@ -98,19 +98,15 @@ def test_linear_leading_dims_and_noncontiguous(rng):
 
 
 @pytest.mark.parametrize("N", [3 * MIN_ROWS + 1, 2 * ROW_BLOCK + 277])
-def test_linear_by_rows_same_bits_for_every_team_size(rng, N):
+def test_linear_by_rows_same_bits_for_every_team_size(restore_threads, rng, N):
     # row blocks start on multiples of 12 rows: OpenBLAS's Haswell kernels round a row the same
     # way only at the same place in their 12-row tile (a 2-thread split at row 193 moved rows)
     x, w, b = rand(rng, (N, 600)), rand(rng, (300, 600), 0.04), rand(rng, (300,))
-    saved = fastattn.get_num_threads()
-    try:
-        out = {}
-        for n in (1, 2, 3):
-            fastattn.set_num_threads(n)
-            out[n] = (ops.linear(x, w, b, activation="gelu"),
-                      ops.ffn(x, w, b, w.T.copy(), None, activation="relu"))
-    finally:
-        fastattn.set_num_threads(saved)
+    out = {}
+    for n in (1, 2, 3):
+        fastattn.set_num_threads(n)
+        out[n] = (ops.linear(x, w, b, activation="gelu"),
+                  ops.ffn(x, w, b, w.T.copy(), None, activation="relu"))
     for n in (2, 3):
         for one, many in zip(out[1], out[n]):
             np.testing.assert_array_equal(many, one, err_msg=f"{n} threads vs 1")

@@ -405,13 +405,6 @@ def test_ffn_forward_and_backward_into(rng):
 # ---- threads, teams and SIMD levels --------------------------------------------------------
 
 
-@pytest.fixture
-def restore_threads():
-    saved = fastattn.get_num_threads()
-    yield
-    fastattn.set_num_threads(saved)
-
-
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("N", [MIN_ROWS // 2, 3 * MIN_ROWS + 1, 2 * ROW_BLOCK + 276])
 def test_threads(restore_threads, rng, n, N):

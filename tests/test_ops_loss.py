@@ -267,17 +267,13 @@ def test_into_still_checks_targets(rng):
 
 # ---- determinism -----------------------------------------------------------------------------
 
-def test_one_and_two_threads_bit_identical(rng):
+def test_one_and_two_threads_bit_identical(restore_threads, rng):
     x, t = problem(rng, 300, 2049)
-    saved = fastattn.get_num_threads()
-    try:
-        out = {}
-        for n in (1, 2, 3):
-            fastattn.set_num_threads(n)
-            out[n] = [ops.cross_entropy(x, t, label_smoothing=0.1, reduction=r,
-                                        return_grad=True) for r in REDUCTIONS]
-    finally:
-        fastattn.set_num_threads(saved)
+    out = {}
+    for n in (1, 2, 3):
+        fastattn.set_num_threads(n)
+        out[n] = [ops.cross_entropy(x, t, label_smoothing=0.1, reduction=r,
+                                    return_grad=True) for r in REDUCTIONS]
     for n in (2, 3):
         for (l1, d1), (ln, dn) in zip(out[1], out[n]):
             np.testing.assert_array_equal(np.asarray(l1), np.asarray(ln))

@@ -176,24 +176,20 @@ def test_clip_grads_nonfinite_total_as_torch():
 
 # ---- threads -----------------------------------------------------------------------------------
 
-def test_one_and_two_threads_bit_identical(rng):
+def test_one_and_two_threads_bit_identical(restore_threads, rng):
     shapes = [(300000,), (129, 33), (5,)]
-    saved = fastattn.get_num_threads()
     results = {}
-    try:
-        for n in (1, 2, 3):
-            fastattn.set_num_threads(n)
-            r = np.random.default_rng(5)
-            params, m, v = make_state(r, shapes)
-            for step in range(1, 4):
-                g = [rand(r, s) for s in shapes]
-                ops.adamw_step(params, g, m, v, step=step, lr=1e-2)
-            norm = ops.grad_norm(g + params)
-            clipped = [a.copy() for a in g]
-            total = ops.clip_grads(clipped, 1.0)
-            results[n] = (params, m, v, norm, clipped, total)
-    finally:
-        fastattn.set_num_threads(saved)
+    for n in (1, 2, 3):
+        fastattn.set_num_threads(n)
+        r = np.random.default_rng(5)
+        params, m, v = make_state(r, shapes)
+        for step in range(1, 4):
+            g = [rand(r, s) for s in shapes]
+            ops.adamw_step(params, g, m, v, step=step, lr=1e-2)
+        norm = ops.grad_norm(g + params)
+        clipped = [a.copy() for a in g]
+        total = ops.clip_grads(clipped, 1.0)
+        results[n] = (params, m, v, norm, clipped, total)
     for n in (2, 3):
         for a, b in zip(results[1], results[n]):
             if isinstance(a, list):

@@ -312,24 +312,20 @@ def test_kernels_over_zero_in_features(dtype, activation):
             np.testing.assert_array_equal(y, ref)
             np.testing.assert_array_equal(np.signbit(y), np.signbit(ref))
 
-def test_threads_bit_identical(rng):
+def test_threads_bit_identical(restore_threads, rng):
     """1, 2 and 8 threads: the same bits. (8 threads on 300 rows split the panels, each thread
     taking all 300 rows: more than one row block per panel.)"""
-    saved = fastattn.get_num_threads()
     x, w, b = rand(rng, (700, 600)), rand(rng, (300, 600)), rand(rng, (300,))
-    try:
-        for dtype in ("int8", "bf16"):
-            qw = quantized(w, dtype)
-            out = {}
-            for n in (1, 2, 8):
-                fastattn.set_num_threads(n)
-                out[n] = [ops.linear(x[:rows], qw, b, activation="gelu")
-                          for rows in (1, 7, 32, 300, 700)]
-            for n in (2, 8):
-                for a, c in zip(out[1], out[n]):
-                    np.testing.assert_array_equal(a, c)
-    finally:
-        fastattn.set_num_threads(saved)
+    for dtype in ("int8", "bf16"):
+        qw = quantized(w, dtype)
+        out = {}
+        for n in (1, 2, 8):
+            fastattn.set_num_threads(n)
+            out[n] = [ops.linear(x[:rows], qw, b, activation="gelu")
+                      for rows in (1, 7, 32, 300, 700)]
+        for n in (2, 8):
+            for a, c in zip(out[1], out[n]):
+                np.testing.assert_array_equal(a, c)
 
 
 @pytest.mark.parametrize("dtypes", [("int8", "int8"), ("bf16", "bf16"), ("int8", None),

@@ -26,13 +26,6 @@ MIN_ROWS, ROW_BLOCK = TILES["min_rows_per_thread"], TILES["row_block"]
 GEMM_ROWS = [MIN_ROWS // 2, max(THREAD_COUNTS) * MIN_ROWS + 1, 2 * ROW_BLOCK + 276]
 
 
-@pytest.fixture
-def restore_threads():
-    saved = fastattn.get_num_threads()
-    yield
-    fastattn.set_num_threads(saved)
-
-
 def run_with(n, fn):
     assert fastattn.set_num_threads(n) == n
     assert fastattn.get_num_threads() == n

@@ -255,13 +255,6 @@ def test_positional_encoding_non_int(length, d_model, arg):
         ops.positional_encoding(length, d_model)
 
 
-@pytest.fixture
-def restore_threads():
-    saved = fastattn.get_num_threads()
-    yield
-    fastattn.set_num_threads(saved)
-
-
 @pytest.mark.parametrize("n", [0, -100, -10_000])
 def test_set_num_threads_bad_value(restore_threads, n):
     before = fastattn.get_num_threads()
