@@ -3,7 +3,8 @@
 OpenBLAS picks its kernels once, when the library loads; the OPENBLAS_CORETYPE environment
 variable overrides the pick. On AMD Zen 4 (family 19h with AVX-512) OpenBLAS picks SkylakeX,
 whose 512-bit kernels Zen 4 runs as two 256-bit halves. Its Haswell kernels measured faster
-there in every GEMM fastattn makes (2 threads, each calling single-threaded sgemm on its rows):
+there in every GEMM fastattn makes (2 threads, each calling single-threaded sgemm on its rows;
+simd avx512; alternating processes, 3 pairs, as the kernels are fixed when OpenBLAS loads):
 
 - ops.ffn (2048, 512) -> 2048 -> 512: 200-206 against 192-196 GFLOP/s;
 - ops.linear_backward of (2048, 512) -> 2048: 200-203 against 192-195 GFLOP/s;
