@@ -482,11 +482,15 @@ int fa_embedding_backward(float *dweight, const float *dout, const int64_t *ids,
                           int64_t C, int64_t V, int accumulate, int nthreads);
 
 /* ---- quantised weights: int8 (per-row scales) and bfloat16 ------------------------------------
- * int8, symmetric per row, for a weight (M, K) and, dynamically, for activations (N, K) alike:
+ * int8 weights, symmetric per row (and fa_quantize_int8's rows):
  *   amax = max_k |w[m, k]|;  scale[m] = amax / 127;  inv = 127 / amax   (float32 divisions)
  *   q[m, k] = clip(rint(w[m, k] * inv), -127, 127)   (rint: to nearest, ties to even)
  *   amax < 2^-121 (zeros, or so small that 127 / amax would overflow): scale 0 and q 0.
- *   An activation row that is not finite gets scale NaN and q 0, so its output row is NaN.
+ * A product's activations, quantised per row on the fly by the same rule with L levels in
+ * place of 127, L = fa_int8_act_levels(K): as many as the int32 sums allow (|acc| <= 127 L K
+ * < 2^31), at most 32767 (int16 lanes): 32767 up to K = 516, 8256 at K = 2048, 2064 at
+ * K = 8192, never below 127 (K <= FA_INT8_MAX_K). Rows with amax < 2^-110 (FA_INT8_ACT_MIN_AMAX) are zero; a row
+ * that is not finite gets scale NaN and q 0, so its output row is NaN.
  * A product y = act(x w^T + b) with int8 weights:
  *   acc[n, m] = sum_k xq[n, k] q[m, k]     exact, in int32 (K <= FA_INT8_MAX_K)
  *   y[n, m]   = act(fl(fl(fl(acc) * fl(sx[n] * scale[m])) + b[m]))   fl: float32 rounding, no
@@ -498,8 +502,17 @@ int fa_embedding_backward(float *dweight, const float *dout, const int64_t *ids,
  */
 #define FA_INT8_MAX_K 133144  /* (2^31 - 1) / (127 * 127): the int32 sums cannot overflow */
 #define FA_INT8_MIN_AMAX 0x1p-121f /* rows below: zero (127 / amax is finite from here up) */
+#define FA_INT8_ACT_MIN_AMAX 0x1p-110f /* activation rows below: zero (L / amax finite, and
+                                        * amax / L a normal float, for every L <= 32767) */
 #define FA_BF16_PACKED_MAX_ROWS 32 /* bf16: up to this many rows, the packed few-row kernel */
-enum { Q8_FMT_I16 = 0, Q8_FMT_U8 = 1, Q8_FMT_I8 = 2 };  /* quantised activations' formats */
+enum { Q8_FMT_I16 = 0, Q8_FMT_I8 = 1 };  /* quantised rows: int16 activations, int8 values */
+
+/* the activation levels L of a product over K (1 <= K <= FA_INT8_MAX_K) */
+static inline int32_t fa_int8_act_levels(int64_t K)
+{
+    const int64_t l = (int64_t)2147483647 / (127 * (K > 0 ? K : 1));
+    return l > 32767 ? 32767 : (int32_t)l;
+}
 
 /* int8 code paths (user names generic / avx2 / avx512bw / avx512vnni), at most the ISA level. */
 typedef enum {
@@ -530,19 +543,15 @@ int64_t fa_quantize_int8(int8_t *q, float *scale, const float *x, int64_t N, int
 
 /* fa_int8_pack -- an int8 weight laid out for fa_linear_int8_forward on the path in use.
  *   wp    (fa_int8_packed_size(M, K))  out, int8; feature panels, K padded with zeros
- *   wsum  (fa_int8_wsum_size(M))       out, int32: -128 * sum_k q[m, k] per padded feature
- *                                      (the u8 x s8 path's shift compensation), 0 past M
  *   q     (M, K)  in, int8 in [-127, 127]
  */
 int64_t fa_int8_packed_size(int64_t M, int64_t K);
-int64_t fa_int8_wsum_size(int64_t M);
-void fa_int8_pack(int8_t *wp, int32_t *wsum, const int8_t *q, int64_t M, int64_t K,
-                  int nthreads);
+void fa_int8_pack(int8_t *wp, const int8_t *q, int64_t M, int64_t K, int nthreads);
 
 /* fa_linear_int8_forward -- y = act(x weight^T + bias), weight int8 with per-row scales.
  *   y      (N, M)  out
- *   x      (N, K)  in; quantised per row on the fly (the rule above)
- *   wp, wsum       the packed weight (fa_int8_pack)
+ *   x      (N, K)  in; quantised per row on the fly (the rule above, L levels)
+ *   wp             the packed weight (fa_int8_pack)
  *   scale  (M)     in; the weight's row scales
  *   bias   (M)     in, may be NULL
  *   K <= FA_INT8_MAX_K (ops.py checks). Many rows: blocks of rows per thread, each quantised
@@ -551,9 +560,9 @@ void fa_int8_pack(int8_t *wp, int32_t *wsum, const int8_t *q, int64_t M, int64_t
  *   Returns 0, or -1: out of memory.
  *   Twin: fastattn.reference.linear with a QuantizedWeight
  */
-int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const int32_t *wsum,
-                           const float *scale, const float *bias, int64_t N, int64_t K,
-                           int64_t M, int activation, int nthreads);
+int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const float *scale,
+                           const float *bias, int64_t N, int64_t K, int64_t M, int activation,
+                           int nthreads);
 
 /* fa_to_bfloat16 -- bits[i] = bf16(x[i]) (the rounding above).   bits, x  (n) */
 void fa_to_bfloat16(uint16_t *bits, const float *x, int64_t n, int nthreads);

@@ -22,7 +22,7 @@
 #define FA_BODY "quant_body.h"
 #include "fa_instantiate.h"
 
-/* The VNNI tile: the v4 body's int8 part once more, with AVX-512 VNNI enabled. */
+/* The VNNI tile: the v4 body's int8 part once more, with AVX-512 VNNI enabled (vpdpwssd). */
 #if defined(FA_HAVE_V4)
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v4,avx512vnni")
@@ -124,8 +124,7 @@ int fa_int8_init(int forced)
 typedef void (*epi_fn)(float *, float *, const float *, int64_t, int64_t, int64_t, int, int64_t,
                        int64_t, const fa_dropout_t *);
 typedef void (*q8_panel_fn)(float *, int64_t, const void *, int64_t, int64_t, const int8_t *,
-                            const int32_t *, const float *, const float *, const float *,
-                            int64_t, int64_t, int);
+                            const float *, const float *, const float *, int64_t, int64_t, int);
 typedef void (*q8_quant_fn)(void *, float *, const float *, int64_t, int64_t, int64_t, int);
 typedef float (*q8_row_fn)(void *, const float *, int64_t, int64_t, int);
 typedef void (*bf_gemm_fn)(float *, int64_t, const float *, int64_t, const uint16_t *, int64_t,
@@ -133,10 +132,9 @@ typedef void (*bf_gemm_fn)(float *, int64_t, const float *, int64_t, const uint1
 typedef void (*widen_t_fn)(float *, const uint16_t *, int64_t, int64_t, int64_t, int64_t);
 
 /* One int8 path: its layout (np features per panel, K in groups of g), its tile height (mr,
- * for build_info), the activations' format, and the helpers of its ISA level. */
+ * for build_info), and the helpers of its ISA level. */
 typedef struct {
     int64_t np, g, mr;
-    int fmt;
     q8_panel_fn panel;
     q8_quant_fn quant;
     epi_fn epi;
@@ -144,18 +142,16 @@ typedef struct {
 
 static q8_impl_t q8_impl_of(int path)
 {
-    q8_impl_t im = {16, 2, 4, Q8_FMT_I16, q8_panel_generic, q8_quant_rows_generic,
-                    bias_act_rows_generic};
+    q8_impl_t im = {16, 2, 4, q8_panel_generic, q8_quant_rows_generic, bias_act_rows_generic};
 #if defined(FA_HAVE_V3)
     if (path == FA_INT8_AVX2)
-        im = (q8_impl_t){32, 2, 6, Q8_FMT_I16, q8_panel_avx2, q8_quant_rows_v3, bias_act_rows_v3};
+        im = (q8_impl_t){32, 2, 6, q8_panel_avx2, q8_quant_rows_v3, bias_act_rows_v3};
 #endif
 #if defined(FA_HAVE_V4)
     if (path == FA_INT8_AVX512BW)
-        im = (q8_impl_t){64, 2, 6, Q8_FMT_I16, q8_panel_avx512bw, q8_quant_rows_v4,
-                         bias_act_rows_v4};
+        im = (q8_impl_t){64, 2, 6, q8_panel512_v4, q8_quant_rows_v4, bias_act_rows_v4};
     if (path == FA_INT8_AVX512VNNI)
-        im = (q8_impl_t){64, 4, 6, Q8_FMT_U8, q8_panel_vnni, q8_quant_rows_v4, bias_act_rows_v4};
+        im = (q8_impl_t){64, 2, 6, q8_panel512_v4vnni, q8_quant_rows_v4, bias_act_rows_v4};
 #endif
     return im;
 }
@@ -177,7 +173,7 @@ int fa_quant_tiles(int64_t *out)
 
 /* ---- int8 --------------------------------------------------------------------------------------
  * Packed weight: panels of np features, K in groups of g (see quant_body.h):
- *   wp[p][kg][f][j] = q[p np + f][kg g + j], zero past M and K;  wsum[m] = -128 sum_k q[m, k] */
+ *   wp[p][kg][f][j] = q[p np + f][kg g + j], zero past M and K */
 
 int64_t fa_int8_packed_size(int64_t M, int64_t K)
 {
@@ -185,30 +181,19 @@ int64_t fa_int8_packed_size(int64_t M, int64_t K)
     return round_up(M, im.np) * round_up(K, im.g);
 }
 
-int64_t fa_int8_wsum_size(int64_t M) { return round_up(M, q8_impl_of(g_path).np); }
-
-void fa_int8_pack(int8_t *wp, int32_t *wsum, const int8_t *q, int64_t M, int64_t K,
-                  int nthreads)
+void fa_int8_pack(int8_t *wp, const int8_t *q, int64_t M, int64_t K, int nthreads)
 {
     const q8_impl_t im = q8_impl_of(g_path);
     const int64_t NP = im.np, G = im.g, Kp = round_up(K, G), P = (M + NP - 1) / NP;
-    if (Kp == 0) {                      /* no weights (wp has no elements): sums of nothing */
-        for (int64_t m = 0; m < P * NP; m++) wsum[m] = 0;
-        return;
-    }
+    if (Kp == 0) return;                /* no weights: wp has no elements */
     const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)(P * NP * Kp), 1e6);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t p = 0; p < P; p++) {
         int8_t *w_p = wp + p * NP * Kp;
         for (int64_t f = 0; f < NP; f++) {
             const int64_t m = p * NP + f;
-            int32_t s = 0;
-            for (int64_t k = 0; k < Kp; k++) {
-                const int8_t v = m < M && k < K ? q[m * K + k] : 0;
-                w_p[(k / G) * NP * G + f * G + k % G] = v;
-                s += v;
-            }
-            wsum[m] = -128 * s;                                /* |s| <= 127 K: no overflow */
+            for (int64_t k = 0; k < Kp; k++)
+                w_p[(k / G) * NP * G + f * G + k % G] = m < M && k < K ? q[m * K + k] : 0;
         }
     }
 }
@@ -250,22 +235,21 @@ static int64_t q8_block_start(int64_t blk, int64_t nblk, int64_t N, int64_t mr)
 
 /* Rows [r0, r0 + rows) of y, panels [p0, p1): every tile, then gelu (relu is in the tiles). */
 static void q8_panels(const q8_impl_t *im, float *y, const void *xq, const float *sx,
-                      int64_t rows, int64_t Kp, const int8_t *wp, const int32_t *wsum,
-                      const float *scale, const float *bias, int64_t p0, int64_t p1, int64_t M,
-                      int act)
+                      int64_t rows, int64_t Kp, const int8_t *wp, const float *scale,
+                      const float *bias, int64_t p0, int64_t p1, int64_t M, int act)
 {
     for (int64_t p = p0; p < p1; p++) {
         const int64_t m0 = p * im->np, nf = M - m0 < im->np ? M - m0 : im->np;
-        im->panel(y + m0, M, xq, Kp, rows, wp + m0 * Kp, wsum + m0, sx, scale + m0,
+        im->panel(y + m0, M, xq, Kp, rows, wp + m0 * Kp, sx, scale + m0,
                   bias ? bias + m0 : NULL, Kp / im->g, nf, act == FA_ACT_RELU);
         if (act == FA_ACT_GELU || act == FA_ACT_GELU_TANH)
             im->epi(y + m0, NULL, NULL, rows, nf, M, act, 0, 0, NULL);
     }
 }
 
-int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const int32_t *wsum,
-                           const float *scale, const float *bias, int64_t N, int64_t K,
-                           int64_t M, int activation, int nthreads)
+int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const float *scale,
+                           const float *bias, int64_t N, int64_t K, int64_t M, int activation,
+                           int nthreads)
 {
     if (N <= 0 || M <= 0) return 0;
     const q8_impl_t im = q8_impl_of(g_path);
@@ -274,7 +258,7 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const int
         return 0;
     }
     const int64_t Kp = round_up(K, im.g), P = (M + im.np - 1) / im.np;
-    const int64_t esz = im.fmt == Q8_FMT_I16 ? 2 : 1;
+    const int64_t esz = 2;                                  /* int16 activations */
     /* a second thread pays off from about 200K multiply-adds: one row against 100 distinct
      * 512 x 512 weights (26 MB, a decode step's working set, from L3 rather than L2) took
      * 8.6-10.7 us a product on two AVX2 threads against 12.1-13.6 on one (AVX-512 VNNI:
@@ -300,16 +284,16 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const int
                 const int64_t r0 = q8_block_start(blk, nblk, N, im.mr);
                 const int64_t rows = q8_block_start(blk + 1, nblk, N, im.mr) - r0;
                 if (rows <= 0) continue;
-                im.quant(xq, sx, x + r0 * K, rows, K, Kp, im.fmt);
-                q8_panels(&im, y + r0 * M, xq, sx, rows, Kp, wp, wsum, scale, bias, 0, P, M,
+                im.quant(xq, sx, x + r0 * K, rows, K, Kp, Q8_FMT_I16);
+                q8_panels(&im, y + r0 * M, xq, sx, rows, Kp, wp, scale, bias, 0, P, M,
                           activation);
             }
         } else {
             int64_t p0, p1;
             fa_split(P, 1, &p0, &p1);
             if (p0 < p1) {
-                im.quant(xq, sx, x, N, K, Kp, im.fmt);
-                q8_panels(&im, y, xq, sx, N, Kp, wp, wsum, scale, bias, p0, p1, M, activation);
+                im.quant(xq, sx, x, N, K, Kp, Q8_FMT_I16);
+                q8_panels(&im, y, xq, sx, N, Kp, wp, scale, bias, p0, p1, M, activation);
             }
         }
     }

@@ -2,12 +2,12 @@
  * fa_instantiate.h, and once more for AVX-512 VNNI). The activations come from linear_body.h
  * (bias_act_rows_), so a quantised product applies exactly the fp32 linear's gelu.
  *
- * int8 layouts (fa_int8_pack): panels of Q8_NP features, K in groups of Q8_G,
- *   wp[p][kg][f][g] = q[p Q8_NP + f][kg Q8_G + g]  (zero past M and K)
- * and the quantised activations, one row of Kp = K rounded up to Q8_G per row of x:
- *   int16 (G = 2 paths: vpmaddwd on a broadcast pair)  or  u8 = xq + 128 (VNNI: vpdpbusd on a
- *   broadcast quadruple, the +128 cancelled by wsum = -128 sum_k q[m, k] as the accumulator's
- *   start). Every path sums the same integers exactly: the results do not depend on the path.
+ * int8 layout (fa_int8_pack): panels of Q8_NP features, K in pairs,
+ *   wp[p][kg][f][g] = q[p Q8_NP + f][2 kg + g]  (zero past M and K)
+ * and the quantised activations, one int16 row of Kp = K rounded up to 2 per row of x, meet
+ * it as broadcast pairs against the weights sign-extended to int16: vpmaddwd + vpaddd, or
+ * VNNI's vpdpwssd. Every path sums the same integers exactly: the results do not depend on
+ * the path.
  */
 #ifndef Q8_VNNI_PASS
 #include "linear_body.h"
@@ -26,17 +26,17 @@ FA_INLINE int32_t q8_load32(const void *p)
 
 #ifndef Q8_VNNI_PASS
 
-/* ---- activations, quantised per row ----------------------------------------------------------
- * scalar math (the rule in fastattn.h, as reference._quantize_rows):
+/* ---- rows quantised: activations (int16, L levels) and quantize_int8's int8 rows ----------
+ * scalar math (the rules in fastattn.h, as reference._quantize_rows):
  *   amax = max_k |x_k| (as bits: NaN > inf > finite);  non-finite: sx = NaN, q = 0
- *   amax < 2^-121: sx = 0, q = 0;  else sx = amax / 127, inv = 127 / amax,
- *   q_k = rint(clip(x_k * inv, -127, 127))   (x_k * inv is within 127 (1 + 2^-23) anyway)
+ *   amax < min (FA_INT8_MIN_AMAX for int8 rows, FA_INT8_ACT_MIN_AMAX for activations):
+ *   sx = 0, q = 0;  else sx = amax / L, inv = L / amax, q_k = rint(clip(x_k * inv, -L, L))
+ *   (x_k * inv is within L (1 + 2^-23)^2 anyway, which rounds to at most L)
  * rint: (t + 1.5 2^23) - 1.5 2^23 rounds |t| < 2^22 to the nearest integer, ties to even.
- * Output (fmt): Q8_FMT_I16 int16 rows (Kp, zero padded), Q8_FMT_U8 uint8 rows xq + 128 (pad
- * 128), Q8_FMT_I8 int8 rows (quantize_int8's output). */
+ * Output (fmt): Q8_FMT_I16 int16 rows (Kp, zero padded; L = fa_int8_act_levels(K)),
+ * Q8_FMT_I8 int8 rows (quantize_int8's output; L = 127). */
 typedef int16_t FA_CAT(vh_, FA_SFX) __attribute__((vector_size(FA_VL * 2), aligned(1),
                                                      may_alias));
-typedef uint8_t FA_CAT(vb_, FA_SFX) __attribute__((vector_size(FA_VL), aligned(1), may_alias));
 typedef int8_t FA_CAT(vs_, FA_SFX) __attribute__((vector_size(FA_VL), aligned(1), may_alias));
 typedef uint16_t FA_CAT(vw_, FA_SFX) __attribute__((vector_size(FA_VL * 2), aligned(1),
                                                       may_alias));
@@ -44,9 +44,8 @@ typedef uint16_t FA_CAT(vw_, FA_SFX) __attribute__((vector_size(FA_VL * 2), alig
 static float FA_CAT(q8_quant_row_, FA_SFX)(void *dst, const float *x, int64_t K, int64_t Kp,
                                            int fmt)
 {
-    const int u8 = fmt == Q8_FMT_U8, i8 = fmt == Q8_FMT_I8;
+    const int i8 = fmt == Q8_FMT_I8;
     typedef FA_CAT(vh_, FA_SFX) VH;
-    typedef FA_CAT(vb_, FA_SFX) VB;
     typedef FA_CAT(vs_, FA_SFX) VS;
     const int64_t Kv = K - K % FA_VL;
     int32_t amax_bits = 0;              /* a max reduction GCC vectorises (vpmaxsd); the same
@@ -57,41 +56,37 @@ static float FA_CAT(q8_quant_row_, FA_SFX)(void *dst, const float *x, int64_t K,
         b &= 0x7fffffff;
         amax_bits = b > amax_bits ? b : amax_bits;
     }
-    float amax, sx;
+    float amax;
     memcpy(&amax, &amax_bits, 4);
     int8_t *h8 = dst;
     int16_t *h16 = dst;
-    if (amax_bits >= 0x7f800000 || amax < FA_INT8_MIN_AMAX) {   /* not finite, or zero */
-        if (u8 || i8)
-            memset(h8, u8 ? 0x80 : 0, (size_t)Kp);
+    if (amax_bits >= 0x7f800000 || amax < (i8 ? FA_INT8_MIN_AMAX : FA_INT8_ACT_MIN_AMAX)) {
+        if (i8)                                                 /* not finite, or zero */
+            memset(h8, 0, (size_t)Kp);
         else
             memset(h16, 0, (size_t)Kp * 2);
         return amax_bits >= 0x7f800000 ? NAN : 0.0f;
     }
-    sx = amax / 127.0f;
-    const float inv = 127.0f / amax;
-    /* |x_k| <= amax, so |x_k * inv| <= 127 (1 + 2^-23)^2, which rounds to 127: the clip of
-     * the rule never changes a value here (the tail's scalar clip stays as the rule's text) */
+    const float L = i8 ? 127.0f : (float)fa_int8_act_levels(K);
+    const float sx = amax / L, inv = L / amax;
+    /* |x_k| <= amax, so |x_k * inv| <= L (1 + 2^-23)^2, which rounds to L: the clip of the
+     * rule never changes a value here (the tail's scalar clip stays as the rule's text) */
     const VF vinv = vsplat(inv);
     const VF magic = vsplat(12582912.0f);
     for (int64_t k = 0; k < Kv; k += FA_VL) {
         VF t = vload(x + k) * vinv;
         __asm__("" : "+v"(t));                      /* fl(x inv), then rint (no fma) */
         const VI q = __builtin_convertvector((t + magic) - magic, VI);
-        if (u8)
-            *(VB *)(h8 + k) = __builtin_convertvector(q + 128, VB);
-        else if (i8)
+        if (i8)
             *(VS *)(h8 + k) = __builtin_convertvector(q, VS);
         else
             *(VH *)(h16 + k) = __builtin_convertvector(q, VH);
     }
     for (int64_t k = Kv; k < Kp; k++) {
         float t = k < K ? x[k] * inv : 0.0f;
-        t = t > 127.0f ? 127.0f : t < -127.0f ? -127.0f : t;
+        t = t > L ? L : t < -L ? -L : t;
         const int32_t q = (int32_t)((t + 12582912.0f) - 12582912.0f);
-        if (u8)
-            h8[k] = (int8_t)(uint8_t)(q + 128);
-        else if (i8)
+        if (i8)
             h8[k] = (int8_t)q;
         else
             h16[k] = (int16_t)q;
@@ -271,9 +266,7 @@ static void FA_CAT(bf16_packed_gemm_, FA_SFX)(float *FA_RESTRICT y, int64_t ldy,
 /* acc += ...: in place, by an asm statement. Written with intrinsics (acc = f(acc, ...)), GCC
  * 12 copies the 24 accumulators between registers and stores them to the stack on every
  * iteration; with the accumulator an in-out asm operand it keeps each one in its register.
- *   Q8_DPBUSD   acc[i] += sum_j u8 b[4i + j] * s8 w[4i + j]   (vpdpbusd: no saturation)
  *   Q8_ADD512 / Q8_ADD256   acc += p   (int32 lanes, wrapping: vpaddd) */
-#define Q8_DPBUSD(acc, b, w) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(b), "v"(w))
 #define Q8_ADD512(acc, p) __asm__("vpaddd %1, %0, %0" : "+v"(acc) : "v"(p))
 #define Q8_ADD256(acc, p) __asm__("vpaddd %1, %0, %0" : "+x"(acc) : "x"(p))
 
@@ -315,49 +308,20 @@ FA_INLINE void q8_cols512(__m512 *sc, __m512 *bi, __mmask16 *mk, const float *sc
         q8_out512(y + r * ldy + 48, a##r##_3, s_r, sc[3], bi[3], mk[3], relu);                 \
     }
 
-#if FA_VL == 16 && defined(Q8_VNNI_PASS)
-/* AVX-512 VNNI: 64 features (4 zmm of int32) x 6 rows; u8 activations (xq + 128) against s8
- * weights, 4 products per lane per vpdpbusd; the accumulators start at wsum = -128 sum_k q, so
- * they end at sum_k xq q exactly (int32 wrap-around in between cancels: the true sum fits). */
-FA_INLINE void q8_tile_vnni(float *y, int64_t ldy, const uint8_t *xq, int64_t ldx,
-                            const int8_t *w_p, const int32_t *wsum_p, const float *sx,
-                            const float *scale_p, const float *bias_p, int64_t Kg, int64_t nf,
-                            const int mr, int relu)
-{
-    const __m512i s0 = _mm512_loadu_si512(wsum_p), s1 = _mm512_loadu_si512(wsum_p + 16);
-    const __m512i s2 = _mm512_loadu_si512(wsum_p + 32), s3 = _mm512_loadu_si512(wsum_p + 48);
-#define Q8_INIT(r) __m512i a##r##_0 = s0, a##r##_1 = s1, a##r##_2 = s2, a##r##_3 = s3;
-    Q8_ROWS6(Q8_INIT)
-#undef Q8_INIT
-    for (int64_t kg = 0; kg < Kg; kg++) {
-        const int8_t *w_k = w_p + kg * 256;
-        const __m512i w0 = _mm512_loadu_si512(w_k), w1 = _mm512_loadu_si512(w_k + 64);
-        const __m512i w2 = _mm512_loadu_si512(w_k + 128), w3 = _mm512_loadu_si512(w_k + 192);
-#define Q8_STEP(r)                                                                             \
-        if (mr > r) {                                                                          \
-            const __m512i b = _mm512_set1_epi32(q8_load32(xq + r * ldx + 4 * kg));             \
-            Q8_DPBUSD(a##r##_0, b, w0);                                                        \
-            Q8_DPBUSD(a##r##_1, b, w1);                                                        \
-            Q8_DPBUSD(a##r##_2, b, w2);                                                        \
-            Q8_DPBUSD(a##r##_3, b, w3);                                                        \
-        }
-        Q8_ROWS6(Q8_STEP)
-#undef Q8_STEP
-    }
-    __m512 sc[4], bi[4];
-    __mmask16 mk[4];
-    q8_cols512(sc, bi, mk, scale_p, bias_p, nf);
-    Q8_ROWS6(Q8_OUT512)
-}
+#if FA_VL == 16
+/* AVX-512: 64 features x 6 rows; int16 activations, broadcast in pairs, against the weights
+ * sign-extended to int16 (vpmovsxbw); Q8_MAC512 is vpmaddwd + vpaddd (AVX-512BW) or VNNI's
+ * vpdpwssd, exact either way (|pair sum| <= 2 127 32767 < 2^31, and the sums fit: see
+ * fa_int8_act_levels). Compiled twice: FA_SFX v4 (AVX-512BW) and v4vnni. */
+#ifdef Q8_VNNI_PASS
+#define Q8_MAC512(acc, w, b) __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(b), "v"(w))
+#else
+#define Q8_MAC512(acc, w, b) Q8_ADD512(acc, _mm512_madd_epi16(w, b))
 #endif
-
-#if FA_VL == 16 && !defined(Q8_VNNI_PASS)
-/* AVX-512BW: 64 features x 6 rows; int16 activations, broadcast in pairs, against the weights
- * sign-extended to int16 (vpmovsxbw): vpmaddwd + vpaddd, exact (|pair sum| <= 2 127^2). */
-FA_INLINE void q8_tile_avx512bw(float *y, int64_t ldy, const int16_t *xq, int64_t ldx,
-                                const int8_t *w_p, const int32_t *wsum_p, const float *sx,
-                                const float *scale_p, const float *bias_p, int64_t Kg,
-                                int64_t nf, const int mr, int relu)
+FA_INLINE void FA_CAT(q8_tile512_, FA_SFX)(float *y, int64_t ldy, const int16_t *xq,
+                                            int64_t ldx, const int8_t *w_p, const float *sx,
+                                            const float *scale_p, const float *bias_p,
+                                            int64_t Kg, int64_t nf, const int mr, int relu)
 {
     const __m512i z = _mm512_setzero_si512();
 #define Q8_INIT(r) __m512i a##r##_0 = z, a##r##_1 = z, a##r##_2 = z, a##r##_3 = z;
@@ -372,20 +336,20 @@ FA_INLINE void q8_tile_avx512bw(float *y, int64_t ldy, const int16_t *xq, int64_
 #define Q8_STEP(r)                                                                             \
         if (mr > r) {                                                                          \
             const __m512i b = _mm512_set1_epi32(q8_load32(xq + r * ldx + 2 * kg));             \
-            Q8_ADD512(a##r##_0, _mm512_madd_epi16(w0, b));                                     \
-            Q8_ADD512(a##r##_1, _mm512_madd_epi16(w1, b));                                     \
-            Q8_ADD512(a##r##_2, _mm512_madd_epi16(w2, b));                                     \
-            Q8_ADD512(a##r##_3, _mm512_madd_epi16(w3, b));                                     \
+            Q8_MAC512(a##r##_0, w0, b);                                                        \
+            Q8_MAC512(a##r##_1, w1, b);                                                        \
+            Q8_MAC512(a##r##_2, w2, b);                                                        \
+            Q8_MAC512(a##r##_3, w3, b);                                                        \
         }
         Q8_ROWS6(Q8_STEP)
 #undef Q8_STEP
     }
-    (void)wsum_p;
     __m512 sc[4], bi[4];
     __mmask16 mk[4];
     q8_cols512(sc, bi, mk, scale_p, bias_p, nf);
     Q8_ROWS6(Q8_OUT512)
 }
+#undef Q8_MAC512
 #endif
 
 #if FA_VL == 8
@@ -592,9 +556,8 @@ FA_INLINE void q8_widen_avx2(int16_t *w16, const int8_t *w_k, int64_t kn)
 #define Q8_AVX2_KG 128
 #define Q8_AVX2_WIDEN 12
 static void q8_panel_avx2(float *y, int64_t ldy, const void *xq, int64_t ldx, int64_t rows,
-                          const int8_t *w_p, const int32_t *wsum_p, const float *sx,
-                          const float *scale_p, const float *bias_p, int64_t Kg, int64_t nf,
-                          int relu)
+                          const int8_t *w_p, const float *sx, const float *scale_p,
+                          const float *bias_p, int64_t Kg, int64_t nf, int relu)
 {
     void (*const at[7])(float *, int64_t, const int16_t *, int64_t, const int8_t *,
                         const int16_t *, int32_t *, const float *, const float *, const float *,
@@ -602,7 +565,6 @@ static void q8_panel_avx2(float *y, int64_t ldy, const void *xq, int64_t ldx, in
         NULL, q8_tile_avx2_1, q8_tile_avx2_2, q8_tile_avx2_3, q8_tile_avx2_4, q8_tile_avx2_5,
         q8_tile_avx2_6};
     const int16_t *x = xq;
-    (void)wsum_p;
     if (rows <= 2) {
         (rows == 1 ? q8_few_avx2_1 : q8_few_avx2_2)(y, ldy, x, ldx, w_p, sx, scale_p, bias_p, Kg,
                                                    nf, relu);
@@ -633,9 +595,9 @@ static void q8_panel_avx2(float *y, int64_t ldy, const void *xq, int64_t ldx, in
  * what it can with SSE2's pmaddwd). */
 #define Q8_MR 4
 FA_INLINE void q8_tile_generic(float *y, int64_t ldy, const int16_t *xq, int64_t ldx,
-                               const int8_t *w_p, const int32_t *wsum_p, const float *sx,
-                               const float *scale_p, const float *bias_p, int64_t Kg,
-                               int64_t nf, const int mr, int relu)
+                               const int8_t *w_p, const float *sx, const float *scale_p,
+                               const float *bias_p, int64_t Kg, int64_t nf, const int mr,
+                               int relu)
 {
     int32_t acc[Q8_MR][16];
     for (int r = 0; r < Q8_MR; r++)
@@ -650,7 +612,6 @@ FA_INLINE void q8_tile_generic(float *y, int64_t ldy, const int16_t *xq, int64_t
             }
         }
     }
-    (void)wsum_p;
     for (int r = 0; r < mr; r++)
         for (int64_t f = 0; f < nf; f++) {
             float t = (float)acc[r][f] * (sx[r] * scale_p[f]);
@@ -666,13 +627,12 @@ FA_INLINE void q8_tile_generic(float *y, int64_t ldy, const int16_t *xq, int64_t
  * One function per tile height (noinline: inlined into the panel loop, the tile's loop
  * invariants would be hoisted out of it and push the accumulators out of registers). */
 #define Q8_TILE_ARGS float *y, int64_t ldy, const void *xq, int64_t ldx, const int8_t *w_p,     \
-                     const int32_t *wsum_p, const float *sx, const float *scale_p,              \
-                     const float *bias_p, int64_t Kg, int64_t nf, int relu
+                     const float *sx, const float *scale_p, const float *bias_p, int64_t Kg,    \
+                     int64_t nf, int relu
 #define Q8_TILE_AT(name, tile, xtype, MRV)                                                     \
     static __attribute__((noinline)) void name##_##MRV(Q8_TILE_ARGS)                            \
     {                                                                                           \
-        tile(y, ldy, (const xtype *)xq, ldx, w_p, wsum_p, sx, scale_p, bias_p, Kg, nf, MRV,    \
-             relu);                                                                             \
+        tile(y, ldy, (const xtype *)xq, ldx, w_p, sx, scale_p, bias_p, Kg, nf, MRV, relu);     \
     }
 #define Q8_PANEL_FN(name, tile, xtype, MR)                                                      \
     Q8_TILE_AT(name, tile, xtype, 1)                                                            \
@@ -682,24 +642,23 @@ FA_INLINE void q8_tile_generic(float *y, int64_t ldy, const int16_t *xq, int64_t
     Q8_TILE_AT(name, tile, xtype, 5)                                                            \
     Q8_TILE_AT(name, tile, xtype, 6)                                                            \
     static void name(float *y, int64_t ldy, const void *xq, int64_t ldx, int64_t rows,          \
-                     const int8_t *w_p, const int32_t *wsum_p, const float *sx,                 \
-                     const float *scale_p, const float *bias_p, int64_t Kg, int64_t nf,         \
-                     int relu)                                                                  \
+                     const int8_t *w_p, const float *sx, const float *scale_p,                  \
+                     const float *bias_p, int64_t Kg, int64_t nf, int relu)                     \
     {                                                                                           \
         void (*const at[7])(Q8_TILE_ARGS) = {NULL,       name##_1, name##_2, name##_3,          \
                                              name##_4,   name##_5, name##_6};                   \
         const xtype *x = xq;                                                                    \
         for (int64_t r0 = 0; r0 < rows; r0 += MR) {                                             \
             const int64_t mr = rows - r0 < MR ? rows - r0 : MR;                                 \
-            at[mr](y + r0 * ldy, ldy, x + r0 * ldx, ldx, w_p, wsum_p, sx + r0, scale_p, bias_p, \
-                   Kg, nf, relu);                                                               \
+            at[mr](y + r0 * ldy, ldy, x + r0 * ldx, ldx, w_p, sx + r0, scale_p, bias_p, Kg, nf, \
+                   relu);                                                                       \
         }                                                                                       \
     }
 
-#if FA_VL == 16 && defined(Q8_VNNI_PASS)
-Q8_PANEL_FN(q8_panel_vnni, q8_tile_vnni, uint8_t, 6)
-#elif FA_VL == 16
-Q8_PANEL_FN(q8_panel_avx512bw, q8_tile_avx512bw, int16_t, 6)
+/* the names expanded first (FA_CAT), then pasted with the tile heights */
+#define Q8_PANEL_FN_OF(name, tile, xtype, MR) Q8_PANEL_FN(name, tile, xtype, MR)
+#if FA_VL == 16
+Q8_PANEL_FN_OF(FA_CAT(q8_panel512_, FA_SFX), FA_CAT(q8_tile512_, FA_SFX), int16_t, 6)
 #elif FA_VL == 4
 Q8_PANEL_FN(q8_panel_generic, q8_tile_generic, int16_t, 4)
 #endif

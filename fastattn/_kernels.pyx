@@ -86,12 +86,10 @@ cdef extern from "fastattn.h" nogil:
     int64_t fa_quantize_int8(int8_t *q, float *scale, const float *x, int64_t N, int64_t K,
                              int nthreads)
     int64_t fa_int8_packed_size(int64_t M, int64_t K)
-    int64_t fa_int8_wsum_size(int64_t M)
-    void fa_int8_pack(int8_t *wp, int32_t *wsum, const int8_t *q, int64_t M, int64_t K,
-                      int nthreads)
-    int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const int32_t *wsum,
-                               const float *scale, const float *bias, int64_t N, int64_t K,
-                               int64_t M, int activation, int nthreads)
+    void fa_int8_pack(int8_t *wp, const int8_t *q, int64_t M, int64_t K, int nthreads)
+    int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const float *scale,
+                               const float *bias, int64_t N, int64_t K, int64_t M,
+                               int activation, int nthreads)
     void fa_to_bfloat16(uint16_t *bits, const float *x, int64_t n, int nthreads)
     int64_t fa_bf16_packed_size(int64_t M, int64_t K)
     void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nthreads)
@@ -635,45 +633,33 @@ def int8_packed_size(int64_t M, int64_t K):
     return fa_int8_packed_size(M, K)
 
 
-def int8_wsum_size(int64_t M):
-    return fa_int8_wsum_size(M)
-
-
-def int8_pack(int8_t[::1] wp not None, int32_t[::1] wsum not None,
-              const int8_t[:, ::1] q not None, int nthreads):
-    """wp (int8_packed_size(M, K)), wsum (int8_wsum_size(M)), q (M, K) int8."""
+def int8_pack(int8_t[::1] wp not None, const int8_t[:, ::1] q not None, int nthreads):
+    """wp (int8_packed_size(M, K)), q (M, K) int8."""
     cdef int8_t *pp = NULL
-    cdef int32_t *sp = NULL
     cdef const int8_t *src = NULL
     if wp.shape[0] > 0:
         pp = &wp[0]
-    if wsum.shape[0] > 0:
-        sp = &wsum[0]
     if q.shape[0] > 0 and q.shape[1] > 0:
         src = &q[0, 0]
     with nogil:
-        fa_int8_pack(pp, sp, src, q.shape[0], q.shape[1], nthreads)
+        fa_int8_pack(pp, src, q.shape[0], q.shape[1], nthreads)
 
 
 def linear_int8_forward(float[:, ::1] y not None, const float[:, ::1] x not None,
-                        const int8_t[::1] wp not None, const int32_t[::1] wsum not None,
-                        const float[::1] scale not None, const float[::1] bias,
-                        int activation, int nthreads):
-    """y (N, M), x (N, K), wp / wsum from int8_pack of an (M, K) weight, scale (M), bias (M)."""
+                        const int8_t[::1] wp not None, const float[::1] scale not None,
+                        const float[::1] bias, int activation, int nthreads):
+    """y (N, M), x (N, K), wp from int8_pack of an (M, K) weight, scale (M), bias (M)."""
     cdef float *yp = _p2(y)
     cdef const float *xp = _cp2(x)
     cdef const int8_t *pp = NULL
-    cdef const int32_t *sp = NULL
     cdef const float *scp = _cp1(scale)
     cdef const float *bp = _cp1(bias)
     cdef int rc
     if wp.shape[0] > 0:
         pp = &wp[0]
-    if wsum.shape[0] > 0:
-        sp = &wsum[0]
     with nogil:
-        rc = fa_linear_int8_forward(yp, xp, pp, sp, scp, bp, x.shape[0], x.shape[1],
-                                    y.shape[1], activation, nthreads)
+        rc = fa_linear_int8_forward(yp, xp, pp, scp, bp, x.shape[0], x.shape[1], y.shape[1],
+                                    activation, nthreads)
     if rc != 0:
         raise MemoryError("linear (int8): could not allocate the quantised activations")
 

@@ -1058,8 +1058,9 @@ class QuantizedWeight:
       packed copy, see below), cached per (lo, hi): slicing an in-projection into q, k, v on
       every call costs a dict lookup.
 
-    The products (reference.linear gives the exact rule): int8 quantises each row of x to
-    int8 on the fly, sums exactly in int32 and computes
+    The products (reference.linear gives the exact rule): int8 quantises each row of x on the
+    fly, symmetric as the weights but to int16 with as many levels as the int32 sums allow
+    (32767 up to K = 516, 8256 at K = 2048), sums exactly in int32 and computes
     ``y = act(float32(acc) * (sx[n] * scale[m]) + bias[m])`` in float32 (bit for bit the
     twin's for activation None and relu; a row of x with NaN or inf gives a NaN row); bf16
     widens the weight to float32 and sums in float32.
@@ -1205,9 +1206,8 @@ class QuantizedWeight:
 
     def _kernel_arrays(self):
         """The packed copy for the kernels, built on the first product (once per int8 path;
-        see the class doc): (path, wp, wsum, panel, group) for int8, (path, wp, None, panel,
-        1) for bf16 (the same layout with K in groups of 1), wp a view of the parent's for a
-        slice on a panel edge."""
+        see the class doc): (path, wp, panel, group), group 1 for bf16 (the int8 layout with
+        K in groups of 1), wp a view of the parent's for a slice on a panel edge."""
         path = _kernels.int8_path()
         packed = self._packed
         if packed is None or packed[0] != path:
@@ -1220,20 +1220,13 @@ class QuantizedWeight:
             if parent is not None and lo % panel == 0 and M > 0:
                 # rows lo.. of the parent's panels, in place (a panel past hi, if any, is
                 # computed and dropped by the kernel like a padded one)
-                pwp, psum = parent._kernel_arrays()[1:3]
                 start = lo * (-(-K // group) * group)
-                wp = pwp[start:start + size]
-                wsum = psum[lo:lo + _kernels.int8_wsum_size(M)] if int8 else None
+                wp = parent._kernel_arrays()[1][start:start + size]
             else:
                 data = self.data
                 wp = np.empty(size, data.dtype)
-                if int8:
-                    wsum = np.empty(_kernels.int8_wsum_size(M), np.int32)
-                    _kernels.int8_pack(wp, wsum, data, get_num_threads())
-                else:
-                    wsum = None
-                    _kernels.bf16_pack(wp, data, get_num_threads())
-            packed = (path, wp, wsum, panel, group)
+                (_kernels.int8_pack if int8 else _kernels.bf16_pack)(wp, data, get_num_threads())
+            packed = (path, wp, panel, group)
             self._packed = packed
             self._parent = None             # the packed copy is all a slice needs now
             self._data = None               # data now unpacks from the packed copy
@@ -1241,11 +1234,11 @@ class QuantizedWeight:
 
 
 def _unpack(packed, shape):
-    """The (M, K) weight of a packed copy (path, wp, wsum, panel, group), read-only:
+    """The (M, K) weight of a packed copy (path, wp, panel, group), read-only:
     wp[p][kg][f][j] = w[p panel + f][kg group + j], zero padded (fa_int8_pack; fa_bf16_pack's
     layout is the same with group 1)."""
     M, K = shape
-    wp, panel, group = packed[1], packed[3], packed[4]
+    wp, panel, group = packed[1:]
     P, Kg = -(-M // panel), -(-K // group)
     q = wp[:P * Kg * panel * group].reshape(P, Kg, panel, group).transpose(0, 2, 1, 3)
     return _readonly(np.ascontiguousarray(q.reshape(P * panel, Kg * group)[:M, :K]))
@@ -1276,9 +1269,8 @@ def _linear_quantized_into(y, x, qweight, bias, act):
         y[...] = reference.linear(x, qweight, bias, activation=_ACT_NAMES[act])
         return y
     if qweight.dtype == "int8":
-        wp, wsum = qweight._kernel_arrays()[1:3]
-        _kernels.linear_int8_forward(y, x, wp, wsum, qweight.scale, bias, act,
-                                     get_num_threads())
+        _kernels.linear_int8_forward(y, x, qweight._kernel_arrays()[1], qweight.scale, bias,
+                                     act, get_num_threads())
     else:
         _kernels.linear_bf16_forward(y, x, qweight._kernel_arrays()[1], bias, act,
                                      get_num_threads())

@@ -539,8 +539,11 @@ def linear(x, weight, bias=None, *, activation=None):
 
     With a QuantizedWeight (ops.QuantizedWeight; float32 out, the same in ops and here):
 
-    - int8 (q (M, K), scale (M,)): each row of x is quantised as quantize_int8 does (xq,
-      sx[n]); acc[n, m] = sum_k xq[n, k] q[m, k] exactly (int32; K <= INT8_MAX_K); then, in
+    - int8 (q (M, K), scale (M,)): each row of x is quantised by quantize_int8's rule with
+      L = min(32767, (2^31 - 1) // (127 K)) levels in place of 127 (xq in [-L, L], sx[n] =
+      amax / L; rows with max |x| below 2^-110 quantise to zero): as many levels as the int32
+      sums allow, so 32767 up to K = 516, 8256 at K = 2048, never fewer than 127. Then
+      acc[n, m] = sum_k xq[n, k] q[m, k] exactly (int32; K <= INT8_MAX_K); then, in
       float32 with a rounding after every operation and no fused multiply-add,
           y[n, m] = act((float32(acc[n, m]) * (sx[n] * scale[m])) + bias[m])
       ops matches this bit for bit for activation None and relu (gelu, gelu_tanh: to their
@@ -1011,6 +1014,13 @@ __all__ += ["quantize_int8", "dequantize_int8", "to_bfloat16", "from_bfloat16",
 
 INT8_MAX_K = (2**31 - 1) // (127 * 127)   # 133144: K * 127 * 127 still fits an int32 sum
 INT8_MIN_AMAX = np.float32(2.0**-121)     # rows with a smaller max |x| quantise to zero
+_ACT_MIN_AMAX = np.float32(2.0**-110)     # the same for a product's activation rows
+
+
+def _act_levels(K):
+    """The levels L of a product's activations over K (fastattn.h, fa_int8_act_levels): the
+    most that keep |sum_k xq q| <= 127 L K within an int32, at most 32767 (int16 lanes)."""
+    return min(32767, (2**31 - 1) // (127 * max(K, 1)))
 
 
 def __getattr__(name):
@@ -1032,17 +1042,18 @@ def _row_name(row, lead):
     return str(int(idx[0])) if len(idx) == 1 else str(tuple(int(i) for i in idx))
 
 
-def _quantize_rows(x):
-    """The int8 rule on float32 rows x (R, K) -> q (R, K) int8, scale (R,) float32, and which
-    rows are not finite (their q is 0 and scale NaN)."""
+def _quantize_rows(x, levels=127, min_amax=INT8_MIN_AMAX):
+    """The int8 rule on float32 rows x (R, K) -> q (R, K) int8 (int16 for levels > 127),
+    scale (R,) float32, and which rows are not finite (their q is 0 and scale NaN)."""
     amax = np.max(np.abs(x), axis=-1, initial=np.float32(0))      # (R,) float32; NaN stays NaN
     bad = ~np.isfinite(amax)
-    zero = amax < INT8_MIN_AMAX                                     # zeros, or 127/amax = inf
+    zero = amax < min_amax                                          # zeros, or L/amax = inf
     safe = np.where(bad | zero, np.float32(1), amax)                # (R,) float32
-    scale = safe / np.float32(127)                                  # float32 division
-    inv = np.float32(127) / safe                                    # float32 division
+    L = np.float32(levels)
+    scale = safe / L                                                # float32 division
+    inv = L / safe                                                  # float32 division
     t = np.where(bad[:, None], np.float32(0), x) * inv[:, None]     # float32 products
-    q = np.rint(np.clip(t, -127, 127)).astype(np.int8)              # ties to even
+    q = np.rint(np.clip(t, -L, L)).astype(np.int8 if levels <= 127 else np.int16)  # ties even
     q[bad | zero] = 0
     scale = np.where(zero, np.float32(0), np.where(bad, np.float32(np.nan), scale))
     scale = scale.astype(np.float32)
@@ -1102,8 +1113,8 @@ def from_bfloat16(bits):
 def _linear_quantized(x, weight, bias, activation):
     """linear() with a QuantizedWeight: the kernels' math, step by step.
 
-    int8: x quantised per row as quantize_int8 (a row that is not finite gets scale NaN, so
-    its output row is NaN); acc = xq @ q^T exactly (computed in float64: every partial sum is
+    int8: x quantised per row by quantize_int8's rule with _act_levels(K) levels (a row that
+    is not finite gets scale NaN, so its output row is NaN); acc = xq @ q^T exactly (computed in float64: every partial sum is
     an integer below 2^31 < 2^53); then in float32, rounding after each operation:
         y = act(float32(acc) * (sx[n] * scale[m]) + bias[m])
     (act in float64 on that float32 value). bf16: the weight widened to float32 (exact), then
@@ -1115,7 +1126,7 @@ def _linear_quantized(x, weight, bias, activation):
         w = from_bfloat16(weight.data).astype(np.float64)
         return _f32(_linear64(x, w, None if bias is None else _f64(bias), activation))
     lead = x.shape[:-1]
-    xq, sx, _ = _quantize_rows(x.reshape(math.prod(lead), K))       # (N, K) int8, (N,)
+    xq, sx, _ = _quantize_rows(x.reshape(math.prod(lead), K), _act_levels(K), _ACT_MIN_AMAX)
     acc = xq.astype(np.float64) @ weight.data.astype(np.float64).T  # (N, M), exact integers
     s = sx[:, None] * np.asarray(weight.scale, np.float32)[None, :]  # (N, M) float32
     with np.errstate(invalid="ignore", over="ignore"):

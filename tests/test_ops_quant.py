@@ -209,20 +209,72 @@ def test_rows_are_batch_invariant(rng):
         np.testing.assert_array_equal(ops.linear(x[:n], b16), full[:n])
 
 
-def test_int8_error_against_float_is_bounded(rng):
+@pytest.mark.parametrize("K", [300, 2048])
+def test_int8_error_against_float_is_bounded(rng, K):
     """The documented accuracy: |y - x @ dequantize(w).T| <= sx[n] / 2 * sum_k |wq[m, k]|
-    (activation rounding) + float32 rounding."""
-    N, K, M = 50, 300, 70
+    (activation rounding, sx = max |x[n]| / L with L the levels of K) + float32 rounding."""
+    N, M = 50, 70
     x, w = rand(rng, (N, K)), rand(rng, (M, K), 1.0 / math.sqrt(K))
     qw = quantized(w, "int8")
     wd = qw.dequantize().astype(np.float64)
     y = ops.linear(x, qw)
     exact = x.astype(np.float64) @ wd.T
-    _, sx = reference.quantize_int8(x)
-    bound = 0.5 * sx[:, None] * np.abs(wd).sum(axis=1)[None, :] + 1e-5 * np.abs(exact) + 1e-6
+    L = {300: 32767, 2048: 8256}[K]
+    sx = np.abs(x).max(axis=1).astype(np.float64) / L
+    bound = 0.5 * sx[:, None] * np.abs(wd).sum(axis=1)[None, :] + 1e-6 * np.abs(exact) + 1e-7
     assert (np.abs(y - exact) <= bound).all()
     # and the weights: within half a step of w
     assert (np.abs(wd - w) <= 0.5 * qw.scale[:, None] * (1 + 1e-6)).all()
+
+
+@pytest.mark.parametrize("K, levels", [(1, 32767), (516, 32767), (517, 32706), (2048, 8256),
+                                       (8192, 2064), (ops.INT8_MAX_K, 127)])
+def test_int8_activations_use_the_int32_headroom(K, levels):
+    """A product's inputs get L = min(32767, (2^31 - 1) // (127 K)) levels: full-scale rows
+    against full-scale weights of one sign reach |acc| = 127 L K, the most the int32 sums
+    hold, and must come out exact (an overflow, or one level too many, fails here); a row
+    of steps 1/L of its largest value is quantised without loss."""
+    assert reference._act_levels(K) == levels
+    M = 3
+    w = np.ones((M, K), np.float32)
+    w[1] = -1.0
+    w[2, ::2] = -1.0
+    qw = quantized(w, "int8")
+    x = np.ones((2, K), np.float32)
+    x[1] = -3.0
+    y = check_int8_linear(x, w)
+    want = x.astype(np.float64) @ w.T.astype(np.float64)
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
+    if K > 1:
+        x = np.zeros((1, K), np.float32)
+        steps = np.arange(K) % (2 * levels + 1) - levels     # every level -L .. L, in turn
+        x[0] = steps.astype(np.float32) / np.float32(levels)
+        y = check_int8_linear(x, w)
+        np.testing.assert_allclose(y, x.astype(np.float64) @ w.T, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("K", [5, 516, 517, 2049])
+def test_int8_activation_rule_corners(K):
+    """Rows at the activation rule's corners, bit for bit against the twin: ties at the L
+    levels, huge rows (L / amax near the float32 limits), rows just above and below the
+    zero threshold 2^-110, subnormals, single non-zeros."""
+    rng = np.random.default_rng(K)
+    L = reference._act_levels(K)
+    rows = list(special_rows(rng, K))
+    ties = np.float32(L) * (np.arange(K, dtype=np.float32) % 9 - 4) / np.float32(8.0)
+    ties[0] = L                                               # amax = L: inv = 1, x.5 ties
+    rows.append(ties)
+    for amax in (2.0**-110, np.nextafter(np.float32(2.0**-110), np.float32(0)), 2.0**-100):
+        r = rand(rng, (K,))
+        r = r / np.abs(r).max() * np.float32(amax)
+        r[np.argmax(np.abs(r))] = np.float32(amax)
+        rows.append(r)
+    x = np.stack(rows).astype(np.float32)
+    w = rand(rng, (37, K), 1.0 / math.sqrt(K))
+    y = check_int8_linear(x, w, rand(rng, (37,)), "relu")
+    assert np.isfinite(y).all()
+    for n in (1, 2):                                          # the few-row kernels
+        check_int8_linear(x[-3:][:n], w)
 
 
 def test_non_finite_activation_rows_give_nan_rows(rng):
@@ -296,13 +348,13 @@ def test_kernels_over_zero_in_features(dtype, activation):
 
     M = 5
     qw = quantized(np.zeros((M, 0), np.float32), dtype)
-    wp, wsum = qw._kernel_arrays()[1:3]
+    wp = qw._kernel_arrays()[1]
     x = np.zeros((3, 0), np.float32)
     for b in (np.array([1.0, -0.0, -2.0, 3.0, 0.5], np.float32), None):
         y = np.full((3, M), np.nan, np.float32)
         act = ops.ACTIVATIONS[activation]
         if dtype == "int8":
-            _kernels.linear_int8_forward(y, x, wp, wsum, qw.scale, b, act, 2)
+            _kernels.linear_int8_forward(y, x, wp, qw.scale, b, act, 2)
         else:
             _kernels.linear_bf16_forward(y, x, wp, b, act, 2)
         ref = reference.linear(x, qw, b, activation=activation)

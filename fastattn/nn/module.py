@@ -148,8 +148,9 @@ class Module:
         """Convert the linear weights for inference, in place; returns self.
 
         - "int8": each weight row gets a symmetric scale (max |w| / 127) and int8 values; the
-          products quantize their input rows the same way on the fly, accumulate exactly in
-          int32 and apply scale, bias and activation in float32 (``ops.QuantizedWeight``).
+          products quantize their input rows the same way on the fly (to int16, with as many
+          levels as the int32 sums allow), accumulate exactly in int32 and apply scale, bias
+          and activation in float32 (``ops.QuantizedWeight``).
         - "bf16": weights rounded to bfloat16 (to nearest even), widened to float32 in the
           kernels; products accumulate in float32.
         - "float32": back to float32 arrays (the dequantized values: quantizing is lossy).

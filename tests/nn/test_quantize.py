@@ -17,8 +17,14 @@ from nn_util import C, F, H, features
 
 TYPES = ("int8", "bf16")
 # relative error of a quantized model's outputs against its float32 original (random weights,
-# d_model 32): int8 rounds weights and inputs to ~1/254 of their row's range, bf16 to 2^-9
+# d_model 32): int8 rounds weights to ~1/254 of their row's range (and a product's inputs to
+# ~1/65534 of theirs), bf16 to 2^-9
 REL_ERROR = {"int8": 0.05, "bf16": 0.01}
+# the same quantized math computed two ways (fast and reference backends, decode steps and the
+# full forward): their float32 parts (attention, layer norm) differ by ~1e-7, which can move
+# an int8 product's input across a rounding boundary of its L levels (fa_int8_act_levels: one
+# level is 1/32767 of the row's largest value at d_model 32), so int8 allows a few levels
+SAME_MATH = {"int8": 2e-4, "bf16": 1e-5}
 
 
 def transformer(seed=0, **kw):
@@ -136,7 +142,7 @@ def test_quantized_transformer_fast_and_reference_backends_agree(kind):
     ref = transformer().quantize(kind).to_backend("reference")
     out = fast(src, tgt, tgt_mask=mask)
     want = ref(src, tgt, tgt_mask=mask)
-    assert rel(out, want) < 1e-5
+    assert rel(out, want) < SAME_MATH[kind]
     f32 = transformer()(src, tgt, tgt_mask=mask)
     assert 0 < rel(out, f32) < REL_ERROR[kind]     # quantized: close, and not the same
 
@@ -152,7 +158,7 @@ def test_quantized_decode_steps_equal_the_full_forward(kind):
     full = m(src, tgt, tgt_mask=fnn.generate_square_subsequent_mask(5))
     cache = m.init_cache(src, max_len=5)
     steps = np.stack([m.step(tgt[:, t], cache) for t in range(5)], axis=1)
-    assert rel(steps, full) < 1e-5
+    assert rel(steps, full) < SAME_MATH[kind]
 
 
 @pytest.mark.parametrize("kind", TYPES)
@@ -232,7 +238,7 @@ def reverse_model():
     finally:
         fastattn.set_num_threads(before)
     m.eval()
-    held_out = words(200)
+    held_out = words(1000)
     return m, tok, held_out
 
 
@@ -247,22 +253,23 @@ def _teacher_forced(m, tok, texts):
     return float(m.loss(collate(src, rows, tok.pad_id), collate(tgt, rows, tok.pad_id)))
 
 
-# The loss bounds: int8's held-out loss rise on this model spread from -0.1% to +3.8% over
-# seeds 0-2 trained on the AVX-512 and the AVX2 kernels (+3.2% for seed 0 on AVX2, +0.9% on
-# AVX-512), bf16's from -0.4% to +0.5%; see the README's accuracy figures.
-@pytest.mark.parametrize("kind, loss_rise", [("int8", 0.05), ("bf16", 0.005)])
+# The loss bounds are the issue's: int8 at most +2%, bf16 +0.5%. Measured on 1000 held-out
+# words over seeds 0-5 (README): int8 -0.2% to +1.2%, bf16 0.0% to +0.2%. The tokens are
+# compared on the first 200 words.
+@pytest.mark.parametrize("kind, loss_rise", [("int8", 0.02), ("bf16", 0.005)])
 def test_trained_model_keeps_its_tokens_and_its_loss(reverse_model, kind, loss_rise):
     m, tok, held_out = reverse_model
+    words = held_out[:200]
     before = fastattn.get_num_threads()
     fastattn.set_num_threads(1)
     try:
-        want = m.translate(held_out, tok, tok, max_new_tokens=10)
+        want = m.translate(words, tok, tok, max_new_tokens=10)
         loss = _teacher_forced(m, tok, held_out)
-        assert sum(o == w[::-1] for o, w in zip(want, held_out)) >= 0.6 * len(held_out)  # learned
+        assert sum(o == w[::-1] for o, w in zip(want, words)) >= 0.6 * len(words)  # learned
         q = fnn.Seq2SeqTransformer(**m.config)
         q.load_state_dict(m.state_dict())
         q.eval().quantize(kind)
-        got = q.translate(held_out, tok, tok, max_new_tokens=10)
+        got = q.translate(words, tok, tok, max_new_tokens=10)
         q_loss = _teacher_forced(q, tok, held_out)
     finally:
         fastattn.set_num_threads(before)
@@ -289,5 +296,5 @@ def test_multihead_attention_with_separate_projections_quantizes_them(kind):
         "q_proj_weight", "k_proj_weight", "v_proj_weight", "out_proj.weight"}
     out = m(q, k, v, need_weights=False)[0]
     ref = mha().quantize(kind).to_backend("reference")(q, k, v, need_weights=False)[0]
-    assert rel(out, ref) < 1e-5
+    assert rel(out, ref) < SAME_MATH[kind]
     assert 0 < rel(out, f32) < REL_ERROR[kind]
