@@ -489,8 +489,9 @@ int fa_embedding_backward(float *dweight, const float *dout, const int64_t *ids,
  * A product's activations, quantised per row on the fly by the same rule with L levels in
  * place of 127, L = fa_int8_act_levels(K): as many as the int32 sums allow (|acc| <= 127 L K
  * < 2^31), at most 32767 (int16 lanes): 32767 up to K = 516, 8256 at K = 2048, 2064 at
- * K = 8192, never below 127 (K <= FA_INT8_MAX_K). Rows with amax < 2^-110 (FA_INT8_ACT_MIN_AMAX) are zero; a row
- * that is not finite gets scale NaN and q 0, so its output row is NaN.
+ * K = 8192, never below 127 (K <= FA_INT8_MAX_K). Rows with amax < 2^-110
+ * (FA_INT8_ACT_MIN_AMAX) are zero; a row that is not finite gets scale NaN and q 0, so its
+ * output row is NaN.
  * A product y = act(x w^T + b) with int8 weights:
  *   acc[n, m] = sum_k xq[n, k] q[m, k]     exact, in int32 (K <= FA_INT8_MAX_K)
  *   y[n, m]   = act(fl(fl(fl(acc) * fl(sx[n] * scale[m])) + b[m]))   fl: float32 rounding, no

@@ -17,6 +17,7 @@
 #define BF_PANEL 32          /* bf16 features per packed panel: wp[p][k][f] = w[32 p + f][k] */
 #define Q8_ROW_BLOCK 96      /* int8, many rows: rows quantised and multiplied together (the
                                 quantised block stays in L2 while every panel meets it) */
+#define Q8_G 2               /* int8: K in pairs in every path's layout (int16 pair products) */
 #define Q8_MIN_ROWS 48       /* int8: below this many rows per thread, threads split panels */
 
 #define FA_BODY "quant_body.h"
@@ -123,18 +124,19 @@ int fa_int8_init(int forced)
 
 typedef void (*epi_fn)(float *, float *, const float *, int64_t, int64_t, int64_t, int, int64_t,
                        int64_t, const fa_dropout_t *);
-typedef void (*q8_panel_fn)(float *, int64_t, const void *, int64_t, int64_t, const int8_t *,
-                            const float *, const float *, const float *, int64_t, int64_t, int);
-typedef void (*q8_quant_fn)(void *, float *, const float *, int64_t, int64_t, int64_t, int);
+typedef void (*q8_panel_fn)(float *, int64_t, const int16_t *, int64_t, int64_t,
+                            const int8_t *, const float *, const float *, const float *, int64_t,
+                            int64_t, int);
+typedef void (*q8_quant_fn)(int16_t *, float *, const float *, int64_t, int64_t, int64_t);
 typedef float (*q8_row_fn)(void *, const float *, int64_t, int64_t, int);
 typedef void (*bf_gemm_fn)(float *, int64_t, const float *, int64_t, const uint16_t *, int64_t,
                            int64_t, int64_t, int64_t);
 typedef void (*widen_t_fn)(float *, const uint16_t *, int64_t, int64_t, int64_t, int64_t);
 
-/* One int8 path: its layout (np features per panel, K in groups of g), its tile height (mr,
- * for build_info), and the helpers of its ISA level. */
+/* One int8 path: its layout (np features per panel, K in pairs), its tile height (mr, for
+ * build_info), and the helpers of its ISA level. */
 typedef struct {
-    int64_t np, g, mr;
+    int64_t np, mr;
     q8_panel_fn panel;
     q8_quant_fn quant;
     epi_fn epi;
@@ -142,16 +144,16 @@ typedef struct {
 
 static q8_impl_t q8_impl_of(int path)
 {
-    q8_impl_t im = {16, 2, 4, q8_panel_generic, q8_quant_rows_generic, bias_act_rows_generic};
+    q8_impl_t im = {16, 4, q8_panel_generic, q8_quant_rows_generic, bias_act_rows_generic};
 #if defined(FA_HAVE_V3)
     if (path == FA_INT8_AVX2)
-        im = (q8_impl_t){32, 2, 6, q8_panel_avx2, q8_quant_rows_v3, bias_act_rows_v3};
+        im = (q8_impl_t){32, 6, q8_panel_avx2, q8_quant_rows_v3, bias_act_rows_v3};
 #endif
 #if defined(FA_HAVE_V4)
     if (path == FA_INT8_AVX512BW)
-        im = (q8_impl_t){64, 2, 6, q8_panel512_v4, q8_quant_rows_v4, bias_act_rows_v4};
+        im = (q8_impl_t){64, 6, q8_panel512_v4, q8_quant_rows_v4, bias_act_rows_v4};
     if (path == FA_INT8_AVX512VNNI)
-        im = (q8_impl_t){64, 2, 6, q8_panel512_v4vnni, q8_quant_rows_v4, bias_act_rows_v4};
+        im = (q8_impl_t){64, 6, q8_panel512_v4vnni, q8_quant_rows_v4, bias_act_rows_v4};
 #endif
     return im;
 }
@@ -162,7 +164,7 @@ int fa_quant_tiles(int64_t *out)
 {
     const q8_impl_t im = q8_impl_of(g_path);
     out[0] = im.np;
-    out[1] = im.g;
+    out[1] = Q8_G;
     out[2] = im.mr;
     out[3] = Q8_ROW_BLOCK;
     out[4] = Q8_MIN_ROWS;
@@ -178,13 +180,13 @@ int fa_quant_tiles(int64_t *out)
 int64_t fa_int8_packed_size(int64_t M, int64_t K)
 {
     const q8_impl_t im = q8_impl_of(g_path);
-    return round_up(M, im.np) * round_up(K, im.g);
+    return round_up(M, im.np) * round_up(K, Q8_G);
 }
 
 void fa_int8_pack(int8_t *wp, const int8_t *q, int64_t M, int64_t K, int nthreads)
 {
     const q8_impl_t im = q8_impl_of(g_path);
-    const int64_t NP = im.np, G = im.g, Kp = round_up(K, G), P = (M + NP - 1) / NP;
+    const int64_t NP = im.np, G = Q8_G, Kp = round_up(K, G), P = (M + NP - 1) / NP;
     if (Kp == 0) return;                /* no weights: wp has no elements */
     const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)(P * NP * Kp), 1e6);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
@@ -234,14 +236,14 @@ static int64_t q8_block_start(int64_t blk, int64_t nblk, int64_t N, int64_t mr)
 }
 
 /* Rows [r0, r0 + rows) of y, panels [p0, p1): every tile, then gelu (relu is in the tiles). */
-static void q8_panels(const q8_impl_t *im, float *y, const void *xq, const float *sx,
+static void q8_panels(const q8_impl_t *im, float *y, const int16_t *xq, const float *sx,
                       int64_t rows, int64_t Kp, const int8_t *wp, const float *scale,
                       const float *bias, int64_t p0, int64_t p1, int64_t M, int act)
 {
     for (int64_t p = p0; p < p1; p++) {
         const int64_t m0 = p * im->np, nf = M - m0 < im->np ? M - m0 : im->np;
         im->panel(y + m0, M, xq, Kp, rows, wp + m0 * Kp, sx, scale + m0,
-                  bias ? bias + m0 : NULL, Kp / im->g, nf, act == FA_ACT_RELU);
+                  bias ? bias + m0 : NULL, Kp / Q8_G, nf, act == FA_ACT_RELU);
         if (act == FA_ACT_GELU || act == FA_ACT_GELU_TANH)
             im->epi(y + m0, NULL, NULL, rows, nf, M, act, 0, 0, NULL);
     }
@@ -257,8 +259,7 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const flo
         empty_product(y, bias, N, M, activation, im.epi);
         return 0;
     }
-    const int64_t Kp = round_up(K, im.g), P = (M + im.np - 1) / im.np;
-    const int64_t esz = 2;                                  /* int16 activations */
+    const int64_t Kp = round_up(K, Q8_G), P = (M + im.np - 1) / im.np;
     /* a second thread pays off from about 200K multiply-adds: one row against 100 distinct
      * 512 x 512 weights (26 MB, a decode step's working set, from L3 rather than L2) took
      * 8.6-10.7 us a product on two AVX2 threads against 12.1-13.6 on one (AVX-512 VNNI:
@@ -271,20 +272,21 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const flo
      * by panels: every thread quantises all N rows for itself (no barrier) */
     const int64_t nblk = by_rows ? round_up((N + Q8_ROW_BLOCK - 1) / Q8_ROW_BLOCK, nt) : 1;
     const int64_t per = by_rows ? (N + nblk - 1) / nblk + im.mr : N;     /* the largest block */
-    const int64_t stride = round_up(per * Kp * esz + per * 4, 64) + 64;   /* bytes per thread */
+    const int64_t stride = round_up(per * Kp * 2 + per * 4, 64) + 64;  /* bytes per thread: int16
+                                                                         * rows, then scales */
     char *buf = aligned_alloc(64, (size_t)(stride * nt));
     if (!buf) return -1;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        char *xq = buf + stride * fa_thread_id();
-        float *sx = (float *)(xq + round_up(per * Kp * esz, 64));
+        int16_t *xq = (int16_t *)(buf + stride * fa_thread_id());
+        float *sx = (float *)((char *)xq + round_up(per * Kp * 2, 64));
         if (by_rows) {
 #pragma omp for schedule(static)
             for (int64_t blk = 0; blk < nblk; blk++) {
                 const int64_t r0 = q8_block_start(blk, nblk, N, im.mr);
                 const int64_t rows = q8_block_start(blk + 1, nblk, N, im.mr) - r0;
                 if (rows <= 0) continue;
-                im.quant(xq, sx, x + r0 * K, rows, K, Kp, Q8_FMT_I16);
+                im.quant(xq, sx, x + r0 * K, rows, K, Kp);
                 q8_panels(&im, y + r0 * M, xq, sx, rows, Kp, wp, scale, bias, 0, P, M,
                           activation);
             }
@@ -292,7 +294,7 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const flo
             int64_t p0, p1;
             fa_split(P, 1, &p0, &p1);
             if (p0 < p1) {
-                im.quant(xq, sx, x, N, K, Kp, Q8_FMT_I16);
+                im.quant(xq, sx, x, N, K, Kp);
                 q8_panels(&im, y, xq, sx, N, Kp, wp, scale, bias, p0, p1, M, activation);
             }
         }

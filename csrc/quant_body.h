@@ -94,13 +94,13 @@ static float FA_CAT(q8_quant_row_, FA_SFX)(void *dst, const float *x, int64_t K,
     return sx;
 }
 
-/* rows of x (row stride K) into dst (row stride Kp elements), scales into sx */
-static void FA_CAT(q8_quant_rows_, FA_SFX)(void *dst, float *sx, const float *x, int64_t rows,
-                                           int64_t K, int64_t Kp, int fmt)
+/* a product's activations: rows of x (row stride K) into int16 rows of dst (row stride Kp),
+ * scales into sx */
+static void FA_CAT(q8_quant_rows_, FA_SFX)(int16_t *dst, float *sx, const float *x,
+                                           int64_t rows, int64_t K, int64_t Kp)
 {
-    const int64_t esz = fmt == Q8_FMT_I16 ? 2 : 1;
     for (int64_t r = 0; r < rows; r++)
-        sx[r] = FA_CAT(q8_quant_row_, FA_SFX)((char *)dst + r * Kp * esz, x + r * K, K, Kp, fmt);
+        sx[r] = FA_CAT(q8_quant_row_, FA_SFX)(dst + r * Kp, x + r * K, K, Kp, Q8_FMT_I16);
 }
 
 /* ---- bf16 ------------------------------------------------------------------------------------ */
@@ -555,7 +555,7 @@ FA_INLINE void q8_widen_avx2(int16_t *w16, const int8_t *w_k, int64_t kn)
 #define Q8_AVX2_ROWS 96
 #define Q8_AVX2_KG 128
 #define Q8_AVX2_WIDEN 12
-static void q8_panel_avx2(float *y, int64_t ldy, const void *xq, int64_t ldx, int64_t rows,
+static void q8_panel_avx2(float *y, int64_t ldy, const int16_t *x, int64_t ldx, int64_t rows,
                           const int8_t *w_p, const float *sx, const float *scale_p,
                           const float *bias_p, int64_t Kg, int64_t nf, int relu)
 {
@@ -564,7 +564,6 @@ static void q8_panel_avx2(float *y, int64_t ldy, const void *xq, int64_t ldx, in
                         int64_t, int64_t, int, int, int) = {
         NULL, q8_tile_avx2_1, q8_tile_avx2_2, q8_tile_avx2_3, q8_tile_avx2_4, q8_tile_avx2_5,
         q8_tile_avx2_6};
-    const int16_t *x = xq;
     if (rows <= 2) {
         (rows == 1 ? q8_few_avx2_1 : q8_few_avx2_2)(y, ldy, x, ldx, w_p, sx, scale_p, bias_p, Kg,
                                                    nf, relu);
@@ -626,28 +625,27 @@ FA_INLINE void q8_tile_generic(float *y, int64_t ldy, const int16_t *xq, int64_t
 /* ---- a panel: every tile of `rows` rows -----------------------------------------------------
  * One function per tile height (noinline: inlined into the panel loop, the tile's loop
  * invariants would be hoisted out of it and push the accumulators out of registers). */
-#define Q8_TILE_ARGS float *y, int64_t ldy, const void *xq, int64_t ldx, const int8_t *w_p,     \
+#define Q8_TILE_ARGS float *y, int64_t ldy, const int16_t *xq, int64_t ldx, const int8_t *w_p,  \
                      const float *sx, const float *scale_p, const float *bias_p, int64_t Kg,    \
                      int64_t nf, int relu
-#define Q8_TILE_AT(name, tile, xtype, MRV)                                                     \
+#define Q8_TILE_AT(name, tile, MRV)                                                            \
     static __attribute__((noinline)) void name##_##MRV(Q8_TILE_ARGS)                            \
     {                                                                                           \
-        tile(y, ldy, (const xtype *)xq, ldx, w_p, sx, scale_p, bias_p, Kg, nf, MRV, relu);     \
+        tile(y, ldy, xq, ldx, w_p, sx, scale_p, bias_p, Kg, nf, MRV, relu);                    \
     }
-#define Q8_PANEL_FN(name, tile, xtype, MR)                                                      \
-    Q8_TILE_AT(name, tile, xtype, 1)                                                            \
-    Q8_TILE_AT(name, tile, xtype, 2)                                                            \
-    Q8_TILE_AT(name, tile, xtype, 3)                                                            \
-    Q8_TILE_AT(name, tile, xtype, 4)                                                            \
-    Q8_TILE_AT(name, tile, xtype, 5)                                                            \
-    Q8_TILE_AT(name, tile, xtype, 6)                                                            \
-    static void name(float *y, int64_t ldy, const void *xq, int64_t ldx, int64_t rows,          \
+#define Q8_PANEL_FN(name, tile, MR)                                                             \
+    Q8_TILE_AT(name, tile, 1)                                                                   \
+    Q8_TILE_AT(name, tile, 2)                                                                   \
+    Q8_TILE_AT(name, tile, 3)                                                                   \
+    Q8_TILE_AT(name, tile, 4)                                                                   \
+    Q8_TILE_AT(name, tile, 5)                                                                   \
+    Q8_TILE_AT(name, tile, 6)                                                                   \
+    static void name(float *y, int64_t ldy, const int16_t *x, int64_t ldx, int64_t rows,        \
                      const int8_t *w_p, const float *sx, const float *scale_p,                  \
                      const float *bias_p, int64_t Kg, int64_t nf, int relu)                     \
     {                                                                                           \
         void (*const at[7])(Q8_TILE_ARGS) = {NULL,       name##_1, name##_2, name##_3,          \
                                              name##_4,   name##_5, name##_6};                   \
-        const xtype *x = xq;                                                                    \
         for (int64_t r0 = 0; r0 < rows; r0 += MR) {                                             \
             const int64_t mr = rows - r0 < MR ? rows - r0 : MR;                                 \
             at[mr](y + r0 * ldy, ldy, x + r0 * ldx, ldx, w_p, sx + r0, scale_p, bias_p, Kg, nf, \
@@ -656,9 +654,9 @@ FA_INLINE void q8_tile_generic(float *y, int64_t ldy, const int16_t *xq, int64_t
     }
 
 /* the names expanded first (FA_CAT), then pasted with the tile heights */
-#define Q8_PANEL_FN_OF(name, tile, xtype, MR) Q8_PANEL_FN(name, tile, xtype, MR)
+#define Q8_PANEL_FN_OF(name, tile, MR) Q8_PANEL_FN(name, tile, MR)
 #if FA_VL == 16
-Q8_PANEL_FN_OF(FA_CAT(q8_panel512_, FA_SFX), FA_CAT(q8_tile512_, FA_SFX), int16_t, 6)
+Q8_PANEL_FN_OF(FA_CAT(q8_panel512_, FA_SFX), FA_CAT(q8_tile512_, FA_SFX), 6)
 #elif FA_VL == 4
-Q8_PANEL_FN(q8_panel_generic, q8_tile_generic, int16_t, 4)
+Q8_PANEL_FN(q8_panel_generic, q8_tile_generic, 4)
 #endif

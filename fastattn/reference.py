@@ -1114,8 +1114,9 @@ def _linear_quantized(x, weight, bias, activation):
     """linear() with a QuantizedWeight: the kernels' math, step by step.
 
     int8: x quantised per row by quantize_int8's rule with _act_levels(K) levels (a row that
-    is not finite gets scale NaN, so its output row is NaN); acc = xq @ q^T exactly (computed in float64: every partial sum is
-    an integer below 2^31 < 2^53); then in float32, rounding after each operation:
+    is not finite gets scale NaN, so its output row is NaN); acc = xq @ q^T exactly
+    (computed in float64: every partial sum is an integer below 2^31 < 2^53); then in
+    float32, rounding after each operation:
         y = act(float32(acc) * (sx[n] * scale[m]) + bias[m])
     (act in float64 on that float32 value). bf16: the weight widened to float32 (exact), then
     linear() in float64.
