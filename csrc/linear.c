@@ -5,7 +5,8 @@
  * (OpenBLAS's own pool is kept at one thread for the whole process, see fa_blas.h), so OpenBLAS
  * never starts (or spins) threads of its own next to ours. Many rows: each thread takes blocks
  * of rows, runs the GEMM and then the epilogue while the block is in cache. Few rows (decode
- * steps): each thread takes a slice of the output features instead. */
+ * steps): each thread takes a slice of the output features instead; in between (large teams),
+ * groups of rows times slices of features (grid_tile). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,23 +45,49 @@ static int64_t block_rows(int64_t N, int64_t nblk)
     return (per + BLAS_ROW_ALIGN - 1) / BLAS_ROW_ALIGN * BLAS_ROW_ALIGN;
 }
 
-/* y[:, m0:m1] = drop(act(x w[m0:m1]^T + b[m0:m1])) for this thread's slice of the M features
- * (split over the team actually running, fa_split); pre[:, m0:m1] (if not NULL) keeps the value
- * before the activation. w is (M, K). xp: x with rows padded to a multiple of 4 for the skinny
- * kernel (N <= SKINNY_ROWS), or NULL to use BLAS. drop may be NULL. */
+/* This thread's tile [r0, r1) x [m0, m1) of an (N, M) output that a team splits when it has
+ * fewer than MIN_ROWS rows per thread: rg groups of at least MIN_ROWS rows times cg slices of
+ * the features (starting on multiples of COL_ALIGN), thread t taking row group t / cg and slice
+ * t % cg; threads past rg * cg (fewer than cg) get an empty tile. With fewer than 2 * MIN_ROWS
+ * rows (or a team too small for two groups) that is the feature split alone. Rows grouped so,
+ * each thread packs a share of the input rather than all of it: the Transformer-base encoder's
+ * (1024, 512) -> 512 projection on 16 threads otherwise had every thread pack all 1024 rows for
+ * a slice of 32 features. Groups start on multiples of BLAS_ROW_ALIGN, like row blocks. */
+static void grid_tile(int64_t N, int64_t M, int64_t *r0, int64_t *r1, int64_t *m0, int64_t *m1)
+{
+    const int64_t T = fa_team(), t = fa_thread_id();
+    const int64_t rg_max = N / MIN_ROWS > 1 ? N / MIN_ROWS : 1;
+    int64_t cg = (T + rg_max - 1) / rg_max, rg = T / cg;
+    if (rg <= 1) rg = 1, cg = T;
+    *r0 = *r1 = *m0 = *m1 = 0;
+    if (t >= rg * cg) return;
+    const int64_t per = (N + rg - 1) / rg, rows = (per + BLAS_ROW_ALIGN - 1) / BLAS_ROW_ALIGN
+                                                  * BLAS_ROW_ALIGN;
+    const int64_t cols = ((M + cg - 1) / cg + COL_ALIGN - 1) / COL_ALIGN * COL_ALIGN;
+    *r0 = (t / cg) * rows < N ? (t / cg) * rows : N;
+    *r1 = *r0 + rows < N ? *r0 + rows : N;
+    *m0 = (t % cg) * cols < M ? (t % cg) * cols : M;
+    *m1 = *m0 + cols < M ? *m0 + cols : M;
+}
+
+/* y = drop(act(x w^T + b)) on this thread's tile (grid_tile); pre (if not NULL) keeps the
+ * value before the activation. w is (M, K). xp: x with rows padded to a multiple of 4 for the
+ * skinny kernel (N <= SKINNY_ROWS, one row group), or NULL to use BLAS. drop may be NULL. */
 static void linear_cols(float *y, float *pre, const float *x, const float *xp, const float *w,
                         const float *b, int64_t N, int64_t K, int64_t M, int act, epi_fn epi,
                         skinny_fn skinny, const fa_dropout_t *drop)
 {
-    int64_t m0, m1;
-    fa_split(M, COL_ALIGN, &m0, &m1);
-    if (m0 >= m1) return;
+    int64_t r0, r1, m0, m1;
+    grid_tile(N, M, &r0, &r1, &m0, &m1);
+    if (r0 >= r1 || m0 >= m1) return;
     float *z = pre ? pre : y;                             /* where the GEMM writes */
     if (xp)
         skinny(z + m0, M, xp, N, w + m0 * K, m1 - m0, K);
     else
-        fa_sgemm_rowmajor(0, 1, N, m1 - m0, K, 1.0f, x, K, w + m0 * K, K, 0.0f, z + m0, M);
-    epi(y + m0, pre ? pre + m0 : NULL, b ? b + m0 : NULL, N, m1 - m0, M, act, 0, m0, drop);
+        fa_sgemm_rowmajor(0, 1, r1 - r0, m1 - m0, K, 1.0f, x + r0 * K, K, w + m0 * K, K, 0.0f,
+                          z + r0 * M + m0, M);
+    epi(y + r0 * M + m0, pre ? pre + r0 * M + m0 : NULL, b ? b + m0 : NULL, r1 - r0, m1 - m0, M,
+        act, r0, m0, drop);
 }
 
 /* x (N, K) copied into rows padded with zeros to a multiple of 4, for the skinny kernel; NULL

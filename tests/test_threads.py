@@ -157,6 +157,30 @@ def test_ffn_close(restore_threads, rng, n, N):
         assert_close_relative(lambda: ops.ffn(x, w1, b1, w2, b2, activation=act), n, f"ffn {act}")
 
 
+# Teams with fewer than min_rows_per_thread rows per thread but room for two or more row groups
+# split rows and features both (4 threads: 2 x 2; 8 threads over 3 groups' worth of rows: 2 x 3,
+# two threads idle); dropout's keep bits follow the (row, feature) of each tile.
+GRID_CASES = [(4, 2 * MIN_ROWS + 5), (8, 3 * MIN_ROWS + 7), (8, 7 * MIN_ROWS + 1)]
+
+
+@pytest.mark.parametrize("n, N", GRID_CASES)
+def test_linear_and_ffn_row_and_feature_grid(restore_threads, rng, n, N):
+    x, w, b = rand(rng, (N, 96)), rand(rng, (257, 96), 0.1), rand(rng, (257,))
+    assert_close_relative(lambda: ops.linear(x, w, b, activation="gelu"), n, "linear")
+    w1, b1, w2, b2 = rand(rng, (258, 96), 0.1), rand(rng, (258,)), \
+        rand(rng, (96, 258), 0.06), rand(rng, (96,))
+    assert_close_relative(lambda: ops.ffn(x, w1, b1, w2, b2), n, "ffn")
+    one, one_pre = run_with(1, lambda: ops.ffn_forward(x, w1, b1, w2, b2, activation="gelu",
+                                                       dropout_p=0.25, seed=7))
+    many, many_pre = run_with(n, lambda: ops.ffn_forward(x, w1, b1, w2, b2, activation="gelu",
+                                                         dropout_p=0.25, seed=7))
+    ref, ref_pre = reference.ffn_forward(x, w1, b1, w2, b2, activation="gelu", dropout_p=0.25,
+                                         seed=7)
+    assert_close(many_pre["pre"], one_pre["pre"], rtol=1e-6, atol=1e-5, name="ffn pre")
+    assert_close(many, one, rtol=1e-6, atol=1e-5, name=f"ffn dropout: {n} threads vs 1")
+    assert_close(many, ref, rtol=1e-4, atol=1e-4, name="ffn dropout vs the twin")
+
+
 # ---- fewer threads than asked for ----------------------------------------------------------------
 # OpenMP may start a smaller team than num_threads(n) requests: OMP_THREAD_LIMIT caps it,
 # OMP_DYNAMIC lets the runtime choose. Every kernel must split its work over the team actually
