@@ -52,7 +52,7 @@ static int64_t block_rows(int64_t N, int64_t nblk)
  * rows (or a team too small for two groups) that is the feature split alone. Rows grouped so,
  * each thread packs a share of the input rather than all of it: the Transformer-base encoder's
  * (1024, 512) -> 512 projection on 16 threads otherwise had every thread pack all 1024 rows for
- * a slice of 32 features. Groups start on multiples of BLAS_ROW_ALIGN, like row blocks. */
+ * a slice of 32 features. Groups are sized as row blocks are (block_rows). */
 static void grid_tile(int64_t N, int64_t M, int64_t *r0, int64_t *r1, int64_t *m0, int64_t *m1)
 {
     const int64_t T = fa_team(), t = fa_thread_id();
@@ -61,8 +61,7 @@ static void grid_tile(int64_t N, int64_t M, int64_t *r0, int64_t *r1, int64_t *m
     if (rg <= 1) rg = 1, cg = T;
     *r0 = *r1 = *m0 = *m1 = 0;
     if (t >= rg * cg) return;
-    const int64_t per = (N + rg - 1) / rg, rows = (per + BLAS_ROW_ALIGN - 1) / BLAS_ROW_ALIGN
-                                                  * BLAS_ROW_ALIGN;
+    const int64_t rows = block_rows(N, rg);
     const int64_t cols = ((M + cg - 1) / cg + COL_ALIGN - 1) / COL_ALIGN * COL_ALIGN;
     *r0 = (t / cg) * rows < N ? (t / cg) * rows : N;
     *r1 = *r0 + rows < N ? *r0 + rows : N;

@@ -258,22 +258,19 @@ def _teacher_forced(m, tok, texts):
 # to +2.0% on the AVX2 ones; bf16 -0.3% to +0.2%. The tokens are compared on the first 200
 # words.
 @pytest.mark.parametrize("kind, loss_rise", [("int8", 0.02), ("bf16", 0.005)])
-def test_trained_model_keeps_its_tokens_and_its_loss(reverse_model, kind, loss_rise):
+def test_trained_model_keeps_its_tokens_and_its_loss(restore_threads, reverse_model, kind,
+                                                    loss_rise):
     m, tok, held_out = reverse_model
     words = held_out[:200]
-    before = fastattn.get_num_threads()
     fastattn.set_num_threads(1)
-    try:
-        want = m.translate(words, tok, tok, max_new_tokens=10)
-        loss = _teacher_forced(m, tok, held_out)
-        assert sum(o == w[::-1] for o, w in zip(want, words)) >= 0.6 * len(words)  # learned
-        q = fnn.Seq2SeqTransformer(**m.config)
-        q.load_state_dict(m.state_dict())
-        q.eval().quantize(kind)
-        got = q.translate(words, tok, tok, max_new_tokens=10)
-        q_loss = _teacher_forced(q, tok, held_out)
-    finally:
-        fastattn.set_num_threads(before)
+    want = m.translate(words, tok, tok, max_new_tokens=10)
+    loss = _teacher_forced(m, tok, held_out)
+    assert sum(o == w[::-1] for o, w in zip(want, words)) >= 0.6 * len(words)  # learned
+    q = fnn.Seq2SeqTransformer(**m.config)
+    q.load_state_dict(m.state_dict())
+    q.eval().quantize(kind)
+    got = q.translate(words, tok, tok, max_new_tokens=10)
+    q_loss = _teacher_forced(q, tok, held_out)
     pairs = [(a, b) for g, w in zip(got, want) for a, b in zip(g.ljust(10), w.ljust(10))]
     same = sum(a == b for a, b in pairs) / len(pairs)
     assert same >= 0.95, f"{kind}: {same:.1%} of positions equal the float32 tokens"
