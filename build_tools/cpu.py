@@ -33,6 +33,33 @@ int main(void) {
 """
 
 
+# AMX: compile + link only (the probe runs the tile code only if asked; no CPU here need have it)
+AMX_PROBE = r"""
+#include <immintrin.h>
+#include <stdio.h>
+#include <string.h>
+__attribute__((target("amx-tile,amx-int8"))) static void tiles(const void *cfg, void *c,
+                                                                 const void *a, const void *b) {
+    _tile_loadconfig(cfg);
+    _tile_zero(0);
+    _tile_loadd(1, a, 64);
+    _tile_loadd(2, b, 64);
+    _tile_dpbssd(0, 1, 2);
+    _tile_dpbusd(0, 1, 2);
+    _tile_stored(0, c, 64);
+    _tile_release();
+}
+int main(int argc, char **argv) {
+    static unsigned char cfg[64], a[1024], b[1024], c[1024];
+    (void)argv;
+    if (argc > 99) tiles(cfg, c, a, b);
+    memset(c, 0, sizeof c);
+    printf("ok\n");
+    return 0;
+}
+"""
+
+
 def _env(name):
     return os.environ.get(name, "") == "1"
 
@@ -57,5 +84,8 @@ def configure():
             ok, out, _ = run_c(ISA_PROBE % (level, level), compile_args=["-O2"])
             if ok and out.strip() == "32":
                 macros.append((macro, "1"))
+        ok, out, _ = run_c(AMX_PROBE, compile_args=["-O2"])
+        if ok and out.strip() == "ok":
+            macros.append(("FA_HAVE_AMX", "1"))
     return {"compile_args": args, "link_args": link, "define_macros": macros,
             "boundscheck": debug or sanitize.enabled()}

@@ -506,7 +506,10 @@ int fa_embedding_backward(float *dweight, const float *dout, const int64_t *ids,
 #define FA_INT8_ACT_MIN_AMAX 0x1p-110f /* activation rows below: zero (L / amax finite, and
                                         * amax / L a normal float, for every L <= 32767) */
 #define FA_BF16_PACKED_MAX_ROWS 32 /* bf16: up to this many rows, the packed few-row kernel */
-enum { Q8_FMT_I16 = 0, Q8_FMT_I8 = 1 };  /* quantised rows: int16 activations, int8 values */
+/* quantised rows: int16 activations, int8 values, or the int16 activations split into bytes for
+ * the AMX tiles (x = 256 hi + lo: hi = x >> 8 signed, lo = x & 255 unsigned; a row of Kp values
+ * is Kp hi bytes, then Kp lo bytes) */
+enum { Q8_FMT_I16 = 0, Q8_FMT_I8 = 1, Q8_FMT_HILO = 2 };
 
 /* the activation levels L of a product over K (1 <= K <= FA_INT8_MAX_K) */
 static inline int32_t fa_int8_act_levels(int64_t K)
@@ -515,9 +518,14 @@ static inline int32_t fa_int8_act_levels(int64_t K)
     return l > 32767 ? 32767 : (int32_t)l;
 }
 
-/* int8 code paths (user names generic / avx2 / avx512bw / avx512vnni), at most the ISA level. */
+/* int8 code paths (user names generic / avx2 / avx512bw / avx512vnni / amx / amx-emulated), at
+ * most the ISA level. amx: the AMX-INT8 tiles (a CPU with AMX-TILE + AMX-INT8, its tile state
+ * enabled by the OS and granted to this process; never chosen unless forced, see quant.c);
+ * amx-emulated: the same tile code with each tile instruction emulated in C (any AVX-512 CPU;
+ * slow: a check of the AMX path's layout and arithmetic on CPUs without AMX). */
 typedef enum {
-    FA_INT8_GENERIC = 0, FA_INT8_AVX2 = 1, FA_INT8_AVX512BW = 2, FA_INT8_AVX512VNNI = 3
+    FA_INT8_GENERIC = 0, FA_INT8_AVX2 = 1, FA_INT8_AVX512BW = 2, FA_INT8_AVX512VNNI = 3,
+    FA_INT8_AMX = 4, FA_INT8_AMX_EMULATED = 5
 } fa_int8_path_t;
 
 /* fa_int8_init -- pick the int8 path once, after fa_cpu_init (called at import).
@@ -527,10 +535,10 @@ int fa_int8_init(int forced);
 int fa_int8_supports(int path);     /* 1 if this CPU, build and SIMD level can run `path` */
 int fa_int8_path(void);             /* the path in use */
 
-/* fa_amx_status -- AMX facts, for build_info() (no kernel uses AMX): bit 0 the CPU has
- * AMX-TILE + AMX-INT8, bit 1 AMX-BF16, bit 2 the OS enables tile state (XCR0 bits 17-18),
- * bit 3 Linux granted this process the tile data permission (ARCH_REQ_XCOMP_PERM, asked once
- * at fa_int8_init when the CPU has AMX). */
+/* fa_amx_status -- AMX facts, for build_info() (the amx int8 path needs bits 0, 2 and 3):
+ * bit 0 the CPU has AMX-TILE + AMX-INT8, bit 1 AMX-BF16, bit 2 the OS enables tile state (XCR0
+ * bits 17-18), bit 3 Linux granted this process the tile data permission (ARCH_REQ_XCOMP_PERM,
+ * asked once at fa_int8_init when the CPU has AMX). */
 int fa_amx_status(void);
 
 /* fa_quantize_int8 -- the per-row rule above, on N rows of K.

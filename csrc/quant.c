@@ -3,6 +3,8 @@
  * The rules (rounding, the epilogue's float formula) are in fastattn.h. */
 #define _GNU_SOURCE   /* syscall() under -std=c11 (the AMX permission request) */
 #include <math.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,7 +19,6 @@
 #define BF_PANEL 32          /* bf16 features per packed panel: wp[p][k][f] = w[32 p + f][k] */
 #define Q8_ROW_BLOCK 96      /* int8, many rows: rows quantised and multiplied together (the
                                 quantised block stays in L2 while every panel meets it) */
-#define Q8_G 2               /* int8: K in pairs in every path's layout (int16 pair products) */
 #define Q8_MIN_ROWS 48       /* int8: below this many rows per thread, threads split panels */
 
 #define FA_BODY "quant_body.h"
@@ -35,11 +36,31 @@
 #include "fa_simd_end.h"
 #undef Q8_VNNI_PASS
 #pragma GCC pop_options
+
+/* The AMX path (amx_body.h): its tile code with every tile instruction emulated (any AVX-512
+ * CPU), and, where the compiler knows the instructions, the real tiles. */
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v4")
+#define AMX_EMULATE 1
+#define AMX_SFX emulated
+#include "amx_body.h"
+#undef AMX_SFX
+#undef AMX_EMULATE
+#pragma GCC pop_options
+#if defined(FA_HAVE_AMX)
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v4,amx-tile,amx-int8")
+#define AMX_SFX tiles
+#include "amx_body.h"
+#undef AMX_SFX
+#pragma GCC pop_options
+#endif
 #endif
 
 /* ---- the int8 path ---------------------------------------------------------------------------- */
 
 static fa_int8_path_t g_path = FA_INT8_GENERIC;
+static int g_amx = 0;                   /* fa_amx_status's bits, probed once at fa_int8_init */
 
 int fa_int8_supports(int path)
 {
@@ -54,6 +75,12 @@ int fa_int8_supports(int path)
     case FA_INT8_AVX512VNNI:
         __builtin_cpu_init();
         return fa_cpu_level() >= FA_ISA_AVX512 && __builtin_cpu_supports("avx512vnni");
+    case FA_INT8_AMX_EMULATED:
+        return fa_cpu_level() >= FA_ISA_AVX512;
+#endif
+#if defined(FA_HAVE_AMX)
+    case FA_INT8_AMX:                   /* the CPU's tiles, enabled by the OS, granted to us */
+        return fa_cpu_level() >= FA_ISA_AVX512 && (g_amx & 13) == 13;
 #endif
     default:
         return 0;
@@ -62,9 +89,7 @@ int fa_int8_supports(int path)
 
 int fa_int8_path(void) { return g_path; }
 
-/* ---- AMX detection (reported only) ----------------------------------------------------------- */
-
-static int g_amx = 0;
+/* ---- AMX detection ---------------------------------------------------------------------------- */
 
 #if defined(__x86_64__) && defined(__linux__)
 #include <cpuid.h>
@@ -113,6 +138,8 @@ int fa_int8_init(int forced)
         g_path = (fa_int8_path_t)forced;
         return 0;
     }
+    /* amx is chosen only when forced: its tile code is tested bit for bit against the twin
+     * through amx-emulated on every AVX-512 CPU, but has not yet been timed on an AMX CPU */
     g_path = fa_int8_supports(FA_INT8_AVX512VNNI) ? FA_INT8_AVX512VNNI
            : fa_int8_supports(FA_INT8_AVX512BW)   ? FA_INT8_AVX512BW
            : fa_int8_supports(FA_INT8_AVX2)       ? FA_INT8_AVX2
@@ -133,10 +160,11 @@ typedef void (*bf_gemm_fn)(float *, int64_t, const float *, int64_t, const uint1
                            int64_t, int64_t, int64_t);
 typedef void (*widen_t_fn)(float *, const uint16_t *, int64_t, int64_t, int64_t, int64_t);
 
-/* One int8 path: its layout (np features per panel, K in pairs), its tile height (mr, for
- * build_info), and the helpers of its ISA level. */
+/* One int8 path: its layout (np features per panel, K in groups of g: pairs for the int16
+ * pair products, quads for the AMX tiles), its tile height (mr: the quantised rows are
+ * allocated in whole tiles), and the helpers of its ISA level. */
 typedef struct {
-    int64_t np, mr;
+    int64_t np, g, mr;
     q8_panel_fn panel;
     q8_quant_fn quant;
     epi_fn epi;
@@ -144,16 +172,24 @@ typedef struct {
 
 static q8_impl_t q8_impl_of(int path)
 {
-    q8_impl_t im = {16, 4, q8_panel_generic, q8_quant_rows_generic, bias_act_rows_generic};
+    q8_impl_t im = {16, 2, 4, q8_panel_generic, q8_quant_rows_generic, bias_act_rows_generic};
 #if defined(FA_HAVE_V3)
     if (path == FA_INT8_AVX2)
-        im = (q8_impl_t){32, 6, q8_panel_avx2, q8_quant_rows_v3, bias_act_rows_v3};
+        im = (q8_impl_t){32, 2, 6, q8_panel_avx2, q8_quant_rows_v3, bias_act_rows_v3};
 #endif
 #if defined(FA_HAVE_V4)
     if (path == FA_INT8_AVX512BW)
-        im = (q8_impl_t){64, 6, q8_panel512_v4, q8_quant_rows_v4, bias_act_rows_v4};
+        im = (q8_impl_t){64, 2, 6, q8_panel512_v4, q8_quant_rows_v4, bias_act_rows_v4};
     if (path == FA_INT8_AVX512VNNI)
-        im = (q8_impl_t){64, 6, q8_panel512_v4vnni, q8_quant_rows_v4, bias_act_rows_v4};
+        im = (q8_impl_t){64, 2, 6, q8_panel512_v4vnni, q8_quant_rows_v4, bias_act_rows_v4};
+    if (path == FA_INT8_AMX_EMULATED)
+        im = (q8_impl_t){AMX_NP, AMX_G, AMX_MR, q8_panel_amx_emulated, q8_quant_rows_hilo,
+                         bias_act_rows_v4};
+#endif
+#if defined(FA_HAVE_AMX)
+    if (path == FA_INT8_AMX)
+        im = (q8_impl_t){AMX_NP, AMX_G, AMX_MR, q8_panel_amx_tiles, q8_quant_rows_hilo,
+                         bias_act_rows_v4};
 #endif
     return im;
 }
@@ -164,7 +200,7 @@ int fa_quant_tiles(int64_t *out)
 {
     const q8_impl_t im = q8_impl_of(g_path);
     out[0] = im.np;
-    out[1] = Q8_G;
+    out[1] = im.g;
     out[2] = im.mr;
     out[3] = Q8_ROW_BLOCK;
     out[4] = Q8_MIN_ROWS;
@@ -180,13 +216,13 @@ int fa_quant_tiles(int64_t *out)
 int64_t fa_int8_packed_size(int64_t M, int64_t K)
 {
     const q8_impl_t im = q8_impl_of(g_path);
-    return round_up(M, im.np) * round_up(K, Q8_G);
+    return round_up(M, im.np) * round_up(K, im.g);
 }
 
 void fa_int8_pack(int8_t *wp, const int8_t *q, int64_t M, int64_t K, int nthreads)
 {
     const q8_impl_t im = q8_impl_of(g_path);
-    const int64_t NP = im.np, G = Q8_G, Kp = round_up(K, G), P = (M + NP - 1) / NP;
+    const int64_t NP = im.np, G = im.g, Kp = round_up(K, G), P = (M + NP - 1) / NP;
     if (Kp == 0) return;                /* no weights: wp has no elements */
     const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)(P * NP * Kp), 1e6);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
@@ -243,7 +279,7 @@ static void q8_panels(const q8_impl_t *im, float *y, const int16_t *xq, const fl
     for (int64_t p = p0; p < p1; p++) {
         const int64_t m0 = p * im->np, nf = M - m0 < im->np ? M - m0 : im->np;
         im->panel(y + m0, M, xq, Kp, rows, wp + m0 * Kp, sx, scale + m0,
-                  bias ? bias + m0 : NULL, Kp / Q8_G, nf, act == FA_ACT_RELU);
+                  bias ? bias + m0 : NULL, Kp / im->g, nf, act == FA_ACT_RELU);
         if (act == FA_ACT_GELU || act == FA_ACT_GELU_TANH)
             im->epi(y + m0, NULL, NULL, rows, nf, M, act, 0, 0, NULL);
     }
@@ -259,7 +295,7 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const flo
         empty_product(y, bias, N, M, activation, im.epi);
         return 0;
     }
-    const int64_t Kp = round_up(K, Q8_G), P = (M + im.np - 1) / im.np;
+    const int64_t Kp = round_up(K, im.g), P = (M + im.np - 1) / im.np;
     /* a second thread pays off from about 200K multiply-adds: one row against 100 distinct
      * 512 x 512 weights (26 MB, a decode step's working set, from L3 rather than L2) took
      * 8.6-10.7 us a product on two AVX2 threads against 12.1-13.6 on one (AVX-512 VNNI:
@@ -271,7 +307,8 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const flo
      * partial tile: with 86-row blocks, a 2-row tile in each took 2% of an encoder's time);
      * by panels: every thread quantises all N rows for itself (no barrier) */
     const int64_t nblk = by_rows ? round_up((N + Q8_ROW_BLOCK - 1) / Q8_ROW_BLOCK, nt) : 1;
-    const int64_t per = by_rows ? (N + nblk - 1) / nblk + im.mr : N;     /* the largest block */
+    /* the largest block, in whole tiles (the AMX path reads its rows in 16-row tiles) */
+    const int64_t per = round_up(by_rows ? (N + nblk - 1) / nblk + im.mr : N, im.mr);
     const int64_t stride = round_up(per * Kp * 2 + per * 4, 64) + 64;  /* bytes per thread: int16
                                                                          * rows, then scales */
     char *buf = aligned_alloc(64, (size_t)(stride * nt));

@@ -34,19 +34,22 @@ FA_INLINE int32_t q8_load32(const void *p)
  *   (x_k * inv is within L (1 + 2^-23)^2 anyway, which rounds to at most L)
  * rint: (t + 1.5 2^23) - 1.5 2^23 rounds |t| < 2^22 to the nearest integer, ties to even.
  * Output (fmt): Q8_FMT_I16 int16 rows (Kp, zero padded; L = fa_int8_act_levels(K)),
- * Q8_FMT_I8 int8 rows (quantize_int8's output; L = 127). */
+ * Q8_FMT_I8 int8 rows (quantize_int8's output; L = 127), Q8_FMT_HILO the I16 values as two
+ * byte rows (fastattn.h: Kp hi bytes q >> 8, then Kp lo bytes q & 255; the AMX path's input). */
 typedef int16_t FA_CAT(vh_, FA_SFX) __attribute__((vector_size(FA_VL * 2), aligned(1),
                                                      may_alias));
 typedef int8_t FA_CAT(vs_, FA_SFX) __attribute__((vector_size(FA_VL), aligned(1), may_alias));
 typedef uint16_t FA_CAT(vw_, FA_SFX) __attribute__((vector_size(FA_VL * 2), aligned(1),
                                                       may_alias));
+typedef uint8_t FA_CAT(vb_, FA_SFX) __attribute__((vector_size(FA_VL), aligned(1), may_alias));
 
 static float FA_CAT(q8_quant_row_, FA_SFX)(void *dst, const float *x, int64_t K, int64_t Kp,
                                            int fmt)
 {
-    const int i8 = fmt == Q8_FMT_I8;
+    const int i8 = fmt == Q8_FMT_I8, hilo = fmt == Q8_FMT_HILO;
     typedef FA_CAT(vh_, FA_SFX) VH;
     typedef FA_CAT(vs_, FA_SFX) VS;
+    typedef FA_CAT(vb_, FA_SFX) VB;
     const int64_t Kv = K - K % FA_VL;
     int32_t amax_bits = 0;              /* a max reduction GCC vectorises (vpmaxsd); the same
                                          * loop by vector compare and blend ran 2x slower */
@@ -77,19 +80,27 @@ static float FA_CAT(q8_quant_row_, FA_SFX)(void *dst, const float *x, int64_t K,
         VF t = vload(x + k) * vinv;
         __asm__("" : "+v"(t));                      /* fl(x inv), then rint (no fma) */
         const VI q = __builtin_convertvector((t + magic) - magic, VI);
-        if (i8)
+        if (i8) {
             *(VS *)(h8 + k) = __builtin_convertvector(q, VS);
-        else
+        } else if (hilo) {                          /* q = 256 (q >> 8) + (q & 255) */
+            *(VS *)(h8 + k) = __builtin_convertvector(q >> 8, VS);
+            *(VB *)(h8 + Kp + k) = __builtin_convertvector(q & 255, VB);
+        } else {
             *(VH *)(h16 + k) = __builtin_convertvector(q, VH);
+        }
     }
     for (int64_t k = Kv; k < Kp; k++) {
         float t = k < K ? x[k] * inv : 0.0f;
         t = t > L ? L : t < -L ? -L : t;
         const int32_t q = (int32_t)((t + 12582912.0f) - 12582912.0f);
-        if (i8)
+        if (i8) {
             h8[k] = (int8_t)q;
-        else
+        } else if (hilo) {
+            h8[k] = (int8_t)(q >> 8);
+            ((uint8_t *)h8)[Kp + k] = (uint8_t)(q & 255);
+        } else {
             h16[k] = (int16_t)q;
+        }
     }
     return sx;
 }

@@ -25,7 +25,9 @@ TILE_NAMES = (  # index = fa_tile_t in csrc/fastattn.h; the sizes themselves: cs
     "packed_max_rows", "skinny_rows", "min_rows_per_thread", "row_block", "feature_align",
     "reduce_rows",
 )
-INT8_PATHS = ("generic", "avx2", "avx512bw", "avx512vnni")  # index = fa_int8_path_t (fastattn.h)
+# index = fa_int8_path_t (fastattn.h); amx is never chosen unless forced (README: Quantized
+# inference), amx-emulated is the same tile code emulated, for testing it on CPUs without AMX
+INT8_PATHS = ("generic", "avx2", "avx512bw", "avx512vnni", "amx", "amx-emulated")
 _state = {"threads": 1}
 
 
@@ -123,12 +125,12 @@ def available_int8_paths():
 
 
 def amx_info():
-    """AMX, reported only (no kernel uses it; the int8 kernels take the VNNI path there):
-    whether the CPU has AMX-INT8 / AMX-BF16, the OS enables tile state (XCR0), and Linux
-    granted this process tile data (ARCH_REQ_XCOMP_PERM)."""
+    """AMX: whether the CPU has AMX-INT8 / AMX-BF16, the OS enables tile state (XCR0), Linux
+    granted this process tile data (ARCH_REQ_XCOMP_PERM), and whether the int8 kernels use the
+    tiles (only when FASTATTN_INT8_PATH=amx forces them)."""
     st = _kernels.amx_status()
     return {"int8": bool(st & 1), "bf16": bool(st & 2), "os_enabled": bool(st & 4),
-            "permitted": bool(st & 8), "used": False}
+            "permitted": bool(st & 8), "used": INT8_PATHS[_kernels.int8_path()] == "amx"}
 
 
 QUANT_TILE_NAMES = ("int8_panel", "int8_group", "int8_tile_rows", "int8_row_block",

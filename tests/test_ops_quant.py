@@ -227,8 +227,11 @@ def test_int8_error_against_float_is_bounded(rng, K):
     assert (np.abs(wd - w) <= 0.5 * qw.scale[:, None] * (1 + 1e-6)).all()
 
 
-@pytest.mark.parametrize("K, levels", [(1, 32767), (516, 32767), (517, 32706), (2048, 8256),
-                                       (8192, 2064), (ops.INT8_MAX_K, 127)])
+HEADROOM = [(1, 32767), (516, 32767), (517, 32706), (2048, 8256), (8192, 2064),
+            (ops.INT8_MAX_K, 127)]
+
+
+@pytest.mark.parametrize("K, levels", HEADROOM)
 def test_int8_activations_use_the_int32_headroom(K, levels):
     """A product's inputs get L = min(32767, (2^31 - 1) // (127 K)) levels: full-scale rows
     against full-scale weights of one sign reach |acc| = 127 L K, the most the int32 sums
@@ -689,11 +692,46 @@ test_every_simd_level, test_correct_when_openmp_starts_fewer_threads = \
 INT8_PATHS = fastattn.build_info()["int8_paths_available"]
 
 
-@pytest.mark.parametrize("path", ["generic", "avx2", "avx512bw", "avx512vnni"])
+def int8_path_checks():
+    """Run in a child under each FASTATTN_INT8_PATH: isa_checks, and the activation levels'
+    int32 headroom and rule corners (the int32 sums at their limit: the AMX paths sum them in
+    two wrapping halves) bit for bit."""
+    isa_checks()
+    for K, levels in HEADROOM:
+        test_int8_activations_use_the_int32_headroom(K, levels)
+    for K in (5, 517, 2049):
+        test_int8_activation_rule_corners(K)
+
+
+@pytest.mark.parametrize("path", ["generic", "avx2", "avx512bw", "avx512vnni", "amx",
+                                  "amx-emulated"])
 def test_every_int8_path(path):
     if path not in INT8_PATHS:
         pytest.skip(f"int8 path {path} is not available here (available: {INT8_PATHS})")
-    child_report(run_child("test_ops_quant", "isa_checks", {"FASTATTN_INT8_PATH": path}))
+    child_report(run_child("test_ops_quant", "int8_path_checks", {"FASTATTN_INT8_PATH": path}))
+
+
+def test_amx_path_is_chosen_only_when_forced():
+    """amx runs only under FASTATTN_INT8_PATH=amx (it has not been timed on an AMX CPU yet,
+    README) and is offered only where the tiles may be used; amx-emulated, wherever AVX-512
+    is, has the AMX layout (32-feature panels, K in quads, 16-row tiles)."""
+    info = fastattn.build_info()
+    if "FASTATTN_INT8_PATH" not in os.environ:
+        assert info["int8_path"] not in ("amx", "amx-emulated")
+    assert info["amx"]["used"] == (info["int8_path"] == "amx")
+    if "amx" in INT8_PATHS:
+        assert all(info["amx"][key] for key in ("int8", "os_enabled", "permitted"))
+    if "amx-emulated" not in INT8_PATHS:
+        pytest.skip("amx-emulated needs the AVX-512 level in use")
+    child_report(run_child("test_ops_quant", "amx_layout_checks",
+                           {"FASTATTN_INT8_PATH": "amx-emulated"}))
+
+
+def amx_layout_checks():
+    info = fastattn.build_info()
+    tiles = info["quant_tiles"]
+    assert info["int8_path"] == "amx-emulated" and not info["amx"]["used"]
+    assert (tiles["int8_panel"], tiles["int8_group"], tiles["int8_tile_rows"]) == (32, 4, 16)
 
 
 def test_int8_path_forcing_errors():
