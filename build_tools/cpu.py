@@ -38,14 +38,16 @@ AMX_PROBE = r"""
 #include <immintrin.h>
 #include <stdio.h>
 #include <string.h>
-__attribute__((target("amx-tile,amx-int8"))) static void tiles(const void *cfg, void *c,
-                                                                 const void *a, const void *b) {
+__attribute__((target("amx-tile,amx-int8,amx-bf16"))) static void tiles(const void *cfg,
+                                                                          void *c, const void *a,
+                                                                          const void *b) {
     _tile_loadconfig(cfg);
     _tile_zero(0);
     _tile_loadd(1, a, 64);
     _tile_loadd(2, b, 64);
     _tile_dpbssd(0, 1, 2);
     _tile_dpbusd(0, 1, 2);
+    _tile_dpbf16ps(0, 1, 2);
     _tile_stored(0, c, 64);
     _tile_release();
 }

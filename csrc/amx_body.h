@@ -19,6 +19,18 @@
  *   0, 1  C_hi, C_lo of features 0-15     2, 3  C_hi, C_lo of features 16-31   (16 x 16 int32)
  *   4, 5  A_hi, A_lo: 16 rows x 64 k      6     B: 16 quads (64 k) x 16 features x 4 bytes
  * K runs in blocks of 64 on the tiles; the last Kq % 16 quads, if any, are summed in C.
+ *
+ * bf16 weights, many rows (TDPBF16PS: bf16 pairs, float32 sums): each float32 input is split
+ * into three bf16 terms that add up to it exactly (the top 8 significant bits by truncation,
+ * the next 8, the last 8), so the tiles multiply the input itself, not a rounding of it:
+ *   scalar math:  y = sum_k (h1_k + h2_k + h3_k) w_k,  x_k = h1_k + h2_k + h3_k
+ * (a non-finite input is its own first term). The tiles treat bf16 subnormals as 0 and flush
+ * float32 results below 2^-126 to 0 (this path's only departure from float32 arithmetic, at
+ * magnitudes no Transformer reaches); the sums' order differs from BLAS's, as any path's may.
+ *   weights  the bf16 panels (fa_bf16_pack: [p][k][32]) repacked per call in pairs of k:
+ *            wq[p][kk][f][j] = w[32 p + f][2 kk + j], K rounded up to 32 with zeros
+ *   inputs   per 16-row tile, three (16, Kb) bf16 matrices (the terms), zero past K and N
+ * Tiles: 0, 1  C of features 0-15, 16-31 (float32);  4, 5  A (a term's 16 x 32 k);  6, 7  B.
  */
 #ifndef AMX_BODY_ONCE
 #define AMX_BODY_ONCE
@@ -42,7 +54,7 @@ static void amx_config(amx_tilecfg_t *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->palette = 1;
-    for (int t = 0; t < 7; t++) {
+    for (int t = 0; t < 8; t++) {
         cfg->rows[t] = AMX_MR;
         cfg->colsb[t] = 64;
     }
@@ -137,6 +149,56 @@ static void amx_emu_dp(int c, int a, int b, int a_signed)
         }
 }
 
+static float amx_bits_float(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint32_t amx_float_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* a float32's subnormals to (signed) zero: the tiles' DAZ on bf16 inputs, FTZ on results */
+static float amx_flush(float f)
+{
+    const uint32_t u = amx_float_bits(f);
+    return (u & 0x7f800000u) ? f : amx_bits_float(u & 0x80000000u);
+}
+
+/* TDPBF16PS: for m < rows(c), n < colsb(c) / 4, k < colsb(a) / 4, i < 2 in turn:
+ *   c[m][n] = flush(c[m][n] + flush(a[m][2k + i]) * flush(b[k][2n + i]))   (float32, RNE;
+ * each product of two bf16 values is exact in float32) */
+static void amx_emu_dpbf16(int c, int a, int b)
+{
+    amx_emu_check(c);
+    amx_emu_check(a);
+    amx_emu_check(b);
+    const int M = amx_emu.rows[c], N = amx_emu.colsb[c] / 4, K = amx_emu.colsb[a] / 4;
+    if (amx_emu.rows[a] != M || amx_emu.colsb[b] != amx_emu.colsb[c] ||
+        amx_emu.rows[b] != K || amx_emu.colsb[a] % 4 || amx_emu.colsb[c] % 4)
+        amx_emu_fail("TDPBF16PS operand shapes do not match");
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            float acc;
+            memcpy(&acc, &amx_emu.t[c][m][4 * n], 4);
+            for (int k = 0; k < K; k++)
+                for (int i = 0; i < 2; i++) {
+                    uint16_t av, bv;
+                    memcpy(&av, &amx_emu.t[a][m][4 * k + 2 * i], 2);
+                    memcpy(&bv, &amx_emu.t[b][k][4 * n + 2 * i], 2);
+                    const float p = amx_flush(amx_bits_float((uint32_t)av << 16)) *
+                                    amx_flush(amx_bits_float((uint32_t)bv << 16));
+                    acc = amx_flush(acc + p);
+                }
+            memcpy(&amx_emu.t[c][m][4 * n], &acc, 4);
+        }
+}
+
 /* TILERELEASE */
 static void amx_emu_release(void) { memset(&amx_emu, 0, sizeof amx_emu); }
 
@@ -152,6 +214,39 @@ static void q8_quant_rows_hilo(int16_t *dst, float *sx, const float *x, int64_t 
     const int64_t padded = (rows + AMX_MR - 1) / AMX_MR * AMX_MR;
     memset(dst + rows * Kp, 0, (size_t)((padded - rows) * Kp) * 2);
 }
+
+/* x (K) -> its three bf16 terms h[0][k], h[ld + k], h[2 ld + k] (scalar math above), zero for
+ * K <= k < Kb; a non-finite x is its own first term */
+static void amx_bf16_split(uint16_t *h, int64_t ld, const float *x, int64_t K, int64_t Kb)
+{
+    for (int64_t k = 0; k < K; k++) {
+        const uint32_t u = amx_float_bits(x[k]);
+        uint32_t t2 = 0, t3 = 0;
+        if ((u & 0x7f800000u) != 0x7f800000u) {
+            const float r = x[k] - amx_bits_float(u & 0xffff0000u);            /* exact */
+            t2 = amx_float_bits(r) >> 16;
+            t3 = amx_float_bits(r - amx_bits_float(t2 << 16)) >> 16;            /* exact */
+        }
+        h[k] = (uint16_t)(u >> 16);
+        h[ld + k] = (uint16_t)t2;
+        h[2 * ld + k] = (uint16_t)t3;
+    }
+    for (int64_t k = K; k < Kb; k++) h[k] = h[ld + k] = h[2 * ld + k] = 0;
+}
+
+/* panel p of the bf16 pack (fa_bf16_pack: wp[p][k][32]) in pairs of k for the tiles:
+ * wq[p][kk][f][j] = wp[p][2 kk + j][f], zero for 2 kk + j >= K (Kb: K rounded up to 32) */
+static void amx_bf16_repack(uint16_t *wq, const uint16_t *wp, int64_t p, int64_t K, int64_t Kb)
+{
+    const uint16_t *w_p = wp + p * K * AMX_NP;
+    uint16_t *q_p = wq + p * Kb * AMX_NP;
+    for (int64_t kk = 0; kk < Kb / 2; kk++)
+        for (int f = 0; f < AMX_NP; f++)
+            for (int j = 0; j < 2; j++) {
+                const int64_t k = 2 * kk + j;
+                q_p[(kk * AMX_NP + f) * 2 + j] = k < K ? w_p[k * AMX_NP + f] : 0;
+            }
+}
 #endif /* AMX_BODY_ONCE */
 
 #ifdef AMX_EMULATE
@@ -161,6 +256,7 @@ static void q8_quant_rows_hilo(int16_t *dst, float *sx, const float *x, int64_t 
 #define AMX_ZERO(t) amx_emu_zero(t)
 #define AMX_DPBSSD(c, a, b) amx_emu_dp(c, a, b, 1)
 #define AMX_DPBUSD(c, a, b) amx_emu_dp(c, a, b, 0)
+#define AMX_DPBF16PS(c, a, b) amx_emu_dpbf16(c, a, b)
 #define AMX_RELEASE() amx_emu_release()
 #else
 #define AMX_CONFIG(cfg) _tile_loadconfig(cfg)
@@ -169,6 +265,7 @@ static void q8_quant_rows_hilo(int16_t *dst, float *sx, const float *x, int64_t 
 #define AMX_ZERO(t) _tile_zero(t)
 #define AMX_DPBSSD(c, a, b) _tile_dpbssd(c, a, b)
 #define AMX_DPBUSD(c, a, b) _tile_dpbusd(c, a, b)
+#define AMX_DPBF16PS(c, a, b) _tile_dpbf16ps(c, a, b)
 #define AMX_RELEASE() _tile_release()
 #endif
 
@@ -244,10 +341,61 @@ static void FA_CAT(q8_panel_amx_, AMX_SFX)(float *y, int64_t ldy, const int16_t 
     AMX_RELEASE();
 }
 
+/* bf16 product rows [r0, r1) of y (row stride M; r0 a multiple of 16, r1 <= N) = x
+ * float32(w)^T, without bias: the repacked weight wq (above), h scratch for one row tile's
+ * three terms (3 x 16 x Kb bf16). */
+static void FA_CAT(bf16_rows_amx_, AMX_SFX)(float *y, const float *x, int64_t r0, int64_t r1,
+                                            const uint16_t *wq, uint16_t *h, int64_t K,
+                                            int64_t Kb, int64_t M)
+{
+    const int64_t P = (M + AMX_NP - 1) / AMX_NP, nkb = Kb / 32, ldh = AMX_MR * Kb;
+    amx_tilecfg_t cfg;
+    amx_config(&cfg);
+    AMX_CONFIG(&cfg);
+    float c[AMX_MR][AMX_NP] __attribute__((aligned(64)));
+    for (int64_t t0 = r0; t0 < r1; t0 += AMX_MR) {
+        const int64_t mr = r1 - t0 < AMX_MR ? r1 - t0 : AMX_MR;
+        for (int64_t r = 0; r < AMX_MR; r++) {
+            if (r < mr) {
+                amx_bf16_split(h + r * Kb, ldh, x + (t0 + r) * K, K, Kb);
+            } else {
+                for (int t = 0; t < 3; t++) memset(h + t * ldh + r * Kb, 0, (size_t)Kb * 2);
+            }
+        }
+        for (int64_t p = 0; p < P; p++) {
+            const uint16_t *w_p = wq + p * Kb * AMX_NP;
+            AMX_ZERO(0);
+            AMX_ZERO(1);
+            for (int64_t kb = 0; kb < nkb; kb++) {
+                const uint16_t *b_k = w_p + kb * 16 * 2 * AMX_NP;    /* 16 pairs of k */
+                const uint16_t *a_k = h + 32 * kb;
+                AMX_LOAD(6, b_k, 4 * AMX_NP);                         /* features 0-15 */
+                AMX_LOAD(7, b_k + 32, 4 * AMX_NP);                    /* features 16-31 */
+                AMX_LOAD(4, a_k, 2 * Kb);                             /* h1 */
+                AMX_DPBF16PS(0, 4, 6);
+                AMX_DPBF16PS(1, 4, 7);
+                AMX_LOAD(5, a_k + ldh, 2 * Kb);                       /* h2 */
+                AMX_DPBF16PS(0, 5, 6);
+                AMX_DPBF16PS(1, 5, 7);
+                AMX_LOAD(4, a_k + 2 * ldh, 2 * Kb);                   /* h3 */
+                AMX_DPBF16PS(0, 4, 6);
+                AMX_DPBF16PS(1, 4, 7);
+            }
+            AMX_STORE(0, &c[0][0], 4 * AMX_NP);
+            AMX_STORE(1, &c[0][16], 4 * AMX_NP);
+            const int64_t m0 = p * AMX_NP, nf = M - m0 < AMX_NP ? M - m0 : AMX_NP;
+            for (int64_t r = 0; r < mr; r++)
+                memcpy(y + (t0 + r) * M + m0, c[r], (size_t)nf * sizeof(float));
+        }
+    }
+    AMX_RELEASE();
+}
+
 #undef AMX_CONFIG
 #undef AMX_LOAD
 #undef AMX_STORE
 #undef AMX_ZERO
 #undef AMX_DPBSSD
 #undef AMX_DPBUSD
+#undef AMX_DPBF16PS
 #undef AMX_RELEASE

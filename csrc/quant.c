@@ -49,7 +49,7 @@
 #pragma GCC pop_options
 #if defined(FA_HAVE_AMX)
 #pragma GCC push_options
-#pragma GCC target("arch=x86-64-v4,amx-tile,amx-int8")
+#pragma GCC target("arch=x86-64-v4,amx-tile,amx-int8,amx-bf16")
 #define AMX_SFX tiles
 #include "amx_body.h"
 #undef AMX_SFX
@@ -79,8 +79,8 @@ int fa_int8_supports(int path)
         return fa_cpu_level() >= FA_ISA_AVX512;
 #endif
 #if defined(FA_HAVE_AMX)
-    case FA_INT8_AMX:                   /* the CPU's tiles, enabled by the OS, granted to us */
-        return fa_cpu_level() >= FA_ISA_AVX512 && (g_amx & 13) == 13;
+    case FA_INT8_AMX:      /* the CPU's int8 and bf16 tiles, enabled by the OS, granted to us */
+        return fa_cpu_level() >= FA_ISA_AVX512 && (g_amx & 15) == 15;
 #endif
     default:
         return 0;
@@ -374,6 +374,51 @@ void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nth
     }
 }
 
+#if defined(FA_HAVE_V4)
+_Static_assert(AMX_NP == BF_PANEL, "the AMX bf16 repack reads bf16 panels of AMX_NP features");
+typedef void (*bf_amx_rows_fn)(float *, const float *, int64_t, int64_t, const uint16_t *,
+                               uint16_t *, int64_t, int64_t, int64_t);
+
+/* Many rows on the AMX tiles (the amx paths; amx_body.h): the weight repacked in pairs of k
+ * once per call, then 16-row tiles split over the threads, each thread's rows finished by the
+ * epilogue (bias, activation) like the float32 linear's. */
+static int bf16_amx_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
+                            int64_t N, int64_t K, int64_t M, int activation, int nthreads,
+                            epi_fn epi)
+{
+    const int64_t P = (M + BF_PANEL - 1) / BF_PANEL, Kb = round_up(K, 32);
+    const int64_t ntile = (N + AMX_MR - 1) / AMX_MR, hsize = 3 * AMX_MR * Kb;
+    const int nt = fa_team_size(nthreads < ntile ? nthreads : (int)ntile,
+                                2.0 * (double)N * (double)K * (double)M, 2e5);
+    uint16_t *wq = aligned_alloc(64, (size_t)round_up(P * BF_PANEL * Kb * 2, 64));
+    uint16_t *h = aligned_alloc(64, (size_t)(hsize * 2 * nt));
+    if (!wq || !h) {
+        free(wq);
+        free(h);
+        return -1;
+    }
+    bf_amx_rows_fn rows = bf16_rows_amx_emulated;
+#if defined(FA_HAVE_AMX)
+    if (g_path == FA_INT8_AMX) rows = bf16_rows_amx_tiles;
+#endif
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < P; p++) amx_bf16_repack(wq, wp, p, K, Kb);
+        int64_t t0, t1;
+        fa_split(ntile, 1, &t0, &t1);
+        if (t0 < t1) {
+            const int64_t r0 = t0 * AMX_MR, r1 = t1 * AMX_MR < N ? t1 * AMX_MR : N;
+            rows(y, x, r0, r1, wq, h + hsize * fa_thread_id(), K, Kb, M);
+            epi(y + r0 * M, NULL, bias, r1 - r0, M, M, activation, 0, 0, NULL);
+        }
+    }
+    free(wq);
+    free(h);
+    return 0;
+}
+#endif
+
 int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
                            int64_t N, int64_t K, int64_t M, int activation, int nthreads)
 {
@@ -384,6 +429,10 @@ int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const f
         empty_product(y, bias, N, M, activation, epi);
         return 0;
     }
+#if defined(FA_HAVE_V4)
+    if (N > FA_BF16_PACKED_MAX_ROWS && (g_path == FA_INT8_AMX || g_path == FA_INT8_AMX_EMULATED))
+        return bf16_amx_forward(y, x, wp, bias, N, K, M, activation, nthreads, epi);
+#endif
     if (N <= FA_BF16_PACKED_MAX_ROWS) {                /* few rows: stream the packed weight */
         const bf_gemm_fn gemm = FA_DISPATCH(bf16_packed_gemm_);
         const int nt FA_OMP_ONLY = fa_team_size(nthreads < P ? nthreads : (int)P,

@@ -126,8 +126,8 @@ def available_int8_paths():
 
 def amx_info():
     """AMX: whether the CPU has AMX-INT8 / AMX-BF16, the OS enables tile state (XCR0), Linux
-    granted this process tile data (ARCH_REQ_XCOMP_PERM), and whether the int8 kernels use the
-    tiles (only when FASTATTN_INT8_PATH=amx forces them)."""
+    granted this process tile data (ARCH_REQ_XCOMP_PERM), and whether the int8 and bf16 kernels
+    use the tiles (only when FASTATTN_INT8_PATH=amx forces them)."""
     st = _kernels.amx_status()
     return {"int8": bool(st & 1), "bf16": bool(st & 2), "os_enabled": bool(st & 4),
             "permitted": bool(st & 8), "used": INT8_PATHS[_kernels.int8_path()] == "amx"}

@@ -280,6 +280,20 @@ def test_int8_activation_rule_corners(K):
         check_int8_linear(x[-3:][:n], w)
 
 
+def test_bf16_products_take_the_float32_inputs_whole(rng):
+    """bf16 is the weight's type only: a product with an identity weight (exact in bf16) gives
+    its float32 input back bit for bit, few rows and many, whatever the path (a rounding of
+    the inputs to bf16, or to two bf16 terms, would show here); and x @ diag(2^e) too."""
+    for K, N in ((40, 1), (40, 33), (71, 130)):
+        x = rand(rng, (N, K)) * np.float32(3.0)
+        x[0, :3] = (np.float32(1.0 + 2.0**-23), np.float32(-1.0 - 2.0**-22), np.float32(1e-30))
+        eye = quantized(np.eye(K, dtype=np.float32), "bf16")
+        np.testing.assert_array_equal(ops.linear(x, eye), x)
+        scaled = np.diag(np.float32(2.0) ** (np.arange(K) % 7 - 3)).astype(np.float32)
+        want = x * np.diag(scaled)[None, :]
+        np.testing.assert_array_equal(ops.linear(x, quantized(scaled, "bf16")), want)
+
+
 def test_non_finite_activation_rows_give_nan_rows(rng):
     x, w, b = rand(rng, (40, 33)), rand(rng, (20, 33)), rand(rng, (20,))
     x[3, 5], x[17, 0], x[39, 32] = np.nan, np.inf, -np.inf
@@ -695,12 +709,14 @@ INT8_PATHS = fastattn.build_info()["int8_paths_available"]
 def int8_path_checks():
     """Run in a child under each FASTATTN_INT8_PATH: isa_checks, and the activation levels'
     int32 headroom and rule corners (the int32 sums at their limit: the AMX paths sum them in
-    two wrapping halves) bit for bit."""
+    two wrapping halves) bit for bit; bf16 products multiply the float32 inputs themselves
+    (the AMX paths split them in three bf16 terms)."""
     isa_checks()
     for K, levels in HEADROOM:
         test_int8_activations_use_the_int32_headroom(K, levels)
     for K in (5, 517, 2049):
         test_int8_activation_rule_corners(K)
+    test_bf16_products_take_the_float32_inputs_whole(np.random.default_rng(5))
 
 
 @pytest.mark.parametrize("path", ["generic", "avx2", "avx512bw", "avx512vnni", "amx",
