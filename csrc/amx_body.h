@@ -258,8 +258,14 @@ static void amx_bf16_repack(uint16_t *wq, const uint16_t *wp, int64_t p, int64_t
 #define AMX_DPBUSD(c, a, b) amx_emu_dp(c, a, b, 0)
 #define AMX_DPBF16PS(c, a, b) amx_emu_dpbf16(c, a, b)
 #define AMX_RELEASE() amx_emu_release()
+#define AMX_INPUTS_WRITTEN() ((void)0)
 #else
-#define AMX_CONFIG(cfg) _tile_loadconfig(cfg)
+/* LDTILECFG with its whole 64-byte operand as the asm's input: GCC 12's _tile_loadconfig names
+ * only the first 8 bytes, so the stores filling the rest could be dropped as dead */
+#define AMX_CONFIG(cfg) __asm__ volatile("ldtilecfg %0" : : "m"(*(const amx_tilecfg_t *)(cfg)))
+/* _tile_loadd's asm does not say that it reads memory: a compiler barrier between writing a
+ * tile's input and loading it, so the stores are not sunk past the load */
+#define AMX_INPUTS_WRITTEN() __asm__ volatile("" : : : "memory")
 #define AMX_LOAD(t, base, stride) _tile_loadd(t, base, stride)
 #define AMX_STORE(t, base, stride) _tile_stored(t, base, stride)
 #define AMX_ZERO(t) _tile_zero(t)
@@ -289,6 +295,7 @@ static void FA_CAT(q8_panel_amx_, AMX_SFX)(float *y, int64_t ldy, const int16_t 
     q8_cols512(sc, bi, mk, scale_p, bias_p, nf);        /* vectors 2, 3 unused (nf <= 32) */
     int32_t hi[AMX_MR][AMX_NP] __attribute__((aligned(64)));
     int32_t lo[AMX_MR][AMX_NP] __attribute__((aligned(64)));
+    AMX_INPUTS_WRITTEN();                    /* x was written by the caller */
     for (int64_t r0 = 0; r0 < rows; r0 += AMX_MR) {
         const uint8_t *a_r = a + r0 * lda;
         AMX_ZERO(0);
@@ -362,6 +369,7 @@ static void FA_CAT(bf16_rows_amx_, AMX_SFX)(float *y, const float *x, int64_t r0
                 for (int t = 0; t < 3; t++) memset(h + t * ldh + r * Kb, 0, (size_t)Kb * 2);
             }
         }
+        AMX_INPUTS_WRITTEN();
         for (int64_t p = 0; p < P; p++) {
             const uint16_t *w_p = wq + p * Kb * AMX_NP;
             AMX_ZERO(0);
@@ -399,3 +407,4 @@ static void FA_CAT(bf16_rows_amx_, AMX_SFX)(float *y, const float *x, int64_t r0
 #undef AMX_DPBUSD
 #undef AMX_DPBF16PS
 #undef AMX_RELEASE
+#undef AMX_INPUTS_WRITTEN
