@@ -87,7 +87,7 @@ def configure():
             if ok and out.strip() == "32":
                 macros.append((macro, "1"))
         ok, out, _ = run_c(AMX_PROBE, compile_args=["-O2"])
-        if ok and out.strip() == "ok":
+        if ok and out.strip() == "ok" and ("FA_HAVE_V4", "1") in macros:   # AMX code is v4 code
             macros.append(("FA_HAVE_AMX", "1"))
     return {"compile_args": args, "link_args": link, "define_macros": macros,
             "boundscheck": debug or sanitize.enabled()}

@@ -83,9 +83,16 @@ static void amx_emu_fail(const char *what)
 static void amx_emu_config(const amx_tilecfg_t *cfg)
 {
     if (cfg->palette != 1) amx_emu_fail("palette is not 1");
+    if (cfg->start_row != 0) amx_emu_fail("start_row is not 0");
+    for (int i = 0; i < 14; i++)
+        if (cfg->reserved[i]) amx_emu_fail("reserved configuration bytes are not 0");
     memset(&amx_emu, 0, sizeof amx_emu);
-    for (int t = 0; t < 8; t++) {
+    for (int t = 0; t < 16; t++) {
+        if (t >= 8 && (cfg->rows[t] || cfg->colsb[t])) amx_emu_fail("palette 1 has 8 tiles");
+        if (t >= 8) continue;
         if (cfg->rows[t] > 16 || cfg->colsb[t] > 64) amx_emu_fail("tile larger than 16 x 64");
+        if ((cfg->rows[t] == 0) != (cfg->colsb[t] == 0))
+            amx_emu_fail("a tile with rows but no columns, or columns but no rows");
         amx_emu.rows[t] = cfg->rows[t];
         amx_emu.colsb[t] = cfg->colsb[t];
     }
@@ -125,11 +132,18 @@ static void amx_emu_zero(int t)
 /* TDPBSSD (a_signed) / TDPBUSD: for m < rows(c), n < colsb(c) / 4:
  *   c[m][n] += sum_{k < colsb(a) / 4} sum_{i < 4} a[m][4k + i] * b[k][4n + i]
  * a's bytes signed or unsigned, b's signed, the int32 sums wrapping (no saturation) */
-static void amx_emu_dp(int c, int a, int b, int a_signed)
+/* the operands of a TDP* instruction: configured, and three different tiles */
+static void amx_emu_check3(int c, int a, int b)
 {
     amx_emu_check(c);
     amx_emu_check(a);
     amx_emu_check(b);
+    if (c == a || c == b || a == b) amx_emu_fail("TDP* operands are not three different tiles");
+}
+
+static void amx_emu_dp(int c, int a, int b, int a_signed)
+{
+    amx_emu_check3(c, a, b);
     const int M = amx_emu.rows[c], N = amx_emu.colsb[c] / 4, K = amx_emu.colsb[a] / 4;
     if (amx_emu.rows[a] != M || amx_emu.colsb[b] != amx_emu.colsb[c] ||
         amx_emu.rows[b] != K || amx_emu.colsb[a] % 4 || amx_emu.colsb[c] % 4)
@@ -170,22 +184,20 @@ static float amx_flush(float f)
     return (u & 0x7f800000u) ? f : amx_bits_float(u & 0x80000000u);
 }
 
-/* TDPBF16PS: for m < rows(c), n < colsb(c) / 4, k < colsb(a) / 4, i < 2 in turn:
- *   c[m][n] = flush(c[m][n] + flush(a[m][2k + i]) * flush(b[k][2n + i]))   (float32, RNE;
- * each product of two bf16 values is exact in float32) */
+/* TDPBF16PS, in the SDM's order: for m < rows(c) and n < colsb(c) / 4, two float32 sums
+ * over k < colsb(a) / 4, one per element of the pairs (i = 0, 1),
+ *   s_i = flush(s_i + flush(a[m][2k + i]) * flush(b[k][2n + i]))     (FMA, RNE; each product
+ * of two bf16 values is exact in float32), then c[m][n] = flush(c[m][n] + flush(s_0 + s_1)) */
 static void amx_emu_dpbf16(int c, int a, int b)
 {
-    amx_emu_check(c);
-    amx_emu_check(a);
-    amx_emu_check(b);
+    amx_emu_check3(c, a, b);
     const int M = amx_emu.rows[c], N = amx_emu.colsb[c] / 4, K = amx_emu.colsb[a] / 4;
     if (amx_emu.rows[a] != M || amx_emu.colsb[b] != amx_emu.colsb[c] ||
         amx_emu.rows[b] != K || amx_emu.colsb[a] % 4 || amx_emu.colsb[c] % 4)
         amx_emu_fail("TDPBF16PS operand shapes do not match");
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
-            float acc;
-            memcpy(&acc, &amx_emu.t[c][m][4 * n], 4);
+            float acc, sum[2] = {0.0f, 0.0f};
             for (int k = 0; k < K; k++)
                 for (int i = 0; i < 2; i++) {
                     uint16_t av, bv;
@@ -193,8 +205,10 @@ static void amx_emu_dpbf16(int c, int a, int b)
                     memcpy(&bv, &amx_emu.t[b][k][4 * n + 2 * i], 2);
                     const float p = amx_flush(amx_bits_float((uint32_t)av << 16)) *
                                     amx_flush(amx_bits_float((uint32_t)bv << 16));
-                    acc = amx_flush(acc + p);
+                    sum[i] = amx_flush(sum[i] + p);
                 }
+            memcpy(&acc, &amx_emu.t[c][m][4 * n], 4);
+            acc = amx_flush(acc + amx_flush(sum[0] + sum[1]));
             memcpy(&amx_emu.t[c][m][4 * n], &acc, 4);
         }
 }
@@ -216,7 +230,8 @@ static void q8_quant_rows_hilo(int16_t *dst, float *sx, const float *x, int64_t 
 }
 
 /* x (K) -> its three bf16 terms h[0][k], h[ld + k], h[2 ld + k] (scalar math above), zero for
- * K <= k < Kb; a non-finite x is its own first term */
+ * K <= k < Kb; an inf is its own first term, a NaN's first term a quiet NaN of its sign (its
+ * top 16 bits alone may read as inf) */
 static void amx_bf16_split(uint16_t *h, int64_t ld, const float *x, int64_t K, int64_t Kb)
 {
     for (int64_t k = 0; k < K; k++) {
@@ -227,7 +242,8 @@ static void amx_bf16_split(uint16_t *h, int64_t ld, const float *x, int64_t K, i
             t2 = amx_float_bits(r) >> 16;
             t3 = amx_float_bits(r - amx_bits_float(t2 << 16)) >> 16;            /* exact */
         }
-        h[k] = (uint16_t)(u >> 16);
+        const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;          /* 1 for a NaN */
+        h[k] = (uint16_t)((u >> 16) | (nan << 6));                      /* quiet, not inf */
         h[ld + k] = (uint16_t)t2;
         h[2 * ld + k] = (uint16_t)t3;
     }
@@ -258,15 +274,14 @@ static void amx_bf16_repack(uint16_t *wq, const uint16_t *wp, int64_t p, int64_t
 #define AMX_DPBUSD(c, a, b) amx_emu_dp(c, a, b, 0)
 #define AMX_DPBF16PS(c, a, b) amx_emu_dpbf16(c, a, b)
 #define AMX_RELEASE() amx_emu_release()
-#define AMX_INPUTS_WRITTEN() ((void)0)
 #else
-/* LDTILECFG with its whole 64-byte operand as the asm's input: GCC 12's _tile_loadconfig names
- * only the first 8 bytes, so the stores filling the rest could be dropped as dead */
+/* LDTILECFG and TILELOADD as asm that names the memory they read: GCC 12's _tile_loadconfig
+ * names only the first 8 bytes of the configuration, and its _tile_loadd no memory at all, so
+ * the stores that fill either could be dropped as dead or sunk past the instruction */
 #define AMX_CONFIG(cfg) __asm__ volatile("ldtilecfg %0" : : "m"(*(const amx_tilecfg_t *)(cfg)))
-/* _tile_loadd's asm does not say that it reads memory: a compiler barrier between writing a
- * tile's input and loading it, so the stores are not sunk past the load */
-#define AMX_INPUTS_WRITTEN() __asm__ volatile("" : : : "memory")
-#define AMX_LOAD(t, base, stride) _tile_loadd(t, base, stride)
+#define AMX_LOAD(t, base, stride)                                                             \
+    __asm__ volatile("{tileloadd\t(%0,%1,1), %%tmm" #t "|tileloadd\t%%tmm" #t ", [%0+%1*1]}"  \
+                     : : "r"((const void *)(base)), "r"((long)(stride)) : "memory")
 #define AMX_STORE(t, base, stride) _tile_stored(t, base, stride)
 #define AMX_ZERO(t) _tile_zero(t)
 #define AMX_DPBSSD(c, a, b) _tile_dpbssd(c, a, b)
@@ -295,7 +310,6 @@ static void FA_CAT(q8_panel_amx_, AMX_SFX)(float *y, int64_t ldy, const int16_t 
     q8_cols512(sc, bi, mk, scale_p, bias_p, nf);        /* vectors 2, 3 unused (nf <= 32) */
     int32_t hi[AMX_MR][AMX_NP] __attribute__((aligned(64)));
     int32_t lo[AMX_MR][AMX_NP] __attribute__((aligned(64)));
-    AMX_INPUTS_WRITTEN();                    /* x was written by the caller */
     for (int64_t r0 = 0; r0 < rows; r0 += AMX_MR) {
         const uint8_t *a_r = a + r0 * lda;
         AMX_ZERO(0);
@@ -369,7 +383,6 @@ static void FA_CAT(bf16_rows_amx_, AMX_SFX)(float *y, const float *x, int64_t r0
                 for (int t = 0; t < 3; t++) memset(h + t * ldh + r * Kb, 0, (size_t)Kb * 2);
             }
         }
-        AMX_INPUTS_WRITTEN();
         for (int64_t p = 0; p < P; p++) {
             const uint16_t *w_p = wq + p * Kb * AMX_NP;
             AMX_ZERO(0);
@@ -407,4 +420,3 @@ static void FA_CAT(bf16_rows_amx_, AMX_SFX)(float *y, const float *x, int64_t r0
 #undef AMX_DPBUSD
 #undef AMX_DPBF16PS
 #undef AMX_RELEASE
-#undef AMX_INPUTS_WRITTEN

@@ -530,16 +530,17 @@ typedef enum {
 } fa_int8_path_t;
 
 /* fa_int8_init -- pick the int8 path once, after fa_cpu_init (called at import).
- *   forced  -1 = the best path the SIMD level in use allows; else a fa_int8_path_t.
- *   Returns 0, or -1 if `forced` is above the SIMD level in use or unsupported (unchanged). */
+ *   forced  -1 = the best path the SIMD level in use allows (never amx); else a fa_int8_path_t.
+ *   Returns 0; -1 if `forced` is above the SIMD level in use or unsupported; -2 if it is amx and
+ *   Linux refused this process the tile data (ARCH_REQ_XCOMP_PERM, asked for only then);
+ *   the path is unchanged on failure. */
 int fa_int8_init(int forced);
 int fa_int8_supports(int path);     /* 1 if this CPU, build and SIMD level can run `path` */
 int fa_int8_path(void);             /* the path in use */
 
-/* fa_amx_status -- AMX facts, for build_info() (the amx int8 path needs bits 0, 2 and 3):
- * bit 0 the CPU has AMX-TILE + AMX-INT8, bit 1 AMX-BF16, bit 2 the OS enables tile state (XCR0
- * bits 17-18), bit 3 Linux granted this process the tile data permission (ARCH_REQ_XCOMP_PERM,
- * asked once at fa_int8_init when the CPU has AMX). */
+/* fa_amx_status -- AMX facts, for build_info(): bit 0 the CPU has AMX-TILE + AMX-INT8, bit 1
+ * AMX-BF16, bit 2 the OS enables tile state (XCR0 bits 17-18): the amx path needs all three;
+ * bit 3 Linux has granted this process the tile data (requested only when amx is forced). */
 int fa_amx_status(void);
 
 /* fa_quantize_int8 -- the per-row rule above, on N rows of K.

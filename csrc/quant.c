@@ -47,7 +47,7 @@
 #undef AMX_SFX
 #undef AMX_EMULATE
 #pragma GCC pop_options
-#if defined(FA_HAVE_AMX)
+#if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX)
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v4,amx-tile,amx-int8,amx-bf16")
 #define AMX_SFX tiles
@@ -60,7 +60,7 @@
 /* ---- the int8 path ---------------------------------------------------------------------------- */
 
 static fa_int8_path_t g_path = FA_INT8_GENERIC;
-static int g_amx = 0;                   /* fa_amx_status's bits, probed once at fa_int8_init */
+static int amx_status(void);
 
 int fa_int8_supports(int path)
 {
@@ -78,9 +78,9 @@ int fa_int8_supports(int path)
     case FA_INT8_AMX_EMULATED:
         return fa_cpu_level() >= FA_ISA_AVX512;
 #endif
-#if defined(FA_HAVE_AMX)
-    case FA_INT8_AMX:      /* the CPU's int8 and bf16 tiles, enabled by the OS, granted to us */
-        return fa_cpu_level() >= FA_ISA_AVX512 && (g_amx & 15) == 15;
+#if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX)
+    case FA_INT8_AMX:         /* the CPU's int8 and bf16 tiles, their state enabled by the OS */
+        return fa_cpu_level() >= FA_ISA_AVX512 && (amx_status() & 7) == 7;
 #endif
     default:
         return 0;
@@ -95,6 +95,7 @@ int fa_int8_path(void) { return g_path; }
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#define FA_ARCH_GET_XCOMP_PERM 0x1022
 #define FA_ARCH_REQ_XCOMP_PERM 0x1023
 #define FA_XFEATURE_XTILEDATA 18
 
@@ -103,6 +104,21 @@ static uint64_t xgetbv0(void)
     uint32_t lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return ((uint64_t)hi << 32) | lo;
+}
+
+/* Linux has granted this process the tile data (asked for only by amx_request: once granted,
+ * the kernel refuses any later too-small sigaltstack in the process, so it is not asked for at
+ * import, only when the amx path is chosen) */
+static int amx_permitted(void)
+{
+    uint64_t features = 0;
+    return syscall(SYS_arch_prctl, FA_ARCH_GET_XCOMP_PERM, &features) == 0 &&
+           ((features >> FA_XFEATURE_XTILEDATA) & 1);
+}
+
+static int amx_request(void)
+{
+    return syscall(SYS_arch_prctl, FA_ARCH_REQ_XCOMP_PERM, FA_XFEATURE_XTILEDATA) == 0;
 }
 
 static int amx_probe(void)
@@ -116,25 +132,29 @@ static int amx_probe(void)
     if (__get_cpuid(1, &a1, &b1, &c1, &d1) && ((c1 >> 27) & 1)) {     /* OSXSAVE */
         if ((xgetbv0() & (3u << 17)) == (3u << 17)) st |= 4;          /* XTILECFG, XTILEDATA */
     }
-    if ((st & 4) && syscall(SYS_arch_prctl, FA_ARCH_REQ_XCOMP_PERM, FA_XFEATURE_XTILEDATA) == 0)
-        st |= 8;
     return st;
 }
 #else
+static int amx_permitted(void) { return 0; }
+static int amx_request(void) { return 0; }
 static int amx_probe(void) { return 0; }
 #endif
 
-int fa_amx_status(void) { return g_amx; }
+/* bits 0-2 of fa_amx_status, probed once (fa_int8_supports may run before fa_int8_init) */
+static int amx_status(void)
+{
+    static int st = -1;
+    if (st < 0) st = amx_probe();
+    return st;
+}
+
+int fa_amx_status(void) { return amx_status() | ((amx_status() & 4) && amx_permitted() ? 8 : 0); }
 
 int fa_int8_init(int forced)
 {
-    static int probed = 0;
-    if (!probed) {
-        g_amx = amx_probe();
-        probed = 1;
-    }
     if (forced >= 0) {
         if (!fa_int8_supports(forced)) return -1;
+        if (forced == FA_INT8_AMX && !amx_permitted() && !amx_request()) return -2;
         g_path = (fa_int8_path_t)forced;
         return 0;
     }
@@ -186,7 +206,7 @@ static q8_impl_t q8_impl_of(int path)
         im = (q8_impl_t){AMX_NP, AMX_G, AMX_MR, q8_panel_amx_emulated, q8_quant_rows_hilo,
                          bias_act_rows_v4};
 #endif
-#if defined(FA_HAVE_AMX)
+#if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX)
     if (path == FA_INT8_AMX)
         im = (q8_impl_t){AMX_NP, AMX_G, AMX_MR, q8_panel_amx_tiles, q8_quant_rows_hilo,
                          bias_act_rows_v4};

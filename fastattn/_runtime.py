@@ -126,8 +126,9 @@ def available_int8_paths():
 
 def amx_info():
     """AMX: whether the CPU has AMX-INT8 / AMX-BF16, the OS enables tile state (XCR0), Linux
-    granted this process tile data (ARCH_REQ_XCOMP_PERM), and whether the int8 and bf16 kernels
-    use the tiles (only when FASTATTN_INT8_PATH=amx forces them)."""
+    granted this process tile data (ARCH_REQ_XCOMP_PERM: asked for only when
+    FASTATTN_INT8_PATH=amx, as a grant makes the kernel refuse small signal stacks for the
+    whole process), and whether the int8 and bf16 kernels use the tiles (only when forced)."""
     st = _kernels.amx_status()
     return {"int8": bool(st & 1), "bf16": bool(st & 2), "os_enabled": bool(st & 4),
             "permitted": bool(st & 8), "used": INT8_PATHS[_kernels.int8_path()] == "amx"}
@@ -175,7 +176,9 @@ def tiles(isa=None):
 
 def init():
     _kernels.cpu_init(_isa_from_env())
-    _kernels.int8_init(_int8_path_from_env())
+    if _kernels.int8_init(_int8_path_from_env()) == -2:
+        raise RuntimeError("FASTATTN_INT8_PATH=amx: Linux refused this process the AMX tile "
+                           "data (arch_prctl ARCH_REQ_XCOMP_PERM); unset it to use the VNNI path")
     set_num_threads(_threads_from_env())
 
 

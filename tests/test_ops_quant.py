@@ -292,6 +292,15 @@ def test_bf16_products_take_the_float32_inputs_whole(rng):
         scaled = np.diag(np.float32(2.0) ** (np.arange(K) % 7 - 3)).astype(np.float32)
         want = x * np.diag(scaled)[None, :]
         np.testing.assert_array_equal(ops.linear(x, quantized(scaled, "bf16")), want)
+    # a NaN whose payload is all in its low 16 bits stays a NaN (its top bits read as inf),
+    # and an inf stays an inf
+    x = rand(rng, (40, 8))
+    x[3, 2] = np.uint32(0x7F800001).view(np.float32)
+    x[5, 1] = np.uint32(0xFF80ABCD).view(np.float32)
+    x[7, 4] = np.inf
+    y = ops.linear(x, quantized(np.eye(8, dtype=np.float32), "bf16"))
+    assert np.isnan(y[3]).all() and np.isnan(y[5]).all() and np.isnan(y[7]).sum() == 7
+    assert y[7, 4] == np.inf
 
 
 def test_non_finite_activation_rows_give_nan_rows(rng):
@@ -736,7 +745,9 @@ def test_amx_path_is_chosen_only_when_forced():
         assert info["int8_path"] not in ("amx", "amx-emulated")
     assert info["amx"]["used"] == (info["int8_path"] == "amx")
     if "amx" in INT8_PATHS:
-        assert all(info["amx"][key] for key in ("int8", "os_enabled", "permitted"))
+        assert all(info["amx"][key] for key in ("int8", "bf16", "os_enabled"))
+    # the tile data is asked of Linux only for the amx path (a grant is process-wide)
+    assert info["amx"]["permitted"] or not info["amx"]["used"]
     if "amx-emulated" not in INT8_PATHS:
         pytest.skip("amx-emulated needs the AVX-512 level in use")
     child_report(run_child("test_ops_quant", "amx_layout_checks",
