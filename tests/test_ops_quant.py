@@ -764,9 +764,14 @@ def amx_layout_checks():
 def test_int8_path_forcing_errors():
     import subprocess
     import sys
-    for env, pattern in (({"FASTATTN_INT8_PATH": "sse9"}, "expected one of generic, avx2"),
-                         ({"FASTATTN_INT8_PATH": "avx512vnni", "FASTATTN_CPU_ISA": "generic"},
-                          "cannot run it")):
+    cases = [({"FASTATTN_INT8_PATH": "sse9"}, "expected one of generic, avx2"),
+             ({"FASTATTN_INT8_PATH": "avx512vnni", "FASTATTN_CPU_ISA": "generic"},
+              "cannot run it"),
+             ({"FASTATTN_INT8_PATH": "amx-emulated", "FASTATTN_CPU_ISA": "avx2"},
+              "cannot run it")]
+    if "amx" not in INT8_PATHS:
+        cases.append(({"FASTATTN_INT8_PATH": "amx"}, "cannot run it"))
+    for env, pattern in cases:
         proc = subprocess.run([sys.executable, "-c", "import fastattn"], capture_output=True,
                               text=True, env={**os.environ, **env}, timeout=120)
         assert proc.returncode != 0 and pattern in proc.stderr, proc.stderr
