@@ -58,6 +58,16 @@ def chain_atol(magnitude, inner, factor=4.0):
     return factor * EPS32 * np.sqrt(max(inner, 1)) * float(np.max(m))
 
 
+def child_env(env):
+    """This process's environment with `env` over it; a child forced to another SIMD level
+    does not inherit a forced int8 path (FASTATTN_INT8_PATH=amx pytest ... would ask the
+    generic child for amx)."""
+    base = dict(os.environ)
+    if "FASTATTN_CPU_ISA" in env and "FASTATTN_INT8_PATH" not in env:
+        base.pop("FASTATTN_INT8_PATH", None)
+    return {**base, **env}
+
+
 def run_child(module, function, env):
     """Run tests/<module>.py's `function()` in a fresh interpreter with extra environment `env`
     (FASTATTN_CPU_ISA, OMP_THREAD_LIMIT, ...); returns the CompletedProcess. The child prints
@@ -71,7 +81,7 @@ def run_child(module, function, env):
         info = fastattn.build_info()
         print(json.dumps({{"simd": info["simd"], "threads": info["threads"]}}))
     """)
-    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env},
+    return subprocess.run([sys.executable, "-c", code], env=child_env(env),
                           capture_output=True, text=True, timeout=600, cwd=TESTS)
 
 
@@ -108,8 +118,7 @@ def script_report(script, env):
     """Run `script` (python -c, argv[1] = the forced SIMD level or "-") in a fresh interpreter
     with extra environment `env`; -> its last stdout line, parsed as JSON (a clean exit asserted)."""
     proc = subprocess.run([sys.executable, "-c", script, env.get("FASTATTN_CPU_ISA", "-")],
-                          env={**os.environ, **env}, capture_output=True, text=True,
-                          timeout=300)
+                          env=child_env(env), capture_output=True, text=True, timeout=300)
     return child_report(proc)
 
 

@@ -15,6 +15,7 @@ import pytest
 
 import fastattn
 from conftest import TOL
+from grad_util import child_env
 
 AVAILABLE = fastattn.build_info()["simd_available"]
 ALL_LEVELS = ("generic", "avx2", "avx512")
@@ -190,11 +191,11 @@ CHILD = textwrap.dedent(r"""
 
 
 def run_child(env_isa, code=CHILD, args=()):
-    env = dict(os.environ)
     if env_isa is None:
+        env = dict(os.environ)
         env.pop("FASTATTN_CPU_ISA", None)
     else:
-        env["FASTATTN_CPU_ISA"] = env_isa
+        env = child_env({"FASTATTN_CPU_ISA": env_isa})
     return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
                           text=True, timeout=300)
 
