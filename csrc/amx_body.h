@@ -129,25 +129,30 @@ static void amx_emu_zero(int t)
     memset(amx_emu.t[t], 0, sizeof amx_emu.t[t]);
 }
 
-/* TDPBSSD (a_signed) / TDPBUSD: for m < rows(c), n < colsb(c) / 4:
- *   c[m][n] += sum_{k < colsb(a) / 4} sum_{i < 4} a[m][4k + i] * b[k][4n + i]
- * a's bytes signed or unsigned, b's signed, the int32 sums wrapping (no saturation) */
-/* the operands of a TDP* instruction: configured, and three different tiles */
-static void amx_emu_check3(int c, int a, int b)
+/* The operands of a TDP* instruction c += a b: three different configured tiles of matching
+ * shapes (rows(a) = rows(c), colsb(b) = colsb(c), rows(b) = colsb(a) / 4, in dwords); their
+ * M = rows(c), N = colsb(c) / 4 and K = colsb(a) / 4 dwords */
+static void amx_emu_operands(int c, int a, int b, int *M, int *N, int *K)
 {
     amx_emu_check(c);
     amx_emu_check(a);
     amx_emu_check(b);
     if (c == a || c == b || a == b) amx_emu_fail("TDP* operands are not three different tiles");
+    *M = amx_emu.rows[c];
+    *N = amx_emu.colsb[c] / 4;
+    *K = amx_emu.colsb[a] / 4;
+    if (amx_emu.rows[a] != *M || amx_emu.colsb[b] != amx_emu.colsb[c] ||
+        amx_emu.rows[b] != *K || amx_emu.colsb[a] % 4 || amx_emu.colsb[c] % 4)
+        amx_emu_fail("TDP* operand shapes do not match");
 }
 
+/* TDPBSSD (a_signed) / TDPBUSD: for m < rows(c), n < colsb(c) / 4:
+ *   c[m][n] += sum_{k < colsb(a) / 4} sum_{i < 4} a[m][4k + i] * b[k][4n + i]
+ * a's bytes signed or unsigned, b's signed, the int32 sums wrapping (no saturation) */
 static void amx_emu_dp(int c, int a, int b, int a_signed)
 {
-    amx_emu_check3(c, a, b);
-    const int M = amx_emu.rows[c], N = amx_emu.colsb[c] / 4, K = amx_emu.colsb[a] / 4;
-    if (amx_emu.rows[a] != M || amx_emu.colsb[b] != amx_emu.colsb[c] ||
-        amx_emu.rows[b] != K || amx_emu.colsb[a] % 4 || amx_emu.colsb[c] % 4)
-        amx_emu_fail("TDPB*D operand shapes do not match");
+    int M, N, K;
+    amx_emu_operands(c, a, b, &M, &N, &K);
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
             int32_t acc;
@@ -190,11 +195,8 @@ static float amx_flush(float f)
  * of two bf16 values is exact in float32), then c[m][n] = flush(c[m][n] + flush(s_0 + s_1)) */
 static void amx_emu_dpbf16(int c, int a, int b)
 {
-    amx_emu_check3(c, a, b);
-    const int M = amx_emu.rows[c], N = amx_emu.colsb[c] / 4, K = amx_emu.colsb[a] / 4;
-    if (amx_emu.rows[a] != M || amx_emu.colsb[b] != amx_emu.colsb[c] ||
-        amx_emu.rows[b] != K || amx_emu.colsb[a] % 4 || amx_emu.colsb[c] % 4)
-        amx_emu_fail("TDPBF16PS operand shapes do not match");
+    int M, N, K;
+    amx_emu_operands(c, a, b, &M, &N, &K);
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
             float acc, sum[2] = {0.0f, 0.0f};
