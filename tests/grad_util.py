@@ -16,6 +16,7 @@ import textwrap
 
 import numpy as np
 
+import fastattn
 from fastattn import reference
 
 EPS32 = float(np.finfo(np.float32).eps)
@@ -59,12 +60,16 @@ def chain_atol(magnitude, inner, factor=4.0):
 
 
 def child_env(env):
-    """This process's environment with `env` over it; a child forced to another SIMD level
-    does not inherit a forced int8 path (FASTATTN_INT8_PATH=amx pytest ... would ask the
-    generic child for amx)."""
+    """This process's environment with `env` over it, for a child that imports the same
+    fastattn as this process (its folder first on PYTHONPATH: a child started elsewhere would
+    otherwise import whatever the installed one is). A child forced to another SIMD level does
+    not inherit a forced int8 path (FASTATTN_INT8_PATH=amx pytest ... would ask the generic
+    child for amx)."""
     base = dict(os.environ)
     if "FASTATTN_CPU_ISA" in env and "FASTATTN_INT8_PATH" not in env:
         base.pop("FASTATTN_INT8_PATH", None)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(fastattn.__file__)))
+    base["PYTHONPATH"] = os.pathsep.join(p for p in (root, base.get("PYTHONPATH")) if p)
     return {**base, **env}
 
 
