@@ -359,6 +359,8 @@ class Workspace:
         self.fast = ops_ is FastOps and not training   # buffers reused, stream updated in place
         self.decode = decode          # a decode step: few rows, packed weights worth building
         self.bufs = {}
+        self._views = {}              # (key, shape) -> the view get() hands out (decode steps
+                                      # ask for the same ones every step)
         self._seed_base = _mix64((_mix64(seed) + call * 0x9E3779B97F4A7C15) & _M64)
         self._sites = 0
 
@@ -370,11 +372,16 @@ class Workspace:
     def get(self, key, shape):
         if not self.fast:
             return None
+        view = self._views.get((key, shape))
+        if view is not None:
+            return view
         buf = self.bufs.get(key)
         size = math.prod(shape)
         if buf is None or buf.size < size:
             buf = self.bufs[key] = np.empty(size, np.float32)
-        return buf[:size].reshape(shape)
+            self._views = {k: v for k, v in self._views.items() if k[0] != key}   # old buffer
+        view = self._views[(key, shape)] = buf[:size].reshape(shape)
+        return view
 
 
 class Buffers:
