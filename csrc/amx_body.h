@@ -1,8 +1,8 @@
-/* amx_body.h -- the int8 product on AMX tiles, included by quant.c under an AVX-512 target,
- * twice: with the tile instructions (AMX_EMULATE undefined, target amx-tile + amx-int8: the
- * "amx" path) and with every tile instruction emulated in C (AMX_EMULATE: "amx-emulated", the
- * same code run on CPUs without AMX, so that its layout and arithmetic are tested everywhere).
- * AMX_SFX names the instance.
+/* amx_body.h -- the int8 and bf16 products on AMX tiles, included by quant.c under an AVX-512
+ * target, twice: with the tile instructions (AMX_EMULATE undefined, target amx-tile, amx-int8,
+ * amx-bf16: the "amx" path) and with every tile instruction emulated in C (AMX_EMULATE:
+ * "amx-emulated", the same code run on CPUs without AMX, so that its layout and arithmetic are
+ * tested everywhere). AMX_SFX names the instance.
  *
  * The product's int16 activations meet the int8 weights as two 8-bit products (the tiles
  * multiply bytes): x = 256 hi + lo with hi = x >> 8 (signed byte) and lo = x & 255 (unsigned),

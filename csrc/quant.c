@@ -148,7 +148,11 @@ static int amx_status(void)
     return st;
 }
 
-int fa_amx_status(void) { return amx_status() | ((amx_status() & 4) && amx_permitted() ? 8 : 0); }
+int fa_amx_status(void)
+{
+    const int st = amx_status();
+    return st | ((st & 4) && amx_permitted() ? 8 : 0);
+}
 
 int fa_int8_init(int forced)
 {

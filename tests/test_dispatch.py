@@ -191,11 +191,9 @@ CHILD = textwrap.dedent(r"""
 
 
 def run_child(env_isa, code=CHILD, args=()):
+    env = child_env({} if env_isa is None else {"FASTATTN_CPU_ISA": env_isa})
     if env_isa is None:
-        env = dict(os.environ)
         env.pop("FASTATTN_CPU_ISA", None)
-    else:
-        env = child_env({"FASTATTN_CPU_ISA": env_isa})
     return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
                           text=True, timeout=300)
 
