@@ -6,6 +6,7 @@ import glob
 import os
 import sys
 
+import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
@@ -19,7 +20,7 @@ flags = cpu.configure()
 ext = Extension(
     "fastattn._kernels",
     sources=["fastattn/_kernels.pyx"] + sorted(glob.glob("csrc/*.c")),
-    include_dirs=["csrc", blas_cfg["include_dir"]],
+    include_dirs=["csrc", blas_cfg["include_dir"], numpy.get_include()],
     library_dirs=[blas_cfg["lib_dir"]],
     libraries=[blas_cfg["library"]],
     define_macros=blas_cfg["define_macros"] + flags["define_macros"] + omp["define_macros"],

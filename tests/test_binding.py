@@ -6,7 +6,7 @@ would catch a pointer taken to an empty view or a read through NULL.)
 import numpy as np
 import pytest
 
-from fastattn import ops, reference
+from fastattn import _kernels, ops, reference
 from strategies import rand
 
 RELU = ops.ACTIVATIONS["relu"]
@@ -62,3 +62,92 @@ def test_attention_into_empty_sizes(rng, B, H, Lq, Lk, D, Dv):
     ops._attention_into(out, q, k, v, None, None, False, 1.0)
     np.testing.assert_allclose(out, reference.attention(q, k, v, scale=1.0), rtol=1e-6,
                                atol=1e-6)
+
+
+# ---- the decode step's entries check their ndarrays by hand (no typed memoryviews) --------------
+
+def _unaligned(shape):
+    """A float32 array whose data starts one byte past an element boundary."""
+    n = int(np.prod(shape))
+    return np.frombuffer(np.zeros(4 * n + 8, np.uint8), np.float32, n, 1).reshape(shape)
+
+
+def _linear_args(rng, N=2, K=8, M=4):
+    x, w, b = rand(rng, (N, K)), rand(rng, (M, K)), rand(rng, (M,))
+    q = ops.QuantizedWeight.from_float(w, "int8")
+    h = ops.QuantizedWeight.from_float(w, "bf16")
+    p = ops.PackedWeight(w)
+    y = np.empty((N, M), np.float32)
+    calls = {
+        "int8": lambda y=y, x=x, b=b, s=q.scale: _kernels.linear_int8_forward(
+            y, x, q._kernel_arrays()[1], s, b, 0, 1),
+        "bf16": lambda y=y, x=x, b=b: _kernels.linear_bf16_forward(
+            y, x, h._kernel_arrays()[1], b, 0, 1),
+        "packed": lambda y=y, x=x, b=b: _kernels.linear_packed_forward(y, x, p.data, b, 0, 1),
+    }
+    return x, w, b, y, calls
+
+
+@pytest.mark.parametrize("kind", ["int8", "bf16", "packed"])
+def test_linear_entries_refuse_bad_arrays(rng, kind):
+    x, w, b, y, calls = _linear_args(rng)
+    call = calls[kind]
+    call()                                               # the good call runs
+    bad = {
+        "y": [y.astype(np.float64), y.reshape(-1), np.empty((2, 8), np.float32)[:, ::2],
+              _readonly(y), _unaligned(y.shape), None],
+        "x": [x.astype(np.float64), x[:, ::2], x.reshape(-1), [list(r) for r in x],
+              _unaligned(x.shape), None],
+        "b": [b.astype(np.float64), b[None], _unaligned(b.shape)],
+    }
+    for name, values in bad.items():
+        for value in values:
+            with pytest.raises((TypeError, ValueError), match=rf"^{name[0]}"):
+                call(**{name: value})
+
+
+def test_layer_norm_entry_refuses_bad_arrays(rng):
+    x, r = rand(rng, (3, 8)), rand(rng, (3, 8))
+    w, b = rand(rng, (8,)), rand(rng, (8,))
+    y = np.empty((3, 8), np.float32)
+
+    def call(y=y, x=x, residual=r, weight=w):
+        _kernels.layer_norm_forward(y, None, None, None, x, residual, weight, b, 1e-5, 1)
+
+    call()
+    np.testing.assert_allclose(y, reference.layer_norm(x + r, w, b), rtol=1e-5, atol=1e-5)
+    for kw, name in [({"y": _readonly(y)}, "y"), ({"y": None}, "y"), ({"x": x.T}, "x"),
+                     ({"x": x.astype(np.float16)}, "x"), ({"residual": r[:, :, None]},
+                                                          "residual"),
+                     ({"weight": _unaligned((8,))}, "weight")]:
+        with pytest.raises((TypeError, ValueError), match=rf"^{name}"):
+            call(**kw)
+
+
+def test_attention_entry_checks_views(rng):
+    q, k, v = rand(rng, (1, 2, 3, 4)), rand(rng, (1, 2, 5, 4)), rand(rng, (1, 2, 5, 4))
+    out = np.empty((1, 2, 3, 4), np.float32)
+
+    def call(out=out, q=q, k=k, v=v, mask=None):
+        _kernels.attention_forward(out, None, None, q, k, v, mask, None, 0.5, False, 1)
+
+    big = rand(rng, (1, 2, 9, 4))                 # a strided view: a cache's first positions
+    call(k=big[:, :, :5], v=big[:, :, 4:])
+    np.testing.assert_allclose(out, reference.attention(q, big[:, :, :5], big[:, :, 4:],
+                                                        scale=0.5), rtol=1e-5, atol=1e-6)
+    bias = np.broadcast_to(rand(rng, (5,)), (1, 2, 3, 5))      # zero strides: allowed for mask
+    call(mask=bias)
+    np.testing.assert_allclose(out, reference.attention(q, k, v, mask=bias, scale=0.5),
+                               rtol=1e-5, atol=1e-6)
+    for kw, name in [({"q": q[..., ::2]}, "q"), ({"k": k.astype(np.float64)}, "k"),
+                     ({"v": v[0]}, "v"), ({"out": _readonly(out)}, "out"), ({"out": None}, "out"),
+                     ({"q": _unaligned(q.shape)}, "q"),
+                     ({"mask": np.zeros((1, 2, 3, 5), np.float64)}, "mask")]:
+        with pytest.raises((TypeError, ValueError), match=rf"^{name}"):
+            call(**kw)
+
+
+def _readonly(a):
+    a = a.copy()
+    a.flags.writeable = False
+    return a
