@@ -670,6 +670,17 @@ def _attention_into(out, q, k, v, bias, key_bias, causal, scale, lse=None, dropo
     return out
 
 
+def _attention_fn(scale):
+    """_attention_into without masks other than key_bias, the scale chosen now (a decode
+    step's attention): f(out, q, k, v, key_bias) -> out, the same kernel call."""
+    kernel = _kernels.attention_forward
+
+    def attend(out, q, k, v, key_bias):
+        kernel(out, None, None, q, k, v, None, key_bias, scale, False, get_num_threads(), 0.0, 0)
+        return out
+    return attend
+
+
 def _attention_backward_into(dq, dk, dv, dout, out, lse, q, k, v, bias, key_bias, causal,
                              scale, dropout_p=0.0, seed=0):
     """(dq, dk, dv) of _attention_into's training call into caller-owned views (any strides,
@@ -1278,6 +1289,37 @@ def _linear_quantized_into(y, x, qweight, bias, act):
 
 
 _ACT_NAMES = {code: name for name, code in ACTIVATIONS.items()}
+
+
+def _linear_fn(weight, bias, act, packed=None, rows=0):
+    """The product y (rows, M) = act(x @ weight.T + bias) that the fast backend runs for x of
+    `rows` rows (arguments trusted as for the _into functions), chosen now: f(x, y) -> y, for
+    a decode step, which makes the same products every step. For rows > 0 and a weight with
+    elements, f calls the kernel that _linear_quantized_into / _linear_packed_into (when
+    `packed` is given and rows <= PACKED_MAX_ROWS) / _linear_into would call, with the same
+    arguments, and nothing else."""
+    M, K = weight.shape
+    if isinstance(weight, QuantizedWeight):
+        if rows <= 0 or M == 0 or K == 0:
+            return lambda x, y: _linear_quantized_into(y, x, weight, bias, act)
+        wp = weight._kernel_arrays()[1]
+        if weight.dtype == "int8":
+            scale, kernel = weight.scale, _kernels.linear_int8_forward
+
+            def product(x, y):
+                kernel(y, x, wp, scale, bias, act, get_num_threads())
+                return y
+            return product
+        kernel = _kernels.linear_bf16_forward
+    elif packed is not None and rows <= PACKED_MAX_ROWS:
+        wp, kernel = packed.data, _kernels.linear_packed_forward
+    else:
+        return lambda x, y: _linear_into(y, x, weight, bias, act)
+
+    def product(x, y):
+        kernel(y, x, wp, bias, act, get_num_threads())
+        return y
+    return product
 
 
 def _linear_any_into(y, x, weight, bias, act):

@@ -228,11 +228,36 @@ class FastOps(_TrainingOps):
         own kernels, which choose between many and few rows themselves."""
         if out is None:
             out = np.empty((x.shape[0], weight.shape[0]), np.float32)
-        if isinstance(weight, ops.QuantizedWeight):
-            return ops._linear_quantized_into(out, x, weight, bias, ACTIVATIONS[activation])
-        if packed is not None and x.shape[0] <= PACKED_MAX_ROWS:
-            return ops._linear_packed_into(out, x, packed, bias, ACTIVATIONS[activation])
-        return ops._linear_into(out, x, weight, bias, ACTIVATIONS[activation])
+        return FastOps.linear_fn(weight, bias, activation, packed, x.shape[0])(x, out)
+
+    @staticmethod
+    def linear_fn(weight, bias, activation=None, packed=None, rows=0):
+        """``linear`` for x of `rows` rows, its kernel and arguments chosen now (a decode step
+        makes the same products every step, and keeps them): f(x, out) -> out."""
+        return ops._linear_fn(weight, bias, ACTIVATIONS[activation], packed, rows)
+
+    @staticmethod
+    def ffn_fn(w1, b1, w2, b2, activation, packed, rows):
+        """``ffn`` for x of `rows` rows, its products chosen now and its hidden rows in a buffer
+        of its own (a decode step keeps it): f(x, out) -> out. Quantized weights: two products
+        (ops._ffn_quantized_into's); `packed` (the two weights packed) and rows <=
+        PACKED_MAX_ROWS: two packed products; else the fused kernel."""
+        act = ACTIVATIONS[activation]
+        quantized = isinstance(w1, ops.QuantizedWeight) or isinstance(w2, ops.QuantizedWeight)
+        if not quantized and (packed is None or rows > PACKED_MAX_ROWS):
+            return lambda x, out: ops._ffn_into(out, x, w1, b1, w2, b2, act)
+        p1, p2 = (None, None) if quantized else packed   # _ffn_quantized_into: a float32 side
+        first = ops._linear_fn(w1, b1, act, p1, rows)    # runs BLAS, as _linear_any_into does
+        second = ops._linear_fn(w2, b2, 0, p2, rows)
+        hidden = np.empty((rows, w1.shape[0]), np.float32)
+        return lambda x, out: second(first(x, hidden), out)
+
+    @staticmethod
+    def attention_fn(head_dim):
+        """``attention`` with no mask but a key padding bias, for heads of head_dim, chosen
+        now (a decode step's): f(q, k, v, key_bias, out) -> out."""
+        attend = ops._attention_fn(_scale(head_dim))
+        return lambda q, k, v, key_bias, out: attend(out, q, k, v, key_bias)
 
     @staticmethod
     def ffn(x, w1, b1, w2, b2, activation, out=None, packed=None):
@@ -241,12 +266,7 @@ class FastOps(_TrainingOps):
         products."""
         if out is None:
             out = np.empty(x.shape, np.float32)
-        if isinstance(w1, ops.QuantizedWeight) or isinstance(w2, ops.QuantizedWeight):
-            return ops._ffn_quantized_into(out, x, w1, b1, w2, b2, ACTIVATIONS[activation])
-        if packed is not None and x.shape[0] <= PACKED_MAX_ROWS:
-            hidden = FastOps.linear(x, w1, b1, activation, packed=packed[0])
-            return FastOps.linear(hidden, w2, b2, None, out=out, packed=packed[1])
-        return ops._ffn_into(out, x, w1, b1, w2, b2, ACTIVATIONS[activation])
+        return FastOps.ffn_fn(w1, b1, w2, b2, activation, packed, x.shape[0])(x, out)
 
     @staticmethod
     def add_norm(x, residual, weight, bias, eps, out=None):
@@ -315,11 +335,16 @@ def _put(out, y):
     return out
 
 
+def _scale(D):
+    """The attention's scale for heads of D features."""
+    return 1.0 / math.sqrt(D) if D else 1.0
+
+
 def _attention_bias(q, k, mask):
     """The kernel's view of mask.bias (broadcast to (B, H, Lq, Lk), no copy) and the scale."""
     B, H, Lq, D = q.shape
     bias = None if mask.bias is None else np.broadcast_to(mask.bias, (B, H, Lq, k.shape[2]))
-    return bias, 1.0 / math.sqrt(D) if D else 1.0
+    return bias, _scale(D)
 
 
 _M64 = (1 << 64) - 1
@@ -356,13 +381,31 @@ class Workspace:
     def __init__(self, ops_, decode=False, training=False, seed=0, call=0, weights=None):
         self.training = training
         self.weights = weights
+        self.ops = ops_
         self.fast = ops_ is FastOps and not training   # buffers reused, stream updated in place
         self.decode = decode          # a decode step: few rows, packed weights worth building
         self.bufs = {}
         self._views = {}              # (key, shape) -> the view get() hands out (decode steps
                                       # ask for the same ones every step)
+        self.steps = {}               # module -> what its decode steps look up once (fast;
+                                      # see steps_for)
         self._seed_base = _mix64((_mix64(seed) + call * 0x9E3779B97F4A7C15) & _M64)
         self._sites = 0
+
+    def steps_for(self, module, rows, owners, weights, make):
+        """What `module`'s decode steps of `rows` rows find the same at every step: make(),
+        made on its first step in this workspace (a cache's) and again when rows, the weights
+        (by identity: `weights`, kept alive with it) or the versions of the modules owning
+        them (`owners`; bumped by invalidate_caches, after in-place edits) changed. None when
+        the module does not run on the fast table this workspace was made for: it then takes
+        its general step."""
+        if not self.fast or self.weights is not None or module._ops is not self.ops:
+            return None
+        key = (rows,) + tuple(m._version for m in owners) + tuple(map(id, weights))
+        hit = self.steps.get(module)
+        if hit is None or hit[0] != key:
+            hit = self.steps[module] = (key, weights, make())
+        return hit[2]
 
     def seed(self):
         """The next dropout site's seed (uint64 as an int)."""

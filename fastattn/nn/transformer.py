@@ -277,6 +277,14 @@ class TransformerEncoderLayer(Module):
                                     self.dropout, seed, bufs.get("ffn.y", h.shape), pre)
             self._ffn_saved = (h, pre, seed)
             return y
+        if ws.decode:
+            step = ws.steps_for(self, h.shape[0], (l1, l2),
+                                (l1.weight, l1.bias, l2.weight, l2.bias, self.activation),
+                                lambda: self._ops.ffn_fn(
+                                    l1.weight, l1.bias, l2.weight, l2.bias, self.activation,
+                                    (l1._decode_weight(ws), l2._decode_weight(ws)), h.shape[0]))
+            if step is not None:            # the same products, chosen once (FastOps.ffn_fn)
+                return step(h, ws.get("ff", h.shape))
         packed = (l1._decode_weight(ws), l2._decode_weight(ws)) if ws.decode else None
         return self._ops.ffn(h, l1.weight, l1.bias, l2.weight, l2.bias, self.activation,
                              out=ws.get("ff", h.shape), packed=packed)

@@ -98,3 +98,87 @@ def test_bad_use_of_a_cache_is_a_clear_error(rng):
     lc = layer.init_cache(features(rng, 2, S), max_len=1)
     with pytest.raises(ValueError, match=r"x must be \(rows, d_model\)"):
         layer.step(features(rng, 2, 1), lc)
+
+
+# ---- a decode step's lookups, made once per cache (Workspace.steps_for) -------------------------
+
+def _logits(m, src, tokens, beams, general, monkeypatch, edit=None):
+    """Logits of init_cache + one step per column of tokens (R, n), with the per-cache lookups
+    (general=False) or without them (every step through the general path); edit(m, t), if
+    given, runs before step t. -> ((n, R, V) logits, the cache)."""
+    with monkeypatch.context() as mp:
+        if general:
+            mp.setattr(fnn.backends.Workspace, "steps_for", lambda *a: None)
+        cache = m.init_cache(src, beams=beams, max_len=tokens.shape[1])
+        out = []
+        for t in range(tokens.shape[1]):
+            if edit is not None:
+                edit(m, t)
+            out.append(m.step(tokens[:, t], cache))
+    return np.stack(out), cache
+
+
+@pytest.mark.parametrize("compute_type", ["float32", "int8", "bf16"])
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("sources,beams", [(1, 1), (3, 2), (9, 4)])   # 36 rows: past the packed
+def test_step_lookups_give_the_general_steps_bits(rng, monkeypatch, compute_type, norm_first,
+                                                 sources, beams):        # products' 32
+    m = fnn.Seq2SeqTransformer(2, 2, C, H, V_SRC, V_TGT, F, pad_id=PAD, norm_first=norm_first,
+                               activation="gelu", seed=11).quantize(compute_type)
+    src = token_batch(rng, V_SRC, [S] + [3] * (sources - 1), S)       # padded memory rows
+    tokens = rng.integers(2, V_TGT, size=(sources * beams, 4))
+    want, _ = _logits(m, src, tokens, beams, True, monkeypatch)
+    got, cache = _logits(m, src, tokens, beams, False, monkeypatch)
+    np.testing.assert_array_equal(got, want)
+    layers = m.transformer.decoder.layers
+    assert set(cache.ws.steps) == {mod for layer in layers                 # every piece took
+                                   for mod in (layer, layer.self_attn, layer.multihead_attn)}
+
+
+def _new(a):
+    return a + np.float32(0.25)
+
+
+EDITS = {   # a change to the weights between steps, and what the lookups must notice it by
+    "in_proj_weight assigned": lambda l: setattr(l.self_attn, "in_proj_weight",
+                                                 _new(l.self_attn.in_proj_weight)),
+    "out_proj bias assigned": lambda l: setattr(l.multihead_attn.out_proj, "bias",
+                                                _new(l.multihead_attn.out_proj.bias)),
+    "linear2 weight assigned": lambda l: setattr(l.linear2, "weight", _new(l.linear2.weight)),
+    "activation changed": lambda l: setattr(l, "activation", "gelu"),
+    "edited in place, then invalidate_caches": lambda l: (
+        l.linear1.weight.__iadd__(np.float32(0.25)), l.multihead_attn.in_proj_weight.__iadd__(
+            np.float32(0.25)), l.invalidate_caches()),
+}
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_step_lookups_follow_changed_weights(rng, monkeypatch, edit):
+    """A weight replaced (or edited in place and invalidated) between two steps of one cache:
+    the next steps use the new weight, as the general path does."""
+    src = token_batch(rng, V_SRC, [S, 4], S)
+    tokens = rng.integers(2, V_TGT, size=(2, 4))
+    runs = []
+    for general in (True, False):
+        m = fnn.Seq2SeqTransformer(1, 2, C, H, V_SRC, V_TGT, F, seed=12)
+        change = lambda m, t: EDITS[edit](m.transformer.decoder.layers[1]) if t == 2 else None
+        runs.append(_logits(m, src, tokens, 1, general, monkeypatch, change)[0])
+    np.testing.assert_array_equal(runs[1], runs[0])
+    assert not np.array_equal(runs[1][2:], _logits(
+        fnn.Seq2SeqTransformer(1, 2, C, H, V_SRC, V_TGT, F, seed=12), src, tokens, 1, False,
+        monkeypatch)[0][2:])                                    # the edit did change them
+
+
+def test_step_lookups_follow_a_backend_switch(rng, monkeypatch):
+    """A cache made on the fast backend, stepped after to_backend("reference") and back: the
+    reference steps take the general path (their workspace lookups are the fast table's)."""
+    m = fnn.Seq2SeqTransformer(1, 1, C, H, V_SRC, V_TGT, F, seed=13)
+    src = token_batch(rng, V_SRC, [S, S], S)
+    tokens = rng.integers(2, V_TGT, size=(2, 4))
+    switch = {1: "reference", 3: "fast"}
+    got, _ = _logits(m, src, tokens, 1, False, monkeypatch,
+                     lambda m, t: m.to_backend(switch[t]) if t in switch else None)
+    want, _ = _logits(m, src, tokens, 1, True, monkeypatch,
+                      lambda m, t: m.to_backend(switch[t]) if t in switch else None)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    np.testing.assert_array_equal(got[[0, 3]], want[[0, 3]])    # fast steps: the same bits
