@@ -3,10 +3,12 @@
 Fast checks only: timings are never asserted (speed lives in benchmarks/ and ``fastattn bench``).
 """
 import json
+import statistics
 import subprocess
 import sys
 
 import numpy as np
+
 import pytest
 
 from fastattn import bench
@@ -182,6 +184,10 @@ def test_quantized_decode_target_prefers_its_interleaved_float32_step():
     t = result([base, own])
     assert t["status"] == "PASS" and t["value"] == pytest.approx(3.5)
     assert "interleaved" in t["detail"]
+    paired = dict(own, float32_ratio=3.1)              # the median of paired calls' ratios
+    t = result([base, paired])
+    assert t["status"] == "PASS" and t["value"] == pytest.approx(3.1)
+    assert "paired" in t["detail"] and "3.50 ms" in t["detail"]
     alone = _row("decode_step_int8", fast=1.0, step_ms=1.0)
     t = result([base, alone])
     assert t["status"] == "MISS" and t["value"] == pytest.approx(2.5)
@@ -205,8 +211,11 @@ def test_quantized_model_case_times_float32_interleaved(monkeypatch):
     assert row["float32_fastattn_ms"] > 0 and row["fastattn_ms"] > 0
     assert any("(interleaved)" in n for n in row["notes"])
     (t,) = [r for r in bench.check_targets([row]) if r["case"] == "encoder_int8"]
-    assert t["value"] == pytest.approx(row["float32_fastattn_ms"] / row["fastattn_ms"])
-    assert "interleaved" in t["detail"]
+    f32 = row["float32_times_ms"]
+    own = row["fastattn_times_ms"][-len(f32):]          # each timed right before its pair
+    assert len(f32) == 3
+    assert t["value"] == pytest.approx(statistics.median(f / q for f, q in zip(f32, own)))
+    assert "interleaved" in t["detail"] and "paired" in t["detail"]
 
 
 def test_quantized_decode_case_has_a_float32_twin():

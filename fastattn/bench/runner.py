@@ -173,7 +173,10 @@ def _run_time_case(case, threads, repeat, numpy_repeat):
     if copy is not None:
         _copy_metrics(row, times.pop("copy"), copy_bytes)
     if "float32" in times:
-        row["float32_fastattn_ms"] = statistics.median(times.pop("float32")) * 1e3
+        f32 = times.pop("float32")
+        row["float32_fastattn_ms"] = statistics.median(f32) * 1e3
+        row["float32_times_ms"] = [t * 1e3 for t in f32]
+        row["float32_ratio"] = paired_ratio(f32, times["fastattn"])
         row["notes"].append(f"float32 {fmt_ms(row['float32_fastattn_ms'])} ms (interleaved)")
     for impl in fns:
         ts = ([first[impl]] if impl in first else []) + times.get(impl, [])
@@ -212,14 +215,23 @@ def decode_probes(case, threads=None, rounds=5):
             copy_bytes)
 
 
+def paired_ratio(slow, fast):
+    """Median over i of slow[i] / fast[i]: two implementations' times taken one right after
+    the other in each round (time_interleaved), so a machine that changes speed between rounds
+    moves both of a pair alike; steadier than the ratio of the two medians."""
+    return statistics.median(s / f for s, f in zip(slow, fast))
+
+
 def _decode_times(case, threads, counts, twin=None):
     """Seconds per call of the decode case's generate, prefill and memory copy, and of the
     float32 twin case's generate and prefill ("generate_fp32", "prefill_fp32"), those named
-    in counts, interleaved; returns (times, bytes one copy moves)."""
+    in counts, interleaved (the two generates one right after the other in each round);
+    returns (times, bytes one copy moves)."""
     copy, copy_bytes = timing.memory_copy(threads=threads)
-    fns = {"generate": case.callable("fastattn"), "prefill": case.prefill(), "copy": copy}
+    fns = {"generate": case.callable("fastattn")}
     if twin is not None:
         fns.update(generate_fp32=twin.callable("fastattn"), prefill_fp32=twin.prefill())
+    fns.update(prefill=case.prefill(), copy=copy)
     fns = {name: fn for name, fn in fns.items() if name in counts}
     try:
         for fn in fns.values():
@@ -243,6 +255,9 @@ def _run_decode_case(case, threads, repeat):
     steps = case.steps
     if "generate_fp32" in med:              # the float32 step, timed between this case's calls
         row["float32_step_ms"] = (med["generate_fp32"] - med["prefill_fp32"]) / steps
+        row["float32_ratio"] = paired_ratio(
+            [t * 1e3 - med["prefill_fp32"] for t in times["generate_fp32"]],
+            [t * 1e3 - med["prefill"] for t in times["generate"]])
         row["notes"].append(f"float32 step {row['float32_step_ms']:.2f} ms (interleaved)")
     m = decode_metrics(med["generate"], med["prefill"], med["copy"], case.weight_bytes(),
                        copy_bytes, steps)

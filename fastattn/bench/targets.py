@@ -159,14 +159,19 @@ TARGETS += RUNNER_TARGETS
 # ---- quantized weights: against the float32 rows of the same run, and CTranslate2 ------------
 
 def _faster_than_float32(case, base, field="fastattn_ms", what="ms"):
-    """fastattn with quantized weights (row `case`) against float32: the float32 time the
-    case's row measured interleaved with its own calls (its "float32_<field>", the decode
-    steps), else its float32 row `base` of the same run; base's time over case's."""
+    """fastattn with quantized weights (row `case`) against float32: the median ratio of the
+    float32 calls the case's row timed each right after one of its own ("float32_ratio"),
+    else the ratio of the medians (its "float32_<field>"), else its float32 row `base` of the
+    same run; base's time over case's."""
     def measure(rows):
         q, f = _row(rows, case), _row(rows, base)
         if q is None:
             return None, "not run"
         own = q.get(f"float32_{field}")
+        if q.get("float32_ratio") and own and q.get(field):
+            v = q["float32_ratio"]
+            return v, (f"{v:.2f}x float32 (median of paired calls; medians {fmt_ms(q[field])} "
+                       f"vs {fmt_ms(own)} {what}, interleaved)")
         if own and q.get(field):
             v = own / q[field]
             return v, (f"{v:.2f}x float32 ({fmt_ms(q[field])} vs {fmt_ms(own)} {what}, "
