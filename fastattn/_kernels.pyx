@@ -1,5 +1,6 @@
 # cython: language_level=3
-"""Binding of csrc/ (the C kernels): typed memoryviews in, `with nogil` calls out, no logic.
+"""Binding of csrc/ (the C kernels): typed memoryviews in (the decode step's entries: ndarrays
+checked through NumPy's C API, see below), `with nogil` calls out, no logic.
 
 Shapes are validated by fastattn/ops.py; this module trusts its caller. Strides are passed to
 C in elements (memoryview strides are bytes). An array that is None or has no elements is
