@@ -220,6 +220,9 @@ cdef inline cnp.ndarray _nd(object a, int typenum, int ndim, bint write, str nam
                          f"array, got {arr.ndim}-d {arr.dtype}")
     if not cnp.PyArray_ISALIGNED(arr):
         raise ValueError(f"{name}: the array's data is not aligned for its dtype")
+    if not cnp.PyArray_ISNOTSWAPPED(arr):
+        raise ValueError(f"{name}: the array's bytes are not in this machine's order "
+                         f"({arr.dtype})")
     if write and not cnp.PyArray_ISWRITEABLE(arr):
         raise ValueError(f"{name}: the array is read-only")
     return arr
@@ -246,8 +249,9 @@ cdef inline float *_view4(object a, bint write, bint optional, bint last_contigu
     """The data of a (B, H, L, D) float32 view read through its strides, NULL for None (when
     optional) or for no elements; st[0:4] receives the strides in elements (0 for None or no
     elements: nothing is read through them then). Every
-    stride is whole elements; with last_contiguous the last axis is contiguous (or has at most
-    one element), as the attention kernels read q, k, v and out."""
+    stride of an axis of more than one element is whole elements (0 is given for the others);
+    with last_contiguous the last axis is contiguous (or has at most one element), as the
+    attention kernels read q, k, v and out."""
     cdef int i
     for i in range(4):
         st[i] = 0
@@ -259,9 +263,13 @@ cdef inline float *_view4(object a, bint write, bint optional, bint last_contigu
     if cnp.PyArray_SIZE(arr) == 0:
         return NULL
     cdef cnp.npy_intp *s = cnp.PyArray_STRIDES(arr)
+    cdef cnp.npy_intp *n = cnp.PyArray_DIMS(arr)
     for i in range(4):
+        if n[i] <= 1:                   # one index (0): its stride is never used
+            continue
         if s[i] % 4 != 0:
-            raise ValueError(f"{name}: strides {(<object>arr).strides} are not whole float32 elements")
+            raise ValueError(f"{name}: strides {(<object>arr).strides} are not whole "
+                             "float32 elements")
         st[i] = s[i] // 4
     if last_contiguous and cnp.PyArray_DIMS(arr)[3] > 1 and s[3] != 4:
         raise ValueError(f"{name}: the last axis is not contiguous (strides "

@@ -1291,6 +1291,12 @@ def _linear_quantized_into(y, x, qweight, bias, act):
 _ACT_NAMES = {code: name for name, code in ACTIVATIONS.items()}
 
 
+def _layouts():
+    """What the quantized weights' packed copies are laid out for (the int8 path): a product
+    chosen by _linear_fn holds its packed copy, and is chosen again when this changes."""
+    return _kernels.int8_path()
+
+
 def _linear_fn(weight, bias, act, packed=None, rows=0):
     """The product y (rows, M) = act(x @ weight.T + bias) that the fast backend runs for x of
     `rows` rows (arguments trusted as for the _into functions), chosen now: f(x, y) -> y, for

@@ -66,6 +66,9 @@ def test_attention_into_empty_sizes(rng, B, H, Lq, Lk, D, Dv):
 
 # ---- the decode step's entries check their ndarrays by hand (no typed memoryviews) --------------
 
+OTHER_ORDER = ">f4" if np.little_endian else "<f4"     # float32 in the other byte order
+
+
 def _unaligned(shape):
     """A float32 array whose data starts one byte past an element boundary."""
     n = int(np.prod(shape))
@@ -97,8 +100,9 @@ def test_linear_entries_refuse_bad_arrays(rng, kind):
         "y": [y.astype(np.float64), y.reshape(-1), np.empty((2, 8), np.float32)[:, ::2],
               _readonly(y), _unaligned(y.shape), None],
         "x": [x.astype(np.float64), x[:, ::2], x.reshape(-1), [list(r) for r in x],
-              _unaligned(x.shape), None],
-        "b": [b.astype(np.float64), b[None], _unaligned(b.shape)],
+              _unaligned(x.shape), x.astype(OTHER_ORDER), None],
+        "b": [b.astype(np.float64), b[None], _unaligned(b.shape),
+              b.astype(OTHER_ORDER)],
     }
     for name, values in bad.items():
         for value in values:
@@ -119,7 +123,8 @@ def test_layer_norm_entry_refuses_bad_arrays(rng):
     for kw, name in [({"y": _readonly(y)}, "y"), ({"y": None}, "y"), ({"x": x.T}, "x"),
                      ({"x": x.astype(np.float16)}, "x"), ({"residual": r[:, :, None]},
                                                           "residual"),
-                     ({"weight": _unaligned((8,))}, "weight")]:
+                     ({"weight": _unaligned((8,))}, "weight"),
+                     ({"weight": w.astype(OTHER_ORDER)}, "weight")]:
         with pytest.raises((TypeError, ValueError), match=rf"^{name}"):
             call(**kw)
 
@@ -139,9 +144,14 @@ def test_attention_entry_checks_views(rng):
     call(mask=bias)
     np.testing.assert_allclose(out, reference.attention(q, k, v, mask=bias, scale=0.5),
                                rtol=1e-5, atol=1e-6)
+    one = np.lib.stride_tricks.as_strided(q, (1, 2, 3, 4), (3, 48, 16, 4))   # odd stride on
+    call(q=one)                                                # an axis of one: never used
+    np.testing.assert_allclose(out, reference.attention(q, k, v, scale=0.5), rtol=1e-5,
+                               atol=1e-6)
     for kw, name in [({"q": q[..., ::2]}, "q"), ({"k": k.astype(np.float64)}, "k"),
                      ({"v": v[0]}, "v"), ({"out": _readonly(out)}, "out"), ({"out": None}, "out"),
                      ({"q": _unaligned(q.shape)}, "q"),
+                     ({"k": k.astype(OTHER_ORDER)}, "k"),
                      ({"mask": np.zeros((1, 2, 3, 5), np.float64)}, "mask")]:
         with pytest.raises((TypeError, ValueError), match=rf"^{name}"):
             call(**kw)

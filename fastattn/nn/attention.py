@@ -366,8 +366,9 @@ class MultiheadAttention(Module):
             return None
         o = self.out_proj
         return ws.steps_for(self, (R, B, part), (self, o),
-                            (self.in_proj_weight, self.in_proj_bias, o.weight, o.bias),
-                            lambda: _StepState(self, ws, R, B, part))
+                            (self.in_proj_weight, self.in_proj_bias, o.weight, o.bias, o),
+                            lambda: _StepState(self, ws, R, B, part)
+                            if type(o)._apply is Linear._apply else None)   # not a subclass's
 
     def _self_attention_step(self, x, cache, t, ws):
         """x (R, C) at position t: its key and value go into the cache, its query attends to

@@ -395,13 +395,16 @@ class Workspace:
     def steps_for(self, module, rows, owners, weights, make):
         """What `module`'s decode steps of `rows` rows find the same at every step: make(),
         made on its first step in this workspace (a cache's) and again when rows, the weights
-        (by identity: `weights`, kept alive with it) or the versions of the modules owning
-        them (`owners`; bumped by invalidate_caches, after in-place edits) changed. None when
-        the module does not run on the fast table this workspace was made for: it then takes
-        its general step."""
-        if not self.fast or self.weights is not None or module._ops is not self.ops:
+        (by identity: `weights`, kept alive with it), the versions of the modules owning them
+        (`owners`; bumped by invalidate_caches, after in-place edits, and by to_backend) or
+        the packed layouts (ops._layouts) changed. None when the module or an owner does not
+        run on the fast table this workspace was made for (it then takes its general step),
+        or when make() gives None."""
+        if not self.fast or self.weights is not None or module._ops is not self.ops or \
+                any(m._ops is not self.ops for m in owners):
             return None
-        key = (rows,) + tuple(m._version for m in owners) + tuple(map(id, weights))
+        key = (rows, ops._layouts()) + tuple(m._version for m in owners) + \
+            tuple(map(id, weights))
         hit = self.steps.get(module)
         if hit is None or hit[0] != key:
             hit = self.steps[module] = (key, weights, make())

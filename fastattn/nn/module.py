@@ -318,6 +318,7 @@ class Module:
         for m in self.modules():
             m.backend, m._ops, m._buffers = backend, ops_, None
             m._derived.clear()                  # packed for (or refused by) the old backend
+            m._version += 1                     # and what decode steps looked up with it
         return self
 
 

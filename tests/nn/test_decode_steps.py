@@ -139,6 +139,19 @@ def _new(a):
     return a + np.float32(0.25)
 
 
+class _Doubled(fnn.Linear):
+    """A Linear whose inference output is doubled: a subclass overriding _apply."""
+
+    def _apply(self, x, ws, key=None, activation=None):
+        return 2 * super()._apply(x, ws, key, activation)
+
+
+def _doubled(old):
+    new = _Doubled(old.in_features, old.out_features, seed=0)
+    new.weight, new.bias = old.weight, old.bias
+    return new
+
+
 EDITS = {   # a change to the weights between steps, and what the lookups must notice it by
     "in_proj_weight assigned": lambda l: setattr(l.self_attn, "in_proj_weight",
                                                  _new(l.self_attn.in_proj_weight)),
@@ -149,6 +162,10 @@ EDITS = {   # a change to the weights between steps, and what the lookups must n
     "edited in place, then invalidate_caches": lambda l: (
         l.linear1.weight.__iadd__(np.float32(0.25)), l.multihead_attn.in_proj_weight.__iadd__(
             np.float32(0.25)), l.invalidate_caches()),
+    "out_proj alone on the reference backend": lambda l: l.self_attn.out_proj.to_backend(
+        "reference"),
+    "out_proj replaced by a Linear subclass": lambda l: setattr(
+        l.multihead_attn, "out_proj", _doubled(l.multihead_attn.out_proj)),
 }
 
 
