@@ -672,10 +672,10 @@ def _attention_into(out, q, k, v, bias, key_bias, causal, scale, lse=None, dropo
 
 def _attention_fn(scale):
     """_attention_into without masks other than key_bias, the scale chosen now (a decode
-    step's attention): f(out, q, k, v, key_bias) -> out, the same kernel call."""
+    step's attention): f(q, k, v, key_bias, out) -> out, the same kernel call."""
     kernel = _kernels.attention_forward
 
-    def attend(out, q, k, v, key_bias):
+    def attend(q, k, v, key_bias, out):
         kernel(out, None, None, q, k, v, None, key_bias, scale, False, get_num_threads(), 0.0, 0)
         return out
     return attend
@@ -1279,13 +1279,26 @@ def _linear_quantized_into(y, x, qweight, bias, act):
     if K == 0:          # an empty sum: only the bias and activation remain
         y[...] = reference.linear(x, qweight, bias, activation=_ACT_NAMES[act])
         return y
+    return _quantized_product(qweight, bias, act)(x, y)
+
+
+def _quantized_product(qweight, bias, act):
+    """The kernel call of _linear_quantized_into for x of at least one row and a weight with
+    elements, its packed copy looked up now: f(x, y) -> y."""
+    wp = qweight._kernel_arrays()[1]
     if qweight.dtype == "int8":
-        _kernels.linear_int8_forward(y, x, qweight._kernel_arrays()[1], qweight.scale, bias,
-                                     act, get_num_threads())
-    else:
-        _kernels.linear_bf16_forward(y, x, qweight._kernel_arrays()[1], bias, act,
-                                     get_num_threads())
-    return y
+        scale, kernel = qweight.scale, _kernels.linear_int8_forward
+
+        def product(x, y):
+            kernel(y, x, wp, scale, bias, act, get_num_threads())
+            return y
+        return product
+    kernel = _kernels.linear_bf16_forward
+
+    def product(x, y):
+        kernel(y, x, wp, bias, act, get_num_threads())
+        return y
+    return product
 
 
 _ACT_NAMES = {code: name for name, code in ACTIVATIONS.items()}
@@ -1308,19 +1321,10 @@ def _linear_fn(weight, bias, act, packed=None, rows=0):
     if isinstance(weight, QuantizedWeight):
         if rows <= 0 or M == 0 or K == 0:
             return lambda x, y: _linear_quantized_into(y, x, weight, bias, act)
-        wp = weight._kernel_arrays()[1]
-        if weight.dtype == "int8":
-            scale, kernel = weight.scale, _kernels.linear_int8_forward
-
-            def product(x, y):
-                kernel(y, x, wp, scale, bias, act, get_num_threads())
-                return y
-            return product
-        kernel = _kernels.linear_bf16_forward
-    elif packed is not None and rows <= PACKED_MAX_ROWS:
-        wp, kernel = packed.data, _kernels.linear_packed_forward
-    else:
+        return _quantized_product(weight, bias, act)
+    if packed is None or rows > PACKED_MAX_ROWS:
         return lambda x, y: _linear_into(y, x, weight, bias, act)
+    wp, kernel = packed.data, _kernels.linear_packed_forward
 
     def product(x, y):
         kernel(y, x, wp, bias, act, get_num_threads())

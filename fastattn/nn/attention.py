@@ -96,9 +96,8 @@ class _StepState:
         self.proj = ws.get("proj", (R, C))
         ops_, o = mha._ops, mha.out_proj
         w, b = mha._in_proj(part)
-        self.project = ops_.linear_fn(w, b, None, mha._packed(part, mha.in_proj_weight,
-                                                               C * _PARTS[part][1]), R)
-        self.out_proj = ops_.linear_fn(o.weight, o.bias, None, o._packed("weight", o.weight), R)
+        self.project = ops_.linear_fn(w, b, None, mha._decode_packed(part, w), R)
+        self.out_proj = ops_.linear_fn(o.weight, o.bias, None, o._decode_weight(ws), R)
         self.attend = ops_.attention_fn(D)
 
 
@@ -169,12 +168,17 @@ class MultiheadAttention(Module):
         C = self.embed_dim
         lo, hi = (C * i for i in _PARTS[part])
         w, b = self._in_proj(part)
-        packed = None
-        if ws.decode and self.in_proj_weight is None:
-            packed = self._packed(part, w)
-        elif ws.decode and lo == 0:               # decode steps project their queries (q, qkv)
-            packed = self._packed(part, self.in_proj_weight, hi)
+        packed = self._decode_packed(part, w) if ws.decode else None
         return self._ops.linear(x, w, b, out=ws.get(key, (x.shape[0], hi - lo)), packed=packed)
+
+    def _decode_packed(self, part, w):
+        """The weight rows w of projection `part` packed for a decode step's few rows: its own
+        weight (separate projections), or the in-projection's first rows for the parts that
+        start with the queries (q, qkv: decode steps project those); else None."""
+        if self.in_proj_weight is None:
+            return self._packed(part, w)
+        lo, hi = _PARTS[part]
+        return self._packed(part, self.in_proj_weight, self.embed_dim * hi) if lo == 0 else None
 
     def _with_extra_keys(self, y, part, out=None):
         """y (B, S, C), projected keys (part "k") or values ("v") -> (B, S + extra, C): the

@@ -256,8 +256,7 @@ class FastOps(_TrainingOps):
     def attention_fn(head_dim):
         """``attention`` with no mask but a key padding bias, for heads of head_dim, chosen
         now (a decode step's): f(q, k, v, key_bias, out) -> out."""
-        attend = ops._attention_fn(_scale(head_dim))
-        return lambda q, k, v, key_bias, out: attend(out, q, k, v, key_bias)
+        return ops._attention_fn(_scale(head_dim))
 
     @staticmethod
     def ffn(x, w1, b1, w2, b2, activation, out=None, packed=None):
@@ -400,14 +399,14 @@ class Workspace:
         the packed layouts (ops._layouts) changed. None when the module or an owner does not
         run on the fast table this workspace was made for (it then takes its general step),
         or when make() gives None."""
-        if not self.fast or self.weights is not None or module._ops is not self.ops or \
-                any(m._ops is not self.ops for m in owners):
+        if not self.fast or self.weights is not None:
             return None
         key = (rows, ops._layouts()) + tuple(m._version for m in owners) + \
             tuple(map(id, weights))
         hit = self.steps.get(module)
-        if hit is None or hit[0] != key:
-            hit = self.steps[module] = (key, weights, make())
+        if hit is None or hit[0] != key:   # to_backend bumps versions: the tables need a look
+            fast = module._ops is self.ops and all(m._ops is self.ops for m in owners)
+            hit = self.steps[module] = (key, weights, make() if fast else None)
         return hit[2]
 
     def seed(self):
