@@ -2,8 +2,9 @@
 use, and a missing torch raises Unavailable (the table shows "n/a").
 
 - ``torch_transformer(model)``: torch.nn.Transformer holding a fastattn Transformer's weights;
-- ``torch_seq2seq(model)``: the model of PyTorch's translation tutorial holding a fastattn
-  Seq2SeqTransformer's weights;
+- ``tutorial_seq2seq(cfg)``: the model of PyTorch's translation tutorial, initialised as the
+  tutorial does; ``torch_seq2seq(model)``: the same holding a fastattn Seq2SeqTransformer's
+  weights;
 - ``TorchDecoder``: the tutorial's way of decoding with it (encode once, then each step re-run
   the decoder on every row's whole prefix) as a decoder for ``fastattn.generate.search``;
 - ``torch_generate(tm, src, ...)``: greedy or beam search over a TorchDecoder with
@@ -18,7 +19,7 @@ import numpy as np
 from ..generate import sampling, search
 
 __all__ = ["Unavailable", "optional_torch", "require_torch", "torch_version",
-           "torch_transformer", "torch_seq2seq", "TorchDecoder", "torch_generate"]
+           "torch_transformer", "tutorial_seq2seq", "torch_seq2seq", "TorchDecoder", "torch_generate"]
 
 
 class Unavailable(RuntimeError):
@@ -65,15 +66,17 @@ def torch_transformer(model):
     return tm
 
 
-def torch_seq2seq(model, *, dropout=0.0):
+def tutorial_seq2seq(cfg, *, dropout=0.0, xavier=True):
     """The model of PyTorch's translation tutorial (batch-first nn.Transformer, token
     embeddings scaled by sqrt(d_model), the sinusoidal table with dropout, the generator
-    Linear), in eval mode, holding the weights of `model`, a fastattn Seq2SeqTransformer. Its
-    positional table is computed here, the tutorial's way, not taken from fastattn.
-    ``forward(src, tgt_in)`` is the tutorial's training forward (causal target, padding masks
-    from the model's pad_id); call ``.train()`` for dropout."""
+    Linear) for a fastattn Seq2SeqTransformer config `cfg`, initialised as the tutorial does
+    (torch's construction, then xavier_uniform_ on every parameter with two or more axes, from
+    torch's global generator), in eval mode. Its positional table is computed here, the
+    tutorial's way, not taken from fastattn. ``forward(src, tgt_in)`` is the tutorial's
+    training forward (causal target, padding masks from cfg["pad_id"]); call ``.train()`` for
+    dropout. xavier=False leaves torch's construction defaults (no tutorial loop)."""
     torch = require_torch()
-    nn_, cfg = torch.nn, model.config
+    nn_ = torch.nn
     C, V = cfg["emb_size"], cfg["tgt_vocab_size"]
 
     class TokenEmbedding(nn_.Module):
@@ -114,7 +117,18 @@ def torch_seq2seq(model, *, dropout=0.0):
                                    memory_key_padding_mask=src == pad)
             return self.generator(out)
 
-    tm = Seq2Seq().eval()
+    tm = Seq2Seq()
+    for p in tm.parameters() if xavier else ():     # the tutorial's loop
+        if p.dim() > 1:
+            nn_.init.xavier_uniform_(p)
+    return tm.eval()
+
+
+def torch_seq2seq(model, *, dropout=0.0):
+    """tutorial_seq2seq for the config of `model`, a fastattn Seq2SeqTransformer, holding its
+    weights (eval mode)."""
+    torch = require_torch()
+    tm = tutorial_seq2seq(model.config, dropout=dropout)
     tm.load_state_dict(_weights(torch, model))
     return tm
 
@@ -131,7 +145,9 @@ class TorchDecoder:
     decoder (``step`` and ``reorder``); call it under torch.inference_mode().
 
     The sources (B, S) are encoded once; memory (R, S, C) holds each source's row repeated for
-    its `beams` rows (R = live sources x beams). ``step(tokens)`` appends the rows' tokens to
+    its `beams` rows (R = live sources x beams). With src_pad_id, source positions holding it
+    are masked (src_key_padding_mask and memory_key_padding_mask), as the tutorial's training
+    forward masks them; without it the sources are taken as unpadded. ``step(tokens)`` appends the rows' tokens to
     their prefixes (R, t + 1), re-runs tm.transformer.decoder on the whole prefixes under the
     square subsequent mask and returns the generator's logits of the last position, (R, V)
     float32 NumPy. ``reorder(rows, sources)`` gathers the prefixes; with `sources` (whole
@@ -139,11 +155,15 @@ class TorchDecoder:
     tutorial's loop fastattn is compared with.
     """
 
-    def __init__(self, tm, src_ids, beams=1):
+    def __init__(self, tm, src_ids, beams=1, src_pad_id=None):
         torch = require_torch()
         self._torch, self.tm, self.beams = torch, tm, beams
-        memory = tm.transformer.encoder(tm.embed(tm.src_tok_emb, _ids(torch, src_ids)))
+        src = _ids(torch, src_ids)
+        pad = None if src_pad_id is None else src == src_pad_id          # (B, S) bool
+        memory = tm.transformer.encoder(tm.embed(tm.src_tok_emb, src),
+                                        src_key_padding_mask=pad)
         self.memory = memory.repeat_interleave(beams, dim=0) if beams > 1 else memory
+        self.pad = pad if pad is None or beams == 1 else pad.repeat_interleave(beams, dim=0)
         self.prefix = torch.empty((self.memory.shape[0], 0), dtype=torch.long)   # (R, t)
 
     def step(self, tokens):
@@ -151,19 +171,23 @@ class TorchDecoder:
         self.prefix = torch.cat([self.prefix, _ids(torch, tokens)[:, None]], dim=1)
         mask = torch.nn.Transformer.generate_square_subsequent_mask(self.prefix.shape[1])
         out = tm.transformer.decoder(tm.embed(tm.tgt_tok_emb, self.prefix), self.memory,
-                                     tgt_mask=mask)                      # (R, t + 1, C)
+                                     tgt_mask=mask,
+                                     memory_key_padding_mask=self.pad)   # (R, t + 1, C)
         return tm.generator(out[:, -1]).numpy()                         # (R, V)
 
     def reorder(self, rows, sources=None):
         torch = self._torch
         self.prefix = self.prefix[_ids(torch, rows)]
         if sources is not None:
+            keep = _ids(torch, sources)
             per_source = self.memory.unflatten(0, (-1, self.beams))     # (B_live, k, S, C)
-            self.memory = per_source[_ids(torch, sources)].flatten(0, 1)
+            self.memory = per_source[keep].flatten(0, 1)
+            if self.pad is not None:
+                self.pad = self.pad.unflatten(0, (-1, self.beams))[keep].flatten(0, 1)
 
 
 def torch_generate(tm, src_ids, *, max_new_tokens, start_id, end_id=None, pad_id=0,
-                   method="greedy", beam_size=4, length_penalty=1.0):
+                   method="greedy", beam_size=4, length_penalty=1.0, src_pad_id=None):
     """Generate with a torch_seq2seq model through a TorchDecoder and fastattn.generate's
     search loops (greedy: argmax, ties to the lowest id; beam: fastattn.generate's rules) ->
     int64 (B, T) laid out as Seq2SeqTransformer.generate's output."""
@@ -174,6 +198,8 @@ def torch_generate(tm, src_ids, *, max_new_tokens, start_id, end_id=None, pad_id
     B = len(src_ids)
     with torch.inference_mode():
         if method == "greedy":
-            return search.single(TorchDecoder(tm, src_ids), B, sampling.greedy, **kw)
-        return search.beam(TorchDecoder(tm, src_ids, beams=beam_size), B, beam_size,
+            return search.single(TorchDecoder(tm, src_ids, src_pad_id=src_pad_id), B,
+                                 sampling.greedy, **kw)
+        return search.beam(TorchDecoder(tm, src_ids, beams=beam_size, src_pad_id=src_pad_id),
+                           B, beam_size,
                            length_penalty=length_penalty, **kw)

@@ -6,8 +6,10 @@ from .backends import Workspace
 from .layers import Linear, PositionalEncoding, TokenEmbedding
 from .masks import decoder_masks, prepare_mask
 from .module import (Module, check_activation, check_batch, check_dropout, features, rng_from,
-                     token_ids)
+                     token_ids, xavier)
 from .transformer import Transformer, _stream, collect_weights, recording_workspace
+
+INITS = ("xavier", "torch")
 
 
 class Seq2SeqTransformer(Module):
@@ -18,6 +20,24 @@ class Seq2SeqTransformer(Module):
 
     Token ids are int arrays (B, L). With ``pad_id`` set, padding masks are derived from the ids
     wherever a mask is not given.
+
+    Initialisation (``init``):
+
+    - ``"xavier"`` (the default): as the tutorial does after building its model, every
+      parameter with two or more axes is drawn from xavier_uniform_ (U(-a, a), a =
+      sqrt(6 / (fan_in + fan_out))): both token embeddings (so a scaled embedding,
+      sqrt(emb_size) * row, is about as large as the positional encodings it is added to,
+      and the order of the tokens is not drowned out), the generator's weight, every
+      attention projection (in_proj_weight as one (3C, C) matrix, out_proj.weight) and both
+      feed-forward weights. One-axis parameters keep their construction values: the
+      generator's and the feed-forward's biases U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (torch's
+      Linear), the attention biases (in_proj_bias, out_proj.bias) zeros, layer norms
+      weight 1 and bias 0.
+    - ``"torch"``: torch's construction defaults without the tutorial's loop: embeddings
+      N(0, 1) and the generator's weight U(-1/sqrt(C), 1/sqrt(C)) (nn.Embedding, nn.Linear);
+      the nn.Transformer part is xavier as torch's own ``_reset_parameters`` makes it. With
+      N(0, 1) embeddings scaled by sqrt(C), the positional encodings (at most 1) are small
+      next to the tokens, and small models learn tasks where word order matters poorly.
 
     Decoding, one position per step (what fastattn.generate drives):
 
@@ -31,8 +51,11 @@ class Seq2SeqTransformer(Module):
     def __init__(self, num_encoder_layers, num_decoder_layers, emb_size, nhead, src_vocab_size,
                  tgt_vocab_size, dim_feedforward=512, dropout=0.1, *, activation="relu",
                  norm_first=False, layer_norm_eps=1e-5, pad_id=None, max_len=5000,
-                 backend="fast", seed=None):
+                 backend="fast", seed=None, init="xavier"):
         super().__init__(backend)
+        if init not in INITS:
+            raise ValueError(f"Seq2SeqTransformer: init must be one of "
+                             f"{', '.join(map(repr, INITS))}, got {init!r}")
         rng = rng_from(seed)
         activation = check_activation(activation)      # torch's callables -> their names
         self.config = dict(num_encoder_layers=num_encoder_layers,
@@ -54,6 +77,11 @@ class Seq2SeqTransformer(Module):
                                                       backend=backend)
         self.pad_id = pad_id
         self.emb_size = emb_size
+        if init == "xavier":                 # the tutorial's loop over model.parameters()
+            for _, p in self.named_parameters():
+                if p.ndim > 1:
+                    p[...] = xavier(rng, p.shape)
+            self.invalidate_caches()
 
     @property
     def max_len(self):
