@@ -1,7 +1,8 @@
 """Pictures of a training run and of a model's attention, as PNG files (matplotlib: the
 ``demo`` extra, ``pip install "fastattn[demo]"``).
 
-    plot_history(records, path)                        loss per step, validation loss, lr
+    plot_history(records, path)                        loss per step, validation loss, exact
+                                                       match, lr
     plot_attention(weights, query_tokens, key_tokens, path, title=None)
                                                        one heatmap panel per head
     plot_model_attention(model, src_tok, tgt_tok, source_text, target_text=None, *, out_dir)
@@ -97,13 +98,15 @@ def plot_history(records, path):
     records: training records {"step", "loss", "lr", ...} and evaluation records {"step",
     "valid_loss", "valid_ppl", ...}, as an iterable of dicts or the path of a JSON-lines
     history (one dict per line). Top panel: training loss per step, validation loss at its
-    steps (if any); bottom panel: the learning rate (when the records have one). Other keys
-    are ignored. Returns the Path written. No record with a loss or valid_loss: ValueError.
+    steps (if any) and, on a right-hand axis, the held-out exact match (``valid_exact``, a
+    fraction, drawn in %) where the evaluations have one; bottom panel: the learning rate
+    (when the records have one). Other keys are ignored. Returns the Path written. No record with a loss or valid_loss: ValueError.
     """
     recs = _read_records(records)
     steps, loss = _series(recs, "loss")
     vsteps, vloss = _series(recs, "valid_loss")
     lsteps, lr = _series(recs, "lr")
+    esteps, exact = _series(recs, "valid_exact")
     if not len(steps) and not len(vsteps):
         raise ValueError(f"plot_history: records hold no 'loss' or 'valid_loss' to plot "
                          f"({len(recs)} records)")
@@ -121,7 +124,16 @@ def plot_history(records, path):
         ax.plot(vsteps, vloss, "o-", lw=1.5, ms=4, color="tab:orange", label="validation loss")
     ax.set_ylabel("loss")
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="upper right")
+    handles, labels = ax.get_legend_handles_labels()
+    if len(esteps):
+        ax_ex = ax.twinx()
+        ax_ex.plot(esteps, 100.0 * exact, "s--", lw=1.2, ms=4, color="tab:purple",
+                   label="held-out exact match (greedy)")
+        ax_ex.set_ylabel("exact match %")
+        ax_ex.set_ylim(-2, 102)
+        h2, l2 = ax_ex.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
+    ax.legend(handles, labels, loc="upper right")
     ax.set_title("training history")
     if ax_lr is not None:
         ax_lr.plot(lsteps, lr, lw=1.2, color="tab:green")

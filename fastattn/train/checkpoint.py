@@ -32,6 +32,13 @@ Writing (``save_checkpoint``) never leaves a checkpoint that loads wrong:
 4. checkpoints beyond the newest `keep` are renamed out of the way (``.trash-...``) and
    removed; so are temporary directories left by a save that crashed.
 
+The best model (fit's keep_best) lives beside the checkpoints, in ``best-step-00000100/``
+(``model.safetensors`` and ``best.json``: step and validation loss), written the same way (a
+``.tmp-best-*`` directory renamed into place). Each checkpoint's state.json names the best
+model it had seen (``"best": {"step", "valid_loss"}``, or null); the best-step-* directories
+that no kept checkpoint names are removed, except the newest, so a resume from any kept
+checkpoint finds the best model that checkpoint knew.
+
 A crash before step 2 leaves a ``.tmp-*`` directory that loading ignores and the next save
 removes; a crash between 2 and 3 leaves ``latest`` on the previous checkpoint, which is
 complete. ``load_checkpoint(checkpoint_dir)`` follows ``latest``; if it is missing or names
@@ -48,7 +55,7 @@ import tempfile
 from .history import History
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints",
-           "Checkpoint", "FORMAT", "FILES"]
+           "save_best", "load_best", "Checkpoint", "FORMAT", "FILES"]
 
 FORMAT = "fastattn-checkpoint/1"
 FILES = {"model": "model.safetensors", "optimizer": "optimizer.safetensors",
@@ -56,6 +63,7 @@ FILES = {"model": "model.safetensors", "optimizer": "optimizer.safetensors",
          "history": "history.jsonl", "state": "state.json"}
 LATEST = "latest"
 _NAME = re.compile(r"step-(\d{8,})\Z")
+_BEST = re.compile(r"best-step-(\d{8,})\Z")
 _STATE_KEYS = ("format", "step", "epoch", "batch", "dropout_seed", "dropout_calls",
                "numpy_rng", "schedule_step")
 
@@ -118,7 +126,7 @@ def _remove(checkpoint_dir, name):
 def _clean(checkpoint_dir):
     """Remove what a crashed save or removal left behind (.tmp-*, .trash-*, .latest-*)."""
     for name in os.listdir(checkpoint_dir):
-        if name.startswith((".tmp-step-", ".trash-", ".latest-")):
+        if name.startswith((".tmp-step-", ".tmp-best-", ".trash-", ".latest-")):
             _remove(checkpoint_dir, name)
 
 
@@ -182,7 +190,72 @@ def save_checkpoint(checkpoint_dir, *, model, optimizer, src_tokenizer, tgt_toke
         for old in list_checkpoints(checkpoint_dir)[:-keep]:
             if os.path.basename(old) != name:
                 _remove(checkpoint_dir, os.path.basename(old))
+    _prune_best(checkpoint_dir)
     return final
+
+
+def _best_dirs(checkpoint_dir):
+    """{step: name} of the best-step-* directories in checkpoint_dir."""
+    return {int(m.group(1)): n for n in os.listdir(checkpoint_dir)
+            if (m := _BEST.match(n)) and os.path.isdir(os.path.join(checkpoint_dir, n))}
+
+
+def _prune_best(checkpoint_dir):
+    """Remove the best-step-* directories that no kept checkpoint names, except the newest."""
+    found = _best_dirs(checkpoint_dir)
+    if len(found) < 2:
+        return
+    wanted = {max(found)}
+    for path in list_checkpoints(checkpoint_dir):
+        try:
+            with open(os.path.join(path, FILES["state"]), encoding="utf-8") as f:
+                best = json.load(f).get("best")
+            wanted.add(int(best["step"]))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            continue                      # no best recorded (or unreadable): nothing to keep
+    for step, name in found.items():
+        if step not in wanted:
+            _remove(checkpoint_dir, name)
+
+
+def save_best(checkpoint_dir, model, step, valid_loss):
+    """Write `model`'s weights as the best model of step `step` (validation loss
+    `valid_loss`) into checkpoint_dir/best-step-N/, atomically; returns its path."""
+    from .. import io
+
+    checkpoint_dir = os.fspath(checkpoint_dir)
+    os.makedirs(checkpoint_dir, exist_ok=True)
+    name = "best-" + step_name(step)
+    tmp = tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=checkpoint_dir)
+    try:
+        io.save(model, os.path.join(tmp, FILES["model"]))
+        _write_text(os.path.join(tmp, "best.json"),
+                    json.dumps({"step": int(step), "valid_loss": float(valid_loss)}) + "\n")
+        _fsync_file(os.path.join(tmp, FILES["model"]))
+        _fsync_dir(tmp)
+        final = os.path.join(checkpoint_dir, name)
+        if os.path.lexists(final):
+            _remove(checkpoint_dir, name)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(checkpoint_dir)
+    _prune_best(checkpoint_dir)
+    return final
+
+
+def load_best(checkpoint_dir, step):
+    """The weights {state_dict key: float32 array} of the best model of step `step` in
+    checkpoint_dir, or None when there is none (e.g. a run that kept no best)."""
+    from .. import io
+
+    path = os.path.join(os.fspath(checkpoint_dir), "best-" + step_name(step),
+                        FILES["model"])
+    if not os.path.isfile(path):
+        return None
+    weights, _ = io.read_state_dict(path)
+    return weights
 
 
 # ---- reading --------------------------------------------------------------------------------

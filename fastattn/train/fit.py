@@ -22,14 +22,15 @@ import numpy as np
 
 from .. import optim
 from . import batching
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import (latest_checkpoint, load_best, load_checkpoint, save_best,
+                         save_checkpoint)
+from .defaults import DEFAULT_LR, EXACT_SAMPLE, SCHEDULES, default_warmup
+from .evaluate import EncodedPairs, Evaluator
 from .history import History
 from .progress import make_progress
 
 __all__ = ["fit", "SCHEDULES", "DEFAULT_LR"]
 
-SCHEDULES = ("inverse_sqrt", "cosine", "constant")
-DEFAULT_LR = 1e-3             # the peak of "cosine" and the rate of "constant" without lr=
 _ORDER_SETTINGS = ("seed", "batch_tokens")     # a resume must keep these (the data order)
 
 
@@ -106,6 +107,8 @@ def _schedule(schedule, lr, warmup, d_model, total):
             raise ValueError("fit: lr= goes with a named schedule; a callable schedule gives "
                              "every step's rate itself")
         return schedule
+    if warmup is None:
+        warmup = default_warmup(total)
     if schedule == "inverse_sqrt":
         warmup = _int(warmup, "warmup", 1)
         factor = 1.0 if lr is None else lr * math.sqrt(d_model * warmup)
@@ -167,10 +170,6 @@ class _Interrupts:
 
 # ---- the run --------------------------------------------------------------------------------
 
-def _encode(tok, texts, start_end):
-    return [np.asarray(tok.encode(t, add_start_end=start_end), dtype=np.int64) for t in texts]
-
-
 def _fingerprint(src, tgt):
     """sha256 of the encoded training pairs (ids and lengths), in order."""
     h = hashlib.sha256()
@@ -181,37 +180,12 @@ def _fingerprint(src, tgt):
     return h.hexdigest()
 
 
-class _Data:
-    """Encoded pairs that fit the model: sources (with <start>/<end> when the source
-    tokenizer has them), targets <start> ... <end>, their lengths, and how many were left
-    out."""
-
-    def __init__(self, pairs, src_tok, tgt_tok, max_len):
-        src_se = src_tok.start_id is not None and src_tok.end_id is not None
-        src = _encode(src_tok, [p[0] for p in pairs], src_se)
-        tgt = _encode(tgt_tok, [p[1] for p in pairs], True)
-        # the encoder reads the source, the decoder tgt[:-1]: both must fit the positions
-        keep = [i for i in range(len(pairs))
-                if 0 < len(src[i]) <= max_len and len(tgt[i]) - 1 <= max_len]
-        self.skipped = len(pairs) - len(keep)
-        self.src = [src[i] for i in keep]
-        self.tgt = [tgt[i] for i in keep]
-        self.src_lens = np.array([len(s) for s in self.src], np.int64)
-        self.tgt_lens = np.array([len(t) for t in self.tgt], np.int64)
-
-    def __len__(self):
-        return len(self.src)
-
-    def batch(self, idx, pad_id):
-        return (batching.collate(self.src, idx, pad_id), batching.collate(self.tgt, idx, pad_id),
-                int(self.tgt_lens[idx].sum() - len(idx)))
-
-
 class _Run:
     def __init__(self, model, train_pairs, src_tokenizer, tgt_tokenizer, valid_pairs,
                  max_steps, epochs, batch_tokens, optimizer, lr, schedule, warmup,
                  label_smoothing, clip_norm, seed, checkpoint_dir, checkpoint_every,
-                 keep_checkpoints, eval_every, resume, progress, callbacks):
+                 keep_checkpoints, eval_every, resume, progress, callbacks, keep_best,
+                 patience, exact_sample):
         for attr in ("loss", "manual_seed", "train", "eval", "config", "max_len"):
             if not hasattr(model, attr):
                 raise TypeError(f"fit: model must be a fastattn.nn.Seq2SeqTransformer, got "
@@ -237,12 +211,17 @@ class _Run:
         self.checkpoint_every = _int(checkpoint_every, "checkpoint_every", 1, none=True)
         self.eval_every = _int(eval_every, "eval_every", 1, none=True)
         self.keep = _int(keep_checkpoints, "keep_checkpoints", 1, none=True)
+        self.patience = _int(patience, "patience", 1, none=True)
+        self.keep_best = bool(keep_best)
+        exact_sample = _int(exact_sample, "exact_sample", 0, none=True)
         if lr is not None:
             lr = _real(lr, "lr", 0.0)
         if checkpoint_dir is None and (resume or self.checkpoint_every):
             raise ValueError("fit: resume=True and checkpoint_every need a checkpoint_dir")
         if valid_pairs is None and self.eval_every:
             raise ValueError("fit: eval_every needs valid_pairs")
+        if valid_pairs is None and self.patience:
+            raise ValueError("fit: patience (early stopping) needs valid_pairs")
         self.checkpoint_dir, self.resume = checkpoint_dir, bool(resume)
         if callable(callbacks):
             callbacks = (callbacks,)
@@ -252,19 +231,18 @@ class _Run:
                 raise TypeError(f"fit: callbacks must be callables (record, model), got "
                                 f"{type(cb).__name__}")
 
-        self.data = _Data(_check_pairs(train_pairs, "train_pairs"), src_tokenizer,
-                          tgt_tokenizer, model.max_len)
+        self.data = EncodedPairs(_check_pairs(train_pairs, "train_pairs"), src_tokenizer,
+                                 tgt_tokenizer, model.max_len)
         if len(self.data) == 0:
             raise ValueError(f"fit: no training pairs (of {self.data.skipped} given, "
                              f"{self.data.skipped} are longer than the model's max_len="
                              f"{model.max_len} or empty)")
         self.valid = None
         if valid_pairs is not None:
-            self.valid = _Data(_check_pairs(valid_pairs, "valid_pairs"), src_tokenizer,
-                               tgt_tokenizer, model.max_len)
-            self.valid_plan = batching.epoch_batches(
-                self.valid.src_lens, self.valid.tgt_lens, self.batch_tokens, shuffle=False,
-                window=max(1, len(self.valid)))
+            self.valid = Evaluator(_check_pairs(valid_pairs, "valid_pairs"),
+                                   src_tokenizer=src_tokenizer, tgt_tokenizer=tgt_tokenizer,
+                                   max_len=model.max_len, batch_tokens=self.batch_tokens,
+                                   exact_sample=exact_sample, seed=self.seed)
         self.window = batching.default_window(self.data.src_lens, self.data.tgt_lens,
                                               self.batch_tokens)
         self._plan_epoch, self._plan = None, None
@@ -285,6 +263,7 @@ class _Run:
                                         self.valid.skipped})
         self.step, self.epoch, self.batch = 0, 0, 0
         self.saved_step = None
+        self.best = None                # (valid_loss, step, {key: weights copy}) of the best eval
         self.fingerprint = _fingerprint(self.data.src, self.data.tgt)
         self.interrupts = _Interrupts()
 
@@ -303,10 +282,12 @@ class _Run:
 
     # -- checkpoints
     def state(self):
+        best = None if self.best is None else {"step": self.best[1],
+                                                "valid_loss": self.best[0]}
         return dict(step=self.step, epoch=self.epoch, batch=self.batch, seed=self.seed,
                     numpy_rng=self.rng_state(), data={"train_pairs": len(self.data),
                                                       "sha256": self.fingerprint},
-                    fit=self.settings)
+                    fit=self.settings, best=best)
 
     def save(self):
         with self.interrupts:             # Ctrl-C while writing: after it, not in it
@@ -338,8 +319,14 @@ class _Run:
             raise ValueError(f"{where}: this numpy does not recompute the checkpoint's data "
                              "order (its generator state differs); the run cannot resume "
                              "exactly")
+        best = st.get("best")
+        best_weights = None
+        if self.keep_best and best is not None:
+            best_weights = load_best(self.checkpoint_dir, best["step"])
         ck.restore(self.model, self.optimizer)           # the checks passed: nothing changed
         self.step, self.epoch, self.batch = st["step"], st["epoch"], st["batch"]
+        if best_weights is not None:
+            self.best = (best["valid_loss"], best["step"], best_weights)
         records = ck.history.records
         self.history.records = list(records)
         self.saved_step = self.step
@@ -371,24 +358,31 @@ class _Run:
         return record
 
     def evaluate(self):
-        model = self.model
-        total, count = 0.0, 0
-        model.eval()
-        try:
-            for idx in self.valid_plan:
-                src, tgt, tokens = self.valid.batch(idx, self.pad)
-                total += model.loss(src, tgt) * tokens
-                count += tokens
-        finally:
-            model.train()
-        loss = total / count if count else float("nan")
-        try:
-            ppl = math.exp(loss)
-        except OverflowError:
-            ppl = float("inf")
-        record = self.history.add_eval(step=self.step, valid_loss=loss, valid_ppl=ppl)
+        """One evaluation on the validation pairs (see fastattn.train.evaluate): recorded in the
+        History and the progress output; with keep_best, a new lowest validation loss keeps
+        the weights (and writes them beside the checkpoints)."""
+        result = self.valid(self.model)
+        record = self.history.add_eval(step=self.step, valid_loss=result["valid_loss"],
+                                       valid_ppl=result["valid_ppl"],
+                                       valid_exact=result["valid_exact"])
+        loss = result["valid_loss"]
+        if self.keep_best and math.isfinite(loss) and (self.best is None or
+                                                       loss < self.best[0]):
+            weights = {k: v.copy() for k, v in self.model.state_dict().items()}
+            self.best = (loss, self.step, weights)
+            if self.checkpoint_dir is not None:
+                with self.interrupts:
+                    save_best(self.checkpoint_dir, self.model, self.step, loss)
         self.progress.eval(record)
         return record
+
+    def stale_evals(self):
+        """Evaluations since the one with the lowest validation loss (early stopping)."""
+        evals = [r for r in self.history.evals if math.isfinite(r["valid_loss"])]
+        if not evals:
+            return 0
+        best = min(range(len(evals)), key=lambda i: (evals[i]["valid_loss"], i))
+        return len(evals) - 1 - best
 
     def finished(self):
         if self.max_steps is not None:
@@ -455,6 +449,11 @@ class _Run:
             if self.eval_every and self.step % self.eval_every == 0:
                 self.evaluate()
                 last_eval = self.step
+                if self.patience and self.stale_evals() >= self.patience:
+                    self.progress.info(
+                        f"early stop at step {self.step}: the validation loss has not improved "
+                        f"in {self.patience} evaluations")
+                    stop = True
             if self.checkpoint_every and self.step % self.checkpoint_every == 0:
                 self.save()
         if self.batch >= len(self.plan(self.epoch)):     # an epoch ended with the run
@@ -463,13 +462,20 @@ class _Run:
             self.evaluate()
         if self.checkpoint_dir is not None and self.saved_step != self.step:
             self.save()
+        if self.best is not None and self.best[1] != self.step:
+            loss, step, weights = self.best
+            self.model.load_state_dict(weights)
+            self.progress.info(f"the model holds the weights of step {step}, the lowest "
+                               f"validation loss ({loss:.4f}); the last step's are in the "
+                               "latest checkpoint")
 
 
 def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
         max_steps=None, epochs=None, batch_tokens=4096, optimizer=None, lr=None,
         schedule="inverse_sqrt", warmup=4000, label_smoothing=0.1, clip_norm=1.0, seed=0,
         checkpoint_dir=None, checkpoint_every=None, keep_checkpoints=3, eval_every=None,
-        resume=False, progress=True, callbacks=()):
+        resume=False, progress=True, callbacks=(), keep_best=True, patience=None,
+        exact_sample=EXACT_SAMPLE):
     """Train `model` (a fastattn.nn.Seq2SeqTransformer) on text pairs; returns a History.
 
     Data. train_pairs and valid_pairs are lists of (source, target) str pairs (read_pairs,
@@ -488,7 +494,8 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
 
     Optimisation. optimizer: a fastattn.optim optimiser over `model` (default AdamW with
     betas=(0.9, 0.98), eps=1e-9, weight_decay=0.01). Its rate is set before every update by
-    the schedule: "inverse_sqrt" (the paper's: linear warm-up for `warmup` steps, then
+    the schedule (warmup=None: a tenth of the run, at most 4000 steps; see
+    fastattn.train.defaults): "inverse_sqrt" (the paper's: linear warm-up for `warmup` steps, then
     1/sqrt(step); it peaks at (d_model * warmup) ** -0.5, or at lr when lr is given),
     "cosine" (linear warm-up to lr, then a half cosine to 0 at the last step; warmup capped
     at the run's length), "constant" (lr every step), or a callable 1-based step -> lr (then
@@ -500,11 +507,21 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
     order from seed; two runs with one seed, one model initialisation and one data set give
     the same per-step losses bit for bit.
 
-    Evaluation. With valid_pairs: every eval_every steps and at the end of the run, the mean
-    cross-entropy over every valid target token (token-weighted across batches, without label
-    smoothing; padding ignored; NaN if every valid pair was skipped) and its exp, the
-    perplexity, in model.eval() mode; training mode is restored after (the model is left in
-    training mode when fit returns).
+    Evaluation (fastattn.train.evaluate). With valid_pairs: every eval_every steps and at the
+    end of the run, in model.eval() mode (training mode is restored after; the model is left
+    in training mode when fit returns): the mean cross-entropy over every valid target token
+    (token-weighted across batches, without label smoothing; padding ignored; NaN if every
+    valid pair was skipped), its exp, the perplexity, and the greedy exact match on a fixed
+    sample of exact_sample validation pairs (drawn once from seed; None: all of them; 0:
+    none), recorded in the History as valid_loss, valid_ppl and valid_exact.
+
+    Best model and early stopping. With valid_pairs and keep_best (the default), the weights
+    of the evaluation with the lowest validation loss are kept (a copy in memory, and in
+    checkpoint_dir/best-step-N/ with a checkpoint_dir) and put back into the model when the
+    run ends, so the model fit leaves is the best one it saw; the latest checkpoint keeps the
+    last step's weights, which a resume continues from. patience=k stops the run (as a
+    callback's StopIteration does) after k evaluations in a row without a lower validation
+    loss; None (the default) never stops early.
 
     Checkpoints (fastattn.train.checkpoint, layout there). With checkpoint_dir: one every
     checkpoint_every steps (if given) and one at the end; the newest keep_checkpoints are
@@ -531,5 +548,5 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
     run = _Run(model, train_pairs, src_tokenizer, tgt_tokenizer, valid_pairs, max_steps,
                epochs, batch_tokens, optimizer, lr, schedule, warmup, label_smoothing,
                clip_norm, seed, checkpoint_dir, checkpoint_every, keep_checkpoints, eval_every,
-               resume, progress, callbacks)
+               resume, progress, callbacks, keep_best, patience, exact_sample)
     return run.run()

@@ -8,7 +8,10 @@ Each record is a dict with a ``"kind"``:
   ``seconds`` (the step's wall time: forward, backward, clipping, update), ``padding`` (padded
   positions / all positions of the batch);
 - ``"eval"``, one per evaluation: ``step``, ``valid_loss`` (mean cross-entropy over every
-  target token of the validation pairs, no label smoothing) and ``valid_ppl`` = exp(valid_loss).
+  target token of the validation pairs, no label smoothing), ``valid_ppl`` = exp(valid_loss)
+  and, from fit(), ``valid_exact``: the greedy exact match on a fixed sample of the
+  validation pairs (a fraction in [0, 1]; null when nothing was decoded; absent in files
+  written before it was recorded).
 
 ``history.records`` keeps both kinds in the order they happened; ``history.steps`` and
 ``history.evals`` are lists of each. ``to_jsonl(path)`` writes one record per line and

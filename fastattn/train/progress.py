@@ -22,7 +22,7 @@ import math
 import numbers
 import sys
 
-__all__ = ["make_progress", "JsonLines", "Bar", "Silent", "DEFAULT_EVERY"]
+__all__ = ["make_progress", "JsonLines", "Bar", "Silent", "DEFAULT_EVERY", "eval_line"]
 
 DEFAULT_EVERY = 10
 
@@ -63,6 +63,15 @@ def terminal_tqdm(stream):
     except ImportError:
         return None
     return tqdm.tqdm
+
+
+def eval_line(record):
+    """An eval record as one line of text: step, validation loss, perplexity, exact match."""
+    text = (f"step {record['step']}: valid_loss {record['valid_loss']:.4f}, "
+            f"valid_ppl {record['valid_ppl']:.3f}")
+    if record.get("valid_exact") is not None:
+        text += f", valid_exact {record['valid_exact']:.1%}"
+    return text
 
 
 class Silent:
@@ -135,8 +144,7 @@ class Bar:
         self.bar.update(1)
 
     def eval(self, record):
-        self.bar.write(f"step {record['step']}: valid_loss {record['valid_loss']:.4f}, "
-                       f"valid_ppl {record['valid_ppl']:.3f}")
+        self.bar.write(eval_line(record))
 
     def info(self, message):
         self.bar.write(str(message))
