@@ -11,7 +11,9 @@
     fastattn translate RUN_DIR --input IN --output OUT [--resume]
                                           every line of a file, streamed and batched, as JSON
                                           lines; a stopped job resumes where it stopped
-    fastattn plot RUN_DIR                 RUN_DIR/loss.png: training loss, validation loss, lr
+    fastattn evaluate RUN_DIR DATA        loss, perplexity and greedy exact match on pairs
+    fastattn plot RUN_DIR                 RUN_DIR/loss.png: training loss, validation loss,
+                                          held-out exact match, lr
     fastattn attention RUN_DIR TEXT --out DIR
                                           attention heatmaps (encoder, masked decoder, cross)
 
@@ -82,7 +84,31 @@ def _bench_help(repeat, cases):
     cases.help = f"cases to run (default: {' '.join(bench.DEFAULT_CASES)}); also: {also}"
 
 
+def _non_negative_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _non_negative_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {value}")
+    return value
+
+
 def _parser():
+    from .train.defaults import (DEFAULT_CHECKPOINT_EVERY, DEFAULT_EVAL_EVERY, DEFAULT_STEPS,
+                                 DEFAULT_WARMUP_SHARE, EXACT_SAMPLE, MAX_WARMUP, PRESET_LR,
+                                 SCHEDULES)
+
     parser = _Parser(
         prog="fastattn", description="Fast CPU Transformer kernels: build facts, benchmarks, demo.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
@@ -141,18 +167,44 @@ def _parser():
                    help="tokens in the vocabulary, specials included (default: bpe 4000, word "
                         "8000, at most what the data holds; char: every character seen)")
     length = t.add_mutually_exclusive_group()
-    length.add_argument("--steps", type=_positive_int, metavar="N", help="optimiser steps")
+    length.add_argument("--steps", type=_positive_int, metavar="N",
+                        help="optimiser steps (default, without --epochs: "
+                             + ", ".join(f"{k} {v}" for k, v in DEFAULT_STEPS.items()) + ")")
     length.add_argument("--epochs", type=_positive_int, metavar="N", help="passes over the data")
     t.add_argument("--batch-tokens", type=_positive_int, default=4096, metavar="N",
                    help="padded tokens per batch (default: %(default)s)")
-    t.add_argument("--lr", type=_positive_float, metavar="X", help="peak learning rate")
-    t.add_argument("--warmup", type=_positive_int, metavar="N", help="warm-up steps")
+    t.add_argument("--schedule", choices=SCHEDULES, default="inverse_sqrt",
+                   help="learning-rate schedule: inverse_sqrt (linear warm-up to the peak, then "
+                        "1/sqrt(step)), cosine (warm-up, then a half cosine to 0 at the last "
+                        "step), constant (default: %(default)s)")
+    t.add_argument("--lr", type=_positive_float, metavar="X",
+                   help="peak learning rate (default: "
+                        + ", ".join(f"{k} {v:g}" for k, v in PRESET_LR.items()) + ")")
+    t.add_argument("--warmup", type=_non_negative_int, metavar="N",
+                   help=f"warm-up steps (default: {100 * DEFAULT_WARMUP_SHARE:.0f}%% of the run, at "
+                        f"most {MAX_WARMUP}; ignored by constant)")
+    t.add_argument("--clip-norm", type=_non_negative_float, default=1.0, metavar="X",
+                   help="clip the gradients to this global L2 norm; 0: no clipping "
+                        "(default: %(default)s)")
     t.add_argument("--dropout", type=_probability, default=0.1, metavar="P",
                    help="dropout (default: %(default)s)")
     t.add_argument("--label-smoothing", type=_probability, default=0.1, metavar="X",
                    help="label smoothing (default: %(default)s)")
     t.add_argument("--valid", type=_probability, default=0.05, metavar="FRACTION",
                    help="fraction of the pairs held out for validation (default: %(default)s)")
+    t.add_argument("--eval-every", type=_positive_int, default=DEFAULT_EVAL_EVERY, metavar="N",
+                   help="evaluate on the held-out pairs every N steps, and at the end: loss, "
+                        "perplexity, greedy exact match; the run keeps the weights of the "
+                        "lowest validation loss as its model (default: %(default)s)")
+    t.add_argument("--exact-sample", type=_non_negative_int, default=EXACT_SAMPLE,
+                   metavar="N", help="held-out pairs decoded for the exact match at each "
+                                     "evaluation; 0: none (default: %(default)s)")
+    t.add_argument("--patience", type=_positive_int, metavar="N",
+                   help="stop early after N evaluations without a lower validation loss "
+                        "(default: off)")
+    t.add_argument("--checkpoint-every", type=_positive_int, default=DEFAULT_CHECKPOINT_EVERY,
+                   metavar="N", help="write a checkpoint every N steps, and at the end "
+                                     "(default: %(default)s)")
     t.add_argument("--seed", type=int, default=0, metavar="S", help="the run's seed")
     t.add_argument("--resume", action="store_true",
                    help="continue RUN_DIR from its latest checkpoint")
@@ -206,9 +258,27 @@ def _parser():
     tr.add_argument("--quiet", action="store_true",
                     help="no progress (a bar on a terminal, else JSON lines on standard error)")
 
+    ev = sub.add_parser("evaluate", help="loss, perplexity and exact match of a run on pairs",
+                        description="Evaluate the run in RUN_DIR on the (source, target) pairs "
+                                    "of DATA (the formats of fastattn train): the mean "
+                                    "cross-entropy per target token (no label smoothing), its "
+                                    "perplexity, and the greedy exact match (the whole output "
+                                    "equals the target, compared as token ids).")
+    ev.add_argument("run_dir", metavar="RUN_DIR")
+    ev.add_argument("data", metavar="DATA", help="the pairs file (.tsv .jsonl .txt .yml)")
+    ev.add_argument("--exact-sample", type=_non_negative_int, metavar="N",
+                    help="decode only N pairs (a seeded sample) for the exact match; 0: none "
+                         "(default: all)")
+    ev.add_argument("--batch-tokens", type=_positive_int, default=4096, metavar="N",
+                    help="padded tokens per batch (default: %(default)s)")
+    ev.add_argument("--compute-type", choices=("float32", "int8", "bf16"),
+                    help="convert the model's linear weights for inference (default: as saved)")
+    ev.add_argument("--json", action="store_true", help="print one JSON object instead")
+
     pl = sub.add_parser("plot", help="plot a run's loss curves to RUN_DIR/loss.png",
-                        description="Training loss, validation loss and learning rate of a "
-                                    "run, from RUN_DIR/history.jsonl, as a PNG.")
+                        description="Training loss, validation loss, held-out exact match and "
+                                    "learning rate of a run, from RUN_DIR/history.jsonl, as a "
+                                    "PNG.")
     pl.add_argument("run_dir", metavar="RUN_DIR")
     pl.add_argument("--out", metavar="PNG", help="default: RUN_DIR/loss.png")
 
@@ -330,9 +400,12 @@ def _train(args):
     run, history = train_run(
         pairs, args.out, model=args.model, tokenizer=args.tokenizer,
         vocab_size=args.vocab_size, steps=args.steps, epochs=args.epochs,
-        batch_tokens=args.batch_tokens, lr=args.lr, warmup=args.warmup, dropout=args.dropout,
+        batch_tokens=args.batch_tokens, schedule=args.schedule, lr=args.lr,
+        warmup=args.warmup, clip_norm=args.clip_norm or None, dropout=args.dropout,
         label_smoothing=args.label_smoothing, valid=args.valid, seed=args.seed,
-        resume=args.resume, progress=not args.quiet, data=args.data)
+        resume=args.resume, progress=not args.quiet, data=args.data,
+        eval_every=args.eval_every, exact_sample=args.exact_sample, patience=args.patience,
+        checkpoint_every=args.checkpoint_every)
     print(_summary(history))
     print(f"run written to {run.path}")
     return 0
@@ -343,9 +416,14 @@ def _summary(history):
     text = f"{len(steps)} steps"
     if steps:
         text += f", final training loss {steps[-1]['loss']:.4f}"
-    if evals:
-        text += (f", validation loss {evals[-1]['valid_loss']:.4f} (perplexity "
-                 f"{evals[-1]['valid_ppl']:.2f})")
+    finite = [r for r in evals if r["valid_loss"] == r["valid_loss"]]
+    if finite:
+        best = min(finite, key=lambda r: r["valid_loss"])
+        text += (f"; the run's model is step {best['step']}'s, the lowest validation loss "
+                 f"{best['valid_loss']:.4f} (perplexity {best['valid_ppl']:.2f}")
+        if best.get("valid_exact") is not None:
+            text += f", held-out exact match {best['valid_exact']:.1%}"
+        text += ")"
     return text
 
 
@@ -422,6 +500,32 @@ def _translate(args):
 
 
 @_errors
+def _evaluate(args):
+    from .train import read_pairs
+    from .train.evaluate import Evaluator
+    from .train.run import load_run
+
+    run = load_run(args.run_dir, compute_type=args.compute_type)
+    pairs = read_pairs(args.data)
+    ev = Evaluator(pairs, src_tokenizer=run.src_tokenizer, tgt_tokenizer=run.tgt_tokenizer,
+                   max_len=run.model.max_len, batch_tokens=args.batch_tokens,
+                   exact_sample=args.exact_sample)
+    result = ev(run.model)
+    result.update(pairs=len(pairs), skipped=ev.skipped)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"{len(pairs)} pairs ({ev.skipped} skipped: longer than the model's "
+          f"max_len={run.model.max_len} or empty)")
+    print(f"loss {result['valid_loss']:.4f} (mean cross-entropy per target token)")
+    print(f"perplexity {result['valid_ppl']:.3f}")
+    if result["valid_exact"] is not None:
+        print(f"exact match (greedy) {result['valid_exact']:.1%} of "
+              f"{result['exact_pairs']} pairs")
+    return 0
+
+
+@_errors
 def _plot(args):
     import os
 
@@ -459,7 +563,8 @@ def main(argv=None):
     """Entry point of the ``fastattn`` command; returns the exit status."""
     args = _parser().parse_args(argv)
     return {"info": _info, "bench": _bench, "demo": _demo, "train": _train,
-            "complete": _complete, "translate": _translate, "plot": _plot,
+            "complete": _complete, "translate": _translate, "evaluate": _evaluate,
+            "plot": _plot,
             "attention": _attention}[args.command](args)
 
 

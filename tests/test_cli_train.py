@@ -110,3 +110,68 @@ def test_complete_without_a_run_says_what_makes_one(tmp_path):
     res = cli("complete", tmp_path / "nope", "hello")
     assert res.returncode == 1 and "fastattn train" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_train_options_reach_the_run_and_its_help_says_the_defaults(tmp_path):
+    data = write_data(tmp_path / "pairs.tsv", "tsv")
+    run = tmp_path / "run"
+    res = cli("train", data, "--out", run, "--model", "tiny", "--tokenizer", "word", "--steps",
+              "12", "--batch-tokens", "64", "--valid", "0.25", "--schedule", "cosine",
+              "--lr", "0.002", "--warmup", "3", "--clip-norm", "0", "--eval-every", "4",
+              "--exact-sample", "1", "--checkpoint-every", "5", "--quiet")
+    assert res.returncode == 0, res.stderr
+    config = json.loads((run / "config.json").read_text())
+    assert (config["schedule"], config["lr"], config["warmup"], config["clip_norm"]) == \
+        ("cosine", 0.002, 3, None)
+    records = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [4, 8, 12]
+    assert all(e["valid_exact"] in (0.0, 1.0) for e in evals)
+    lrs = [r["lr"] for r in records if r["kind"] == "step"]
+    assert lrs[2] == pytest.approx(0.002) and lrs[-1] < lrs[2]        # warm-up, then cosine
+    assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == [
+        "step-00000005", "step-00000010", "step-00000012"]
+    assert "the run's model is step" in res.stdout and "held-out exact match" in res.stdout
+    helptext = cli("train", "--help").stdout
+    for words in ("--schedule", "default: inverse_sqrt", "--clip-norm", "default: 1.0",
+                  "--patience", "default: off", "tiny 2000", "--eval-every", "default: 200",
+                  "--checkpoint-every", "--exact-sample"):
+        assert words in " ".join(helptext.split()), words
+
+
+@pytest.mark.parametrize("args, expect", [
+    (("--schedule", "linear"), "invalid choice"),
+    (("--clip-norm", "-1"), "expected a finite number >= 0"),
+    (("--patience", "0"), "expected a positive integer"),
+    (("--exact-sample", "x"), "expected an integer >= 0"),
+])
+def test_train_option_errors(tmp_path, args, expect):
+    data = write_data(tmp_path / "pairs.tsv", "tsv")
+    res = cli("train", data, "--out", tmp_path / "run", *TRAIN, *args)
+    assert res.returncode == 2 and expect in res.stderr
+
+
+def test_evaluate_prints_loss_perplexity_and_exact_match(tmp_path):
+    data = write_data(tmp_path / "pairs.tsv", "tsv")
+    run = tmp_path / "run"
+    assert cli("train", data, "--out", run, *TRAIN).returncode == 0
+    held = write_data(tmp_path / "held.jsonl", "jsonl")
+    res = cli("evaluate", run, held)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "4 pairs (0 skipped" in out and "loss " in out and "perplexity " in out
+    assert "exact match (greedy)" in out and "of 4 pairs" in out
+    res = cli("evaluate", run, held, "--json", "--exact-sample", "2")
+    got = json.loads(res.stdout)
+    from fastattn.train import read_pairs
+    from fastattn.train.evaluate import Evaluator
+    from fastattn.train.run import load_run
+    r = load_run(run)
+    want = Evaluator(read_pairs(held), src_tokenizer=r.src_tokenizer,
+                     tgt_tokenizer=r.tgt_tokenizer, max_len=r.model.max_len,
+                     exact_sample=2)(r.model)
+    assert got["valid_loss"] == pytest.approx(want["valid_loss"], rel=1e-6)
+    assert got["valid_exact"] == want["valid_exact"] and got["exact_pairs"] == 2
+    assert got["pairs"] == 4 and got["skipped"] == 0
+    res = cli("evaluate", run, tmp_path / "missing.tsv")
+    assert res.returncode == 1 and "missing.tsv" in res.stderr and "Traceback" not in res.stderr

@@ -19,6 +19,7 @@ import random
 
 from .. import io, tokenizers
 from ..nn import Seq2SeqTransformer
+from .defaults import DEFAULT_CHECKPOINT_EVERY, DEFAULT_EVAL_EVERY, DEFAULT_STEPS, PRESET_LR
 
 __all__ = ["PRESETS", "TOKENIZERS", "Run", "build_model", "load_run", "split_pairs",
            "train_tokenizer", "train_run"]
@@ -138,17 +139,31 @@ def load_run(run_dir, *, backend="fast", compute_type=None):
 
 
 def train_run(pairs, out, *, model="tiny", tokenizer="bpe", vocab_size=None, steps=None,
-              epochs=None, batch_tokens=4096, lr=None, warmup=None, dropout=0.1,
-              label_smoothing=0.1, valid=0.05, seed=0, resume=False, progress=True,
-              keep_in_train=(), data=None, **fit_kwargs):
+              epochs=None, batch_tokens=4096, schedule="inverse_sqrt", lr=None, warmup=None,
+              clip_norm=1.0, dropout=0.1, label_smoothing=0.1, valid=0.05, seed=0,
+              resume=False, progress=True, keep_in_train=(), data=None,
+              eval_every=DEFAULT_EVAL_EVERY, checkpoint_every=DEFAULT_CHECKPOINT_EVERY,
+              **fit_kwargs):
     """Train a run from (source, target) text pairs into the directory `out` -> (Run,
     History). What ``fastattn train`` does: split off `valid` of the pairs, train one
     tokenizer on both sides, build the preset model, fit() with checkpoints in
     out/checkpoints, then write the model and the history. With resume=True the tokenizers
-    and config already in `out` are used and fit() continues from the latest checkpoint."""
+    and config already in `out` are used and fit() continues from the latest checkpoint.
+
+    Defaults (fastattn.train.defaults): without steps or epochs, DEFAULT_STEPS[model] steps;
+    lr: PRESET_LR[model], the peak of the schedule; warmup (None): DEFAULT_WARMUP_SHARE of the
+    run, at most MAX_WARMUP steps. With held-out pairs (valid > 0) the run evaluates every
+    eval_every steps and its model (model.safetensors) is the one of the lowest validation
+    loss (fit's keep_best); the last step's weights stay in the latest checkpoint."""
     from .fit import fit
 
     out = os.fspath(out)
+    if model not in PRESETS:
+        raise ValueError(f"model preset must be one of {', '.join(PRESETS)}, got {model!r}")
+    if steps is None and epochs is None:
+        steps = DEFAULT_STEPS[model]
+    if lr is None:
+        lr = PRESET_LR[model]
     os.makedirs(out, exist_ok=True)
     train_pairs, valid_pairs = split_pairs(list(pairs), valid, seed, keep_in_train)
     if resume and os.path.exists(_path(out, "config")):
@@ -165,8 +180,9 @@ def train_run(pairs, out, *, model="tiny", tokenizer="bpe", vocab_size=None, ste
         tgt_tok = src_tok
         config = dict(model=model, model_config=PRESETS.get(model), tokenizer=tokenizer,
                       vocab_size=src_tok.vocab_size, dropout=dropout,
-                      label_smoothing=label_smoothing, batch_tokens=batch_tokens, lr=lr,
-                      warmup=warmup, steps=steps, epochs=epochs, valid=valid, seed=seed,
+                      label_smoothing=label_smoothing, batch_tokens=batch_tokens,
+                      schedule=schedule, lr=lr, warmup=warmup, clip_norm=clip_norm,
+                      steps=steps, epochs=epochs, valid=valid, seed=seed,
                       data=None if data is None else os.fspath(data),
                       train_pairs=len(train_pairs), valid_pairs=len(valid_pairs))
         src_tok.save(_path(out, "src_tokenizer"))
@@ -175,13 +191,12 @@ def train_run(pairs, out, *, model="tiny", tokenizer="bpe", vocab_size=None, ste
     net = build_model(model, src_tok.vocab_size, tgt_tok.vocab_size, pad_id=src_tok.pad_id,
                       dropout=dropout, seed=seed)
     kw = dict(src_tokenizer=src_tok, tgt_tokenizer=tgt_tok, valid_pairs=valid_pairs or None,
-              max_steps=steps, epochs=epochs, batch_tokens=batch_tokens,
+              max_steps=steps, epochs=epochs, batch_tokens=batch_tokens, schedule=schedule,
+              lr=lr, warmup=warmup, clip_norm=clip_norm,
               label_smoothing=label_smoothing, seed=seed,
-              checkpoint_dir=_path(out, "checkpoints"), resume=resume, progress=progress)
-    if lr is not None:
-        kw["lr"] = lr
-    if warmup is not None:
-        kw["warmup"] = warmup
+              checkpoint_dir=_path(out, "checkpoints"), checkpoint_every=checkpoint_every,
+              eval_every=eval_every if valid_pairs else None, resume=resume,
+              progress=progress)
     kw.update(fit_kwargs)
     history = fit(net, train_pairs, **kw)
     history.to_jsonl(_path(out, "history"))
