@@ -686,6 +686,12 @@ from .runner_cases import RUNNER_CASES  # noqa: E402
 CASES.update((c.name, c) for c in RUNNER_CASES)
 RUNNER_CASE_NAMES = tuple(c.name for c in RUNNER_CASES)
 
+# ---- learning: held-out exact match against the torch tutorial (learning.py; not run by
+# default: it trains models for minutes) --------------------------------------------------------
+from .learning import LEARNING_CASES  # noqa: E402
+
+CASES.update((c.name, c) for c in LEARNING_CASES)
+
 # ---- quantized weights, op level (quant_cases.py; imported last: it builds on Case) ------------
 from .quant_cases import QUANT_CASES as QUANT_OP_CASES  # noqa: E402
 

@@ -14,7 +14,7 @@ import statistics
 
 import numpy as np
 
-from . import ct2_models, timing
+from . import ct2_models, learning, timing
 from .cases import CASES, DEFAULT_CASES, IMPLEMENTATIONS, Unavailable, decode_metrics
 from .report import fmt_ms
 
@@ -350,6 +350,9 @@ def run(cases=None, repeat=DEFAULT_REPEAT, threads=None, *, numpy_repeat=DEFAULT
                     row = _run_memory_case(case, count)
                 elif case.kind == "decode":
                     row = _run_decode_case(case, count, repeat)
+                elif case.kind == "learning":
+                    row = finish_row(case, learning.run_learning_case(case,
+                                                                       empty_row(case, count)))
                 else:
                     row = _run_time_case(case, count, repeat, numpy_repeat)
             finally:

@@ -155,6 +155,11 @@ from .runner_cases import RUNNER_TARGETS  # noqa: E402
 
 TARGETS += RUNNER_TARGETS
 
+# ---- learning (learning.py) -----------------------------------------------------------------
+from .learning import LEARNING_TARGETS  # noqa: E402
+
+TARGETS += LEARNING_TARGETS
+
 
 # ---- quantized weights: against the float32 rows of the same run, and CTranslate2 ------------
 
