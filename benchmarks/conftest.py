@@ -59,6 +59,12 @@ def run_case(benchmark):
             benchmark.extra_info.update(peak_rss_growth_mib=mib, method=method,
                                         matrix_mib=case.matrix_mib)
             return
+        if case.kind == "learning":        # minutes a call: one round, exact match kept
+            results = benchmark.pedantic(fn, rounds=1, iterations=1, warmup_rounds=0)
+            benchmark.extra_info["held_out_exact"] = {
+                f"{s.task} (seed {s.seed})": r["exact"]
+                for s, r in zip(case.inputs()["setups"], results)}
+            return
         rounds = _rounds(case, impl, quick)
         if rounds is None:
             benchmark(fn)
