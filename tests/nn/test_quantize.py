@@ -274,7 +274,10 @@ def test_trained_model_keeps_its_tokens_and_its_loss(restore_threads, reverse_mo
     pairs = [(a, b) for g, w in zip(got, want) for a, b in zip(g.ljust(10), w.ljust(10))]
     same = sum(a == b for a, b in pairs) / len(pairs)
     assert same >= 0.95, f"{kind}: {same:.1%} of positions equal the float32 tokens"
-    assert q_loss <= loss * (1 + loss_rise), f"{kind}: loss {loss:.4f} -> {q_loss:.4f}"
+    # relative to the loss, but not below a floor: a model this well trained has a loss near
+    # zero, where any rounding is a large share of it
+    assert q_loss - loss <= loss_rise * max(loss, 0.05), \
+        f"{kind}: loss {loss:.4f} -> {q_loss:.4f}"
 
 
 @pytest.mark.parametrize("kind", TYPES)
