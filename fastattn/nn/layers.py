@@ -195,6 +195,9 @@ class LayerNorm(Module):
             None if self.bias is None else self._grad("bias"), dx)
 
 
+MAX_TABLE_FLOATS = 1 << 28      # a positional table of at most 1 GiB (float32)
+
+
 class PositionalEncoding(Module):
     """Adds the sinusoidal table (recomputed, never loaded) to (B, L, C) embeddings, then
     dropout in training (as the translation tutorial's PositionalEncoding)."""
@@ -203,6 +206,13 @@ class PositionalEncoding(Module):
         super().__init__(backend)
         self.d_model = check_positive("d_model", d_model)
         self.max_len = check_positive("max_len", max_len)
+        if self.max_len * self.d_model > MAX_TABLE_FLOATS:
+            raise ValueError(f"PositionalEncoding: max_len={self.max_len} x d_model="
+                             f"{self.d_model} needs a positional table of "
+                             f"{self.max_len * self.d_model} floats "
+                             f"({self.max_len * self.d_model * 4 / 2 ** 30:.1f} GiB), more than "
+                             f"the {MAX_TABLE_FLOATS} allowed; give the longest sequence the "
+                             "model will see")
         self.dropout = check_dropout(dropout)
         self.pe = ops.positional_encoding(self.max_len, self.d_model)   # (max_len, C)
 

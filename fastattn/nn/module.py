@@ -10,7 +10,17 @@ from . import activations
 from .backends import Buffers, FastOps, Workspace, backend_ops
 
 
-class Module:
+class _Built(type):
+    """Marks a module built once its constructor returns: parameter assignments are checked
+    from then on (a constructor may set a parameter more than once)."""
+
+    def __call__(cls, *args, **kwargs):
+        obj = super().__call__(*args, **kwargs)
+        object.__setattr__(obj, "_built", True)
+        return obj
+
+
+class Module(metaclass=_Built):
     """Parameters are float32 arrays named in ``_params``; submodules in ``_children`` (a list
     attribute holds numbered children, as torch's ModuleList).
 
@@ -18,6 +28,14 @@ class Module:
     when the weights change: ``load_state_dict`` (and every update fastattn makes) calls
     ``invalidate_caches()``; a parameter array rebound to a new array is noticed by identity.
     Whoever edits a parameter array *in place* by hand calls ``invalidate_caches()`` after.
+
+    Rebinding a parameter (``layer.linear1.weight = w``) is checked when it happens: the new
+    value must have the parameter's shape (ValueError naming the parameter and both shapes)
+    and a numeric dtype (TypeError); it is kept as given when it is float32 and C-contiguous,
+    else as a float32 C-contiguous copy. A parameter the module was built without (None)
+    cannot be set, nor can one be set to None: build the module with the parameter you want.
+    The kernels read parameters without checking them, so these checks are what keeps a
+    wrong-sized array from being read past its end.
 
     ``quantize("int8" | "bf16")`` converts the parameters named in ``_quantizable`` (the linear
     weights) to ``ops.QuantizedWeight`` for inference; ``quantize("float32")`` converts back.
@@ -39,6 +57,39 @@ class Module:
         self._dropout_calls = 0      # training forwards so far: each draws fresh masks
         self._buffers = None         # training buffers (backends.Buffers), kept between steps
         self._compute_type = "float32"   # of this module's _quantizable weights (quantize())
+
+    def __setattr__(self, name, value):
+        if name in self._params and self.__dict__.get("_built"):
+            value = self._checked_parameter(name, value)
+        object.__setattr__(self, name, value)
+
+    def _checked_parameter(self, name, value):
+        """`value` as parameter `name` may hold it (see the class docstring), or the error."""
+        old = self.__dict__[name]
+        where = f"{type(self).__name__}.{name}"
+        if old is None or value is None:
+            if old is None and value is None:
+                return None
+            built = "without it" if old is None else f"with it, shape {old.shape}"
+            raise ValueError(f"{where}: the module was built {built}; a parameter cannot be "
+                             "added or removed by assignment (build the module with the "
+                             "parameters you want)")
+        if isinstance(value, ops.QuantizedWeight) or isinstance(old, ops.QuantizedWeight):
+            if not isinstance(value, ops.QuantizedWeight):
+                raise TypeError(f"{where} holds {old.dtype} quantized weights: assign an "
+                                "ops.QuantizedWeight, or quantize('float32') the model first")
+            if name not in self._quantizable:
+                raise TypeError(f"{where} is not a linear weight; it cannot be quantized")
+            if tuple(value.shape) != tuple(old.shape):
+                raise ValueError(f"{where} must keep its shape {tuple(old.shape)}, got "
+                                 f"{tuple(value.shape)}")
+            return value
+        arr = to_numpy(where, value, "assignment")
+        if arr.shape != old.shape:
+            raise ValueError(f"{where} must keep its shape {old.shape}, got {arr.shape}")
+        if arr.dtype != np.float32 or not arr.flags.c_contiguous or not arr.flags.aligned:
+            arr = np.ascontiguousarray(arr, dtype=np.float32)
+        return arr
 
     # -- parameters and submodules -----------------------------------------------------------
     def named_parameters(self, prefix=""):
@@ -73,10 +124,12 @@ class Module:
 
     # -- weights -------------------------------------------------------------------------------
     def state_dict(self):
-        """{torch key: float32 array}, in torch's order and layouts. In a quantized model the
-        converted weights are given dequantized (what the model multiplies by, as float32:
-        loadable into torch); ``named_parameters()`` yields them as they are stored."""
-        return {k: v.dequantize() if isinstance(v, ops.QuantizedWeight) else v
+        """{torch key: float32 array}, in torch's order and layouts: the parameter arrays
+        themselves (an in-place edit changes the model; see invalidate_caches). In a quantized
+        model the converted weights are given dequantized (what the model multiplies by, as
+        float32: loadable into torch) in read-only copies, so an edit of one raises instead of
+        silently changing nothing; ``named_parameters()`` yields them as they are stored."""
+        return {k: _read_only(v.dequantize()) if isinstance(v, ops.QuantizedWeight) else v
                 for k, v in self.named_parameters()}
 
     def _ignored_keys(self):
@@ -100,7 +153,7 @@ class Module:
                                "float32 model, then quantize() it (fastattn.io.load does this "
                                "with compute_type=)")
         own = dict(self.named_parameters())
-        given = {k: to_numpy(k, v) for k, v in state_dict.items()}
+        given = {k: to_numpy(k, v).astype(np.float32) for k, v in state_dict.items()}
         ignored = set(self._ignored_keys())
         missing = [k for k in own if k not in given]
         unexpected = [k for k in given if k not in own and k not in ignored]
@@ -178,11 +231,12 @@ class Module:
                 w = getattr(m, name)
                 if w is None:
                     continue
+                # converted in place of the weight: same shape (no assignment check)
                 if compute_type == "float32":
                     if isinstance(w, ops.QuantizedWeight):
-                        setattr(m, name, w.dequantize())
+                        object.__setattr__(m, name, w.dequantize())
                 elif not isinstance(w, ops.QuantizedWeight):
-                    setattr(m, name, ops.QuantizedWeight.from_float(w, compute_type))
+                    object.__setattr__(m, name, ops.QuantizedWeight.from_float(w, compute_type))
             m._compute_type = compute_type
             m._grads.clear()
             m._saved, m._buffers = None, None
@@ -327,14 +381,24 @@ _FRESH = Buffers(reuse=False)     # the buffers of inference and of the referenc
 
 # ---- conversions, checks and initialisers shared by the modules --------------------------------
 
-def to_numpy(key, value):
-    """A state_dict value (NumPy array or torch tensor, duck-typed) as float32."""
+def to_numpy(key, value, what="load_state_dict"):
+    """A state_dict value or a parameter being set (NumPy array or torch tensor, duck-typed)
+    as a NumPy array of its own dtype; TypeError for what is not numeric."""
     if hasattr(value, "detach") and hasattr(value, "cpu"):
         value = value.detach().cpu().float().numpy()
-    arr = np.asarray(value)
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{what}: {key} is not an array ({type(value).__name__}: {exc})") \
+            from None
     if arr.dtype.kind not in "fiu" or arr.dtype == np.bool_:
-        raise TypeError(f"load_state_dict: {key} has non-numeric dtype {arr.dtype}")
-    return arr.astype(np.float32)
+        raise TypeError(f"{what}: {key} has non-numeric dtype {arr.dtype}")
+    return arr
+
+
+def _read_only(arr):
+    arr.flags.writeable = False
+    return arr
 
 
 def rng_from(seed):
