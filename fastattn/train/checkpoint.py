@@ -50,7 +50,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 
 from .history import History
 
@@ -98,6 +97,19 @@ def _fsync_dir(path):
         os.close(fd)
 
 
+def _make_temporary_dir(prefix, parent):
+    """A new directory named prefix + random in `parent`. Unlike tempfile.mkdtemp (always
+    0700) its permissions follow the umask, so a checkpoint renamed into place reads like the
+    rest of the run directory."""
+    while True:
+        path = os.path.join(parent, f"{prefix}{os.urandom(4).hex()}")
+        try:
+            os.mkdir(path, 0o777)
+            return path
+        except FileExistsError:
+            continue
+
+
 def _write_text(path, text):
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
@@ -110,7 +122,7 @@ def _remove(checkpoint_dir, name):
     so a removal cut short never leaves a step-* directory with files missing."""
     path = os.path.join(checkpoint_dir, name)
     if not name.startswith("."):
-        trash = tempfile.mkdtemp(prefix=f".trash-{name}-", dir=checkpoint_dir)
+        trash = _make_temporary_dir(f".trash-{name}-", checkpoint_dir)
         os.rmdir(trash)
         os.replace(path, trash)
         path = trash
@@ -138,7 +150,6 @@ def save_checkpoint(checkpoint_dir, *, model, optimizer, src_tokenizer, tgt_toke
     state (``dropout_seed``, ``dropout_calls``), ``schedule_step`` and ``format`` are added
     here. Returns the checkpoint's path."""
     from .. import io
-    from safetensors.numpy import save_file
 
     if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
         raise ValueError(f"save_checkpoint: keep must be an int >= 1 or None, got {keep!r}")
@@ -152,11 +163,11 @@ def save_checkpoint(checkpoint_dir, *, model, optimizer, src_tokenizer, tgt_toke
     state = dict(state, format=FORMAT, dropout_seed=int(model._dropout_seed),
                  dropout_calls=int(model._dropout_calls),
                  schedule_step=int(optimizer.steps))
-    tmp = tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=checkpoint_dir)
+    tmp = _make_temporary_dir(f".tmp-{name}-", checkpoint_dir)
     try:
         files = {k: os.path.join(tmp, v) for k, v in FILES.items()}
         io.save(model, files["model"])
-        save_file(dict(optimizer.state_dict()), files["optimizer"])
+        io.save_state_dict(optimizer.state_dict(), files["optimizer"])
         src_tokenizer.save(files["src_tokenizer"])
         tgt_tokenizer.save(files["tgt_tokenizer"])
         (history if history is not None else History()).to_jsonl(files["history"])
@@ -172,7 +183,7 @@ def save_checkpoint(checkpoint_dir, *, model, optimizer, src_tokenizer, tgt_toke
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _fsync_dir(checkpoint_dir)
-    fd, pointer = tempfile.mkstemp(prefix=".latest-", dir=checkpoint_dir)
+    fd, pointer = io.create_temporary(checkpoint_dir, ".latest-")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(name + "\n")
@@ -226,7 +237,7 @@ def save_best(checkpoint_dir, model, step, valid_loss):
     checkpoint_dir = os.fspath(checkpoint_dir)
     os.makedirs(checkpoint_dir, exist_ok=True)
     name = "best-" + step_name(step)
-    tmp = tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=checkpoint_dir)
+    tmp = _make_temporary_dir(f".tmp-{name}-", checkpoint_dir)
     try:
         io.save(model, os.path.join(tmp, FILES["model"]))
         _write_text(os.path.join(tmp, "best.json"),

@@ -2,6 +2,7 @@
 atomic writes (a crash mid-write leaves the previous checkpoint loadable), keep-N, refusals."""
 import json
 import os
+import stat
 
 import numpy as np
 import pytest
@@ -80,6 +81,23 @@ def test_resume_continues_the_loss_curve_bit_for_bit(tok, pairs, tmp_path, refer
     assert resumed.losses == reference.losses          # exact float equality, every step
     assert [r["lr"] for r in resumed.steps] == [r["lr"] for r in reference.steps]
     assert untimed(resumed)[-1] == untimed(reference)[-1]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_checkpoints_follow_the_umask(tok, pairs, tmp_path, umask):
+    """Directories and files as mkdir() and open() make them, like the rest of a run
+    directory (a temporary directory or file would be 0700 / 0600)."""
+    old = os.umask(umask)
+    try:
+        run(tok, pairs, tmp_path / "ck", max_steps=4, checkpoint_every=2)
+    finally:
+        os.umask(old)
+    entries = [p for p in (tmp_path / "ck").rglob("*")]
+    assert any(p.name.startswith("best-") for p in entries)
+    assert any(p.name == "optimizer.safetensors" for p in entries)
+    for p in entries:
+        want = (0o777 if p.is_dir() else 0o666) & ~umask
+        assert stat.S_IMODE(p.stat().st_mode) == want, p
 
 
 def test_resume_from_max_steps_and_a_periodic_checkpoint(tok, pairs, tmp_path, reference):
