@@ -62,14 +62,29 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose help text may be finished only when it is shown
     (``finish_help()`` runs then): the bench command's help names the harness's cases and
     defaults, and the harness is imported only for that help or the command itself, so
-    ``fastattn info`` and ``fastattn demo`` import neither it nor torch."""
+    ``fastattn info`` and ``fastattn demo`` import neither it nor torch. With ``intermixed``
+    set, options may come after positionals and before more of them."""
 
     finish_help = None
+    # intermixed = True: options anywhere among the positionals (``complete RUN --method beam
+    # TEXT`` as well as ``complete RUN TEXT --method beam``); argparse alone ends a nargs="*"
+    # positional at the first option, and the texts after it were 'unrecognized arguments'
+    intermixed = False
+    _inside = False
 
     def format_help(self):
         if self.finish_help is not None:
             self.finish_help()
         return super().format_help()
+
+    def parse_known_args(self, args=None, namespace=None):
+        if not self.intermixed or self._inside:   # the intermixed parse calls back into this
+            return super().parse_known_args(args, namespace)
+        self._inside = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inside = False
 
 
 def _bench_help(repeat, cases):
@@ -209,14 +224,16 @@ def _parser():
     t.add_argument("--resume", action="store_true",
                    help="continue RUN_DIR from its latest checkpoint")
     t.add_argument("--quiet", action="store_true",
-                   help="no progress bar: JSON lines on standard error")
+                   help="no progress bar, even on a terminal: JSON lines on standard error "
+                        "(every 10th step, each evaluation, each message)")
 
     c = sub.add_parser("complete", help="complete texts with a trained run",
                        description="One completion per TEXT, or per line of standard input "
                                    "when no TEXT is given (one output line per input line, in "
                                    "order).")
+    c.intermixed = True
     c.add_argument("run_dir", metavar="RUN_DIR")
-    c.add_argument("texts", metavar="TEXT", nargs="*")
+    c.add_argument("texts", metavar="TEXT", nargs="*", default=[])
     _generation_flags(c)
     c.add_argument("--batch-size", type=_positive_int, default=64, metavar="N",
                    help="lines completed together (default: %(default)s)")
@@ -403,7 +420,7 @@ def _train(args):
         batch_tokens=args.batch_tokens, schedule=args.schedule, lr=args.lr,
         warmup=args.warmup, clip_norm=args.clip_norm or None, dropout=args.dropout,
         label_smoothing=args.label_smoothing, valid=args.valid, seed=args.seed,
-        resume=args.resume, progress=not args.quiet, data=args.data,
+        resume=args.resume, progress="json" if args.quiet else True, data=args.data,
         eval_every=args.eval_every, exact_sample=args.exact_sample, patience=args.patience,
         checkpoint_every=args.checkpoint_every)
     print(_summary(history))

@@ -532,7 +532,8 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
     otherwise); max_steps/epochs may be raised to train longer.
 
     Progress (fastattn.train.progress): a tqdm bar on a terminal, JSON lines on stderr
-    otherwise; progress=False for none, an int k for JSON lines every k steps.
+    otherwise; progress=False for none, "json" for JSON lines even on a terminal, an int k
+    for JSON lines every k steps.
 
     Callbacks: each callable is called as cb(step_record, model) after every step (the
     record is the History's). A callback may raise StopIteration to stop the run early: the
