@@ -230,7 +230,9 @@ def _parser():
     c = sub.add_parser("complete", help="complete texts with a trained run",
                        description="One completion per TEXT, or per line of standard input "
                                    "when no TEXT is given (one output line per input line, in "
-                                   "order).")
+                                   "order). A text longer than the model takes is cut to it "
+                                   "and completed, with a note on standard error naming it, "
+                                   "as fastattn translate does.")
     c.intermixed = True
     c.add_argument("run_dir", metavar="RUN_DIR")
     c.add_argument("texts", metavar="TEXT", nargs="*", default=[])
@@ -456,17 +458,26 @@ def _generate_kwargs(args):
 
 @_errors
 def _complete(args):
+    from .runners.core import Translator
     from .train.run import load_run
 
     run = load_run(args.run_dir, compute_type=args.compute_type)
-    kw = _generate_kwargs(args)
+    # translate's rule for a source longer than the model takes: cut it, say so, go on
+    tr = Translator.from_run(run, too_long="truncate", **_generate_kwargs(args))
     texts = args.texts if args.texts else (line.rstrip("\r\n") for line in sys.stdin)
-    batch = []
+    what = "TEXT" if args.texts else "line"
+    batch, done = [], 0
 
     def flush():
-        for text, out in zip(batch, run.complete(batch, **kw) if any(batch) else batch):
-            print(out.replace("\n", " ") if text else "", flush=False)
+        nonlocal done
+        for i, result in enumerate(tr.translate(batch), done + 1):
+            if result.truncated:
+                print(f"fastattn complete: {what} {i}: longer than the model's "
+                      f"{tr.max_source_tokens} source tokens: cut to them (as fastattn "
+                      "translate does)", file=sys.stderr)
+            print(result.output.replace("\n", " "), flush=False)
         sys.stdout.flush()
+        done += len(batch)
         batch.clear()
 
     bar = _generation_bar(bool(args.texts))

@@ -273,3 +273,29 @@ def test_run_directory_files_follow_the_umask(tmp_path):
     assert run / "model.safetensors" in paths and any(p.name.startswith("best-") for p in paths)
     for p in paths:
         assert stat.S_IMODE(os.stat(p).st_mode) == (0o755 if p.is_dir() else 0o644), p
+
+
+def test_complete_cuts_a_too_long_line_as_translate_does_and_answers_the_others(tmp_path):
+    data = write_data(tmp_path / "pairs.tsv", "tsv")
+    run = tmp_path / "run"
+    assert cli("train", data, "--out", run, *TRAIN).returncode == 0
+    lines = ["one two", " ".join(["one"] * 300), "", "four five"]     # 302 tokens > max_len
+    res = cli("complete", run, stdin="".join(line + "\n" for line in lines))
+    assert res.returncode == 0, res.stderr
+    got = res.stdout.split("\n")[:-1]
+    assert len(got) == 4 and got[2] == ""
+    alone = cli("complete", run, "one two", "four five").stdout.splitlines()
+    assert [got[0], got[3]] == alone
+    assert res.stderr.splitlines() == [
+        "fastattn complete: line 2: longer than the model's 256 source tokens: cut to them "
+        "(as fastattn translate does)"]
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in lines))
+    res = cli("translate", run, "--input", tmp_path / "in.txt", "--output",
+              tmp_path / "out.jsonl", "--quiet")
+    assert res.returncode == 0, res.stderr
+    records = [json.loads(r) for r in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["output"] for r in records] == got                       # one rule, one output
+    assert [r.get("truncated", False) for r in records] == [False, True, False, False]
+    res = cli("complete", run, "four five", lines[1])                  # arguments alike
+    assert res.returncode == 0 and res.stdout.splitlines() == [got[3], got[1]]
+    assert "TEXT 2: longer than" in res.stderr
