@@ -120,9 +120,8 @@ def _non_negative_float(text):
 
 
 def _parser():
-    from .train.defaults import (DEFAULT_CHECKPOINT_EVERY, DEFAULT_EVAL_EVERY, DEFAULT_STEPS,
-                                 DEFAULT_WARMUP_SHARE, EXACT_SAMPLE, MAX_WARMUP, PRESET_LR,
-                                 SCHEDULES)
+    from .train.defaults import (DEFAULT_STEPS, DEFAULT_WARMUP_SHARE, MAX_WARMUP, PRESET_LR,
+                                 SCHEDULES, TRAIN_DEFAULTS)
 
     parser = _Parser(
         prog="fastattn", description="Fast CPU Transformer kernels: build facts, benchmarks, demo.")
@@ -170,14 +169,21 @@ def _parser():
                                    "into RUN_DIR (model, tokenizers, config, history, "
                                    "checkpoints). DATA: .tsv (source TAB target), .jsonl "
                                    "({\"source\": ..., \"target\": ...}), .txt (each line is "
-                                   "answered by the next) or .yml (chatterbot-corpus format).")
+                                   "answered by the next) or .yml (chatterbot-corpus format). "
+                                   "With --resume the run continues with the settings in its "
+                                   "config.json: --steps/--epochs, --eval-every, "
+                                   "--exact-sample, --patience and --checkpoint-every may "
+                                   "change; any other option given must equal the run's.")
+    # Defaults are None here (train_run fills them in), so that a resume can tell an option
+    # given from one left out; the help names the real defaults.
+    d = TRAIN_DEFAULTS
     t.add_argument("data", metavar="DATA", help="the pairs file")
     t.add_argument("--out", metavar="RUN_DIR", required=True, help="the run directory")
-    t.add_argument("--model", choices=("tiny", "small", "base"), default="tiny",
+    t.add_argument("--model", choices=("tiny", "small", "base"),
                    help="tiny: d 128, 4 heads, 2+2 layers, ff 512; small: d 256, 4 heads, 3+3, "
-                        "ff 1024; base: the paper's (default: %(default)s)")
-    t.add_argument("--tokenizer", choices=("bpe", "word", "char"), default="bpe",
-                   help="one tokenizer trained on both sides (default: %(default)s)")
+                        f"ff 1024; base: the paper's (default: {d['model']})")
+    t.add_argument("--tokenizer", choices=("bpe", "word", "char"),
+                   help=f"one tokenizer trained on both sides (default: {d['tokenizer']})")
     t.add_argument("--vocab-size", type=_positive_int, metavar="N",
                    help="tokens in the vocabulary, specials included (default: bpe 4000, word "
                         "8000, at most what the data holds; char: every character seen)")
@@ -186,43 +192,45 @@ def _parser():
                         help="optimiser steps (default, without --epochs: "
                              + ", ".join(f"{k} {v}" for k, v in DEFAULT_STEPS.items()) + ")")
     length.add_argument("--epochs", type=_positive_int, metavar="N", help="passes over the data")
-    t.add_argument("--batch-tokens", type=_positive_int, default=4096, metavar="N",
-                   help="padded tokens per batch (default: %(default)s)")
-    t.add_argument("--schedule", choices=SCHEDULES, default="inverse_sqrt",
+    t.add_argument("--batch-tokens", type=_positive_int, metavar="N",
+                   help=f"padded tokens per batch (default: {d['batch_tokens']})")
+    t.add_argument("--schedule", choices=SCHEDULES,
                    help="learning-rate schedule: inverse_sqrt (linear warm-up to the peak, then "
                         "1/sqrt(step)), cosine (warm-up, then a half cosine to 0 at the last "
-                        "step), constant (default: %(default)s)")
+                        f"step), constant (default: {d['schedule']})")
     t.add_argument("--lr", type=_positive_float, metavar="X",
                    help="peak learning rate (default: "
                         + ", ".join(f"{k} {v:g}" for k, v in PRESET_LR.items()) + ")")
     t.add_argument("--warmup", type=_non_negative_int, metavar="N",
-                   help=f"warm-up steps (default: {100 * DEFAULT_WARMUP_SHARE:.0f}%% of the run, at "
-                        f"most {MAX_WARMUP}; ignored by constant)")
-    t.add_argument("--clip-norm", type=_non_negative_float, default=1.0, metavar="X",
+                   help=f"warm-up steps (default: {100 * DEFAULT_WARMUP_SHARE:.0f}%% of the run, "
+                        f"at most {MAX_WARMUP}; ignored by constant)")
+    t.add_argument("--clip-norm", type=_non_negative_float, metavar="X",
                    help="clip the gradients to this global L2 norm; 0: no clipping "
-                        "(default: %(default)s)")
-    t.add_argument("--dropout", type=_probability, default=0.1, metavar="P",
-                   help="dropout (default: %(default)s)")
-    t.add_argument("--label-smoothing", type=_probability, default=0.1, metavar="X",
-                   help="label smoothing (default: %(default)s)")
-    t.add_argument("--valid", type=_probability, default=0.05, metavar="FRACTION",
-                   help="fraction of the pairs held out for validation (default: %(default)s)")
-    t.add_argument("--eval-every", type=_positive_int, default=DEFAULT_EVAL_EVERY, metavar="N",
+                        f"(default: {d['clip_norm']})")
+    t.add_argument("--dropout", type=_probability, metavar="P",
+                   help=f"dropout (default: {d['dropout']})")
+    t.add_argument("--label-smoothing", type=_probability, metavar="X",
+                   help=f"label smoothing (default: {d['label_smoothing']})")
+    t.add_argument("--valid", type=_probability, metavar="FRACTION",
+                   help="fraction of the pairs held out for validation (default: "
+                        f"{d['valid']})")
+    t.add_argument("--eval-every", type=_positive_int, metavar="N",
                    help="evaluate on the held-out pairs every N steps, and at the end: loss, "
                         "perplexity, greedy exact match; the run keeps the weights of the "
-                        "lowest validation loss as its model (default: %(default)s)")
-    t.add_argument("--exact-sample", type=_non_negative_int, default=EXACT_SAMPLE,
-                   metavar="N", help="held-out pairs decoded for the exact match at each "
-                                     "evaluation; 0: none (default: %(default)s)")
+                        f"lowest validation loss as its model (default: {d['eval_every']})")
+    t.add_argument("--exact-sample", type=_non_negative_int, metavar="N",
+                   help="held-out pairs decoded for the exact match at each evaluation; 0: "
+                        f"none (default: {d['exact_sample']})")
     t.add_argument("--patience", type=_positive_int, metavar="N",
                    help="stop early after N evaluations without a lower validation loss "
                         "(default: off)")
-    t.add_argument("--checkpoint-every", type=_positive_int, default=DEFAULT_CHECKPOINT_EVERY,
-                   metavar="N", help="write a checkpoint every N steps, and at the end "
-                                     "(default: %(default)s)")
-    t.add_argument("--seed", type=int, default=0, metavar="S", help="the run's seed")
+    t.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
+                   help="write a checkpoint every N steps, and at the end (default: "
+                        f"{d['checkpoint_every']})")
+    t.add_argument("--seed", type=_non_negative_int, metavar="S",
+                   help=f"the run's seed (default: {d['seed']})")
     t.add_argument("--resume", action="store_true",
-                   help="continue RUN_DIR from its latest checkpoint")
+                   help="continue RUN_DIR from its latest checkpoint, with its settings")
     t.add_argument("--quiet", action="store_true",
                    help="no progress bar, even on a terminal: JSON lines on standard error "
                         "(every 10th step, each evaluation, each message)")
@@ -420,7 +428,7 @@ def _train(args):
         pairs, args.out, model=args.model, tokenizer=args.tokenizer,
         vocab_size=args.vocab_size, steps=args.steps, epochs=args.epochs,
         batch_tokens=args.batch_tokens, schedule=args.schedule, lr=args.lr,
-        warmup=args.warmup, clip_norm=args.clip_norm or None, dropout=args.dropout,
+        warmup=args.warmup, clip_norm=args.clip_norm, dropout=args.dropout,
         label_smoothing=args.label_smoothing, valid=args.valid, seed=args.seed,
         resume=args.resume, progress="json" if args.quiet else True, data=args.data,
         eval_every=args.eval_every, exact_sample=args.exact_sample, patience=args.patience,

@@ -299,3 +299,49 @@ def test_complete_cuts_a_too_long_line_as_translate_does_and_answers_the_others(
     res = cli("complete", run, "four five", lines[1])                  # arguments alike
     assert res.returncode == 0 and res.stdout.splitlines() == [got[3], got[1]]
     assert "TEXT 2: longer than" in res.stderr
+
+
+# ---- config.json and --resume --------------------------------------------------------------------
+
+@pytest.mark.parametrize("content, expect", [
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"model": "tiny"}', "tokenizer, vocab_size, dropout"),
+    ("[1, 2]", "expected a JSON object"),
+    ("", "the file is empty"),
+    ('{"model": "t\u00efny"}'.encode("latin-1"), "not UTF-8 text"),
+], ids=["deep", "model_only", "list", "empty", "latin1"])
+def test_a_bad_config_json_is_one_line_naming_it_in_every_command(tmp_path, content, expect):
+    data = write_data(tmp_path / "pairs.tsv", "tsv")
+    run = tmp_path / "run"
+    assert cli("train", data, "--out", run, *TRAIN).returncode == 0
+    (run / "config.json").write_bytes(content if isinstance(content, bytes) else
+                                      content.encode())
+    (tmp_path / "in.txt").write_text("one two\n")
+    for argv in (("complete", run, "one two"),
+                 ("translate", run, "--input", tmp_path / "in.txt", "--output",
+                  tmp_path / "out.jsonl", "--quiet"),
+                 ("train", data, "--out", run, "--steps", "14", "--resume", "--quiet")):
+        res = cli(*argv)
+        assert res.returncode == 1, (argv, res.stderr)
+        assert "Traceback" not in res.stderr and len(res.stderr.splitlines()) == 1, res.stderr
+        assert f"{run / 'config.json'}: " in res.stderr and expect in res.stderr, res.stderr
+
+
+def test_resume_takes_seed_and_settings_from_the_run(tmp_path):
+    data = write_data(tmp_path / "pairs.tsv", "tsv")
+    run = tmp_path / "run"
+    first = ("--tokenizer", "word", "--batch-tokens", "64", "--valid", "0.25", "--seed", "3",
+             "--dropout", "0", "--eval-every", "4", "--quiet")
+    assert cli("train", data, "--out", run, "--steps", "8", *first).returncode == 0
+    res = cli("train", data, "--out", run, "--steps", "12", "--resume", "--quiet")
+    assert res.returncode == 0, res.stderr                     # no --seed: the run's
+    assert "12 steps" in res.stdout
+    whole = tmp_path / "whole"
+    assert cli("train", data, "--out", whole, "--steps", "12", *first).returncode == 0
+    assert (run / "model.safetensors").read_bytes() == (whole / "model.safetensors").read_bytes()
+    res = cli("train", data, "--out", run, "--steps", "14", "--seed", "4", "--model", "small",
+              "--tokenizer", "word", "--resume", "--quiet")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "seed=3, not 4 (--seed)" in res.stderr and "(--model)" in res.stderr
+    assert "(--tokenizer)" not in res.stderr                  # the same as the run's: fine
+    assert json.loads((run / "config.json").read_text())["steps"] == 12   # nothing changed
