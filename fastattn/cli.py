@@ -172,8 +172,8 @@ def _parser():
                                    "answered by the next) or .yml (chatterbot-corpus format). "
                                    "With --resume the run continues with the settings in its "
                                    "config.json: --steps/--epochs, --eval-every, "
-                                   "--exact-sample, --patience and --checkpoint-every may "
-                                   "change; any other option given must equal the run's.")
+                                   "--exact-sample, --patience and --checkpoint-every/-minutes "
+                                   "may change; any other option given must equal the run's.")
     # Defaults are None here (train_run fills them in), so that a resume can tell an option
     # given from one left out; the help names the real defaults.
     d = TRAIN_DEFAULTS
@@ -227,6 +227,9 @@ def _parser():
     t.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
                    help="write a checkpoint every N steps, and at the end (default: "
                         f"{d['checkpoint_every']})")
+    t.add_argument("--checkpoint-minutes", type=_positive_float, metavar="M",
+                   help="also write one when M minutes have passed since the latest (default: "
+                        f"{d['checkpoint_minutes']:g})")
     t.add_argument("--seed", type=_non_negative_int, metavar="S",
                    help=f"the run's seed (default: {d['seed']})")
     t.add_argument("--resume", action="store_true",
@@ -420,10 +423,21 @@ def _errors(fn):
 
 @_errors
 def _train(args):
+    import os
+
     from .train import read_pairs
-    from .train.run import train_run
+    from .train.checkpoint import latest_checkpoint
+    from .train.run import FILES, train_run
 
     pairs = read_pairs(args.data)
+    if args.resume:          # said whatever --quiet asks for: the run starts over
+        checkpoints = os.path.join(args.out, FILES["checkpoints"])
+        if not os.path.exists(os.path.join(args.out, FILES["config"])):
+            print(f"fastattn train: --resume: nothing to resume in {args.out} (no "
+                  f"{FILES['config']}): starting a new run", file=sys.stderr)
+        elif latest_checkpoint(checkpoints) is None:
+            print(f"fastattn train: --resume: no checkpoint in {checkpoints}: starting the run "
+                  "over from step 0, with its settings", file=sys.stderr)
     run, history = train_run(
         pairs, args.out, model=args.model, tokenizer=args.tokenizer,
         vocab_size=args.vocab_size, steps=args.steps, epochs=args.epochs,
@@ -432,7 +446,7 @@ def _train(args):
         label_smoothing=args.label_smoothing, valid=args.valid, seed=args.seed,
         resume=args.resume, progress="json" if args.quiet else True, data=args.data,
         eval_every=args.eval_every, exact_sample=args.exact_sample, patience=args.patience,
-        checkpoint_every=args.checkpoint_every)
+        checkpoint_every=args.checkpoint_every, checkpoint_minutes=args.checkpoint_minutes)
     print(_summary(history))
     print(f"run written to {run.path}")
     return 0

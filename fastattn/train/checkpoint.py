@@ -39,10 +39,11 @@ model it had seen (``"best": {"step", "valid_loss"}``, or null); the best-step-*
 that no kept checkpoint names are removed, except the newest, so a resume from any kept
 checkpoint finds the best model that checkpoint knew.
 
-A crash before step 2 leaves a ``.tmp-*`` directory that loading ignores and the next save
-removes; a crash between 2 and 3 leaves ``latest`` on the previous checkpoint, which is
-complete. ``load_checkpoint(checkpoint_dir)`` follows ``latest``; if it is missing or names
-no checkpoint it takes the newest ``step-*`` directory instead.
+A crash before step 2 leaves a ``.tmp-*`` directory that loading ignores and the next run or
+save removes (``remove_temporaries``); a crash between 2 and 3 leaves ``latest`` on the
+previous checkpoint, which is complete. ``load_checkpoint(checkpoint_dir)`` follows
+``latest``; if it is missing or names no checkpoint it takes the newest ``step-*`` directory
+instead.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ import shutil
 from .history import History
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints",
-           "save_best", "load_best", "Checkpoint", "FORMAT", "FILES"]
+           "save_best", "load_best", "remove_temporaries", "Checkpoint", "FORMAT", "FILES"]
 
 FORMAT = "fastattn-checkpoint/1"
 FILES = {"model": "model.safetensors", "optimizer": "optimizer.safetensors",
@@ -135,9 +136,15 @@ def _remove(checkpoint_dir, name):
             pass
 
 
-def _clean(checkpoint_dir):
-    """Remove what a crashed save or removal left behind (.tmp-*, .trash-*, .latest-*)."""
-    for name in os.listdir(checkpoint_dir):
+def remove_temporaries(checkpoint_dir):
+    """Remove what a crashed save or removal left in checkpoint_dir (.tmp-*, .trash-*,
+    .latest-*); nothing when the directory does not exist. fit calls it when a run starts,
+    save_checkpoint before each save."""
+    try:
+        names = os.listdir(checkpoint_dir)
+    except FileNotFoundError:
+        return
+    for name in names:
         if name.startswith((".tmp-step-", ".tmp-best-", ".trash-", ".latest-")):
             _remove(checkpoint_dir, name)
 
@@ -158,7 +165,7 @@ def save_checkpoint(checkpoint_dir, *, model, optimizer, src_tokenizer, tgt_toke
         raise ValueError(f"save_checkpoint: state['step'] must be an int >= 0, got {step!r}")
     checkpoint_dir = os.fspath(checkpoint_dir)
     os.makedirs(checkpoint_dir, exist_ok=True)
-    _clean(checkpoint_dir)
+    remove_temporaries(checkpoint_dir)
     name = step_name(step)
     state = dict(state, format=FORMAT, dropout_seed=int(model._dropout_seed),
                  dropout_calls=int(model._dropout_calls),

@@ -40,6 +40,7 @@ TOKENIZERS = {"bpe": tokenizers.BPETokenizer, "word": tokenizers.WordTokenizer,
               "char": tokenizers.CharTokenizer}
 DEFAULT_VOCAB = {"bpe": 4000, "word": 8000, "char": None}
 MAX_LEN = 256            # positions a run's model embeds (longer pairs are skipped by fit)
+TEMPORARY_SUFFIX = ".tmp"   # config.json.tmp, history.jsonl.tmp: written, then renamed
 
 FILES = {"config": "config.json", "src_tokenizer": "src_tokenizer.json",
          "tgt_tokenizer": "tgt_tokenizer.json", "model": "model.safetensors",
@@ -50,7 +51,8 @@ FILES = {"config": "config.json", "src_tokenizer": "src_tokenizer.json",
 # ADJUSTABLE ones may change (a longer run, other evaluations or checkpoints).
 FIXED = ("model", "tokenizer", "vocab_size", "seed", "valid", "batch_tokens", "dropout",
          "label_smoothing", "schedule", "lr", "warmup", "clip_norm")
-ADJUSTABLE = ("steps", "epochs", "eval_every", "exact_sample", "patience", "checkpoint_every")
+ADJUSTABLE = ("steps", "epochs", "eval_every", "exact_sample", "patience", "checkpoint_every",
+              "checkpoint_minutes")
 
 
 # ---- config.json: written by train_run, read back as input that may be wrong -------------------
@@ -103,6 +105,8 @@ CONFIG_KEYS = {
     "exact_sample": (_int_at_least(0, none=True), TRAIN_DEFAULTS["exact_sample"]),
     "patience": (_int_at_least(1, none=True), None),
     "checkpoint_every": (_int_at_least(1, none=True), TRAIN_DEFAULTS["checkpoint_every"]),
+    "checkpoint_minutes": (_number(0, above=True, none=True),
+                           TRAIN_DEFAULTS["checkpoint_minutes"]),
     "data": (_optional_text(), None),
     "train_pairs": (_int_at_least(0, none=True), None),
     "valid_pairs": (_int_at_least(0, none=True), None),
@@ -217,9 +221,29 @@ def _path(run_dir, name):
     return os.path.join(os.fspath(run_dir), FILES[name])
 
 
+def _write_history(path, history):
+    """history.jsonl, written beside `path` and renamed over it, as the model file is."""
+    tmp = path + TEMPORARY_SUFFIX
+    with open(tmp, "w", encoding="utf-8") as f:
+        history.write(f)
+    os.replace(tmp, path)
+
+
+def _remove_temporaries(run_dir):
+    """Remove what a run killed while writing left in run_dir: config.json.tmp,
+    history.jsonl.tmp, io.save's .fastattn-*.tmp."""
+    for name in os.listdir(run_dir):
+        ours = name in (FILES["config"] + TEMPORARY_SUFFIX, FILES["history"] + TEMPORARY_SUFFIX)
+        if ours or (name.startswith(io.TEMPORARY_PREFIX) and name.endswith(io.TEMPORARY_SUFFIX)):
+            try:
+                os.remove(os.path.join(run_dir, name))
+            except (FileNotFoundError, IsADirectoryError):
+                pass
+
+
 def write_json_atomic(path, obj):
     """obj as JSON in `path`, written beside it, synced and renamed over it (atomic)."""
-    tmp = f"{path}.tmp"
+    tmp = path + TEMPORARY_SUFFIX
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2)
         f.write("\n")
@@ -279,7 +303,8 @@ def _resume_settings(path, config, given):
     if "steps" in given or "epochs" in given:           # a longer (or shorter) run
         settings["steps"], settings["epochs"] = given.get("steps"), given.get("epochs")
     settings.update((k, given[k]) for k in ("eval_every", "exact_sample", "patience",
-                                              "checkpoint_every") if k in given)
+                                              "checkpoint_every", "checkpoint_minutes")
+                    if k in given)
     return settings
 
 
@@ -309,7 +334,8 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
               epochs=None, batch_tokens=None, schedule=None, lr=None, warmup=None,
               clip_norm=None, dropout=None, label_smoothing=None, valid=None, seed=None,
               resume=False, progress=True, keep_in_train=(), data=None, eval_every=None,
-              exact_sample=None, patience=None, checkpoint_every=None, **fit_kwargs):
+              exact_sample=None, patience=None, checkpoint_every=None, checkpoint_minutes=None,
+              **fit_kwargs):
     """Train a run from (source, target) text pairs into the directory `out` -> (Run,
     History). What ``fastattn train`` does: split off `valid` of the pairs, train one
     tokenizer on both sides, build the preset model, fit() with checkpoints in
@@ -322,9 +348,11 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
     config.json before the first step. With resume=True and a config.json in `out`, the run
     continues with its own settings, tokenizers and data split, from the latest checkpoint
     (from step 0 when there is none): a setting given again is applied when it may change
-    (ADJUSTABLE: steps or epochs, eval_every, exact_sample, patience, checkpoint_every; they
-    are written back to config.json) and must equal the run's otherwise (FIXED: ValueError
-    naming each that differs). Without a config.json, resume=True starts a new run.
+    (ADJUSTABLE: steps or epochs, eval_every, exact_sample, patience, checkpoint_every,
+    checkpoint_minutes; they are written back to config.json) and must equal the run's
+    otherwise (FIXED: ValueError naming each that differs). Without a config.json,
+    resume=True starts a new run. A run (new or resumed) starts by removing the temporary
+    files and directories that a killed run left in `out` and its checkpoints.
 
     With held-out pairs (valid > 0) the run evaluates every eval_every steps and its model
     (model.safetensors) is the one of the lowest validation loss (fit's keep_best); the last
@@ -337,10 +365,12 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
         batch_tokens=batch_tokens, schedule=schedule, lr=lr, warmup=warmup,
         clip_norm=clip_norm, dropout=dropout, label_smoothing=label_smoothing, valid=valid,
         seed=seed, eval_every=eval_every, exact_sample=exact_sample, patience=patience,
-        checkpoint_every=checkpoint_every).items() if v is not None}
+        checkpoint_every=checkpoint_every, checkpoint_minutes=checkpoint_minutes).items()
+        if v is not None}
     if steps is not None and epochs is not None:
         raise ValueError(f"give steps or epochs, not both (got {steps!r}, {epochs!r})")
     os.makedirs(out, exist_ok=True)
+    _remove_temporaries(out)
     config_path = _path(out, "config")
     if resume and os.path.exists(config_path):
         config = read_config(out)
@@ -382,13 +412,14 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
               label_smoothing=settings["label_smoothing"], seed=settings["seed"],
               checkpoint_dir=_path(out, "checkpoints"),
               checkpoint_every=settings["checkpoint_every"],
+              checkpoint_minutes=settings["checkpoint_minutes"],
               eval_every=settings["eval_every"] if valid_pairs else None,
               exact_sample=settings["exact_sample"],
               patience=settings["patience"], resume=resume,
               progress=progress)
     kw.update(fit_kwargs)
     history = fit(net, train_pairs, **kw)
-    history.to_jsonl(_path(out, "history"))
+    _write_history(_path(out, "history"), history)
     io.save(net, _path(out, "model"))
     net.eval()
     run = Run(out, net, src_tok, tgt_tok, config)

@@ -177,6 +177,45 @@ def test_a_partial_temporary_directory_is_ignored_and_cleaned_up(tok, pairs, tmp
     assert load_checkpoint(tmp_path).step == 6
 
 
+def test_a_run_starts_by_removing_what_a_killed_save_left(tok, pairs, tmp_path):
+    """A resume that writes no checkpoint (the run had finished) still cleans up."""
+    run(tok, pairs, tmp_path, max_steps=4)
+    (tmp_path / ".tmp-step-00000006-abcd").mkdir()
+    (tmp_path / ".tmp-best-step-00000006-abcd").mkdir()
+    (tmp_path / ".trash-step-00000002-efgh").mkdir()
+    (tmp_path / ".trash-step-00000002-efgh" / "history.jsonl").write_text("")
+    (tmp_path / ".latest-1234").write_text("step-00000006\n")
+    run(tok, pairs, tmp_path, max_steps=4, resume=True)
+    assert checkpoint_entries(tmp_path) == ["latest", "step-00000004"]
+
+
+def test_checkpoint_minutes_writes_one_when_that_long_has_passed(tok, pairs, tmp_path,
+                                                                 monkeypatch):
+    import importlib
+    import time
+    import types
+
+    fit_module = importlib.import_module("fastattn.train.fit")   # the package's fit is the function
+    now = [0.0]                         # the clock fit reads: 25 s a step, set by a callback
+    monkeypatch.setattr(fit_module, "time", types.SimpleNamespace(
+        perf_counter=time.perf_counter, monotonic=lambda: now[0]))
+
+    def tick(record, model):
+        now[0] = 25.0 * record["step"]
+
+    h = run(tok, pairs, tmp_path, max_steps=10, checkpoint_minutes=1, keep_checkpoints=None,
+            callbacks=[tick])
+    assert [os.path.basename(p) for p in list_checkpoints(tmp_path)] == [
+        "step-00000003", "step-00000006", "step-00000009", "step-00000010"]
+    monkeypatch.undo()
+    plain = run(tok, pairs, tmp_path / "plain", max_steps=10)
+    assert untimed(h) == untimed(plain)                   # the checkpoints changed nothing
+    with pytest.raises(ValueError, match="checkpoint_minutes must be > 0"):
+        run(tok, pairs, tmp_path / "zero", checkpoint_minutes=0)
+    with pytest.raises(ValueError, match="checkpoint_minutes need a checkpoint_dir"):
+        run(tok, pairs, None, checkpoint_minutes=1)
+
+
 def test_only_the_newest_checkpoints_are_kept(tok, pairs, tmp_path):
     run(tok, pairs, tmp_path, max_steps=10, checkpoint_every=2)
     assert [os.path.basename(p) for p in list_checkpoints(tmp_path)] == [
