@@ -62,14 +62,29 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose help text may be finished only when it is shown
     (``finish_help()`` runs then): the bench command's help names the harness's cases and
     defaults, and the harness is imported only for that help or the command itself, so
-    ``fastattn info`` and ``fastattn demo`` import neither it nor torch."""
+    ``fastattn info`` and ``fastattn demo`` import neither it nor torch. With ``intermixed``
+    set, options may come after positionals and before more of them."""
 
     finish_help = None
+    # intermixed = True: options anywhere among the positionals (``complete RUN --method beam
+    # TEXT`` as well as ``complete RUN TEXT --method beam``); argparse alone ends a nargs="*"
+    # positional at the first option, and the texts after it were 'unrecognized arguments'
+    intermixed = False
+    _inside = False
 
     def format_help(self):
         if self.finish_help is not None:
             self.finish_help()
         return super().format_help()
+
+    def parse_known_args(self, args=None, namespace=None):
+        if not self.intermixed or self._inside:   # the intermixed parse calls back into this
+            return super().parse_known_args(args, namespace)
+        self._inside = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inside = False
 
 
 def _bench_help(repeat, cases):
@@ -105,9 +120,8 @@ def _non_negative_float(text):
 
 
 def _parser():
-    from .train.defaults import (DEFAULT_CHECKPOINT_EVERY, DEFAULT_EVAL_EVERY, DEFAULT_STEPS,
-                                 DEFAULT_WARMUP_SHARE, EXACT_SAMPLE, MAX_WARMUP, PRESET_LR,
-                                 SCHEDULES)
+    from .train.defaults import (DEFAULT_STEPS, DEFAULT_WARMUP_SHARE, MAX_WARMUP, PRESET_LR,
+                                 SCHEDULES, TRAIN_DEFAULTS)
 
     parser = _Parser(
         prog="fastattn", description="Fast CPU Transformer kernels: build facts, benchmarks, demo.")
@@ -155,14 +169,21 @@ def _parser():
                                    "into RUN_DIR (model, tokenizers, config, history, "
                                    "checkpoints). DATA: .tsv (source TAB target), .jsonl "
                                    "({\"source\": ..., \"target\": ...}), .txt (each line is "
-                                   "answered by the next) or .yml (chatterbot-corpus format).")
+                                   "answered by the next) or .yml (chatterbot-corpus format). "
+                                   "With --resume the run continues with the settings in its "
+                                   "config.json: --steps/--epochs, --eval-every, "
+                                   "--exact-sample, --patience and --checkpoint-every/-minutes "
+                                   "may change; any other option given must equal the run's.")
+    # Defaults are None here (train_run fills them in), so that a resume can tell an option
+    # given from one left out; the help names the real defaults.
+    d = TRAIN_DEFAULTS
     t.add_argument("data", metavar="DATA", help="the pairs file")
     t.add_argument("--out", metavar="RUN_DIR", required=True, help="the run directory")
-    t.add_argument("--model", choices=("tiny", "small", "base"), default="tiny",
+    t.add_argument("--model", choices=("tiny", "small", "base"),
                    help="tiny: d 128, 4 heads, 2+2 layers, ff 512; small: d 256, 4 heads, 3+3, "
-                        "ff 1024; base: the paper's (default: %(default)s)")
-    t.add_argument("--tokenizer", choices=("bpe", "word", "char"), default="bpe",
-                   help="one tokenizer trained on both sides (default: %(default)s)")
+                        f"ff 1024; base: the paper's (default: {d['model']})")
+    t.add_argument("--tokenizer", choices=("bpe", "word", "char"),
+                   help=f"one tokenizer trained on both sides (default: {d['tokenizer']})")
     t.add_argument("--vocab-size", type=_positive_int, metavar="N",
                    help="tokens in the vocabulary, specials included (default: bpe 4000, word "
                         "8000, at most what the data holds; char: every character seen)")
@@ -171,52 +192,61 @@ def _parser():
                         help="optimiser steps (default, without --epochs: "
                              + ", ".join(f"{k} {v}" for k, v in DEFAULT_STEPS.items()) + ")")
     length.add_argument("--epochs", type=_positive_int, metavar="N", help="passes over the data")
-    t.add_argument("--batch-tokens", type=_positive_int, default=4096, metavar="N",
-                   help="padded tokens per batch (default: %(default)s)")
-    t.add_argument("--schedule", choices=SCHEDULES, default="inverse_sqrt",
+    t.add_argument("--batch-tokens", type=_positive_int, metavar="N",
+                   help=f"padded tokens per batch (default: {d['batch_tokens']})")
+    t.add_argument("--schedule", choices=SCHEDULES,
                    help="learning-rate schedule: inverse_sqrt (linear warm-up to the peak, then "
                         "1/sqrt(step)), cosine (warm-up, then a half cosine to 0 at the last "
-                        "step), constant (default: %(default)s)")
+                        f"step), constant (default: {d['schedule']})")
     t.add_argument("--lr", type=_positive_float, metavar="X",
                    help="peak learning rate (default: "
                         + ", ".join(f"{k} {v:g}" for k, v in PRESET_LR.items()) + ")")
     t.add_argument("--warmup", type=_non_negative_int, metavar="N",
-                   help=f"warm-up steps (default: {100 * DEFAULT_WARMUP_SHARE:.0f}%% of the run, at "
-                        f"most {MAX_WARMUP}; ignored by constant)")
-    t.add_argument("--clip-norm", type=_non_negative_float, default=1.0, metavar="X",
+                   help=f"warm-up steps (default: {100 * DEFAULT_WARMUP_SHARE:.0f}%% of the run, "
+                        f"at most {MAX_WARMUP}; ignored by constant)")
+    t.add_argument("--clip-norm", type=_non_negative_float, metavar="X",
                    help="clip the gradients to this global L2 norm; 0: no clipping "
-                        "(default: %(default)s)")
-    t.add_argument("--dropout", type=_probability, default=0.1, metavar="P",
-                   help="dropout (default: %(default)s)")
-    t.add_argument("--label-smoothing", type=_probability, default=0.1, metavar="X",
-                   help="label smoothing (default: %(default)s)")
-    t.add_argument("--valid", type=_probability, default=0.05, metavar="FRACTION",
-                   help="fraction of the pairs held out for validation (default: %(default)s)")
-    t.add_argument("--eval-every", type=_positive_int, default=DEFAULT_EVAL_EVERY, metavar="N",
+                        f"(default: {d['clip_norm']})")
+    t.add_argument("--dropout", type=_probability, metavar="P",
+                   help=f"dropout (default: {d['dropout']})")
+    t.add_argument("--label-smoothing", type=_probability, metavar="X",
+                   help=f"label smoothing (default: {d['label_smoothing']})")
+    t.add_argument("--valid", type=_probability, metavar="FRACTION",
+                   help="fraction of the pairs held out for validation (default: "
+                        f"{d['valid']})")
+    t.add_argument("--eval-every", type=_positive_int, metavar="N",
                    help="evaluate on the held-out pairs every N steps, and at the end: loss, "
                         "perplexity, greedy exact match; the run keeps the weights of the "
-                        "lowest validation loss as its model (default: %(default)s)")
-    t.add_argument("--exact-sample", type=_non_negative_int, default=EXACT_SAMPLE,
-                   metavar="N", help="held-out pairs decoded for the exact match at each "
-                                     "evaluation; 0: none (default: %(default)s)")
+                        f"lowest validation loss as its model (default: {d['eval_every']})")
+    t.add_argument("--exact-sample", type=_non_negative_int, metavar="N",
+                   help="held-out pairs decoded for the exact match at each evaluation; 0: "
+                        f"none (default: {d['exact_sample']})")
     t.add_argument("--patience", type=_positive_int, metavar="N",
                    help="stop early after N evaluations without a lower validation loss "
                         "(default: off)")
-    t.add_argument("--checkpoint-every", type=_positive_int, default=DEFAULT_CHECKPOINT_EVERY,
-                   metavar="N", help="write a checkpoint every N steps, and at the end "
-                                     "(default: %(default)s)")
-    t.add_argument("--seed", type=int, default=0, metavar="S", help="the run's seed")
+    t.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
+                   help="write a checkpoint every N steps, and at the end (default: "
+                        f"{d['checkpoint_every']})")
+    t.add_argument("--checkpoint-minutes", type=_positive_float, metavar="M",
+                   help="also write one when M minutes have passed since the latest (default: "
+                        f"{d['checkpoint_minutes']:g})")
+    t.add_argument("--seed", type=_non_negative_int, metavar="S",
+                   help=f"the run's seed (default: {d['seed']})")
     t.add_argument("--resume", action="store_true",
-                   help="continue RUN_DIR from its latest checkpoint")
+                   help="continue RUN_DIR from its latest checkpoint, with its settings")
     t.add_argument("--quiet", action="store_true",
-                   help="no progress bar: JSON lines on standard error")
+                   help="no progress bar, even on a terminal: JSON lines on standard error "
+                        "(every 10th step, each evaluation, each message)")
 
     c = sub.add_parser("complete", help="complete texts with a trained run",
                        description="One completion per TEXT, or per line of standard input "
                                    "when no TEXT is given (one output line per input line, in "
-                                   "order).")
+                                   "order). A text longer than the model takes is cut to it "
+                                   "and completed, with a note on standard error naming it, "
+                                   "as fastattn translate does.")
+    c.intermixed = True
     c.add_argument("run_dir", metavar="RUN_DIR")
-    c.add_argument("texts", metavar="TEXT", nargs="*")
+    c.add_argument("texts", metavar="TEXT", nargs="*", default=[])
     _generation_flags(c)
     c.add_argument("--batch-size", type=_positive_int, default=64, metavar="N",
                    help="lines completed together (default: %(default)s)")
@@ -393,19 +423,30 @@ def _errors(fn):
 
 @_errors
 def _train(args):
+    import os
+
     from .train import read_pairs
-    from .train.run import train_run
+    from .train.checkpoint import latest_checkpoint
+    from .train.run import FILES, train_run
 
     pairs = read_pairs(args.data)
+    if args.resume:          # said whatever --quiet asks for: the run starts over
+        checkpoints = os.path.join(args.out, FILES["checkpoints"])
+        if not os.path.exists(os.path.join(args.out, FILES["config"])):
+            print(f"fastattn train: --resume: nothing to resume in {args.out} (no "
+                  f"{FILES['config']}): starting a new run", file=sys.stderr)
+        elif latest_checkpoint(checkpoints) is None:
+            print(f"fastattn train: --resume: no checkpoint in {checkpoints}: starting the run "
+                  "over from step 0, with its settings", file=sys.stderr)
     run, history = train_run(
         pairs, args.out, model=args.model, tokenizer=args.tokenizer,
         vocab_size=args.vocab_size, steps=args.steps, epochs=args.epochs,
         batch_tokens=args.batch_tokens, schedule=args.schedule, lr=args.lr,
-        warmup=args.warmup, clip_norm=args.clip_norm or None, dropout=args.dropout,
+        warmup=args.warmup, clip_norm=args.clip_norm, dropout=args.dropout,
         label_smoothing=args.label_smoothing, valid=args.valid, seed=args.seed,
-        resume=args.resume, progress=not args.quiet, data=args.data,
+        resume=args.resume, progress="json" if args.quiet else True, data=args.data,
         eval_every=args.eval_every, exact_sample=args.exact_sample, patience=args.patience,
-        checkpoint_every=args.checkpoint_every)
+        checkpoint_every=args.checkpoint_every, checkpoint_minutes=args.checkpoint_minutes)
     print(_summary(history))
     print(f"run written to {run.path}")
     return 0
@@ -439,17 +480,26 @@ def _generate_kwargs(args):
 
 @_errors
 def _complete(args):
+    from .runners.core import Translator
     from .train.run import load_run
 
     run = load_run(args.run_dir, compute_type=args.compute_type)
-    kw = _generate_kwargs(args)
+    # translate's rule for a source longer than the model takes: cut it, say so, go on
+    tr = Translator.from_run(run, too_long="truncate", **_generate_kwargs(args))
     texts = args.texts if args.texts else (line.rstrip("\r\n") for line in sys.stdin)
-    batch = []
+    what = "TEXT" if args.texts else "line"
+    batch, done = [], 0
 
     def flush():
-        for text, out in zip(batch, run.complete(batch, **kw) if any(batch) else batch):
-            print(out.replace("\n", " ") if text else "", flush=False)
+        nonlocal done
+        for i, result in enumerate(tr.translate(batch), done + 1):
+            if result.truncated:
+                print(f"fastattn complete: {what} {i}: longer than the model's "
+                      f"{tr.max_source_tokens} source tokens: cut to them (as fastattn "
+                      "translate does)", file=sys.stderr)
+            print(result.output.replace("\n", " "), flush=False)
         sys.stdout.flush()
+        done += len(batch)
         batch.clear()
 
     bar = _generation_bar(bool(args.texts))

@@ -31,7 +31,6 @@ quantize twice).
 """
 import json
 import os
-import tempfile
 
 import numpy as np
 
@@ -42,7 +41,7 @@ FORMAT = "fastattn/1"
 BACKENDS = ("fast", "reference")
 SAVABLE = {"Transformer": nn.Transformer, "Seq2SeqTransformer": nn.Seq2SeqTransformer}
 
-__all__ = ["save", "load", "read_state_dict", "state_dict_shapes"]
+__all__ = ["save", "load", "read_state_dict", "save_state_dict", "state_dict_shapes"]
 
 # safetensors dtype -> (NumPy dtype, little-endian, or None where NumPy has none; item bytes)
 DTYPES = {
@@ -58,14 +57,16 @@ LISTED = 5                                # problems of each kind named in an er
 SCALE = "_scale"                          # suffix of an int8 weight's per-row scales
 # what a quantized linear weight is stored as, per compute type
 QUANTIZED = {"int8": "I8", "bf16": "BF16"}
+# the file save writes beside its target before renaming it: .fastattn-<random>.tmp
+TEMPORARY_PREFIX, TEMPORARY_SUFFIX = ".fastattn-", ".tmp"
 
 
 def save(model, path):
     """Write `model` (Transformer or Seq2SeqTransformer, float32 or quantized) to `path` in
     safetensors format. The file is written beside `path` and renamed over it, so a reader
-    never sees half a file. A model the stored config cannot rebuild (a custom_encoder /
-    custom_decoder, an activation that is a plain Python function) is refused with a
-    ValueError."""
+    never sees half a file; its permissions follow the umask, as open() gives. A model the
+    stored config cannot rebuild (a custom_encoder / custom_decoder, an activation that is a
+    plain Python function) is refused with a ValueError."""
     name = type(model).__name__
     if name not in SAVABLE or not isinstance(model, SAVABLE[name]):
         raise TypeError(f"save: can save {', '.join(SAVABLE)}, got {type(model).__name__}")
@@ -95,6 +96,38 @@ def save(model, path):
     _write(os.fspath(path), tensors, metadata)
 
 
+def save_state_dict(state_dict, path, metadata=None):
+    """Write {key: NumPy array} to `path` as a safetensors file (what read_state_dict reads
+    back), written beside `path` and renamed over it; dtypes as the safetensors names them
+    (float32 F32, int64 I64, ...). metadata: {str: str} or None. The file's permissions
+    follow the umask, as open() gives (the safetensors library's writer makes it 0600)."""
+    tensors = {}
+    for key, arr in state_dict.items():
+        arr = np.asarray(arr)
+        name = _NUMPY_DTYPES.get(arr.dtype.newbyteorder("<"))
+        if name is None:
+            raise ValueError(f"save_state_dict: {_short(key)} has dtype {arr.dtype}, which "
+                             "safetensors does not hold")
+        tensors[key] = (name, arr)
+    _write(os.fspath(path), tensors, dict(metadata or {}))
+
+
+_NUMPY_DTYPES = {np.dtype(code): name for name, (code, _) in DTYPES.items() if code is not None}
+
+
+def create_temporary(folder, prefix, suffix=""):
+    """(fd, path) of a new file named prefix + random + suffix in `folder`, opened for
+    writing (binary). Unlike tempfile.mkstemp (always 0600) its permissions follow the
+    umask, as open() gives, so a file renamed into place reads like its neighbours."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    while True:
+        path = os.path.join(folder, f"{prefix}{os.urandom(6).hex()}{suffix}")
+        try:
+            return os.open(path, flags, 0o666), path
+        except FileExistsError:
+            continue
+
+
 def _write(path, tensors, metadata):
     """A safetensors file of tensors {key: (dtype, array)} (the safetensors library's NumPy
     writer has no bfloat16): 8-byte little-endian header length, the JSON header padded with
@@ -106,7 +139,7 @@ def _write(path, tensors, metadata):
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".fastattn-", suffix=".tmp", dir=folder)
+    fd, tmp = create_temporary(folder, TEMPORARY_PREFIX, TEMPORARY_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(len(raw).to_bytes(8, "little"))

@@ -54,14 +54,23 @@ def _read_records(records):
     """records: an iterable of dicts, or the path of a JSON-lines file (one dict per line)."""
     if isinstance(records, (str, os.PathLike)):
         out = []
-        with open(records, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
+        with open(records, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise ValueError(f"plot_history: {records}, line {n}: not UTF-8 text (byte "
+                                     f"{raw[e.start:e.start + 1]!r} at column {e.start + 1})") \
+                        from None
                 if not line.strip():
                     continue
                 try:
                     rec = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise ValueError(f"plot_history: {records}, line {n}: not JSON ({e.msg})") \
+                        from None
+                except RecursionError:
+                    raise ValueError(f"plot_history: {records}, line {n}: nested too deeply") \
                         from None
                 if not isinstance(rec, dict):
                     raise ValueError(f"plot_history: {records}, line {n}: expected a JSON "

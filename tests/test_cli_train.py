@@ -175,3 +175,173 @@ def test_evaluate_prints_loss_perplexity_and_exact_match(tmp_path):
     assert got["pairs"] == 4 and got["skipped"] == 0
     res = cli("evaluate", run, tmp_path / "missing.tsv")
     assert res.returncode == 1 and "missing.tsv" in res.stderr and "Traceback" not in res.stderr
+
+
+# ---- command-line edges ------------------------------------------------------------------------
+
+def on_a_terminal(*args):
+    """Run fastattn with its standard error on a pseudo-terminal -> (returncode, what the
+    terminal got)."""
+    import os
+    import pty
+    import fcntl
+    import struct
+    import termios
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))   # 100 columns
+    proc = subprocess.Popen([sys.executable, "-m", "fastattn.cli", *map(str, args)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    got = b""
+    while True:
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:                       # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        got += chunk
+    os.close(master)
+    return proc.wait(timeout=180), got.decode("utf-8", "replace")
+
+
+def test_quiet_train_writes_json_lines_on_standard_error_even_on_a_terminal(tmp_path):
+    pytest.importorskip("tqdm")
+    data = write_data(tmp_path / "pairs.tsv", "tsv")
+    res = cli("train", data, "--out", tmp_path / "run", *TRAIN)        # TRAIN has --quiet
+    assert res.returncode == 0, res.stderr
+    records = [json.loads(line) for line in res.stderr.splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "step"] == [1, 10, 12]
+    rc, shown = on_a_terminal("train", data, "--out", tmp_path / "run2", *TRAIN)
+    assert rc == 0, shown
+    lines = [line for line in shown.replace("\r\n", "\n").split("\n") if line]
+    assert lines and all(json.loads(line)["kind"] in ("step", "eval", "info") for line in lines)
+    rc, shown = on_a_terminal("train", data, "--out", tmp_path / "run3",
+                              *[a for a in TRAIN if a != "--quiet"])
+    assert rc == 0 and "12/12" in shown                              # without it: the bar
+
+
+def test_demo_and_translate_quiet_still_mean_no_progress(tmp_path):
+    res = cli("demo", "--quick", "--seconds", "1", "--quiet", "--out", tmp_path / "demo")
+    assert res.returncode == 0, res.stderr
+    assert '"kind"' not in res.stderr
+    data = write_data(tmp_path / "pairs.tsv", "tsv")
+    assert cli("train", data, "--out", tmp_path / "run", *TRAIN).returncode == 0
+    (tmp_path / "in.txt").write_text("one two\nfour\n")
+    res = cli("translate", tmp_path / "run", "--input", tmp_path / "in.txt", "--output",
+              tmp_path / "out.jsonl", "--quiet")
+    assert res.returncode == 0 and res.stderr == ""
+
+
+def test_complete_takes_options_after_the_run_dir_and_between_texts(tmp_path):
+    data = write_data(tmp_path / "pairs.tsv", "tsv")
+    run = tmp_path / "run"
+    assert cli("train", data, "--out", run, *TRAIN).returncode == 0
+    want = cli("complete", run, "one two", "four five", "--method", "beam", "--beam-size", "2")
+    assert want.returncode == 0 and len(want.stdout.splitlines()) == 2
+    for argv in (("--method", "beam", "--beam-size", "2", "one two", "four five"),
+                 ("one two", "--method", "beam", "four five", "--beam-size", "2")):
+        res = cli("complete", run, *argv)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout == want.stdout
+    res = cli("complete", run, "--method", "beam", stdin="one two\n")      # standard input
+    assert res.returncode == 0 and len(res.stdout.splitlines()) == 1
+    res = cli("complete")
+    assert res.returncode == 2 and "required: RUN_DIR\n" in res.stderr
+
+
+def test_plot_names_a_history_that_is_not_utf8(tmp_path):
+    pytest.importorskip("matplotlib")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "history.jsonl").write_bytes(b'{"kind": "step", "step": 1, "loss": 2.0}\nx\xff\n')
+    res = cli("plot", run)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "history.jsonl, line 2: not UTF-8" in res.stderr
+
+
+def test_run_directory_files_follow_the_umask(tmp_path):
+    import os
+    import stat
+    data = write_data(tmp_path / "pairs.tsv", "tsv")
+    run = tmp_path / "run"
+    res = subprocess.run([sys.executable, "-m", "fastattn.cli", "train", str(data), "--out",
+                          str(run), *TRAIN[:-1], "--valid", "0.25", "--eval-every", "4"],
+                         capture_output=True, text=True, timeout=180, umask=0o022)
+    assert res.returncode == 0, res.stderr
+    paths = [run, *run.rglob("*")]
+    assert run / "model.safetensors" in paths and any(p.name.startswith("best-") for p in paths)
+    for p in paths:
+        assert stat.S_IMODE(os.stat(p).st_mode) == (0o755 if p.is_dir() else 0o644), p
+
+
+def test_complete_cuts_a_too_long_line_as_translate_does_and_answers_the_others(tmp_path):
+    data = write_data(tmp_path / "pairs.tsv", "tsv")
+    run = tmp_path / "run"
+    assert cli("train", data, "--out", run, *TRAIN).returncode == 0
+    lines = ["one two", " ".join(["one"] * 300), "", "four five"]     # 302 tokens > max_len
+    res = cli("complete", run, stdin="".join(line + "\n" for line in lines))
+    assert res.returncode == 0, res.stderr
+    got = res.stdout.split("\n")[:-1]
+    assert len(got) == 4 and got[2] == ""
+    alone = cli("complete", run, "one two", "four five").stdout.splitlines()
+    assert [got[0], got[3]] == alone
+    assert res.stderr.splitlines() == [
+        "fastattn complete: line 2: longer than the model's 256 source tokens: cut to them "
+        "(as fastattn translate does)"]
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in lines))
+    res = cli("translate", run, "--input", tmp_path / "in.txt", "--output",
+              tmp_path / "out.jsonl", "--quiet")
+    assert res.returncode == 0, res.stderr
+    records = [json.loads(r) for r in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["output"] for r in records] == got                       # one rule, one output
+    assert [r.get("truncated", False) for r in records] == [False, True, False, False]
+    res = cli("complete", run, "four five", lines[1])                  # arguments alike
+    assert res.returncode == 0 and res.stdout.splitlines() == [got[3], got[1]]
+    assert "TEXT 2: longer than" in res.stderr
+
+
+# ---- config.json and --resume --------------------------------------------------------------------
+
+@pytest.mark.parametrize("content, expect", [
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"model": "tiny"}', "tokenizer, vocab_size, dropout"),
+    ("[1, 2]", "expected a JSON object"),
+    ("", "the file is empty"),
+    ('{"model": "t\u00efny"}'.encode("latin-1"), "not UTF-8 text"),
+], ids=["deep", "model_only", "list", "empty", "latin1"])
+def test_a_bad_config_json_is_one_line_naming_it_in_every_command(tmp_path, content, expect):
+    data = write_data(tmp_path / "pairs.tsv", "tsv")
+    run = tmp_path / "run"
+    assert cli("train", data, "--out", run, *TRAIN).returncode == 0
+    (run / "config.json").write_bytes(content if isinstance(content, bytes) else
+                                      content.encode())
+    (tmp_path / "in.txt").write_text("one two\n")
+    for argv in (("complete", run, "one two"),
+                 ("translate", run, "--input", tmp_path / "in.txt", "--output",
+                  tmp_path / "out.jsonl", "--quiet"),
+                 ("train", data, "--out", run, "--steps", "14", "--resume", "--quiet")):
+        res = cli(*argv)
+        assert res.returncode == 1, (argv, res.stderr)
+        assert "Traceback" not in res.stderr and len(res.stderr.splitlines()) == 1, res.stderr
+        assert f"{run / 'config.json'}: " in res.stderr and expect in res.stderr, res.stderr
+
+
+def test_resume_takes_seed_and_settings_from_the_run(tmp_path):
+    data = write_data(tmp_path / "pairs.tsv", "tsv")
+    run = tmp_path / "run"
+    first = ("--tokenizer", "word", "--batch-tokens", "64", "--valid", "0.25", "--seed", "3",
+             "--dropout", "0", "--eval-every", "4", "--quiet")
+    assert cli("train", data, "--out", run, "--steps", "8", *first).returncode == 0
+    res = cli("train", data, "--out", run, "--steps", "12", "--resume", "--quiet")
+    assert res.returncode == 0, res.stderr                     # no --seed: the run's
+    assert "12 steps" in res.stdout
+    whole = tmp_path / "whole"
+    assert cli("train", data, "--out", whole, "--steps", "12", *first).returncode == 0
+    assert (run / "model.safetensors").read_bytes() == (whole / "model.safetensors").read_bytes()
+    res = cli("train", data, "--out", run, "--steps", "14", "--seed", "4", "--model", "small",
+              "--tokenizer", "word", "--resume", "--quiet")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "seed=3, not 4 (--seed)" in res.stderr and "(--model)" in res.stderr
+    assert "(--tokenizer)" not in res.stderr                  # the same as the run's: fine
+    assert json.loads((run / "config.json").read_text())["steps"] == 12   # nothing changed

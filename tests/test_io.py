@@ -2,7 +2,9 @@
 are a ValueError naming the problem; nothing is ever unpickled."""
 import ast
 import json
+import os
 import pickle
+import stat
 import re
 import time
 import tracemalloc
@@ -745,6 +747,37 @@ def test_reader_agrees_with_safetensors(tmp_path):
             ref = f.get_tensor(k)
             assert mine[k].dtype == ref.dtype and mine[k].shape == ref.shape, k
             assert np.array_equal(mine[k], ref), k
+
+
+def test_save_state_dict_round_trips_and_the_library_reads_it(tmp_path):
+    from safetensors.numpy import load_file
+    tensors = {"step": np.array(7, np.int64), "lr": np.array(0.5, np.float64),
+               "m.w": np.arange(6, dtype=np.float32).reshape(2, 3),
+               "big": np.arange(4, dtype=">f4")}
+    path = tmp_path / "state.safetensors"
+    fio.save_state_dict(tensors, path, metadata={"k": "v"})
+    mine, meta = fio.read_state_dict(path)
+    assert meta == {"k": "v"} and list(mine) == list(tensors)
+    for k, want in tensors.items():
+        assert mine[k].shape == want.shape and mine[k].dtype == want.dtype.newbyteorder("=")
+        assert np.array_equal(mine[k], want), k
+    assert set(load_file(str(path))) == set(tensors)
+    with pytest.raises(ValueError, match="'o' has dtype object"):
+        fio.save_state_dict({"o": np.array([None])}, tmp_path / "x.safetensors")
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_written_files_follow_the_umask(tmp_path, umask):
+    """As open() does (the run directory's JSON files), not 0600 as a temporary file is."""
+    old = os.umask(umask)
+    try:
+        fio.save(transformer(), tmp_path / "model.safetensors")
+        fio.save_state_dict({"a": np.zeros(2, np.float32)}, tmp_path / "state.safetensors")
+    finally:
+        os.umask(old)
+    for name in ("model.safetensors", "state.safetensors"):
+        assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == 0o666 & ~umask, name
+    assert sorted(os.listdir(tmp_path)) == ["model.safetensors", "state.safetensors"]
 
 
 def test_huge_rank_shape_is_checked_quickly(saved, tmp_path):

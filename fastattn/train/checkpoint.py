@@ -39,10 +39,11 @@ model it had seen (``"best": {"step", "valid_loss"}``, or null); the best-step-*
 that no kept checkpoint names are removed, except the newest, so a resume from any kept
 checkpoint finds the best model that checkpoint knew.
 
-A crash before step 2 leaves a ``.tmp-*`` directory that loading ignores and the next save
-removes; a crash between 2 and 3 leaves ``latest`` on the previous checkpoint, which is
-complete. ``load_checkpoint(checkpoint_dir)`` follows ``latest``; if it is missing or names
-no checkpoint it takes the newest ``step-*`` directory instead.
+A crash before step 2 leaves a ``.tmp-*`` directory that loading ignores and the next run or
+save removes (``remove_temporaries``); a crash between 2 and 3 leaves ``latest`` on the
+previous checkpoint, which is complete. ``load_checkpoint(checkpoint_dir)`` follows
+``latest``; if it is missing or names no checkpoint it takes the newest ``step-*`` directory
+instead.
 """
 from __future__ import annotations
 
@@ -50,12 +51,11 @@ import json
 import os
 import re
 import shutil
-import tempfile
 
 from .history import History
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints",
-           "save_best", "load_best", "Checkpoint", "FORMAT", "FILES"]
+           "save_best", "load_best", "remove_temporaries", "Checkpoint", "FORMAT", "FILES"]
 
 FORMAT = "fastattn-checkpoint/1"
 FILES = {"model": "model.safetensors", "optimizer": "optimizer.safetensors",
@@ -98,6 +98,19 @@ def _fsync_dir(path):
         os.close(fd)
 
 
+def _make_temporary_dir(prefix, parent):
+    """A new directory named prefix + random in `parent`. Unlike tempfile.mkdtemp (always
+    0700) its permissions follow the umask, so a checkpoint renamed into place reads like the
+    rest of the run directory."""
+    while True:
+        path = os.path.join(parent, f"{prefix}{os.urandom(4).hex()}")
+        try:
+            os.mkdir(path, 0o777)
+            return path
+        except FileExistsError:
+            continue
+
+
 def _write_text(path, text):
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
@@ -110,7 +123,7 @@ def _remove(checkpoint_dir, name):
     so a removal cut short never leaves a step-* directory with files missing."""
     path = os.path.join(checkpoint_dir, name)
     if not name.startswith("."):
-        trash = tempfile.mkdtemp(prefix=f".trash-{name}-", dir=checkpoint_dir)
+        trash = _make_temporary_dir(f".trash-{name}-", checkpoint_dir)
         os.rmdir(trash)
         os.replace(path, trash)
         path = trash
@@ -123,9 +136,15 @@ def _remove(checkpoint_dir, name):
             pass
 
 
-def _clean(checkpoint_dir):
-    """Remove what a crashed save or removal left behind (.tmp-*, .trash-*, .latest-*)."""
-    for name in os.listdir(checkpoint_dir):
+def remove_temporaries(checkpoint_dir):
+    """Remove what a crashed save or removal left in checkpoint_dir (.tmp-*, .trash-*,
+    .latest-*); nothing when the directory does not exist. fit calls it when a run starts,
+    save_checkpoint before each save."""
+    try:
+        names = os.listdir(checkpoint_dir)
+    except FileNotFoundError:
+        return
+    for name in names:
         if name.startswith((".tmp-step-", ".tmp-best-", ".trash-", ".latest-")):
             _remove(checkpoint_dir, name)
 
@@ -138,7 +157,6 @@ def save_checkpoint(checkpoint_dir, *, model, optimizer, src_tokenizer, tgt_toke
     state (``dropout_seed``, ``dropout_calls``), ``schedule_step`` and ``format`` are added
     here. Returns the checkpoint's path."""
     from .. import io
-    from safetensors.numpy import save_file
 
     if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
         raise ValueError(f"save_checkpoint: keep must be an int >= 1 or None, got {keep!r}")
@@ -147,16 +165,16 @@ def save_checkpoint(checkpoint_dir, *, model, optimizer, src_tokenizer, tgt_toke
         raise ValueError(f"save_checkpoint: state['step'] must be an int >= 0, got {step!r}")
     checkpoint_dir = os.fspath(checkpoint_dir)
     os.makedirs(checkpoint_dir, exist_ok=True)
-    _clean(checkpoint_dir)
+    remove_temporaries(checkpoint_dir)
     name = step_name(step)
     state = dict(state, format=FORMAT, dropout_seed=int(model._dropout_seed),
                  dropout_calls=int(model._dropout_calls),
                  schedule_step=int(optimizer.steps))
-    tmp = tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=checkpoint_dir)
+    tmp = _make_temporary_dir(f".tmp-{name}-", checkpoint_dir)
     try:
         files = {k: os.path.join(tmp, v) for k, v in FILES.items()}
         io.save(model, files["model"])
-        save_file(dict(optimizer.state_dict()), files["optimizer"])
+        io.save_state_dict(optimizer.state_dict(), files["optimizer"])
         src_tokenizer.save(files["src_tokenizer"])
         tgt_tokenizer.save(files["tgt_tokenizer"])
         (history if history is not None else History()).to_jsonl(files["history"])
@@ -172,7 +190,7 @@ def save_checkpoint(checkpoint_dir, *, model, optimizer, src_tokenizer, tgt_toke
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _fsync_dir(checkpoint_dir)
-    fd, pointer = tempfile.mkstemp(prefix=".latest-", dir=checkpoint_dir)
+    fd, pointer = io.create_temporary(checkpoint_dir, ".latest-")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(name + "\n")
@@ -226,7 +244,7 @@ def save_best(checkpoint_dir, model, step, valid_loss):
     checkpoint_dir = os.fspath(checkpoint_dir)
     os.makedirs(checkpoint_dir, exist_ok=True)
     name = "best-" + step_name(step)
-    tmp = tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=checkpoint_dir)
+    tmp = _make_temporary_dir(f".tmp-{name}-", checkpoint_dir)
     try:
         io.save(model, os.path.join(tmp, FILES["model"]))
         _write_text(os.path.join(tmp, "best.json"),

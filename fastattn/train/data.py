@@ -18,15 +18,17 @@
   ``conversations`` is a list of conversations, each a list of turns; the consecutive turns of
   a conversation become pairs, as in ``.txt``. A turn is the text written in the file: a turn
   written ``22`` or ``yes`` is the text "22" or "yes" (YAML would make a number or a bool of
-  it). Needs PyYAML (``pip install "fastattn[demo]"`` or ``pip install pyyaml``); it is
-  imported only here.
+  it). Aliases (``*name``, merge keys included) are refused: an alias repeats a part of the
+  file without its bytes, so a few kilobytes could stand for millions of pairs. Needs PyYAML
+  (``pip install "fastattn[demo]"`` or ``pip install pyyaml``); it is imported only here.
 
 A file is input that may be wrong, and every problem is a ValueError naming the file and,
 where there is one, the line (1-based): bytes that are not UTF-8, a TSV line without exactly
 two fields, a JSONL line that is not a JSON object with str "source" and "target", a YAML file
-that does not parse or has no ``conversations`` list, a conversation that is not a list or a
-turn that is not text, an unknown extension, a directory, and a file that yields no pair at
-all (an empty file included). A file that does not exist is FileNotFoundError, as for open().
+that does not parse, holds an alias or has no ``conversations`` list, a conversation that is
+not a list or a turn that is not text, an unknown extension, a directory, and a file that
+yields no pair at all (an empty file included). A file that does not exist is
+FileNotFoundError, as for open().
 
 ``chatterbot_pairs(language, categories)`` reads the installed ``chatterbot_corpus``
 package's ``data/<language>/*.yml`` (``pip install "fastattn[demo]"``). That corpus is
@@ -159,13 +161,41 @@ def _yaml_module():
     return yaml
 
 
+class _Alias(Exception):
+    """An alias event met while composing (see _no_aliases)."""
+
+    def __init__(self, event):
+        super().__init__(event.anchor)
+        self.event = event
+
+
+def _no_aliases(yaml):
+    """A SafeLoader whose composer stops at the first alias (``*name``, merge keys included).
+    An alias repeats a part of the file without its bytes: a 33 KB file aliasing one
+    conversation 2,000 times is 4,000,000 pairs. Refused, a file's pairs are bounded by its
+    size."""
+    class Loader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                raise _Alias(self.peek_event())
+            return super().compose_node(parent, index)
+    return Loader
+
+
 def _yaml_pairs(path, strict=True):
     """Pairs of a ChatterBot-format YAML file. strict=False skips (and counts) conversations
     that are not lists of text instead of raising."""
     yaml = _yaml_module()
     text = "".join(line + "\n" for line in _lines(path))
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=_no_aliases(yaml))
+    except _Alias as alias:
+        event = alias.event
+        name = event.anchor if len(event.anchor) <= 40 else event.anchor[:40] + "..."
+        raise ValueError(f"{path}: line {event.start_mark.line + 1}: the alias *{name} is not "
+                         "accepted: write each conversation out (an alias repeats a part of "
+                         "the file without its size, so a small file could expand to millions "
+                         "of pairs)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         at = f"line {mark.line + 1}: " if mark is not None else ""

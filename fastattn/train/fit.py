@@ -22,8 +22,8 @@ import numpy as np
 
 from .. import optim
 from . import batching
-from .checkpoint import (latest_checkpoint, load_best, load_checkpoint, save_best,
-                         save_checkpoint)
+from .checkpoint import (latest_checkpoint, load_best, load_checkpoint,
+                         remove_temporaries, save_best, save_checkpoint)
 from .defaults import DEFAULT_LR, EXACT_SAMPLE, SCHEDULES, default_warmup
 from .evaluate import EncodedPairs, Evaluator
 from .history import History
@@ -184,8 +184,8 @@ class _Run:
     def __init__(self, model, train_pairs, src_tokenizer, tgt_tokenizer, valid_pairs,
                  max_steps, epochs, batch_tokens, optimizer, lr, schedule, warmup,
                  label_smoothing, clip_norm, seed, checkpoint_dir, checkpoint_every,
-                 keep_checkpoints, eval_every, resume, progress, callbacks, keep_best,
-                 patience, exact_sample):
+                 checkpoint_minutes, keep_checkpoints, eval_every, resume, progress, callbacks,
+                 keep_best, patience, exact_sample):
         for attr in ("loss", "manual_seed", "train", "eval", "config", "max_len"):
             if not hasattr(model, attr):
                 raise TypeError(f"fit: model must be a fastattn.nn.Seq2SeqTransformer, got "
@@ -209,6 +209,10 @@ class _Run:
         self.clip_norm = _real(clip_norm, "clip_norm", 0.0, none=True) or None
         self.seed = _int(seed, "seed", 0)
         self.checkpoint_every = _int(checkpoint_every, "checkpoint_every", 1, none=True)
+        minutes = _real(checkpoint_minutes, "checkpoint_minutes", 0.0, none=True)
+        if minutes == 0:
+            raise ValueError("fit: checkpoint_minutes must be > 0 or None, got 0")
+        self.checkpoint_seconds = None if minutes is None else 60.0 * minutes
         self.eval_every = _int(eval_every, "eval_every", 1, none=True)
         self.keep = _int(keep_checkpoints, "keep_checkpoints", 1, none=True)
         self.patience = _int(patience, "patience", 1, none=True)
@@ -216,8 +220,10 @@ class _Run:
         exact_sample = _int(exact_sample, "exact_sample", 0, none=True)
         if lr is not None:
             lr = _real(lr, "lr", 0.0)
-        if checkpoint_dir is None and (resume or self.checkpoint_every):
-            raise ValueError("fit: resume=True and checkpoint_every need a checkpoint_dir")
+        if checkpoint_dir is None and (resume or self.checkpoint_every or
+                                       self.checkpoint_seconds):
+            raise ValueError("fit: resume=True, checkpoint_every and checkpoint_minutes need a "
+                             "checkpoint_dir")
         if valid_pairs is None and self.eval_every:
             raise ValueError("fit: eval_every needs valid_pairs")
         if valid_pairs is None and self.patience:
@@ -263,6 +269,7 @@ class _Run:
                                         self.valid.skipped})
         self.step, self.epoch, self.batch = 0, 0, 0
         self.saved_step = None
+        self.saved_at = None            # time.monotonic() of the latest checkpoint (or start)
         self.best = None                # (valid_loss, step, {key: weights copy}) of the best eval
         self.fingerprint = _fingerprint(self.data.src, self.data.tgt)
         self.interrupts = _Interrupts()
@@ -295,6 +302,7 @@ class _Run:
                             src_tokenizer=self.src_tok, tgt_tokenizer=self.tgt_tok,
                             state=self.state(), history=self.history, keep=self.keep)
             self.saved_step = self.step
+            self.saved_at = time.monotonic()
 
     def restore(self, path):
         ck = load_checkpoint(path, backend=getattr(self.model, "backend", "fast"))
@@ -392,6 +400,8 @@ class _Run:
     def run(self):
         model = self.model
         resumed = None
+        if self.checkpoint_dir is not None:   # what a killed save or removal left behind
+            remove_temporaries(self.checkpoint_dir)
         if self.resume:
             path = latest_checkpoint(self.checkpoint_dir)
             if path is not None:
@@ -413,6 +423,7 @@ class _Run:
         elif self.resume:
             self.progress.info(f"no checkpoint in {self.checkpoint_dir}: starting a new run")
         model.train()
+        self.saved_at = time.monotonic()
         self.interrupts.install()
         try:
             self._loop()
@@ -431,8 +442,18 @@ class _Run:
             self.progress.close()
         return self.history
 
+    def checkpoint_due(self):
+        """A checkpoint is due after this step: every checkpoint_every steps, and once
+        checkpoint_minutes have passed since the latest one."""
+        if self.checkpoint_every and self.step % self.checkpoint_every == 0:
+            return True
+        return self.checkpoint_seconds is not None and \
+            time.monotonic() - self.saved_at >= self.checkpoint_seconds
+
     def _loop(self):
-        last_eval = None
+        # a resumed run that had evaluated its last step (it had finished) does not again
+        last_eval = self.step if any(r["step"] == self.step for r in self.history.evals) \
+            else None
         stop = False
         while not self.finished() and not stop:
             plan = self.plan(self.epoch)
@@ -454,7 +475,7 @@ class _Run:
                         f"early stop at step {self.step}: the validation loss has not improved "
                         f"in {self.patience} evaluations")
                     stop = True
-            if self.checkpoint_every and self.step % self.checkpoint_every == 0:
+            if self.checkpoint_due():
                 self.save()
         if self.batch >= len(self.plan(self.epoch)):     # an epoch ended with the run
             self.epoch, self.batch = self.epoch + 1, 0
@@ -473,7 +494,8 @@ class _Run:
 def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
         max_steps=None, epochs=None, batch_tokens=4096, optimizer=None, lr=None,
         schedule="inverse_sqrt", warmup=4000, label_smoothing=0.1, clip_norm=1.0, seed=0,
-        checkpoint_dir=None, checkpoint_every=None, keep_checkpoints=3, eval_every=None,
+        checkpoint_dir=None, checkpoint_every=None, checkpoint_minutes=None,
+        keep_checkpoints=3, eval_every=None,
         resume=False, progress=True, callbacks=(), keep_best=True, patience=None,
         exact_sample=EXACT_SAMPLE):
     """Train `model` (a fastattn.nn.Seq2SeqTransformer) on text pairs; returns a History.
@@ -524,15 +546,18 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
     loss; None (the default) never stops early.
 
     Checkpoints (fastattn.train.checkpoint, layout there). With checkpoint_dir: one every
-    checkpoint_every steps (if given) and one at the end; the newest keep_checkpoints are
-    kept. resume=True continues from the latest checkpoint in checkpoint_dir (a new run when
-    there is none): weights, optimiser state, dropout state, data position, schedule step
-    and History are restored, so the per-step losses continue exactly as in an uninterrupted
-    run. A resume must use the same pairs, tokenizers, seed and batch_tokens (ValueError
-    otherwise); max_steps/epochs may be raised to train longer.
+    checkpoint_every steps (if given), one after the first step that ends checkpoint_minutes
+    (if given) after the latest checkpoint (or the start), and one at the end; the newest
+    keep_checkpoints are kept. What a killed save left in checkpoint_dir (.tmp-*, .trash-*)
+    is removed when the run starts. resume=True continues from the latest checkpoint in
+    checkpoint_dir (a new run when there is none): weights, optimiser state, dropout state,
+    data position, schedule step and History are restored, so the per-step losses continue
+    exactly as in an uninterrupted run. A resume must use the same pairs, tokenizers, seed and
+    batch_tokens (ValueError otherwise); max_steps/epochs may be raised to train longer.
 
     Progress (fastattn.train.progress): a tqdm bar on a terminal, JSON lines on stderr
-    otherwise; progress=False for none, an int k for JSON lines every k steps.
+    otherwise; progress=False for none, "json" for JSON lines even on a terminal, an int k
+    for JSON lines every k steps.
 
     Callbacks: each callable is called as cb(step_record, model) after every step (the
     record is the History's). A callback may raise StopIteration to stop the run early: the
@@ -547,6 +572,7 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
     """
     run = _Run(model, train_pairs, src_tokenizer, tgt_tokenizer, valid_pairs, max_steps,
                epochs, batch_tokens, optimizer, lr, schedule, warmup, label_smoothing,
-               clip_norm, seed, checkpoint_dir, checkpoint_every, keep_checkpoints, eval_every,
-               resume, progress, callbacks, keep_best, patience, exact_sample)
+               clip_norm, seed, checkpoint_dir, checkpoint_every, checkpoint_minutes,
+               keep_checkpoints, eval_every, resume, progress, callbacks, keep_best, patience,
+               exact_sample)
     return run.run()

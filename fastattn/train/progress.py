@@ -6,12 +6,13 @@
 - stderr is a terminal and tqdm is importable: a bar with the step, loss, learning rate,
   tokens/s and tqdm's ETA; an evaluation or a message is written above it. tqdm is optional:
   ``pip install "fastattn[demo]"`` gives the bar.
-- otherwise (stderr a file or a pipe, or a terminal without tqdm): one JSON object per line,
+- otherwise (stderr a file or a pipe, a terminal without tqdm, or ``progress="json"``, what
+  ``fastattn train --quiet`` asks for): one JSON object per line,
   the History record as it is plus ``"kind"``: ``{"kind": "step", "step": 10, ...}`` every
   `every` steps (and for the first and the last step), every ``{"kind": "eval", ...}``, and
   ``{"kind": "info", "message": ...}`` for what a run has to say (pairs skipped, a resume,
-  a checkpoint written on an interrupt). ``progress=True`` writes every 10th step; an int k
-  >= 1 every k-th.
+  a checkpoint written on an interrupt). ``progress=True`` (and "json") writes every 10th
+  step; an int k >= 1 every k-th.
 
 tqdm is imported only when a bar is shown, so the package imports without it.
 """
@@ -22,19 +23,21 @@ import math
 import numbers
 import sys
 
-__all__ = ["make_progress", "JsonLines", "Bar", "Silent", "DEFAULT_EVERY", "eval_line"]
+__all__ = ["make_progress", "JsonLines", "Bar", "Silent", "DEFAULT_EVERY", "JSON",
+           "eval_line"]
 
 DEFAULT_EVERY = 10
+JSON = "json"                 # progress=JSON: JSON lines even on a terminal
 
 
 def _every(progress):
-    if progress is True:
+    if progress is True or progress == JSON:
         return DEFAULT_EVERY
     if isinstance(progress, numbers.Integral) and not isinstance(progress, bool) \
             and progress >= 1:
         return int(progress)
     raise ValueError(f"progress must be True, False or an int >= 1 (JSON lines every that "
-                     f"many steps), got {progress!r}")
+                     f"many steps), or {JSON!r} (JSON lines, never a bar), got {progress!r}")
 
 
 def make_progress(progress, total, initial=0, stream=None):
@@ -46,7 +49,7 @@ def make_progress(progress, total, initial=0, stream=None):
         return Silent()
     every = _every(progress)
     stream = sys.stderr if stream is None else stream
-    bar = terminal_tqdm(stream)
+    bar = None if isinstance(progress, str) else terminal_tqdm(stream)
     if bar is not None:
         return Bar(bar, total, initial, stream)
     return JsonLines(stream, every, total)

@@ -14,15 +14,18 @@
 any point resumes with the same vocabulary; ``load_run`` reads a finished run back.
 """
 import json
+import math
 import os
 import random
 
 from .. import io, tokenizers
 from ..nn import Seq2SeqTransformer
-from .defaults import DEFAULT_CHECKPOINT_EVERY, DEFAULT_EVAL_EVERY, DEFAULT_STEPS, PRESET_LR
+from ..tokenizers.files import read_regular_file, short
+from .defaults import (DEFAULT_STEPS, PRESET_LR, SCHEDULES, TRAIN_DEFAULTS,
+                       default_warmup)
 
-__all__ = ["PRESETS", "TOKENIZERS", "Run", "build_model", "load_run", "split_pairs",
-           "train_tokenizer", "train_run"]
+__all__ = ["PRESETS", "TOKENIZERS", "Run", "build_model", "load_run", "read_config",
+           "split_pairs", "train_tokenizer", "train_run", "FIXED", "ADJUSTABLE"]
 
 # The model presets of ``fastattn train --model``: (layers each side, d_model, heads, d_ff).
 PRESETS = {
@@ -37,10 +40,127 @@ TOKENIZERS = {"bpe": tokenizers.BPETokenizer, "word": tokenizers.WordTokenizer,
               "char": tokenizers.CharTokenizer}
 DEFAULT_VOCAB = {"bpe": 4000, "word": 8000, "char": None}
 MAX_LEN = 256            # positions a run's model embeds (longer pairs are skipped by fit)
+TEMPORARY_SUFFIX = ".tmp"   # config.json.tmp, history.jsonl.tmp: written, then renamed
 
 FILES = {"config": "config.json", "src_tokenizer": "src_tokenizer.json",
          "tgt_tokenizer": "tgt_tokenizer.json", "model": "model.safetensors",
          "history": "history.jsonl", "checkpoints": "checkpoints"}
+
+# The settings a run keeps in config.json, and what a resume does with one given again:
+# FIXED ones decide the data, the model or the optimisation so far, and must equal the run's;
+# ADJUSTABLE ones may change (a longer run, other evaluations or checkpoints).
+FIXED = ("model", "tokenizer", "vocab_size", "seed", "valid", "batch_tokens", "dropout",
+         "label_smoothing", "schedule", "lr", "warmup", "clip_norm")
+ADJUSTABLE = ("steps", "epochs", "eval_every", "exact_sample", "patience", "checkpoint_every",
+              "checkpoint_minutes")
+
+
+# ---- config.json: written by train_run, read back as input that may be wrong -------------------
+
+def _int_at_least(lo, none=False):
+    def rule(v):
+        return (none and v is None) or (isinstance(v, int) and not isinstance(v, bool)
+                                         and v >= lo)
+    return rule, f"an int >= {lo}" + (" or null" if none else "")
+
+
+def _number(lo, hi=None, above=False, none=False):
+    def rule(v):
+        if none and v is None:
+            return True
+        return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                and (v > lo if above else v >= lo) and (hi is None or v < hi))
+    span = f"in [{lo}, {hi})" if hi is not None else f"{'>' if above else '>='} {lo}"
+    return rule, f"a number {span}" + (" or null" if none else "")
+
+
+def _one_of(names):
+    return (lambda v: isinstance(v, str) and v in names), "one of " + ", ".join(names)
+
+
+def _optional_text():
+    return (lambda v: v is None or isinstance(v, str)), "a string or null"
+
+
+_REQUIRED = object()
+# key: ((rule, what it must be), value when the key is absent (_REQUIRED: it must be there));
+# keys added after the first runs were written have a value for the runs without them
+CONFIG_KEYS = {
+    "model": (_one_of(tuple(PRESETS)), _REQUIRED),
+    "tokenizer": (_one_of(tuple(TOKENIZERS)), _REQUIRED),
+    "vocab_size": (_int_at_least(1), _REQUIRED),
+    "dropout": (_number(0, 1), _REQUIRED),
+    "label_smoothing": (_number(0, 1), _REQUIRED),
+    "batch_tokens": (_int_at_least(1), _REQUIRED),
+    "lr": (_number(0, above=True, none=True), _REQUIRED),
+    "warmup": (_int_at_least(0, none=True), _REQUIRED),
+    "steps": (_int_at_least(1, none=True), _REQUIRED),
+    "epochs": (_int_at_least(1, none=True), _REQUIRED),
+    "valid": (_number(0, 1), _REQUIRED),
+    "seed": (_int_at_least(0), _REQUIRED),
+    "schedule": (_one_of(SCHEDULES), "inverse_sqrt"),
+    "clip_norm": (_number(0, none=True), 1.0),
+    "requested_vocab_size": (_int_at_least(1, none=True), None),
+    "eval_every": (_int_at_least(1, none=True), TRAIN_DEFAULTS["eval_every"]),
+    "exact_sample": (_int_at_least(0, none=True), TRAIN_DEFAULTS["exact_sample"]),
+    "patience": (_int_at_least(1, none=True), None),
+    "checkpoint_every": (_int_at_least(1, none=True), TRAIN_DEFAULTS["checkpoint_every"]),
+    "checkpoint_minutes": (_number(0, above=True, none=True),
+                           TRAIN_DEFAULTS["checkpoint_minutes"]),
+    "data": (_optional_text(), None),
+    "train_pairs": (_int_at_least(0, none=True), None),
+    "valid_pairs": (_int_at_least(0, none=True), None),
+}
+
+
+def _unique_keys(pairs):
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"the key {short(key)} is given twice in one object")
+        seen[key] = value
+    return seen
+
+
+def read_config(run_dir):
+    """The config.json of the run in `run_dir`, checked -> dict: every key train_run writes,
+    each of its type (keys added since the first runs get their value for older runs; other
+    keys are kept as they are). Every problem is a ValueError naming the file: not a regular
+    file, not UTF-8, not JSON (or nested too deeply), not an object, a key missing or of the
+    wrong type, steps and epochs both given. A missing file is FileNotFoundError."""
+    path = _path(run_dir, "config")
+    data = read_regular_file(path, path, "a run's config.json")
+    if not data.strip():
+        raise ValueError(f"{path}: the file is empty (fastattn train writes it before the "
+                         "first step)")
+    try:
+        config = json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {data[exc.start:exc.start + 1]!r} at "
+                         f"offset {exc.start})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not a run's config (JSON nested too deeply)") from None
+    except ValueError as exc:
+        raise ValueError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: expected a JSON object (a run's settings), got "
+                         f"{type(config).__name__} {short(config)}")
+    missing = [k for k, (_, absent) in CONFIG_KEYS.items()
+               if absent is _REQUIRED and k not in config]
+    if missing:
+        raise ValueError(f"{path}: not a fastattn train run's config: {', '.join(missing)} "
+                         "missing")
+    bad = [f"{k} must be {what}, got {short(config[k])}"
+           for k, ((rule, what), _) in CONFIG_KEYS.items() if k in config and not rule(config[k])]
+    if bad:
+        raise ValueError(f"{path}: " + "; ".join(bad))
+    if config["steps"] is not None and config["epochs"] is not None:
+        raise ValueError(f"{path}: steps and epochs are both given ({config['steps']}, "
+                         f"{config['epochs']}); a run has one")
+    for k, (_, absent) in CONFIG_KEYS.items():
+        if k not in config:
+            config[k] = absent
+    return config
 
 
 class Run:
@@ -101,9 +221,29 @@ def _path(run_dir, name):
     return os.path.join(os.fspath(run_dir), FILES[name])
 
 
+def _write_history(path, history):
+    """history.jsonl, written beside `path` and renamed over it, as the model file is."""
+    tmp = path + TEMPORARY_SUFFIX
+    with open(tmp, "w", encoding="utf-8") as f:
+        history.write(f)
+    os.replace(tmp, path)
+
+
+def _remove_temporaries(run_dir):
+    """Remove what a run killed while writing left in run_dir: config.json.tmp,
+    history.jsonl.tmp, io.save's .fastattn-*.tmp."""
+    for name in os.listdir(run_dir):
+        ours = name in (FILES["config"] + TEMPORARY_SUFFIX, FILES["history"] + TEMPORARY_SUFFIX)
+        if ours or (name.startswith(io.TEMPORARY_PREFIX) and name.endswith(io.TEMPORARY_SUFFIX)):
+            try:
+                os.remove(os.path.join(run_dir, name))
+            except (FileNotFoundError, IsADirectoryError):
+                pass
+
+
 def write_json_atomic(path, obj):
     """obj as JSON in `path`, written beside it, synced and renamed over it (atomic)."""
-    tmp = f"{path}.tmp"
+    tmp = path + TEMPORARY_SUFFIX
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2)
         f.write("\n")
@@ -126,11 +266,7 @@ def load_run(run_dir, *, backend="fast", compute_type=None):
         raise FileNotFoundError(f"{run_dir} is not a finished run: {', '.join(missing)} "
                                 f"missing (fastattn train writes them; --resume finishes a "
                                 f"stopped run)")
-    with open(_path(run_dir, "config"), encoding="utf-8") as f:
-        try:
-            config = json.load(f)
-        except ValueError as exc:
-            raise ValueError(f"{_path(run_dir, 'config')}: not valid JSON ({exc})") from None
+    config = read_config(run_dir)
     model = io.load(_path(run_dir, "model"), backend=backend,
                     compute_type=compute_type).eval()
     src = tokenizers.load(_path(run_dir, "src_tokenizer"))
@@ -138,68 +274,152 @@ def load_run(run_dir, *, backend="fast", compute_type=None):
     return Run(run_dir, model, src, tgt, config)
 
 
-def train_run(pairs, out, *, model="tiny", tokenizer="bpe", vocab_size=None, steps=None,
-              epochs=None, batch_tokens=4096, schedule="inverse_sqrt", lr=None, warmup=None,
-              clip_norm=1.0, dropout=0.1, label_smoothing=0.1, valid=0.05, seed=0,
-              resume=False, progress=True, keep_in_train=(), data=None,
-              eval_every=DEFAULT_EVAL_EVERY, checkpoint_every=DEFAULT_CHECKPOINT_EVERY,
+def _clip(value):
+    """clip_norm as fit takes it: a positive float, or None for no clipping (0 or None)."""
+    return float(value) if value else None
+
+
+def _resume_settings(path, config, given):
+    """The settings of a resumed run: the run's (config.json at `path`), with the ADJUSTABLE
+    ones given again applied; a FIXED one given with another value is a ValueError naming
+    each (option and value)."""
+    settings = {k: config[k] for k in FIXED + ADJUSTABLE}
+    asked = config["requested_vocab_size"] or config["vocab_size"]
+    differ = []
+    for k in FIXED:
+        if k not in given:
+            continue
+        have, want = settings[k], given[k]
+        if k == "clip_norm":
+            have, want = _clip(have), _clip(want)
+        if k == "vocab_size":
+            have = asked
+        if want != have:
+            differ.append(f"{k}={have!r}, not {want!r} (--{k.replace('_', '-')})")
+    if differ:
+        raise ValueError(f"{path}: a resume continues the run with its own settings, and it "
+                         f"was trained with {'; '.join(differ)}: leave the option out, or "
+                         "train a new run into another directory")
+    if "steps" in given or "epochs" in given:           # a longer (or shorter) run
+        settings["steps"], settings["epochs"] = given.get("steps"), given.get("epochs")
+    settings.update((k, given[k]) for k in ("eval_every", "exact_sample", "patience",
+                                              "checkpoint_every", "checkpoint_minutes")
+                    if k in given)
+    return settings
+
+
+def _new_settings(given):
+    """The settings of a new run: TRAIN_DEFAULTS, the preset's steps and lr, a warm-up of a
+    tenth of the run, updated with those given."""
+    settings = dict(TRAIN_DEFAULTS, vocab_size=None, steps=None, epochs=None, lr=None,
+                    warmup=None)
+    settings.update(given)
+    model = settings["model"]
+    if model not in PRESETS:
+        raise ValueError(f"model preset must be one of {', '.join(PRESETS)}, got {model!r}")
+    if settings["tokenizer"] not in TOKENIZERS:
+        raise ValueError(f"tokenizer must be one of {', '.join(TOKENIZERS)}, got "
+                         f"{settings['tokenizer']!r}")
+    if settings["steps"] is None and settings["epochs"] is None:
+        settings["steps"] = DEFAULT_STEPS[model]
+    if settings["lr"] is None:
+        settings["lr"] = PRESET_LR[model]
+    if settings["warmup"] is None and settings["steps"] is not None:
+        settings["warmup"] = default_warmup(settings["steps"])   # kept if the run is extended
+    settings["clip_norm"] = _clip(settings["clip_norm"])
+    return settings
+
+
+def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=None,
+              epochs=None, batch_tokens=None, schedule=None, lr=None, warmup=None,
+              clip_norm=None, dropout=None, label_smoothing=None, valid=None, seed=None,
+              resume=False, progress=True, keep_in_train=(), data=None, eval_every=None,
+              exact_sample=None, patience=None, checkpoint_every=None, checkpoint_minutes=None,
               **fit_kwargs):
     """Train a run from (source, target) text pairs into the directory `out` -> (Run,
     History). What ``fastattn train`` does: split off `valid` of the pairs, train one
     tokenizer on both sides, build the preset model, fit() with checkpoints in
-    out/checkpoints, then write the model and the history. With resume=True the tokenizers
-    and config already in `out` are used and fit() continues from the latest checkpoint.
+    out/checkpoints, then write the model and the history.
 
-    Defaults (fastattn.train.defaults): without steps or epochs, DEFAULT_STEPS[model] steps;
-    lr: PRESET_LR[model], the peak of the schedule; warmup (None): DEFAULT_WARMUP_SHARE of the
-    run, at most MAX_WARMUP steps. With held-out pairs (valid > 0) the run evaluates every
-    eval_every steps and its model (model.safetensors) is the one of the lowest validation
-    loss (fit's keep_best); the last step's weights stay in the latest checkpoint."""
+    Settings (None: not given). A new run takes those given and, for the others,
+    fastattn.train.defaults: TRAIN_DEFAULTS; without steps or epochs, DEFAULT_STEPS[model]
+    steps; lr: PRESET_LR[model], the peak of the schedule; warmup: DEFAULT_WARMUP_SHARE of the
+    run, at most MAX_WARMUP steps; clip_norm 0 turns clipping off. They are written to
+    config.json before the first step. With resume=True and a config.json in `out`, the run
+    continues with its own settings, tokenizers and data split, from the latest checkpoint
+    (from step 0 when there is none): a setting given again is applied when it may change
+    (ADJUSTABLE: steps or epochs, eval_every, exact_sample, patience, checkpoint_every,
+    checkpoint_minutes; they are written back to config.json) and must equal the run's
+    otherwise (FIXED: ValueError naming each that differs). Without a config.json,
+    resume=True starts a new run. A run (new or resumed) starts by removing the temporary
+    files and directories that a killed run left in `out` and its checkpoints.
+
+    With held-out pairs (valid > 0) the run evaluates every eval_every steps and its model
+    (model.safetensors) is the one of the lowest validation loss (fit's keep_best); the last
+    step's weights stay in the latest checkpoint."""
     from .fit import fit
 
     out = os.fspath(out)
-    if model not in PRESETS:
-        raise ValueError(f"model preset must be one of {', '.join(PRESETS)}, got {model!r}")
-    if steps is None and epochs is None:
-        steps = DEFAULT_STEPS[model]
-    if lr is None:
-        lr = PRESET_LR[model]
+    given = {k: v for k, v in dict(
+        model=model, tokenizer=tokenizer, vocab_size=vocab_size, steps=steps, epochs=epochs,
+        batch_tokens=batch_tokens, schedule=schedule, lr=lr, warmup=warmup,
+        clip_norm=clip_norm, dropout=dropout, label_smoothing=label_smoothing, valid=valid,
+        seed=seed, eval_every=eval_every, exact_sample=exact_sample, patience=patience,
+        checkpoint_every=checkpoint_every, checkpoint_minutes=checkpoint_minutes).items()
+        if v is not None}
+    if steps is not None and epochs is not None:
+        raise ValueError(f"give steps or epochs, not both (got {steps!r}, {epochs!r})")
     os.makedirs(out, exist_ok=True)
-    train_pairs, valid_pairs = split_pairs(list(pairs), valid, seed, keep_in_train)
-    if resume and os.path.exists(_path(out, "config")):
-        with open(_path(out, "config"), encoding="utf-8") as f:
-            config = json.load(f)
+    _remove_temporaries(out)
+    config_path = _path(out, "config")
+    if resume and os.path.exists(config_path):
+        config = read_config(out)
+        settings = _resume_settings(config_path, config, given)
         src_tok = tokenizers.load(_path(out, "src_tokenizer"))
         tgt_tok = tokenizers.load(_path(out, "tgt_tokenizer"))
-        model, tokenizer = config["model"], config["tokenizer"]
-        dropout = config["dropout"]
+        train_pairs, valid_pairs = split_pairs(list(pairs), settings["valid"],
+                                               settings["seed"], keep_in_train)
+        if any(config[k] != settings[k] for k in ADJUSTABLE):
+            config.update((k, settings[k]) for k in ADJUSTABLE)
+            write_json_atomic(config_path, config)
     else:
+        settings = _new_settings(given)
+        train_pairs, valid_pairs = split_pairs(list(pairs), settings["valid"],
+                                               settings["seed"], keep_in_train)
         if not train_pairs:
             raise ValueError("no training pairs")
-        src_tok = train_tokenizer(tokenizer, [t for p in train_pairs for t in p], vocab_size)
+        kind = settings["tokenizer"]
+        src_tok = train_tokenizer(kind, [t for p in train_pairs for t in p],
+                                  settings["vocab_size"])
         tgt_tok = src_tok
-        config = dict(model=model, model_config=PRESETS.get(model), tokenizer=tokenizer,
-                      vocab_size=src_tok.vocab_size, dropout=dropout,
-                      label_smoothing=label_smoothing, batch_tokens=batch_tokens,
-                      schedule=schedule, lr=lr, warmup=warmup, clip_norm=clip_norm,
-                      steps=steps, epochs=epochs, valid=valid, seed=seed,
+        config = dict(settings, model_config=PRESETS[settings["model"]],
+                      vocab_size=src_tok.vocab_size,
+                      requested_vocab_size=settings["vocab_size"] or DEFAULT_VOCAB[kind],
                       data=None if data is None else os.fspath(data),
                       train_pairs=len(train_pairs), valid_pairs=len(valid_pairs))
+        order = ["model", "model_config", "tokenizer", *CONFIG_KEYS]
+        config = {k: config[k] for k in sorted(config, key=order.index)}
         src_tok.save(_path(out, "src_tokenizer"))
         tgt_tok.save(_path(out, "tgt_tokenizer"))
-        write_json_atomic(_path(out, "config"), config)
-    net = build_model(model, src_tok.vocab_size, tgt_tok.vocab_size, pad_id=src_tok.pad_id,
-                      dropout=dropout, seed=seed)
+        write_json_atomic(config_path, config)
+    net = build_model(settings["model"], src_tok.vocab_size, tgt_tok.vocab_size,
+                      pad_id=src_tok.pad_id, dropout=settings["dropout"], seed=settings["seed"])
     kw = dict(src_tokenizer=src_tok, tgt_tokenizer=tgt_tok, valid_pairs=valid_pairs or None,
-              max_steps=steps, epochs=epochs, batch_tokens=batch_tokens, schedule=schedule,
-              lr=lr, warmup=warmup, clip_norm=clip_norm,
-              label_smoothing=label_smoothing, seed=seed,
-              checkpoint_dir=_path(out, "checkpoints"), checkpoint_every=checkpoint_every,
-              eval_every=eval_every if valid_pairs else None, resume=resume,
+              max_steps=settings["steps"], epochs=settings["epochs"],
+              batch_tokens=settings["batch_tokens"], schedule=settings["schedule"],
+              lr=settings["lr"], warmup=settings["warmup"],
+              clip_norm=_clip(settings["clip_norm"]),
+              label_smoothing=settings["label_smoothing"], seed=settings["seed"],
+              checkpoint_dir=_path(out, "checkpoints"),
+              checkpoint_every=settings["checkpoint_every"],
+              checkpoint_minutes=settings["checkpoint_minutes"],
+              eval_every=settings["eval_every"] if valid_pairs else None,
+              exact_sample=settings["exact_sample"],
+              patience=settings["patience"], resume=resume,
               progress=progress)
     kw.update(fit_kwargs)
     history = fit(net, train_pairs, **kw)
-    history.to_jsonl(_path(out, "history"))
+    _write_history(_path(out, "history"), history)
     io.save(net, _path(out, "model"))
     net.eval()
     run = Run(out, net, src_tok, tgt_tok, config)

@@ -2,6 +2,7 @@
 atomic writes (a crash mid-write leaves the previous checkpoint loadable), keep-N, refusals."""
 import json
 import os
+import stat
 
 import numpy as np
 import pytest
@@ -33,6 +34,11 @@ def run(tok, pairs, ckpt=None, **kw):
                 checkpoint_dir=ckpt)
     args.update(kw)
     return fit(tiny_model(tok, dropout=DROPOUT, seed=1), pairs, **args)
+
+
+def checkpoint_entries(path):
+    """The entries of a checkpoint directory, the best models (best-step-*) left out."""
+    return sorted(n for n in os.listdir(path) if not n.startswith("best-"))
 
 
 def stop_after(k, exc=StopIteration):
@@ -77,6 +83,23 @@ def test_resume_continues_the_loss_curve_bit_for_bit(tok, pairs, tmp_path, refer
     assert untimed(resumed)[-1] == untimed(reference)[-1]
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_checkpoints_follow_the_umask(tok, pairs, tmp_path, umask):
+    """Directories and files as mkdir() and open() make them, like the rest of a run
+    directory (a temporary directory or file would be 0700 / 0600)."""
+    old = os.umask(umask)
+    try:
+        run(tok, pairs, tmp_path / "ck", max_steps=4, checkpoint_every=2)
+    finally:
+        os.umask(old)
+    entries = [p for p in (tmp_path / "ck").rglob("*")]
+    assert any(p.name.startswith("best-") for p in entries)
+    assert any(p.name == "optimizer.safetensors" for p in entries)
+    for p in entries:
+        want = (0o777 if p.is_dir() else 0o666) & ~umask
+        assert stat.S_IMODE(p.stat().st_mode) == want, p
+
+
 def test_resume_from_max_steps_and_a_periodic_checkpoint(tok, pairs, tmp_path, reference):
     run(tok, pairs, tmp_path, max_steps=11, checkpoint_every=4)
     assert [os.path.basename(p) for p in list_checkpoints(tmp_path)] == [
@@ -117,8 +140,7 @@ def test_a_crash_renaming_the_checkpoint_leaves_the_previous_one(tok, pairs, tmp
     with pytest.raises(OSError, match="disk on fire"):
         run(tok, pairs, tmp_path, max_steps=8, resume=True)
     monkeypatch.setattr(os, "replace", real)
-    assert sorted(n for n in os.listdir(tmp_path) if not n.startswith("best-")) == [
-        "latest", "step-00000004"]                                       # temp dir removed
+    assert checkpoint_entries(tmp_path) == ["latest", "step-00000004"]   # temp dir removed
     assert (tmp_path / "latest").read_text() == "step-00000004\n"
     assert load_checkpoint(tmp_path).step == 4
 
@@ -155,13 +177,51 @@ def test_a_partial_temporary_directory_is_ignored_and_cleaned_up(tok, pairs, tmp
     assert load_checkpoint(tmp_path).step == 6
 
 
+def test_a_run_starts_by_removing_what_a_killed_save_left(tok, pairs, tmp_path):
+    """A resume that writes no checkpoint (the run had finished) still cleans up."""
+    run(tok, pairs, tmp_path, max_steps=4)
+    (tmp_path / ".tmp-step-00000006-abcd").mkdir()
+    (tmp_path / ".tmp-best-step-00000006-abcd").mkdir()
+    (tmp_path / ".trash-step-00000002-efgh").mkdir()
+    (tmp_path / ".trash-step-00000002-efgh" / "history.jsonl").write_text("")
+    (tmp_path / ".latest-1234").write_text("step-00000006\n")
+    run(tok, pairs, tmp_path, max_steps=4, resume=True)
+    assert checkpoint_entries(tmp_path) == ["latest", "step-00000004"]
+
+
+def test_checkpoint_minutes_writes_one_when_that_long_has_passed(tok, pairs, tmp_path,
+                                                                 monkeypatch):
+    import importlib
+    import time
+    import types
+
+    fit_module = importlib.import_module("fastattn.train.fit")   # the package's fit is the function
+    now = [0.0]                         # the clock fit reads: 25 s a step, set by a callback
+    monkeypatch.setattr(fit_module, "time", types.SimpleNamespace(
+        perf_counter=time.perf_counter, monotonic=lambda: now[0]))
+
+    def tick(record, model):
+        now[0] = 25.0 * record["step"]
+
+    h = run(tok, pairs, tmp_path, max_steps=10, checkpoint_minutes=1, keep_checkpoints=None,
+            callbacks=[tick])
+    assert [os.path.basename(p) for p in list_checkpoints(tmp_path)] == [
+        "step-00000003", "step-00000006", "step-00000009", "step-00000010"]
+    monkeypatch.undo()
+    plain = run(tok, pairs, tmp_path / "plain", max_steps=10)
+    assert untimed(h) == untimed(plain)                   # the checkpoints changed nothing
+    with pytest.raises(ValueError, match="checkpoint_minutes must be > 0"):
+        run(tok, pairs, tmp_path / "zero", checkpoint_minutes=0)
+    with pytest.raises(ValueError, match="checkpoint_minutes need a checkpoint_dir"):
+        run(tok, pairs, None, checkpoint_minutes=1)
+
+
 def test_only_the_newest_checkpoints_are_kept(tok, pairs, tmp_path):
     run(tok, pairs, tmp_path, max_steps=10, checkpoint_every=2)
     assert [os.path.basename(p) for p in list_checkpoints(tmp_path)] == [
         "step-00000006", "step-00000008", "step-00000010"]
     run(tok, pairs, tmp_path / "one", max_steps=4, checkpoint_every=1, keep_checkpoints=1)
-    assert sorted(n for n in os.listdir(tmp_path / "one") if not n.startswith("best-")) == [
-        "latest", "step-00000004"]
+    assert checkpoint_entries(tmp_path / "one") == ["latest", "step-00000004"]
 
 
 def test_resume_refuses_other_data_seed_budget_tokenizer_or_model(tok, pairs, tmp_path):

@@ -1,5 +1,6 @@
 """read_pairs (every format, every bad input named with file and line) and chatterbot_pairs."""
 import json
+import os
 import subprocess
 import sys
 
@@ -48,6 +49,69 @@ def test_yaml_chatterbot_format(tmp_path):
             ("Is it?", "yes"), ("quoted: text", "folded lines\n")]
     assert read_pairs(write(tmp_path, "c.yml", text)) == want
     assert read_pairs(write(tmp_path, "c.yaml", text)) == want
+
+
+# YAML aliases: a small file that stands for millions of pairs (each variant: name, text)
+def alias_files():
+    """The probe's files: 34 KB standing for 4,000,000 pairs, 67 KB for 12,000,000, and 2,000
+    aliases of one 100 KB turn; then a merge key (an alias too)."""
+    turns = "".join(f"  - turn {i}\n" for i in range(2000))
+    yield "conversation", "conversations:\n- &c\n" + turns + "- *c\n" * 2000
+    turns = "".join(f"  - turn {i}\n" for i in range(4000))
+    yield "conversation_67k", "conversations:\n- &c\n" + turns + "- *c\n" * 3000
+    yield "scalar", ("conversations:\n- - &big " + "x" * 100_000 + "\n  - *big\n"
+                     + "- - *big\n  - *big\n" * 2000)
+    yield "merge_key", ("base: &base {a: 1}\nconversations:\n- - hi\n  - there\n"
+                        "other:\n  <<: *base\n")
+
+
+@pytest.mark.parametrize("name, text", list(alias_files()), ids=lambda v: str(v)[:16])
+def test_yaml_aliases_are_refused_naming_the_file_and_line(tmp_path, name, text):
+    pytest.importorskip("yaml")
+    path = write(tmp_path, f"{name}.yml", text)
+    with pytest.raises(ValueError, match=rf"{name}\.yml: line \d+: the alias \*\w+ is not "
+                                         "accepted"):
+        read_pairs(path)
+    plain = text.replace("&c", "").replace("*c", "[a, b]")
+    if name.startswith("conversation"):          # the same file without aliases reads
+        assert len(read_pairs(write(tmp_path, "plain.yml", plain))) > 1000
+
+
+CHILD = """
+import json, os, resource, sys, time
+from fastattn import cli
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+with open("/proc/self/status") as f:
+    size = dict(l.split(":", 1) for l in f)["VmSize"].split()[0]
+resource.setrlimit(resource.RLIMIT_AS, (int(size) * 1024 + (1 << 30), hard))   # +1 GiB at most
+t0 = time.perf_counter()
+try:
+    rc = cli.main(["train", sys.argv[1], "--out", sys.argv[2], "--quiet"])
+except MemoryError:
+    rc = "MemoryError"
+seconds = time.perf_counter() - t0
+with open("/proc/self/status") as f:
+    hwm = dict(l.split(":", 1) for l in f)["VmHWM"].split()[0]
+print(json.dumps({"rc": rc, "seconds": seconds, "peak_mb": int(hwm) / 1024}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+@pytest.mark.parametrize("name, text", list(alias_files())[:3], ids=lambda v: str(v)[:16])
+def test_alias_bombs_are_refused_fast_and_small(tmp_path, name, text):
+    """The probe's files (4,000,000 or 12,000,000 pairs, or 2,000 copies of a 100 KB turn,
+    once expanded) are refused by fastattn train before anything large is built: under a
+    second and under 100 MB peak RSS for the whole command, in a process of its own."""
+    pytest.importorskip("yaml")
+    path = write(tmp_path, f"{name}.yml", text)
+    res = subprocess.run([sys.executable, "-c", CHILD, str(path), str(tmp_path / "run")],
+                         capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.splitlines()[-1])
+    assert got["rc"] == 1 and "is not accepted" in res.stderr and f"{name}.yml" in res.stderr
+    assert got["seconds"] < 1.0, got
+    assert got["peak_mb"] < 100, got
 
 
 def test_a_utf8_byte_order_mark_is_dropped(tmp_path):

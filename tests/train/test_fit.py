@@ -210,6 +210,10 @@ def test_progress_on_a_terminal_is_a_bar_or_json_without_tqdm(monkeypatch):
     assert isinstance(lines, JsonLines)
     lines.info("hello")
     assert json.loads(stream.getvalue()) == {"kind": "info", "message": "hello"}
+    monkeypatch.delitem(sys.modules, "tqdm")
+    assert isinstance(make_progress("json", 5, stream=Tty()), JsonLines)   # never a bar
+    with pytest.raises(ValueError, match="or 'json'"):
+        make_progress("bar", 5, stream=Tty())
 
 
 @pytest.mark.parametrize("kwargs, message", [
