@@ -56,8 +56,7 @@ def reference(tok, pairs):
 
 def test_layout_of_a_checkpoint(tok, pairs, tmp_path):
     h = run(tok, pairs, tmp_path, max_steps=6, checkpoint_every=4)
-    assert sorted(n for n in os.listdir(tmp_path) if not n.startswith("best-")) == [
-        "latest", "step-00000004", "step-00000006"]
+    assert checkpoint_entries(tmp_path) == ["latest", "step-00000004", "step-00000006"]
     assert (tmp_path / "latest").read_text() == "step-00000006\n"
     assert sorted(os.listdir(tmp_path / "step-00000006")) == sorted(FILES.values())
     state = json.loads((tmp_path / "step-00000006" / "state.json").read_text())
