@@ -188,6 +188,9 @@ void fa_softmax_forward(float *y, const float *x, int64_t N, int64_t C, int nthr
  *   weight    (C)     in, may be NULL (= 1)
  *   bias      (C)     in, may be NULL (= 0)
  *   Moments in one pass over s, shifted by s[0] of the row so that a large mean does not cancel.
+ *   Every finite row normalises, whatever its scale (up to FLT_MAX): a row whose float32 sums
+ *   overflow (|s| past ~1e19) is redone in double (so is a tiny row when eps < 2^-100). s is the
+ *   float32 sum x + residual: a row where it overflows (inf) or holds NaN gives NaN.
  *   Threads: rows split statically; no cross-thread reduction.
  *   Twin: fastattn.reference.layer_norm / layer_norm_forward
  */
@@ -212,7 +215,8 @@ void fa_layer_norm_forward(float *y, float *sum_out, float *mean, float *rstd,
  *   accumulate  0: dweight, dbias are overwritten; 1: the new gradients are added to them
  *   scalar math, per row:  xhat = (s - mean) * rstd;  g = dy * weight;
  *                          dx = rstd * (g - mean_c(g) - xhat * mean_c(g * xhat))
- *   One read of dy and s per row for the row sums and the parameter partials, a second (from
+ *   A row with rstd < 2^-100 (a standard deviation past ~1e30, where s - mean may overflow
+ *   float32) is computed in double. One read of dy and s per row for the row sums and the parameter partials, a second (from
  *   cache) for dx. Threads: rows in blocks of REDUCE_ROWS (a multiple of it for tall inputs,
  *   chosen from N alone); each block's dweight/dbias partial is one slice of a scratch buffer,
  *   and the partials are summed block by block, in block order, in double (threads take

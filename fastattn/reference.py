@@ -34,7 +34,10 @@ Conventions:
 - Softmax subtracts the row maximum. A row in which every score is -inf gets weights of all
   zeros (never NaN), so an attention query with no allowed key outputs zeros and has
   ``lse = -inf``. NaN in the inputs propagates as NaN.
-- Layer norm uses the biased (population) variance, as the Transformer paper and torch do.
+- Layer norm uses the biased (population) variance, as the Transformer paper and torch do. It
+  normalises a finite row at any scale (a row of 1e30s as a row of 1s, up to eps). With a
+  residual, s = x + residual is a float32 sum (the residual stream's precision, which the
+  kernels keep for the backward): a row where it overflows is inf, and normalises to NaN.
 - GELU is the exact erf form ``0.5 * x * (1 + erf(x / sqrt(2)))`` (torch's default),
   evaluated as ``0.5 * x * erfc(-x / sqrt(2))`` so the left tail keeps its relative accuracy.
 - Training-style variants ``<op>_forward(...)`` return ``(out, cache)``; cache entries carry
@@ -438,6 +441,17 @@ def softmax(x, axis=-1):
 # ----------------------------------------------------------------------------------------------
 # layer norm
 
+def _ln_input(x, residual):
+    """s = x + residual as layer norm normalises it, float64: the sum is rounded to float32, the
+    residual stream's precision (the kernels keep s in float32 for the backward, as a model's
+    residual add does), so a sum past the float32 range is inf and its row comes out NaN.
+    Without a residual, s is x itself."""
+    if residual is None:
+        return _f64(x)
+    with np.errstate(over="ignore"):              # (_f32: lifted by the tests' float64_twins)
+        return _f64(_f32(x) + _f32(residual))     # float32 sum, then float64
+
+
 def layer_norm_forward(x, weight, bias, *, eps=1e-5, residual=None):
     """Layer norm of (x + residual) over the last axis, returning mean and rstd for backward.
 
@@ -448,18 +462,18 @@ def layer_norm_forward(x, weight, bias, *, eps=1e-5, residual=None):
     eps                   float           added to the variance
     residual              (..., C)        optional, added to x before normalising
     -> y                  (..., C)        float32; (s - mean) * rstd * weight + bias,
-                                          s = x + residual
+                                          s = x + residual summed in float32 (a row where
+                                          it overflows gives NaN)
     -> cache["mean"]      (N,)            float32; mean of s per row
     -> cache["rstd"]      (N,)            float32; 1 / sqrt(var + eps), biased (population) var
     ====================  ==============  =====================================================
     """
-    s = _f64(_rank(x, "x", "layer_norm", letters="(..., C)"))    # (..., C)
-    if residual is not None:
-        s = s + _f64(residual)                    # (..., C)
-    mean = s.mean(axis=-1, keepdims=True)         # (..., 1)
-    var = ((s - mean) ** 2).mean(axis=-1, keepdims=True)   # (..., 1) population variance
-    rstd = 1.0 / np.sqrt(var + eps)               # (..., 1)
-    y = (s - mean) * rstd                         # (..., C)
+    s = _ln_input(_rank(x, "x", "layer_norm", letters="(..., C)"), residual)   # (..., C)
+    with np.errstate(invalid="ignore"):           # a row with inf (or NaN) gives NaN, quietly
+        mean = s.mean(axis=-1, keepdims=True)     # (..., 1)
+        var = ((s - mean) ** 2).mean(axis=-1, keepdims=True)   # (..., 1) population variance
+        rstd = 1.0 / np.sqrt(var + eps)           # (..., 1)
+        y = (s - mean) * rstd                     # (..., C)
     if weight is not None:
         y = y * _f64(weight)                      # gain; None = 1
     if bias is not None:
@@ -495,7 +509,7 @@ def layer_norm_backward(dy, x, mean, rstd, weight, *, residual=None):
     rstd                  (N,)            cache["rstd"] of layer_norm_forward
     weight                (C,)            gain, or None (= 1)
     residual              (..., C)        the forward's residual, or None; s = x + residual is
-                                          recomputed, not saved
+                                          recomputed (in float32, as the forward), not saved
     -> dx                 (..., C)        float32; gradient of x, and also of residual (the
                                           residual add passes the same gradient to both)
     -> dweight            (C,)            float32, or None when weight is None
@@ -507,17 +521,16 @@ def layer_norm_backward(dy, x, mean, rstd, weight, *, residual=None):
     """
     x = _rank(x, "x", "layer_norm_backward", letters="(..., C)")
     N, C = math.prod(x.shape[:-1]), x.shape[-1]
-    s = _f64(x).reshape(N, C)                                   # (N, C)
-    if residual is not None:
-        s = s + _f64(residual).reshape(N, C)                    # (N, C)
+    s = _ln_input(x, residual).reshape(N, C)                    # (N, C)
     dy2 = _f64(dy).reshape(N, C)                                # (N, C)
-    xhat = (s - _f64(mean)[:, None]) * _f64(rstd)[:, None]      # (N, C)
-    dbias = dy2.sum(axis=0)                                     # (C,)
-    dweight = None if weight is None else (dy2 * xhat).sum(axis=0)   # (C,)
-    g = dy2 if weight is None else dy2 * _f64(weight)           # (N, C) gradient of xhat
-    c = max(C, 1)                                               # C = 0: empty rows, no 0/0
-    dx = _f64(rstd)[:, None] * (g - g.sum(axis=-1, keepdims=True) / c
-                                - xhat * (g * xhat).sum(axis=-1, keepdims=True) / c)  # (N, C)
+    with np.errstate(invalid="ignore"):                         # rows with inf or NaN: NaN
+        xhat = (s - _f64(mean)[:, None]) * _f64(rstd)[:, None]  # (N, C)
+        dbias = dy2.sum(axis=0)                                 # (C,)
+        dweight = None if weight is None else (dy2 * xhat).sum(axis=0)   # (C,)
+        g = dy2 if weight is None else dy2 * _f64(weight)       # (N, C) gradient of xhat
+        c = max(C, 1)                                           # C = 0: empty rows, no 0/0
+        dx = _f64(rstd)[:, None] * (g - g.sum(axis=-1, keepdims=True) / c
+                                    - xhat * (g * xhat).sum(axis=-1, keepdims=True) / c)
     return (_f32(dx.reshape(x.shape)), None if dweight is None else _f32(dweight),
             _f32(dbias))
 
