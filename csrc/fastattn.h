@@ -216,11 +216,12 @@ void fa_layer_norm_forward(float *y, float *sum_out, float *mean, float *rstd,
  *   scalar math, per row:  xhat = (s - mean) * rstd;  g = dy * weight;
  *                          dx = rstd * (g - mean_c(g) - xhat * mean_c(g * xhat))
  *   A row with rstd < 2^-100 (a standard deviation past ~1e30, where s - mean may overflow
- *   float32) is computed in double. One read of dy and s per row for the row sums and the parameter partials, a second (from
- *   cache) for dx. Threads: rows in blocks of REDUCE_ROWS (a multiple of it for tall inputs,
- *   chosen from N alone); each block's dweight/dbias partial is one slice of a scratch buffer,
- *   and the partials are summed block by block, in block order, in double (threads take
- *   column slices) -> results bit-identical for every thread count.
+ *   float32) is computed in double. One read of dy and s per row for the row sums and the
+ *   parameter partials, a second (from cache) for dx. Threads: rows in blocks of REDUCE_ROWS
+ *   (a multiple of it for tall inputs, chosen from N alone); each block's dweight/dbias
+ *   partial is one slice of a scratch buffer, and the partials are summed block by block, in
+ *   block order, in double (threads take column slices) -> results bit-identical for every
+ *   thread count.
  *   Returns 0, or -1: out of memory (the partials scratch, 2 * C floats per block).
  *   Twin: fastattn.reference.layer_norm_backward
  */
