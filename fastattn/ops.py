@@ -31,25 +31,33 @@ __all__ = [
 
 # ---- conversions (after the checks in _checks) --------------------------------------------------
 
-def _array(x, name, op):
-    """x as an aligned float32 ndarray (a view when it already is one), or TypeError for
-    non-real data. Aligned: data and strides are whole floats apart, so the C kernels may load
-    floats through them (a misaligned view is copied)."""
-    a = _checks.real(x, name, op)
+def _f32(a):
+    """A checked real ndarray as an aligned float32 ndarray (a view when it already is one).
+    Aligned: data and strides are whole floats apart, so the C kernels may load floats through
+    them (a misaligned view is copied)."""
     if a.dtype != np.float32:
         return a.astype(np.float32)
     return a if a.flags.aligned else a.copy(order="C")
 
 
-def _contig(x, name, op):
-    """x as an aligned, C-contiguous float32 array of the same shape (0-d stays 0-d)."""
-    a = _array(x, name, op)
+def _f32c(a):
+    """A checked real ndarray (or None) as an aligned, C-contiguous float32 array of the same
+    shape (0-d stays 0-d)."""
+    if a is None:
+        return None
+    a = _f32(a)
     return a if a.flags.c_contiguous else a.copy(order="C")
 
 
-def _f32c(a):
-    """A checked array (or None) as an aligned, C-contiguous float32 array."""
-    return None if a is None else _contig(a, "", "")
+def _array(x, name, op):
+    """x as an aligned float32 ndarray (a view when it already is one), or TypeError for
+    non-real data."""
+    return _f32(_checks.real(x, name, op))
+
+
+def _contig(x, name, op):
+    """x as an aligned, C-contiguous float32 array of the same shape (0-d stays 0-d)."""
+    return _f32c(_checks.real(x, name, op))
 
 
 def _strided(a):
@@ -61,7 +69,12 @@ def _strided(a):
 
 def _mask_bias(mask, name, op, dtype_ok="bool or float"):
     """bool True = blocked -> -inf; float -> itself (added). Integer masks are ambiguous: refused."""
-    m = _checks.mask_array(mask, name, op, dtype_ok)
+    return _bias(_checks.mask_array(mask, name, op, dtype_ok))
+
+
+def _bias(m):
+    """A checked mask (bool or float ndarray) as the kernels' float32 bias: True -> -inf, False
+    -> 0, floats as they are (aligned, whole-float strides)."""
     if m.dtype == np.bool_:
         return np.where(m, np.float32(-np.inf), np.float32(0.0))
     m = m.astype(np.float32, copy=False)
@@ -76,14 +89,13 @@ def _attention_operands(q, k, v, mask, key_padding_mask, op):
     """Checked attention operands in the kernel's form: q, k, v float32 with a contiguous last
     axis; mask -> a float32 bias broadcast to (B, H, Lq, Lk) (a view); key_padding_mask -> a
     float32 (B * Lk,) bias."""
-    q, k, v = (_strided(_array(t, n, op)) for t, n in ((q, "q"), (k, "k"), (v, "v")))
+    q, k, v = _strided(_f32(q)), _strided(_f32(k)), _strided(_f32(v))
     B, H, Lq, _ = q.shape
     Lk = k.shape[2]
     if mask is not None:
-        mask = np.broadcast_to(_mask_bias(mask, "mask", op), (B, H, Lq, Lk))
+        mask = np.broadcast_to(_bias(mask), (B, H, Lq, Lk))
     if key_padding_mask is not None:
-        kp = _mask_bias(key_padding_mask, "key_padding_mask", op)
-        key_padding_mask = np.ascontiguousarray(kp).reshape(-1)
+        key_padding_mask = np.ascontiguousarray(_bias(key_padding_mask)).reshape(-1)
     return q, k, v, mask, key_padding_mask
 
 
@@ -151,8 +163,7 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, key_padding_mask=N
     dout, q, k, v, out, lse, mask, key_padding_mask, scale, p, seed = _checks.attention_backward(
         dout, q, k, v, out, lse, mask, key_padding_mask, scale, dropout_p, seed, op)
     q, k, v, bias, key_bias = _attention_operands(q, k, v, mask, key_padding_mask, op)
-    dout, out = _strided(_array(dout, "dout", op)), _strided(_array(out, "out", op))
-    lse = _array(lse, "lse", op)
+    dout, out, lse = _strided(_f32(dout)), _strided(_f32(out)), _f32(lse)
     B, H, Lq, D = q.shape
     Lk, Dv = k.shape[2], v.shape[3]
     if min(B, H, Lq, Lk, D, Dv) == 0:
@@ -175,7 +186,7 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, key_padding_mask=N
 def softmax(x, axis=-1):
     """Max-subtracted softmax along `axis`; a row of all -inf gives zeros. See reference.softmax."""
     a, axis = _checks.softmax(x, axis)
-    a = _array(a, "x", "softmax")
+    a = _f32(a)
     moved = np.ascontiguousarray(np.moveaxis(a, axis, -1))
     y = np.empty_like(moved)
     if moved.size:
@@ -362,7 +373,7 @@ __all__ += ["layer_norm_backward", "linear_forward", "linear_backward", "ffn_for
 # ---- dropout -----------------------------------------------------------------------------------
 
 def _dropout(x, p, seed, op, name):
-    a = _contig(_checks.dropout(x, p, seed, op, name), name, op)
+    a = _f32c(_checks.dropout(x, p, seed, op, name))
     y = np.empty(a.shape, np.float32)
     C = a.shape[-1]
     N = math.prod(a.shape[:-1])
@@ -390,7 +401,7 @@ def embedding_backward(dout, ids, num_embeddings):
     """Deterministic scatter-add of the rows of dout (..., C) into the rows of their ids (...):
     dweight (num_embeddings, C). See reference.embedding_backward."""
     dout, ids, V = _checks.embedding_backward(dout, ids, num_embeddings)
-    dout = _contig(dout, "dout", "embedding_backward")
+    dout = _f32c(dout)
     flat = ids.reshape(-1)
     C = dout.shape[-1]
     dweight = np.empty((V, C), np.float32)
@@ -585,7 +596,7 @@ def cross_entropy(logits, targets, *, ignore_index=-100, label_smoothing=0.0, re
     op = "cross_entropy"
     x, t, count, ignore_index, eps = _checks.cross_entropy(logits, targets, ignore_index,
                                                            label_smoothing, reduction, op)
-    x = _contig(x, "logits", op)
+    x = _f32c(x)
     V = x.shape[-1]
     N = t.size
     losses = np.empty(N, np.float32)
@@ -653,8 +664,7 @@ def grad_norm(grads):
     for any thread count. Other dtypes and layouts are converted (a copy); see
     reference.grad_norm."""
     op = "grad_norm"
-    flat = [_contig(g, f"grads[{i}]", op).reshape(-1) for i, g in
-            enumerate(_checks.grad_list(grads, op))]
+    flat = [_f32c(g).reshape(-1) for g in _checks.grad_list(grads, op)]
     return math.sqrt(_kernels.sum_squares(flat, get_num_threads()))
 
 
@@ -692,7 +702,7 @@ def quantize_int8(x):
     (...,)), with x ~= q * scale[..., None]; see reference.quantize_int8 for the exact rule
     (bit for bit the same here). A row with NaN or inf raises ValueError naming it."""
     op = "quantize_int8"
-    x = _contig(_checks.rows(x, "x", op, "(..., K)"), "x", op)
+    x = _f32c(_checks.rows(x, "x", op, "(..., K)"))
     lead, K = x.shape[:-1], x.shape[-1]
     N = math.prod(lead)
     q = np.empty((N, K), np.int8)
