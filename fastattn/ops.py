@@ -136,7 +136,10 @@ def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=
     q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv) -> (B, H, Lq, Dv) float32 [, weights
     (B, H, Lq, Lk) when return_weights]. mask: bool (True = not allowed) or float (added),
     broadcastable to (B, H, Lq, Lk); key_padding_mask (B, Lk), True = padding; causal is
-    bottom-right aligned. A query with no allowed key returns zeros. Without return_weights no
+    bottom-right aligned. Only True or -inf hides a key (its k and v rows, NaN included, take no
+    part); any finite mask value is added to the score, however large (finfo(float32).min gives
+    a weight of 0 next to an unmasked key; a row masked that way throughout averages its
+    values), as in torch. A query with no allowed key returns zeros. Without return_weights no
     (Lq, Lk) matrix is ever stored. dropout_p in [0, 1) drops attention weights (kept ones
     scaled by 1 / (1 - p)) as reference.dropout_keep decides from seed, bit for bit; the
     returned weights are the dropped ones.

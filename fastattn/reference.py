@@ -28,12 +28,16 @@ Conventions:
   broadcastable to (B, H, Lq, Lk). ``key_padding_mask`` is (B, Lk), bool True = padding, or
   float (added). ``causal=True`` lets query i see key j iff ``j <= i + (Lk - Lq)``: aligned to
   the bottom right, so it holds for a KV cache and equals the usual triangle when Lq == Lk.
-  All given masks are applied together, by adding them to the scores (a bool mask adds -inf),
-  as the kernels and torch's scaled_dot_product_attention do: so a NaN or +inf score stays
-  NaN even where a mask hides it. Keys beyond the causal limit are never scored at all.
+  A key is hidden from a query by the causal rule, a bool True or a -inf in either mask: its
+  score is -inf whatever q.k is, and its k and v rows take no part in that query's output or
+  gradients (a NaN or inf there stays out). Every other mask value is added to the score, as
+  torch's scaled_dot_product_attention does; a finite value never hides a key, however large:
+  torch.finfo(float32).min (Hugging Face's masked value) gives a key a weight of 0 next to an
+  unmasked one, and a row masked that way throughout averages its values.
 - Softmax subtracts the row maximum. A row in which every score is -inf gets weights of all
   zeros (never NaN), so an attention query with no allowed key outputs zeros and has
-  ``lse = -inf``. NaN in the inputs propagates as NaN.
+  ``lse = -inf`` (a row that sees a key has a finite lse, clamped to the float32 range). NaN
+  in the inputs propagates as NaN, except from a hidden key's rows.
 - Layer norm uses the biased (population) variance, as the Transformer paper and torch do. It
   normalises a finite row at any scale (a row of 1e30s as a row of 1s, up to eps). With a
   residual, s = x + residual is a float32 sum (the residual stream's precision, which the
@@ -185,9 +189,10 @@ def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False
     q                     (B, H, Lq, D)   queries
     k                     (B, H, Lk, D)   keys
     v                     (B, H, Lk, Dv)  values
-    mask                  broadcastable   bool (True = not allowed) or float (added), to
-                          to (B,H,Lq,Lk)  (B, H, Lq, Lk): (Lq, Lk), (B, 1, Lq, Lk), ...
-    key_padding_mask      (B, Lk)         bool (True = padding) or float (added)
+    mask                  broadcastable   bool (True = not allowed) or float (added; -inf =
+                          to (B,H,Lq,Lk)  not allowed, any finite value is added, however
+                                          large), to (B, H, Lq, Lk): (Lq, Lk), (B, 1, Lq, Lk)
+    key_padding_mask      (B, Lk)         bool (True = padding) or float (as mask)
     causal                bool            query i sees key j iff j <= i + (Lk - Lq)
     scale                 float           default 1 / sqrt(D) (1 if D = 0)
     dropout_p             float in [0,1)  dropout on the attention weights (see attention)
@@ -195,11 +200,13 @@ def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False
     -> out                (B, H, Lq, Dv)  float32; zeros for a query with no allowed key
     -> cache["lse"]       (B, H, Lq)      float32; logsumexp of the scaled, masked scores
                                           per query row (before dropout); -inf for a fully
-                                          masked row
+                                          masked row, clamped to the float32 range otherwise
     ====================  ==============  =====================================================
 
-    scores = (q @ k^T) * scale, then every mask is applied, then a stable softmax over the keys
-    (an all -inf row gives weights of zeros), then dropout on the weights, then out = weights @ v.
+    scores = (q @ k^T) * scale, then every mask is applied (a hidden key's score is -inf, other
+    mask values are added), then a stable softmax over the keys (an all -inf row gives weights
+    of zeros), then dropout on the weights, then out = weights @ v over the keys each query
+    sees (a hidden key's v row is not read, so inf or NaN there stays out).
     """
     p, seed = _checks.attention_dropout(dropout_p, seed, "attention")
     q, k, v, mask, key_padding_mask, scale = _checks.attention(q, k, v, mask, key_padding_mask,
@@ -216,9 +223,10 @@ def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=
     q                     (B, H, Lq, D)   queries
     k                     (B, H, Lk, D)   keys
     v                     (B, H, Lk, Dv)  values
-    mask                  broadcastable   bool (True = not allowed) or float (added), to
-                          to (B,H,Lq,Lk)  (B, H, Lq, Lk): (Lq, Lk), (B, 1, Lq, Lk), ...
-    key_padding_mask      (B, Lk)         bool (True = padding) or float (added)
+    mask                  broadcastable   bool (True = not allowed) or float (added; -inf =
+                          to (B,H,Lq,Lk)  not allowed, any finite value is added, however
+                                          large), to (B, H, Lq, Lk): (Lq, Lk), (B, 1, Lq, Lk)
+    key_padding_mask      (B, Lk)         bool (True = padding) or float (as mask)
     causal                bool            query i sees key j iff j <= i + (Lk - Lq)
     scale                 float           default 1 / sqrt(D) (1 if D = 0)
     return_weights        bool            also return the attention weights
@@ -245,43 +253,66 @@ def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=
 
 
 def _scores64(q, k, mask, key_padding_mask, causal, scale):
-    """(scores (B,H,Lq,Lk) float64 with every mask applied, scale): q (B,H,Lq,D), k
-    (B,H,Lk,D) float64."""
-    Lq, D = q.shape[-2], q.shape[-1]
-    Lk = k.shape[-2]
+    """(scores, hidden), both (B,H,Lq,Lk): the scaled scores with every mask applied (float64)
+    and which keys each query cannot see. q (B,H,Lq,D), k (B,H,Lk,D) float64; scale a float
+    (None: 1 / sqrt(D)).
+
+    A key is hidden from a query by the causal rule, a bool True or a -inf in either mask: its
+    score is -inf whatever q.k is (so a NaN in a hidden key's row stays out). Every other mask
+    value is added to the score, finite ones of any size included (torch.finfo(float32).min
+    lowers a key's weight to 0 next to an unmasked key; it does not hide it)."""
+    Lq, Lk, D = q.shape[-2], k.shape[-2], q.shape[-1]
     if scale is None:
-        scale = 1.0 / math.sqrt(D) if D > 0 else 1.0  # D = 0: every q.k is 0 anyway
-    scores = (q @ np.swapaxes(k, -1, -2)) * scale  # (B,H,Lq,Lk)
-
-    if mask is not None:
-        mask = np.asarray(mask)
-        mask = np.broadcast_to(mask, scores.shape)                  # (B,H,Lq,Lk)
-        if mask.dtype == np.bool_:
-            mask = np.where(mask, -np.inf, 0.0)                     # True = not allowed
-        scores = scores + _f64(mask)                                # additive (0 / -inf)
-
-    if key_padding_mask is not None:
-        kpm = np.asarray(key_padding_mask)[:, None, None, :]        # (B,1,1,Lk)
-        if kpm.dtype == np.bool_:
-            kpm = np.where(kpm, -np.inf, 0.0)                       # True = padding
-        scores = scores + _f64(kpm)                                 # additive
-
+        scale = 1.0 / math.sqrt(D) if D > 0 else 1.0            # D = 0: every q.k is 0 anyway
+    with np.errstate(invalid="ignore", over="ignore"):          # inf / NaN in q or k: data
+        scores = (q @ np.swapaxes(k, -1, -2)) * scale           # (B,H,Lq,Lk)
+    hidden = np.zeros(scores.shape, dtype=bool)                 # (B,H,Lq,Lk)
+    kpm = None if key_padding_mask is None else np.asarray(key_padding_mask)[:, None, None, :]
+    for m in (mask, kpm):                                       # (.., Lq or 1, Lk) each
+        if m is None:
+            continue
+        m = np.asarray(m)
+        if m.dtype == np.bool_:
+            hidden |= m                                         # True = not allowed
+        else:
+            m = _f64(m)
+            hidden |= m == -np.inf                              # -inf = not allowed
+            with np.errstate(invalid="ignore"):
+                scores = scores + np.where(m == -np.inf, 0.0, m)    # any other value: added
     if causal:
-        i = np.arange(Lq)[:, None]                                  # (Lq,1) query index
-        j = np.arange(Lk)[None, :]                                  # (1,Lk) key index
-        allowed = j <= i + (Lk - Lq)                                # (Lq,Lk) bottom-right aligned
-        scores = np.where(allowed, scores, -np.inf)                 # (B,H,Lq,Lk)
-    return scores, scale
+        i = np.arange(Lq)[:, None]                              # (Lq,1) query index
+        j = np.arange(Lk)[None, :]                              # (1,Lk) key index
+        hidden |= j > i + (Lk - Lq)                             # bottom-right aligned
+    return np.where(hidden, -np.inf, scores), hidden
+
+
+def _visible_sum(w, x, hidden):
+    """w @ x over the keys each query can see: w (..., Lq, Lk), x (..., Lk, F), hidden (..., Lq,
+    Lk) bool. A hidden key has w = 0, but 0 * NaN is NaN: a key whose row of x holds inf or
+    NaN is added only to the queries that see it."""
+    bad = ~np.isfinite(x).all(axis=-1)                          # (..., Lk) keys with inf / NaN
+    out = w @ np.where(bad[..., None], 0.0, x)                  # (..., Lq, F) finite rows
+    for idx in zip(*np.nonzero(bad)):                           # each bad key (..., j)
+        lead, j = idx[:-1], idx[-1]
+        seen = ~hidden[lead + (slice(None), j)]                 # (Lq,) queries that see it
+        with np.errstate(invalid="ignore", over="ignore"):
+            out[lead][seen] += w[lead + (slice(None), j)][seen, None] * x[lead + (j,)]
+    return out
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _attention64(q, k, v, mask, key_padding_mask, causal, scale, dropout_p=0.0, seed=None):
-    """(out, weights, lse) in float64 from checked arguments (see _checks.attention)."""
+    """(out, weights, lse) in float64 from checked arguments (see _checks.attention). lse is
+    kept within the float32 range for a row that sees a key (-inf means: no key)."""
     q, k, v = _f64(q), _f64(k), _f64(v)           # (B,H,Lq,D), (B,H,Lk,D), (B,H,Lk,Dv)
-    scores, scale = _scores64(q, k, mask, key_padding_mask, causal, scale)  # (B,H,Lq,Lk)
+    scores, hidden = _scores64(q, k, mask, key_padding_mask, causal, scale)  # (B,H,Lq,Lk)
     weights, lse = _softmax64(scores, axis=-1)    # (B,H,Lq,Lk), (B,H,Lq)
     if dropout_p > 0:
         weights = weights * _attention_keep(seed, dropout_p, weights.shape)  # dropped -> 0
-    out = weights @ v                             # (B,H,Lq,Lk) @ (B,H,Lk,Dv) -> (B,H,Lq,Dv)
+    out = _visible_sum(weights, v, hidden)        # (B,H,Lq,Lk) @ (B,H,Lk,Dv) -> (B,H,Lq,Dv)
+    lse = np.where(np.isfinite(lse), np.clip(lse, -_F32_MAX, _F32_MAX), lse)   # (B,H,Lq)
     return out, weights, lse
 
 
@@ -302,10 +333,13 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, key_padding_mask=N
     -> dv                 (B, H, Lk, Dv)  float32
     ====================  ==============  =====================================================
 
-    With P = exp(scores - lse) the softmax weights, keep the dropout's mask scaled by
-    1 / (1 - p) (1 without dropout) and P' = P * keep the weights the forward used:
+    With P = softmax(scores) the forward's weights (= exp(scores - lse), recomputed from the
+    scores: an lse of -3e38 in float32 cannot give P to the digits it needs), keep the
+    dropout's mask scaled by 1 / (1 - p) (1 without dropout) and P' = P * keep the weights the
+    forward used:
         dv = P'^T dout;   dP = (dout v^T) * keep;   Delta_i = sum_e dout_ie out_ie
-        dS = P * (dP - Delta);   dq = scale * dS k;   dk = scale * dS^T q
+        dS = P * (dP - Delta), 0 for a hidden key;   dq = scale * dS k over the keys each
+        query sees;   dk = scale * dS^T q
     A query row with no allowed key (lse = -inf) has P = 0: zero gradients, never NaN.
     """
     dout, q, k, v, out, lse, mask, key_padding_mask, scale, p, seed = _checks.attention_backward(
@@ -313,19 +347,20 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, key_padding_mask=N
     dout, out = _f64(dout), _f64(out)                     # (B,H,Lq,Dv)
     q, k, v = _f64(q), _f64(k), _f64(v)                   # (B,H,Lq,D), (B,H,Lk,D), (B,H,Lk,Dv)
     lse = _f64(lse)[..., None]                            # (B,H,Lq,1)
-    scores, scale = _scores64(q, k, mask, key_padding_mask, causal, scale)  # (B,H,Lq,Lk)
+    scores, hidden = _scores64(q, k, mask, key_padding_mask, causal, scale)  # (B,H,Lq,Lk)
 
     live = lse > -np.inf                                  # (B,H,Lq,1) rows that see a key
-    with np.errstate(invalid="ignore", over="ignore"):    # NaN/inf inputs propagate quietly
-        P = np.where(live, np.exp(scores - np.where(live, lse, 0.0)), 0.0)  # (B,H,Lq,Lk)
+    P, _ = _softmax64(scores, axis=-1)                    # (B,H,Lq,Lk) the forward's weights
+    P = np.where(live, P, 0.0)
     keep = _attention_keep(seed, p, P.shape) if p > 0 else 1.0  # (B,H,Lq,Lk): 0 or 1/(1-p)
     Pd = P * keep                                         # the weights the forward used
-    dv = np.swapaxes(Pd, -1, -2) @ dout                   # (B,H,Lk,Lq) @ (B,H,Lq,Dv)
-    dP = (dout @ np.swapaxes(v, -1, -2)) * keep           # (B,H,Lq,Lk)
-    delta = np.sum(dout * out, axis=-1, keepdims=True)    # (B,H,Lq,1) = sum_j P_ij dP_ij
-    dS = P * (dP - delta)                                 # (B,H,Lq,Lk) softmax backward
-    dq = (dS @ k) * scale                                 # (B,H,Lq,D)
-    dk = (np.swapaxes(dS, -1, -2) @ q) * scale            # (B,H,Lk,D)
+    with np.errstate(invalid="ignore", over="ignore"):    # NaN/inf inputs propagate quietly
+        dv = np.swapaxes(Pd, -1, -2) @ dout               # (B,H,Lk,Lq) @ (B,H,Lq,Dv)
+        dP = (dout @ np.swapaxes(v, -1, -2)) * keep       # (B,H,Lq,Lk)
+        delta = np.sum(dout * out, axis=-1, keepdims=True)    # (B,H,Lq,1) = sum_j P_ij dP_ij
+        dS = np.where(hidden, 0.0, P * (dP - delta))      # (B,H,Lq,Lk) softmax backward
+        dq = _visible_sum(dS, k, hidden) * scale          # (B,H,Lq,D)
+        dk = (np.swapaxes(dS, -1, -2) @ q) * scale        # (B,H,Lk,D)
     return _f32(dq), _f32(dk), _f32(dv)
 
 
