@@ -3,6 +3,7 @@
  * (the probabilities recomputed block by block from the saved lse). The per-ISA bodies are in
  * attention_body.h; this file holds the argument bundles, the instantiation and the thread
  * loops. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,10 @@ typedef struct {
     float *dq, *dk, *dv;
     const float *dout, *out, *lse;
     float *delta;                 /* (B, H, Lq) scratch: Delta_i = dout_i . out_i */
+    /* (B, H, Lq) scratch: P_ij = 2^(s_ij - pref_i) * pinv_i. pref = lse log2 e and pinv = 1 for
+     * most rows; a row whose lse float32 cannot hold to the digits P needs (|lse| > ATT_LSE_MAX,
+     * e.g. a row masked throughout by -3e38) has its max and sum recomputed instead. */
+    float *pref, *pinv;
     int64_t dqs[3], dks[3], dvs[3], dos[3], fos[3];
 } fa_att_bwd_args;
 
@@ -39,6 +44,7 @@ typedef struct {
 typedef struct {
     float *kt, *vt, *kr, *dkt, *dvt, *pt, *ds, *kbias;
     int64_t jb, nb, Dp;
+    int kbad; /* a key row of the block (kr) holds inf or NaN */
 } fa_att_bwd_blk;
 
 static void set_dropout(fa_att_args *a, double dropout_p, uint64_t seed)
@@ -47,6 +53,67 @@ static void set_dropout(fa_att_args *a, double dropout_p, uint64_t seed)
     a->drop_thr = a->dropout ? fa_rng_threshold(dropout_p) : 0u;
     a->drop_scale = a->dropout ? (float)(1.0 / (1.0 - dropout_p)) : 1.0f;
     a->seed = seed;
+}
+
+/* ---- masks, scores and the float32 range ----------------------------------------------------
+ * A key is hidden from a query by the causal rule, by a bool True (a -inf bias) in either mask,
+ * or by a -inf in a float mask: its score is -inf whatever q.k is, and its k and v rows take no
+ * part in that query's output or gradients (a NaN or inf in them stays out). Every other mask
+ * value is added to the score, as torch does: a finite value never hides a key, however large
+ * (torch.finfo(float32).min, Hugging Face's masked value, gives a key a weight of 0 next to an
+ * unmasked key, and a row masked that way throughout averages its values).
+ *
+ * Scores run in base 2 (times log2 e), where a sum of finite values can pass the float32 range
+ * (finfo.min * log2 e alone does). A score with |x| > ATT_WIDE is recomputed in double and
+ * compressed: x -> sign(x) (2^127 + (|x| - 2^127) / 8), which keeps every sum of a float32 score
+ * and two float32 masks finite (|x| < 1.4e39 before, < 3.2e38 after) and in order; the
+ * differences that decide a weight there are astronomically larger than exp2's range, so
+ * weights keep their meaning (two such sums closer than ~8 float32 ulps may tie). att_lse undoes
+ * the compression for the log-sum-exp. */
+#define ATT_WIDE 0x1p127f
+/* The backward forms P = 2^(s - lse log2 e) from the saved lse where |lse| <= ATT_LSE_MAX:
+ * float32 holds such an lse to 64 * 2^-24 ~ 4e-6, P's relative error. Rows beyond (a bias of
+ * -1e4 on every key, or -3e38) have their max and sum recomputed. */
+#define ATT_LSE_MAX 64.0f
+
+/* s (base 2) + (kb + mk) log2 e for a key no mask hides, |result| > ATT_WIDE or NaN (the
+ * caller's float sum went out of range): the same sum in double, compressed as above. inf or
+ * NaN in (NaN, +inf masks or scores) gives inf or NaN, as the float sum does. */
+static float att_wide_score(float s, float kb, float mk)
+{
+    const double x = (double)s + ((double)kb + (double)mk) * 1.4426950408889634;
+    if (!isfinite(x)) return (float)x;
+    const double ax = fabs(x), w = (double)ATT_WIDE;
+    return (float)copysign(ax > w ? w + (ax - w) / 8.0 : ax, x);
+}
+
+/* The log-sum-exp of a row (natural units) from its running max m (base 2, compressed as
+ * above) and sum l > 0: (m + log2 l) ln 2, undoing the compression; a finite result beyond the
+ * float32 range is clamped to +-FLT_MAX (the row sees a key: -inf means none). */
+static float att_lse(float m, float l)
+{
+    if (fabsf(m) <= ATT_WIDE) return (m + log2f(l)) * 0.6931471805599453f;
+    const double y = (double)m + log2((double)l), ay = fabs(y), w = (double)ATT_WIDE;
+    const double lse = copysign(ay > w ? w + (ay - w) * 8.0 : ay, y) * 0.6931471805599453;
+    if (!isfinite(lse)) return (float)lse;
+    return lse > FLT_MAX ? FLT_MAX : lse < -FLT_MAX ? -FLT_MAX : (float)lse;
+}
+
+/* Is key j hidden from query i of head (b, h)? (causal, or -inf in either mask) */
+static int att_hidden(const fa_att_args *a, int64_t b, int64_t h, int64_t i, int64_t j)
+{
+    if (a->causal && j > i + (a->Lk - a->Lq)) return 1;
+    if (a->key_bias && a->key_bias[b * a->Lk + j] == -INFINITY) return 1;
+    return a->mask &&
+           a->mask[b * a->ms[0] + h * a->ms[1] + i * a->ms[2] + j * a->ms[3]] == -INFINITY;
+}
+
+/* Are the n floats of x all finite? */
+static int att_finite(const float *x, int64_t n)
+{
+    float acc = 0.0f;
+    for (int64_t e = 0; e < n; e++) acc += x[e] * 0.0f; /* 0 unless some x is inf or NaN */
+    return acc == 0.0f;
 }
 
 #define FA_BODY "attention_body.h"
@@ -66,7 +133,7 @@ static void attention_forward_task(const fa_att_args *a, int rows, att_row_fn ro
 typedef void (*att_bwd_keys_fn)(const fa_att_bwd_args *, int64_t, int64_t, int64_t, int64_t, int,
                                 float *);
 typedef void (*att_bwd_queries_fn)(const fa_att_bwd_args *, int64_t, int64_t, int64_t, float *);
-typedef void (*att_bwd_delta_fn)(const fa_att_bwd_args *, int64_t, int64_t);
+typedef void (*att_bwd_delta_fn)(const fa_att_bwd_args *, int64_t, int64_t, float *);
 
 int fa_attention_forward(float *out, float *lse, float *weights,
                           const float *q, const float *k, const float *v,
@@ -168,20 +235,22 @@ int fa_attention_backward(float *dq, float *dk, float *dv,
     const int64_t per = (BH + nt - 1) / nt;
     const int split = nt > 1 && 5 * per * nt > 7 * BH;
 
-    a.delta = malloc((size_t)(BH * Lq > 0 ? BH * Lq : 1) * sizeof(float));
+    a.delta = malloc((size_t)(BH * Lq > 0 ? 3 * BH * Lq : 1) * sizeof(float));
     float *buf = malloc((size_t)(scratch * nt) * sizeof(float));
     if (!a.delta || !buf) {
         free(a.delta);
         free(buf);
         return -1;
     }
+    a.pref = a.delta + BH * Lq;
+    a.pinv = a.pref + BH * Lq;
 
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         float *mine = buf + scratch * fa_thread_id(); /* id < team <= nt buffers */
         int64_t lo, hi;
         fa_split(BH * Lq, 16, &lo, &hi);
-        delta(&a, lo, hi);
+        delta(&a, lo, hi, mine);
 #pragma omp barrier
         if (!split) {
 #pragma omp for schedule(dynamic, 1)

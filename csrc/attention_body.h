@@ -13,8 +13,10 @@
  *   ot  (Dv, BQ)   output accumulator, transposed
  *   m, l (BQ)      running max (base 2) and running sum per query
  * Masking rules (DESIGN.md): causal lets query i see key j iff j <= i + (Lk - Lq), aligned to
- * the bottom right; key blocks wholly above the diagonal are skipped, not computed. A query with
- * no visible key gets a zero output and lse = -inf. NaN in q, k or v propagates as NaN.
+ * the bottom right; key blocks wholly above the diagonal are skipped, not computed. A -inf in
+ * either mask hides a key too; any other mask value is added (attention.c: hidden keys, finite
+ * masks of any size). A query with no visible key gets a zero output and lse = -inf. NaN in q,
+ * or in a visible key's k or v, propagates as NaN; a hidden key's rows take no part.
  */
 #define NR ATT_NR
 #define BQ (ATT_NR * FA_VL)
@@ -165,11 +167,30 @@ static void FA_CAT(pv_tile_, FA_SFX)(float *FA_RESTRICT ot, const float *FA_REST
 #undef TILE
 }
 
+/* s[i] += kb2 (kb2 = a key bias kb times log2 e; kb is not -inf), lanes whose sum passes
+ * ATT_WIDE (or is NaN) recomputed by att_wide_score. */
+FA_INLINE void FA_CAT(add_key_bias_, FA_SFX)(float *s, float kb, float kb2)
+{
+    for (int c = 0; c < NR; c++) {
+        const VF sv = vload(s + c * FA_VL), x = sv + vsplat(kb2);
+        const VF ax = (VF)((VI)x & ((VI){0} + 0x7fffffff));           /* |x| */
+        const VI wide = ~(VI)(ax <= vsplat(ATT_WIDE));                  /* or NaN */
+        int any = 0;
+        for (int i = 0; i < FA_VL; i++) any |= wide[i];
+        vstore(s + c * FA_VL, x);
+        if (any)
+            for (int i = 0; i < FA_VL; i++)
+                if (wide[i]) s[c * FA_VL + i] = att_wide_score(sv[i], kb, 0.0f);
+    }
+}
+
 /* Scores of key block [jb, jb+nb) for query block [i0, i0+nq), masks applied, into st;
- * mx receives the lane-wise max. Shared by the forward pass and the weights pass. */
-static void FA_CAT(masked_scores_, FA_SFX)(const fa_att_args *a, int64_t b, int64_t h,
-                                           int64_t i0, int64_t nq, int64_t jb, int64_t nb,
-                                           const float *qt, float *st, VF *mx)
+ * mx receives the lane-wise max. Shared by the forward pass and the weights pass. Returns 1
+ * when a key that some query of the block cannot see has a value row holding inf or NaN (the
+ * block's P.V must then leave it out explicitly: 0 * NaN is NaN), else 0. */
+static int FA_CAT(masked_scores_, FA_SFX)(const fa_att_args *a, int64_t b, int64_t h,
+                                          int64_t i0, int64_t nq, int64_t jb, int64_t nb,
+                                          const float *qt, float *st, VF *mx)
 {
     const float *k_bh = a->k + b * a->ks[0] + h * a->ks[1];
     const int64_t off = a->Lk - a->Lq;
@@ -177,24 +198,59 @@ static void FA_CAT(masked_scores_, FA_SFX)(const fa_att_args *a, int64_t b, int6
     FA_CAT(score_tile_, FA_SFX)(st, mx, qt, k_bh + jb * a->ks[2], a->ks[2], nb, a->D);
 
     const int diag = a->causal && jb + nb - 1 > i0 + off;
-    if (!diag && !a->mask && !a->key_bias) return;
-    /* Slow path, only on tiles a mask touches: add biases, cut the causal corner, redo max. */
+    if (!diag && !a->mask && !a->key_bias) return 0;
+    /* Slow path, only on tiles a mask touches: hide keys (-inf, whatever the score), add the
+     * other biases, cut the causal corner, redo the max. */
+    const float *v_bh = a->v + b * a->vs[0] + h * a->vs[1];
+    int care = 0;
     for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
     for (int64_t jj = 0; jj < nb; jj++) {
         const int64_t j = jb + jj;
         float *s_j = st + jj * BQ;
-        if (a->key_bias) {
-            const float kb = a->key_bias[b * a->Lk + j] * FA_LOG2E;
-            for (int64_t i = 0; i < BQ; i++) s_j[i] += kb;
-        }
-        if (a->mask) {
+        const float kb = a->key_bias ? a->key_bias[b * a->Lk + j] : 0.0f;
+        int hidden = kb == -INFINITY; /* hidden from some query of the block */
+        if (hidden) {
+            for (int64_t i = 0; i < BQ; i++) s_j[i] = -INFINITY;
+        } else if (a->mask) {
             const float *m_bhj = a->mask + b * a->ms[0] + h * a->ms[1] + j * a->ms[3];
-            for (int64_t i = 0; i < nq; i++) s_j[i] += m_bhj[(i0 + i) * a->ms[2]] * FA_LOG2E;
+            const float kb2 = kb * FA_LOG2E;
+            for (int64_t i = 0; i < nq; i++) {
+                const float mk = m_bhj[(i0 + i) * a->ms[2]];
+                float x = s_j[i] + kb2 + mk * FA_LOG2E;
+                if (mk == -INFINITY) {
+                    x = -INFINITY;
+                    hidden = 1;
+                } else if (!(fabsf(x) <= ATT_WIDE)) {
+                    x = att_wide_score(s_j[i], kb, mk);
+                }
+                s_j[i] = x;
+            }
+        } else {
+            FA_CAT(add_key_bias_, FA_SFX)(s_j, kb, kb * FA_LOG2E);
         }
-        if (diag) { /* query i0+i sees key j iff j <= i0 + i + off */
+        if (diag && j > i0 + off) { /* query i0+i sees key j iff j <= i0 + i + off */
             for (int64_t i = 0; i < nq && j > i0 + i + off; i++) s_j[i] = -INFINITY;
+            hidden = 1;
         }
+        if (hidden && !care) care = !att_finite(v_bh + j * a->vs[2], a->Dv);
         for (int c = 0; c < NR; c++) mx[c] = vmax(mx[c], vload(s_j + c * FA_VL));
+    }
+    return care;
+}
+
+/* ot[e][i] += sum_{j<nb} st[j][i] * v_j[e] over the keys query i0+i can see: P.V of a block
+ * where a hidden key's value row holds inf or NaN (rare: scalar). */
+static void FA_CAT(pv_visible_, FA_SFX)(const fa_att_args *a, int64_t b, int64_t h, int64_t i0,
+                                        int64_t nq, int64_t jb, int64_t nb, const float *st,
+                                        float *ot, const float *v)
+{
+    for (int64_t jj = 0; jj < nb; jj++) {
+        const float *v_j = v + jj * a->vs[2];
+        for (int64_t i = 0; i < nq; i++) {
+            if (att_hidden(a, b, h, i0 + i, jb + jj)) continue;
+            const float p = st[jj * BQ + i];
+            for (int64_t e = 0; e < a->Dv; e++) ot[e * BQ + i] += p * v_j[e];
+        }
     }
 }
 
@@ -288,7 +344,7 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
     for (int64_t jb = 0, nb; jb < jend; jb += nb) {
         nb = FA_CAT(key_block_, FA_SFX)(jb, jend, jdiag);
         VF mx[NR], muse[NR], alpha[NR], lsum[NR];
-        FA_CAT(masked_scores_, FA_SFX)(a, b, h, i0, nq, jb, nb, qt, st, mx);
+        const int care = FA_CAT(masked_scores_, FA_SFX)(a, b, h, i0, nq, jb, nb, qt, st, mx);
         /* online softmax: m_new = max(m, block max); rescale old sums by 2^(m - m_new).
          * A lane still at -inf uses 0 as its reference so 2^(-inf - 0) = 0, never NaN. */
         int rescale = 0;
@@ -324,23 +380,24 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
                 for (int c = 0; c < NR; c++)
                     vstore(ot + e * BQ + c * FA_VL, vload(ot + e * BQ + c * FA_VL) * alpha[c]);
         }
-        FA_CAT(pv_tile_, FA_SFX)(ot, st, v_bh + jb * a->vs[2], a->vs[2], nb, Dv);
+        if (care)
+            FA_CAT(pv_visible_, FA_SFX)(a, b, h, i0, nq, jb, nb, st, ot, v_bh + jb * a->vs[2]);
+        else
+            FA_CAT(pv_tile_, FA_SFX)(ot, st, v_bh + jb * a->vs[2], a->vs[2], nb, Dv);
     }
 
     /* out_i = ot[:, i] / l_i (0 for a row with no visible key); lse_i = (m_i + log2 l_i) ln 2 */
-    for (int64_t i = 0; i < nq; i++) {   /* l becomes 1/l, m becomes lse */
-        m[i] = l[i] == 0.0f ? -INFINITY : (m[i] + log2f(l[i])) * FA_LN2;
-        l[i] = l[i] == 0.0f ? 0.0f : 1.0f / l[i];
-    }
-    FA_CAT(transpose_, FA_SFX)(o_bh + i0 * a->os[2], a->os[2], ot, BQ, Dv, nq, 1.0f, l);
     if (a->lse) {
         float *lse_bh = a->lse + (b * a->H + h) * Lq + i0;
-        for (int64_t i = 0; i < nq; i++) lse_bh[i] = m[i];
+        for (int64_t i = 0; i < nq; i++) lse_bh[i] = l[i] == 0.0f ? -INFINITY : att_lse(m[i], l[i]);
     }
+    for (int64_t i = 0; i < nq; i++) l[i] = l[i] == 0.0f ? 0.0f : 1.0f / l[i]; /* l becomes 1/l */
+    FA_CAT(transpose_, FA_SFX)(o_bh + i0 * a->os[2], a->os[2], ot, BQ, Dv, nq, 1.0f, l);
     if (!a->weights) return;
 
-    /* Optional second pass: weights[i][j] = exp(s_ij - lse_i) (times the dropout factor), zeros
-     * where nothing is visible. */
+    /* Optional second pass: weights[i][j] = 2^(s_ij - m_i) / l_i (times the dropout factor),
+     * zeros where nothing is visible. (Not exp(s_ij - lse_i): lse can be far too large for
+     * float32 to hold the difference, with a finite mask of -3e38.) */
     float *w_bh = a->weights + ((b * a->H + h) * Lq + i0) * Lk;
     for (int64_t i = 0; i < nq * Lk; i++) w_bh[i] = 0.0f;
     for (int64_t jb = 0, nb; jb < jend; jb += nb) {
@@ -348,11 +405,10 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
         VF mx[NR];
         FA_CAT(masked_scores_, FA_SFX)(a, b, h, i0, nq, jb, nb, qt, st, mx);
         for (int64_t i = 0; i < nq; i++) {
-            const float lse2 = m[i] * FA_LOG2E;
-            if (m[i] == -INFINITY) continue;
+            if (l[i] == 0.0f) continue;
             for (int64_t jj = 0; jj < nb; jj++) {
-                VF x = vsplat(st[jj * BQ + i] - lse2);
-                float w = vexp2(x)[0];
+                VF x = vsplat(st[jj * BQ + i] - m[i]);
+                float w = vexp2(x)[0] * l[i];
                 if (a->dropout)
                     w *= fa_rng_keep(row_keys[i], (uint32_t)(jb + jj), a->drop_thr)
                              ? a->drop_scale : 0.0f;
@@ -434,13 +490,61 @@ static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int
                               j + 3 < jend ? k_j + 3 * ksl : k_j, D);
     }
     float m = -INFINITY;
-    for (int64_t j = 0; j < jend; j++) {
-        float x = s[j] * qscale;
-        if (a->key_bias) x += a->key_bias[b * Lk + j] * FA_LOG2E;
-        if (a->mask) x += a->mask[b * a->ms[0] + h * a->ms[1] + i * a->ms[2] + j * a->ms[3]]
-                          * FA_LOG2E;
-        s[j] = x;
-        m = x > m || x != x ? x : m;                  /* NaN wins, as it does in the tiles */
+    int care = 0; /* a hidden key's value row holds inf or NaN */
+    int64_t j0 = 0;
+    if (a->key_bias && !a->mask) { /* a decode step's padding: whole vectors of keys first */
+        const float *kb_b = a->key_bias + b * Lk;
+        VF mv = vsplat(-INFINITY);
+        VI nan = (VI){0}, hidden = (VI){0};
+        for (; j0 + FA_VL <= jend; j0 += FA_VL) {
+            const VF kbv = vload(kb_b + j0), sv = vload(s + j0) * vsplat(qscale);
+            const VI hd = (VI)(kbv == vsplat(-INFINITY));
+            VF x = sv + kbv * vsplat(FA_LOG2E);
+            x = (VF)(((VI)x & ~hd) | ((VI)vsplat(-INFINITY) & hd));
+            const VF ax = (VF)((VI)x & ((VI){0} + 0x7fffffff));       /* |x| */
+            const VI wide = ~(VI)(ax <= vsplat(ATT_WIDE)) & ~hd;        /* or NaN */
+            int any = 0;
+            for (int u = 0; u < FA_VL; u++) any |= wide[u];
+            if (any)
+                for (int u = 0; u < FA_VL; u++)
+                    if (wide[u]) x[u] = att_wide_score(sv[u], kbv[u], 0.0f);
+            vstore(s + j0, x);
+            mv = vmax(mv, x);
+            nan |= (VI)(x != x);
+            hidden |= hd;
+        }
+        int any_nan = 0, any_hidden = 0;
+        for (int u = 0; u < FA_VL; u++) {
+            any_nan |= nan[u];
+            any_hidden |= hidden[u];
+        }
+        m = any_nan ? NAN : hmax(mv);
+        for (int64_t j = 0; j < j0 && any_hidden && !care; j++)
+            if (kb_b[j] == -INFINITY) care = !att_finite(v_bh + j * a->vs[2], Dv);
+    }
+    if (!a->key_bias && !a->mask) {
+        for (int64_t j = 0; j < jend; j++) {
+            const float x = s[j] * qscale;
+            s[j] = x;
+            m = x > m || x != x ? x : m;              /* NaN wins, as it does in the tiles */
+        }
+    } else {
+        for (int64_t j = j0; j < jend; j++) {  /* (the keys left, or all of them with a mask) */
+            const float kb = a->key_bias ? a->key_bias[b * Lk + j] : 0.0f;
+            const float mk =
+                a->mask ? a->mask[b * a->ms[0] + h * a->ms[1] + i * a->ms[2] + j * a->ms[3]]
+                        : 0.0f;
+            float x;
+            if (kb == -INFINITY || mk == -INFINITY) { /* hidden, whatever q . k is */
+                x = -INFINITY;
+                if (!care) care = !att_finite(v_bh + j * a->vs[2], Dv);
+            } else {
+                x = s[j] * qscale + kb * FA_LOG2E + mk * FA_LOG2E;
+                if (!(fabsf(x) <= ATT_WIDE)) x = att_wide_score(s[j] * qscale, kb, mk);
+            }
+            s[j] = x;
+            m = x > m || x != x ? x : m;              /* NaN wins, as it does in the tiles */
+        }
     }
     const float ref = m == -INFINITY ? 0.0f : m;
     /* l in whole vectors, the last one padded with -inf -> 0: the same sum, in the same order,
@@ -462,6 +566,14 @@ static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int
     }
     const float inv = l == 0.0f ? 0.0f : 1.0f / l;
     int64_t e = 0;
+    if (care) { /* leave the hidden keys' rows out (0 * NaN is NaN); rare: scalar */
+        for (; e < Dv; e++) {
+            float acc = 0.0f;
+            for (int64_t jj = 0; jj < jend; jj++)
+                if (!att_hidden(a, b, h, i, jj)) acc += s[jj] * v_bh[jj * a->vs[2] + e];
+            o_i[e] = acc * inv;
+        }
+    }
     for (; e + FA_VL <= Dv; e += 4 * FA_VL) {       /* out_i = sum_j p_j v_j / l */
         const int nv = Dv - e >= 4 * FA_VL ? 4 : (int)((Dv - e) / FA_VL);
         VF acc[4] = {vsplat(0.0f), vsplat(0.0f), vsplat(0.0f), vsplat(0.0f)};
@@ -482,8 +594,7 @@ static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int
         for (int64_t jj = 0; jj < jend; jj++) acc += s[jj] * v_bh[jj * a->vs[2] + e];
         o_i[e] = acc * inv;
     }
-    if (a->lse)
-        a->lse[(b * a->H + h) * a->Lq + i] = l == 0.0f ? -INFINITY : (m + log2f(l)) * FA_LN2;
+    if (a->lse) a->lse[(b * a->H + h) * a->Lq + i] = l == 0.0f ? -INFINITY : att_lse(m, l);
     if (a->weights) {
         float *w_i = a->weights + ((b * a->H + h) * a->Lq + i) * Lk;
         for (int64_t jj = 0; jj < Lk; jj++) w_i[jj] = jj < jend ? s[jj] * inv : 0.0f;
@@ -505,9 +616,10 @@ static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int
  *   kr  (KB, Dp)   K_j's rows, each padded with zeros to Dp = D rounded up to whole vectors
  *   dkt (D, KB), dvt (Dv, KB)   the key block's dK^T, dV^T accumulators
  *   pt, ds (BR, KB)             one pair's dP' then P', and S then dS
- *   kbias (KB)     the key padding bias of the block, times log2 e
- * Masking rules as in the forward (bottom-right causal alignment; a row with lse = -inf has
- * P = 0, so zero gradients).
+ *   kbias (KB)     the key padding bias of the block (natural units; 0 past its last key)
+ * Masking rules as in the forward (bottom-right causal alignment; a hidden key's score is -inf
+ * and its dS exactly 0, whatever its k and v rows hold; a row with lse = -inf has P = 0, so
+ * zero gradients).
  */
 #define KB BQ
 #define BR ATT_BWD_BR
@@ -534,24 +646,6 @@ static void FA_CAT(attention_bwd_carve_, FA_SFX)(fa_att_bwd_blk *k, float *scrat
     k->kbias = k->ds + BR * KB;
 }
 
-/* Delta_r = dout_r . out_r for rows r in [r0, r1) of the flattened (B*H*Lq) rows, one fixed
- * order (whole vectors, a tree, then the tail). */
-static void FA_CAT(attention_bwd_delta_, FA_SFX)(const fa_att_bwd_args *a, int64_t r0, int64_t r1)
-{
-    const int64_t H = a->f.H, Lq = a->f.Lq, Dv = a->f.Dv;
-    for (int64_t r = r0; r < r1; r++) {
-        const int64_t bh = r / Lq, i = r % Lq, b = bh / H, h = bh % H;
-        const float *do_i = a->dout + b * a->dos[0] + h * a->dos[1] + i * a->dos[2];
-        const float *o_i = a->out + b * a->fos[0] + h * a->fos[1] + i * a->fos[2];
-        VF acc = vsplat(0.0f);
-        int64_t e = 0;
-        for (; e + FA_VL <= Dv; e += FA_VL) acc += vload(do_i + e) * vload(o_i + e);
-        float t = hsum(acc);
-        for (; e < Dv; e++) t += do_i[e] * o_i[e];
-        a->delta[r] = t;
-    }
-}
-
 /* Pack key block [jb, jb + nb) of head (b, h): kt, vt, the key bias and (with_kr) kr. */
 static void FA_CAT(bwd_pack_, FA_SFX)(const fa_att_bwd_args *a, fa_att_bwd_blk *kb, int64_t b,
                                       int64_t h, int with_kr)
@@ -568,15 +662,17 @@ static void FA_CAT(bwd_pack_, FA_SFX)(const fa_att_bwd_args *a, fa_att_bwd_blk *
     }
     FA_CAT(transpose_, FA_SFX)(kb->kt, KB, k_j, f->ks[2], nb, D, f->scale * FA_LOG2E, NULL);
     FA_CAT(transpose_, FA_SFX)(kb->vt, KB, v_j, f->vs[2], nb, Dv, 1.0f, NULL);
+    kb->kbad = 0;
     if (with_kr && D > 0) /* (D = 0: k holds nothing, may be NULL) */
         for (int64_t jj = 0; jj < nb; jj++) {
             float *kr_j = kb->kr + jj * kb->Dp;
             memcpy(kr_j, k_j + jj * f->ks[2], (size_t)D * sizeof(float));
             for (int64_t d = D; d < kb->Dp; d++) kr_j[d] = 0.0f;
+            if (!kb->kbad) kb->kbad = !att_finite(kr_j, D);
         }
     if (f->key_bias)
         for (int64_t jj = 0; jj < KB; jj++)
-            kb->kbias[jj] = jj < nb ? f->key_bias[b * f->Lk + jb + jj] * FA_LOG2E : 0.0f;
+            kb->kbias[jj] = jj < nb ? f->key_bias[b * f->Lk + jb + jj] : 0.0f;
 }
 
 /* s[r][:] = x_r . mt[:, :] for rows r < n (x_r read in place, row stride xs; mt (F, KB) a
@@ -714,56 +810,188 @@ static void FA_CAT(bwd_dq_, FA_SFX)(float *FA_RESTRICT dq, int64_t dqs,
 #undef UPTO
 }
 
+/* One row of a pair's scores, s_r (KB lanes, base 2), query i against the packed key block kb:
+ * a key hidden from i (past the causal limit or the block, or -inf in a mask) gets -inf and
+ * all ones in hid; every other key gets its biases added, a sum past ATT_WIDE (or NaN) formed
+ * again by att_wide_score, as in the forward.
+ *   scalar math:  x_j = hidden ? -inf : s_j + (key bias_j + mask_ij) log2 e */
+FA_INLINE void FA_CAT(bwd_mask_row_, FA_SFX)(const fa_att_args *f, const fa_att_bwd_blk *kb,
+                                            int64_t b, int64_t h, int64_t i, float *s_r,
+                                            VI *hid)
+{
+    const int64_t jb = kb->jb;
+    int64_t cut = kb->nb; /* keys [jb, jb + cut) are visible to query i, masks aside */
+    if (f->causal && i + (f->Lk - f->Lq) + 1 - jb < cut) cut = i + (f->Lk - f->Lq) + 1 - jb;
+    if (cut < 0) cut = 0;
+    const float *m_i = f->mask ? f->mask + b * f->ms[0] + h * f->ms[1] + i * f->ms[2] +
+                                     jb * f->ms[3]
+                               : NULL;
+    const VI lanes = (VI)(*(const VU *)att_lane_ids);
+    for (int c = 0; c < NR; c++) {
+        const int64_t j0 = c * FA_VL;
+        const VF sv = vload(s_r + j0);
+        VI hd = (VI)(lanes + (int32_t)j0 >= (VI){0} + (int32_t)cut);
+        VF x = sv, kbv = vsplat(0.0f), mkv = vsplat(0.0f);
+        if (f->key_bias) {
+            kbv = vload(kb->kbias + j0);
+            hd |= (VI)(kbv == vsplat(-INFINITY));
+            x += kbv * vsplat(FA_LOG2E);
+        }
+        if (m_i) {
+            if (f->ms[3] == 1 && j0 + FA_VL <= cut) {
+                mkv = vload(m_i + j0);
+            } else {
+                float t[FA_VL];
+                for (int u = 0; u < FA_VL; u++)
+                    t[u] = j0 + u < cut ? m_i[(j0 + u) * f->ms[3]] : 0.0f;
+                mkv = vload(t);
+            }
+            hd |= (VI)(mkv == vsplat(-INFINITY));
+            x += mkv * vsplat(FA_LOG2E);
+        }
+        x = (VF)(((VI)x & ~hd) | ((VI)vsplat(-INFINITY) & hd));
+        const VF ax = (VF)((VI)x & ((VI){0} + 0x7fffffff));           /* |x| */
+        const VI wide = ~(VI)(ax <= vsplat(ATT_WIDE)) & ~hd;            /* or NaN */
+        vstore(s_r + j0, x);
+        hid[c] = hd;
+        int any = 0;
+        for (int u = 0; u < FA_VL; u++) any |= wide[u];
+        if (any)
+            for (int u = 0; u < FA_VL; u++)
+                if (wide[u]) s_r[j0 + u] = att_wide_score(sv[u], kbv[u], mkv[u]);
+    }
+}
+
 /* A pair's probabilities and their gradient, row r = query ilo + r: ds holds S (base 2) and
  * becomes dS * scale; pt holds dP' and becomes P'.
- *   scalar math:  s = S_ij + key bias + mask (-inf past the causal limit or the block);
- *                 P = 2^(s - lse_i log2 e), 0 where lse_i = -inf (or NaN, as in the twin);
- *                 keep = 1 / (1 - p) or 0;  P' = P keep;  dS = P (dP' keep - Delta_i) scale */
+ *   scalar math:  s = S_ij + key bias + mask (-inf where hidden: past the causal limit or the
+ *                 block, or a -inf mask);
+ *                 P = 2^(s - pref_i) pinv_i (pref = lse_i log2 e, pinv = 1 but for rows whose
+ *                 lse is too large for that, see attention_bwd_delta_), 0 where lse_i = -inf
+ *                 (or NaN, as in the twin);
+ *                 keep = 1 / (1 - p) or 0;  P' = P keep;  dS = P (dP' keep - Delta_i) scale,
+ *                 exactly 0 for a hidden key (even where dP' is NaN: its v row is not used) */
 static void FA_CAT(bwd_probs_, FA_SFX)(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
                                        int64_t b, int64_t h, int64_t ilo, int64_t n)
 {
     const fa_att_args *f = &a->f;
-    const int64_t Lq = f->Lq, off = f->Lk - Lq, jb = kb->jb, nb = kb->nb, bh = b * f->H + h;
-    const float *lse_bh = a->lse + bh * Lq, *delta_bh = a->delta + bh * Lq;
-    const float *m_bh = f->mask ? f->mask + b * f->ms[0] + h * f->ms[1] : NULL;
+    const int64_t Lq = f->Lq, jb = kb->jb, bh = b * f->H + h;
+    const float *delta_bh = a->delta + bh * Lq;
+    const float *pref_bh = a->pref + bh * Lq, *pinv_bh = a->pinv + bh * Lq;
     const VF sc = vsplat(f->scale);
     VU col[NR];
     for (int c = 0; c < NR; c++) col[c] = vsplatu(jb + c * FA_VL) + *(const VU *)att_lane_ids;
     for (int64_t r = 0; r < n; r++) {
         const int64_t i = ilo + r;
         float *s_r = kb->ds + r * KB, *p_r = kb->pt + r * KB;
-        int64_t cut = nb; /* keys [jb, jb + cut) are visible to query i */
-        if (f->causal && i + off + 1 - jb < cut) cut = i + off + 1 - jb;
-        if (f->key_bias)
-            for (int c = 0; c < NR; c++)
-                vstore(s_r + c * FA_VL, vload(s_r + c * FA_VL) + vload(kb->kbias + c * FA_VL));
-        if (m_bh) {
-            const float *m_i = m_bh + i * f->ms[2] + jb * f->ms[3];
-            for (int64_t jj = 0; jj < cut; jj++) s_r[jj] += m_i[jj * f->ms[3]] * FA_LOG2E;
-        }
-        for (int64_t jj = cut; jj < KB; jj++) s_r[jj] = -INFINITY;
-        const float lse_i = lse_bh[i];
-        const VI live = (VI){0} + (lse_i > -INFINITY ? -1 : 0); /* all ones: P counts */
-        const VF l2 = vsplat(lse_i > -INFINITY ? lse_i * FA_LOG2E : 0.0f);
+        VI hid[NR];
+        FA_CAT(bwd_mask_row_, FA_SFX)(f, kb, b, h, i, s_r, hid);
+        const float pinv = pinv_bh[i];
+        const VI live = (VI){0} + (pinv != 0.0f ? -1 : 0); /* all ones: P counts */
+        const VF l2 = vsplat(pref_bh[i]);
         const VF dl = vsplat(delta_bh[i]);
         if (!f->dropout) {
             for (int c = 0; c < NR; c++) {
-                const VF p = (VF)((VI)att_exp2(vload(s_r + c * FA_VL) - l2) & live);
+                VF p = (VF)((VI)att_exp2(vload(s_r + c * FA_VL) - l2) & live);
+                if (pinv != 1.0f) p *= vsplat(pinv);
                 const VF dp = vload(p_r + c * FA_VL);
                 vstore(p_r + c * FA_VL, p);
-                vstore(s_r + c * FA_VL, p * (dp - dl) * sc);
+                vstore(s_r + c * FA_VL, (VF)((VI)(p * (dp - dl) * sc) & ~hid[c]));
             }
         } else {
             const VU rk = vsplatu(fa_rng_row_key(f->seed, (uint64_t)(bh * Lq + i)));
             for (int c = 0; c < NR; c++) {
-                const VF p = (VF)((VI)att_exp2(vload(s_r + c * FA_VL) - l2) & live);
+                VF p = (VF)((VI)att_exp2(vload(s_r + c * FA_VL) - l2) & live);
+                if (pinv != 1.0f) p *= vsplat(pinv);
                 const VF kf = FA_CAT(keep_, FA_SFX)(rk, col[c], f->drop_thr, f->drop_scale);
                 const VF dp = vload(p_r + c * FA_VL) * kf;
                 vstore(p_r + c * FA_VL, p * kf);
-                vstore(s_r + c * FA_VL, p * (dp - dl) * sc);
+                vstore(s_r + c * FA_VL, (VF)((VI)(p * (dp - dl) * sc) & ~hid[c]));
             }
         }
     }
+}
+
+/* The max and sum of query i's scores (base 2, as bwd_probs_ forms them) over every key block
+ * it can see: *pref = max, *pinv = 1 / sum 2^(s - max) (0 for a row that sees no key). For the
+ * rows whose lse float32 cannot hold to the digits P needs. */
+static void FA_CAT(bwd_row_stats_, FA_SFX)(const fa_att_bwd_args *a, int64_t b, int64_t h,
+                                           int64_t i, float *scratch, float *pref, float *pinv)
+{
+    const fa_att_args *f = &a->f;
+    fa_att_bwd_blk kb;
+    FA_CAT(attention_bwd_carve_, FA_SFX)(&kb, scratch, f->D, f->Dv);
+    const float *q_i = f->q + b * f->qs[0] + h * f->qs[1] + i * f->qs[2];
+    int64_t jend = f->Lk;
+    if (f->causal && i + (f->Lk - f->Lq) + 1 < jend) jend = i + (f->Lk - f->Lq) + 1;
+    float m = -INFINITY, l = 0.0f;
+    for (kb.jb = 0; kb.jb < jend; kb.jb += KB) {
+        kb.nb = f->Lk - kb.jb < KB ? f->Lk - kb.jb : KB;
+        FA_CAT(bwd_pack_, FA_SFX)(a, &kb, b, h, 0);
+        FA_CAT(bwd_dot_, FA_SFX)(kb.ds, kb.kt, q_i, f->qs[2], 1, f->D);
+        VI hid[NR];
+        FA_CAT(bwd_mask_row_, FA_SFX)(f, &kb, b, h, i, kb.ds, hid);
+        VF mx = vsplat(-INFINITY);
+        for (int c = 0; c < NR; c++) mx = vmax(mx, vload(kb.ds + c * FA_VL));
+        const float bm = hmax(mx);
+        if (bm > m) {
+            l = m == -INFINITY ? 0.0f : l * exp2f(m - bm);
+            m = bm;
+        }
+        if (m == -INFINITY) continue;
+        VF acc = vsplat(0.0f);
+        for (int c = 0; c < NR; c++) acc += att_exp2(vload(kb.ds + c * FA_VL) - vsplat(m));
+        l += hsum(acc);
+    }
+    *pref = m == -INFINITY ? 0.0f : m;
+    *pinv = l > 0.0f ? 1.0f / l : l == 0.0f ? 0.0f : l; /* (NaN stays NaN) */
+}
+
+/* Per row r in [r0, r1) of the flattened (B*H*Lq) rows: Delta_r = dout_r . out_r, in one fixed
+ * order (whole vectors, a tree, then the tail); and how bwd_probs_ forms the row's P: from its
+ * lse (pref = lse log2 e, pinv = 1), or, when |lse| > ATT_LSE_MAX (float32 then holds lse to
+ * less than the ~1e-5 that P needs), from the row's max and sum recomputed (bwd_row_stats_). */
+static void FA_CAT(attention_bwd_delta_, FA_SFX)(const fa_att_bwd_args *a, int64_t r0, int64_t r1,
+                                                 float *scratch)
+{
+    const int64_t H = a->f.H, Lq = a->f.Lq, Dv = a->f.Dv;
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t bh = r / Lq, i = r % Lq, b = bh / H, h = bh % H;
+        const float *do_i = a->dout + b * a->dos[0] + h * a->dos[1] + i * a->dos[2];
+        const float *o_i = a->out + b * a->fos[0] + h * a->fos[1] + i * a->fos[2];
+        VF acc = vsplat(0.0f);
+        int64_t e = 0;
+        for (; e + FA_VL <= Dv; e += FA_VL) acc += vload(do_i + e) * vload(o_i + e);
+        float t = hsum(acc);
+        for (; e < Dv; e++) t += do_i[e] * o_i[e];
+        a->delta[r] = t;
+        const float lse = a->lse[r];
+        if (!(lse > -INFINITY)) {                 /* no key seen (or NaN): P = 0 */
+            a->pref[r] = 0.0f;
+            a->pinv[r] = 0.0f;
+        } else if (fabsf(lse) <= ATT_LSE_MAX) {
+            a->pref[r] = lse * FA_LOG2E;
+            a->pinv[r] = 1.0f;
+        } else {
+            FA_CAT(bwd_row_stats_, FA_SFX)(a, b, h, i, scratch, a->pref + r, a->pinv + r);
+        }
+    }
+}
+
+/* dq rows r < n (stride dqs) += sum_j ds[r][j] * kr[j][:] over the keys query ilo + r can see:
+ * bwd_dq_ for a block whose hidden keys may hold inf or NaN in k (0 * NaN is NaN; rare:
+ * scalar). */
+static void FA_CAT(bwd_dq_visible_, FA_SFX)(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
+                                            int64_t b, int64_t h, int64_t ilo, int64_t n,
+                                            float *dq, int64_t dqs)
+{
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t jj = 0; jj < kb->nb; jj++) {
+            if (att_hidden(&a->f, b, h, ilo + r, kb->jb + jj)) continue;
+            const float d = kb->ds[r * KB + jj];
+            const float *kr_j = kb->kr + jj * kb->Dp;
+            for (int64_t e = 0; e < a->f.D; e++) dq[r * dqs + e] += d * kr_j[e];
+        }
 }
 
 /* One pair: query rows [ilo, ihi) of head (b, h) against the packed key block kb; adds into
@@ -786,7 +1014,11 @@ static void FA_CAT(bwd_pair_, FA_SFX)(const fa_att_bwd_args *a, const fa_att_bwd
     if (with_dq) {
         float *dq_i = a->dq + b * a->dqs[0] + h * a->dqs[1] + ilo * a->dqs[2];
         const int64_t cut0 = f->causal ? ilo + (f->Lk - f->Lq) + 1 - kb->jb : kb->nb;
-        FA_CAT(bwd_dq_, FA_SFX)(dq_i, a->dqs[2], kb->ds, kb->kr, kb->Dp, n, kb->nb, cut0, f->D);
+        if (kb->kbad)
+            FA_CAT(bwd_dq_visible_, FA_SFX)(a, kb, b, h, ilo, n, dq_i, a->dqs[2]);
+        else
+            FA_CAT(bwd_dq_, FA_SFX)(dq_i, a->dqs[2], kb->ds, kb->kr, kb->Dp, n, kb->nb, cut0,
+                                    f->D);
     }
 }
 

@@ -86,6 +86,7 @@ int fa_build_tiles(int isa, int64_t *out);
  *   out       (B, H, Lq, Dv)  out; strides out_st[3] = (batch, head, row), last axis contiguous
  *   lse       (B, H, Lq)      out, may be NULL; C-contiguous; natural-log log-sum-exp of each
  *                             query row's scaled, masked scores; -inf for a row with no key
+ *                             (a row that sees one: clamped to +-FLT_MAX)
  *   weights   (B, H, Lq, Lk)  out, may be NULL; C-contiguous; the softmax weights (only for
  *                             return_weights: this is the one case an (Lq, Lk) matrix is stored)
  *   q         (B, H, Lq, D)   in; strides q_st[3]
@@ -95,6 +96,12 @@ int fa_build_tiles(int isa, int64_t *out);
  *                             strides mask_st[4] may be 0 to broadcast
  *   key_bias  (B, Lk)         in, may be NULL; C-contiguous; float added to every query's score
  *                             for key j (-inf = padding)
+ *   Masks: a key is hidden from a query by the causal rule or a -inf in either mask; its score is
+ *   then -inf whatever q.k is, and its k and v rows take no part in the query's output (inf or
+ *   NaN there stays out). Every other mask value is added, finite ones of any size included: a
+ *   finite value never hides a key (-3.4e38, finfo(float32).min, gives a weight of 0 next to an
+ *   unmasked key; a row of such keys averages their values), as in torch. Sums beyond the
+ *   float32 range of the base-2 scores are kept finite and in order (attention.c, ATT_WIDE).
  *   causal    query i sees key j iff j <= i + (Lk - Lq) (bottom-right aligned); key blocks above
  *             the diagonal are skipped.
  *   dropout_p in [0, 1): dropout on the softmax weights (torch's MultiheadAttention): weight
@@ -102,7 +109,8 @@ int fa_build_tiles(int isa, int64_t *out);
  *             fa_rng_threshold(dropout_p)) (fa_rng.h), kept weights scaled by 1 / (1 - p);
  *             `weights` receives the weights after dropout, `lse` stays that of the undropped
  *             scores. 0 = no dropout (the same code and speed as without it); seed is then unused.
- *   A query row with no visible key yields zeros (and lse = -inf). NaN propagates.
+ *   A query row with no visible key yields zeros (and lse = -inf). NaN in a visible key's
+ *   row, or in q, propagates.
  *   Threads: (batch, head, query block) tasks, dynamically scheduled; each task is computed by
  *   one thread in a fixed order -> results independent of the thread count.
  *   Scratch: one buffer per thread, (D*BQ + BK*BQ + Dv*BQ + 2*BQ) floats, BQ/BK per ISA.
@@ -133,7 +141,10 @@ int fa_attention_forward(float *out, float *lse, float *weights,
  *     dv_j += P_ij keep_ij dout_i;   dS_ij = P_ij (keep_ij dout_i . v_j - Delta_i)
  *     dq_i += scale dS_ij k_j;       dk_j += scale dS_ij q_i
  *   A row with lse = -inf (or NaN, as in the twin) has P = 0: zero gradients, nothing added
- *   to dk, dv (a NaN Delta still makes its dS NaN). Causal: the pairs of
+ *   to dk, dv (a NaN Delta still makes its dS NaN). A hidden key (see the forward) has dS = 0
+ *   exactly and its k row takes no part in dq. A row with |lse| > 64 (float32 holds such an lse
+ *   to less than P needs, e.g. a row masked throughout by -3e38) has its max and sum recomputed
+ *   from its scores first. Causal: the pairs of
  *   query and key blocks wholly above the diagonal are skipped.
  *   Blocks: keys in blocks of BQ (along the vector lanes), queries in blocks of BR rows.
  *   Threads: Delta first ((B*H*Lq) rows, split statically). Then tasks over (batch, head) that
@@ -145,9 +156,10 @@ int fa_attention_forward(float *out, float *lse, float *weights,
  *   order (dq_i over key blocks in order, dk_j and dv_j over query rows in order) with the
  *   same arithmetic -> bitwise the same results for any thread count or team actually
  *   started. No atomics.
- *   Scratch: Delta (B*H*Lq floats), and per thread (2*D + 2*Dv + Dp + 2*BR + 1) * BQ floats,
- *   Dp = D rounded up to whole vectors: K^T, V^T, K (padded rows) and the dK^T, dV^T
- *   accumulators of one key block, the P' and dS tiles of one block pair, the key bias.
+ *   Scratch: Delta and P's reference and scale per row (3*B*H*Lq floats), and per thread
+ *   (2*D + 2*Dv + Dp + 2*BR + 1) * BQ floats, Dp = D rounded up to whole vectors: K^T, V^T, K
+ *   (padded rows) and the dK^T, dV^T accumulators of one key block, the P' and dS tiles of one
+ *   block pair, the key bias.
  *   Twin: fastattn.reference.attention_backward
  */
 int fa_attention_backward(float *dq, float *dk, float *dv,
@@ -188,6 +200,9 @@ void fa_softmax_forward(float *y, const float *x, int64_t N, int64_t C, int nthr
  *   weight    (C)     in, may be NULL (= 1)
  *   bias      (C)     in, may be NULL (= 0)
  *   Moments in one pass over s, shifted by s[0] of the row so that a large mean does not cancel.
+ *   Every finite row normalises, whatever its scale (up to FLT_MAX): a row whose float32 sums
+ *   overflow (|s| past ~1e19) is redone in double (so is a tiny row when eps < 2^-100). s is the
+ *   float32 sum x + residual: a row where it overflows (inf) or holds NaN gives NaN.
  *   Threads: rows split statically; no cross-thread reduction.
  *   Twin: fastattn.reference.layer_norm / layer_norm_forward
  */
@@ -212,11 +227,13 @@ void fa_layer_norm_forward(float *y, float *sum_out, float *mean, float *rstd,
  *   accumulate  0: dweight, dbias are overwritten; 1: the new gradients are added to them
  *   scalar math, per row:  xhat = (s - mean) * rstd;  g = dy * weight;
  *                          dx = rstd * (g - mean_c(g) - xhat * mean_c(g * xhat))
- *   One read of dy and s per row for the row sums and the parameter partials, a second (from
- *   cache) for dx. Threads: rows in blocks of REDUCE_ROWS (a multiple of it for tall inputs,
- *   chosen from N alone); each block's dweight/dbias partial is one slice of a scratch buffer,
- *   and the partials are summed block by block, in block order, in double (threads take
- *   column slices) -> results bit-identical for every thread count.
+ *   A row with rstd < 2^-100 (a standard deviation past ~1e30, where s - mean may overflow
+ *   float32) is computed in double. One read of dy and s per row for the row sums and the
+ *   parameter partials, a second (from cache) for dx. Threads: rows in blocks of REDUCE_ROWS
+ *   (a multiple of it for tall inputs, chosen from N alone); each block's dweight/dbias
+ *   partial is one slice of a scratch buffer, and the partials are summed block by block, in
+ *   block order, in double (threads take column slices) -> results bit-identical for every
+ *   thread count.
  *   Returns 0, or -1: out of memory (the partials scratch, 2 * C floats per block).
  *   Twin: fastattn.reference.layer_norm_backward
  */

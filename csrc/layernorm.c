@@ -5,6 +5,72 @@
 
 #include "fastattn.h"
 
+/* Rows whose float32 sums cannot hold their moments (the fast path's squares overflow past
+ * |s| ~ 1e19, or underflow into denormals when eps is as small as they are) are redone here
+ * in double, which holds every sum of finite float32 values (C * FLT_MAX^2 < DBL_MAX): layer
+ * norm is scale-invariant, so a row of 1e30s normalises like a row of 1s. The per-ISA bodies
+ * call these for such rows only; the common path keeps its one float32 pass. */
+
+/* One row, two passes in double:
+ *   mean = sum(s) / C;  var = sum((s - mean)^2) / C;  rstd = 1 / sqrt(var + eps);
+ *   y = (s - mean) * rstd * weight + bias
+ * A row holding inf or NaN (given, or an x + residual past the float32 range) gets NaN, as in
+ * the twin. s_n may be y_n (each element is read before it is written). */
+static void ln_row_wide(float *y_n, float *mean_n, float *rstd_n, const float *s_n,
+                        const float *weight, const float *bias, int64_t C, float eps)
+{
+    double sum = 0.0;
+    for (int64_t c = 0; c < C; c++) sum += (double)s_n[c];
+    const double mu = sum / (double)C;
+    double ss = 0.0;
+    for (int64_t c = 0; c < C; c++) {
+        const double t = (double)s_n[c] - mu;
+        ss += t * t;
+    }
+    const double rs = 1.0 / sqrt(ss / (double)C + (double)eps);
+    if (mean_n) *mean_n = (float)mu;
+    if (rstd_n) *rstd_n = (float)rs; /* as small as ~2.9e-39 (a denormal) for the widest rows */
+    for (int64_t c = 0; c < C; c++) {
+        double t = ((double)s_n[c] - mu) * rs;
+        if (weight) t *= (double)weight[c];
+        if (bias) t += (double)bias[c];
+        y_n[c] = (float)t;
+    }
+}
+
+/* The backward of one such row (rstd below LN_WIDE_RSTD: a standard deviation past ~1e30,
+ * where s - mean may overflow float32 and rstd may be a denormal), in double:
+ *   xhat = (s - mean) * rstd;  g = dy * weight;
+ *   dx = rstd * (g - sum(g)/C - xhat * sum(g * xhat)/C);  dw_part += dy * xhat;  db_part += dy
+ * s = x + residual in float32, as the forward formed it. */
+#define LN_WIDE_RSTD 0x1p-100f
+static void ln_bwd_row_wide(float *dx_n, float *dw_part, float *db_part, const float *dy_n,
+                            float mean, float rstd, const float *x_n, const float *r_n,
+                            const float *weight, int64_t C)
+{
+    const double mu = mean, rs = rstd;
+    double s1 = 0.0, s2 = 0.0;
+    for (int64_t c = 0; c < C; c++) {
+        const float s = r_n ? x_n[c] + r_n[c] : x_n[c];
+        const double xh = ((double)s - mu) * rs, d = dy_n[c];
+        if (db_part) {
+            db_part[c] += dy_n[c];
+            dw_part[c] += (float)(d * xh);
+        }
+        const double g = weight ? d * (double)weight[c] : d;
+        s1 += g;
+        s2 += g * xh;
+    }
+    if (!dx_n) return;
+    const double m1 = s1 / (double)C, m2 = s2 / (double)C;
+    for (int64_t c = 0; c < C; c++) {
+        const float s = r_n ? x_n[c] + r_n[c] : x_n[c];
+        const double xh = ((double)s - mu) * rs, d = dy_n[c];
+        const double g = weight ? d * (double)weight[c] : d;
+        dx_n[c] = (float)(rs * (g - m1 - xh * m2));
+    }
+}
+
 #define FA_BODY "layernorm_body.h"
 #include "fa_instantiate.h"
 

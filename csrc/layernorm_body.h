@@ -2,13 +2,17 @@
  *   scalar math, per row n:  s = x + residual;  mean = sum(s)/C;  var = sum((s-mean)^2)/C;
  *                            y = (s - mean) * rstd * weight + bias,  rstd = 1/sqrt(var + eps)
  * The moments come from one pass over s with sums shifted by s[0] (exact for a constant row,
- * no cancellation for a large mean), in per-lane float partial sums combined in double. */
+ * no cancellation for a large mean), in per-lane float partial sums combined in double. A row
+ * whose float sums overflow (inf or NaN: |s| past ~1e19, or inf / NaN in s), or whose squares
+ * may have sunk into denormals when eps is as tiny (below 2^-100), is redone by ln_row_wide in
+ * double; every other row takes the one float pass. */
 static void FA_CAT(layer_norm_rows_, FA_SFX)(float *y, float *sum_out, float *mean, float *rstd,
                                              const float *x, const float *residual,
                                              const float *weight, const float *bias,
                                              int64_t r0, int64_t r1, int64_t C, float eps)
 {
     const int64_t Cv = C - C % FA_VL;
+    const int tiny_eps = eps < 0x1p-100f;
     for (int64_t n = r0; n < r1; n++) {
         const float *x_n = x + n * C, *r_n = residual ? residual + n * C : NULL;
         float *s_n = sum_out ? sum_out + n * C : y + n * C; /* s lives where it is kept */
@@ -30,6 +34,12 @@ static void FA_CAT(layer_norm_rows_, FA_SFX)(float *y, float *sum_out, float *me
             s_n[c] = s;
             s1 += (double)(s - shift);
             s2 += (double)(s - shift) * (double)(s - shift);
+        }
+        if (!(s2 < INFINITY && fabs(s1) < INFINITY) ||   /* overflow, inf or NaN */
+            (tiny_eps && s2 < (double)C * 0x1p-100)) {
+            ln_row_wide(y_n, mean ? mean + n : NULL, rstd ? rstd + n : NULL, s_n, weight, bias,
+                        C, eps);
+            continue;
         }
         const double m1 = s1 / (double)C;
         double var = s2 / (double)C - m1 * m1;
@@ -60,7 +70,8 @@ static void FA_CAT(layer_norm_rows_, FA_SFX)(float *y, float *sum_out, float *me
  *                            dx = rstd * (g - sum(g)/C - xhat * sum(g * xhat)/C)
  *                            dw_part += dy * xhat;  db_part += dy
  * Pass one over the row: the two row sums (per-lane float partials combined in double, as in
- * the forward) and the parameter partials; pass two, from cache: dx.
+ * the forward) and the parameter partials; pass two, from cache: dx. A row with rstd below
+ * LN_WIDE_RSTD (or NaN) goes to ln_bwd_row_wide, in double.
  *   dx       (N, C)  out, may be NULL; rows [r0, r1) written
  *   dw_part  (C)     out, NULL iff db_part is; this block's sum over its rows of dy * xhat
  *   db_part  (C)     out; this block's sum over its rows of dy
@@ -78,6 +89,12 @@ FA_INLINE void FA_CAT(ln_bwd_rows_, FA_SFX)(float *dx, float *dw_part, float *db
         const float *x_n = x + n * C, *dy_n = dy + n * C;
         const float *r_n = has_res ? residual + n * C : NULL;
         const float mu = mean[n], rs = rstd[n];
+        if (!(rs >= LN_WIDE_RSTD)) {
+            ln_bwd_row_wide(dx ? dx + n * C : NULL, parts ? dw_part : NULL,
+                            parts ? db_part : NULL, dy_n, mu, rs, x_n, r_n,
+                            has_w ? weight : NULL, C);
+            continue;
+        }
         VF a1 = vsplat(0.0f), a2 = vsplat(0.0f);
         int64_t c = 0;
         for (; c < Cv; c += FA_VL) {

@@ -4,6 +4,8 @@ Same names, signatures and results as ``fastattn.reference`` (see its module doc
 dimension letters and conventions); the shape tables are in csrc/fastattn.h.
 
 Input handling, the same for every op:
+- The arguments are checked by fastattn._checks, the same functions the reference calls: both
+  twins accept and refuse the same arguments, with the same errors.
 - float64 (and other real dtypes) are converted to float32; bool, complex, object and string
   arrays raise TypeError. Non-contiguous inputs are copied, except attention's q, k and v, which
   the kernel reads through their strides when the last axis is contiguous. So are float32 views
@@ -13,11 +15,11 @@ Input handling, the same for every op:
 - Empty batches return empty arrays. NaN in the data propagates as NaN (it is not checked).
 """
 import math
-import numbers
 
 import numpy as np
 
-from . import _kernels, reference
+from . import _checks, _kernels, reference
+from ._checks import ACTIVATIONS
 from ._runtime import get_num_threads, quant_tiles, tiles
 
 __all__ = [
@@ -26,51 +28,36 @@ __all__ = [
     "ffn", "positional_encoding",
 ]
 
-# = FA_ACT_* in csrc/fastattn.h; "gelu" is the exact (erf) GELU, "gelu_tanh" its tanh
-# approximation (torch's GELU(approximate="tanh"))
-ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
-_ACT_CHOICES = ", ".join(map(repr, list(ACTIVATIONS)[:-1])) + f" or {list(ACTIVATIONS)[-1]!r}"
 
+# ---- conversions (after the checks in _checks) --------------------------------------------------
 
-# ---- argument checks ---------------------------------------------------------------------------
-
-def _array(x, name, op):
-    """x as an aligned float32 ndarray (a view when it already is one), or TypeError for
-    non-real data. Aligned: data and strides are whole floats apart, so the C kernels may load
-    floats through them (a misaligned view is copied)."""
-    a = np.asarray(x)
-    if a.dtype == np.bool_ or a.dtype.kind not in "fiu":
-        raise TypeError(f"{op}: {name} must be a real numeric array, got dtype {a.dtype}")
+def _f32(a):
+    """A checked real ndarray as an aligned float32 ndarray (a view when it already is one).
+    Aligned: data and strides are whole floats apart, so the C kernels may load floats through
+    them (a misaligned view is copied)."""
     if a.dtype != np.float32:
         return a.astype(np.float32)
     return a if a.flags.aligned else a.copy(order="C")
 
 
-def _contig(x, name, op):
-    """x as an aligned, C-contiguous float32 array of the same shape (0-d stays 0-d)."""
-    a = _array(x, name, op)
+def _f32c(a):
+    """A checked real ndarray (or None) as an aligned, C-contiguous float32 array of the same
+    shape (0-d stays 0-d)."""
+    if a is None:
+        return None
+    a = _f32(a)
     return a if a.flags.c_contiguous else a.copy(order="C")
 
 
-def _ndim(a, n, name, op, letters):
-    if a.ndim != n:
-        raise ValueError(f"{op}: {name} must be {n}-D {letters}, got shape {a.shape}")
+def _array(x, name, op):
+    """x as an aligned float32 ndarray (a view when it already is one), or TypeError for
+    non-real data."""
+    return _f32(_checks.real(x, name, op))
 
 
-def _vector(x, n, name, op):
-    """An optional (n,) parameter as a contiguous float32 array, or None."""
-    if x is None:
-        return None
-    a = _contig(x, name, op)
-    if a.shape != (n,):
-        raise ValueError(f"{op}: {name} must have shape ({n},), got {a.shape}")
-    return a
-
-
-def _activation(activation, op):
-    if not isinstance(activation, (str, type(None))) or activation not in ACTIVATIONS:
-        raise ValueError(f"{op}: activation must be {_ACT_CHOICES}, got {activation!r}")
-    return ACTIVATIONS[activation]
+def _contig(x, name, op):
+    """x as an aligned, C-contiguous float32 array of the same shape (0-d stays 0-d)."""
+    return _f32c(_checks.real(x, name, op))
 
 
 def _strided(a):
@@ -82,11 +69,14 @@ def _strided(a):
 
 def _mask_bias(mask, name, op, dtype_ok="bool or float"):
     """bool True = blocked -> -inf; float -> itself (added). Integer masks are ambiguous: refused."""
-    m = np.asarray(mask)
+    return _bias(_checks.mask_array(mask, name, op, dtype_ok))
+
+
+def _bias(m):
+    """A checked mask (bool or float ndarray) as the kernels' float32 bias: True -> -inf, False
+    -> 0, floats as they are (aligned, whole-float strides)."""
     if m.dtype == np.bool_:
         return np.where(m, np.float32(-np.inf), np.float32(0.0))
-    if m.dtype.kind != "f":
-        raise TypeError(f"{op}: {name} must be {dtype_ok}, got dtype {m.dtype}")
     m = m.astype(np.float32, copy=False)
     if not (m.flags.aligned and all(s % 4 == 0 for s in m.strides)):
         m = m.copy(order="C")         # the kernel reads aligned floats, whole-float strides
@@ -95,46 +85,25 @@ def _mask_bias(mask, name, op, dtype_ok="bool or float"):
 
 # ---- attention ---------------------------------------------------------------------------------
 
-def _check_attention(q, k, v, mask, key_padding_mask, scale, op="attention"):
-    q, k, v = (_array(t, n, op) for t, n in ((q, "q"), (k, "k"), (v, "v")))
-    _ndim(q, 4, "q", op, "(B, H, Lq, D)")
-    _ndim(k, 4, "k", op, "(B, H, Lk, D)")
-    _ndim(v, 4, "v", op, "(B, H, Lk, Dv)")
-    q, k, v = _strided(q), _strided(k), _strided(v)
-    B, H, Lq, D = q.shape
-    if k.shape[:2] != (B, H) or k.shape[3] != D:
-        raise ValueError(f"{op}: k must be (B, H, Lk, D) = ({B}, {H}, Lk, {D}) to match q "
-                         f"{q.shape}, got {k.shape}")
+def _attention_operands(q, k, v, mask, key_padding_mask, op):
+    """Checked attention operands in the kernel's form: q, k, v float32 with a contiguous last
+    axis; mask -> a float32 bias broadcast to (B, H, Lq, Lk) (a view); key_padding_mask -> a
+    float32 (B * Lk,) bias."""
+    q, k, v = _strided(_f32(q)), _strided(_f32(k)), _strided(_f32(v))
+    B, H, Lq, _ = q.shape
     Lk = k.shape[2]
-    if v.shape[:3] != (B, H, Lk):
-        raise ValueError(f"{op}: v must be (B, H, Lk, Dv) = ({B}, {H}, {Lk}, Dv) to match k "
-                         f"{k.shape}, got {v.shape}")
-    full = (B, H, Lq, Lk)
     if mask is not None:
-        m = _mask_bias(mask, "mask", op)
-        try:
-            if m.ndim > 4:
-                raise ValueError
-            mask = np.broadcast_to(m, full)
-        except ValueError:
-            raise ValueError(f"{op}: mask of shape {m.shape} does not broadcast to "
-                             f"(B, H, Lq, Lk) = {full}") from None
+        mask = np.broadcast_to(_bias(mask), (B, H, Lq, Lk))
     if key_padding_mask is not None:
-        kp = _mask_bias(key_padding_mask, "key_padding_mask", op)
-        if kp.shape != (B, Lk):
-            raise ValueError(f"{op}: key_padding_mask must be (B, Lk) = ({B}, {Lk}), "
-                             f"got {kp.shape}")
-        key_padding_mask = np.ascontiguousarray(kp).reshape(-1)
-    if scale is None:
-        scale = 1.0 / math.sqrt(D) if D > 0 else 1.0
-    elif not isinstance(scale, numbers.Real) or isinstance(scale, bool):
-        raise TypeError(f"{op}: scale must be a real number or None, got {type(scale).__name__}")
-    return q, k, v, mask, key_padding_mask, float(scale)
+        key_padding_mask = np.ascontiguousarray(_bias(key_padding_mask)).reshape(-1)
+    return q, k, v, mask, key_padding_mask
 
 
 def _attention(q, k, v, mask, key_padding_mask, causal, scale, want_weights, dropout_p, seed):
-    p, seed = reference._attention_dropout(dropout_p, seed, "attention")
-    q, k, v, bias, key_bias, scale = _check_attention(q, k, v, mask, key_padding_mask, scale)
+    p, seed = _checks.attention_dropout(dropout_p, seed, "attention")
+    q, k, v, mask, key_padding_mask, scale = _checks.attention(q, k, v, mask, key_padding_mask,
+                                                               scale)
+    q, k, v, bias, key_bias = _attention_operands(q, k, v, mask, key_padding_mask, "attention")
     B, H, Lq, D = q.shape
     Lk, Dv = k.shape[2], v.shape[3]
     if min(B, H, Lq, Dv) == 0 or min(Lk, D) == 0:
@@ -167,7 +136,10 @@ def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=
     q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv) -> (B, H, Lq, Dv) float32 [, weights
     (B, H, Lq, Lk) when return_weights]. mask: bool (True = not allowed) or float (added),
     broadcastable to (B, H, Lq, Lk); key_padding_mask (B, Lk), True = padding; causal is
-    bottom-right aligned. A query with no allowed key returns zeros. Without return_weights no
+    bottom-right aligned. Only True or -inf hides a key (its k and v rows, NaN included, take no
+    part); any finite mask value is added to the score, however large (finfo(float32).min gives
+    a weight of 0 next to an unmasked key; a row masked that way throughout averages its
+    values), as in torch. A query with no allowed key returns zeros. Without return_weights no
     (Lq, Lk) matrix is ever stored. dropout_p in [0, 1) drops attention weights (kept ones
     scaled by 1 / (1 - p)) as reference.dropout_keep decides from seed, bit for bit; the
     returned weights are the dropped ones.
@@ -191,26 +163,12 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, key_padding_mask=N
     it cannot see untouched (the twin spreads its NaN to every key of the head).
     """
     op = "attention_backward"
-    p, seed = reference._attention_dropout(dropout_p, seed, op)
-    arrays = {}
-    for name, x, n, letters in (("dout", dout, 4, "(B, H, Lq, Dv)"), ("q", q, 4, "(B, H, Lq, D)"),
-                                ("k", k, 4, "(B, H, Lk, D)"), ("v", v, 4, "(B, H, Lk, Dv)"),
-                                ("out", out, 4, "(B, H, Lq, Dv)"), ("lse", lse, 3, "(B, H, Lq)")):
-        arrays[name] = _array(x, name, op)
-        _ndim(arrays[name], n, name, op, letters)
-    q, k, v, bias, key_bias, scale = _check_attention(arrays["q"], arrays["k"], arrays["v"], mask,
-                                                      key_padding_mask, scale, op)
+    dout, q, k, v, out, lse, mask, key_padding_mask, scale, p, seed = _checks.attention_backward(
+        dout, q, k, v, out, lse, mask, key_padding_mask, scale, dropout_p, seed, op)
+    q, k, v, bias, key_bias = _attention_operands(q, k, v, mask, key_padding_mask, op)
+    dout, out, lse = _strided(_f32(dout)), _strided(_f32(out)), _f32(lse)
     B, H, Lq, D = q.shape
     Lk, Dv = k.shape[2], v.shape[3]
-    dout, out = _strided(arrays["dout"]), _strided(arrays["out"])
-    for name, a in (("dout", dout), ("out", out)):
-        if a.shape != (B, H, Lq, Dv):
-            raise ValueError(f"{op}: {name} must be (B, H, Lq, Dv) = ({B}, {H}, {Lq}, {Dv}) to "
-                             f"match q {q.shape} and v {v.shape}, got {a.shape}")
-    lse = arrays["lse"]
-    if lse.shape != (B, H, Lq):
-        raise ValueError(f"{op}: lse must be (B, H, Lq) = ({B}, {H}, {Lq}) to match q {q.shape}, "
-                         f"got {lse.shape}")
     if min(B, H, Lq, Lk, D, Dv) == 0:
         # Nothing to tile (an empty batch, no queries or keys, zero-width heads): the twin.
         kb = None if key_bias is None else key_bias.reshape(B, Lk)
@@ -230,11 +188,8 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, key_padding_mask=N
 
 def softmax(x, axis=-1):
     """Max-subtracted softmax along `axis`; a row of all -inf gives zeros. See reference.softmax."""
-    a = _array(x, "x", "softmax")
-    if a.ndim == 0:
-        raise ValueError("softmax: x must have at least 1 dimension, got a scalar")
-    if not isinstance(axis, numbers.Integral) or not -a.ndim <= axis < a.ndim:
-        raise ValueError(f"softmax: axis {axis!r} is out of range for x of shape {a.shape}")
+    a, axis = _checks.softmax(x, axis)
+    a = _f32(a)
     moved = np.ascontiguousarray(np.moveaxis(a, axis, -1))
     y = np.empty_like(moved)
     if moved.size:
@@ -247,22 +202,9 @@ def softmax(x, axis=-1):
 
 def layer_norm_forward(x, weight, bias, *, eps=1e-5, residual=None):
     """LN(x + residual) returning (y, {"mean": (N,), "rstd": (N,)}); see reference."""
-    op = "layer_norm"
-    x = _contig(x, "x", op)
-    if x.ndim == 0:
-        raise ValueError(f"{op}: x must have at least 1 dimension (..., C), got a scalar")
+    x, weight, bias, residual, eps = _checks.layer_norm(x, weight, bias, eps, residual)
+    x, weight, bias, residual = map(_f32c, (x, weight, bias, residual))
     C = x.shape[-1]
-    weight = _vector(weight, C, "weight", op)
-    bias = _vector(bias, C, "bias", op)
-    if residual is not None:
-        residual = _contig(residual, "residual", op)
-        if residual.shape != x.shape:
-            raise ValueError(f"{op}: residual must have the shape of x {x.shape}, "
-                             f"got {residual.shape}")
-    if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
-        raise TypeError(f"{op}: eps must be a real number, got {type(eps).__name__}")
-    if not (eps > 0 and math.isfinite(eps)) or np.float32(eps) == 0:
-        raise ValueError(f"{op}: eps must be positive and finite in float32, got {eps!r}")
     N = x.size // C if C else 0
     y = np.empty(x.shape, np.float32)
     mean = np.empty(N, np.float32)
@@ -281,30 +223,14 @@ def layer_norm(x, weight, bias, *, eps=1e-5, residual=None):
     return layer_norm_forward(x, weight, bias, eps=eps, residual=residual)[0]
 
 
-def _same_shape(a, name, like, like_name, op):
-    if a.shape != like.shape:
-        raise ValueError(f"{op}: {name} must have the shape of {like_name} {like.shape}, "
-                         f"got {a.shape}")
-
-
 def layer_norm_backward(dy, x, mean, rstd, weight, *, residual=None):
     """Gradients (dx, dweight, dbias) of LN(x + residual) * weight + bias from the forward's
     mean and rstd; dx is the gradient of x and of residual alike. See
     reference.layer_norm_backward."""
-    op = "layer_norm_backward"
-    x = _contig(x, "x", op)
-    if x.ndim == 0:
-        raise ValueError(f"{op}: x must have at least 1 dimension (..., C), got a scalar")
-    dy = _contig(dy, "dy", op)
-    _same_shape(dy, "dy", x, "x", op)
+    checked = _checks.layer_norm_backward(dy, x, mean, rstd, weight, residual)
+    dy, x, mean, rstd, weight, residual = map(_f32c, checked)
     C = x.shape[-1]
     N = math.prod(x.shape[:-1])
-    mean = _vector(mean, N, "mean", op)
-    rstd = _vector(rstd, N, "rstd", op)
-    weight = _vector(weight, C, "weight", op)
-    if residual is not None:
-        residual = _contig(residual, "residual", op)
-        _same_shape(residual, "residual", x, "x", op)
     dx = np.empty(x.shape, np.float32)
     dweight = None if weight is None else np.empty(C, np.float32)
     dbias = np.empty(C, np.float32)
@@ -317,34 +243,12 @@ def layer_norm_backward(dy, x, mean, rstd, weight, *, residual=None):
 
 # ---- linear and feed-forward -------------------------------------------------------------------
 
-def _rows(x, name, op):
-    x = _contig(x, name, op)
-    if x.ndim == 0:
-        raise ValueError(f"{op}: {name} must have at least 1 dimension (..., features), "
-                         "got a scalar")
-    return x
-
-
-def _weight(w, name, op, shape_text):
-    if isinstance(w, QuantizedWeight):
-        raise TypeError(f"{op}: {name} is a QuantizedWeight; quantised weights are for "
-                        "inference (linear, ffn), not training")
-    w = _contig(w, name, op)
-    _ndim(w, 2, name, op, shape_text)
-    return w
-
-
 def _check_linear(x, weight, bias, activation):
     """linear's arguments checked and converted -> (x, weight, bias, act code, N, M, K)."""
-    op = "linear"
-    x = _rows(x, "x", op)
-    weight = _weight(weight, "weight", op, "(out_features, in_features)")
+    x, weight, bias, activation = _checks.linear(x, weight, bias, activation)
+    x, weight, bias = map(_f32c, (x, weight, bias))
     M, K = weight.shape
-    if x.shape[-1] != K:
-        raise ValueError(f"{op}: x {x.shape} has {x.shape[-1]} features but weight {weight.shape} "
-                         f"expects {K}")
-    bias = _vector(bias, M, "bias", op)
-    return x, weight, bias, _activation(activation, op), math.prod(x.shape[:-1]), M, K
+    return x, weight, bias, ACTIVATIONS[activation], math.prod(x.shape[:-1]), M, K
 
 
 def linear(x, weight, bias=None, *, activation=None):
@@ -375,34 +279,15 @@ def linear_forward(x, weight, bias=None, *, activation=None):
     return y, {"pre": pre}
 
 
-def _pre(pre, N, M, name, op):
-    """The saved pre-activation as a contiguous (N, M) float32 array ((..., M) accepted)."""
-    a = _contig(pre, name, op)
-    if a.ndim == 0 or a.shape[-1] != M or a.size != N * M:
-        raise ValueError(f"{op}: {name} must be ({N}, {M}) (the forward's cache), got {a.shape}")
-    return a.reshape(N, M)
-
-
 def linear_backward(dy, x, weight, *, pre=None, activation=None):
     """Gradients (dx, dweight, dbias) of act(x @ weight.T + bias); pre is the forward's
     cache["pre"] (needed with an activation). See reference.linear_backward."""
-    op = "linear_backward"
-    x = _rows(x, "x", op)
-    weight = _weight(weight, "weight", op, "(out_features, in_features)")
+    dy, x, weight, pre, activation = _checks.linear_backward(dy, x, weight, pre, activation)
+    dy, x, weight, pre = map(_f32c, (dy, x, weight, pre))
+    act = ACTIVATIONS[activation]
     M, K = weight.shape
-    if x.shape[-1] != K:
-        raise ValueError(f"{op}: x {x.shape} has {x.shape[-1]} features but weight {weight.shape} "
-                         f"expects {K}")
-    dy = _contig(dy, "dy", op)
-    if dy.shape != x.shape[:-1] + (M,):
-        raise ValueError(f"{op}: dy must be {x.shape[:-1] + (M,)} (x's rows, weight's "
-                         f"{M} outputs), got {dy.shape}")
-    act = _activation(activation, op)
     N = math.prod(x.shape[:-1])
-    if act and pre is None:
-        raise ValueError(f"{op}: pre (linear_forward's cache['pre']) is required with "
-                         f"activation={activation!r}")
-    pre = _pre(pre, N, M, "pre", op) if act else None
+    pre = None if pre is None else pre.reshape(N, M)
     dx = np.empty(x.shape, np.float32)
     dweight = np.empty((M, K), np.float32)
     dbias = np.empty(M, np.float32)
@@ -430,22 +315,13 @@ def ffn(x, w1, b1, w2, b2, *, activation="relu"):
     return y
 
 
-def _check_ffn(x, w1, b1, w2, b2, activation, op, weight=_weight):
-    """ffn's arguments checked and converted; weight: the check of w1 and w2 (_weight, or
-    _quantized_or_float where quantised weights are allowed)."""
-    x = _rows(x, "x", op)
-    C = x.shape[-1]
-    w1 = weight(w1, "w1", op, "(F, C)")
-    w2 = weight(w2, "w2", op, "(C, F)")
-    F = w1.shape[0]
-    if w1.shape[1] != C:
-        raise ValueError(f"{op}: w1 must be (F, C) with C = {C} from x {x.shape}, got {w1.shape}")
-    if w2.shape != (C, F):
-        raise ValueError(f"{op}: w2 must be (C, F) = ({C}, {F}) from x {x.shape} and w1 "
-                         f"{w1.shape}, got {w2.shape}")
-    b1 = _vector(b1, F, "b1", op)
-    b2 = _vector(b2, C, "b2", op)
-    return x, w1, b1, w2, b2, _activation(activation, op)
+def _check_ffn(x, w1, b1, w2, b2, activation, op, quantized_ok=False):
+    """ffn's arguments checked and converted (float weights to float32; QuantizedWeights,
+    allowed where quantized_ok, as they are) -> (x, w1, b1, w2, b2, act code)."""
+    x, w1, b1, w2, b2, activation = _checks.ffn(x, w1, b1, w2, b2, activation, op, quantized_ok)
+    w1, w2 = (w if isinstance(w, QuantizedWeight) else _f32c(w) for w in (w1, w2))
+    x, b1, b2 = map(_f32c, (x, b1, b2))
+    return x, w1, b1, w2, b2, ACTIVATIONS[activation]
 
 
 def ffn_forward(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=None):
@@ -453,8 +329,10 @@ def ffn_forward(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=Non
     dropout_p = 0 runs the inference kernel's path (only pre is written in addition). See
     reference.ffn_forward."""
     op = "ffn_forward"
-    x, w1, b1, w2, b2, act = _check_ffn(x, w1, b1, w2, b2, activation, op)
-    reference._check_dropout(dropout_p, seed, op)
+    x, w1, b1, w2, b2, activation = _checks.ffn_training(x, w1, b1, w2, b2, activation,
+                                                         dropout_p, seed, op)
+    x, w1, b1, w2, b2 = map(_f32c, (x, w1, b1, w2, b2))
+    act = ACTIVATIONS[activation]
     C, F = x.shape[-1], w1.shape[0]
     N = math.prod(x.shape[:-1])
     if not (N and C and F):  # an empty batch, model or hidden layer: the twin is exact
@@ -472,13 +350,13 @@ def ffn_backward(dy, x, w1, b1, w2, b2, pre, *, activation="relu", dropout_p=0.0
     the dropout mask are recomputed. db1 / db2 are None when b1 / b2 are. See
     reference.ffn_backward."""
     op = "ffn_backward"
-    x, w1, b1, w2, b2, act = _check_ffn(x, w1, b1, w2, b2, activation, op)
-    reference._check_dropout(dropout_p, seed, op)
-    dy = _contig(dy, "dy", op)
-    _same_shape(dy, "dy", x, "x", op)
+    dy, x, w1, b1, w2, b2, pre, activation = _checks.ffn_backward(
+        dy, x, w1, b1, w2, b2, pre, activation, dropout_p, seed, op)
+    dy, x, w1, b1, w2, b2, pre = map(_f32c, (dy, x, w1, b1, w2, b2, pre))
+    act = ACTIVATIONS[activation]
     C, F = x.shape[-1], w1.shape[0]
     N = math.prod(x.shape[:-1])
-    pre = _pre(pre, N, F, "pre", op)
+    pre = pre.reshape(N, F)
     dx = np.empty(x.shape, np.float32)
     dw1, dw2 = np.empty((F, C), np.float32), np.empty((C, F), np.float32)
     db1 = None if b1 is None else np.empty(F, np.float32)
@@ -498,10 +376,7 @@ __all__ += ["layer_norm_backward", "linear_forward", "linear_backward", "ffn_for
 # ---- dropout -----------------------------------------------------------------------------------
 
 def _dropout(x, p, seed, op, name):
-    a = _contig(x, name, op)
-    if a.ndim == 0:
-        raise ValueError(f"{op}: {name} must have at least 1 dimension (..., C), got a scalar")
-    reference._check_dropout(p, seed, op)
+    a = _f32c(_checks.dropout(x, p, seed, op, name))
     y = np.empty(a.shape, np.float32)
     C = a.shape[-1]
     N = math.prod(a.shape[:-1])
@@ -525,32 +400,12 @@ def dropout_backward(dy, p, *, seed=None):
 
 # ---- embedding ---------------------------------------------------------------------------------
 
-def _ids(ids, op):
-    a = np.asarray(ids)
-    if a.dtype == np.bool_ or a.dtype.kind not in "iu":
-        raise TypeError(f"{op}: ids must be an integer array, got dtype {a.dtype}")
-    return np.ascontiguousarray(a, dtype=np.int64)
-
-
 def embedding_backward(dout, ids, num_embeddings):
     """Deterministic scatter-add of the rows of dout (..., C) into the rows of their ids (...):
     dweight (num_embeddings, C). See reference.embedding_backward."""
-    op = "embedding_backward"
-    if isinstance(num_embeddings, bool) or not isinstance(num_embeddings, numbers.Integral):
-        raise TypeError(f"{op}: num_embeddings must be an int, got "
-                        f"{type(num_embeddings).__name__}")
-    V = int(num_embeddings)
-    if V < 0:
-        raise ValueError(f"{op}: num_embeddings must be >= 0, got {V}")
-    ids = _ids(ids, op)
-    dout = _contig(dout, "dout", op)
-    if dout.ndim != ids.ndim + 1 or dout.shape[:-1] != ids.shape:
-        raise ValueError(f"{op}: dout must be ids' shape {ids.shape} plus a feature axis "
-                         f"(..., C), got {dout.shape}")
+    dout, ids, V = _checks.embedding_backward(dout, ids, num_embeddings)
+    dout = _f32c(dout)
     flat = ids.reshape(-1)
-    if flat.size and (flat.min() < 0 or flat.max() >= V):
-        bad = flat[(flat < 0) | (flat >= V)][0]
-        raise ValueError(f"{op}: ids must be in [0, num_embeddings) = [0, {V}), found {bad}")
     C = dout.shape[-1]
     dweight = np.empty((V, C), np.float32)
     _kernels.embedding_backward(dweight, dout.reshape(flat.size, C), flat, False,
@@ -563,13 +418,7 @@ def embedding_backward(dout, ids, num_embeddings):
 def positional_encoding(length, d_model):
     """(length, d_model) sinusoidal table; computed once per model in NumPy (not a hot path), so
     it is the twin's own code after the argument checks."""
-    for name, val in (("length", length), ("d_model", d_model)):
-        if not isinstance(val, numbers.Integral) or isinstance(val, bool):
-            raise TypeError(f"positional_encoding: {name} must be an int, got "
-                            f"{type(val).__name__}")
-        if val < 0:
-            raise ValueError(f"positional_encoding: {name} must be >= 0, got {val}")
-    return reference.positional_encoding(int(length), int(d_model))
+    return reference.positional_encoding(length, d_model)
 
 
 # ---- private entry points for fastattn.nn ------------------------------------------------------
@@ -702,7 +551,7 @@ class PackedWeight:
 
     def __init__(self, weight):
         w = _contig(weight, "weight", "PackedWeight")
-        _ndim(w, 2, "weight", "PackedWeight", "(out_features, in_features)")
+        _checks.ndim(w, 2, "weight", "PackedWeight", "(out_features, in_features)")
         self.shape = w.shape
         self.data = np.empty(_kernels.packed_size(*w.shape), np.float32)
         _kernels.pack_panels(self.data, w, get_num_threads())
@@ -718,53 +567,7 @@ def _linear_packed_into(y, x, packed, bias, act):
 
 __all__ += ["cross_entropy"]
 
-REDUCTIONS = ("mean", "sum", "none")
-_INT64 = np.iinfo(np.int64)
-
-
-def _real(value, name, op):
-    """A finite real hyper-parameter as a Python float (TypeError / ValueError otherwise)."""
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        raise TypeError(f"{op}: {name} must be a real number, got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{op}: {name} must be finite, got {value!r}")
-    return value
-
-
-def _targets(targets, shape, V, ignore_index, op):
-    """targets as a flat int64 array, checked: integer dtype, shape `shape`, each in [0, V) or
-    equal to ignore_index (the kernel indexes the logits with them). Returns (t, count of rows
-    not ignored)."""
-    t = np.asarray(targets)
-    if t.dtype == np.bool_ or t.dtype.kind not in "iu":
-        raise TypeError(f"{op}: targets must be an integer array of class indices, got dtype "
-                        f"{t.dtype}")
-    if t.shape != shape:
-        raise ValueError(f"{op}: targets must have the shape of the logits without their last "
-                         f"axis, {shape}, got {t.shape}")
-    if t.dtype.kind == "u" and t.size and int(t.max()) > _INT64.max:
-        raise ValueError(f"{op}: target {int(t.max())} is out of range for V = {V} classes")
-    t = np.ascontiguousarray(t, dtype=np.int64).reshape(-1)
-    keep = t != ignore_index
-    bad = keep & ((t < 0) | (t >= V))
-    if bad.any():
-        raise ValueError(f"{op}: target {int(t[bad][0])} is out of range for V = {V} classes "
-                         f"(valid: 0 .. {V - 1}, or ignore_index = {ignore_index})")
-    return t, int(np.count_nonzero(keep))
-
-
-def _check_loss_options(ignore_index, label_smoothing, reduction, op):
-    if not isinstance(ignore_index, numbers.Integral) or isinstance(ignore_index, bool):
-        raise TypeError(f"{op}: ignore_index must be an int, got {type(ignore_index).__name__}")
-    if not _INT64.min <= ignore_index <= _INT64.max:
-        raise ValueError(f"{op}: ignore_index must fit in int64, got {ignore_index}")
-    eps = _real(label_smoothing, "label_smoothing", op)
-    if not 0.0 <= eps <= 1.0:
-        raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing!r}")
-    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
-        raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    return int(ignore_index), eps
+REDUCTIONS = _checks.REDUCTIONS
 
 
 def _reduce_losses(losses, count, reduction):
@@ -794,12 +597,10 @@ def cross_entropy(logits, targets, *, ignore_index=-100, label_smoothing=0.0, re
     counted row is 0 (torch gives NaN). A target outside [0, V) raises ValueError.
     """
     op = "cross_entropy"
-    ignore_index, eps = _check_loss_options(ignore_index, label_smoothing, reduction, op)
-    x = _contig(logits, "logits", op)
-    if x.ndim == 0:
-        raise ValueError(f"{op}: logits must have at least 1 dimension (..., V), got a scalar")
+    x, t, count, ignore_index, eps = _checks.cross_entropy(logits, targets, ignore_index,
+                                                           label_smoothing, reduction, op)
+    x = _f32c(x)
     V = x.shape[-1]
-    t, count = _targets(targets, x.shape[:-1], V, ignore_index, op)
     N = t.size
     losses = np.empty(N, np.float32)
     dlogits = np.empty(x.shape, np.float32) if return_grad else None
@@ -821,9 +622,9 @@ def _cross_entropy_into(dlogits, losses, logits, targets, *, ignore_index=-100,
     (the kernel indexes with them). Returns the reduced loss (a float), or losses for "none";
     dlogits holds the gradient of that loss ("none": of the sum)."""
     op = "cross_entropy"
-    ignore_index, eps = _check_loss_options(ignore_index, label_smoothing, reduction, op)
+    ignore_index, eps = _checks.loss_options(ignore_index, label_smoothing, reduction, op)
     N, V = logits.shape
-    t, count = _targets(targets, (N,), V, ignore_index, op)
+    t, count = _checks.targets(targets, (N,), V, ignore_index, op)
     _kernels.cross_entropy_forward(losses, dlogits, logits, t, ignore_index, eps,
                                    _ce_grad_scale(count, reduction), get_num_threads())
     return _reduce_losses(losses, count, reduction)
@@ -834,74 +635,10 @@ def _cross_entropy_into(dlogits, losses, logits, targets, *, ignore_index=-100,
 __all__ += ["adamw_step", "adam_step", "grad_norm", "clip_grads"]
 
 
-def _as_list(x, name, op):
-    if isinstance(x, np.ndarray):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return list(x)
-    raise TypeError(f"{op}: {name} must be a float32 array or a list of them, got "
-                    f"{type(x).__name__}")
-
-
-def _inplace_array(a, name, op, writable=True):
-    """An array the kernel reads (and, if writable, updates) where it lies: float32,
-    C-contiguous, aligned; nothing is converted or copied."""
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{op}: {name} must be a NumPy array, got {type(a).__name__}")
-    if a.dtype != np.float32:
-        raise TypeError(f"{op}: {name} must be float32, got dtype {a.dtype}")
-    if not (a.flags.c_contiguous and a.flags.aligned):
-        raise ValueError(f"{op}: {name} must be C-contiguous and aligned (it is used in place), "
-                         f"got strides {a.strides} for shape {a.shape}")
-    if writable and not a.flags.writeable:
-        raise ValueError(f"{op}: {name} is read-only; it is updated in place")
-    return a.reshape(-1)
-
-
-def _check_adam(params, grads, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay, op):
-    lists = [_as_list(x, n, op) for x, n in ((params, "params"), (grads, "grads"),
-                                             (exp_avg, "exp_avg"), (exp_avg_sq, "exp_avg_sq"))]
-    if len({len(x) for x in lists}) != 1:
-        raise ValueError(f"{op}: params, grads, exp_avg and exp_avg_sq must be as many, got "
-                         f"{', '.join(str(len(x)) for x in lists)}")
-    if not isinstance(step, numbers.Integral) or isinstance(step, bool):
-        raise TypeError(f"{op}: step must be an int (1-based), got {type(step).__name__}")
-    if step < 1:
-        raise ValueError(f"{op}: step must be >= 1 (1-based: the first update is step 1), "
-                         f"got {step}")
-    lr = _real(lr, "lr", op)
-    eps = _real(eps, "eps", op)
-    weight_decay = _real(weight_decay, "weight_decay", op)
-    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-        raise ValueError(f"{op}: betas must be a pair (beta1, beta2), got {betas!r}")
-    b1, b2 = (_real(b, f"betas[{i}]", op) for i, b in enumerate(betas))
-    for name, v in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
-        if v < 0:
-            raise ValueError(f"{op}: {name} must be >= 0, got {v!r}")
-    for i, b in enumerate((b1, b2)):
-        if not 0.0 <= b < 1.0:
-            raise ValueError(f"{op}: betas[{i}] must be in [0, 1), got {b!r}")
-    tensors = []
-    for i, (p, g, m, v) in enumerate(zip(*lists)):
-        flat = [_inplace_array(a, f"{n}[{i}]", op, writable=n != "grads")
-                for a, n in ((p, "params"), (g, "grads"), (m, "exp_avg"), (v, "exp_avg_sq"))]
-        if not p.shape == g.shape == m.shape == v.shape:
-            raise ValueError(f"{op}: params[{i}], grads[{i}], exp_avg[{i}] and exp_avg_sq[{i}] "
-                             f"must have the same shape, got {p.shape}, {g.shape}, {m.shape}, "
-                             f"{v.shape}")
-        named = (("params", p), ("grads", g), ("exp_avg", m), ("exp_avg_sq", v))
-        for j, (na, a) in enumerate(named):
-            for nb, b in named[j + 1:]:
-                if a.size and np.may_share_memory(a, b):
-                    raise ValueError(f"{op}: {na}[{i}] and {nb}[{i}] share memory")
-        tensors.append(flat)
-    return tensors, int(step), lr, b1, b2, eps, weight_decay
-
-
 def _adam(op, decoupled, params, grads, exp_avg, exp_avg_sq, step, lr, betas, eps,
           weight_decay):
-    tensors, step, lr, b1, b2, eps, wd = _check_adam(params, grads, exp_avg, exp_avg_sq, step,
-                                                     lr, betas, eps, weight_decay, op)
+    tensors, step, lr, b1, b2, eps, wd = _checks.adam(params, grads, exp_avg, exp_avg_sq, step,
+                                                      lr, betas, eps, weight_decay, op)
     p, g, m, v = (list(t) for t in zip(*tensors)) if tensors else ([], [], [], [])
     _kernels.adam_step(p, m, v, g, step, lr, b1, b2, eps, wd, decoupled, get_num_threads())
 
@@ -930,8 +667,7 @@ def grad_norm(grads):
     for any thread count. Other dtypes and layouts are converted (a copy); see
     reference.grad_norm."""
     op = "grad_norm"
-    flat = [_contig(g, f"grads[{i}]", op).reshape(-1)
-            for i, g in enumerate(_as_list(grads, "grads", op))]
+    flat = [_f32c(g).reshape(-1) for g in _checks.grad_list(grads, op)]
     return math.sqrt(_kernels.sum_squares(flat, get_num_threads()))
 
 
@@ -940,14 +676,7 @@ def clip_grads(grads, max_norm):
     `total` exceeds max_norm (torch.nn.utils.clip_grad_norm_); returns total (before clipping).
     grads: float32 C-contiguous writable arrays. A NaN total scales every gradient by NaN, an
     infinite one by 0, as torch does. See reference.clip_grads."""
-    op = "clip_grads"
-    if not isinstance(max_norm, numbers.Real) or isinstance(max_norm, bool):
-        raise TypeError(f"{op}: max_norm must be a real number, got {type(max_norm).__name__}")
-    max_norm = float(max_norm)
-    if not max_norm >= 0:
-        raise ValueError(f"{op}: max_norm must be >= 0 (inf: never clip), got {max_norm!r}")
-    flat = [_inplace_array(g, f"grads[{i}]", op)
-            for i, g in enumerate(_as_list(grads, "grads", op))]
+    flat, max_norm = _checks.clip_grads(grads, max_norm)
     total = math.sqrt(_kernels.sum_squares(flat, get_num_threads()))
     if not total <= max_norm:                 # also NaN, as torch
         _kernels.scale_inplace(flat, max_norm / (total + 1e-6), get_num_threads())
@@ -976,7 +705,7 @@ def quantize_int8(x):
     (...,)), with x ~= q * scale[..., None]; see reference.quantize_int8 for the exact rule
     (bit for bit the same here). A row with NaN or inf raises ValueError naming it."""
     op = "quantize_int8"
-    x = _rows(x, "x", op)
+    x = _f32c(_checks.rows(x, "x", op, "(..., K)"))
     lead, K = x.shape[:-1], x.shape[-1]
     N = math.prod(lead)
     q = np.empty((N, K), np.int8)
@@ -988,31 +717,12 @@ def quantize_int8(x):
     return q.reshape(x.shape), scale.reshape(lead)
 
 
-def _int8_array(q, name, op):
-    a = np.asarray(q)
-    if a.dtype != np.int8:
-        raise TypeError(f"{op}: {name} must be an int8 array, got dtype {a.dtype}")
-    return a
-
-
-def _float32_exact(a, name, op):
-    """A float32 array as given (never converted: a conversion would change stored values)."""
-    a = np.asarray(a)
-    if a.dtype != np.float32:
-        raise TypeError(f"{op}: {name} must be a float32 array, got dtype {a.dtype}")
-    return a
+_int8_array = _checks.int8_array
+_float32_exact = _checks.float32_exact
 
 
 def dequantize_int8(q, scale):
     """q * scale[..., None] as float32: q (..., K) int8, scale (...,) float32 -> (..., K)."""
-    op = "dequantize_int8"
-    q = _int8_array(q, "q", op)
-    if q.ndim == 0:
-        raise ValueError(f"{op}: q must have at least 1 dimension (..., K), got a scalar")
-    scale = _float32_exact(scale, "scale", op)
-    if scale.shape != q.shape[:-1]:
-        raise ValueError(f"{op}: scale must have shape {q.shape[:-1]} (q's rows), got "
-                         f"{scale.shape}")
     return reference.dequantize_int8(q, scale)
 
 
@@ -1124,7 +834,7 @@ class QuantizedWeight:
     def from_float(cls, w, dtype):
         op = "QuantizedWeight.from_float"
         dtype = _dtype_name(dtype, op)
-        w = _weight(w, "w", op, "(out_features, in_features)")
+        w = _f32c(_checks.weight(w, "w", op, "(out_features, in_features)"))
         M, K = w.shape
         if dtype == "int8":
             _check_int8_k(K, op)
@@ -1151,7 +861,7 @@ class QuantizedWeight:
         dtype = _dtype_name(dtype, op)
         if dtype == "int8":
             data = _int8_array(data, "data", op)
-            _ndim(data, 2, "data", op, "(out_features, in_features)")
+            _checks.ndim(data, 2, "data", op, "(out_features, in_features)")
             M, K = data.shape
             _check_int8_k(K, op)
             if scale is None:
@@ -1176,7 +886,7 @@ class QuantizedWeight:
         if data.dtype != np.uint16:
             raise TypeError(f"{op}: bf16 data must be uint16 (bfloat16 bit patterns), got "
                             f"dtype {data.dtype}")
-        _ndim(data, 2, "data", op, "(out_features, in_features)")
+        _checks.ndim(data, 2, "data", op, "(out_features, in_features)")
         row = _first_bad_row(_bf16_nonfinite_rows(data))
         if row >= 0:
             raise ValueError(f"{op}: data row {row} holds a bfloat16 NaN or inf")
@@ -1339,18 +1049,12 @@ def _linear_any_into(y, x, weight, bias, act):
     return _linear_into(y, x, weight, bias, act)
 
 
-def _quantized_or_float(w, name, op, shape_text):
-    return w if isinstance(w, QuantizedWeight) else _weight(w, name, op, shape_text)
-
-
 def _linear_quantized(x, weight, bias, activation, op):
-    x = _rows(x, "x", op)
+    x, weight, bias, activation = _checks.linear(x, weight, bias, activation, op,
+                                                 quantized_ok=True)
+    x, bias = _f32c(x), _f32c(bias)
+    act = ACTIVATIONS[activation]
     M, K = weight.shape
-    if x.shape[-1] != K:
-        raise ValueError(f"{op}: x {x.shape} has {x.shape[-1]} features but weight "
-                         f"{weight!r} expects {K}")
-    bias = _vector(bias, M, "bias", op)
-    act = _activation(activation, op)
     N = math.prod(x.shape[:-1])
     y = np.empty(x.shape[:-1] + (M,), np.float32)
     _linear_quantized_into(y.reshape(N, M), x.reshape(N, K), weight, bias, act)
@@ -1359,7 +1063,7 @@ def _linear_quantized(x, weight, bias, activation, op):
 
 def _ffn_quantized(x, w1, b1, w2, b2, activation):
     x, w1, b1, w2, b2, act = _check_ffn(x, w1, b1, w2, b2, activation, "ffn",
-                                        weight=_quantized_or_float)
+                                        quantized_ok=True)
     C = x.shape[-1]
     N = math.prod(x.shape[:-1])
     y = np.empty(x.shape, np.float32)

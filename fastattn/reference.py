@@ -28,32 +28,39 @@ Conventions:
   broadcastable to (B, H, Lq, Lk). ``key_padding_mask`` is (B, Lk), bool True = padding, or
   float (added). ``causal=True`` lets query i see key j iff ``j <= i + (Lk - Lq)``: aligned to
   the bottom right, so it holds for a KV cache and equals the usual triangle when Lq == Lk.
-  All given masks are applied together, by adding them to the scores (a bool mask adds -inf),
-  as the kernels and torch's scaled_dot_product_attention do: so a NaN or +inf score stays
-  NaN even where a mask hides it. Keys beyond the causal limit are never scored at all.
+  A key is hidden from a query by the causal rule, a bool True or a -inf in either mask: its
+  score is -inf whatever q.k is, and its k and v rows take no part in that query's output or
+  gradients (a NaN or inf there stays out). Every other mask value is added to the score, as
+  torch's scaled_dot_product_attention does; a finite value never hides a key, however large:
+  torch.finfo(float32).min (Hugging Face's masked value) gives a key a weight of 0 next to an
+  unmasked one, and a row masked that way throughout averages its values.
 - Softmax subtracts the row maximum. A row in which every score is -inf gets weights of all
   zeros (never NaN), so an attention query with no allowed key outputs zeros and has
-  ``lse = -inf``. NaN in the inputs propagates as NaN.
-- Layer norm uses the biased (population) variance, as the Transformer paper and torch do.
+  ``lse = -inf`` (a row that sees a key has a finite lse, clamped to the float32 range). NaN
+  in the inputs propagates as NaN, except from a hidden key's rows.
+- Layer norm uses the biased (population) variance, as the Transformer paper and torch do. It
+  normalises a finite row at any scale (a row of 1e30s as a row of 1s, up to eps). With a
+  residual, s = x + residual is a float32 sum (the residual stream's precision, which the
+  kernels keep for the backward): a row where it overflows is inf, and normalises to NaN.
 - GELU is the exact erf form ``0.5 * x * (1 + erf(x / sqrt(2)))`` (torch's default),
   evaluated as ``0.5 * x * erfc(-x / sqrt(2))`` so the left tail keeps its relative accuracy.
 - Training-style variants ``<op>_forward(...)`` return ``(out, cache)``; cache entries carry
   the names shared with the C kernels: ``lse`` (attention), ``mean`` and ``rstd`` (layer norm),
   ``pre`` (linear and FFN: the pre-activation). ``<op>_backward(dout, ...)`` returns the
   gradients of the forward's differentiable inputs, then of its parameters.
-- Input validation lives in ``fastattn.ops``; the reference checks only ranks (a scalar, or
-  attention inputs that are not 4-D, raise the same ValueError as in ``fastattn.ops``) and
-  otherwise assumes well-formed arguments. Degenerate sizes (no rows, no keys, D = 0, ...) give
-  the same results in both twins.
-- Attention's dropout arguments (dropout_p in [0, 1), seed required when dropout_p > 0) are the
-  exception: both twins check them with the same function and raise the same errors, and the
-  dropped weights are those of ``dropout_keep``, bit for bit.
+- Arguments are checked by ``fastattn._checks``, the functions ``fastattn.ops`` calls too:
+  both twins accept the same arguments and refuse the others with the same exception and
+  message (dtypes, ranks, shapes, options such as eps, dropout_p, label_smoothing; the values
+  inside data arrays are not checked: NaN and inf are data). Degenerate sizes (no rows, no
+  keys, D = 0, ...) give the same results in both twins. Dropout drops the elements that
+  ``dropout_keep`` chooses, bit for bit, in both.
 """
 
 import math
-import numbers
 
 import numpy as np
+
+from . import _checks
 
 __all__ = [
     "attention",
@@ -79,18 +86,6 @@ def _f32(x):
     return np.asarray(x, dtype=np.float32)
 
 
-def _rank(x, name, op, ndim=None, letters="(..., features)"):
-    """x as an array, or the ValueError fastattn.ops raises for the same rank: a scalar where
-    an axis is needed (ndim None), or a rank other than `ndim`."""
-    a = np.asarray(x)
-    if ndim is None and a.ndim == 0:
-        shape = f" {letters}" if letters else ""
-        raise ValueError(f"{op}: {name} must have at least 1 dimension{shape}, got a scalar")
-    if ndim is not None and a.ndim != ndim:
-        raise ValueError(f"{op}: {name} must be {ndim}-D {letters}, got shape {a.shape}")
-    return a
-
-
 def _softmax64(x, axis):
     """Stable softmax in float64; all -inf rows -> zeros. Returns (weights, lse)."""
     m = np.max(x, axis=axis, keepdims=True, initial=-np.inf)   # row max; -inf for empty rows
@@ -105,9 +100,6 @@ def _softmax64(x, axis):
 
 
 _erfc = np.vectorize(math.erfc, otypes=[np.float64])
-
-
-_ACT_MESSAGE = "activation must be None, 'relu', 'gelu' or 'gelu_tanh', got {!r}"
 
 
 def _gelu64(x):
@@ -163,9 +155,7 @@ def _act64(pre, activation):
         return np.maximum(pre, 0.0)
     if activation == "gelu":
         return _gelu64(pre)
-    if activation == "gelu_tanh":
-        return _gelu_tanh64(pre)
-    raise ValueError(_ACT_MESSAGE.format(activation))
+    return _gelu_tanh64(pre)                     # "gelu_tanh" (checked by _checks.activation)
 
 
 def _act_backward64(g, pre, activation):
@@ -178,9 +168,7 @@ def _act_backward64(g, pre, activation):
         return np.where(positive, g, 0.0)
     if activation == "gelu":
         return g * _gelu_grad64(pre)
-    if activation == "gelu_tanh":
-        return g * _gelu_tanh_grad64(pre)
-    raise ValueError(_ACT_MESSAGE.format(activation))
+    return g * _gelu_tanh_grad64(pre)            # "gelu_tanh" (checked by _checks.activation)
 
 
 def _linear64(x, weight, bias, activation):
@@ -201,9 +189,10 @@ def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False
     q                     (B, H, Lq, D)   queries
     k                     (B, H, Lk, D)   keys
     v                     (B, H, Lk, Dv)  values
-    mask                  broadcastable   bool (True = not allowed) or float (added), to
-                          to (B,H,Lq,Lk)  (B, H, Lq, Lk): (Lq, Lk), (B, 1, Lq, Lk), ...
-    key_padding_mask      (B, Lk)         bool (True = padding) or float (added)
+    mask                  broadcastable   bool (True = not allowed) or float (added; -inf =
+                          to (B,H,Lq,Lk)  not allowed, any finite value is added, however
+                                          large), to (B, H, Lq, Lk): (Lq, Lk), (B, 1, Lq, Lk)
+    key_padding_mask      (B, Lk)         bool (True = padding) or float (as mask)
     causal                bool            query i sees key j iff j <= i + (Lk - Lq)
     scale                 float           default 1 / sqrt(D) (1 if D = 0)
     dropout_p             float in [0,1)  dropout on the attention weights (see attention)
@@ -211,13 +200,17 @@ def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False
     -> out                (B, H, Lq, Dv)  float32; zeros for a query with no allowed key
     -> cache["lse"]       (B, H, Lq)      float32; logsumexp of the scaled, masked scores
                                           per query row (before dropout); -inf for a fully
-                                          masked row
+                                          masked row, clamped to the float32 range otherwise
     ====================  ==============  =====================================================
 
-    scores = (q @ k^T) * scale, then every mask is applied, then a stable softmax over the keys
-    (an all -inf row gives weights of zeros), then dropout on the weights, then out = weights @ v.
+    scores = (q @ k^T) * scale, then every mask is applied (a hidden key's score is -inf, other
+    mask values are added), then a stable softmax over the keys (an all -inf row gives weights
+    of zeros), then dropout on the weights, then out = weights @ v over the keys each query
+    sees (a hidden key's v row is not read, so inf or NaN there stays out).
     """
-    p, seed = _attention_dropout(dropout_p, seed, "attention")
+    p, seed = _checks.attention_dropout(dropout_p, seed, "attention")
+    q, k, v, mask, key_padding_mask, scale = _checks.attention(q, k, v, mask, key_padding_mask,
+                                                               scale)
     out, weights, lse = _attention64(q, k, v, mask, key_padding_mask, causal, scale, p, seed)
     return _f32(out), {"lse": _f32(lse)}
 
@@ -230,9 +223,10 @@ def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=
     q                     (B, H, Lq, D)   queries
     k                     (B, H, Lk, D)   keys
     v                     (B, H, Lk, Dv)  values
-    mask                  broadcastable   bool (True = not allowed) or float (added), to
-                          to (B,H,Lq,Lk)  (B, H, Lq, Lk): (Lq, Lk), (B, 1, Lq, Lk), ...
-    key_padding_mask      (B, Lk)         bool (True = padding) or float (added)
+    mask                  broadcastable   bool (True = not allowed) or float (added; -inf =
+                          to (B,H,Lq,Lk)  not allowed, any finite value is added, however
+                                          large), to (B, H, Lq, Lk): (Lq, Lk), (B, 1, Lq, Lk)
+    key_padding_mask      (B, Lk)         bool (True = padding) or float (as mask)
     causal                bool            query i sees key j iff j <= i + (Lk - Lq)
     scale                 float           default 1 / sqrt(D) (1 if D = 0)
     return_weights        bool            also return the attention weights
@@ -249,7 +243,9 @@ def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=
                                           fully masked row
     ====================  ==============  =====================================================
     """
-    p, seed = _attention_dropout(dropout_p, seed, "attention")
+    p, seed = _checks.attention_dropout(dropout_p, seed, "attention")
+    q, k, v, mask, key_padding_mask, scale = _checks.attention(q, k, v, mask, key_padding_mask,
+                                                               scale)
     out, weights, lse = _attention64(q, k, v, mask, key_padding_mask, causal, scale, p, seed)
     if return_weights:
         return _f32(out), _f32(weights)
@@ -257,44 +253,66 @@ def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=
 
 
 def _scores64(q, k, mask, key_padding_mask, causal, scale):
-    """(scores (B,H,Lq,Lk) float64 with every mask applied, scale): q (B,H,Lq,D), k
-    (B,H,Lk,D) float64."""
-    Lq, D = q.shape[-2], q.shape[-1]
-    Lk = k.shape[-2]
+    """(scores, hidden), both (B,H,Lq,Lk): the scaled scores with every mask applied (float64)
+    and which keys each query cannot see. q (B,H,Lq,D), k (B,H,Lk,D) float64; scale a float
+    (None: 1 / sqrt(D)).
+
+    A key is hidden from a query by the causal rule, a bool True or a -inf in either mask: its
+    score is -inf whatever q.k is (so a NaN in a hidden key's row stays out). Every other mask
+    value is added to the score, finite ones of any size included (torch.finfo(float32).min
+    lowers a key's weight to 0 next to an unmasked key; it does not hide it)."""
+    Lq, Lk, D = q.shape[-2], k.shape[-2], q.shape[-1]
     if scale is None:
-        scale = 1.0 / math.sqrt(D) if D > 0 else 1.0  # D = 0: every q.k is 0 anyway
-    scores = (q @ np.swapaxes(k, -1, -2)) * scale  # (B,H,Lq,Lk)
-
-    if mask is not None:
-        mask = np.asarray(mask)
-        mask = np.broadcast_to(mask, scores.shape)                  # (B,H,Lq,Lk)
-        if mask.dtype == np.bool_:
-            mask = np.where(mask, -np.inf, 0.0)                     # True = not allowed
-        scores = scores + _f64(mask)                                # additive (0 / -inf)
-
-    if key_padding_mask is not None:
-        kpm = np.asarray(key_padding_mask)[:, None, None, :]        # (B,1,1,Lk)
-        if kpm.dtype == np.bool_:
-            kpm = np.where(kpm, -np.inf, 0.0)                       # True = padding
-        scores = scores + _f64(kpm)                                 # additive
-
+        scale = 1.0 / math.sqrt(D) if D > 0 else 1.0            # D = 0: every q.k is 0 anyway
+    with np.errstate(invalid="ignore", over="ignore"):          # inf / NaN in q or k: data
+        scores = (q @ np.swapaxes(k, -1, -2)) * scale           # (B,H,Lq,Lk)
+    hidden = np.zeros(scores.shape, dtype=bool)                 # (B,H,Lq,Lk)
+    kpm = None if key_padding_mask is None else np.asarray(key_padding_mask)[:, None, None, :]
+    for m in (mask, kpm):                                       # (.., Lq or 1, Lk) each
+        if m is None:
+            continue
+        m = np.asarray(m)
+        if m.dtype == np.bool_:
+            hidden |= m                                         # True = not allowed
+        else:
+            m = _f64(m)
+            hidden |= m == -np.inf                              # -inf = not allowed
+            with np.errstate(invalid="ignore"):
+                scores = scores + np.where(m == -np.inf, 0.0, m)    # any other value: added
     if causal:
-        i = np.arange(Lq)[:, None]                                  # (Lq,1) query index
-        j = np.arange(Lk)[None, :]                                  # (1,Lk) key index
-        allowed = j <= i + (Lk - Lq)                                # (Lq,Lk) bottom-right aligned
-        scores = np.where(allowed, scores, -np.inf)                 # (B,H,Lq,Lk)
-    return scores, scale
+        i = np.arange(Lq)[:, None]                              # (Lq,1) query index
+        j = np.arange(Lk)[None, :]                              # (1,Lk) key index
+        hidden |= j > i + (Lk - Lq)                             # bottom-right aligned
+    return np.where(hidden, -np.inf, scores), hidden
+
+
+def _visible_sum(w, x, hidden):
+    """w @ x over the keys each query can see: w (..., Lq, Lk), x (..., Lk, F), hidden (..., Lq,
+    Lk) bool. A hidden key has w = 0, but 0 * NaN is NaN: a key whose row of x holds inf or
+    NaN is added only to the queries that see it."""
+    bad = ~np.isfinite(x).all(axis=-1)                          # (..., Lk) keys with inf / NaN
+    out = w @ np.where(bad[..., None], 0.0, x)                  # (..., Lq, F) finite rows
+    for idx in zip(*np.nonzero(bad)):                           # each bad key (..., j)
+        lead, j = idx[:-1], idx[-1]
+        seen = ~hidden[lead + (slice(None), j)]                 # (Lq,) queries that see it
+        with np.errstate(invalid="ignore", over="ignore"):
+            out[lead][seen] += w[lead + (slice(None), j)][seen, None] * x[lead + (j,)]
+    return out
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _attention64(q, k, v, mask, key_padding_mask, causal, scale, dropout_p=0.0, seed=None):
-    q = _f64(_rank(q, "q", "attention", 4, "(B, H, Lq, D)"))      # (B,H,Lq,D)
-    k = _f64(_rank(k, "k", "attention", 4, "(B, H, Lk, D)"))      # (B,H,Lk,D)
-    v = _f64(_rank(v, "v", "attention", 4, "(B, H, Lk, Dv)"))     # (B,H,Lk,Dv)
-    scores, scale = _scores64(q, k, mask, key_padding_mask, causal, scale)  # (B,H,Lq,Lk)
+    """(out, weights, lse) in float64 from checked arguments (see _checks.attention). lse is
+    kept within the float32 range for a row that sees a key (-inf means: no key)."""
+    q, k, v = _f64(q), _f64(k), _f64(v)           # (B,H,Lq,D), (B,H,Lk,D), (B,H,Lk,Dv)
+    scores, hidden = _scores64(q, k, mask, key_padding_mask, causal, scale)  # (B,H,Lq,Lk)
     weights, lse = _softmax64(scores, axis=-1)    # (B,H,Lq,Lk), (B,H,Lq)
     if dropout_p > 0:
         weights = weights * _attention_keep(seed, dropout_p, weights.shape)  # dropped -> 0
-    out = weights @ v                             # (B,H,Lq,Lk) @ (B,H,Lk,Dv) -> (B,H,Lq,Dv)
+    out = _visible_sum(weights, v, hidden)        # (B,H,Lq,Lk) @ (B,H,Lk,Dv) -> (B,H,Lq,Dv)
+    lse = np.where(np.isfinite(lse), np.clip(lse, -_F32_MAX, _F32_MAX), lse)   # (B,H,Lq)
     return out, weights, lse
 
 
@@ -315,33 +333,34 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, key_padding_mask=N
     -> dv                 (B, H, Lk, Dv)  float32
     ====================  ==============  =====================================================
 
-    With P = exp(scores - lse) the softmax weights, keep the dropout's mask scaled by
-    1 / (1 - p) (1 without dropout) and P' = P * keep the weights the forward used:
+    With P = softmax(scores) the forward's weights (= exp(scores - lse), recomputed from the
+    scores: an lse of -3e38 in float32 cannot give P to the digits it needs), keep the
+    dropout's mask scaled by 1 / (1 - p) (1 without dropout) and P' = P * keep the weights the
+    forward used:
         dv = P'^T dout;   dP = (dout v^T) * keep;   Delta_i = sum_e dout_ie out_ie
-        dS = P * (dP - Delta);   dq = scale * dS k;   dk = scale * dS^T q
+        dS = P * (dP - Delta), 0 for a hidden key;   dq = scale * dS k over the keys each
+        query sees;   dk = scale * dS^T q
     A query row with no allowed key (lse = -inf) has P = 0: zero gradients, never NaN.
     """
-    op = "attention_backward"
-    p, seed = _attention_dropout(dropout_p, seed, op)
-    dout = _f64(_rank(dout, "dout", op, 4, "(B, H, Lq, Dv)"))    # (B,H,Lq,Dv)
-    q = _f64(_rank(q, "q", op, 4, "(B, H, Lq, D)"))               # (B,H,Lq,D)
-    k = _f64(_rank(k, "k", op, 4, "(B, H, Lk, D)"))               # (B,H,Lk,D)
-    v = _f64(_rank(v, "v", op, 4, "(B, H, Lk, Dv)"))              # (B,H,Lk,Dv)
-    out = _f64(_rank(out, "out", op, 4, "(B, H, Lq, Dv)"))        # (B,H,Lq,Dv)
-    lse = _f64(_rank(lse, "lse", op, 3, "(B, H, Lq)"))[..., None]  # (B,H,Lq,1)
-    scores, scale = _scores64(q, k, mask, key_padding_mask, causal, scale)  # (B,H,Lq,Lk)
+    dout, q, k, v, out, lse, mask, key_padding_mask, scale, p, seed = _checks.attention_backward(
+        dout, q, k, v, out, lse, mask, key_padding_mask, scale, dropout_p, seed)
+    dout, out = _f64(dout), _f64(out)                     # (B,H,Lq,Dv)
+    q, k, v = _f64(q), _f64(k), _f64(v)                   # (B,H,Lq,D), (B,H,Lk,D), (B,H,Lk,Dv)
+    lse = _f64(lse)[..., None]                            # (B,H,Lq,1)
+    scores, hidden = _scores64(q, k, mask, key_padding_mask, causal, scale)  # (B,H,Lq,Lk)
 
     live = lse > -np.inf                                  # (B,H,Lq,1) rows that see a key
-    with np.errstate(invalid="ignore", over="ignore"):    # NaN/inf inputs propagate quietly
-        P = np.where(live, np.exp(scores - np.where(live, lse, 0.0)), 0.0)  # (B,H,Lq,Lk)
+    P, _ = _softmax64(scores, axis=-1)                    # (B,H,Lq,Lk) the forward's weights
+    P = np.where(live, P, 0.0)
     keep = _attention_keep(seed, p, P.shape) if p > 0 else 1.0  # (B,H,Lq,Lk): 0 or 1/(1-p)
     Pd = P * keep                                         # the weights the forward used
-    dv = np.swapaxes(Pd, -1, -2) @ dout                   # (B,H,Lk,Lq) @ (B,H,Lq,Dv)
-    dP = (dout @ np.swapaxes(v, -1, -2)) * keep           # (B,H,Lq,Lk)
-    delta = np.sum(dout * out, axis=-1, keepdims=True)    # (B,H,Lq,1) = sum_j P_ij dP_ij
-    dS = P * (dP - delta)                                 # (B,H,Lq,Lk) softmax backward
-    dq = (dS @ k) * scale                                 # (B,H,Lq,D)
-    dk = (np.swapaxes(dS, -1, -2) @ q) * scale            # (B,H,Lk,D)
+    with np.errstate(invalid="ignore", over="ignore"):    # NaN/inf inputs propagate quietly
+        dv = np.swapaxes(Pd, -1, -2) @ dout               # (B,H,Lk,Lq) @ (B,H,Lq,Dv)
+        dP = (dout @ np.swapaxes(v, -1, -2)) * keep       # (B,H,Lq,Lk)
+        delta = np.sum(dout * out, axis=-1, keepdims=True)    # (B,H,Lq,1) = sum_j P_ij dP_ij
+        dS = np.where(hidden, 0.0, P * (dP - delta))      # (B,H,Lq,Lk) softmax backward
+        dq = _visible_sum(dS, k, hidden) * scale          # (B,H,Lq,D)
+        dk = (np.swapaxes(dS, -1, -2) @ q) * scale        # (B,H,Lk,D)
     return _f32(dq), _f32(dk), _f32(dv)
 
 
@@ -351,29 +370,6 @@ def _attention_keep(seed, p, shape):
     B, H, Lq, Lk = shape
     keep = dropout_keep(seed, np.arange(B * H * Lq), np.arange(Lk), p)   # (B*H*Lq, Lk)
     return keep.reshape(shape) / (1.0 - p)
-
-
-def _attention_dropout(dropout_p, seed, op):
-    """(p, seed) checked: p a real number in [0, 1); seed an int in [0, 2**64) when p > 0
-    (ignored, and returned as None, when p == 0). TypeError / ValueError naming the argument.
-    Shared with fastattn.ops (the twins accept and refuse the same values)."""
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
-        raise TypeError(f"{op}: dropout_p must be a real number, got {type(dropout_p).__name__}")
-    p = float(dropout_p)
-    if not 0.0 <= p < 1.0:  # also refuses NaN
-        raise ValueError(f"{op}: dropout_p must be in [0, 1), got {dropout_p!r} (a dropout of 1 "
-                         "would zero every weight: leave the layer out instead)")
-    if p == 0:
-        return p, None  # no dropout: the seed is ignored
-    if seed is None:
-        raise ValueError(f"{op}: seed is required when dropout_p > 0 (an int in [0, 2**64)), "
-                         "got None")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"{op}: seed must be an int in [0, 2**64) or None, got "
-                        f"{type(seed).__name__}")
-    if not 0 <= int(seed) < 2 ** 64:
-        raise ValueError(f"{op}: seed must be in [0, 2**64), got {seed}")
-    return p, int(seed)
 
 
 # ---- dropout's random bits (counter-based: a pure function of seed, row, column) ------------
@@ -430,13 +426,24 @@ def softmax(x, axis=-1):
                                           every entry along axis is -inf (torch gives NaN)
     ====================  ==============  =====================================================
     """
-    x = _rank(x, "x", "softmax", letters="")
+    x, axis = _checks.softmax(x, axis)
     w, _ = _softmax64(_f64(x), axis=axis)
     return _f32(w)
 
 
 # ----------------------------------------------------------------------------------------------
 # layer norm
+
+def _ln_input(x, residual):
+    """s = x + residual as layer norm normalises it, float64: the sum is rounded to float32, the
+    residual stream's precision (the kernels keep s in float32 for the backward, as a model's
+    residual add does), so a sum past the float32 range is inf and its row comes out NaN.
+    Without a residual, s is x itself."""
+    if residual is None:
+        return _f64(x)
+    with np.errstate(over="ignore"):              # (_f32: lifted by the tests' float64_twins)
+        return _f64(_f32(x) + _f32(residual))     # float32 sum, then float64
+
 
 def layer_norm_forward(x, weight, bias, *, eps=1e-5, residual=None):
     """Layer norm of (x + residual) over the last axis, returning mean and rstd for backward.
@@ -448,18 +455,19 @@ def layer_norm_forward(x, weight, bias, *, eps=1e-5, residual=None):
     eps                   float           added to the variance
     residual              (..., C)        optional, added to x before normalising
     -> y                  (..., C)        float32; (s - mean) * rstd * weight + bias,
-                                          s = x + residual
+                                          s = x + residual summed in float32 (a row where
+                                          it overflows gives NaN)
     -> cache["mean"]      (N,)            float32; mean of s per row
     -> cache["rstd"]      (N,)            float32; 1 / sqrt(var + eps), biased (population) var
     ====================  ==============  =====================================================
     """
-    s = _f64(_rank(x, "x", "layer_norm", letters="(..., C)"))    # (..., C)
-    if residual is not None:
-        s = s + _f64(residual)                    # (..., C)
-    mean = s.mean(axis=-1, keepdims=True)         # (..., 1)
-    var = ((s - mean) ** 2).mean(axis=-1, keepdims=True)   # (..., 1) population variance
-    rstd = 1.0 / np.sqrt(var + eps)               # (..., 1)
-    y = (s - mean) * rstd                         # (..., C)
+    x, weight, bias, residual, eps = _checks.layer_norm(x, weight, bias, eps, residual)
+    s = _ln_input(x, residual)                    # (..., C)
+    with np.errstate(invalid="ignore"):           # a row with inf (or NaN) gives NaN, quietly
+        mean = s.mean(axis=-1, keepdims=True)     # (..., 1)
+        var = ((s - mean) ** 2).mean(axis=-1, keepdims=True)   # (..., 1) population variance
+        rstd = 1.0 / np.sqrt(var + eps)           # (..., 1)
+        y = (s - mean) * rstd                     # (..., C)
     if weight is not None:
         y = y * _f64(weight)                      # gain; None = 1
     if bias is not None:
@@ -495,7 +503,7 @@ def layer_norm_backward(dy, x, mean, rstd, weight, *, residual=None):
     rstd                  (N,)            cache["rstd"] of layer_norm_forward
     weight                (C,)            gain, or None (= 1)
     residual              (..., C)        the forward's residual, or None; s = x + residual is
-                                          recomputed, not saved
+                                          recomputed (in float32, as the forward), not saved
     -> dx                 (..., C)        float32; gradient of x, and also of residual (the
                                           residual add passes the same gradient to both)
     -> dweight            (C,)            float32, or None when weight is None
@@ -505,19 +513,19 @@ def layer_norm_backward(dy, x, mean, rstd, weight, *, residual=None):
     xhat = (s - mean) * rstd;  g = dy * weight;
     dx = rstd * (g - mean_C(g) - xhat * mean_C(g * xhat))
     """
-    x = _rank(x, "x", "layer_norm_backward", letters="(..., C)")
+    dy, x, mean, rstd, weight, residual = _checks.layer_norm_backward(dy, x, mean, rstd, weight,
+                                                                      residual)
     N, C = math.prod(x.shape[:-1]), x.shape[-1]
-    s = _f64(x).reshape(N, C)                                   # (N, C)
-    if residual is not None:
-        s = s + _f64(residual).reshape(N, C)                    # (N, C)
+    s = _ln_input(x, residual).reshape(N, C)                    # (N, C)
     dy2 = _f64(dy).reshape(N, C)                                # (N, C)
-    xhat = (s - _f64(mean)[:, None]) * _f64(rstd)[:, None]      # (N, C)
-    dbias = dy2.sum(axis=0)                                     # (C,)
-    dweight = None if weight is None else (dy2 * xhat).sum(axis=0)   # (C,)
-    g = dy2 if weight is None else dy2 * _f64(weight)           # (N, C) gradient of xhat
-    c = max(C, 1)                                               # C = 0: empty rows, no 0/0
-    dx = _f64(rstd)[:, None] * (g - g.sum(axis=-1, keepdims=True) / c
-                                - xhat * (g * xhat).sum(axis=-1, keepdims=True) / c)  # (N, C)
+    with np.errstate(invalid="ignore"):                         # rows with inf or NaN: NaN
+        xhat = (s - _f64(mean)[:, None]) * _f64(rstd)[:, None]  # (N, C)
+        dbias = dy2.sum(axis=0)                                 # (C,)
+        dweight = None if weight is None else (dy2 * xhat).sum(axis=0)   # (C,)
+        g = dy2 if weight is None else dy2 * _f64(weight)       # (N, C) gradient of xhat
+        c = max(C, 1)                                           # C = 0: empty rows, no 0/0
+        dx = _f64(rstd)[:, None] * (g - g.sum(axis=-1, keepdims=True) / c
+                                    - xhat * (g * xhat).sum(axis=-1, keepdims=True) / c)
     return (_f32(dx.reshape(x.shape)), None if dweight is None else _f32(dweight),
             _f32(dbias))
 
@@ -554,10 +562,10 @@ def linear(x, weight, bias=None, *, activation=None):
     - bf16 (bits (M, K) uint16): the weight widened to float32 (exact), x kept float32; the
       product as linear() computes it (float32 sums in ops).
     """
+    x, weight, bias, activation = _checks.linear(x, weight, bias, activation, "linear",
+                                                 quantized_ok=True)
     if _is_quantized(weight):                                            # int8 / bf16
         return _linear_quantized(x, weight, bias, activation)
-    x = _rank(x, "x", "linear")                                          # (..., C_in)
-    weight = _rank(weight, "weight", "linear", 2, "(out_features, in_features)")
     y = _linear64(_f64(x), _f64(weight), None if bias is None else _f64(bias), activation)
     return _f32(y)
 
@@ -576,8 +584,7 @@ def linear_forward(x, weight, bias=None, *, activation=None):
                                           is None (then pre = y)
     ====================  ==============  =====================================================
     """
-    x = _rank(x, "x", "linear")                                          # (..., C_in)
-    weight = _rank(weight, "weight", "linear", 2, "(out_features, in_features)")
+    x, weight, bias, activation = _checks.linear(x, weight, bias, activation)  # (..., C_in)
     pre = _linear64(_f64(x), _f64(weight), None if bias is None else _f64(bias), None)
     y = _act64(pre, activation)                                          # (..., C_out)
     N, M = math.prod(x.shape[:-1]), weight.shape[0]
@@ -603,14 +610,11 @@ def linear_backward(dy, x, weight, *, pre=None, activation=None):
     dz = dy * act'(pre): relu'(pre) = [pre > 0] (dz is 0 where pre <= 0), gelu'(pre) =
     Phi(pre) + pre * phi(pre).
     """
-    x = _rank(x, "x", "linear_backward")
-    weight = _f64(_rank(weight, "weight", "linear_backward", 2,
-                        "(out_features, in_features)"))                  # (M, K)
+    dy, x, weight, pre, activation = _checks.linear_backward(dy, x, weight, pre, activation)
+    weight = _f64(weight)                                                # (M, K)
     (M, K), N = weight.shape, math.prod(x.shape[:-1])
     x2 = _f64(x).reshape(N, K)                                           # (N, K)
     g = _f64(dy).reshape(N, M)                                           # (N, M)
-    if activation is not None and pre is None:
-        raise ValueError("linear_backward: pre is required with an activation")
     dz = _act_backward64(g, None if activation is None else _f64(pre).reshape(N, M),
                          activation)                                     # (N, M)
     dx = dz @ weight                                                     # (N, K)
@@ -636,12 +640,11 @@ def ffn(x, w1, b1, w2, b2, *, activation="relu"):
     QuantizedWeight w1 or w2: then each layer is linear() and the hidden is float32, as the
     kernels keep it (and quantise it, for an int8 w2).
     """
+    x, w1, b1, w2, b2, activation = _checks.ffn(x, w1, b1, w2, b2, activation,
+                                                quantized_ok=True)   # (..., C), (F, C), (C, F)
     if _is_quantized(w1) or _is_quantized(w2):
         h = np.asarray(linear(x, w1, b1, activation=activation), np.float32)   # (..., F)
         return linear(h, w2, b2)
-    x = _rank(x, "x", "ffn")                            # (..., C)
-    w1 = _rank(w1, "w1", "ffn", 2, "(F, C)")            # (F, C)
-    w2 = _rank(w2, "w2", "ffn", 2, "(C, F)")            # (C, F)
     b1 = None if b1 is None else _f64(b1)
     b2 = None if b2 is None else _f64(b2)
     h = _linear64(_f64(x), _f64(w1), b1, activation)   # (..., F)
@@ -668,10 +671,8 @@ def ffn_forward(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=Non
                                           (N * F * 4 bytes per layer)
     ====================  ==============  =====================================================
     """
-    x = _rank(x, "x", "ffn")                            # (..., C)
-    w1 = _rank(w1, "w1", "ffn", 2, "(F, C)")            # (F, C)
-    w2 = _rank(w2, "w2", "ffn", 2, "(C, F)")            # (C, F)
-    _check_dropout(dropout_p, seed, "ffn_forward")
+    x, w1, b1, w2, b2, activation = _checks.ffn_training(
+        x, w1, b1, w2, b2, activation, dropout_p, seed, "ffn_forward")   # (..., C), (F, C), (C, F)
     (F, C), N = w1.shape, math.prod(x.shape[:-1])
     x2 = _f64(x).reshape(N, C)                          # (N, C)
     pre = _linear64(x2, _f64(w1), None if b1 is None else _f64(b1), None)   # (N, F)
@@ -701,10 +702,9 @@ def ffn_backward(dy, x, w1, b1, w2, b2, pre, *, activation="relu", dropout_p=0.0
     h = drop(act(pre));  dw2 = dy^T h;  dh = dy @ w2;  dpre = dh * keep / (1 - p) * act'(pre);
     dw1 = dpre^T x;  dx = dpre @ w1.
     """
-    x = _rank(x, "x", "ffn_backward")
-    w1 = _f64(_rank(w1, "w1", "ffn_backward", 2, "(F, C)"))   # (F, C)
-    w2 = _f64(_rank(w2, "w2", "ffn_backward", 2, "(C, F)"))   # (C, F)
-    _check_dropout(dropout_p, seed, "ffn_backward")
+    dy, x, w1, b1, w2, b2, pre, activation = _checks.ffn_backward(
+        dy, x, w1, b1, w2, b2, pre, activation, dropout_p, seed)
+    w1, w2 = _f64(w1), _f64(w2)                         # (F, C), (C, F)
     (F, C), N = w1.shape, math.prod(x.shape[:-1])
     x2 = _f64(x).reshape(N, C)                          # (N, C)
     dy2 = _f64(dy).reshape(N, C)                        # (N, C)
@@ -728,23 +728,6 @@ def ffn_backward(dy, x, w1, b1, w2, b2, pre, *, activation="relu", dropout_p=0.0
 # ----------------------------------------------------------------------------------------------
 # dropout
 
-def _check_dropout(p, seed, op):
-    """The argument rules both twins apply: p a real number in [0, 1); seed an int in
-    [0, 2**64), required when p > 0 (None allowed for p = 0)."""
-    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{op}: p must be a real number, got {type(p).__name__}")
-    if not 0.0 <= float(p) < 1.0:
-        raise ValueError(f"{op}: p must be in [0, 1), got {p!r}")
-    if seed is None:
-        if p > 0:
-            raise ValueError(f"{op}: seed is required when p > 0 (an int in [0, 2**64))")
-        return
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"{op}: seed must be an int, got {type(seed).__name__}")
-    if not 0 <= int(seed) < 2 ** 64:
-        raise ValueError(f"{op}: seed must be in [0, 2**64), got {seed}")
-
-
 def dropout(x, p, *, seed=None):
     """Dropout over the last axis: y = x * keep / (1 - p).
 
@@ -759,8 +742,7 @@ def dropout(x, p, *, seed=None):
     The mask is a pure function of (seed, n, c), so dropout_backward regenerates it. A dropped
     NaN or inf becomes NaN (x * 0), as in torch.
     """
-    x = _rank(x, "x", "dropout", letters="(..., C)")
-    _check_dropout(p, seed, "dropout")
+    x = _checks.dropout(x, p, seed, "dropout", "x")
     x64 = _f64(x)
     if p == 0:
         return _f32(x64.copy())
@@ -781,8 +763,7 @@ def dropout_backward(dy, p, *, seed=None):
     -> dx                 (..., C)        float32
     ====================  ==============  =====================================================
     """
-    dy = _rank(dy, "dy", "dropout_backward", letters="(..., C)")
-    _check_dropout(p, seed, "dropout_backward")
+    dy = _checks.dropout(dy, p, seed, "dropout_backward", "dy")
     return dropout(dy, p, seed=seed)
 
 
@@ -801,10 +782,10 @@ def embedding_backward(dout, ids, num_embeddings):
                                           0 for ids that do not occur
     ====================  ==============  =====================================================
     """
-    ids = np.asarray(ids).reshape(-1)                          # (N,)
-    dout = _rank(dout, "dout", "embedding_backward", letters="(..., C)")
+    dout, ids, V = _checks.embedding_backward(dout, ids, num_embeddings)
+    ids = ids.reshape(-1)                                      # (N,)
     C = dout.shape[-1]
-    dweight = np.zeros((int(num_embeddings), C))               # (V, C)
+    dweight = np.zeros((V, C))                                 # (V, C)
     np.add.at(dweight, ids, _f64(dout).reshape(len(ids), C))   # scatter-add, repeats summed
     return _f32(dweight)
 
@@ -827,6 +808,7 @@ def positional_encoding(length, d_model):
                                           pe[p, 2i+1] = cos(p / 10000^(2i / d_model))
     ====================  ==============  =====================================================
     """
+    length, d_model = _checks.positional_encoding(length, d_model)
     pos = np.arange(length, dtype=np.float64)[:, None]           # (length, 1)
     two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]  # (1, ceil(C/2)) even features
     angle = pos / np.power(10000.0, two_i / d_model)             # (length, ceil(C/2))
@@ -840,20 +822,6 @@ def positional_encoding(length, d_model):
 # loss
 
 __all__ += ["cross_entropy"]
-
-
-def _ce_targets(targets, shape, V, ignore_index):
-    """targets (N,) int64, or the ValueError fastattn.ops raises for an index out of range
-    (a negative one would silently wrap around here)."""
-    t = np.asarray(targets).astype(np.int64).reshape(-1)           # (N,)
-    if np.shape(targets) != shape:
-        raise ValueError(f"cross_entropy: targets must have the shape of the logits without "
-                         f"their last axis, {shape}, got {np.shape(targets)}")
-    bad = (t != ignore_index) & ((t < 0) | (t >= V))
-    if bad.any():
-        raise ValueError(f"cross_entropy: target {int(t[bad][0])} is out of range for V = {V} "
-                         f"classes (valid: 0 .. {V - 1}, or ignore_index = {ignore_index})")
-    return t
 
 
 def cross_entropy(logits, targets, *, ignore_index=-100, label_smoothing=0.0, reduction="mean",
@@ -885,12 +853,12 @@ def cross_entropy(logits, targets, *, ignore_index=-100, label_smoothing=0.0, re
     (The eps term is left out entirely when eps = 0, as in torch: a -inf logit elsewhere in
     the row then leaves the loss finite.)
     """
-    x = _f64(_rank(logits, "logits", "cross_entropy", letters="(..., V)"))   # (..., V)
+    x, t, _, ignore_index, eps = _checks.cross_entropy(logits, targets, ignore_index,
+                                                       label_smoothing, reduction)
+    x = _f64(x)                                                            # (..., V)
     lead, V = x.shape[:-1], x.shape[-1]
-    t = _ce_targets(targets, lead, V, ignore_index)                        # (N,)
     x = x.reshape(-1, V)                                                   # (N, V)
     N = x.shape[0]
-    eps = float(label_smoothing)
     keep = t != ignore_index                                               # (N,) rows counted
     rows = np.arange(N)                                                    # (N,)
     tk = np.where(keep, t, 0)                                              # (N,) safe index
@@ -909,11 +877,8 @@ def cross_entropy(logits, targets, *, ignore_index=-100, label_smoothing=0.0, re
         out = _f32(loss.reshape(lead))                                     # (...)
     elif reduction == "sum":
         out = float(loss.sum())
-    elif reduction == "mean":
+    else:                                                                  # "mean"
         out = float(loss.sum() / count) if count else 0.0
-    else:
-        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got "
-                         f"{reduction!r}")
     if not return_grad:
         return out
     scale = 1.0 / count if reduction == "mean" and count else 1.0
@@ -929,10 +894,6 @@ def cross_entropy(logits, targets, *, ignore_index=-100, label_smoothing=0.0, re
 # optimiser
 
 __all__ += ["adamw_step", "adam_step", "grad_norm", "clip_grads"]
-
-
-def _arrays(x):
-    return [x] if isinstance(x, np.ndarray) else list(x)
 
 
 def _adam64(p, g, m, v, step, lr, betas, eps, weight_decay, decoupled):
@@ -972,9 +933,10 @@ def adamw_step(params, grads, exp_avg, exp_avg_sq, *, step, lr, betas=(0.9, 0.99
 
     Computed in float64 per step, stored in float32.
     """
-    for p, g, m, v in zip(_arrays(params), _arrays(grads), _arrays(exp_avg),
-                          _arrays(exp_avg_sq)):
-        _adam64(p, g, m, v, step, lr, betas, eps, weight_decay, True)
+    tensors, step, lr, b1, b2, eps, weight_decay = _checks.adam(
+        params, grads, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay, "adamw_step")
+    for p, g, m, v in tensors:                            # flat views, updated in place
+        _adam64(p, g, m, v, step, lr, (b1, b2), eps, weight_decay, True)
 
 
 def adam_step(params, grads, exp_avg, exp_avg_sq, *, step, lr, betas=(0.9, 0.999), eps=1e-8,
@@ -982,22 +944,24 @@ def adam_step(params, grads, exp_avg, exp_avg_sq, *, step, lr, betas=(0.9, 0.999
     """One Adam update (torch.optim.Adam), in place: as adamw_step, except that the weight
     decay is an L2 term added to the gradient (g = g + weight_decay * p) instead of decoupled.
     """
-    for p, g, m, v in zip(_arrays(params), _arrays(grads), _arrays(exp_avg),
-                          _arrays(exp_avg_sq)):
-        _adam64(p, g, m, v, step, lr, betas, eps, weight_decay, False)
+    tensors, step, lr, b1, b2, eps, weight_decay = _checks.adam(
+        params, grads, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay, "adam_step")
+    for p, g, m, v in tensors:                            # flat views, updated in place
+        _adam64(p, g, m, v, step, lr, (b1, b2), eps, weight_decay, False)
 
 
 def grad_norm(grads):
     """Global L2 norm of a list of arrays (or one array): sqrt(sum over all elements of g^2),
     in float64, as a float."""
-    return math.sqrt(sum(float(np.sum(_f64(g) ** 2)) for g in _arrays(grads)))
+    grads = _checks.grad_list(grads, "grad_norm")
+    return math.sqrt(sum(float(np.sum(_f64(g) ** 2)) for g in grads))
 
 
 def clip_grads(grads, max_norm):
     """torch.nn.utils.clip_grad_norm_: total = grad_norm(grads); when total > max_norm (or is
     NaN), every gradient is scaled in place by max_norm / (total + 1e-6). Returns total, the
     norm before clipping."""
-    grads = _arrays(grads)
+    grads, max_norm = _checks.clip_grads(grads, max_norm)  # flat views, updated in place
     total = grad_norm(grads)
     if not total <= max_norm:
         coef = max_norm / (total + 1e-6)
@@ -1074,7 +1038,7 @@ def quantize_int8(x):
     2^-121 (~3.8e-37: zeros, or values so small that 127 / amax would overflow) gets scale 0
     and q 0. A row with NaN or inf raises ValueError naming it. |x - q * scale| <= scale / 2.
     """
-    x = np.asarray(_rank(x, "x", "quantize_int8", letters="(..., K)"), np.float32)
+    x = np.asarray(_checks.rows(x, "x", "quantize_int8", "(..., K)"), np.float32)
     lead, K = x.shape[:-1], x.shape[-1]
     q, scale, bad = _quantize_rows(x.reshape(-1, K))
     if bad.any():
@@ -1086,8 +1050,7 @@ def quantize_int8(x):
 
 def dequantize_int8(q, scale):
     """q * scale[..., None] in float32: q (..., K) int8, scale (...,) float32 -> (..., K)."""
-    q = _rank(q, "q", "dequantize_int8", letters="(..., K)")
-    scale = np.asarray(scale, np.float32)
+    q, scale = _checks.dequantize_int8(q, scale)
     return q.astype(np.float32) * scale[..., None]
 
 
@@ -1095,7 +1058,7 @@ def to_bfloat16(x):
     """bfloat16 bits (uint16, same shape) of x (converted to float32 first): the top 16 bits
     rounded to nearest, ties to even (so a value past the largest bfloat16 becomes inf); NaN
     stays a quiet NaN with its sign and top payload bits."""
-    b = np.asarray(x, np.float32).view(np.uint32)
+    b = np.asarray(_checks.real(x, "x", "to_bfloat16"), np.float32).view(np.uint32)
     rounded = (b + np.uint32(0x7FFF) + ((b >> 16) & 1)) >> 16      # no overflow: b < 2^32 - 2^16
     nan = (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
     return np.where(nan, (b >> 16) | 0x0040, rounded).astype(np.uint16)
@@ -1103,10 +1066,7 @@ def to_bfloat16(x):
 
 def from_bfloat16(bits):
     """float32 values of bfloat16 bits (uint16 array): exact (bits << 16)."""
-    b = np.asarray(bits)
-    if b.dtype != np.uint16:
-        raise TypeError(f"from_bfloat16: bits must be uint16 (bfloat16 bit patterns), got "
-                        f"dtype {b.dtype}")
+    b = _checks.bfloat16_bits(bits)
     return (b.astype(np.uint32) << 16).view(np.float32)
 
 
@@ -1121,7 +1081,7 @@ def _linear_quantized(x, weight, bias, activation):
     (act in float64 on that float32 value). bf16: the weight widened to float32 (exact), then
     linear() in float64.
     """
-    x = np.asarray(_rank(x, "x", "linear"), np.float64 if weight.dtype == "bf16" else np.float32)
+    x = np.asarray(x, np.float64 if weight.dtype == "bf16" else np.float32)
     M, K = weight.shape
     if weight.dtype == "bf16":
         w = from_bfloat16(weight.data).astype(np.float64)

@@ -20,6 +20,12 @@ from strategies import features, rand, rows, seeds
 VL, RB = TILES["vector_width"], TILES["reduce_rows"]
 
 
+def f32_ulp(a):
+    """float32's spacing at |a| (float64 values), without overflowing at the float32 maximum
+    (np.spacing of a float32 there is inf): 2^29 float64 ulps, at least the smallest denormal."""
+    return np.maximum(np.spacing(np.abs(np.asarray(a, np.float64))) * 2.0**29, 2.0**-149)
+
+
 def ln_tolerances(dy, x, mean, rstd, weight, residual):
     """(atol_dx, atol_dweight, atol_dbias) from the terms' sizes and float32's conditioning."""
     C = x.shape[-1]
@@ -32,7 +38,7 @@ def ln_tolerances(dy, x, mean, rstd, weight, residual):
     w = np.ones(C) if weight is None else np.abs(np.asarray(weight, np.float64))
     g = d * w
     # half an ulp of each row's largest |s| (and of the float32 mean), times rstd: xhat's error
-    row_ulp = np.spacing(np.abs(s).max(axis=1, initial=0.0).astype(np.float32)).astype(np.float64)
+    row_ulp = f32_ulp(np.abs(s).max(axis=1, initial=0.0))
     dxh = (row_ulp[:, None] * rs) if s.size else np.zeros_like(s)
     eps = float(np.finfo(np.float32).eps)
     k = 8.0 * eps * np.sqrt(max(C, 1))

@@ -4,7 +4,9 @@ torch's conventions: an attention mask is bool (True = not allowed) or float (ad
 scores), shaped (L, S) or (B * nhead, L, S); a ``*_key_padding_mask`` is (B, S), bool (True =
 padding) or float (added). A mask equal to the square subsequent mask runs as the kernel's
 causal mode, never as an (L, L) array. The forward and the decode steps both prepare their masks
-here, so a float padding mask means the same thing in both.
+here, so a float padding mask means the same thing in both. Float masks reach the kernels as
+they are: only -inf hides a key, any finite value (torch.finfo(float32).min included) is added
+to the scores, as in torch (see fastattn.ops.attention).
 """
 import numpy as np
 

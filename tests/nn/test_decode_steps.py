@@ -199,3 +199,27 @@ def test_step_lookups_follow_a_backend_switch(rng, monkeypatch):
                       lambda m, t: m.to_backend(switch[t]) if t in switch else None)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
     np.testing.assert_array_equal(got[[0, 3]], want[[0, 3]])    # fast steps: the same bits
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_steps_add_a_finite_memory_padding_mask(rng, norm_first):
+    """A float memory_key_padding_mask of torch.finfo(float32).min (Hugging Face's padding
+    value) is added to the cross-attention scores, not read as -inf: a source padded
+    throughout averages its memory rows. The decode steps (one query row at a time, a key
+    bias) and the forward (tiled) agree, on both backends."""
+    mem = features(rng, B, S)
+    tgt = features(rng, B, T)
+    kpm = np.zeros((B, S), np.float32)
+    kpm[0] = np.finfo(np.float32).min                        # padded throughout
+    kpm[1, 4:] = np.finfo(np.float32).min
+    kpm[2, 3:] = -np.inf
+    outs = {}
+    for backend in BACKENDS:
+        layer = fnn.TransformerDecoderLayer(C, H, F, norm_first=norm_first, backend=backend,
+                                            seed=8)
+        want = layer(tgt, mem, tgt_is_causal=True, memory_key_padding_mask=kpm)
+        got = stepped(layer, tgt, mem, kpm)
+        assert np.isfinite(got).all()
+        assert_backends_close(got, want, name=f"{backend} steps vs forward")
+        outs[backend] = got
+    assert_backends_close(outs["fast"], outs["reference"], name="fast vs reference")
