@@ -153,15 +153,17 @@ def _parser():
     d = sub.add_parser("demo", help="train the seeds' dialogue completer, complete, plot",
                        description="Train the seeds' dialogue completer on the English "
                                    "conversations of chatterbot-corpus (pip install "
-                                   "\"fastattn[demo]\") and the seeds' lines, in about two "
-                                   "minutes on 2 cores; print the losses and completions; write "
-                                   "loss.png and attention heatmaps into --out.")
+                                   "\"fastattn[demo]\") and the seeds' lines, in about a "
+                                   "minute on 2 cores; print the training loss, the validation "
+                                   "curve with its held-out exact match, and completions; "
+                                   "write loss.png and attention heatmaps into --out.")
     d.add_argument("--quick", action="store_true",
                    help="a seconds-long check: the seeds' lines only, a few hundred steps")
     d.add_argument("--out", metavar="DIR", default="fastattn-demo",
                    help="where the run, loss.png and the heatmaps go (default: %(default)s)")
     d.add_argument("--seconds", type=_positive_float, metavar="S",
-                   help="training time budget (default: 120, 10 with --quick)")
+                   help="stop training after S seconds, whatever the steps (default: no "
+                        "cap: 1000 steps, 300 with --quick)")
     d.add_argument("--quiet", action="store_true", help="no progress bar")
 
     t = sub.add_parser("train", help="train a dialogue or translation model on text pairs",

@@ -3,9 +3,18 @@
 The seeds end with a dialogue completer that learns (line, reply) pairs such as "Fool! No man
 can kill me" -> "<start> I am no man <end>". The demo trains one on those lines and, when the
 ``chatterbot-corpus`` package is installed (``pip install "fastattn[demo]"``), on its English
-conversations (each turn answered by the next), for a time budget (about two minutes on 2
-cores); then it prints the losses, completes the seed's prompt and a few others, scores exact
-matches, and writes the run, loss.png and the attention heatmaps of the seed pair.
+conversations (each turn answered by the next); then it prints the training loss, the
+validation curve (loss, perplexity and greedy exact match on held-out corpus pairs), completes
+the seed's prompt and a few others, scores exact matches, and writes the run, loss.png and the
+attention heatmaps of the seed pair.
+
+The settings (DEMO) were chosen by measurement so that the validation loss falls for most of
+the run: the corpus holds about a thousand short exchanges, which a tiny model memorises in a
+few dozen epochs, after which the held-out loss rises. So the run is short (STEPS small
+batches), with dropout 0.3 and a peak rate of 5e-4, and the run's model is the one of the
+lowest validation loss. The seeds' six pairs are repeated SEED_REPEATS times in the training
+data so that this short run learns them; the held-out pairs are drawn from the distinct
+corpus pairs, as before the repetition.
 """
 import os
 import random
@@ -30,6 +39,13 @@ SEED_PROMPT, SEED_REPLY = SEED_PAIRS[-1]
 UNSEEN = ["Hello there", "What is your favorite book?", "Do you like to play games?"]
 MAX_WORDS = 16           # corpus turns longer than this are left out (they are mostly code)
 SAMPLE = 200             # corpus training pairs scored for exact match
+# The run's settings (see the module docstring), and those of --quick (the seeds alone).
+DEMO = dict(model="tiny", tokenizer="word", steps=1000, batch_tokens=512, lr=5e-4, warmup=100,
+            dropout=0.3, label_smoothing=0.1, eval_every=50, seed=0)
+QUICK = dict(DEMO, steps=300, batch_tokens=1024, lr=1e-3, warmup=30, dropout=0.1,
+             eval_every=None)
+SEED_REPEATS = 100
+VALID = 0.05             # of the distinct pairs, held out
 
 
 def _corpus(out):
@@ -67,33 +83,34 @@ def _exact_match(run, pairs):
 
 
 def demo(quick=False, out="fastattn-demo", seconds=None, progress=True, stream=None):
-    """Run the demo (see the module docstring); returns the exit status (0)."""
+    """Run the demo (see the module docstring); returns the exit status (0). seconds: a cap
+    on the training time (None: the run's steps decide)."""
     from .run import train_run
 
     stream = stream or sys.stdout
     started = time.perf_counter()
-    seconds = seconds if seconds is not None else (10.0 if quick else 120.0)
     print(f"fastattn demo: the seeds' dialogue completer ({get_num_threads()} threads, "
           f"simd {build_info()['simd']})", file=stream)
     corpus = [] if quick else _corpus(stream)
-    pairs = list(dict.fromkeys(SEED_PAIRS + corpus))
+    distinct = list(dict.fromkeys(SEED_PAIRS + corpus))
     print(f"pairs: {len(SEED_PAIRS)} from the seeds"
-          + (f", {len(pairs) - len(SEED_PAIRS)} from chatterbot-corpus (English, turns of at "
-             f"most {MAX_WORDS} words)" if corpus else ""), file=stream)
+          + (f" (each repeated {SEED_REPEATS} times), {len(distinct) - len(SEED_PAIRS)} from "
+             f"chatterbot-corpus (English, turns of at most {MAX_WORDS} words)"
+             if corpus else ""), file=stream)
+    settings = dict(QUICK if not corpus else DEMO)
+    # the same held-out pairs as without the repetition: VALID of the distinct pairs
+    pairs = distinct + SEED_PAIRS * (SEED_REPEATS - 1) if corpus else distinct
+    valid = VALID * len(distinct) / len(pairs) if corpus else 0.0
 
     def budget(record, model):
-        if time.perf_counter() - started > seconds:
+        if seconds is not None and time.perf_counter() - started > seconds:
             raise StopIteration
 
     if progress and not sys.stderr.isatty():
-        progress = 200                  # JSON lines every 200 steps (a bar on a terminal)
-    batch_tokens = 1024 if quick or not corpus else 2048
+        progress = 100                  # JSON lines every 100 steps (a bar on a terminal)
     run, history = train_run(
-        pairs, os.path.join(out, "run"), model="tiny", tokenizer="word",
-        steps=10 ** 6, batch_tokens=batch_tokens, lr=1e-3, warmup=100 if corpus else 30,
-        dropout=0.1, label_smoothing=0.1, valid=0.05 if corpus else 0.0, seed=0,
-        progress=progress, keep_in_train=SEED_PAIRS, callbacks=(budget,),
-        eval_every=500 if corpus else None)
+        pairs, os.path.join(out, "run"), valid=valid, progress=progress,
+        keep_in_train=SEED_PAIRS, callbacks=(budget,), exact_sample=None, **settings)
     train_seconds = time.perf_counter() - started
     steps, evals = history.steps, history.evals
     last = steps[-min(20, len(steps)):]
@@ -101,10 +118,7 @@ def demo(quick=False, out="fastattn-demo", seconds=None, progress=True, stream=N
           f"({np.mean([r['tokens_per_s'] for r in last]):.0f} target tokens/s)", file=stream)
     print(f"training loss (mean of the last {len(last)} steps): "
           f"{np.mean([r['loss'] for r in last]):.3f}", file=stream)
-    if evals:
-        print(f"validation loss {evals[-1]['valid_loss']:.3f}, perplexity "
-              f"{evals[-1]['valid_ppl']:.1f} ({run.config['valid_pairs']} held-out pairs)",
-              file=stream)
+    _validation_curve(evals, len(run.valid_pairs), stream)
 
     seen = [s for s, _ in random.Random(1).sample(corpus, min(3, len(corpus)))]
     prompts = [SEED_PROMPT] + [s for s, _ in SEED_PAIRS[:2]] + seen + UNSEEN
@@ -122,11 +136,32 @@ def demo(quick=False, out="fastattn-demo", seconds=None, progress=True, stream=N
     if corpus_match is not None:
         print(f"exact match (greedy) on {len(sample)} corpus training pairs: "
               f"{corpus_match:.0%}", file=stream)
+    if evals:
+        best = min(evals, key=lambda r: r["valid_loss"])
+        print(f"exact match (greedy) on the {len(run.valid_pairs)} held-out pairs: "
+              f"{100 * best['valid_exact']:.0f}% (a reply to a prompt never seen is rarely "
+              "the corpus's own: the corpus is small)", file=stream)
     _pictures(run, history, out, stream)
     print(f"\nwall time {time.perf_counter() - started:.0f} s; the run is in "
           f"{os.path.join(out, 'run')} (fastattn complete {os.path.join(out, 'run')} TEXT)",
           file=stream)
     return 0
+
+
+def _validation_curve(evals, n, stream):
+    """The evaluations as a table, and which one the run's model comes from."""
+    if not evals:
+        return
+    print(f"validation on {n} held-out pairs (loss, perplexity, greedy exact match):",
+          file=stream)
+    shown = evals if len(evals) <= 12 else evals[::-(-len(evals) // 10)] + evals[-1:]
+    for r in dict((r["step"], r) for r in shown).values():
+        print(f"  step {r['step']:5d}  loss {r['valid_loss']:.3f}  perplexity "
+              f"{r['valid_ppl']:7.1f}  exact {100 * (r['valid_exact'] or 0):.0f}%",
+              file=stream)
+    best = min(evals, key=lambda r: r["valid_loss"])
+    print(f"the run's model: step {best['step']}, the lowest validation loss "
+          f"({best['valid_loss']:.3f}, perplexity {best['valid_ppl']:.1f})", file=stream)
 
 
 def _pictures(run, history, out, stream):
