@@ -51,8 +51,8 @@ static float FA_CAT(q8_quant_row_, FA_SFX)(void *dst, const float *x, int64_t K,
     typedef FA_CAT(vs_, FA_SFX) VS;
     typedef FA_CAT(vb_, FA_SFX) VB;
     const int64_t Kv = K - K % FA_VL;
-    int32_t amax_bits = 0;              /* a max reduction GCC vectorises (vpmaxsd); the same
-                                         * loop by vector compare and blend ran 2x slower */
+    int32_t amax_bits = 0;              /* a max reduction GCC vectorises (vpmaxsd), cheaper
+                                         * than a loop of vector compares and blends */
     for (int64_t k = 0; k < K; k++) {
         int32_t b;
         memcpy(&b, x + k, 4);
@@ -389,11 +389,11 @@ FA_INLINE void q8_cols256(float *sc, float *bi, const float *scale_p, const floa
 /* AVX2: 32 features x 6 rows, as two passes of 16 features (2 ymm of int32) over kg groups
  * [kg0, kg0 + Kg); int16 activations in broadcast pairs, weights sign-extended to int16 (in
  * the loop from w_p, or already in w16[h][kg][16][2]): vpmaddwd + vpaddd, exact. Per pass 12
- * accumulators, 2 weights, a broadcast and a product: 16 ymm registers (4 rows, 8
- * accumulators, ran 5% slower: each weight met fewer rows). K comes in blocks
- * (q8_panel_avx2): the sums start at 0 (first) or at part (mr, 32) int32, and end in the
- * epilogue (last) or in part. A 3-row tile over the whole panel, with the weights as memory
- * operands (no registers for them), measured 4% slower: the loads, not the broadcasts, bind. */
+ * accumulators, 2 weights, a broadcast and a product: 16 ymm registers (not 4 rows and 8
+ * accumulators: each weight would meet fewer rows). K comes in blocks (q8_panel_avx2): the
+ * sums start at 0 (first) or at part (mr, 32) int32, and end in the epilogue (last) or in
+ * part. Not a 3-row tile over the whole panel with the weights as memory operands: the loads,
+ * not the broadcasts, bind, so keeping the weights in registers wins. */
 FA_INLINE void q8_tile_avx2(float *y, int64_t ldy, const int16_t *xq, int64_t ldx,
                             const int8_t *w_p, const int16_t *w16, int32_t *part,
                             const float *sx, const float *scale_p, const float *bias_p,
@@ -479,8 +479,8 @@ Q8_AVX2_AT(6)
 /* AVX2, one or two rows (decode steps): the whole 32-feature panel per pass over all of K, so
  * each kg's 64 bytes of weights (one cache line) are read once, in order; 4 accumulators per
  * row, 4 widened weights and a broadcast: 13 of the 16 ymm registers at two rows. A software
- * prefetch 8 lines ahead lifted 2-thread streaming from about 29 to 35 GB/s (the hardware
- * prefetcher alone fell behind on the one-line-per-iteration loop). The same integer sums as
+ * prefetch 8 lines ahead, because the hardware prefetcher alone falls behind on a loop that
+ * takes one new line per iteration (further ahead helps no more). The same integer sums as
  * q8_tile_avx2 (exact), so a row's result does not depend on the tile that computed it. */
 FA_INLINE void q8_few_avx2(float *y, int64_t ldy, const int16_t *xq, int64_t ldx,
                            const int8_t *w_p, const float *sx, const float *scale_p,
@@ -560,8 +560,8 @@ FA_INLINE void q8_widen_avx2(int16_t *w16, const int8_t *w_k, int64_t kn)
 /* AVX2 panel: chunks of up to Q8_AVX2_ROWS rows; per chunk, K in blocks of Q8_AVX2_KG pairs.
  * From Q8_AVX2_WIDEN rows on, each block is sign-extended once (q8_widen_avx2: 32 x 2
  * Q8_AVX2_KG int16 = 16 KB, in L1 while every 6-row tile of the chunk meets it), so the tiles'
- * inner loop is loads, vpmaddwd and vpaddd alone: 1-3% faster than widening in every tile
- * (one thread, (516, 512) -> 2048 and (516, 2048) -> 512); fewer rows widen in the tile.
+ * inner loop is loads, vpmaddwd and vpaddd alone, a little faster than widening in every tile
+ * once enough rows share the widened block; fewer rows widen in the tile.
  * Partial sums in `part` (the chunk's rows x 32 int32, on the stack). */
 #define Q8_AVX2_ROWS 96
 #define Q8_AVX2_KG 128

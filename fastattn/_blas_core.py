@@ -2,13 +2,10 @@
 
 OpenBLAS picks its kernels once, when the library loads; the OPENBLAS_CORETYPE environment
 variable overrides the pick. On AMD Zen 4 (family 19h with AVX-512) OpenBLAS picks SkylakeX,
-whose 512-bit kernels Zen 4 runs as two 256-bit halves. Its Haswell kernels measured faster
-there in every GEMM fastattn makes (2 threads, each calling single-threaded sgemm on its rows;
-simd avx512; alternating processes, 3 pairs, as the kernels are fixed when OpenBLAS loads):
-
-- ops.ffn (2048, 512) -> 2048 -> 512: 200-206 against 192-196 GFLOP/s;
-- ops.linear_backward of (2048, 512) -> 2048: 200-203 against 192-195 GFLOP/s;
-- the Transformer-base encoder-decoder forward, B 8, S = T = 128: 480-485 against 500-509 ms.
+whose 512-bit kernels Zen 4 runs as two 256-bit halves. Its Haswell kernels run every GEMM
+fastattn makes faster there (the FFN, the linear backward and the Transformer-base forward;
+the kernels are fixed when OpenBLAS loads, so such a comparison takes one process per choice,
+and the figures are in benchmarks/results/past-measurements.md).
 
 So on Zen 4, unless OPENBLAS_CORETYPE is set, fastattn loads its OpenBLAS with
 OPENBLAS_CORETYPE=Haswell and then takes the variable out of the environment again: child

@@ -199,10 +199,8 @@ def release_translators():
     fastattn loaded (torch puts it in the global symbol scope); each translator thread then
     holds a team of that runtime, and once its teams hold more threads than there are CPUs,
     libgomp stops spinning between regions in every team: each fastattn region then waits for
-    a futex wake-up. Measured (2 threads, AVX-512, one process): a one-row int8 product of
-    (2048, 512) took 8.5 us before a CTranslate2 greedy run and 39-64 us after, a
-    Transformer-base int8 decode step 1.1 ms before and 3.7-4.3 ms after, until the
-    translator's threads end."""
+    a futex wake-up, which makes small calls (a one-row product, a decode step) several times
+    slower until the translator's threads end."""
     _translators.clear()
 
 

@@ -73,8 +73,8 @@ class _StepState:
     them for R rows (``linear_fn``), the workspace buffers the general step writes, and the
     views of them the attention reads and writes. A step then makes the same op calls as the
     general one (``_project``, ``_attend``), in the same order, into the same buffers: the
-    same results, bit for bit (tests/nn/test_decode_steps.py), with half the Python calls
-    (with the FFN's, FastOps.ffn_fn: 163 -> 79 a layer, counted by cProfile)."""
+    same results, bit for bit (tests/nn/test_decode_steps.py), with about half the Python
+    calls per layer (together with the FFN's, FastOps.ffn_fn)."""
 
     __slots__ = ("y", "q", "k_new", "v_new", "ctx", "flat", "proj", "project", "out_proj",
                  "attend")
