@@ -144,7 +144,10 @@ def _parser():
     # import the harness.
     cases = b.add_argument("--case", dest="cases", action="extend", nargs="+", metavar="NAME",
                            help="cases to run")
-    b.add_argument("--json", metavar="PATH", help="also write rows and targets as JSON to PATH")
+    b.add_argument("--json", metavar="PATH",
+                   help="also write rows, targets and the machine (CPU, date, build) as JSON "
+                        "to PATH; a directory gets a file named by date, CPU, SIMD level and "
+                        "threads (as benchmarks/results/ keeps them)")
     b.add_argument("--quick", action="store_true", help="fewer repeats (a rough look)")
     b.add_argument("--list", action="store_true", help="list the cases and exit")
     b.set_defaults(subparser=b)
@@ -359,7 +362,8 @@ def _bench(args):
 
     from . import bench
 
-    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+    if args.json and not os.path.isdir(args.json) and \
+            not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
         args.subparser.error(f"argument --json: no such directory for {args.json!r}")  # exit 2
     unknown = [c for c in args.cases or () if c not in bench.CASES]
     if unknown:  # as argparse words an invalid choice; exit 2
@@ -393,12 +397,23 @@ def _bench(args):
     print()
     print(f"bench took {elapsed:.1f} s")
     if args.json:
+        import datetime
+
         import fastattn
 
-        payload = {"environment": fastattn.build_info(), "torch": bench.torch_version(),
+        info = fastattn.build_info()
+        date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        threads = rows[0]["threads"] if rows else info["threads"]
+        payload = {"date": date, "cpu": bench.cpu_model(), "cpus": os.cpu_count(),
+                   "threads": threads, "environment": info, "torch": bench.torch_version(),
                    "numpy": np.__version__, "repeat": repeat, "numpy_repeat": numpy_repeat,
                    "elapsed_s": elapsed, "rows": rows, "targets": targets}
-        with open(args.json, "w") as f:
+        path = args.json
+        if os.path.isdir(path):
+            path = os.path.join(path, bench.result_filename(date, payload["cpu"], info["simd"],
+                                                            threads))
+        print(f"results written to {path}")
+        with open(path, "w") as f:
             json.dump(payload, f, indent=2)
             f.write("\n")
     return 0

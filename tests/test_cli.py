@@ -58,6 +58,31 @@ def test_bench_quick_smoke_prints_table_and_json(tmp_path):
     assert row["fastattn_ms"] > 0
     assert row["max_abs_diff_vs_numpy"]["fastattn"] < 1e-4
     assert all(t["status"] == "SKIP" for t in data["targets"])  # no target case was run
+    assert data["cpu"] == bench.cpu_model() and data["threads"] == 1
+    assert data["date"].endswith("Z") and data["environment"]["simd"] in res.stdout
+
+
+def test_bench_json_into_a_directory_names_the_file_by_date_cpu_simd_threads(tmp_path):
+    res = fastattn_cli("bench", "--quick", "--case", "smoke", "--threads", "1", "--json",
+                       str(tmp_path), timeout=120)
+    assert res.returncode == 0, res.stderr
+    (path,) = tmp_path.glob("*.json")
+    data = json.loads(path.read_text())
+    assert path.name == bench.result_filename(data["date"], data["cpu"],
+                                              data["environment"]["simd"], 1)
+    assert path.name.startswith(data["date"][:10] + "_")
+    assert path.name.endswith(f"_{data['environment']['simd']}_1t.json")
+    assert f"results written to {path}" in res.stdout
+
+
+@pytest.mark.parametrize("cpu, name", [
+    ("Intel(R) Xeon(R) Processor", "2026-11-26_intel-xeon-processor_avx512_2t.json"),
+    ("AMD EPYC 9R14 96-Core Processor", "2026-11-26_amd-epyc-9r14-96-core-processor_avx512_2t.json"),
+    ("Intel(R) Core(TM) i7-8700 CPU @ 3.20GHz", "2026-11-26_intel-core-i7-8700_avx512_2t.json"),
+    ("", "2026-11-26_cpu_avx512_2t.json"),
+])
+def test_result_filename_slugs_the_cpu_model(cpu, name):
+    assert bench.result_filename("2026-11-26T19:00:00Z", cpu, "avx512", 2) == name
 
 
 @pytest.mark.parametrize("args", [["bogus"], [], ["bench", "--case", "nope"],

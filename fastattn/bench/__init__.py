@@ -33,7 +33,7 @@ subtracting the output's own size.
 from .cases import (BASE, CASES, DEFAULT_CASES, GEN, IMPLEMENTATIONS, MODEL_CASES, OP_CASES,
                     Case, DecodeCase, Unavailable, decode_metrics, decoder_weight_bytes,
                     seq2seq_model)
-from .report import describe_environment, format_table
+from .report import cpu_model, describe_environment, format_table, result_filename
 from .runner import (DEFAULT_NUMPY_REPEAT, DEFAULT_REPEAT, QUICK_NUMPY_REPEAT, QUICK_REPEAT,
                      decode_probes, run)
 from .targets import TARGETS, check_targets, format_targets
@@ -44,7 +44,7 @@ __all__ = [
     "CASES", "DEFAULT_CASES", "OP_CASES", "MODEL_CASES", "IMPLEMENTATIONS", "TARGETS", "BASE",
     "GEN", "DEFAULT_REPEAT", "DEFAULT_NUMPY_REPEAT", "QUICK_REPEAT", "QUICK_NUMPY_REPEAT",
     "Case", "DecodeCase", "Unavailable", "run", "check_targets", "format_table",
-    "format_targets", "describe_environment", "torch_version", "peak_memory_growth",
+    "format_targets", "describe_environment", "cpu_model", "result_filename", "torch_version", "peak_memory_growth",
     "memory_copy", "same_threads", "settle", "decode_metrics", "decode_probes",
     "decoder_weight_bytes", "seq2seq_model", "torch_seq2seq", "torch_generate", "TorchDecoder",
 ]

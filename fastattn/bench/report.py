@@ -1,10 +1,14 @@
-"""The rows of ``run()`` as text: the Markdown table and the one-line environment."""
+"""The rows of ``run()`` as text: the Markdown table and the one-line environment; the name
+and machine facts of a ``fastattn bench --json`` results file."""
+import platform
+import re
+
 import numpy as np
 
 from .. import build_info
 from .torch_models import torch_version
 
-__all__ = ["fmt_ms", "format_table", "describe_environment"]
+__all__ = ["fmt_ms", "format_table", "describe_environment", "cpu_model", "result_filename"]
 
 
 def fmt_ms(v):
@@ -56,3 +60,25 @@ def describe_environment(threads=None):
     return (f"fastattn {info['version']}, simd {info['simd']}, "
             f"{threads or info['threads']} threads, OpenBLAS {info['blas_core']}, "
             f"numpy {np.__version__}, torch {torch or 'n/a'}")
+
+
+def cpu_model():
+    """The CPU's model name (Linux: /proc/cpuinfo's "model name"; elsewhere what the platform
+    module says), for the results file's name and its machine stamp."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Processor", "cpu model") and value.strip():
+                    return " ".join(value.split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def result_filename(date, cpu, simd, threads):
+    """The name of a results file: date, CPU model, SIMD level and threads, so that the files
+    of one machine sort by date, e.g. ``2026-11-26_intel-xeon-processor_avx512_2t.json``."""
+    slug = re.sub(r"\(r\)|\(tm\)|\bcpu\b|@.*$", "", cpu.lower())
+    slug = re.sub(r"[^a-z0-9]+", "-", slug).strip("-") or "cpu"
+    return f"{date[:10]}_{slug}_{simd}_{threads}t.json"
