@@ -57,6 +57,7 @@ Conventions:
 """
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -985,6 +986,10 @@ def _act_levels(K):
     """The levels L of a product's activations over K (fastattn.h, fa_int8_act_levels): the
     most that keep |sum_k xq q| <= 127 L K within an int32, at most 32767 (int16 lanes)."""
     return min(32767, (2**31 - 1) // (127 * max(K, 1)))
+
+
+if TYPE_CHECKING:   # at run time, __getattr__ below (ops imports this module)
+    from .ops import QuantizedWeight  # noqa: F401
 
 
 def __getattr__(name):

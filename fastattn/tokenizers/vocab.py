@@ -14,8 +14,12 @@ import numpy as np
 
 __all__ = ["SPECIALS", "PAD", "UNK", "START", "END", "Vocab"]
 
-SPECIALS = ("<pad>", "<unk>", "<start>", "<end>")
-PAD, UNK, START, END = SPECIALS
+# one name per special token (not a tuple unpacking, so that documentation tools see each)
+PAD = "<pad>"        # padding: id 0 in the default vocabulary
+UNK = "<unk>"        # a token the vocabulary does not hold
+START = "<start>"    # the first token of a target
+END = "<end>"        # the token that ends generation
+SPECIALS = (PAD, UNK, START, END)
 
 
 def _check_specials(specials):
