@@ -52,7 +52,7 @@ saying so.
 """
 from __future__ import annotations
 
-# PAD, UNK, START, END and FORMAT stay reachable here as before, outside __all__
+# PAD, UNK, START, END and FORMAT are importable from here too, outside __all__
 from .base import FORMAT, NotFittedError, Tokenizer, load
 from .bpe import END_OF_WORD, BPETokenizer
 from .char import CharTokenizer
