@@ -45,10 +45,10 @@ class BPETokenizer(Tokenizer):
        merges spell the same token ("ab"+"c", "a"+"bc"), it is one vocabulary entry.
 
     Pair counts are kept incrementally: a merge re-counts only the distinct words that hold the
-    merged pair (an index pair -> words), and a heap gives the next best pair. 1 MB of
-    English-like text trains to 8000 tokens in about a second. The cost of a merge grows with
-    the length of the words that hold its pair, so text without whitespace (Chinese, Japanese,
-    minified code) is one long "word" per run and trains slowly: split it first.
+    merged pair (an index pair -> words), and a heap gives the next best pair, so a merge
+    costs in proportion to the words that hold its pair, not to the whole text. That cost grows
+    with the length of those words, so text without whitespace (Chinese, Japanese, minified
+    code) is one long "word" per run and trains slowly: split it first.
 
     Encoding: whitespace runs and words alternate. A word becomes its characters + ``</w>`` and
     the merges are applied in the order they were learned (each merge to every occurrence,
