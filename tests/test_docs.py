@@ -1,0 +1,247 @@
+"""The documentation cannot rot: every code block of README.md and docs/ runs, the README stays
+short and its benchmark table is the latest results file's, and the built site has a reference
+entry for every name a public module exports.
+
+Code blocks. Every fenced block names its language. ``python`` blocks run in this process, the
+blocks of one page in order in one namespace (a page reads as one session), in a temporary
+directory of the page's own; ``bash`` blocks run in bash in the same directory, with
+``fastattn`` meaning this checkout's command and ``examples/`` at hand, as from the
+repository's root. Blocks in other languages (``text``: output,
+file contents) are not code. A block may be marked on the line before its fence:
+
+    <!-- docs-test: requires torch -->      skipped where the module is missing
+    <!-- docs-test: skip REASON -->         never run here (installs, whole test or bench runs)
+
+With FASTATTN_DOCS_STRICT=1 (CI, where every extra is installed) a missing module fails the
+block instead of skipping it, so nothing is skipped silently; only "skip" blocks are left out,
+each with its reason in the test report.
+
+The API reference check reads the site built by ``mkdocs build --strict`` into
+FASTATTN_DOCS_SITE (CI), or builds one itself when MkDocs is installed.
+"""
+import importlib
+import importlib.util
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+README = ROOT / "README.md"
+PAGES = [README, *sorted(DOCS.rglob("*.md"))]
+STRICT = os.environ.get("FASTATTN_DOCS_STRICT") == "1"
+README_MAX_BYTES = 15 * 1024
+
+RUN = {"python", "bash"}               # languages that run
+NOT_CODE = {"text"}                    # output and file contents, shown only
+FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
+                   re.M | re.S)
+MARK = re.compile(r"<!--\s*docs-test:\s*(requires|skip)\s+(.*?)\s*-->\s*$")
+
+
+@dataclass
+class Block:
+    page: Path
+    line: int
+    lang: str
+    code: str
+    mark: tuple = None   # ("requires", "torch ray") or ("skip", "reason"), or None
+
+    @property
+    def id(self):
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def blocks_of(page):
+    """The fenced blocks of a Markdown file, in order."""
+    text = page.read_text(encoding="utf-8")
+    found = []
+    for m in FENCE.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        before = text[:m.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        mark = MARK.search(before)
+        lang = m.group("info").strip().split(" ")[0]
+        found.append(Block(page, line, lang, textwrap.dedent(m.group("body")),
+                           mark.groups() if mark else None))
+    return found
+
+
+ALL_BLOCKS = [b for page in PAGES for b in blocks_of(page)]
+CODE_BLOCKS = [b for b in ALL_BLOCKS if b.lang in RUN]
+
+
+def test_every_block_names_a_known_language():
+    unknown = [f"{b.id} ({b.lang or 'no language'})" for b in ALL_BLOCKS
+               if b.lang not in RUN | NOT_CODE]
+    assert not unknown, f"blocks that would be neither run nor declared output: {unknown}"
+    marked = [b.id for b in ALL_BLOCKS if b.mark and b.lang not in RUN]
+    assert not marked, f"docs-test marks on blocks that do not run: {marked}"
+
+
+# ---- running the blocks ------------------------------------------------------------------------
+
+_SESSIONS = {}   # page -> (namespace, directory): a page's blocks share them, in order
+
+BASH_PRELUDE = 'fastattn() { "$FASTATTN_PYTHON" -m fastattn.cli "$@"; }\n'
+
+
+def _session(page, tmp_path_factory):
+    if page not in _SESSIONS:
+        name = re.sub(r"[^A-Za-z0-9]+", "-", str(page.relative_to(ROOT)))
+        directory = tmp_path_factory.mktemp(name)
+        (directory / "examples").symlink_to(ROOT / "examples")  # as run from the repo root
+        _SESSIONS[page] = ({"__name__": "__docs__"}, directory)
+    return _SESSIONS[page]
+
+
+def _check_mark(block):
+    if block.mark is None:
+        return
+    kind, arg = block.mark
+    if kind == "skip":
+        pytest.skip(f"marked: {arg}")
+    for module in arg.split():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            if STRICT:
+                pytest.fail(f"{block.id} needs {module}, which FASTATTN_DOCS_STRICT=1 requires")
+            pytest.skip(f"needs {module}")
+
+
+@pytest.mark.parametrize("block", CODE_BLOCKS, ids=[b.id for b in CODE_BLOCKS])
+def test_code_block_runs(block, tmp_path_factory, monkeypatch):
+    _check_mark(block)
+    namespace, directory = _session(block.page, tmp_path_factory)
+    monkeypatch.chdir(directory)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    if block.lang == "python":
+        import fastattn
+
+        threads = fastattn.get_num_threads()
+        try:
+            exec(compile(block.code, block.id, "exec"), namespace)
+        finally:
+            fastattn.set_num_threads(threads)   # a block may change it; the suite's stays
+        return
+    env = dict(os.environ, FASTATTN_PYTHON=sys.executable,
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
+                                                        os.environ.get("PYTHONPATH")])))
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", BASH_PRELUDE + block.code],
+                         cwd=directory, env=env, capture_output=True, text=True, timeout=600,
+                         stdin=subprocess.DEVNULL)
+    print(res.stdout[-4000:])
+    assert res.returncode == 0, f"{block.id} exited {res.returncode}:\n{res.stderr[-4000:]}"
+
+
+# ---- the README --------------------------------------------------------------------------------
+
+def _render():
+    spec = importlib.util.spec_from_file_location("render_results",
+                                                  ROOT / "benchmarks" / "render_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_is_short():
+    size = README.stat().st_size
+    assert size <= README_MAX_BYTES, f"README.md is {size} bytes; the limit is " \
+        f"{README_MAX_BYTES}: move the detail into docs/"
+
+
+def test_readme_benchmark_table_is_the_latest_results_file():
+    render = _render()
+    path, data = render.latest()
+    assert render.readme_current(README.read_text(encoding="utf-8")) == \
+        render.readme_block(data), f"run python benchmarks/render_results.py ({path.name})"
+    assert len(render.readme_table(data).split("\n\n")[0].splitlines()) - 2 <= 8
+
+
+def test_results_files_are_named_by_date_cpu_simd_and_threads():
+    from fastattn.bench import result_filename
+
+    render = _render()
+    results = render.load_results()
+    assert results, "benchmarks/results/ holds no results file"
+    for path, data in results:
+        assert path.name == result_filename(data["date"], data["cpu"],
+                                            data["environment"]["simd"], data["threads"])
+        assert data["rows"] and all("fastattn_ms" in r for r in data["rows"])
+
+
+@pytest.mark.parametrize("page", [README, *DOCS.glob("*.md")], ids=lambda p: p.name)
+def test_relative_links_point_at_files(page):
+    text = page.read_text(encoding="utf-8")
+    generated = {"benchmarks/results.md", "benchmarks/past-measurements.md"}
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path = (page.parent / target).resolve()
+        rel = os.path.relpath(path, DOCS).replace(os.sep, "/")
+        assert path.exists() or rel in generated, f"{page.name} links to missing {target}"
+
+
+# ---- the API reference -------------------------------------------------------------------------
+
+def public_modules():
+    """fastattn and every module under it whose dotted name has no part starting with "_" and
+    that defines __all__."""
+    import fastattn
+
+    names = ["fastattn"] + [m.name for m in pkgutil.walk_packages(fastattn.__path__, "fastattn.")
+                            if not any(p.startswith("_") for p in m.name.split("."))]
+    modules = [importlib.import_module(n) for n in names]
+    return [m for m in modules if hasattr(m, "__all__")]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    given = os.environ.get("FASTATTN_DOCS_SITE")
+    if given:
+        return Path(given)
+    try:
+        import mkdocs  # noqa: F401
+        import mkdocstrings  # noqa: F401
+    except ImportError:
+        if STRICT:
+            pytest.fail("MkDocs is not installed (pip install -e '.[docs]')")
+        pytest.skip("MkDocs is not installed (the docs extra)")
+    out = tmp_path_factory.mktemp("site")
+    res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+                          "--site-dir", str(out)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=900)
+    assert res.returncode == 0, res.stderr[-6000:]
+    return out
+
+
+def test_site_has_a_page_per_guide(site):
+    for page in ["getting-started", "ops", "model", "training", "generation", "quantization",
+                 "runners", "performance", "benchmarks", "benchmarks/results",
+                 "benchmarks/past-measurements", "seed-walkthrough", "reference"]:
+        assert (site / page / "index.html").exists(), page
+    assert (site / "index.html").exists()
+    assert list((site / "benchmarks").glob("*.png")), "no benchmark plot"
+
+
+def test_every_public_name_has_an_api_entry(site):
+    html = "".join(p.read_text(encoding="utf-8") for p in (site / "reference").rglob("*.html"))
+    ids = set(re.findall(r'id="([\w.]+)"', html))
+    missing = [f"{m.__name__}.{name}" for m in public_modules() for name in m.__all__
+               if f"{m.__name__}.{name}" not in ids]
+    assert not missing, f"public names without an API reference entry: {missing}"
+
+
+def test_public_modules_are_listed():
+    # the guard of the check above: the walk finds the packages a user imports
+    names = {m.__name__ for m in public_modules()}
+    assert {"fastattn", "fastattn.ops", "fastattn.reference", "fastattn.nn", "fastattn.io",
+            "fastattn.optim", "fastattn.tokenizers", "fastattn.train",
+            "fastattn.runners"} <= names
