@@ -71,8 +71,8 @@ int fa_build_tiles(int isa, int64_t *out);
  *                        the forward's inputs and parameters, sizes, flags, nthreads);
  *   - its entry point in the family's .c file (attention.c, layernorm.c, softmax.c, linear.c),
  *     after the forward's;
- *   - its per-ISA body in the same <family>_body.h as the forward's, so fa_instantiate.h
- *     compiles both under every ISA and FA_DISPATCH picks either.
+ *   - its per-ISA body in the same <family>_body.h as the forward's, so every kernels_<level>.c
+ *     compiles both, and its entry in the kernel table (fa_kernels.h) beside the forward's.
  * Parameter gradients (dweight, dbias) are deterministic: per-thread partials, one slice of a
  * scratch buffer per thread, then a fixed-order sum. The buffer is sized for the requested
  * count but only the team actually started (fa_team) writes its slices: sum those, or zero
