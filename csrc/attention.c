@@ -1,22 +1,12 @@
 /* attention.c -- fused, tiled attention forward (flash style: blocks of queries against blocks
  * of keys with an online softmax; the (Lq, Lk) score matrix is never stored) and its backward
  * (the probabilities recomputed block by block from the saved lse). The passes are in
- * attention_body.h, compiled for each ISA level; this file turns the public arguments into
- * their bundle (fa_att_args) and holds the scalar helpers every level shares. */
+ * attention_body.h, compiled for each ISA level; this file holds the entry points and the
+ * scalar helpers every level shares. */
 #include <float.h>
 #include <math.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "fa_kernels.h"
-
-static void set_dropout(fa_att_args *a, double dropout_p, uint64_t seed)
-{
-    a->dropout = dropout_p > 0.0;
-    a->drop_thr = a->dropout ? fa_rng_threshold(dropout_p) : 0u;
-    a->drop_scale = a->dropout ? (float)(1.0 / (1.0 - dropout_p)) : 1.0f;
-    a->seed = seed;
-}
 
 /* ---- masks, scores and the float32 range ----------------------------------------------------
  * A key is hidden from a query by the causal rule, by a bool True (a -inf bias) in either mask,
@@ -57,57 +47,12 @@ float att_lse(float m, float l)
     return lse > FLT_MAX ? FLT_MAX : lse < -FLT_MAX ? -FLT_MAX : (float)lse;
 }
 
-int fa_attention_forward(float *out, float *lse, float *weights,
-                          const float *q, const float *k, const float *v,
-                          const float *mask, const float *key_bias,
-                          int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t D, int64_t Dv,
-                          const int64_t *q_st, const int64_t *k_st, const int64_t *v_st,
-                          const int64_t *out_st, const int64_t *mask_st,
-                          float scale, int causal, double dropout_p, uint64_t seed,
-                          int nthreads)
+int fa_attention_forward(const fa_attention_args *a, int nthreads)
 {
-    fa_att_args a = {out, lse, weights, q, k, v, mask, key_bias, B, H, Lq, Lk, D, Dv,
-                     {q_st[0], q_st[1], q_st[2]}, {k_st[0], k_st[1], k_st[2]},
-                     {v_st[0], v_st[1], v_st[2]}, {out_st[0], out_st[1], out_st[2]},
-                     {0, 0, 0, 0}, scale, causal, 0, 0u, 1.0f, 0u};
-    if (mask)
-        for (int i = 0; i < 4; i++) a.ms[i] = mask_st[i];
-    set_dropout(&a, dropout_p, seed);
-    return fa_k->attention_forward(&a, nthreads);
+    return fa_k->attention_forward(a, nthreads);
 }
 
-int fa_attention_backward(float *dq, float *dk, float *dv,
-                          const float *dout, const float *out, const float *lse,
-                          const float *q, const float *k, const float *v,
-                          const float *mask, const float *key_bias,
-                          int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t D, int64_t Dv,
-                          const int64_t *dq_st, const int64_t *dk_st, const int64_t *dv_st,
-                          const int64_t *dout_st, const int64_t *out_st,
-                          const int64_t *q_st, const int64_t *k_st, const int64_t *v_st,
-                          const int64_t *mask_st, float scale, int causal, double dropout_p,
-                          uint64_t seed, int nthreads)
+int fa_attention_backward(const fa_attention_grads *g, const fa_attention_args *a, int nthreads)
 {
-    fa_att_bwd_args a;
-    memset(&a, 0, sizeof a);
-    a.f = (fa_att_args){NULL, NULL, NULL, q, k, v, mask, key_bias, B, H, Lq, Lk, D, Dv,
-                        {q_st[0], q_st[1], q_st[2]}, {k_st[0], k_st[1], k_st[2]},
-                        {v_st[0], v_st[1], v_st[2]}, {0, 0, 0}, {0, 0, 0, 0}, scale, causal,
-                        0, 0u, 1.0f, 0u};
-    if (mask)
-        for (int i = 0; i < 4; i++) a.f.ms[i] = mask_st[i];
-    set_dropout(&a.f, dropout_p, seed);
-    a.dq = dq;
-    a.dk = dk;
-    a.dv = dv;
-    a.dout = dout;
-    a.out = out;
-    a.lse = lse;
-    for (int i = 0; i < 3; i++) {
-        a.dqs[i] = dq_st[i];
-        a.dks[i] = dk_st[i];
-        a.dvs[i] = dv_st[i];
-        a.dos[i] = dout_st[i];
-        a.fos[i] = out_st[i];
-    }
-    return fa_k->attention_backward(&a, nthreads);
+    return fa_k->attention_backward(g, a, nthreads);
 }

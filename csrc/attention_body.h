@@ -1,5 +1,5 @@
 /* attention_body.h -- fused attention, forward and backward, for one ISA level (compiled by
- * each kernels_<level>.c; attention.c turns the public arguments into fa_att_args).
+ * each kernels_<level>.c; attention.c calls them through the kernel table).
  *
  * The block works "transposed": queries run along vector lanes, so the online softmax's
  * per-query max and sum are plain element-wise vector ops and no horizontal reduction is needed.
@@ -27,12 +27,12 @@
 static const uint32_t att_lane_ids[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 /* Is key j hidden from query i of head (b, h)? (causal, or -inf in either mask) */
-static int att_hidden(const fa_att_args *a, int64_t b, int64_t h, int64_t i, int64_t j)
+static int att_hidden(const fa_attention_args *a, int64_t b, int64_t h, int64_t i, int64_t j)
 {
     if (a->causal && j > i + (a->Lk - a->Lq)) return 1;
     if (a->key_bias && a->key_bias[b * a->Lk + j] == -INFINITY) return 1;
-    return a->mask &&
-           a->mask[b * a->ms[0] + h * a->ms[1] + i * a->ms[2] + j * a->ms[3]] == -INFINITY;
+    const int64_t *ms = a->mask_st;
+    return a->mask && a->mask[b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]] == -INFINITY;
 }
 
 /* Are the n floats of x all finite? */
@@ -185,20 +185,20 @@ FA_INLINE void add_key_bias(float *s, float kb, float kb2)
  * mx receives the lane-wise max. Shared by the forward pass and the weights pass. Returns 1
  * when a key that some query of the block cannot see has a value row holding inf or NaN (the
  * block's P.V must then leave it out explicitly: 0 * NaN is NaN), else 0. */
-static int masked_scores(const fa_att_args *a, int64_t b, int64_t h,
+static int masked_scores(const fa_attention_args *a, int64_t b, int64_t h,
                          int64_t i0, int64_t nq, int64_t jb, int64_t nb,
                          const float *qt, float *st, VF *mx)
 {
-    const float *k_bh = a->k + b * a->ks[0] + h * a->ks[1];
+    const float *k_bh = a->k + b * a->k_st[0] + h * a->k_st[1];
     const int64_t off = a->Lk - a->Lq;
     for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
-    score_tile(st, mx, qt, k_bh + jb * a->ks[2], a->ks[2], nb, a->D);
+    score_tile(st, mx, qt, k_bh + jb * a->k_st[2], a->k_st[2], nb, a->D);
 
     const int diag = a->causal && jb + nb - 1 > i0 + off;
     if (!diag && !a->mask && !a->key_bias) return 0;
     /* Slow path, only on tiles a mask touches: hide keys (-inf, whatever the score), add the
      * other biases, cut the causal corner, redo the max. */
-    const float *v_bh = a->v + b * a->vs[0] + h * a->vs[1];
+    const float *v_bh = a->v + b * a->v_st[0] + h * a->v_st[1];
     int care = 0;
     for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
     for (int64_t jj = 0; jj < nb; jj++) {
@@ -209,10 +209,11 @@ static int masked_scores(const fa_att_args *a, int64_t b, int64_t h,
         if (hidden) {
             for (int64_t i = 0; i < BQ; i++) s_j[i] = -INFINITY;
         } else if (a->mask) {
-            const float *m_bhj = a->mask + b * a->ms[0] + h * a->ms[1] + j * a->ms[3];
+            const float *m_bhj =
+                a->mask + b * a->mask_st[0] + h * a->mask_st[1] + j * a->mask_st[3];
             const float kb2 = kb * FA_LOG2E;
             for (int64_t i = 0; i < nq; i++) {
-                const float mk = m_bhj[(i0 + i) * a->ms[2]];
+                const float mk = m_bhj[(i0 + i) * a->mask_st[2]];
                 float x = s_j[i] + kb2 + mk * FA_LOG2E;
                 if (mk == -INFINITY) {
                     x = -INFINITY;
@@ -229,7 +230,7 @@ static int masked_scores(const fa_att_args *a, int64_t b, int64_t h,
             for (int64_t i = 0; i < nq && j > i0 + i + off; i++) s_j[i] = -INFINITY;
             hidden = 1;
         }
-        if (hidden && !care) care = !att_finite(v_bh + j * a->vs[2], a->Dv);
+        if (hidden && !care) care = !att_finite(v_bh + j * a->v_st[2], a->Dv);
         for (int c = 0; c < NR; c++) mx[c] = vmax(mx[c], vload(s_j + c * FA_VL));
     }
     return care;
@@ -237,12 +238,12 @@ static int masked_scores(const fa_att_args *a, int64_t b, int64_t h,
 
 /* ot[e][i] += sum_{j<nb} st[j][i] * v_j[e] over the keys query i0+i can see: P.V of a block
  * where a hidden key's value row holds inf or NaN (rare: scalar). */
-static void pv_visible(const fa_att_args *a, int64_t b, int64_t h, int64_t i0,
+static void pv_visible(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0,
                        int64_t nq, int64_t jb, int64_t nb, const float *st,
                        float *ot, const float *v)
 {
     for (int64_t jj = 0; jj < nb; jj++) {
-        const float *v_j = v + jj * a->vs[2];
+        const float *v_j = v + jj * a->v_st[2];
         for (int64_t i = 0; i < nq; i++) {
             if (att_hidden(a, b, h, i0 + i, jb + jj)) continue;
             const float p = st[jj * BQ + i];
@@ -295,8 +296,8 @@ static int64_t key_block(int64_t jb, int64_t jend, int64_t jdiag)
     return nb;
 }
 
-static void attention_task(const fa_att_args *a, int64_t b, int64_t h,
-                           int64_t qb, float *scratch)
+static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop, int64_t b,
+                           int64_t h, int64_t qb, float *scratch)
 {
     const int64_t D = a->D, Dv = a->Dv, Lq = a->Lq, Lk = a->Lk, off = Lk - Lq;
     const int64_t i0 = qb * BQ, nq = Lq - i0 < BQ ? Lq - i0 : BQ;
@@ -312,30 +313,30 @@ static void attention_task(const fa_att_args *a, int64_t b, int64_t h,
         if (jdiag < 0) jdiag = 0;
     }
 
-    const float *q_bh = a->q + b * a->qs[0] + h * a->qs[1];
-    const float *v_bh = a->v + b * a->vs[0] + h * a->vs[1];
-    float *o_bh = a->out + b * a->os[0] + h * a->os[1];
+    const float *q_bh = a->q + b * a->q_st[0] + h * a->q_st[1];
+    const float *v_bh = a->v + b * a->v_st[0] + h * a->v_st[1];
+    float *o_bh = a->out + b * a->out_st[0] + h * a->out_st[1];
     const float qscale = a->scale * FA_LOG2E;
     /* The q block comes from memory once, and the output block goes back once: ask for every
      * line of both up front (the transposes' 4 x 4 walks had a few misses in flight at a time
      * and took 5% of a B4 H8 L512 D64 call on AVX2); the output's lines, for writing, are
      * still in L2 when the block's last key has been met. */
     for (int64_t i = i0; i < i0 + nq; i++) {
-        for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(q_bh + i * a->qs[2] + d, 0, 3);
-        for (int64_t e = 0; e < Dv; e += 16) __builtin_prefetch(o_bh + i * a->os[2] + e, 1, 2);
+        for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(q_bh + i * a->q_st[2] + d, 0, 3);
+        for (int64_t e = 0; e < Dv; e += 16) __builtin_prefetch(o_bh + i * a->out_st[2] + e, 1, 2);
     }
     if (nq < BQ) /* lanes past the last query stay 0 */
         for (int64_t d = 0; d < D; d++)
             for (int64_t i = nq; i < BQ; i++) qt[d * BQ + i] = 0.0f;
-    transpose(qt, BQ, q_bh + i0 * a->qs[2], a->qs[2], nq, D, qscale, NULL);
+    transpose(qt, BQ, q_bh + i0 * a->q_st[2], a->q_st[2], nq, D, qscale, NULL);
     for (int64_t i = 0; i < Dv * BQ; i++) ot[i] = 0.0f;
     for (int64_t i = 0; i < BQ; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
     /* dropout: each query lane's row key (fa_rng.h), row = (b * H + h) * Lq + i */
     uint32_t row_keys[BQ];
     VU rk[NR];
     for (int64_t i = 0; i < BQ; i++)
-        row_keys[i] = a->dropout ? fa_rng_row_key(a->seed, (uint64_t)((b * a->H + h) * Lq + i0 + i))
-                                 : 0u;
+        row_keys[i] =
+            drop->on ? fa_rng_row_key(drop->seed, (uint64_t)((b * a->H + h) * Lq + i0 + i)) : 0u;
     for (int c = 0; c < NR; c++) rk[c] = *(const VU *)(row_keys + c * FA_VL);
 
     for (int64_t jb = 0, nb; jb < jend; jb += nb) {
@@ -363,13 +364,13 @@ static void attention_task(const fa_att_args *a, int64_t b, int64_t h,
         }
         for (int c = 0; c < NR; c++)
             vstore(l + c * FA_VL, vload(l + c * FA_VL) * alpha[c] + lsum[c]);
-        if (a->dropout) { /* P' = P keep / (1 - p), once l has summed the undropped P */
+        if (drop->on) { /* P' = P keep / (1 - p), once l has summed the undropped P */
             for (int64_t jj = 0; jj < nb; jj++) {
                 const VU col = vsplatu(jb + jj);
                 for (int c = 0; c < NR; c++)
                     vstore(st + jj * BQ + c * FA_VL,
                            vload(st + jj * BQ + c * FA_VL) *
-                               vkeep(rk[c], col, a->drop_thr, a->drop_scale));
+                               vkeep(rk[c], col, drop->threshold, drop->scale));
             }
         }
         if (rescale && jb > 0) {
@@ -378,9 +379,9 @@ static void attention_task(const fa_att_args *a, int64_t b, int64_t h,
                     vstore(ot + e * BQ + c * FA_VL, vload(ot + e * BQ + c * FA_VL) * alpha[c]);
         }
         if (care)
-            pv_visible(a, b, h, i0, nq, jb, nb, st, ot, v_bh + jb * a->vs[2]);
+            pv_visible(a, b, h, i0, nq, jb, nb, st, ot, v_bh + jb * a->v_st[2]);
         else
-            pv_tile(ot, st, v_bh + jb * a->vs[2], a->vs[2], nb, Dv);
+            pv_tile(ot, st, v_bh + jb * a->v_st[2], a->v_st[2], nb, Dv);
     }
 
     /* out_i = ot[:, i] / l_i (0 for a row with no visible key); lse_i = (m_i + log2 l_i) ln 2 */
@@ -389,7 +390,7 @@ static void attention_task(const fa_att_args *a, int64_t b, int64_t h,
         for (int64_t i = 0; i < nq; i++) lse_bh[i] = l[i] == 0.0f ? -INFINITY : att_lse(m[i], l[i]);
     }
     for (int64_t i = 0; i < nq; i++) l[i] = l[i] == 0.0f ? 0.0f : 1.0f / l[i]; /* l becomes 1/l */
-    transpose(o_bh + i0 * a->os[2], a->os[2], ot, BQ, Dv, nq, 1.0f, l);
+    transpose(o_bh + i0 * a->out_st[2], a->out_st[2], ot, BQ, Dv, nq, 1.0f, l);
     if (!a->weights) return;
 
     /* Optional second pass: weights[i][j] = 2^(s_ij - m_i) / l_i (times the dropout factor),
@@ -406,9 +407,9 @@ static void attention_task(const fa_att_args *a, int64_t b, int64_t h,
             for (int64_t jj = 0; jj < nb; jj++) {
                 VF x = vsplat(st[jj * BQ + i] - m[i]);
                 float w = vexp2(x)[0] * l[i];
-                if (a->dropout)
-                    w *= fa_rng_keep(row_keys[i], (uint32_t)(jb + jj), a->drop_thr)
-                             ? a->drop_scale : 0.0f;
+                if (drop->on)
+                    w *= fa_rng_keep(row_keys[i], (uint32_t)(jb + jj), drop->threshold)
+                             ? drop->scale : 0.0f;
                 w_bh[i * Lk + jb + jj] = w;
             }
         }
@@ -467,21 +468,21 @@ FA_INLINE void dot4(float *out, const float *q, const float *k0,
     }
 }
 
-static void attention_rows(const fa_att_args *a, int64_t b, int64_t h,
-                           int64_t i, float *s)
+static void attention_rows(const fa_attention_args *a, const fa_dropout_t *drop, int64_t b,
+                           int64_t h, int64_t i, float *s)
 {
     const int64_t D = a->D, Dv = a->Dv, Lk = a->Lk, off = Lk - a->Lq;
-    const float *q_i = a->q + b * a->qs[0] + h * a->qs[1] + i * a->qs[2];
-    const float *k_bh = a->k + b * a->ks[0] + h * a->ks[1];
-    const float *v_bh = a->v + b * a->vs[0] + h * a->vs[1];
-    float *o_i = a->out + b * a->os[0] + h * a->os[1] + i * a->os[2];
+    const float *q_i = a->q + b * a->q_st[0] + h * a->q_st[1] + i * a->q_st[2];
+    const float *k_bh = a->k + b * a->k_st[0] + h * a->k_st[1];
+    const float *v_bh = a->v + b * a->v_st[0] + h * a->v_st[1];
+    float *o_i = a->out + b * a->out_st[0] + h * a->out_st[1] + i * a->out_st[2];
     int64_t jend = Lk;
     if (a->causal) jend = i + off + 1 < Lk ? (i + off + 1 > 0 ? i + off + 1 : 0) : Lk;
 
     const float qscale = a->scale * FA_LOG2E;
     for (int64_t j = 0; j < jend; j += 4) {     /* raw dots, four keys at a time */
-        const float *k_j = k_bh + j * a->ks[2];
-        const int64_t ksl = a->ks[2];
+        const float *k_j = k_bh + j * a->k_st[2];
+        const int64_t ksl = a->k_st[2];
         dot4(s + j, q_i, k_j, j + 1 < jend ? k_j + ksl : k_j,
              j + 2 < jend ? k_j + 2 * ksl : k_j,
              j + 3 < jend ? k_j + 3 * ksl : k_j, D);
@@ -517,7 +518,7 @@ static void attention_rows(const fa_att_args *a, int64_t b, int64_t h,
         }
         m = any_nan ? NAN : hmax(mv);
         for (int64_t j = 0; j < j0 && any_hidden && !care; j++)
-            if (kb_b[j] == -INFINITY) care = !att_finite(v_bh + j * a->vs[2], Dv);
+            if (kb_b[j] == -INFINITY) care = !att_finite(v_bh + j * a->v_st[2], Dv);
     }
     if (!a->key_bias && !a->mask) {
         for (int64_t j = 0; j < jend; j++) {
@@ -528,13 +529,13 @@ static void attention_rows(const fa_att_args *a, int64_t b, int64_t h,
     } else {
         for (int64_t j = j0; j < jend; j++) {  /* (the keys left, or all of them with a mask) */
             const float kb = a->key_bias ? a->key_bias[b * Lk + j] : 0.0f;
+            const int64_t *ms = a->mask_st;
             const float mk =
-                a->mask ? a->mask[b * a->ms[0] + h * a->ms[1] + i * a->ms[2] + j * a->ms[3]]
-                        : 0.0f;
+                a->mask ? a->mask[b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]] : 0.0f;
             float x;
             if (kb == -INFINITY || mk == -INFINITY) { /* hidden, whatever q . k is */
                 x = -INFINITY;
-                if (!care) care = !att_finite(v_bh + j * a->vs[2], Dv);
+                if (!care) care = !att_finite(v_bh + j * a->v_st[2], Dv);
             } else {
                 x = s[j] * qscale + kb * FA_LOG2E + mk * FA_LOG2E;
                 if (!(fabsf(x) <= ATT_WIDE)) x = att_wide_score(s[j] * qscale, kb, mk);
@@ -554,12 +555,12 @@ static void attention_rows(const fa_att_args *a, int64_t b, int64_t h,
         vstore(s + j, p);
         l += hsum(p);
     }
-    if (a->dropout) { /* P' = P keep / (1 - p), once l has summed the undropped P */
-        const VU rk = vsplatu(fa_rng_row_key(a->seed, (uint64_t)((b * a->H + h) * a->Lq + i)));
+    if (drop->on) { /* P' = P keep / (1 - p), once l has summed the undropped P */
+        const VU rk = vsplatu(fa_rng_row_key(drop->seed, (uint64_t)((b * a->H + h) * a->Lq + i)));
         const VU lanes = *(const VU *)att_lane_ids;
         for (int64_t j = 0; j < jpad; j += FA_VL)
             vstore(s + j, vload(s + j) * vkeep(rk, vsplatu(j) + lanes,
-                                                                a->drop_thr, a->drop_scale));
+                                                                drop->threshold, drop->scale));
     }
     const float inv = l == 0.0f ? 0.0f : 1.0f / l;
     int64_t e = 0;
@@ -567,7 +568,7 @@ static void attention_rows(const fa_att_args *a, int64_t b, int64_t h,
         for (; e < Dv; e++) {
             float acc = 0.0f;
             for (int64_t jj = 0; jj < jend; jj++)
-                if (!att_hidden(a, b, h, i, jj)) acc += s[jj] * v_bh[jj * a->vs[2] + e];
+                if (!att_hidden(a, b, h, i, jj)) acc += s[jj] * v_bh[jj * a->v_st[2] + e];
             o_i[e] = acc * inv;
         }
     }
@@ -576,7 +577,7 @@ static void attention_rows(const fa_att_args *a, int64_t b, int64_t h,
         VF acc[4] = {vsplat(0.0f), vsplat(0.0f), vsplat(0.0f), vsplat(0.0f)};
         for (int64_t jj = 0; jj < jend; jj++) {     /* independent chains: one per vector */
             const VF p = vsplat(s[jj]);
-            const float *v_j = v_bh + jj * a->vs[2] + e;
+            const float *v_j = v_bh + jj * a->v_st[2] + e;
             for (int c = 0; c < 4; c++)
                 if (c < nv) acc[c] += p * vload(v_j + c * FA_VL);
         }
@@ -588,7 +589,7 @@ static void attention_rows(const fa_att_args *a, int64_t b, int64_t h,
     }
     for (; e < Dv; e++) {
         float acc = 0.0f;
-        for (int64_t jj = 0; jj < jend; jj++) acc += s[jj] * v_bh[jj * a->vs[2] + e];
+        for (int64_t jj = 0; jj < jend; jj++) acc += s[jj] * v_bh[jj * a->v_st[2] + e];
         o_i[e] = acc * inv;
     }
     if (a->lse) a->lse[(b * a->H + h) * a->Lq + i] = l == 0.0f ? -INFINITY : att_lse(m, l);
@@ -654,23 +655,23 @@ static void attention_bwd_carve(fa_att_bwd_blk *k, float *scratch, int64_t D,
 static void bwd_pack(const fa_att_bwd_args *a, fa_att_bwd_blk *kb, int64_t b,
                      int64_t h, int with_kr)
 {
-    const fa_att_args *f = &a->f;
+    const fa_attention_args *f = a->f;
     const int64_t D = f->D, Dv = f->Dv, jb = kb->jb, nb = kb->nb;
-    const float *k_j = f->k + b * f->ks[0] + h * f->ks[1] + jb * f->ks[2];
-    const float *v_j = f->v + b * f->vs[0] + h * f->vs[1] + jb * f->vs[2];
+    const float *k_j = f->k + b * f->k_st[0] + h * f->k_st[1] + jb * f->k_st[2];
+    const float *v_j = f->v + b * f->v_st[0] + h * f->v_st[1] + jb * f->v_st[2];
     if (nb < KB) { /* lanes past the last key stay 0 */
         for (int64_t d = 0; d < D; d++)
             for (int64_t jj = nb; jj < KB; jj++) kb->kt[d * KB + jj] = 0.0f;
         for (int64_t e = 0; e < Dv; e++)
             for (int64_t jj = nb; jj < KB; jj++) kb->vt[e * KB + jj] = 0.0f;
     }
-    transpose(kb->kt, KB, k_j, f->ks[2], nb, D, f->scale * FA_LOG2E, NULL);
-    transpose(kb->vt, KB, v_j, f->vs[2], nb, Dv, 1.0f, NULL);
+    transpose(kb->kt, KB, k_j, f->k_st[2], nb, D, f->scale * FA_LOG2E, NULL);
+    transpose(kb->vt, KB, v_j, f->v_st[2], nb, Dv, 1.0f, NULL);
     kb->kbad = 0;
     if (with_kr && D > 0) /* (D = 0: k holds nothing, may be NULL) */
         for (int64_t jj = 0; jj < nb; jj++) {
             float *kr_j = kb->kr + jj * kb->Dp;
-            memcpy(kr_j, k_j + jj * f->ks[2], (size_t)D * sizeof(float));
+            memcpy(kr_j, k_j + jj * f->k_st[2], (size_t)D * sizeof(float));
             for (int64_t d = D; d < kb->Dp; d++) kr_j[d] = 0.0f;
             if (!kb->kbad) kb->kbad = !att_finite(kr_j, D);
         }
@@ -819,7 +820,7 @@ static void bwd_dq(float *FA_RESTRICT dq, int64_t dqs,
  * all ones in hid; every other key gets its biases added, a sum past ATT_WIDE (or NaN) formed
  * again by att_wide_score, as in the forward.
  *   scalar math:  x_j = hidden ? -inf : s_j + (key bias_j + mask_ij) log2 e */
-FA_INLINE void bwd_mask_row(const fa_att_args *f, const fa_att_bwd_blk *kb,
+FA_INLINE void bwd_mask_row(const fa_attention_args *f, const fa_att_bwd_blk *kb,
                                             int64_t b, int64_t h, int64_t i, float *s_r,
                                             VI *hid)
 {
@@ -827,9 +828,8 @@ FA_INLINE void bwd_mask_row(const fa_att_args *f, const fa_att_bwd_blk *kb,
     int64_t cut = kb->nb; /* keys [jb, jb + cut) are visible to query i, masks aside */
     if (f->causal && i + (f->Lk - f->Lq) + 1 - jb < cut) cut = i + (f->Lk - f->Lq) + 1 - jb;
     if (cut < 0) cut = 0;
-    const float *m_i = f->mask ? f->mask + b * f->ms[0] + h * f->ms[1] + i * f->ms[2] +
-                                     jb * f->ms[3]
-                               : NULL;
+    const int64_t *ms = f->mask_st;
+    const float *m_i = f->mask ? f->mask + b * ms[0] + h * ms[1] + i * ms[2] + jb * ms[3] : NULL;
     const VI lanes = (VI)(*(const VU *)att_lane_ids);
     for (int c = 0; c < NR; c++) {
         const int64_t j0 = c * FA_VL;
@@ -842,12 +842,12 @@ FA_INLINE void bwd_mask_row(const fa_att_args *f, const fa_att_bwd_blk *kb,
             x += kbv * vsplat(FA_LOG2E);
         }
         if (m_i) {
-            if (f->ms[3] == 1 && j0 + FA_VL <= cut) {
+            if (f->mask_st[3] == 1 && j0 + FA_VL <= cut) {
                 mkv = vload(m_i + j0);
             } else {
                 float t[FA_VL];
                 for (int u = 0; u < FA_VL; u++)
-                    t[u] = j0 + u < cut ? m_i[(j0 + u) * f->ms[3]] : 0.0f;
+                    t[u] = j0 + u < cut ? m_i[(j0 + u) * f->mask_st[3]] : 0.0f;
                 mkv = vload(t);
             }
             hd |= (VI)(mkv == vsplat(-INFINITY));
@@ -871,14 +871,14 @@ FA_INLINE void bwd_mask_row(const fa_att_args *f, const fa_att_bwd_blk *kb,
  *   scalar math:  s = S_ij + key bias + mask (-inf where hidden: past the causal limit or the
  *                 block, or a -inf mask);
  *                 P = 2^(s - pref_i) pinv_i (pref = lse_i log2 e, pinv = 1 but for rows whose
- *                 lse is too large for that, see attention_bwd_delta_), 0 where lse_i = -inf
+ *                 lse is too large for that, see attention_bwd_delta), 0 where lse_i = -inf
  *                 (or NaN, as in the twin);
  *                 keep = 1 / (1 - p) or 0;  P' = P keep;  dS = P (dP' keep - Delta_i) scale,
  *                 exactly 0 for a hidden key (even where dP' is NaN: its v row is not used) */
 static void bwd_probs(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
                       int64_t b, int64_t h, int64_t ilo, int64_t n)
 {
-    const fa_att_args *f = &a->f;
+    const fa_attention_args *f = a->f;
     const int64_t Lq = f->Lq, jb = kb->jb, bh = b * f->H + h;
     const float *delta_bh = a->delta + bh * Lq;
     const float *pref_bh = a->pref + bh * Lq, *pinv_bh = a->pinv + bh * Lq;
@@ -894,7 +894,7 @@ static void bwd_probs(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
         const VI live = (VI){0} + (pinv != 0.0f ? -1 : 0); /* all ones: P counts */
         const VF l2 = vsplat(pref_bh[i]);
         const VF dl = vsplat(delta_bh[i]);
-        if (!f->dropout) {
+        if (!a->drop.on) {
             for (int c = 0; c < NR; c++) {
                 VF p = (VF)((VI)att_exp2(vload(s_r + c * FA_VL) - l2) & live);
                 if (pinv != 1.0f) p *= vsplat(pinv);
@@ -907,7 +907,7 @@ static void bwd_probs(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
             for (int c = 0; c < NR; c++) {
                 VF p = (VF)((VI)att_exp2(vload(s_r + c * FA_VL) - l2) & live);
                 if (pinv != 1.0f) p *= vsplat(pinv);
-                const VF kf = vkeep(rk, col[c], f->drop_thr, f->drop_scale);
+                const VF kf = vkeep(rk, col[c], a->drop.threshold, a->drop.scale);
                 const VF dp = vload(p_r + c * FA_VL) * kf;
                 vstore(p_r + c * FA_VL, p * kf);
                 vstore(s_r + c * FA_VL, (VF)((VI)(p * (dp - dl) * sc) & ~hid[c]));
@@ -916,23 +916,23 @@ static void bwd_probs(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
     }
 }
 
-/* The max and sum of query i's scores (base 2, as bwd_probs_ forms them) over every key block
+/* The max and sum of query i's scores (base 2, as bwd_probs forms them) over every key block
  * it can see: *pref = max, *pinv = 1 / sum 2^(s - max) (0 for a row that sees no key). For the
  * rows whose lse float32 cannot hold to the digits P needs. */
 static void bwd_row_stats(const fa_att_bwd_args *a, int64_t b, int64_t h,
                           int64_t i, float *scratch, float *pref, float *pinv)
 {
-    const fa_att_args *f = &a->f;
+    const fa_attention_args *f = a->f;
     fa_att_bwd_blk kb;
     attention_bwd_carve(&kb, scratch, f->D, f->Dv);
-    const float *q_i = f->q + b * f->qs[0] + h * f->qs[1] + i * f->qs[2];
+    const float *q_i = f->q + b * f->q_st[0] + h * f->q_st[1] + i * f->q_st[2];
     int64_t jend = f->Lk;
     if (f->causal && i + (f->Lk - f->Lq) + 1 < jend) jend = i + (f->Lk - f->Lq) + 1;
     float m = -INFINITY, l = 0.0f;
     for (kb.jb = 0; kb.jb < jend; kb.jb += KB) {
         kb.nb = f->Lk - kb.jb < KB ? f->Lk - kb.jb : KB;
         bwd_pack(a, &kb, b, h, 0);
-        bwd_dot(kb.ds, kb.kt, q_i, f->qs[2], 1, f->D);
+        bwd_dot(kb.ds, kb.kt, q_i, f->q_st[2], 1, f->D);
         VI hid[NR];
         bwd_mask_row(f, &kb, b, h, i, kb.ds, hid);
         VF mx = vsplat(-INFINITY);
@@ -952,24 +952,26 @@ static void bwd_row_stats(const fa_att_bwd_args *a, int64_t b, int64_t h,
 }
 
 /* Per row r in [r0, r1) of the flattened (B*H*Lq) rows: Delta_r = dout_r . out_r, in one fixed
- * order (whole vectors, a tree, then the tail); and how bwd_probs_ forms the row's P: from its
+ * order (whole vectors, a tree, then the tail); and how bwd_probs forms the row's P: from its
  * lse (pref = lse log2 e, pinv = 1), or, when |lse| > ATT_LSE_MAX (float32 then holds lse to
- * less than the ~1e-5 that P needs), from the row's max and sum recomputed (bwd_row_stats_). */
+ * less than the ~1e-5 that P needs), from the row's max and sum recomputed (bwd_row_stats). */
 static void attention_bwd_delta(const fa_att_bwd_args *a, int64_t r0, int64_t r1,
                                 float *scratch)
 {
-    const int64_t H = a->f.H, Lq = a->f.Lq, Dv = a->f.Dv;
+    const fa_attention_args *f = a->f;
+    const fa_attention_grads *g = a->g;
+    const int64_t H = f->H, Lq = f->Lq, Dv = f->Dv;
     for (int64_t r = r0; r < r1; r++) {
         const int64_t bh = r / Lq, i = r % Lq, b = bh / H, h = bh % H;
-        const float *do_i = a->dout + b * a->dos[0] + h * a->dos[1] + i * a->dos[2];
-        const float *o_i = a->out + b * a->fos[0] + h * a->fos[1] + i * a->fos[2];
+        const float *do_i = g->dout + b * g->dout_st[0] + h * g->dout_st[1] + i * g->dout_st[2];
+        const float *o_i = f->out + b * f->out_st[0] + h * f->out_st[1] + i * f->out_st[2];
         VF acc = vsplat(0.0f);
         int64_t e = 0;
         for (; e + FA_VL <= Dv; e += FA_VL) acc += vload(do_i + e) * vload(o_i + e);
         float t = hsum(acc);
         for (; e < Dv; e++) t += do_i[e] * o_i[e];
         a->delta[r] = t;
-        const float lse = a->lse[r];
+        const float lse = f->lse[r];
         if (!(lse > -INFINITY)) {                 /* no key seen (or NaN): P = 0 */
             a->pref[r] = 0.0f;
             a->pinv[r] = 0.0f;
@@ -983,7 +985,7 @@ static void attention_bwd_delta(const fa_att_bwd_args *a, int64_t r0, int64_t r1
 }
 
 /* dq rows r < n (stride dqs) += sum_j ds[r][j] * kr[j][:] over the keys query ilo + r can see:
- * bwd_dq_ for a block whose hidden keys may hold inf or NaN in k (0 * NaN is NaN; rare:
+ * bwd_dq for a block whose hidden keys may hold inf or NaN in k (0 * NaN is NaN; rare:
  * scalar). */
 static void bwd_dq_visible(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
                            int64_t b, int64_t h, int64_t ilo, int64_t n,
@@ -991,10 +993,10 @@ static void bwd_dq_visible(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
 {
     for (int64_t r = 0; r < n; r++)
         for (int64_t jj = 0; jj < kb->nb; jj++) {
-            if (att_hidden(&a->f, b, h, ilo + r, kb->jb + jj)) continue;
+            if (att_hidden(a->f, b, h, ilo + r, kb->jb + jj)) continue;
             const float d = kb->ds[r * KB + jj];
             const float *kr_j = kb->kr + jj * kb->Dp;
-            for (int64_t e = 0; e < a->f.D; e++) dq[r * dqs + e] += d * kr_j[e];
+            for (int64_t e = 0; e < a->f->D; e++) dq[r * dqs + e] += d * kr_j[e];
         }
 }
 
@@ -1004,30 +1006,31 @@ static void bwd_pair(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
                      int64_t b, int64_t h, int64_t ilo, int64_t ihi,
                      int with_dkv, int with_dq)
 {
-    const fa_att_args *f = &a->f;
+    const fa_attention_args *f = a->f;
+    const fa_attention_grads *g = a->g;
     const int64_t n = ihi - ilo;
-    const float *q_i = f->q + b * f->qs[0] + h * f->qs[1] + ilo * f->qs[2];
-    const float *do_i = a->dout + b * a->dos[0] + h * a->dos[1] + ilo * a->dos[2];
-    bwd_dot(kb->ds, kb->kt, q_i, f->qs[2], n, f->D);     /* S */
-    bwd_dot(kb->pt, kb->vt, do_i, a->dos[2], n, f->Dv);  /* dP' */
+    const float *q_i = f->q + b * f->q_st[0] + h * f->q_st[1] + ilo * f->q_st[2];
+    const float *do_i = g->dout + b * g->dout_st[0] + h * g->dout_st[1] + ilo * g->dout_st[2];
+    bwd_dot(kb->ds, kb->kt, q_i, f->q_st[2], n, f->D);     /* S */
+    bwd_dot(kb->pt, kb->vt, do_i, g->dout_st[2], n, f->Dv);  /* dP' */
     bwd_probs(a, kb, b, h, ilo, n);                      /* P', dS */
     if (with_dkv) {
-        bwd_acc(kb->dvt, kb->pt, do_i, a->dos[2], n, f->Dv);
-        bwd_acc(kb->dkt, kb->ds, q_i, f->qs[2], n, f->D);
+        bwd_acc(kb->dvt, kb->pt, do_i, g->dout_st[2], n, f->Dv);
+        bwd_acc(kb->dkt, kb->ds, q_i, f->q_st[2], n, f->D);
     }
     if (with_dq) {
-        float *dq_i = a->dq + b * a->dqs[0] + h * a->dqs[1] + ilo * a->dqs[2];
+        float *dq_i = g->dq + b * g->dq_st[0] + h * g->dq_st[1] + ilo * g->dq_st[2];
         const int64_t cut0 = f->causal ? ilo + (f->Lk - f->Lq) + 1 - kb->jb : kb->nb;
         if (kb->kbad)
-            bwd_dq_visible(a, kb, b, h, ilo, n, dq_i, a->dqs[2]);
+            bwd_dq_visible(a, kb, b, h, ilo, n, dq_i, g->dq_st[2]);
         else
-            bwd_dq(dq_i, a->dqs[2], kb->ds, kb->kr, kb->Dp, n, kb->nb, cut0,
+            bwd_dq(dq_i, g->dq_st[2], kb->ds, kb->kr, kb->Dp, n, kb->nb, cut0,
                    f->D);
     }
 }
 
 /* The first query that sees key jb: 0, or jb - (Lk - Lq) under the causal rule. */
-static int64_t bwd_first_query(const fa_att_args *f, int64_t jb)
+static int64_t bwd_first_query(const fa_attention_args *f, int64_t jb)
 {
     const int64_t first = f->causal ? jb - (f->Lk - f->Lq) : 0;
     return first > 0 ? first : 0;
@@ -1040,13 +1043,14 @@ static void attention_bwd_keys(const fa_att_bwd_args *a, int64_t b, int64_t h,
                                int64_t kb0, int64_t kb1, int with_dq,
                                float *scratch)
 {
-    const fa_att_args *f = &a->f;
+    const fa_attention_args *f = a->f;
+    const fa_attention_grads *g = a->g;
     const int64_t D = f->D, Dv = f->Dv, Lq = f->Lq, Lk = f->Lk;
     fa_att_bwd_blk kb;
     attention_bwd_carve(&kb, scratch, D, Dv);
     if (with_dq && D > 0) /* (D = 0: dq holds nothing, may be NULL) */
         for (int64_t i = 0; i < Lq; i++)
-            memset(a->dq + b * a->dqs[0] + h * a->dqs[1] + i * a->dqs[2], 0,
+            memset(g->dq + b * g->dq_st[0] + h * g->dq_st[1] + i * g->dq_st[2], 0,
                    (size_t)D * sizeof(float));
     for (int64_t blk = kb0; blk < kb1; blk++) {
         kb.jb = blk * KB;
@@ -1058,25 +1062,26 @@ static void attention_bwd_keys(const fa_att_bwd_args *a, int64_t b, int64_t h,
             const int64_t ilo = i0 > first ? i0 : first, ihi = i0 + BR < Lq ? i0 + BR : Lq;
             bwd_pair(a, &kb, b, h, ilo, ihi, 1, with_dq);
         }
-        float *dk_j = a->dk + b * a->dks[0] + h * a->dks[1] + kb.jb * a->dks[2];
-        float *dv_j = a->dv + b * a->dvs[0] + h * a->dvs[1] + kb.jb * a->dvs[2];
-        transpose(dk_j, a->dks[2], kb.dkt, KB, D, kb.nb, 1.0f, NULL);
-        transpose(dv_j, a->dvs[2], kb.dvt, KB, Dv, kb.nb, 1.0f, NULL);
+        float *dk_j = g->dk + b * g->dk_st[0] + h * g->dk_st[1] + kb.jb * g->dk_st[2];
+        float *dv_j = g->dv + b * g->dv_st[0] + h * g->dv_st[1] + kb.jb * g->dv_st[2];
+        transpose(dk_j, g->dk_st[2], kb.dkt, KB, D, kb.nb, 1.0f, NULL);
+        transpose(dv_j, g->dv_st[2], kb.dvt, KB, Dv, kb.nb, 1.0f, NULL);
     }
 }
 
 /* dq of query block qb of head (b, h), over every key block in order: the same pairs, the same
- * arithmetic and the same order as attention_bwd_keys_ with with_dq, so the same bits. */
+ * arithmetic and the same order as attention_bwd_keys with with_dq, so the same bits. */
 static void attention_bwd_queries(const fa_att_bwd_args *a, int64_t b,
                                   int64_t h, int64_t qb, float *scratch)
 {
-    const fa_att_args *f = &a->f;
+    const fa_attention_args *f = a->f;
+    const fa_attention_grads *g = a->g;
     const int64_t D = f->D, Lq = f->Lq, Lk = f->Lk;
     const int64_t i0 = qb * BR, ihi = i0 + BR < Lq ? i0 + BR : Lq;
     fa_att_bwd_blk kb;
     attention_bwd_carve(&kb, scratch, D, f->Dv);
     for (int64_t i = i0; i < ihi && D > 0; i++)
-        memset(a->dq + b * a->dqs[0] + h * a->dqs[1] + i * a->dqs[2], 0,
+        memset(g->dq + b * g->dq_st[0] + h * g->dq_st[1] + i * g->dq_st[2], 0,
                (size_t)D * sizeof(float));
     for (kb.jb = 0; kb.jb < Lk; kb.jb += KB) {
         kb.nb = Lk - kb.jb < KB ? Lk - kb.jb : KB;
@@ -1092,20 +1097,21 @@ static void attention_bwd_queries(const fa_att_bwd_args *a, int64_t b,
 
 /* Forward task t of B * H * nqb (head by head, each head's query blocks last first): one query
  * row (rows) or one block of queries. */
-static void attention_forward_task(const fa_att_args *a, int rows, int64_t nqb, int64_t t,
-                                   float *scratch)
+static void attention_forward_task(const fa_attention_args *a, const fa_dropout_t *drop,
+                                   int rows, int64_t nqb, int64_t t, float *scratch)
 {
     const int64_t qb = nqb - 1 - t % nqb, bh = t / nqb;
     if (rows)
-        attention_rows(a, bh / a->H, bh % a->H, qb, scratch);
+        attention_rows(a, drop, bh / a->H, bh % a->H, qb, scratch);
     else
-        attention_task(a, bh / a->H, bh % a->H, qb, scratch);
+        attention_task(a, drop, bh / a->H, bh % a->H, qb, scratch);
 }
 
-static int attention_forward(const fa_att_args *a, int nthreads)
+static int attention_forward(const fa_attention_args *a, int nthreads)
 {
     const int64_t B = a->B, H = a->H, Lq = a->Lq, Lk = a->Lk;
     if (B <= 0 || H <= 0 || Lq <= 0) return 0;
+    const fa_dropout_t drop = fa_dropout_make(a->dropout_p, a->seed);
     /* Few queries: one row at a time along the head dim; else query blocks along the lanes. */
     const int rows = Lq * ATT_ROWS_DIV <= BQ;
     const int64_t scratch = rows ? attention_rows_scratch(Lk) : attention_scratch(a->D, a->Dv);
@@ -1120,28 +1126,32 @@ static int attention_forward(const fa_att_args *a, int nthreads)
     /* Causal tasks grow with the query block: hand out the heavy (late) blocks first. A team
      * of one runs them without an OpenMP region (see fa_team_size). */
     if (nt <= 1) {
-        for (int64_t t = 0; t < ntasks; t++) attention_forward_task(a, rows, nqb, t, buf);
+        for (int64_t t = 0; t < ntasks; t++) attention_forward_task(a, &drop, rows, nqb, t, buf);
     } else {
 #pragma omp parallel num_threads(nt)
         {
             float *mine = buf + scratch * fa_thread_id(); /* id < team <= nt buffers */
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < ntasks; t++) attention_forward_task(a, rows, nqb, t, mine);
+            for (int64_t t = 0; t < ntasks; t++)
+                attention_forward_task(a, &drop, rows, nqb, t, mine);
         }
     }
     free(buf);
     return 0;
 }
 
-static int attention_backward(fa_att_bwd_args *a, int nthreads)
+static int attention_backward(const fa_attention_grads *g, const fa_attention_args *f,
+                              int nthreads)
 {
-    const int64_t H = a->f.H, Lq = a->f.Lq, Lk = a->f.Lk, BH = a->f.B * H;
-    if (a->f.B <= 0 || H <= 0) return 0;
+    const int64_t H = f->H, Lq = f->Lq, Lk = f->Lk, BH = f->B * H;
+    if (f->B <= 0 || H <= 0) return 0;
+    fa_att_bwd_args bwd = {.f = f, .g = g, .drop = fa_dropout_make(f->dropout_p, f->seed)};
+    fa_att_bwd_args *a = &bwd;
     const int64_t nkb = (Lk + KB - 1) / KB, nqb = (Lq + BR - 1) / BR;
-    const int64_t scratch = attention_bwd_scratch(a->f.D, a->f.Dv);
+    const int64_t scratch = attention_bwd_scratch(f->D, f->Dv);
     /* five products of (rows x keys x head dim), half of them under the causal rule */
     const double flops = 5.0 * (double)BH * (double)Lq * (double)Lk *
-                         (double)(a->f.D + a->f.Dv) / (a->f.causal ? 2.0 : 1.0);
+                         (double)(f->D + f->Dv) / (f->causal ? 2.0 : 1.0);
     const int nt = fa_team_size(nthreads, flops, 2e5);
     /* Split when the (batch, head) tasks are too few for the team: a head per thread costs 5
      * products per head; the split, 7 (dq's pass recomputes S and dP') spread over every thread. */
@@ -1186,7 +1196,6 @@ static int attention_backward(fa_att_bwd_args *a, int nthreads)
     }
     free(buf);
     free(a->delta);
-    a->delta = a->pref = a->pinv = NULL;
     return 0;
 }
 

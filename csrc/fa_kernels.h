@@ -15,34 +15,16 @@
 
 /* ---- argument bundles ----------------------------------------------------------------------- */
 
-/* attention (attention.c fills it from fa_attention_args) */
+/* The backward's bundle: the call, its gradients, its dropout (decided once) and scratch. */
 typedef struct {
-    float *out, *lse, *weights;
-    const float *q, *k, *v, *mask, *key_bias;
-    int64_t B, H, Lq, Lk, D, Dv;
-    int64_t qs[3], ks[3], vs[3], os[3], ms[4];
-    float scale;
-    int causal;
-    /* dropout on the weights: none when !dropout; else weight (row, j) is kept iff
-     * fa_rng_keep(fa_rng_row_key(seed, row), j, drop_thr), and kept ones are scaled by
-     * drop_scale = 1 / (1 - p); row = (b * H + h) * Lq + i */
-    int dropout;
-    uint32_t drop_thr;
-    float drop_scale;
-    uint64_t seed;
-} fa_att_args;
-
-/* The backward's bundle: the forward's inputs (f.out, f.lse, f.weights unused) and its own. */
-typedef struct {
-    fa_att_args f;
-    float *dq, *dk, *dv;
-    const float *dout, *out, *lse;
+    const fa_attention_args *f;   /* the forward's call: its out and lse are read */
+    const fa_attention_grads *g;
+    fa_dropout_t drop;
     float *delta;                 /* (B, H, Lq) scratch: Delta_i = dout_i . out_i */
     /* (B, H, Lq) scratch: P_ij = 2^(s_ij - pref_i) * pinv_i. pref = lse log2 e and pinv = 1 for
      * most rows; a row whose lse float32 cannot hold to the digits P needs (|lse| > ATT_LSE_MAX,
      * e.g. a row masked throughout by -3e38) has its max and sum recomputed instead. */
     float *pref, *pinv;
-    int64_t dqs[3], dks[3], dvs[3], dos[3], fos[3];
 } fa_att_bwd_args;
 
 /* The constants of one Adam step (optim.c), each computed in double and rounded to float
@@ -87,8 +69,9 @@ typedef struct {
 
 typedef struct {
     /* attention: whole passes (their tiles, scratch and thread loops follow the level's BQ) */
-    int (*attention_forward)(const fa_att_args *a, int nthreads);
-    int (*attention_backward)(fa_att_bwd_args *a, int nthreads);
+    int (*attention_forward)(const fa_attention_args *a, int nthreads);
+    int (*attention_backward)(const fa_attention_grads *g, const fa_attention_args *a,
+                              int nthreads);
     void (*layer_norm_rows)(float *y, float *sum_out, float *mean, float *rstd, const float *x,
                             const float *residual, const float *weight, const float *bias,
                             int64_t r0, int64_t r1, int64_t C, float eps);

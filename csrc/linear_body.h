@@ -297,7 +297,7 @@ FA_INLINE void packed_rows(float *FA_RESTRICT y, int64_t ldy,
  * Vectors run along the features, so no horizontal sums: per k, the weight vectors of a tile
  * meet a broadcast of each of its rows of x: SK_RB rows x SK_NV vectors, and the rows left
  * over (fewer than SK_RB: all of them at a decode step's N = 1) in one tile as wide as
- * packed_nv_ allows. Bound by streaming wp once, which it does in order.
+ * packed_nv allows. Bound by streaming wp once, which it does in order.
  * Each y element is the same sum in the same order whatever N is (batch invariance). */
 static void packed_gemm(float *FA_RESTRICT y, int64_t ldy,
                         const float *FA_RESTRICT x, int64_t N,
