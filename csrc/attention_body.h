@@ -318,9 +318,9 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
     float *o_bh = a->out + b * a->out_st[0] + h * a->out_st[1];
     const float qscale = a->scale * FA_LOG2E;
     /* The q block comes from memory once, and the output block goes back once: ask for every
-     * line of both up front (the transposes' 4 x 4 walks had a few misses in flight at a time
-     * and took 5% of a B4 H8 L512 D64 call on AVX2); the output's lines, for writing, are
-     * still in L2 when the block's last key has been met. */
+     * line of both up front (the transposes' 4 x 4 walks keep only a few misses in flight at a
+     * time); the output's lines, for writing, are still in L2 when the block's last key has
+     * been met. */
     for (int64_t i = i0; i < i0 + nq; i++) {
         for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(q_bh + i * a->q_st[2] + d, 0, 3);
         for (int64_t e = 0; e < Dv; e += 16) __builtin_prefetch(o_bh + i * a->out_st[2] + e, 1, 2);

@@ -35,10 +35,9 @@ FA_INLINE int fa_in_parallel(void) { return 0; }
 /* Threads to use for `work` units of roughly `grain` flops each: 1 below the grain or when
  * already inside a parallel region (no nested teams), else the caller's count. Layer norm and
  * attention forward run a team of one without an OpenMP region: opening one costs a runtime
- * round trip even when it is not parallel (a one-row layer norm called from Python: 1.7-2.0 us
- * with the region, 1.0-1.1 us without). Those two were the one-thread regions of decoding: 11
- * greedy generate calls of the Transformer-base int8 bench model opened 16166 of them before,
- * 36 after (the other entry points run one thread only on inputs smaller than that model's). */
+ * round trip even when it is not parallel, comparable to a one-row layer norm itself. Those two
+ * are the one-thread calls of decoding, made for every token (the other entry points run one
+ * thread only on inputs smaller than a decode step's). */
 FA_INLINE int fa_team_size(int nthreads, double work, double grain)
 {
     if (nthreads < 1 || fa_in_parallel() || work < grain) return 1;

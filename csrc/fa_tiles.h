@@ -51,8 +51,8 @@
 #define ROW_BLOCK 512    /* linear/ffn rows per GEMM block: large enough for BLAS's peak */
 #define BLAS_ROW_ALIGN 12 /* row blocks handed to BLAS start on multiples of this: OpenBLAS's
                             Haswell sgemm rounds a row the same way only at the same place in its
-                            12-row tile (measured; its SkylakeX one anywhere), so aligned blocks
-                            give every team size the same rows */
+                            12-row tile (its SkylakeX one anywhere), so aligned blocks give every
+                            team size the same rows */
 #define MIN_ROWS 128     /* below this many rows per thread, linear/ffn split the features */
 #define COL_ALIGN 16     /* feature slices start on a 64-byte boundary */
 #define SKINNY_ROWS 8    /* up to this many rows, our skinny kernel instead of BLAS (BLAS is weak

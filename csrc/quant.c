@@ -268,15 +268,14 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const flo
         return 0;
     }
     const int64_t Kp = round_up(K, im->g), P = (M + im->np - 1) / im->np;
-    /* a second thread pays off from about 200K multiply-adds: one row against 100 distinct
-     * 512 x 512 weights (26 MB, a decode step's working set, from L3 rather than L2) took
-     * 8.6-10.7 us a product on two AVX2 threads against 12.1-13.6 on one (AVX-512 VNNI:
-     * 10.3-10.7 against 12.8-14.0); only a weight already in L2 runs as fast on one thread */
+    /* a second thread pays off from about 200K multiply-adds: a decode step's weights come
+     * from L3 rather than L2 (its working set is many distinct weights), and two threads
+     * stream them faster than one; only a weight already in L2 runs as fast on one thread */
     const int nt = fa_team_size(nthreads, (double)N * (double)K * (double)M, 2e5);
     const int by_rows = N >= (int64_t)nt * Q8_MIN_ROWS;
     /* by rows: blocks of about Q8_ROW_BLOCK rows, a multiple of the team in number (equal
      * shares), starting at multiples of the tile height (only the last block ends in a
-     * partial tile: with 86-row blocks, a 2-row tile in each took 2% of an encoder's time);
+     * partial tile: blocks of any other height would each end in a slow short tile);
      * by panels: every thread quantises all N rows for itself (no barrier) */
     const int64_t nblk = by_rows ? round_up((N + Q8_ROW_BLOCK - 1) / Q8_ROW_BLOCK, nt) : 1;
     /* the largest block, in whole tiles (the AMX path reads its rows in 16-row tiles) */
@@ -291,10 +290,9 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const flo
         float *sx = (float *)((char *)xq + round_up(per * Kp * 2, 64));
         if (by_rows) {
             /* blocks handed out as threads come free: a thread slowed by the VM's other tenants
-             * takes fewer, rather than holding the team at the end (the int8 encoder's threads
-             * spent 6.5-8.2% of their samples waiting in libgomp with equal static shares,
-             * 3.9-4.5% so; perf, forced AVX2, three alternations). Any split gives the same
-             * bits: a row's sums do not depend on the block or thread that computes it. */
+             * takes fewer, rather than holding the team at the end (with equal static shares,
+             * the others wait for it). Any split gives the same bits: a row's sums do not
+             * depend on the block or thread that computes it. */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t blk = 0; blk < nblk; blk++) {
                 const int64_t r0 = q8_block_start(blk, nblk, N, im->mr);

@@ -35,11 +35,11 @@ FA_INLINE void q8_cols256(float *sc, float *bi, const float *scale_p, const floa
 /* AVX2: 32 features x 6 rows, as two passes of 16 features (2 ymm of int32) over kg groups
  * [kg0, kg0 + Kg); int16 activations in broadcast pairs, weights sign-extended to int16 (in
  * the loop from w_p, or already in w16[h][kg][16][2]): vpmaddwd + vpaddd, exact. Per pass 12
- * accumulators, 2 weights, a broadcast and a product: 16 ymm registers (4 rows, 8
- * accumulators, ran 5% slower: each weight met fewer rows). K comes in blocks
+ * accumulators, 2 weights, a broadcast and a product: 16 ymm registers (4 rows and 8
+ * accumulators are slower: each weight meets fewer rows). K comes in blocks
  * (q8_panel_avx2): the sums start at 0 (first) or at part (mr, 32) int32, and end in the
  * epilogue (last) or in part. A 3-row tile over the whole panel, with the weights as memory
- * operands (no registers for them), measured 4% slower: the loads, not the broadcasts, bind. */
+ * operands (no registers for them), is slower too: the loads, not the broadcasts, bind. */
 FA_INLINE void q8_tile_avx2(float *y, int64_t ldy, const int16_t *xq, int64_t ldx,
                             const int8_t *w_p, const int16_t *w16, int32_t *part,
                             const float *sx, const float *scale_p, const float *bias_p,
@@ -124,9 +124,9 @@ Q8_AVX2_AT(6)
 
 /* AVX2, one or two rows (decode steps): the whole 32-feature panel per pass over all of K, so
  * each kg's 64 bytes of weights (one cache line) are read once, in order; 4 accumulators per
- * row, 4 widened weights and a broadcast: 13 of the 16 ymm registers at two rows. A software
- * prefetch 8 lines ahead lifted 2-thread streaming from about 29 to 35 GB/s (the hardware
- * prefetcher alone fell behind on the one-line-per-iteration loop). The same integer sums as
+ * row, 4 widened weights and a broadcast: 13 of the 16 ymm registers at two rows. It
+ * prefetches 8 lines ahead: the hardware prefetcher alone falls behind on this
+ * one-line-per-iteration loop, and the stream is the whole cost. The same integer sums as
  * q8_tile_avx2 (exact), so a row's result does not depend on the tile that computed it. */
 FA_INLINE void q8_few_avx2(float *y, int64_t ldy, const int16_t *xq, int64_t ldx,
                            const int8_t *w_p, const float *sx, const float *scale_p,
@@ -206,8 +206,8 @@ FA_INLINE void q8_widen_avx2(int16_t *w16, const int8_t *w_k, int64_t kn)
 /* AVX2 panel: chunks of up to Q8_AVX2_ROWS rows; per chunk, K in blocks of Q8_AVX2_KG pairs.
  * From Q8_AVX2_WIDEN rows on, each block is sign-extended once (q8_widen_avx2: 32 x 2
  * Q8_AVX2_KG int16 = 16 KB, in L1 while every 6-row tile of the chunk meets it), so the tiles'
- * inner loop is loads, vpmaddwd and vpaddd alone: 1-3% faster than widening in every tile
- * (one thread, (516, 512) -> 2048 and (516, 2048) -> 512); fewer rows widen in the tile.
+ * inner loop is loads, vpmaddwd and vpaddd alone, rather than widening the same block in
+ * every tile; fewer rows widen in the tile (a block met by few tiles is not worth a copy).
  * Partial sums in `part` (the chunk's rows x 32 int32, on the stack). */
 static void q8_panel_avx2(float *y, int64_t ldy, const int16_t *x, int64_t ldx, int64_t rows,
                           const int8_t *w_p, const float *sx, const float *scale_p,

@@ -21,8 +21,8 @@ static float q8_quant_row(void *dst, const float *x, int64_t K, int64_t Kp, int 
 {
     const int i8 = fmt == Q8_FMT_I8, hilo = fmt == Q8_FMT_HILO;
     const int64_t Kv = K - K % FA_VL;
-    int32_t amax_bits = 0;              /* a max reduction GCC vectorises (vpmaxsd); the same
-                                         * loop by vector compare and blend ran 2x slower */
+    int32_t amax_bits = 0;              /* a max reduction GCC vectorises (vpmaxsd), cheaper
+                                         * than a vector compare and blend */
     for (int64_t k = 0; k < K; k++) {
         int32_t b;
         memcpy(&b, x + k, 4);
