@@ -170,23 +170,9 @@ FA_INLINE void q8_few_avx2(float *y, int64_t ldy, const int16_t *xq, int64_t ldx
 #undef Q8_OUT256
 }
 
-static __attribute__((noinline)) void q8_few_avx2_1(float *y, int64_t ldy, const int16_t *xq,
-                                                    int64_t ldx, const int8_t *w_p,
-                                                    const float *sx, const float *scale_p,
-                                                    const float *bias_p, int64_t Kg,
-                                                    int64_t nf, int relu)
-{
-    q8_few_avx2(y, ldy, xq, ldx, w_p, sx, scale_p, bias_p, Kg, nf, 1, relu);
-}
-
-static __attribute__((noinline)) void q8_few_avx2_2(float *y, int64_t ldy, const int16_t *xq,
-                                                    int64_t ldx, const int8_t *w_p,
-                                                    const float *sx, const float *scale_p,
-                                                    const float *bias_p, int64_t Kg,
-                                                    int64_t nf, int relu)
-{
-    q8_few_avx2(y, ldy, xq, ldx, w_p, sx, scale_p, bias_p, Kg, nf, 2, relu);
-}
+/* one function per row count, noinline like the panels' tiles (quant_int8.h) */
+Q8_TILE_AT(q8_few_avx2, q8_few_avx2, 1)
+Q8_TILE_AT(q8_few_avx2, q8_few_avx2, 2)
 
 /* A block of kn groups of a packed 32-feature panel (w_k: [kg][32][2] int8), sign-extended to
  * int16 as two halves of 16 features, w16[h][kg][16][2]: the layout q8_tile_avx2 reads. */
