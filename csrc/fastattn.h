@@ -618,7 +618,7 @@ void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nth
  *   wp  the packed weight (fa_bf16_pack): the only copy of it the kernels need
  *   Up to FA_BF16_PACKED_MAX_ROWS rows: panels split over threads, the weight streamed once and
  *   widened in registers. More: the panels widened (exact) into a float32 copy of weight^T,
- *   then fa_linear_forward_t (BLAS); on the amx int8 paths, the AMX tiles (amx_body.h).
+ *   then fa_linear_forward_t (BLAS); on the amx int8 paths, the AMX tiles (quant_amx.h).
  *   Returns 0, or -1: out of memory.
  *   Twin: fastattn.reference.linear with a QuantizedWeight */
 int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
