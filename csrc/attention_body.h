@@ -87,10 +87,8 @@ _Static_assert(ATT_MR_S <= 8 && ATT_MR_P <= 8, "ATT_TAIL covers at most 7 rows l
  * read in place through the row stride ksl), BQ queries along the lanes; mx takes the
  * lane-wise max.
  *   scalar math:  st[r][i] = sum_d k[r][d] * qt[d][i]                                    */
-FA_INLINE void score_rows(float *FA_RESTRICT st, VF *FA_RESTRICT mx,
-                          const float *FA_RESTRICT qt,
-                          const float *FA_RESTRICT k, int64_t ksl, int64_t D,
-                          const int ROWS)
+FA_INLINE void score_rows(float *FA_RESTRICT st, VF *FA_RESTRICT mx, const float *FA_RESTRICT qt,
+                          const float *FA_RESTRICT k, int64_t ksl, int64_t D, const int ROWS)
 {
     VF acc[MR_S][NR];
     const float *k_r[MR_S];
@@ -116,9 +114,8 @@ FA_INLINE void score_rows(float *FA_RESTRICT st, VF *FA_RESTRICT mx,
 
 /* st[j][:] = k_j . qt[:, :] for j < nb (k_j = row j of the key block), in register tiles of
  * MR_S keys x BQ queries (the keys left over in smaller tiles); mx = lane-wise max of st. */
-static void score_tile(float *FA_RESTRICT st, VF *FA_RESTRICT mx,
-                       const float *FA_RESTRICT qt, const float *FA_RESTRICT k,
-                       int64_t ksl, int64_t nb, int64_t D)
+static void score_tile(float *FA_RESTRICT st, VF *FA_RESTRICT mx, const float *FA_RESTRICT qt,
+                       const float *FA_RESTRICT k, int64_t ksl, int64_t nb, int64_t D)
 {
     int64_t j = 0;
 #define TILE(rows) score_rows(st + j * BQ, mx, qt, k + j * ksl, ksl, D, rows)
@@ -131,8 +128,7 @@ static void score_tile(float *FA_RESTRICT st, VF *FA_RESTRICT mx,
  * features (v_j read in place from feature 0 of v, row stride vsl).
  *   scalar math:  ot[r][i] += sum_j v[j][r] * st[j][i]                                    */
 FA_INLINE void pv_rows(float *FA_RESTRICT ot, const float *FA_RESTRICT st,
-                       const float *FA_RESTRICT v, int64_t vsl, int64_t nb,
-                       const int ROWS)
+                       const float *FA_RESTRICT v, int64_t vsl, int64_t nb, const int ROWS)
 {
     VF acc[MR_P][NR];
     for (int r = 0; r < ROWS; r++)
@@ -153,9 +149,8 @@ FA_INLINE void pv_rows(float *FA_RESTRICT ot, const float *FA_RESTRICT st,
 
 /* ot[e][:] += sum_{j<nb} v_j[e] * st[j][:], rows e in register tiles of MR_P (the features
  * left over in smaller tiles). */
-static void pv_tile(float *FA_RESTRICT ot, const float *FA_RESTRICT st,
-                    const float *FA_RESTRICT v, int64_t vsl, int64_t nb,
-                    int64_t Dv)
+static void pv_tile(float *FA_RESTRICT ot, const float *FA_RESTRICT st, const float *FA_RESTRICT v,
+                    int64_t vsl, int64_t nb, int64_t Dv)
 {
     int64_t e = 0;
 #define TILE(rows) pv_rows(ot + e * BQ, st, v + e, vsl, nb, rows)
@@ -185,9 +180,8 @@ FA_INLINE void add_key_bias(float *s, float kb, float kb2)
  * mx receives the lane-wise max. Shared by the forward pass and the weights pass. Returns 1
  * when a key that some query of the block cannot see has a value row holding inf or NaN (the
  * block's P.V must then leave it out explicitly: 0 * NaN is NaN), else 0. */
-static int masked_scores(const fa_attention_args *a, int64_t b, int64_t h,
-                         int64_t i0, int64_t nq, int64_t jb, int64_t nb,
-                         const float *qt, float *st, VF *mx)
+static int masked_scores(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t nq,
+                         int64_t jb, int64_t nb, const float *qt, float *st, VF *mx)
 {
     const float *k_bh = a->k + b * a->k_st[0] + h * a->k_st[1];
     const int64_t off = a->Lk - a->Lq;
@@ -238,9 +232,8 @@ static int masked_scores(const fa_attention_args *a, int64_t b, int64_t h,
 
 /* ot[e][i] += sum_{j<nb} st[j][i] * v_j[e] over the keys query i0+i can see: P.V of a block
  * where a hidden key's value row holds inf or NaN (rare: scalar). */
-static void pv_visible(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0,
-                       int64_t nq, int64_t jb, int64_t nb, const float *st,
-                       float *ot, const float *v)
+static void pv_visible(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t nq,
+                       int64_t jb, int64_t nb, const float *st, float *ot, const float *v)
 {
     for (int64_t jj = 0; jj < nb; jj++) {
         const float *v_j = v + jj * a->v_st[2];
@@ -254,9 +247,8 @@ static void pv_visible(const fa_attention_args *a, int64_t b, int64_t h, int64_t
 
 /* dst[c][r] = src[r][c] * scale * (cscale ? cscale[c] : 1) for r < rows, c < cols: the q block
  * packing and the output write-back, in 4x4 register transposes with a scalar rim. */
-static void transpose(float *FA_RESTRICT dst, int64_t ldd,
-                      const float *FA_RESTRICT src, int64_t lds, int64_t rows,
-                      int64_t cols, float scale, const float *cscale)
+static void transpose(float *FA_RESTRICT dst, int64_t ldd, const float *FA_RESTRICT src,
+                      int64_t lds, int64_t rows, int64_t cols, float scale, const float *cscale)
 {
     typedef float v4 __attribute__((vector_size(16), aligned(4), may_alias));
     const int64_t r4 = rows - rows % 4, c4 = cols - cols % 4;
@@ -426,9 +418,8 @@ static int64_t attention_rows_scratch(int64_t Lk) { return Lk + FA_VL + 4; }
 
 /* Four dot products q . k_u (u < 4) of length n, summed in one fixed order (the same for every
  * key, whichever group of four it falls in): lanes, then a 4x4 transpose-add. */
-FA_INLINE void dot4(float *out, const float *q, const float *k0,
-                    const float *k1, const float *k2, const float *k3,
-                    int64_t n)
+FA_INLINE void dot4(float *out, const float *q, const float *k0, const float *k1, const float *k2,
+                    const float *k3, int64_t n)
 {
     VF a0 = vsplat(0.0f), a1 = a0, a2 = a0, a3 = a0;
     int64_t d = 0;
@@ -637,8 +628,7 @@ static int64_t attention_bwd_scratch(int64_t D, int64_t Dv)
     return (2 * D + 2 * Dv + Dp + 2 * BR + 1) * KB;
 }
 
-static void attention_bwd_carve(fa_att_bwd_blk *k, float *scratch, int64_t D,
-                                                  int64_t Dv)
+static void attention_bwd_carve(fa_att_bwd_blk *k, float *scratch, int64_t D, int64_t Dv)
 {
     k->Dp = (D + FA_VL - 1) / FA_VL * FA_VL;
     k->kt = scratch;
@@ -685,8 +675,7 @@ static void bwd_pack(const fa_att_bwd_args *a, fa_att_bwd_blk *kb, int64_t b,
  * register tiles of ROWS rows x NR vectors.
  *   scalar math:  s[r][j] = sum_f x[r][f] * mt[f][j]                                      */
 FA_INLINE void bwd_dot_tile(float *FA_RESTRICT s, const float *FA_RESTRICT mt,
-                            const float *FA_RESTRICT x, int64_t xs, int64_t F,
-                            const int ROWS)
+                            const float *FA_RESTRICT x, int64_t xs, int64_t F, const int ROWS)
 {
     VF acc[MR_S][NR];
     for (int u = 0; u < ROWS; u++)
@@ -717,10 +706,8 @@ static void bwd_dot(float *FA_RESTRICT s, const float *FA_RESTRICT mt,
  * KB floats): dV^T += dout^T P' and dK^T += q^T dS, in register tiles of COLS features x NR
  * vectors, summed over the rows in order.
  *   scalar math:  acc_t[f][j] += sum_r x[r][f] * p[r][j]                                  */
-FA_INLINE void bwd_acc_tile(float *FA_RESTRICT acc_t,
-                            const float *FA_RESTRICT p,
-                            const float *FA_RESTRICT x, int64_t xs, int64_t n,
-                            const int COLS)
+FA_INLINE void bwd_acc_tile(float *FA_RESTRICT acc_t, const float *FA_RESTRICT p,
+                            const float *FA_RESTRICT x, int64_t xs, int64_t n, const int COLS)
 {
     VF acc[MR_S][NR];
     for (int u = 0; u < COLS; u++)
@@ -750,10 +737,9 @@ static void bwd_acc(float *FA_RESTRICT acc_t, const float *FA_RESTRICT p,
 /* dq rows r < ROWS (stride dqs) += sum_{j<nb} ds[r][j] * kr[j][:], NV vectors of features from
  * feature d0; a vector reaching past D goes through a small buffer (dq rows hold D floats).
  *   scalar math:  dq[r][d] += sum_j ds[r][j] * kr[j][d]                                     */
-FA_INLINE void bwd_dq_tile(float *FA_RESTRICT dq, int64_t dqs,
-                           const float *FA_RESTRICT ds,
-                           const float *FA_RESTRICT kr, int64_t Dp, int64_t nb,
-                           int64_t d0, int64_t D, const int ROWS, const int NV)
+FA_INLINE void bwd_dq_tile(float *FA_RESTRICT dq, int64_t dqs, const float *FA_RESTRICT ds,
+                           const float *FA_RESTRICT kr, int64_t Dp, int64_t nb, int64_t d0,
+                           int64_t D, const int ROWS, const int NV)
 {
     VF acc[MR_S][NR];
     for (int u = 0; u < ROWS; u++)
@@ -820,9 +806,8 @@ static void bwd_dq(float *FA_RESTRICT dq, int64_t dqs,
  * all ones in hid; every other key gets its biases added, a sum past ATT_WIDE (or NaN) formed
  * again by att_wide_score, as in the forward.
  *   scalar math:  x_j = hidden ? -inf : s_j + (key bias_j + mask_ij) log2 e */
-FA_INLINE void bwd_mask_row(const fa_attention_args *f, const fa_att_bwd_blk *kb,
-                                            int64_t b, int64_t h, int64_t i, float *s_r,
-                                            VI *hid)
+FA_INLINE void bwd_mask_row(const fa_attention_args *f, const fa_att_bwd_blk *kb, int64_t b,
+                            int64_t h, int64_t i, float *s_r, VI *hid)
 {
     const int64_t jb = kb->jb;
     int64_t cut = kb->nb; /* keys [jb, jb + cut) are visible to query i, masks aside */
@@ -955,8 +940,7 @@ static void bwd_row_stats(const fa_att_bwd_args *a, int64_t b, int64_t h,
  * order (whole vectors, a tree, then the tail); and how bwd_probs forms the row's P: from its
  * lse (pref = lse log2 e, pinv = 1), or, when |lse| > ATT_LSE_MAX (float32 then holds lse to
  * less than the ~1e-5 that P needs), from the row's max and sum recomputed (bwd_row_stats). */
-static void attention_bwd_delta(const fa_att_bwd_args *a, int64_t r0, int64_t r1,
-                                float *scratch)
+static void attention_bwd_delta(const fa_att_bwd_args *a, int64_t r0, int64_t r1, float *scratch)
 {
     const fa_attention_args *f = a->f;
     const fa_attention_grads *g = a->g;
@@ -987,9 +971,8 @@ static void attention_bwd_delta(const fa_att_bwd_args *a, int64_t r0, int64_t r1
 /* dq rows r < n (stride dqs) += sum_j ds[r][j] * kr[j][:] over the keys query ilo + r can see:
  * bwd_dq for a block whose hidden keys may hold inf or NaN in k (0 * NaN is NaN; rare:
  * scalar). */
-static void bwd_dq_visible(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
-                           int64_t b, int64_t h, int64_t ilo, int64_t n,
-                           float *dq, int64_t dqs)
+static void bwd_dq_visible(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb, int64_t b, int64_t h,
+                           int64_t ilo, int64_t n, float *dq, int64_t dqs)
 {
     for (int64_t r = 0; r < n; r++)
         for (int64_t jj = 0; jj < kb->nb; jj++) {
@@ -1002,9 +985,8 @@ static void bwd_dq_visible(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
 
 /* One pair: query rows [ilo, ihi) of head (b, h) against the packed key block kb; adds into
  * the block's dK^T, dV^T accumulators (with_dkv) and into dq's rows (with_dq). */
-static void bwd_pair(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
-                     int64_t b, int64_t h, int64_t ilo, int64_t ihi,
-                     int with_dkv, int with_dq)
+static void bwd_pair(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb, int64_t b, int64_t h,
+                     int64_t ilo, int64_t ihi, int with_dkv, int with_dq)
 {
     const fa_attention_args *f = a->f;
     const fa_attention_grads *g = a->g;
@@ -1039,9 +1021,8 @@ static int64_t bwd_first_query(const fa_attention_args *f, int64_t jb)
 /* Key blocks [kb0, kb1) of head (b, h): dk and dv of their keys, summed over every query block
  * in order; with_dq (the task owns the whole head): dq too, zeroed first, then each pair's
  * share added in key-block order. */
-static void attention_bwd_keys(const fa_att_bwd_args *a, int64_t b, int64_t h,
-                               int64_t kb0, int64_t kb1, int with_dq,
-                               float *scratch)
+static void attention_bwd_keys(const fa_att_bwd_args *a, int64_t b, int64_t h, int64_t kb0,
+                               int64_t kb1, int with_dq, float *scratch)
 {
     const fa_attention_args *f = a->f;
     const fa_attention_grads *g = a->g;
@@ -1140,8 +1121,7 @@ static int attention_forward(const fa_attention_args *a, int nthreads)
     return 0;
 }
 
-static int attention_backward(const fa_attention_grads *g, const fa_attention_args *f,
-                              int nthreads)
+static int attention_backward(const fa_attention_grads *g, const fa_attention_args *f, int nthreads)
 {
     const int64_t H = f->H, Lq = f->Lq, Lk = f->Lk, BH = f->B * H;
     if (f->B <= 0 || H <= 0) return 0;

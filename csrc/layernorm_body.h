@@ -6,9 +6,8 @@
  * whose float sums overflow (inf or NaN: |s| past ~1e19, or inf / NaN in s), or whose squares
  * may have sunk into denormals when eps is as tiny (below 2^-100), is redone by ln_row_wide in
  * double; every other row takes the one float pass. */
-static void layer_norm_rows(float *y, float *sum_out, float *mean, float *rstd,
-                            const float *x, const float *residual,
-                            const float *weight, const float *bias,
+static void layer_norm_rows(float *y, float *sum_out, float *mean, float *rstd, const float *x,
+                            const float *residual, const float *weight, const float *bias,
                             int64_t r0, int64_t r1, int64_t C, float eps)
 {
     const int64_t Cv = C - C % FA_VL;
@@ -77,12 +76,10 @@ static void layer_norm_rows(float *y, float *sum_out, float *mean, float *rstd,
  *   db_part  (C)     out; this block's sum over its rows of dy
  * Inlined with constant flags (residual, weight, partials), so the vector loops carry no
  * branches. */
-FA_INLINE void ln_bwd_rows(float *dx, float *dw_part, float *db_part,
-                           const float *dy, const float *mean,
-                           const float *rstd, const float *x,
-                           const float *residual, const float *weight,
-                           int64_t r0, int64_t r1, int64_t C,
-                           const int has_res, const int has_w, const int parts)
+FA_INLINE void ln_bwd_rows(float *dx, float *dw_part, float *db_part, const float *dy,
+                           const float *mean, const float *rstd, const float *x,
+                           const float *residual, const float *weight, int64_t r0, int64_t r1,
+                           int64_t C, const int has_res, const int has_w, const int parts)
 {
     const int64_t Cv = C - C % FA_VL;
     for (int64_t n = r0; n < r1; n++) {
@@ -142,11 +139,9 @@ FA_INLINE void ln_bwd_rows(float *dx, float *dw_part, float *db_part,
     }
 }
 
-static void layer_norm_backward_rows(float *dx, float *dw_part, float *db_part,
-                                     const float *dy, const float *mean,
-                                     const float *rstd, const float *x,
-                                     const float *residual,
-                                     const float *weight, int64_t r0,
+static void layer_norm_backward_rows(float *dx, float *dw_part, float *db_part, const float *dy,
+                                     const float *mean, const float *rstd, const float *x,
+                                     const float *residual, const float *weight, int64_t r0,
                                      int64_t r1, int64_t C)
 {
     const int parts = db_part != NULL;

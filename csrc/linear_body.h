@@ -100,9 +100,8 @@ FA_INLINE VF vgelu_grad(VF t)
  *   pre != NULL:  pre += bias;  y = drop(act(pre))       (the GEMM wrote pre)
  * bias may be NULL; drop may be NULL (none). Rows and columns of the block are rows row0 + r
  * and columns col0 + c of the whole (N, M) activation: the dropout mask's coordinates. */
-static void bias_act_rows(float *y, float *pre, const float *bias,
-                          int64_t rows, int64_t M, int64_t ld, int act,
-                          int64_t row0, int64_t col0, const fa_dropout_t *drop)
+static void bias_act_rows(float *y, float *pre, const float *bias, int64_t rows, int64_t M,
+                          int64_t ld, int act, int64_t row0, int64_t col0, const fa_dropout_t *drop)
 {
     const int dr = drop && drop->on;
     if (!bias && act == FA_ACT_NONE && !pre && !dr) return;
@@ -194,8 +193,7 @@ static void grad_act_rows(float *dz, float *h, const float *g, const float *pre,
  *   y   (N, ldy)   out        xp (ceil(N/4)*4, K)  in, rows past N zero (padding)
  *   w   (M, K)     in
  * Each y element is the same sum in the same order whatever N is (batch invariance). */
-static void skinny_gemm(float *FA_RESTRICT y, int64_t ldy,
-                        const float *FA_RESTRICT xp, int64_t N,
+static void skinny_gemm(float *FA_RESTRICT y, int64_t ldy, const float *FA_RESTRICT xp, int64_t N,
                         const float *FA_RESTRICT w, int64_t M, int64_t K)
 {
     const int64_t Kv = K - K % FA_VL;
@@ -258,10 +256,9 @@ FA_INLINE int packed_nv(int rows)
 /* One row block of one panel: y[r][m0 + f] = x_r . w_f for r < ROWS, f < width (the features
  * of the panel below M), in register tiles of ROWS rows x NV vectors.
  *   scalar math:  y[r][m] = sum_k x[r][k] * w_p[k][m - m0]   (k in order: one sum per element) */
-FA_INLINE void packed_rows(float *FA_RESTRICT y, int64_t ldy,
-                           const float *FA_RESTRICT x, int64_t K,
-                           const float *FA_RESTRICT w_p, int64_t m0,
-                           int64_t width, const int ROWS, const int NV)
+FA_INLINE void packed_rows(float *FA_RESTRICT y, int64_t ldy, const float *FA_RESTRICT x, int64_t K,
+                           const float *FA_RESTRICT w_p, int64_t m0, int64_t width, const int ROWS,
+                           const int NV)
 {
     const int64_t step = NV * FA_VL;                /* features per register tile */
     for (int64_t f0 = 0; f0 < width; f0 += step) {
@@ -299,10 +296,8 @@ FA_INLINE void packed_rows(float *FA_RESTRICT y, int64_t ldy,
  * over (fewer than SK_RB: all of them at a decode step's N = 1) in one tile as wide as
  * packed_nv allows. Bound by streaming wp once, which it does in order.
  * Each y element is the same sum in the same order whatever N is (batch invariance). */
-static void packed_gemm(float *FA_RESTRICT y, int64_t ldy,
-                        const float *FA_RESTRICT x, int64_t N,
-                        const float *FA_RESTRICT wp, int64_t p0, int64_t p1,
-                        int64_t M, int64_t K)
+static void packed_gemm(float *FA_RESTRICT y, int64_t ldy, const float *FA_RESTRICT x, int64_t N,
+                        const float *FA_RESTRICT wp, int64_t p0, int64_t p1, int64_t M, int64_t K)
 {
     for (int64_t p = p0; p < p1; p++) {
         const float *w_p = wp + p * K * FA_PANEL;

@@ -26,9 +26,8 @@ FA_INLINE VF vsqrt(VF a)
 #define adam_ident(x) (x)
 
 static void adam_span(float *FA_RESTRICT param, float *FA_RESTRICT exp_avg,
-                      float *FA_RESTRICT exp_avg_sq,
-                      const float *FA_RESTRICT grad, int64_t i0, int64_t i1,
-                      const adam_consts *k)
+                      float *FA_RESTRICT exp_avg_sq, const float *FA_RESTRICT grad, int64_t i0,
+                      int64_t i1, const adam_consts *k)
 {
     const int small = k->w1 < 0.5f;
     int64_t i = i0;
