@@ -18,9 +18,11 @@ import pytest
 
 import fastattn
 from fastattn import optim
+from fastattn.cli import main
 from fastattn.train import distributed, fit
+from fastattn.train.run import load_run
 from mpi_worker import INJECTED, model_for, run_kwargs, task
-from train_util import char_tokenizer, tiny_model, untimed
+from train_util import char_tokenizer, tiny_model, untimed, words
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -135,6 +137,16 @@ def test_world_is_none_without_a_launcher_and_names_the_extra_without_mpi4py(mon
         distributed.world()
 
 
+def test_fastattn_train_under_a_launcher_without_mpi4py_says_which_extra(
+        monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    monkeypatch.setitem(sys.modules, "mpi4py", None)
+    data = tmp_path / "pairs.tsv"
+    data.write_text("ab\tba\n")
+    assert main(["train", str(data), "--out", str(tmp_path / "run")]) == 1
+    assert 'pip install "fastattn[mpi]"' in capsys.readouterr().err
+
+
 def test_fit_with_a_communicator_of_one_process_is_the_plain_run():
     class One:
         def Get_size(self):
@@ -237,6 +249,31 @@ def test_a_rank_that_hangs_ends_the_job_at_the_deadline(tmp_path):
     assert seconds < LIMIT
     assert "waited more than 2 s" in done.stderr
     assert not os.path.exists(tmp_path / "rank0.npz")
+
+
+@needs_mpi
+def test_fastattn_train_under_mpiexec_writes_one_run_and_resumes(tmp_path):
+    data = tmp_path / "pairs.tsv"
+    data.write_text("".join(f"{w}\t{w[::-1]}\n" for w in words(200, lo=2, hi=8)))
+    out = tmp_path / "run"
+    args = ["train", str(data), "--out", str(out), "--model", "tiny", "--tokenizer", "char",
+            "--batch-tokens", "256", "--valid", "0.1", "--eval-every", "2",
+            "--exact-sample", "4", "--quiet"]
+    done, _ = mpirun(2, *args, "--steps", "4", module=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("run written to") == 1        # rank 0 alone reports
+    for name in ("config.json", "model.safetensors", "history.jsonl", "checkpoints"):
+        assert (out / name).exists(), name
+    records = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4] and all(r["ranks"] == 2 for r in steps)
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [2, 4]
+    done, _ = mpirun(2, *args, "--steps", "6", "--resume", module=True)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "step"] == list(range(1, 7))
+    run = load_run(out)
+    assert run.complete(["abc"], max_new_tokens=4)[0] is not None
 
 
 def test_the_core_install_never_imports_mpi4py():
