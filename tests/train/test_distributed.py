@@ -276,6 +276,30 @@ def test_fastattn_train_under_mpiexec_writes_one_run_and_resumes(tmp_path):
     assert run.complete(["abc"], max_new_tokens=4)[0] is not None
 
 
+def test_the_train_dp_benchmark_splits_the_cores_then_scales_out():
+    from fastattn.bench.dp_cases import dp_configs
+
+    assert dp_configs(2) == [(1, 2), (2, 1), (1, 1)]
+    assert dp_configs(16)[:5] == [(1, 16), (2, 8), (4, 4), (8, 2), (16, 1)]
+    assert dp_configs(16)[5:] == [(1, 1), (2, 1), (4, 1), (8, 1)]
+
+
+@needs_mpi
+def test_the_train_dp_worker_reports_rank_0s_figures():
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "fastattn.bench.dp_worker",
+                           "--model", "tiny", "--steps", "1", "--batch-tokens", "64",
+                           "--words", "6", "--allreduce", "1"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1                                # rank 0 alone prints
+    out = json.loads(lines[0])
+    assert out["ranks"] == 2 and out["threads"] == 1 and out["steps"] == 1
+    assert out["tokens_per_s"] > 0 and out["allreduce_ms"] > 0
+    assert out["flat_bytes"] >= out["grad_bytes"] > 0
+
+
 def test_the_core_install_never_imports_mpi4py():
     code = ("import sys, fastattn.train, fastattn.cli; from fastattn.train import distributed; "
             "print(any(m.startswith('mpi4py') for m in sys.modules))")
