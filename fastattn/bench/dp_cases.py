@@ -10,6 +10,8 @@ in 1, 2, 4, 8, ... up to the cores the benchmark may use (C, the run's thread co
 - scaling out: RANKS x 1 thread, with the efficiency against linear, tokens/s(N) /
   (N x tokens/s(1 x 1)).
 
+Each configuration runs ROUNDS times, the configurations interleaved (a busy spell of a shared
+machine then falls on all of them); the run of median tokens/s is reported, with the range.
 Reported per configuration: target tokens/s, the median step, the median time a step spent
 in its gradient all-reduce (waiting for the slowest rank included) and the all-reduce alone,
 the flat gradient buffer's MiB and rank 0's peak resident memory. Skipped (n/a) without
@@ -29,6 +31,7 @@ from .report import fmt_ms
 __all__ = ["DP_CASES", "DP_TARGETS", "run_dp_case", "dp_configs"]
 
 RANKS = (1, 2, 4, 8, 16, 32, 64)
+ROUNDS = 3                     # runs of each configuration, interleaved
 TIMEOUT = 900                  # seconds one configuration may take
 
 
@@ -63,7 +66,7 @@ def _run_one(ranks, threads, steps):
     return json.loads(lines[-1])
 
 
-def run_dp_case(case, row, steps=4):
+def run_dp_case(case, row, steps=3):
     """Fill `row` (runner.empty_row) for train_dp: ``dp`` (one dict per configuration, as
     the worker prints it, plus ``efficiency`` for the 1-thread series), fastattn_times_ms (the
     median step of each configuration) and the notes."""
@@ -72,19 +75,31 @@ def run_dp_case(case, row, steps=4):
         row["fastattn_status"] = f"n/a: {why}"
         return row
     cores = row["threads"] or 1
+    configs = dp_configs(cores)
+    runs = {c: [] for c in configs}
+    for _ in range(ROUNDS):              # interleaved: a busy spell of the machine is shared
+        for ranks, threads in configs:
+            runs[ranks, threads].append(_run_one(ranks, threads, steps))
     results = []
-    for ranks, threads in dp_configs(cores):
-        results.append(_run_one(ranks, threads, steps))
+    for c in configs:                    # the run of median tokens/s, with the others' range
+        rs = sorted(runs[c], key=lambda r: r["tokens_per_s"])
+        r = dict(rs[len(rs) // 2])
+        r["tokens_per_s_range"] = (rs[0]["tokens_per_s"], rs[-1]["tokens_per_s"])
+        results.append(r)
     base = next((r for r in results if r["ranks"] == 1 and r["threads"] == 1), None)
     for r in results:
         if base is not None and r["threads"] == 1:
             r["efficiency"] = r["tokens_per_s"] / (r["ranks"] * base["tokens_per_s"])
     row["dp"] = results
     row["fastattn_times_ms"] = [r["step_ms"] for r in results]
-    row["notes"].append("tokens/s by ranks x threads: " + ", ".join(
-        f"{r['ranks']}x{r['threads']} {fmt_ms(r['tokens_per_s'])}"
-        + (f" ({100 * r['efficiency']:.0f}% of linear)" if "efficiency" in r and r["ranks"] > 1
-           else "") for r in results))
+    row["notes"].append(f"tokens/s by ranks x threads (median of {ROUNDS} interleaved runs, "
+                        "range): " + ", ".join(
+                            f"{r['ranks']}x{r['threads']} {fmt_ms(r['tokens_per_s'])} "
+                            f"({fmt_ms(r['tokens_per_s_range'][0])}-"
+                            f"{fmt_ms(r['tokens_per_s_range'][1])})"
+                            + (f", {100 * r['efficiency']:.0f}% of linear"
+                               if "efficiency" in r and r["ranks"] > 1 else "")
+                            for r in results))
     row["notes"].append("gradient all-reduce per step, ms (alone / in the step, waiting "
                         "included): " + ", ".join(
                             f"{r['ranks']}x{r['threads']} {fmt_ms(r['allreduce_ms'])} / "
