@@ -50,9 +50,10 @@ __all__ = ["MPI_EXTRA", "Group", "group", "world", "launched_size", "import_mpi"
 MPI_EXTRA = 'pip install "fastattn[mpi]"'
 ABORT_GRACE = 10.0           # seconds a failing rank leaves the launcher to end the job
 
-# Set by the MPI launchers in each process they start: MPICH's and Intel MPI's Hydra (PMI),
-# Open MPI, and the PMIx launchers (Slurm's srun --mpi=pmix, prterun).
-_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
+# Set by the MPI launchers in each process they start: MPICH's and Intel MPI's Hydra (and
+# Slurm's srun with PMI-2), Open MPI, MVAPICH. A PMIx launcher (srun --mpi=pmix) sets
+# PMIX_RANK only: the size is then asked of MPI.
+_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
 def import_mpi():
@@ -83,6 +84,9 @@ def world():
     None (one process: no MPI needed). ImportError naming the extra when the launcher
     started several and mpi4py is missing."""
     size = launched_size()
+    if size is None and "PMIX_RANK" in os.environ:
+        comm = import_mpi().COMM_WORLD
+        return comm if comm.Get_size() > 1 else None
     if size is None or size <= 1:
         return None
     return import_mpi().COMM_WORLD
@@ -181,7 +185,6 @@ class Group:
         self.lead = self.rank == 0
         self.timeout = float(timeout)
         self.watchdog = _Watchdog(self)
-        self.seconds = 0.0           # time spent in the gradient all-reduces so far
 
     def __repr__(self):
         return f"Group(rank {self.rank} of {self.size})"

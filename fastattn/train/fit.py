@@ -721,8 +721,9 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
     summed in one flat float32 buffer by one all-reduce, and every rank clips to the global
     norm and takes the same step. So the run follows one process with the same batches to
     float32 rounding, not bit for bit: each gradient is summed in another order (per part,
-    then across the ranks); with dropout, each rank draws its own masks (rank 0's are one
-    process's). Step records gain ``ranks`` and ``allreduce_seconds``. Rank 0 alone reports
+    then across the ranks; the key projections' biases, whose exact gradient is zero, follow
+    its rounding noise, without effect on the outputs); with dropout, each rank draws its own
+    masks (rank 0's are one process's). Step records gain ``ranks`` and ``allreduce_seconds``. Rank 0 alone reports
     progress, runs the callbacks (its StopIteration stops every rank), evaluates, keeps the
     best weights and writes checkpoints; the other ranks return the History of their steps
     and a model holding the last step's weights. A resume continues exactly on the same
