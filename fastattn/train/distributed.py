@@ -241,9 +241,11 @@ class Group:
 
     def fail(self, exc, where=""):
         """End every rank because this one raised `exc` (its traceback on standard error)."""
+        if isinstance(exc, KeyboardInterrupt):     # Ctrl-C: mpiexec sends it to every rank
+            self.fail_message(f"interrupted{where}; ending every rank (the latest checkpoint "
+                              "is what a resume continues from)", 130)
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
-        self.fail_message(f"failed{where}; ending every rank\n{text.rstrip()}", code)
+        self.fail_message(f"failed{where}; ending every rank\n{text.rstrip()}", 1)
 
 
 def together(group, fn, what):
