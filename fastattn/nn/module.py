@@ -10,6 +10,8 @@ from . import activations
 from .backends import Buffers, FastOps, Workspace, backend_ops
 from .parameter import Parameter, note_write
 
+GRAD_ALIGN = 16          # flat_grads(): each gradient starts at a multiple of 64 bytes
+
 
 class _Built(type):
     """Marks a module built once its constructor returns: parameter assignments are checked
@@ -359,6 +361,41 @@ class Module(metaclass=_Built):
         for m in self.modules():
             for g in m._grads.values():
                 g.fill(0.0)
+
+    def flat_grads(self):
+        """Every parameter's gradient as a view of one float32 array, which is returned.
+
+        The array holds the gradients in named_parameters' order, each at an offset that is a
+        multiple of GRAD_ALIGN floats (the gaps stay zero); from the first call on, the views
+        are the arrays that backward() accumulates into, that named_grads() yields (every
+        parameter then has a gradient, zero until a backward reaches it) and that zero_grad()
+        zeroes. A data-parallel step sums this one array across processes in one call instead
+        of one call per parameter. Gradients accumulated before the call are copied in. Later
+        calls return the same array while the views are still the gradients (quantize() drops
+        them; a new array is then made)."""
+        if self.compute_type != "float32":
+            raise RuntimeError(f"flat_grads: the model is quantized ({self.compute_type}), "
+                               "which is for inference only")
+        flat = self.__dict__.get("_flat_grads")
+        slots = list(self._named_slots())
+        if flat is not None and all(name in m._grads and m._grads[name].base is flat
+                                    for _, m, name in slots):
+            return flat
+        offsets, size = [], 0
+        for _, m, name in slots:
+            offsets.append(size)
+            n = getattr(m, name).size
+            size += -(-n // GRAD_ALIGN) * GRAD_ALIGN
+        flat = np.zeros(size, np.float32)
+        for (_, m, name), at in zip(slots, offsets):
+            p = getattr(m, name)
+            view = flat[at:at + p.size].reshape(p.shape)
+            old = m._grads.get(name)
+            if old is not None:
+                view[...] = old
+            m._grads[name] = view
+        object.__setattr__(self, "_flat_grads", flat)
+        return flat
 
     def _grad(self, name):
         """The gradient buffer of parameter `name` (zeros, created on first use)."""
