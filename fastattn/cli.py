@@ -22,6 +22,7 @@ input (a message, no traceback), 2 on a usage error, 130 after Ctrl-C.
 """
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -120,8 +121,8 @@ def _non_negative_float(text):
 
 
 def _parser():
-    from .train.defaults import (DEFAULT_STEPS, DEFAULT_WARMUP_SHARE, MAX_WARMUP, PRESET_LR,
-                                 SCHEDULES, TRAIN_DEFAULTS)
+    from .train.defaults import (COMM_TIMEOUT, DEFAULT_STEPS, DEFAULT_WARMUP_SHARE,
+                                 MAX_WARMUP, PRESET_LR, SCHEDULES, TRAIN_DEFAULTS)
 
     parser = _Parser(
         prog="fastattn", description="Fast CPU Transformer kernels: build facts, benchmarks, demo.")
@@ -242,6 +243,10 @@ def _parser():
     t.add_argument("--quiet", action="store_true",
                    help="no progress bar, even on a terminal: JSON lines on standard error "
                         "(every 10th step, each evaluation, each message)")
+    t.add_argument("--comm-timeout", type=_positive_float, metavar="S",
+                   help="under mpiexec: the longest one rank waits for the others (rank 0's "
+                        "evaluations and checkpoints included) before it ends the job "
+                        f"(default: {COMM_TIMEOUT:g})")
 
     c = sub.add_parser("complete", help="complete texts with a trained run",
                        description="One completion per TEXT, or per line of standard input "
@@ -438,16 +443,43 @@ def _errors(fn):
     return run
 
 
-@_errors
 def _train(args):
-    import os
+    """fastattn train; under mpiexec with several processes, one rank of a data-parallel
+    run: rank 0 reports and writes, the others stay quiet unless they fail. An error that
+    only some ranks meet ends every rank (printed by the rank that met it)."""
+    from .train import distributed
 
-    from .train import read_pairs
+    try:
+        comm = distributed.world()
+    except ImportError as exc:
+        print(f"fastattn train: {exc}", file=sys.stderr)
+        return 1
+    if comm is None:
+        return _errors(lambda a: _train_one(a, None))(args)
+    from .train.defaults import COMM_TIMEOUT
+
+    group = distributed.Group(comm, args.comm_timeout or COMM_TIMEOUT)
+    if "OMP_NUM_THREADS" not in os.environ:      # the cores shared out between the ranks
+        import fastattn
+        fastattn.set_num_threads(max(1, distributed.local_cores() // group.local_size()))
+    try:
+        return _train_one(args, group)
+    except BaseException as exc:
+        if not distributed.is_agreed(exc):
+            group.fail(exc)
+        if group.lead:                   # every rank raised it: said once
+            print(f"fastattn train: {exc}", file=sys.stderr)
+        return 1
+
+
+def _train_one(args, group):
+    from .train import distributed, read_pairs
     from .train.checkpoint import latest_checkpoint
     from .train.run import FILES, train_run
 
-    pairs = read_pairs(args.data)
-    if args.resume:          # said whatever --quiet asks for: the run starts over
+    lead = group is None or group.lead
+    pairs = distributed.together(group, lambda: read_pairs(args.data), "reading DATA")
+    if args.resume and lead:   # said whatever --quiet asks for: the run starts over
         checkpoints = os.path.join(args.out, FILES["checkpoints"])
         if not os.path.exists(os.path.join(args.out, FILES["config"])):
             print(f"fastattn train: --resume: nothing to resume in {args.out} (no "
@@ -463,9 +495,11 @@ def _train(args):
         label_smoothing=args.label_smoothing, valid=args.valid, seed=args.seed,
         resume=args.resume, progress="json" if args.quiet else True, data=args.data,
         eval_every=args.eval_every, exact_sample=args.exact_sample, patience=args.patience,
-        checkpoint_every=args.checkpoint_every, checkpoint_minutes=args.checkpoint_minutes)
-    print(_summary(history))
-    print(f"run written to {run.path}")
+        checkpoint_every=args.checkpoint_every, checkpoint_minutes=args.checkpoint_minutes,
+        **({} if group is None else dict(comm=group.comm, comm_timeout=group.timeout)))
+    if lead:
+        print(_summary(history))
+        print(f"run written to {run.path}")
     return 0
 
 

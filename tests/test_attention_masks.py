@@ -20,7 +20,7 @@ import pytest
 
 import fastattn
 from conftest import TILES, assert_close, requires_torch, to_torch
-from fastattn import ops, reference
+from fastattn import _fast, ops, reference
 from grad_util import child_isa_tests
 
 F32_MIN = float(np.finfo(np.float32).min)
@@ -222,7 +222,7 @@ def test_hidden_keys_keep_nan_and_inf_out(rng, shape, how, where, value):
 
 
 def test_decode_attention_entry_reads_finite_key_bias_as_added(rng):
-    """The decode step's kernel entry (ops._attention_fn: a key bias, one row at a time):
+    """The decode step's kernel entry (_fast.attention_fn: a key bias, one row at a time):
     finfo.min padding averages the values; -inf padding with NaN values stays out."""
     B, H, Lk, D = 3, 2, 20, 8
     q, k, v = qkv(rng, B, H, 1, Lk, D, D)
@@ -232,7 +232,7 @@ def test_decode_attention_entry_reads_finite_key_bias_as_added(rng):
     kb[2, 7:] = -np.inf
     v[2, :, 9] = np.nan                               # hidden by -inf: stays out
     out = np.empty((B, H, 1, D), np.float32)
-    ops._attention_fn(1.0 / math.sqrt(D))(q, k, v, kb.reshape(-1), out)
+    _fast.attention_fn(1.0 / math.sqrt(D))(q, k, v, kb.reshape(-1), out)
     want = reference.attention(q, k, v, key_padding_mask=kb)
     assert np.isfinite(out).all()
     assert_close(out, want, rtol=1e-5, atol=1e-6, name="decode step")

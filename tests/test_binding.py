@@ -6,7 +6,7 @@ would catch a pointer taken to an empty view or a read through NULL.)
 import numpy as np
 import pytest
 
-from fastattn import _kernels, ops, reference
+from fastattn import _fast, _kernels, ops, reference
 from strategies import rand
 
 RELU = ops.ACTIVATIONS["relu"]
@@ -20,7 +20,7 @@ def empty(*shape):
 def test_linear_into_empty_sizes(rng, N, K, M):
     x, w, b = rand(rng, (N, K)), rand(rng, (M, K)), rand(rng, (M,))
     y = np.full((N, M), np.nan, np.float32)
-    ops._linear_into(y, x, w, b, RELU)
+    _fast.linear_into(y, x, w, b, RELU)
     np.testing.assert_array_equal(y, reference.linear(x, w, b, activation="relu"))
 
 
@@ -29,10 +29,10 @@ def test_ffn_into_empty_sizes(rng, N, C, F):
     x = rand(rng, (N, C))
     w1, b1, w2, b2 = rand(rng, (F, C)), rand(rng, (F,)), rand(rng, (C, F)), rand(rng, (C,))
     y = np.full((N, C), np.nan, np.float32)
-    ops._ffn_into(y, x, w1, b1, w2, b2, RELU)
+    _fast.ffn_into(y, x, w1, b1, w2, b2, RELU)
     np.testing.assert_array_equal(y, reference.ffn(x, w1, b1, w2, b2))
     y = np.full((N, C), np.nan, np.float32)
-    ops._ffn_into(y, x, w1, None, w2, None, RELU)
+    _fast.ffn_into(y, x, w1, None, w2, None, RELU)
     np.testing.assert_array_equal(y, reference.ffn(x, w1, None, w2, None))
 
 
@@ -40,7 +40,7 @@ def test_ffn_into_empty_sizes(rng, N, C, F):
 def test_layer_norm_and_softmax_into_empty(rng, shape):
     x = rand(rng, shape)
     y = empty(*shape)
-    ops._layer_norm_into(y, x, None, None, 1e-5, x.copy(), empty(*shape))
+    _fast.layer_norm_into(y, x, None, None, 1e-5, x.copy(), empty(*shape))
     assert ops.softmax(x).shape == shape
     assert ops.layer_norm(x, None, None).shape == shape
 
@@ -49,7 +49,7 @@ def test_layer_norm_and_softmax_into_empty(rng, shape):
 def test_packed_linear_empty_sizes(rng, N, K, M):
     x, w, b = rand(rng, (N, K)), rand(rng, (M, K)), rand(rng, (M,))
     y = np.full((N, M), np.nan, np.float32)
-    ops._linear_packed_into(y, x, ops.PackedWeight(w), b, RELU)
+    _fast.linear_packed_into(y, x, _fast.PackedWeight(w), b, RELU)
     np.testing.assert_array_equal(y, reference.linear(x, w, b, activation="relu"))
 
 
@@ -59,7 +59,7 @@ def test_packed_linear_empty_sizes(rng, N, K, M):
 def test_attention_into_empty_sizes(rng, B, H, Lq, Lk, D, Dv):
     q, k, v = rand(rng, (B, H, Lq, D)), rand(rng, (B, H, Lk, D)), rand(rng, (B, H, Lk, Dv))
     out = np.full((B, H, Lq, Dv), np.nan, np.float32)
-    ops._attention_into(out, q, k, v, None, None, False, 1.0)
+    _fast.attention_into(out, q, k, v, None, None, False, 1.0)
     np.testing.assert_allclose(out, reference.attention(q, k, v, scale=1.0), rtol=1e-6,
                                atol=1e-6)
 
@@ -79,7 +79,7 @@ def _linear_args(rng, N=2, K=8, M=4):
     x, w, b = rand(rng, (N, K)), rand(rng, (M, K)), rand(rng, (M,))
     q = ops.QuantizedWeight.from_float(w, "int8")
     h = ops.QuantizedWeight.from_float(w, "bf16")
-    p = ops.PackedWeight(w)
+    p = _fast.PackedWeight(w)
     y = np.empty((N, M), np.float32)
     calls = {
         "int8": lambda y=y, x=x, b=b, s=q.scale: _kernels.linear_int8_forward(

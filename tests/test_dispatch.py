@@ -24,7 +24,7 @@ CHILD = textwrap.dedent(r"""
     import json, math, sys
     import numpy as np
     import fastattn
-    from fastattn import ops, reference
+    from fastattn import _fast, ops, reference
 
     want_isa, tol = sys.argv[1], json.loads(sys.argv[2])
     info = fastattn.build_info()
@@ -173,7 +173,7 @@ CHILD = textwrap.dedent(r"""
             compare(f"linear.rows{n_rows}.{act}", ops.linear(x, w, b, activation=act), expect,
                     t["rtol"], dot_atol(x, w, b, t["atol"]))
             y = np.empty((n_rows, M), np.float32)
-            ops._linear_packed_into(y, x, ops.PackedWeight(w), b, ops.ACTIVATIONS[act])
+            _fast.linear_packed_into(y, x, _fast.PackedWeight(w), b, ops.ACTIVATIONS[act])
             compare(f"linear_packed.rows{n_rows}.{act}", y, expect, t["rtol"],
                     dot_atol(x, w, b, t["atol"]))
 

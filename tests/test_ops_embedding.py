@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import fastattn
 from conftest import assert_close, requires_torch, to_torch
-from fastattn import ops, reference
+from fastattn import _fast, ops, reference
 from grad_util import child_isa_tests, float64_twins, numeric_grad
 from strategies import features, rand, rows, seeds
 
@@ -75,11 +75,11 @@ def test_accumulate_into(rng):
     ids, dout = rng.integers(0, 30, 500), rand(rng, (500, 24))
     fresh = ops.embedding_backward(dout, ids, 30)
     dw = np.full((30, 24), 0.5, np.float32)
-    assert ops._embedding_backward_into(dw, dout, ids, True) is dw
+    assert _fast.embedding_backward_into(dw, dout, ids, True) is dw
     want = np.full((30, 24), 0.5, np.float32)
     np.add.at(want, ids, dout)                          # added row by row onto the old values
     np.testing.assert_array_equal(dw, want)
-    ops._embedding_backward_into(dw, dout, ids, False)
+    _fast.embedding_backward_into(dw, dout, ids, False)
     np.testing.assert_array_equal(dw, fresh)
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import fastattn
 from conftest import TILES, TOL, assert_close, requires_torch, to_torch
-from fastattn import ops, reference
+from fastattn import _fast, ops, reference
 from grad_util import child_isa_tests, float64_twins, numeric_grad
 from strategies import features, rand, rows, seeds
 
@@ -239,12 +239,12 @@ def test_accumulate_into(rng):
     _, cache = ops.layer_norm_forward(x, w, None)
     dx_ref, dw_ref, db_ref = ops.layer_norm_backward(dy, x, cache["mean"], cache["rstd"], w)
     dw, db = np.full(C, 0.5, np.float32), np.full(C, -2.0, np.float32)
-    ops._layer_norm_backward_into(None, dw, db, dy, x, cache["mean"], cache["rstd"], w,
+    _fast.layer_norm_backward_into(None, dw, db, dy, x, cache["mean"], cache["rstd"], w,
                                   accumulate=True)
     np.testing.assert_array_equal(dw, np.float32(0.5) + dw_ref)
     np.testing.assert_array_equal(db, np.float32(-2.0) + db_ref)
     dx = np.full((N, C), np.nan, np.float32)
-    ops._layer_norm_backward_into(dx, None, None, dy, x, cache["mean"], cache["rstd"], w)
+    _fast.layer_norm_backward_into(dx, None, None, dy, x, cache["mean"], cache["rstd"], w)
     np.testing.assert_array_equal(dx, dx_ref)
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import fastattn
 from conftest import TILES, TOL, assert_close
-from fastattn import ops, reference
+from fastattn import _fast, ops, reference
 from grad_util import child_isa_tests
 from strategies import features, rand, rows, seeds
 from test_ops_layernorm_backward import check_ln_backward
@@ -105,7 +105,7 @@ def test_training_state_kept_at_scale(rng):
     w, b = rand(rng, (C,)), rand(rng, (C,))
     y, s = np.empty((N, C), np.float32), np.empty((N, C), np.float32)
     mean, rstd = np.empty(N, np.float32), np.empty(N, np.float32)
-    ops._layer_norm_into(y, x, w, b, 1e-5, r, s, mean, rstd)
+    _fast.layer_norm_into(y, x, w, b, 1e-5, r, s, mean, rstd)
     ry, rcache = reference.layer_norm_forward(x, w, b, residual=r)
     np.testing.assert_array_equal(s, x + r)
     assert_close(y, ry, rtol=1e-4, atol=1e-5 * (1 + np.abs(w).max() + np.abs(b).max()), name="y")
@@ -113,7 +113,7 @@ def test_training_state_kept_at_scale(rng):
     assert_close(rstd, rcache["rstd"], rtol=1e-4, atol=0, name="rstd")
     dy = rand(rng, (N, C))
     dx, dw, db = np.empty((N, C), np.float32), np.empty(C, np.float32), np.empty(C, np.float32)
-    ops._layer_norm_backward_into(dx, dw, db, dy, s, mean, rstd, w)
+    _fast.layer_norm_backward_into(dx, dw, db, dy, s, mean, rstd, w)
     rdx, rdw, rdb = reference.layer_norm_backward(dy, s, rcache["mean"], rcache["rstd"], w)
     assert_close(dx, rdx, rtol=1e-4, atol=1e-40, name="dx")
     assert_close(dw, rdw, rtol=1e-4, atol=1e-5 * N, name="dweight")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import fastattn
 from conftest import TILES, TOL, assert_close, dot_atol, requires_torch, to_torch
-from fastattn import ops, reference
+from fastattn import _fast, ops, reference
 from strategies import features, rand, rows, seeds
 
 ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh"]
@@ -229,7 +229,7 @@ def test_ffn_vs_torch(rng, N):
 
 
 @pytest.mark.parametrize("n_rows", sorted({*range(1, TILE_ROWS + 2), 2 * TILE_ROWS - 1,
-                                           4 * TILE_ROWS + 1, ops.PACKED_MAX_ROWS}))
+                                           4 * TILE_ROWS + 1, _fast.PACKED_MAX_ROWS}))
 @pytest.mark.parametrize("shape", [(1, 1), (PANEL - 1, 33), (PANEL, 64), (PANEL + 1, 512),
                                    (4 * PANEL + 8, 17)])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
@@ -243,7 +243,7 @@ def test_packed_linear_matches_reference(n_rows, shape, activation):
     w = rng.standard_normal((M, K), dtype=np.float32) / np.float32(np.sqrt(K))
     b = rng.standard_normal(M, dtype=np.float32)
     y = np.full((n_rows, M), np.nan, np.float32)
-    ops._linear_packed_into(y, x, ops.PackedWeight(w), b, ops.ACTIVATIONS[activation])
+    _fast.linear_packed_into(y, x, _fast.PackedWeight(w), b, ops.ACTIVATIONS[activation])
     expect = reference.linear(x, w, b, activation=activation)
     np.testing.assert_allclose(y, expect, rtol=1e-5, atol=1e-5 * np.sqrt(K))
 
@@ -252,14 +252,14 @@ def test_packed_linear_rows_are_batch_invariant():
     """Each output row is the same sum in the same order whatever the number of rows."""
     rng = np.random.default_rng(7)
     x = rng.standard_normal((13, 96), dtype=np.float32)
-    pw = ops.PackedWeight(rng.standard_normal((130, 96), dtype=np.float32))
+    pw = _fast.PackedWeight(rng.standard_normal((130, 96), dtype=np.float32))
     full = np.empty((13, 130), np.float32)
-    ops._linear_packed_into(full, x, pw, None, 0)
+    _fast.linear_packed_into(full, x, pw, None, 0)
     for r in range(13):
         one = np.empty((1, 130), np.float32)
-        ops._linear_packed_into(one, x[r:r + 1], pw, None, 0)
+        _fast.linear_packed_into(one, x[r:r + 1], pw, None, 0)
         assert np.array_equal(one[0], full[r])
     for n in range(2, 13):  # every count of rows left over: each takes its own tile shape
         part = np.empty((n, 130), np.float32)
-        ops._linear_packed_into(part, x[:n], pw, None, 0)
+        _fast.linear_packed_into(part, x[:n], pw, None, 0)
         assert np.array_equal(part, full[:n]), n

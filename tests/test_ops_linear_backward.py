@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import fastattn
 from conftest import TILES, assert_close, requires_torch, to_torch
-from fastattn import ops, reference
+from fastattn import _fast, ops, reference
 from grad_util import chain_atol, child_isa_tests, float64_twins, numeric_grad
 from strategies import features, rand, rows, seeds
 
@@ -364,18 +364,18 @@ def test_linear_backward_into_accumulates(rng):
     dx_ref, dw_ref, db_ref = ops.linear_backward(dy, x, w, pre=cache["pre"], activation="gelu")
     gelu = ops.ACTIVATIONS["gelu"]
     dw, db = np.full((M, K), 0.25, np.float32), np.full(M, -1.0, np.float32)
-    ops._linear_backward_into(None, dw, db, dy, x, w, cache["pre"], gelu, True)
+    _fast.linear_backward_into(None, dw, db, dy, x, w, cache["pre"], gelu, True)
     assert_close(dw, dw_ref + np.float32(0.25), rtol=1e-6, atol=1e-6, name="dweight +=")
     np.testing.assert_array_equal(db, db_ref + np.float32(-1.0))
     # dz in place over pre (the model's pre is not needed after its backward)
     dx, dw = np.full((N, K), np.nan, np.float32), np.full((M, K), np.nan, np.float32)
     pre = cache["pre"].copy()
-    ops._linear_backward_into(dx, dw, None, dy, x, w, pre, gelu, False, dz=pre)
+    _fast.linear_backward_into(dx, dw, None, dy, x, w, pre, gelu, False, dz=pre)
     np.testing.assert_array_equal(dx, dx_ref)
     np.testing.assert_array_equal(dw, dw_ref)
     # no activation: dz is dy itself
     dx2 = np.empty((N, K), np.float32)
-    ops._linear_backward_into(dx2, None, None, dy, x, w, None, 0, False)
+    _fast.linear_backward_into(dx2, None, None, dy, x, w, None, 0, False)
     np.testing.assert_array_equal(dx2, ops.linear_backward(dy, x, w)[0])
 
 
@@ -389,15 +389,15 @@ def test_ffn_forward_and_backward_into(rng):
     ref = ops.ffn_backward(dy, x, w1, b1, w2, b2, cache["pre"], **kw)
     relu = ops.ACTIVATIONS["relu"]
     y, pre = np.empty((N, C), np.float32), np.empty((N, F), np.float32)
-    ops._ffn_forward_into(y, pre, x, w1, b1, w2, b2, relu, 0.3, 8)
+    _fast.ffn_forward_into(y, pre, x, w1, b1, w2, b2, relu, 0.3, 8)
     np.testing.assert_array_equal(y, y_ref)
     np.testing.assert_array_equal(pre, cache["pre"])
     grads = [np.full(a.shape, 0.5, np.float32) for a in ref]
-    ops._ffn_backward_into(None, *grads[1:], dy, x, w1, w2, pre, relu, 0.3, 8, True, dpre=pre)
+    _fast.ffn_backward_into(None, *grads[1:], dy, x, w1, w2, pre, relu, 0.3, 8, True, dpre=pre)
     for g, r, name in zip(grads[1:], ref[1:], ("dw1", "db1", "dw2", "db2")):
         assert_close(g, r + np.float32(0.5), rtol=1e-6, atol=1e-6, name=f"{name} +=")
     dx = np.empty((N, C), np.float32)
-    ops._ffn_backward_into(dx, None, None, None, None, dy, x, w1, w2, cache["pre"].copy(), relu,
+    _fast.ffn_backward_into(dx, None, None, None, None, dy, x, w1, w2, cache["pre"].copy(), relu,
                            0.3, 8, False)
     np.testing.assert_array_equal(dx, ref[0])
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from strategies import features, rand, rows, seeds
 
 import fastattn
-from fastattn import ops, reference
+from fastattn import _fast, ops, reference
 
 REDUCTIONS = ("mean", "sum", "none")
 AVAILABLE = fastattn.build_info()["simd_available"]
@@ -249,11 +249,11 @@ def test_into_writes_the_gradient_over_the_logits(rng, reduction):
                                 return_grad=True)
     buf = x.copy()
     losses = np.full(50, np.nan, np.float32)
-    got = ops._cross_entropy_into(buf, losses, buf, t.astype(np.int64), label_smoothing=0.1,
+    got = _fast.cross_entropy_into(buf, losses, buf, t.astype(np.int64), label_smoothing=0.1,
                                   reduction=reduction)
     np.testing.assert_array_equal(buf, d)                    # the same bits, in place
     np.testing.assert_array_equal(np.asarray(got), np.asarray(loss))
-    no_grad = ops._cross_entropy_into(None, losses, x, t.astype(np.int64),
+    no_grad = _fast.cross_entropy_into(None, losses, x, t.astype(np.int64),
                                       label_smoothing=0.1, reduction=reduction)
     np.testing.assert_array_equal(np.asarray(no_grad), np.asarray(loss))
 
@@ -262,7 +262,7 @@ def test_into_still_checks_targets(rng):
     x, t = problem(rng, 4, 6, ignored=0.0)
     t[2] = 6
     with pytest.raises(ValueError, match="target 6 is out of range"):
-        ops._cross_entropy_into(None, np.empty(4, np.float32), x, t.astype(np.int64))
+        _fast.cross_entropy_into(None, np.empty(4, np.float32), x, t.astype(np.int64))
 
 
 # ---- determinism -----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import fastattn
 from conftest import assert_close, dot_atol, run_in_threads
-from fastattn import ops, reference
+from fastattn import _fast, ops, quant, reference
 from grad_util import child_report, child_isa_tests, run_child
 from strategies import features, rand, seeds
 
@@ -203,7 +203,7 @@ def test_rows_are_batch_invariant(rng):
     full = ops.linear(x, q8)
     for n in (1, 5, 17, 32, 33, 200):
         np.testing.assert_array_equal(ops.linear(x[:n], q8), full[:n])
-    most = ops.BF16_PACKED_MAX_ROWS
+    most = quant.BF16_PACKED_MAX_ROWS
     full = ops.linear(x[:most], b16)
     for n in (1, 5, 12, 13, most - 1):
         np.testing.assert_array_equal(ops.linear(x[:n], b16), full[:n])
@@ -419,9 +419,8 @@ def test_ffn_with_quantized_weights(rng, dtypes):
         composed = ops.linear(ops.linear(x, q1, b1, activation=activation), q2, b2)
         np.testing.assert_array_equal(y, composed)
         into = np.full((14, 32), np.nan, np.float32)
-        ops._ffn_quantized_into(into, x.reshape(14, 32), q1, b1, q2, b2,
-                                ops.ACTIVATIONS[activation], hidden=np.empty((14, 80),
-                                                                             np.float32))
+        _fast.ffn_product(q1, b1, q2, b2, ops.ACTIVATIONS[activation], 14)(
+            x.reshape(14, 32), into)
         np.testing.assert_array_equal(into, y.reshape(14, 32))
         ref = reference.ffn(x, q1, b1, q2, b2, activation=activation)
         exact = dtypes == ("int8", "int8") and activation == "relu"

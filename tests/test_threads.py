@@ -17,7 +17,7 @@ import pytest
 
 import fastattn
 from conftest import TILES, assert_close, run_in_threads
-from fastattn import ops, reference
+from fastattn import _fast, ops, reference
 from strategies import rand
 
 THREAD_COUNTS = [2, 3]   # 3 also exercises an uneven split (more threads than cores is fine)
@@ -189,7 +189,7 @@ def test_linear_and_ffn_row_and_feature_grid(restore_threads, rng, n, N):
 SMALL_TEAM_CHILD = textwrap.dedent(r"""
     import numpy as np
     import fastattn
-    from fastattn import ops, reference
+    from fastattn import _fast, ops, reference
 
     assert fastattn.set_num_threads(2) == 2
     rng = np.random.default_rng(3)
@@ -210,7 +210,7 @@ SMALL_TEAM_CHILD = textwrap.dedent(r"""
 
     x, r, w, b = rand(1000, 512), rand(1000, 512), rand(512), rand(512)
     y = nan(1000, 512)
-    ops._layer_norm_into(y, x, w, b, 1e-5, r)
+    _fast.layer_norm_into(y, x, w, b, 1e-5, r)
     check("layer_norm", y, reference.layer_norm(x, w, b, residual=r), 1e-4)
     check("layer_norm (public)", ops.layer_norm(x, w, b), reference.layer_norm(x, w, b), 1e-4)
 
@@ -218,7 +218,7 @@ SMALL_TEAM_CHILD = textwrap.dedent(r"""
     for n in (SKINNY, 2 * MIN_ROWS - 1, 2 * MIN_ROWS + 88):
         x, w, b = rand(n, 512), rand(2048, 512, scale=0.05), rand(2048)
         y = nan(n, 2048)
-        ops._linear_into(y, x, w, b, ops.ACTIVATIONS["gelu"])
+        _fast.linear_into(y, x, w, b, ops.ACTIVATIONS["gelu"])
         check(f"linear {n} rows", y, reference.linear(x, w, b, activation="gelu"), 1e-4)
         check(f"linear {n} rows (public)", ops.linear(x, w), reference.linear(x, w), 1e-4)
 
@@ -227,18 +227,18 @@ SMALL_TEAM_CHILD = textwrap.dedent(r"""
         w1, b1 = rand(1024, 256, scale=0.06), rand(1024)
         w2, b2 = rand(256, 1024, scale=0.03), rand(256)
         y = nan(n, 256)
-        ops._ffn_into(y, x, w1, b1, w2, b2, ops.ACTIVATIONS["relu"])
+        _fast.ffn_into(y, x, w1, b1, w2, b2, ops.ACTIVATIONS["relu"])
         check(f"ffn {n} rows", y, reference.ffn(x, w1, b1, w2, b2), 1e-4)
 
     x, w, b = rand(3, 512), rand(2048, 512, scale=0.05), rand(2048)
     y = nan(3, 2048)
-    ops._linear_packed_into(y, x, ops.PackedWeight(w), b, ops.ACTIVATIONS["relu"])
+    _fast.linear_packed_into(y, x, _fast.PackedWeight(w), b, ops.ACTIVATIONS["relu"])
     check("linear_packed", y, reference.linear(x, w, b, activation="relu"), 1e-4)
 
     for Lq in (1, tiles["attention_rows_max_q"] + 1):   # one row at a time; query blocks
         q, k, v = rand(2, 3, Lq, 32), rand(2, 3, 100, 32), rand(2, 3, 100, 24)
         out = nan(2, 3, Lq, 24)
-        ops._attention_into(out, q, k, v, None, None, True, 32 ** -0.5)
+        _fast.attention_into(out, q, k, v, None, None, True, 32 ** -0.5)
         check(f"attention Lq={Lq}", out, reference.attention(q, k, v, causal=True), 1e-4)
 
     # the backward: one task per (batch, head), and the split for fewer heads than threads;

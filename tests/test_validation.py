@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fastattn
-from fastattn import ops
+from fastattn import _convert, _fast, ops
 
 
 def arr(*shape):
@@ -339,11 +339,11 @@ def test_misaligned_inputs_are_copied_to_aligned_memory():
     """Every array handed to the C kernels is aligned (the sanitizer build reports a misaligned
     float load as undefined behaviour); the results equal those of aligned copies."""
     rng = np.random.default_rng(5)
-    for helper in (ops._array, ops._contig):
+    for helper in (_convert.array, _convert.contig):
         assert helper(misaligned(np.ones((3, 4))), "x", "t").flags.aligned
-    assert ops._strided(misaligned(np.ones((3, 4)))).flags.aligned
+    assert _convert.strided(misaligned(np.ones((3, 4)))).flags.aligned
     assert ops._mask_bias(misaligned(np.ones((3, 4))), "mask", "t").flags.aligned
-    assert ops.PackedWeight(misaligned(np.ones((3, 4)))).data.flags.aligned
+    assert _fast.PackedWeight(misaligned(np.ones((3, 4)))).data.flags.aligned
 
     q, k, v = (rng.standard_normal((2, 2, n, 8)).astype(np.float32) for n in (5, 7, 7))
     mask = rng.standard_normal((5, 7)).astype(np.float32)

@@ -692,6 +692,12 @@ from .learning import LEARNING_CASES  # noqa: E402
 
 CASES.update((c.name, c) for c in LEARNING_CASES)
 
+# ---- data-parallel training over MPI (dp_cases.py; not run by default: it starts mpiexec
+# runs of the small preset, and needs the mpi extra) ---------------------------------------------
+from .dp_cases import DP_CASES  # noqa: E402
+
+CASES.update((c.name, c) for c in DP_CASES)
+
 # ---- quantized weights, op level (quant_cases.py; imported last: it builds on Case) ------------
 from .quant_cases import QUANT_CASES as QUANT_OP_CASES  # noqa: E402
 

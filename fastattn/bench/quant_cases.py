@@ -20,7 +20,7 @@ inputs (before timing), as a model does on its first call.
 """
 import numpy as np
 
-from .. import ops, reference
+from .. import _fast, ops, reference
 from .cases import Case, _normal, _torch_impl
 
 LINEAR = dict(N=1024, K=512, M=2048)
@@ -74,7 +74,7 @@ def _decode_linear_case(dtype, N, K, M, count=DECODE_WEIGHTS):
         ws = [_normal(rng, (M, K), K ** -0.5) for _ in range(count)]
         inputs = {"x": _normal(rng, (N, K)), "ws": [_weight(w, dtype) for w in ws]}
         if dtype == "fp32":
-            inputs["packed"] = [ops.PackedWeight(w) for w in ws]
+            inputs["packed"] = [_fast.PackedWeight(w) for w in ws]
         return inputs
 
     def fast(i):
@@ -83,9 +83,9 @@ def _decode_linear_case(dtype, N, K, M, count=DECODE_WEIGHTS):
         def run():
             for j in range(count):
                 if dtype == "fp32":     # the fp32 decode kernel, as the fast backend calls it
-                    ops._linear_packed_into(y[j], x, i["packed"][j], None, 0)
+                    _fast.linear_packed_into(y[j], x, i["packed"][j], None, 0)
                 else:
-                    ops._linear_quantized_into(y[j], x, i["ws"][j], None, 0)
+                    _fast.linear_quantized_into(y[j], x, i["ws"][j], None, 0)
             return y
         return run
 

@@ -14,7 +14,7 @@ import statistics
 
 import numpy as np
 
-from . import ct2_models, learning, timing
+from . import ct2_models, dp_cases, learning, timing
 from .cases import CASES, DEFAULT_CASES, IMPLEMENTATIONS, Unavailable, decode_metrics
 from .report import fmt_ms
 
@@ -350,6 +350,8 @@ def run(cases=None, repeat=DEFAULT_REPEAT, threads=None, *, numpy_repeat=DEFAULT
                     row = _run_memory_case(case, count)
                 elif case.kind == "decode":
                     row = _run_decode_case(case, count, repeat)
+                elif case.kind == "dp":
+                    row = finish_row(case, dp_cases.run_dp_case(case, empty_row(case, count)))
                 elif case.kind == "learning":
                     row = finish_row(case, learning.run_learning_case(case,
                                                                        empty_row(case, count)))

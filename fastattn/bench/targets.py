@@ -160,6 +160,11 @@ from .learning import LEARNING_TARGETS  # noqa: E402
 
 TARGETS += LEARNING_TARGETS
 
+# ---- data-parallel training (dp_cases.py) -----------------------------------------------------
+from .dp_cases import DP_TARGETS  # noqa: E402
+
+TARGETS += DP_TARGETS
+
 
 # ---- quantized weights: against the float32 rows of the same run, and CTranslate2 ------------
 

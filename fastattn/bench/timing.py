@@ -100,7 +100,8 @@ def settle(max_wait=0.5, interval=0.01):
 
 
 def machine_cpu():
-    """(CPU seconds used by the whole machine, by this process, wall seconds) or None."""
+    """(CPU seconds used by the whole machine, by this process and the children it has
+    waited for (a case's own subprocesses), wall seconds) or None."""
     try:
         with open("/proc/stat") as f:
             ticks = [int(t) for t in f.readline().split()[1:9]]
@@ -110,7 +111,7 @@ def machine_cpu():
         return None
     hz = os.sysconf("SC_CLK_TCK")
     busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
-    return busy / hz, (int(mine[11]) + int(mine[12])) / hz, time.perf_counter()
+    return busy / hz, sum(int(t) for t in mine[11:15]) / hz, time.perf_counter()
 
 
 def others_share(before, after):

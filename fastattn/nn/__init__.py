@@ -38,6 +38,9 @@ only); the ordinary forward keeps its fused attention and never stores a weight.
 
 The package:
     module       Module: parameters, state_dict, backends, derived (packed) weights
+    parameter    Parameter: a float32 array that counts its writes (what keeps derived
+                 weights and decode plans from going stale)
+    saved        the records a training forward keeps for its backward, one per module kind
     backends     the op tables (fast, reference) and the activation workspace
     activations  torch's activation argument -> a fused name, or the unfused math
     masks        torch-convention masks -> the kernels' form, for forward and decoding alike
@@ -54,6 +57,7 @@ from .backends import BACKENDS
 from .layers import Embedding, LayerNorm, Linear, PositionalEncoding, TokenEmbedding
 from .masks import generate_square_subsequent_mask
 from .module import Module
+from .parameter import Parameter
 from .seq2seq import Seq2SeqTransformer
 from .transformer import (DecoderCache, Transformer, TransformerDecoder, TransformerDecoderLayer,
                           TransformerEncoder, TransformerEncoderLayer)
@@ -62,5 +66,5 @@ __all__ = [
     "Module", "Linear", "Embedding", "LayerNorm", "PositionalEncoding", "MultiheadAttention",
     "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
     "TransformerDecoder", "Transformer", "Seq2SeqTransformer", "TokenEmbedding",
-    "DecoderCache", "generate_square_subsequent_mask", "BACKENDS",
+    "DecoderCache", "generate_square_subsequent_mask", "BACKENDS", "Parameter",
 ]

@@ -1,10 +1,10 @@
 """MultiheadAttention, and the key/value caches its decode steps read and write.
 
-One set of pieces serves the forward and the decode step: the input projections (``_project``),
-the attention plus output projection (``_attend``); a decode step differs only in where keys and
-values come from (a cache written in place) and in streaming packed weights for its few rows.
-On the fast backend a decode step makes the same op calls with their lookups (weight slices,
-packed copies, buffers and their views) done once per cache (``_StepState``).
+The forward projects its inputs (``_project``) and attends (``_attend``: the attention, then
+out_proj). A decode step (``_AttentionStep``) makes the same products for one new position per
+row, planned once per cache: the weights in the kind its few rows multiply by (packed panels
+for float32 on the fast backend), the kernels chosen, the buffers and their views made; keys
+and values come from a cache written in place.
 """
 import math
 
@@ -12,7 +12,8 @@ import numpy as np
 
 from .backends import _put
 from .layers import Linear
-from .masks import NO_MASK, Mask, prepare_mask
+from .masks import Mask, prepare_mask
+from .saved import AttentionSaved, PublicSaved
 from .module import (Layout, Module, check_batch_first, check_dropout, check_positive,
                      features, rng_from, xavier)
 
@@ -65,40 +66,55 @@ class CrossAttentionCache:
         self.__init__(self.k[sources], self.v[sources], kb)
 
 
-class _StepState:
-    """What a MultiheadAttention's decode steps of R rows over B sources find the same at
-    every step, looked up once per cache (the fast backend's workspace; Workspace.steps_for
-    makes it again when the weights change): the products of the query projection (`part`
-    "qkv" for self-attention, "q" against a memory) and of out_proj as the op table chooses
-    them for R rows (``linear_fn``), the workspace buffers the general step writes, and the
-    views of them the attention reads and writes. A step then makes the same op calls as the
-    general one (``_project``, ``_attend``), in the same order, into the same buffers: the
-    same results, bit for bit (tests/nn/test_decode_steps.py), with about half the Python
-    calls per layer (together with the FFN's, FastOps.ffn_fn)."""
+class _AttentionStep:
+    """One MultiheadAttention's decode step for R rows over B sources, planned once per cache
+    (and again when the rows or the model change; see transformer.DecoderCache.plan):
+    `part` "qkv" is self-attention (q, k and v of the new position, k and v written into the
+    cache), "q" queries against a memory (a source's beams are its queries). The products are
+    the ops table's for R rows (``linear_fn``, by weight kind), the attention its
+    ``attention_fn``; the buffers and the views of them the attention reads and writes are
+    made here. One path for both backends (the reference table computes new arrays and copies
+    them into the buffers)."""
 
     __slots__ = ("y", "q", "k_new", "v_new", "ctx", "flat", "proj", "project", "out_proj",
                  "attend")
 
-    def __init__(self, mha, ws, R, B, part):
+    def __init__(self, mha, R, B, part):
         C, H, D = mha.embed_dim, mha.num_heads, mha.head_dim
         if part == "qkv":                   # self-attention: q | k | v of the new position
-            self.y = ws.get("qkv", (R, 3 * C))
+            self.y = np.empty((R, 3 * C), np.float32)
             parts = self.y.reshape(R, 3, H, D)
             self.q = parts[:, 0][:, :, None, :]                          # (R, H, 1, D)
             self.k_new, self.v_new = parts[:, 1], parts[:, 2]            # (R, H, D)
-            ctx = ws.get("ctx", (R, 1, H, D))
+            ctx = np.empty((R, 1, H, D), np.float32)
         else:                               # queries against a memory: a source's beams
-            self.y = ws.get("q", (R, C))
+            self.y = np.empty((R, C), np.float32)
             self.q = self.y.reshape(B, R // B, H, D).transpose(0, 2, 1, 3)  # (B, H, R/B, D)
             self.k_new = self.v_new = None
-            ctx = ws.get("ctx", (B, R // B, H, D))
+            ctx = np.empty((B, R // B, H, D), np.float32)
         self.ctx, self.flat = ctx.transpose(0, 2, 1, 3), ctx.reshape(R, C)
-        self.proj = ws.get("proj", (R, C))
+        self.proj = np.empty((R, C), np.float32)
         ops_, o = mha._ops, mha.out_proj
-        w, b = mha._in_proj(part)
-        self.project = ops_.linear_fn(w, b, None, mha._decode_packed(part, w), R)
-        self.out_proj = ops_.linear_fn(o.weight, o.bias, None, o._decode_weight(ws), R)
+        hi = _PARTS[part][1] * C            # the parts decoded start at row 0 of in_proj
+        b = None if mha.in_proj_bias is None else mha.in_proj_bias[:hi]
+        self.project = ops_.linear_fn(mha._decode_weight("in_proj_weight", hi), b, None, R)
+        self.out_proj = o._step_fn(R)
         self.attend = ops_.attention_fn(D)
+
+    def self_attention(self, x, cache, t):
+        """x (R, C) at position t: its key and value go into the cache, its query attends to
+        positions 0..t (the causal rule of the forward, one row of it) -> (R, C)."""
+        self.project(x, self.y)
+        cache.k[:, :, t] = self.k_new                                       # written in place
+        cache.v[:, :, t] = self.v_new
+        self.attend(self.q, cache.k[:, :, :t + 1], cache.v[:, :, :t + 1], None, self.ctx)
+        return self.out_proj(self.flat, self.proj)
+
+    def cross_attention(self, x, cache):
+        """x (R, C), R = sources x beams, against each source's memory -> (R, C)."""
+        self.project(x, self.y)
+        self.attend(self.q, cache.k, cache.v, cache.mask.key_bias, self.ctx)
+        return self.out_proj(self.flat, self.proj)
 
 
 class MultiheadAttention(Module):
@@ -168,17 +184,7 @@ class MultiheadAttention(Module):
         C = self.embed_dim
         lo, hi = (C * i for i in _PARTS[part])
         w, b = self._in_proj(part)
-        packed = self._decode_packed(part, w) if ws.decode else None
-        return self._ops.linear(x, w, b, out=ws.get(key, (x.shape[0], hi - lo)), packed=packed)
-
-    def _decode_packed(self, part, w):
-        """The weight rows w of projection `part` packed for a decode step's few rows: its own
-        weight (separate projections), or the in-projection's first rows for the parts that
-        start with the queries (q, qkv: decode steps project those); else None."""
-        if self.in_proj_weight is None:
-            return self._packed(part, w)
-        lo, hi = _PARTS[part]
-        return self._packed(part, self.in_proj_weight, self.embed_dim * hi) if lo == 0 else None
+        return self._ops.linear(x, w, b, out=ws.get(key, (x.shape[0], hi - lo)))
 
     def _with_extra_keys(self, y, part, out=None):
         """y (B, S, C), projected keys (part "k") or values ("v") -> (B, S + extra, C): the
@@ -221,23 +227,23 @@ class MultiheadAttention(Module):
 
     # -- the forward used by the layers -------------------------------------------------------
     def _self_attention(self, x, mask, ws):
-        """x (B, L, C) -> (B*L, C)."""
+        """x (B, L, C) -> ((B*L, C), AttentionSaved in a training pass, else None)."""
         if ws.training:
-            return self._attention_train([(x, "qkv")], mask, ws)
+            return self._forward_train([(x, "qkv")], mask, ws)
         B, L, C = x.shape
         qkv = self._project(x.reshape(B * L, C), "qkv", ws, "qkv").reshape(B, L, 3 * C)
-        return self._attend(*(self._heads(qkv, i, 3) for i in range(3)), mask, ws)
+        return self._attend(*(self._heads(qkv, i, 3) for i in range(3)), mask, ws), None
 
     def _cross_attention(self, x, memory, mask, ws):
-        """x (B, Lq, C) against memory (B, Lk, C) -> (B*Lq, C)."""
+        """x (B, Lq, C) against memory (B, Lk, C) -> ((B*Lq, C), AttentionSaved or None)."""
         if ws.training:
-            return self._attention_train([(x, "q"), (memory, "kv")], mask, ws)
+            return self._forward_train([(x, "q"), (memory, "kv")], mask, ws)
         B, Lq, C = x.shape
         Lk = memory.shape[1]
         qp = self._project(x.reshape(B * Lq, C), "q", ws, "q").reshape(B, Lq, C)
         kv = self._project(memory.reshape(B * Lk, C), "kv", ws, "kv").reshape(B, Lk, 2 * C)
         return self._attend(self._heads(qp, 0, 1), self._heads(kv, 0, 2), self._heads(kv, 1, 2),
-                            mask, ws)
+                            mask, ws), None
 
     # -- training: the forward that keeps what the backward needs, and the backward -----------
     def _in_proj(self, part):
@@ -260,8 +266,9 @@ class MultiheadAttention(Module):
             return self._grad(part + "_proj_weight"), gb
         return self._grad("in_proj_weight")[lo * C:hi * C], gb
 
-    def _attention_train(self, inputs, mask, ws):
-        """A training forward -> (B*Lq, C) rows from out_proj. `inputs` lists (x (B, L, C),
+    def _forward_train(self, inputs, mask, ws):
+        """A training forward -> ((B*Lq, C) rows from out_proj, AttentionSaved). `inputs`
+        lists (x (B, L, C),
         part): [(x, "qkv")] for self-attention, [(x, "q"), (memory, "kv")] for
         cross-attention, or one input each for "q", "k" and "v"; each input is projected by
         its rows of in_proj in one GEMM, the heads are read in place, the attention (with
@@ -288,8 +295,8 @@ class MultiheadAttention(Module):
         out, lse = ctx.transpose(0, 2, 1, 3), bufs.get("lse", (B, H, Lq))
         seed = ws.seed() if self.dropout > 0 else None
         self._ops.attention_train(q, k, v, mask, self.dropout, seed, out, lse)
-        self._saved = (proj, (q, k, v), out, lse, mask, seed)
-        return self.out_proj._apply(ctx.reshape(B * Lq, C), ws)
+        y, out_saved = self.out_proj._forward_train(ctx.reshape(B * Lq, C))
+        return y, AttentionSaved(proj, q, k, v, out, lse, mask, seed, out_saved)
 
     def _part_heads(self, y, part, B):
         """{name: (B, H, L, D) view} of the heads of y (B*L, len(part)*C), one per letter."""
@@ -297,14 +304,16 @@ class MultiheadAttention(Module):
         y = y.reshape(B, y.shape[0] // B, n * self.embed_dim)
         return {name: self._heads(y, i, n) for i, name in enumerate(part)}
 
-    def _attention_backward(self, dy, bufs, dxs):
-        """dy (B*Lq, C) -> the gradients of the training forward's inputs, written into dxs
-        (one (B*L, C) buffer per input, in order); accumulates in_proj_* and out_proj.*
-        gradients. Scratch comes from `bufs` (the backward's shared buffers)."""
-        proj, (q, k, v), out, lse, mask, seed = self._check_saved()
+    def _backward(self, dy, saved, bufs, dxs):
+        """dy (B*Lq, C) and the forward's AttentionSaved -> the gradients of the forward's
+        inputs, written into dxs (one (B*L, C) buffer per input, in order); accumulates
+        in_proj_* and out_proj.* gradients. Scratch comes from `bufs` (the backward's shared
+        buffers)."""
+        proj, q, k, v = saved.inputs, saved.q, saved.k, saved.v
+        out, lse, mask, seed = saved.out, saved.lse, saved.mask, saved.seed
         B, H, Lq, D = q.shape
         C = H * D
-        dctx = self.out_proj._backward(dy, bufs.get("attn.dctx", (B * Lq, C)))
+        dctx = self.out_proj._backward(dy, saved.out_proj, bufs.get("attn.dctx", (B * Lq, C)))
         dout = dctx.reshape(B, Lq, H, D).transpose(0, 2, 1, 3)               # (B, H, Lq, D)
         extra = self._extra_keys
         dproj, dheads = [], {}
@@ -340,14 +349,16 @@ class MultiheadAttention(Module):
         (in_proj_* or q/k/v_proj_weight), bias_k / bias_v and out_proj.*, and returns
         (d_query, d_key, d_value), in the inputs' layout (sum them when one array was passed
         as several of the inputs)."""
-        saved, shapes, layout = self._check_saved()
-        self._saved = saved
-        dy = features("grad_output", layout.features_in(grad_output, "grad_output"), self.embed_dim)
+        public = self._check_saved()
+        shapes, layout = public.shapes, public.layout
+        dy = features("grad_output", layout.features_in(grad_output, "grad_output"),
+                      self.embed_dim)
         if dy.shape != shapes[0]:
+            self._saved = public
             raise ValueError(f"MultiheadAttention.backward: grad_output must be {shapes[0]} "
                              f"(batch-first), got {dy.shape}")
         dxs = tuple(np.empty((s[0] * s[1], s[2]), np.float32) for s in shapes)
-        self._attention_backward(dy.reshape(-1, self.embed_dim), self._bufs(), dxs)
+        self._backward(dy.reshape(-1, self.embed_dim), public.record, self._bufs(), dxs)
         return tuple(layout.features_out(d.reshape(s)) for d, s in zip(dxs, shapes))
 
     # -- decode steps: one new position per row ----------------------------------------------
@@ -362,47 +373,10 @@ class MultiheadAttention(Module):
         kv = np.ascontiguousarray(kv)                                        # (2, B, H, S, D)
         return CrossAttentionCache(kv[0], kv[1], key_bias)
 
-    def _step_state(self, ws, R, B, part):
-        """The _StepState of this module's decode steps of R rows over B sources projecting
-        `part` in the workspace ws (a cache's; see Workspace.steps_for), or None where the
-        steps take the general path (also with separate projection weights or extra keys)."""
-        if self.in_proj_weight is None or self._extra_keys:
-            return None
-        o = self.out_proj
-        return ws.steps_for(self, (R, B, part), (self, o),
-                            (self.in_proj_weight, self.in_proj_bias, o.weight, o.bias, o),
-                            lambda: _StepState(self, ws, R, B, part)
-                            if type(o)._apply is Linear._apply else None)   # not a subclass's
-
-    def _self_attention_step(self, x, cache, t, ws):
-        """x (R, C) at position t: its key and value go into the cache, its query attends to
-        positions 0..t (the causal rule of the forward, one row of it) -> (R, C)."""
-        R = x.shape[0]
-        st = self._step_state(ws, R, R, "qkv")
-        if st is not None:                          # the same ops, looked up once (_StepState)
-            st.project(x, st.y)
-            cache.k[:, :, t] = st.k_new                                      # written in place
-            cache.v[:, :, t] = st.v_new
-            st.attend(st.q, cache.k[:, :, :t + 1], cache.v[:, :, :t + 1], None, st.ctx)
-            return st.out_proj(st.flat, st.proj)
-        parts = self._project(x, "qkv", ws, "qkv").reshape(R, 3, self.num_heads, self.head_dim)
-        cache.k[:, :, t] = parts[:, 1]                                       # written in place
-        cache.v[:, :, t] = parts[:, 2]
-        q = parts[:, 0][:, :, None, :]                                       # (R, H, 1, D)
-        return self._attend(q, cache.k[:, :, :t + 1], cache.v[:, :, :t + 1], NO_MASK, ws)
-
-    def _cross_attention_step(self, x, cache, ws):
-        """x (R, C), R = sources x beams, against each source's memory -> (R, C)."""
-        B = cache.k.shape[0]
-        R, C = x.shape
-        st = self._step_state(ws, R, B, "q")
-        if st is not None:                          # the same ops, looked up once (_StepState)
-            st.project(x, st.y)
-            st.attend(st.q, cache.k, cache.v, cache.mask.key_bias, st.ctx)
-            return st.out_proj(st.flat, st.proj)
-        qp = self._project(x, "q", ws, "q")                                  # (R, C)
-        q = qp.reshape(B, R // B, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
-        return self._attend(q, cache.k, cache.v, cache.mask, ws)
+    def _step(self, R, B, part):
+        """The planned decode step of this module for R rows over B sources (see
+        _AttentionStep); decoder layers build their attention with packed in-projections."""
+        return _AttentionStep(self, R, B, part)
 
     # -- the public forward --------------------------------------------------------------------
     def __call__(self, query, key, value, key_padding_mask=None, need_weights=True,
@@ -446,23 +420,23 @@ class MultiheadAttention(Module):
                             is_causal, extra_keys=extra)
         ws = self._workspace()
         if ws.training:
-            out = self._attention_train([(q, "q"), (k, "k"), (v, "v")], mask, ws)
+            out, saved = self._forward_train([(q, "q"), (k, "k"), (v, "v")], mask, ws)
             out = out.reshape(B, L, C).copy()        # the training buffer is the next step's
-            _, heads, _, _, _, seed = self._saved
-            self._saved = (self._saved, (q.shape, k.shape, v.shape), layout)
+            self._saved = PublicSaved(saved, (q.shape, k.shape, v.shape), layout)
             if not need_weights:
                 return out, None
+            heads = (saved.q, saved.k, saved.v)
             _, w = self._ops.F.attention(*heads, mask=mask.bias,
                                          key_padding_mask=mask.key_padding(*heads[:2]),
                                          causal=mask.causal, return_weights=True,
-                                         dropout_p=self.dropout, seed=seed)
+                                         dropout_p=self.dropout, seed=saved.seed)
             return out, (w.mean(axis=1) if average_attn_weights else w)
         if need_weights or value is not key or extra or not self._qkv_same_embed_dim:
             return self._general(q, k, v, mask, need_weights, average_attn_weights, ws)
         if key is query:
-            out = self._self_attention(q, mask, ws)
+            out, _ = self._self_attention(q, mask, ws)
         else:
-            out = self._cross_attention(q, k, mask, ws)
+            out, _ = self._cross_attention(q, k, mask, ws)
         return out.reshape(B, L, C), None
 
     def _general(self, q, k, v, mask, need_weights, average, ws):

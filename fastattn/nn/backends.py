@@ -13,12 +13,10 @@ import math
 
 import numpy as np
 
-from .. import ops, reference
+from .. import _fast, ops, reference
 from ..ops import ACTIVATIONS
 
 BACKENDS = ("fast", "reference")
-
-PACKED_MAX_ROWS = ops.PACKED_MAX_ROWS  # decode steps of up to this many rows use packed weights
 
 
 class _TrainingOps:
@@ -153,126 +151,114 @@ class FastOps(_TrainingOps):
 
     @staticmethod
     def linear_train(x, weight, bias, activation, y, pre):
-        return ops._linear_into(y, x, weight, bias, ACTIVATIONS[activation],
+        return _fast.linear_into(y, x, weight, bias, ACTIVATIONS[activation],
                                 pre if activation else None)
 
     @staticmethod
     def linear_backward(dy, x, weight, pre, activation, dw, db, dx):
-        ops._linear_backward_into(dx, dw, db, dy, x, weight, pre, ACTIVATIONS[activation], True,
+        _fast.linear_backward_into(dx, dw, db, dy, x, weight, pre, ACTIVATIONS[activation], True,
                                   dz=pre)
         return dx
 
     @staticmethod
     def ffn_train(x, w1, b1, w2, b2, activation, p, seed, y, pre):
-        return ops._ffn_forward_into(y, pre, x, w1, b1, w2, b2, ACTIVATIONS[activation], p, seed)
+        return _fast.ffn_forward_into(y, pre, x, w1, b1, w2, b2, ACTIVATIONS[activation], p, seed)
 
     @staticmethod
     def ffn_backward(dy, x, w1, b1, w2, b2, pre, activation, p, seed, grads, dx, h):
-        ops._ffn_backward_into(dx, *grads, dy, x, w1, w2, pre, ACTIVATIONS[activation], p, seed,
+        _fast.ffn_backward_into(dx, *grads, dy, x, w1, w2, pre, ACTIVATIONS[activation], p, seed,
                                True, h=h, dpre=pre)
         return dx
 
     @staticmethod
     def add_norm_train(x, residual, weight, bias, eps, y, s, mean, rstd):
-        return ops._layer_norm_into(y, x, weight, bias, eps, residual,
+        return _fast.layer_norm_into(y, x, weight, bias, eps, residual,
                                     s if residual is not None else None, mean, rstd)
 
     @staticmethod
     def add_norm_backward(dy, s, mean, rstd, weight, dw, db, dx):
-        ops._layer_norm_backward_into(dx, dw, db, dy, s, mean, rstd, weight, None,
+        _fast.layer_norm_backward_into(dx, dw, db, dy, s, mean, rstd, weight, None,
                                       accumulate=True)
         return dx
 
     @staticmethod
     def attention_train(q, k, v, mask, p, seed, out, lse):
         bias, scale = _attention_bias(q, k, mask)
-        return ops._attention_into(out, q, k, v, bias, mask.key_bias, mask.causal, scale,
+        return _fast.attention_into(out, q, k, v, bias, mask.key_bias, mask.causal, scale,
                                    lse.reshape(-1), p, seed)
 
     @staticmethod
     def attention_backward(dout, q, k, v, out, lse, mask, p, seed, dq, dk, dv):
         bias, scale = _attention_bias(q, k, mask)
-        ops._attention_backward_into(dq, dk, dv, dout, out, lse.reshape(-1), q, k, v, bias,
+        _fast.attention_backward_into(dq, dk, dv, dout, out, lse.reshape(-1), q, k, v, bias,
                                      mask.key_bias, mask.causal, scale, p, seed)
         return dq, dk, dv
 
     @staticmethod
     def dropout(x, p, seed, out):
-        return ops._dropout_into(out, x, p, seed)
+        return _fast.dropout_into(out, x, p, seed)
 
     dropout_backward = dropout              # the same mask and scale, applied to the gradient
 
     @staticmethod
     def embedding_backward(dout, ids, dw):
-        ops._embedding_backward_into(dw, dout, ids, True)
+        _fast.embedding_backward_into(dw, dout, ids, True)
 
     @staticmethod
     def cross_entropy(logits, targets, ignore_index, label_smoothing, grad, losses):
-        loss = ops._cross_entropy_into(logits if grad else None, losses, logits, targets,
+        loss = _fast.cross_entropy_into(logits if grad else None, losses, logits, targets,
                                        ignore_index=ignore_index,
                                        label_smoothing=label_smoothing)
         return float(loss), (logits if grad else None)
 
     @staticmethod
-    def pack(weight):
-        """A copy of `weight` laid out for few-row products (decode steps); None for a
-        quantized weight, which keeps its own layouts."""
-        if isinstance(weight, ops.QuantizedWeight):
-            return None
-        return ops.PackedWeight(weight)
+    def decode_weight(weight, version=0):
+        """The kind of `weight` its decode steps multiply by: a float32 array gets its panels
+        packed for few-row products (_fast.Float32Weight); a QuantizedWeight keeps its own
+        layouts (it is its kind)."""
+        if isinstance(weight, _fast.QuantizedWeight):
+            return weight
+        return _fast.Float32Weight(weight, version)
 
     @staticmethod
-    def linear(x, weight, bias, activation=None, out=None, packed=None):
-        """act(x (N, K) @ weight (M, K).T + bias) -> (N, M); `packed` (the same weight packed)
-        is used for N <= PACKED_MAX_ROWS. A quantized weight (ops.QuantizedWeight) takes its
-        own kernels, which choose between many and few rows themselves."""
+    def linear(x, weight, bias, activation=None, out=None):
+        """act(x (N, K) @ weight (M, K).T + bias) -> (N, M), for a weight of any kind (a
+        float32 array, a Float32Weight, a QuantizedWeight: _fast.product)."""
         if out is None:
             out = np.empty((x.shape[0], weight.shape[0]), np.float32)
-        return FastOps.linear_fn(weight, bias, activation, packed, x.shape[0])(x, out)
+        return _fast.product(weight, bias, ACTIVATIONS[activation])(x, out)
 
     @staticmethod
-    def linear_fn(weight, bias, activation=None, packed=None, rows=0):
+    def linear_fn(weight, bias, activation, rows):
         """``linear`` for x of `rows` rows, its kernel and arguments chosen now (a decode step
-        makes the same products every step, and keeps them): f(x, out) -> out."""
-        return ops._linear_fn(weight, bias, ACTIVATIONS[activation], packed, rows)
+        makes the same products every step): f(x, out) -> out."""
+        return _fast.product(weight, bias, ACTIVATIONS[activation], rows)
 
     @staticmethod
-    def ffn_fn(w1, b1, w2, b2, activation, packed, rows):
-        """``ffn`` for x of `rows` rows, its products chosen now and its hidden rows in a buffer
-        of its own (a decode step keeps it): f(x, out) -> out. Quantized weights: two products
-        (ops._ffn_quantized_into's); `packed` (the two weights packed) and rows <=
-        PACKED_MAX_ROWS: two packed products; else the fused kernel."""
-        act = ACTIVATIONS[activation]
-        quantized = isinstance(w1, ops.QuantizedWeight) or isinstance(w2, ops.QuantizedWeight)
-        if not quantized and (packed is None or rows > PACKED_MAX_ROWS):
-            return lambda x, out: ops._ffn_into(out, x, w1, b1, w2, b2, act)
-        p1, p2 = (None, None) if quantized else packed   # _ffn_quantized_into: a float32 side
-        first = ops._linear_fn(w1, b1, act, p1, rows)    # runs BLAS, as _linear_any_into does
-        second = ops._linear_fn(w2, b2, 0, p2, rows)
-        hidden = np.empty((rows, w1.shape[0]), np.float32)
-        return lambda x, out: second(first(x, hidden), out)
+    def ffn_fn(w1, b1, w2, b2, activation, rows):
+        """``ffn`` for x of `rows` rows, its products chosen now (_fast.ffn_product): f(x, out)
+        -> out."""
+        return _fast.ffn_product(w1, b1, w2, b2, ACTIVATIONS[activation], rows)
 
     @staticmethod
     def attention_fn(head_dim):
         """``attention`` with no mask but a key padding bias, for heads of head_dim, chosen
         now (a decode step's): f(q, k, v, key_bias, out) -> out."""
-        return ops._attention_fn(_scale(head_dim))
+        return _fast.attention_fn(_scale(head_dim))
 
     @staticmethod
-    def ffn(x, w1, b1, w2, b2, activation, out=None, packed=None):
-        """linear2(act(linear1(x))) (N, C) -> (N, C): the fused kernel, or two packed products
-        for decode-sized N when `packed` = (w1 packed, w2 packed), or two quantized
-        products."""
+    def ffn(x, w1, b1, w2, b2, activation, out=None):
+        """linear2(act(linear1(x))) (N, C) -> (N, C), for weights of any kind."""
         if out is None:
             out = np.empty(x.shape, np.float32)
-        return FastOps.ffn_fn(w1, b1, w2, b2, activation, packed, x.shape[0])(x, out)
+        return _fast.ffn_product(w1, b1, w2, b2, ACTIVATIONS[activation])(x, out)
 
     @staticmethod
     def add_norm(x, residual, weight, bias, eps, out=None):
         """LN(x + residual) (N, C) -> out; residual may be None. out may alias x or residual."""
         if out is None:
             out = np.empty(x.shape, np.float32)
-        return ops._layer_norm_into(out, x, weight, bias, eps, residual)
+        return _fast.layer_norm_into(out, x, weight, bias, eps, residual)
 
     @staticmethod
     def attention(q, k, v, mask, out=None):
@@ -280,7 +266,7 @@ class FastOps(_TrainingOps):
         if out is None:
             out = np.empty(q.shape[:3] + v.shape[3:], np.float32)
         bias, scale = _attention_bias(q, k, mask)
-        return ops._attention_into(out, q, k, v, bias, mask.key_bias, mask.causal, scale)
+        return _fast.attention_into(out, q, k, v, bias, mask.key_bias, mask.causal, scale)
 
     @staticmethod
     def attention_weights(q, k, v, mask):
@@ -296,19 +282,35 @@ class ReferenceOps(_TrainingOps):
     F = reference
 
     @staticmethod
-    def pack(weight):
-        return None                                   # a prototype multiplies the weight itself
+    def decode_weight(weight, version=0):
+        return weight                                 # a prototype multiplies the weight itself
 
     @staticmethod
-    def linear(x, weight, bias, activation=None, out=None, packed=None):
+    def linear(x, weight, bias, activation=None, out=None):
         return _put(out, reference.linear(x, weight, bias, activation=activation))
 
     @staticmethod
-    def ffn(x, w1, b1, w2, b2, activation, out=None, packed=None):
-        if isinstance(w1, ops.QuantizedWeight) or isinstance(w2, ops.QuantizedWeight):
+    def linear_fn(weight, bias, activation, rows):
+        return lambda x, out: _put(out, reference.linear(x, weight, bias,
+                                                         activation=activation))
+
+    @staticmethod
+    def ffn(x, w1, b1, w2, b2, activation, out=None):
+        if isinstance(w1, _fast.QuantizedWeight) or isinstance(w2, _fast.QuantizedWeight):
             hidden = reference.linear(x, w1, b1, activation=activation)
             return _put(out, reference.linear(hidden, w2, b2))
         return _put(out, reference.ffn(x, w1, b1, w2, b2, activation=activation))
+
+    @classmethod
+    def ffn_fn(cls, w1, b1, w2, b2, activation, rows):
+        return lambda x, out: cls.ffn(x, w1, b1, w2, b2, activation, out)
+
+    @staticmethod
+    def attention_fn(head_dim):
+        def attend(q, k, v, key_bias, out):
+            kpm = None if key_bias is None else key_bias.reshape(q.shape[0], k.shape[2])
+            return _put(out, reference.attention(q, k, v, key_padding_mask=kpm))
+        return attend
 
     @staticmethod
     def add_norm(x, residual, weight, bias, eps, out=None):
@@ -377,37 +379,16 @@ class Workspace:
     made by ``attention_weights``), where each MultiheadAttention stores its attention weights
     (B, H, Lq, Lk) under itself as the key. Passes that share the dict record into one place."""
 
-    def __init__(self, ops_, decode=False, training=False, seed=0, call=0, weights=None):
+    def __init__(self, ops_, training=False, seed=0, call=0, weights=None):
         self.training = training
         self.weights = weights
         self.ops = ops_
         self.fast = ops_ is FastOps and not training   # buffers reused, stream updated in place
-        self.decode = decode          # a decode step: few rows, packed weights worth building
         self.bufs = {}
         self._views = {}              # (key, shape) -> the view get() hands out (decode steps
                                       # ask for the same ones every step)
-        self.steps = {}               # module -> what its decode steps look up once (fast;
-                                      # see steps_for)
         self._seed_base = _mix64((_mix64(seed) + call * 0x9E3779B97F4A7C15) & _M64)
         self._sites = 0
-
-    def steps_for(self, module, rows, owners, weights, make):
-        """What `module`'s decode steps of `rows` rows find the same at every step: make(),
-        made on its first step in this workspace (a cache's) and again when rows, the weights
-        (by identity: `weights`, kept alive with it), the versions of the modules owning them
-        (`owners`; bumped by invalidate_caches, after in-place edits, and by to_backend) or
-        the packed layouts (ops._layouts) changed. None when the module or an owner does not
-        run on the fast table this workspace was made for (it then takes its general step),
-        or when make() gives None."""
-        if not self.fast or self.weights is not None:
-            return None
-        key = (rows, ops._layouts()) + tuple(m._version for m in owners) + \
-            tuple(map(id, weights))
-        hit = self.steps.get(module)
-        if hit is None or hit[0] != key:   # to_backend bumps versions: the tables need a look
-            fast = module._ops is self.ops and all(m._ops is self.ops for m in owners)
-            hit = self.steps[module] = (key, weights, make() if fast else None)
-        return hit[2]
 
     def seed(self):
         """The next dropout site's seed (uint64 as an int)."""

@@ -4,7 +4,9 @@ import numbers
 
 import numpy as np
 
-from .. import ops
+from .. import _convert, ops
+from .backends import Workspace, _put
+from .saved import LinearSaved, NormSaved, PositionsSaved, PublicSaved
 from .module import (Module, check_dropout, check_positive, contiguous, rng_from, token_ids,
                      uniform)
 
@@ -25,55 +27,62 @@ class Linear(Module):
         self.bias = uniform(rng, (out_features,), bound) if bias else None
 
     def __call__(self, x):
-        x = ops._array(x, "x", "Linear")
+        x = _convert.array(x, "x", "Linear")
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"Linear: x must be (..., {self.in_features}), got {x.shape}")
         x2 = contiguous(x).reshape(x.size // self.in_features, self.in_features)
-        y = self._apply(x2, self._workspace())
         if self.training:
-            self._saved = (self._saved, x.shape)
+            y, saved = self._forward_train(x2)
+            self._saved = PublicSaved(saved, (x.shape,), None)
             y = y.copy()                      # the training buffer is the next step's
+        else:
+            y = self._apply(x2, self._workspace())
         return y.reshape(x.shape[:-1] + (self.out_features,))
 
     def backward(self, grad_output):
         """After a training-mode forward: accumulates weight.grad / bias.grad (named_grads())
         and returns the gradient of the input, shaped like it."""
-        saved, shape = self._check_saved()
-        self._saved = saved
-        dy = contiguous(ops._array(grad_output, "grad_output", "Linear.backward"))
+        public = self._check_saved()
+        shape = public.shapes[0]
+        dy = contiguous(_convert.array(grad_output, "grad_output", "Linear.backward"))
         if dy.shape != shape[:-1] + (self.out_features,):
+            self._saved = public              # still there for a right-shaped gradient
             raise ValueError(f"Linear.backward: grad_output must be "
                              f"{shape[:-1] + (self.out_features,)}, got {dy.shape}")
         dx = np.empty((dy.size // self.out_features, self.in_features), np.float32)
-        return self._backward(dy.reshape(-1, self.out_features), dx).reshape(shape)
+        return self._backward(dy.reshape(-1, self.out_features), public.record,
+                              dx).reshape(shape)
+
+    def _forward_train(self, x, activation=None):
+        """x (N, in) -> (y (N, out), LinearSaved) in a training pass, into this layer's
+        buffers; x is kept (the caller leaves it unchanged until the backward)."""
+        b = self._bufs()
+        shape = (x.shape[0], self.out_features)
+        pre = b.get("pre", shape) if activation else None
+        y = self._ops.linear_train(x, self.weight, self.bias, activation, b.get("y", shape), pre)
+        return y, LinearSaved(x, pre, activation)
 
     def _apply(self, x, ws, key=None, activation=None):
-        """x (N, in) -> (N, out) inside a model pass: into workspace buffer `key` when given,
-        through the packed weight in a decode step. Training: into this layer's buffer, x kept
-        for _backward (the caller leaves it unchanged until then)."""
-        if ws.training:
-            b = self._bufs()
-            shape = (x.shape[0], self.out_features)
-            pre = b.get("pre", shape) if activation else None
-            y = self._ops.linear_train(x, self.weight, self.bias, activation, b.get("y", shape),
-                                       pre)
-            self._saved = (x, pre, activation)
-            return y
+        """x (N, in) -> (N, out) inside an inference pass: into workspace buffer `key` when
+        given."""
         return self._ops.linear(x, self.weight, self.bias, activation,
                                 out=None if key is None else ws.get(key, (x.shape[0],
-                                                                          self.out_features)),
-                                packed=self._decode_weight(ws))
+                                                                          self.out_features)))
 
-    def _backward(self, dy, dx):
-        """dy (N, out) -> dx (N, in) (the buffer given), accumulating the parameter
-        gradients."""
-        x, pre, activation = self._check_saved()
-        return self._ops.linear_backward(dy, x, self.weight, pre, activation,
+    def _backward(self, dy, saved, dx):
+        """dy (N, out) and the forward's LinearSaved -> dx (N, in) (the buffer given),
+        accumulating the parameter gradients."""
+        return self._ops.linear_backward(dy, saved.x, self.weight, saved.pre, saved.activation,
                                          self._grad("weight"),
                                          None if self.bias is None else self._grad("bias"), dx)
 
-    def _decode_weight(self, ws):
-        return self._packed("weight", self.weight) if ws.decode else None
+    def _step_fn(self, rows, activation=None):
+        """This layer's product for a decode step of `rows` rows, planned: f(x, y) -> y, with
+        the weight in its decode kind (packed panels for float32 on the fast backend). A
+        subclass that overrides _apply gets its _apply called instead."""
+        if type(self)._apply is not Linear._apply:
+            return lambda x, y: _put(y, self._apply(x, Workspace(self._ops), None, activation))
+        return self._ops.linear_fn(self._decode_weight("weight"), self.bias, activation, rows)
 
 
 class Embedding(Module):
@@ -98,7 +107,7 @@ class Embedding(Module):
         """After a training-mode forward: accumulates weight's gradient (the rows of
         grad_output added to the rows of the ids used, deterministically). Returns None."""
         ids = self._check_saved()
-        d = contiguous(ops._array(grad_output, "grad_output", "Embedding.backward"))
+        d = contiguous(_convert.array(grad_output, "grad_output", "Embedding.backward"))
         if d.shape != ids.shape + (self.embedding_dim,):
             raise ValueError(f"Embedding.backward: grad_output must be "
                              f"{ids.shape + (self.embedding_dim,)}, got {d.shape}")
@@ -135,18 +144,19 @@ class LayerNorm(Module):
     def __call__(self, x, residual=None):
         """LN(x + residual) over the last axis; x and residual (..., C)."""
         C = self.normalized_shape[0]
-        x = contiguous(ops._array(x, "x", "LayerNorm"))
+        x = contiguous(_convert.array(x, "x", "LayerNorm"))
         if x.ndim == 0 or x.shape[-1] != C:
             raise ValueError(f"LayerNorm: x must be (..., {C}), got {x.shape}")
         if residual is not None:
-            residual = contiguous(ops._array(residual, "residual", "LayerNorm"))
+            residual = contiguous(_convert.array(residual, "residual", "LayerNorm"))
             if residual.shape != x.shape:
                 raise ValueError(f"LayerNorm: residual must have the shape of x {x.shape}, "
                                  f"got {residual.shape}")
             residual = residual.reshape(-1, C)
         if self.training:
-            y = self._train(x.reshape(-1, C), residual).copy()
-            self._saved = (self._saved, x.shape)
+            y, saved = self._forward_train(x.reshape(-1, C), residual)
+            self._saved = PublicSaved(saved, (x.shape,), None)
+            y = y.copy()
         else:
             y = self._apply(x.reshape(-1, C), residual)
         return y.reshape(x.shape)
@@ -154,12 +164,13 @@ class LayerNorm(Module):
     def backward(self, grad_output):
         """After a training-mode forward: accumulates weight/bias gradients and returns the
         gradient of x, which is also the gradient of the residual when one was given."""
-        saved, shape = self._check_saved()
-        self._saved = saved
-        dy = contiguous(ops._array(grad_output, "grad_output", "LayerNorm.backward"))
+        public = self._check_saved()
+        shape = public.shapes[0]
+        dy = contiguous(_convert.array(grad_output, "grad_output", "LayerNorm.backward"))
         if dy.shape != shape:
+            self._saved = public
             raise ValueError(f"LayerNorm.backward: grad_output must be {shape}, got {dy.shape}")
-        return self._backward(dy.reshape(-1, shape[-1]),
+        return self._backward(dy.reshape(-1, shape[-1]), public.record,
                               np.empty((dy.size // shape[-1], shape[-1]), np.float32)
                               ).reshape(shape)
 
@@ -168,11 +179,11 @@ class LayerNorm(Module):
         residual."""
         return self._ops.add_norm(x, residual, self.weight, self.bias, self.eps, out=out)
 
-    def _train(self, x, residual=None, s=None):
-        """LN(x + residual) of (N, C) rows in a training pass, into this norm's buffer. The sum
-        s = x + residual is kept for _backward: in `s` when given (x or residual themselves,
-        which the caller then gives up), else in a buffer of this norm's; without a residual
-        s is x, which the caller leaves unchanged until the backward."""
+    def _forward_train(self, x, residual=None, s=None):
+        """LN(x + residual) of (N, C) rows in a training pass, into this norm's buffer ->
+        (y, NormSaved). The sum s = x + residual is kept for _backward: in `s` when given (x or
+        residual themselves, which the caller then gives up), else in a buffer of this norm's;
+        without a residual s is x, which the caller leaves unchanged until the backward."""
         b = self._bufs()
         N = x.shape[0]
         if residual is None:
@@ -182,15 +193,13 @@ class LayerNorm(Module):
         mean, rstd = b.get("mean", (N,)), b.get("rstd", (N,))
         y = self._ops.add_norm_train(x, residual, self.weight, self.bias, self.eps,
                                      b.get("y", x.shape), s, mean, rstd)
-        self._saved = (s, mean, rstd)
-        return y
+        return y, NormSaved(s, mean, rstd)
 
-    def _backward(self, dy, dx):
-        """dy (N, C) -> dx (the buffer given), the gradient of x (= of residual), accumulating
-        weight/bias grads."""
-        s, mean, rstd = self._check_saved()
+    def _backward(self, dy, saved, dx):
+        """dy (N, C) and the forward's NormSaved -> dx (the buffer given), the gradient of x
+        (= of residual), accumulating weight/bias grads."""
         return self._ops.add_norm_backward(
-            dy, s, mean, rstd, self.weight,
+            dy, saved.s, saved.mean, saved.rstd, self.weight,
             None if self.weight is None else self._grad("weight"),
             None if self.bias is None else self._grad("bias"), dx)
 
@@ -218,24 +227,31 @@ class PositionalEncoding(Module):
 
     def __call__(self, x, offset=0):
         """x (B, L, C) + the table's rows offset .. offset + L - 1."""
-        return self._apply(x, offset, self._workspace())
+        ws = self._workspace()
+        if not ws.training:
+            return self._apply(x, offset)
+        y, saved = self._forward_train(x, offset, ws)
+        self._saved = PublicSaved(saved, (y.shape,), None)
+        return y
 
-    def _apply(self, x, offset, ws):
+    def _apply(self, x, offset):
         L = x.shape[1]
         if offset + L > self.max_len:
             raise ValueError(f"PositionalEncoding: positions up to {offset + L} exceed "
                              f"max_len={self.max_len}")
-        y = x + self.pe[offset:offset + L]
-        if not ws.training:
-            return y
+        return x + self.pe[offset:offset + L]
+
+    def _forward_train(self, x, offset, ws):
+        """-> (x + positions, then dropout; PositionsSaved)."""
+        y = self._apply(x, offset)
         y2, seed = self._dropout(np.ascontiguousarray(y).reshape(-1, self.d_model),
                                  self.dropout, ws)
-        self._saved = (seed, y.shape)
-        return y2.reshape(y.shape)
+        return y2.reshape(y.shape), PositionsSaved(seed, y.shape)
 
     def backward(self, grad_output):
         """The gradient of x (the table is constant): dropout's backward."""
-        seed, shape = self._check_saved()
+        public = self._check_saved()
+        seed, shape = public.record.seed, public.record.shape
         d = np.array(grad_output, np.float32, order="C")
         if d.shape != shape:
             raise ValueError(f"PositionalEncoding.backward: grad_output must be {shape}, "
@@ -265,8 +281,8 @@ class TokenEmbedding(Module):
         """Accumulates the embedding's gradient; returns None."""
         self.embedding.backward(np.asarray(grad_output, np.float32) * self.scale)
 
-    def _train(self, ids, out):
-        """The scaled rows of ids (B, L) int64 into out (B, L, C) (a training pass)."""
+    def _scaled_into(self, ids, out):
+        """The scaled rows of ids (B, L) int64 (checked) into out (B, L, C)."""
         np.take(self.embedding.weight, ids, axis=0, out=out, mode="clip")   # ids checked
         return np.multiply(out, self.scale, out=out)
 

@@ -5,9 +5,12 @@ import numbers
 
 import numpy as np
 
-from .. import ops
+from .. import _convert, ops
 from . import activations
 from .backends import Buffers, FastOps, Workspace, backend_ops
+from .parameter import Parameter, note_write
+
+GRAD_ALIGN = 16          # flat_grads(): each gradient starts at a multiple of 64 bytes
 
 
 class _Built(type):
@@ -24,15 +27,19 @@ class Module(metaclass=_Built):
     """Parameters are float32 arrays named in ``_params``; submodules in ``_children`` (a list
     attribute holds numbered children, as torch's ModuleList).
 
-    Derived weights (the packed copies decode steps stream) are kept per module and rebuilt
-    when the weights change: ``load_state_dict`` (and every update fastattn makes) calls
-    ``invalidate_caches()``; a parameter array rebound to a new array is noticed by identity.
-    Whoever edits a parameter array *in place* by hand calls ``invalidate_caches()`` after.
+    Parameters are nn.Parameter arrays (float32 ndarrays that count their writes, see
+    fastattn.nn.parameter). What is derived from a weight (the packed panels decode steps
+    stream, a decode plan) is made at known points (eval(), quantize(), load) and never
+    outlives a change to it: an edit through any public view (the attribute, state_dict()
+    values, named_parameters(), load_state_dict, an optimiser step, assignment, to_backend)
+    takes effect in the next call of every path, forward, generate and decode step alike.
+    Only a write the parameter cannot see (through a plain ndarray view or a buffer) needs
+    ``invalidate_caches()``.
 
     Rebinding a parameter (``layer.linear1.weight = w``) is checked when it happens: the new
     value must have the parameter's shape (ValueError naming the parameter and both shapes)
-    and a numeric dtype (TypeError); it is kept as given when it is float32 and C-contiguous,
-    else as a float32 C-contiguous copy. A parameter the module was built without (None)
+    and a numeric dtype (TypeError); it becomes a Parameter over the same memory when it is
+    float32 and C-contiguous, else over a float32 C-contiguous copy. A parameter the module was built without (None)
     cannot be set, nor can one be set to None: build the module with the parameter you want.
     The kernels read parameters without checking them, so these checks are what keeps a
     wrong-sized array from being read past its end.
@@ -48,8 +55,7 @@ class Module(metaclass=_Built):
     def __init__(self, backend="fast"):
         self.backend = backend
         self._ops = backend_ops(backend)
-        self._version = 0            # bumped by invalidate_caches()
-        self._derived = {}           # key -> (version, source array, derived value)
+        self._derived = {}           # (name, rows) -> (parameter, version, ops table, kind)
         self.training = False        # train() / eval()
         self._grads = {}             # parameter name -> accumulated gradient (same shape)
         self._saved = None           # what a training-mode forward keeps for backward()
@@ -59,8 +65,14 @@ class Module(metaclass=_Built):
         self._compute_type = "float32"   # of this module's _quantizable weights (quantize())
 
     def __setattr__(self, name, value):
-        if name in self._params and self.__dict__.get("_built"):
-            value = self._checked_parameter(name, value)
+        if name in self._params:
+            if self.__dict__.get("_built"):
+                value = self._checked_parameter(name, value)
+                note_write()
+            elif value is not None and not isinstance(value, ops.QuantizedWeight):
+                value = Parameter(value)
+        elif name[0] != "_" and self.__dict__.get("_built"):
+            note_write()          # a setting or submodule changed: decode plans are made again
         object.__setattr__(self, name, value)
 
     def _checked_parameter(self, name, value):
@@ -87,9 +99,7 @@ class Module(metaclass=_Built):
         arr = to_numpy(where, value, "assignment")
         if arr.shape != old.shape:
             raise ValueError(f"{where} must keep its shape {old.shape}, got {arr.shape}")
-        if arr.dtype != np.float32 or not arr.flags.c_contiguous or not arr.flags.aligned:
-            arr = np.ascontiguousarray(arr, dtype=np.float32)
-        return arr
+        return Parameter(arr)
 
     # -- parameters and submodules -----------------------------------------------------------
     def named_parameters(self, prefix=""):
@@ -176,12 +186,17 @@ class Module(metaclass=_Built):
         return missing, unexpected
 
     def invalidate_caches(self):
-        """Drop everything derived from the weights (the packed decode weights) in this module
-        and its submodules; it is rebuilt on next use. load_state_dict calls it; call it
-        yourself after editing a parameter array in place (``m.weight[0] = ...``). Returns self."""
+        """Count every parameter of this module and its submodules as written and drop what was
+        derived from them (made again at next use). Needed only after a write the parameters
+        cannot see: through a plain ndarray view (np.asarray(p), p.view(np.ndarray)), a buffer
+        or foreign C code. Returns self."""
         for m in self.modules():
-            m._version += 1
             m._derived.clear()
+            for name in m._params:
+                p = getattr(m, name)
+                if isinstance(p, Parameter):
+                    p._touch()
+        note_write()
         return self
 
     # -- quantized inference -----------------------------------------------------------------
@@ -234,13 +249,14 @@ class Module(metaclass=_Built):
                 # converted in place of the weight: same shape (no assignment check)
                 if compute_type == "float32":
                     if isinstance(w, ops.QuantizedWeight):
-                        object.__setattr__(m, name, w.dequantize())
+                        object.__setattr__(m, name, Parameter(w.dequantize()))
                 elif not isinstance(w, ops.QuantizedWeight):
                     object.__setattr__(m, name, ops.QuantizedWeight.from_float(w, compute_type))
+                note_write()
             m._compute_type = compute_type
             m._grads.clear()
             m._saved, m._buffers = None, None
-        return self.invalidate_caches()
+        return self._prepared()
 
     def _set_quantized(self, weights):
         """Install stored quantized weights {state_dict key: ops.QuantizedWeight} (all of one
@@ -255,17 +271,40 @@ class Module(metaclass=_Built):
                 raise ValueError(f"{key}: expected {getattr(m, name).shape}, got {w.shape}")
             setattr(m, name, w)
             m._compute_type = w.dtype
-        return self.invalidate_caches()
+        return self._prepared()
 
-    def _packed(self, key, param, rows=None):
-        """param[:rows] packed for decode-sized products (see backends.PACKED_MAX_ROWS), built
-        once per weights version; None on a backend that multiplies the weight itself."""
-        hit = self._derived.get(key)
-        if hit is not None and hit[0] == self._version and hit[1] is param:
-            return hit[2]
-        packed = self._ops.pack(param if rows is None else param[:rows])
-        self._derived[key] = (self._version, param, packed)   # None too: asked once per version
-        return packed
+    def _decode_weight(self, name, rows=None):
+        """Parameter `name` (its first `rows` rows when given) in the kind decode steps multiply
+        by (the ops table's decode_weight: packed panels for a float32 weight on the fast
+        backend). Made when the model goes to eval mode (_prepare_decode) and kept while the
+        parameter is the same array at the same version on the same backend; a weight changed
+        since is made again here, at the next plan of a decode step."""
+        param = getattr(self, name)
+        version = getattr(param, "version", 0)
+        hit = self._derived.get((name, rows))
+        if hit is not None and hit[0] is param and hit[1] == version and hit[2] is self._ops:
+            return hit[3]
+        kind = self._ops.decode_weight(param if rows is None else param[:rows], version)
+        self._derived[(name, rows)] = (param, version, self._ops, kind)
+        return kind
+
+    def _prepared(self):
+        """After the weights were converted (quantize, load): what was derived from the old ones
+        dropped, the quantized weights packed for their kernels and the decode kinds made (in
+        eval mode) now, at this known point rather than on first use. Returns self."""
+        self.invalidate_caches()
+        for m in self.modules():
+            for name in m._quantizable:
+                w = getattr(m, name)
+                if isinstance(w, ops.QuantizedWeight) and w.shape[0] and w.shape[1]:
+                    w._kernel_arrays()
+            if not m.training:
+                m._prepare_decode()
+        return self
+
+    def _prepare_decode(self):
+        """Make the decode kinds of the weights this module's decode steps use (eval()); a
+        module without decode steps has none."""
 
     # -- training ------------------------------------------------------------------------------
     def train(self, mode=True):
@@ -282,9 +321,14 @@ class Module(metaclass=_Built):
                 m._check_trainable()
         for m in self.modules():
             m.training = bool(mode)
-            if not mode:
+            if mode:
+                m._derived.clear()            # derived weights are for inference
+            else:
                 m._saved = None
                 m._buffers = None
+        if not mode:
+            for m in self.modules():
+                m._prepare_decode()
         return self
 
     def _check_trainable(self):
@@ -317,6 +361,41 @@ class Module(metaclass=_Built):
         for m in self.modules():
             for g in m._grads.values():
                 g.fill(0.0)
+
+    def flat_grads(self):
+        """Every parameter's gradient as a view of one float32 array, which is returned.
+
+        The array holds the gradients in named_parameters' order, each at an offset that is a
+        multiple of GRAD_ALIGN floats (the gaps stay zero); from the first call on, the views
+        are the arrays that backward() accumulates into, that named_grads() yields (every
+        parameter then has a gradient, zero until a backward reaches it) and that zero_grad()
+        zeroes. A data-parallel step sums this one array across processes in one call instead
+        of one call per parameter. Gradients accumulated before the call are copied in. Later
+        calls return the same array while the views are still the gradients (quantize() drops
+        them; a new array is then made)."""
+        if self.compute_type != "float32":
+            raise RuntimeError(f"flat_grads: the model is quantized ({self.compute_type}), "
+                               "which is for inference only")
+        flat = self.__dict__.get("_flat_grads")
+        slots = list(self._named_slots())
+        if flat is not None and all(name in m._grads and m._grads[name].base is flat
+                                    for _, m, name in slots):
+            return flat
+        offsets, size = [], 0
+        for _, m, name in slots:
+            offsets.append(size)
+            n = getattr(m, name).size
+            size += -(-n // GRAD_ALIGN) * GRAD_ALIGN
+        flat = np.zeros(size, np.float32)
+        for (_, m, name), at in zip(slots, offsets):
+            p = getattr(m, name)
+            view = flat[at:at + p.size].reshape(p.shape)
+            old = m._grads.get(name)
+            if old is not None:
+                view[...] = old
+            m._grads[name] = view
+        object.__setattr__(self, "_flat_grads", flat)
+        return flat
 
     def _grad(self, name):
         """The gradient buffer of parameter `name` (zeros, created on first use)."""
@@ -372,7 +451,7 @@ class Module(metaclass=_Built):
         for m in self.modules():
             m.backend, m._ops, m._buffers = backend, ops_, None
             m._derived.clear()                  # packed for (or refused by) the old backend
-            m._version += 1                     # and what decode steps looked up with it
+        note_write()                            # decode plans are made again
         return self
 
 
@@ -508,7 +587,7 @@ def check_batch(name, x, B):
 
 def features(name, x, C, ndim=3):
     """x as float32 (B, L, C) C-contiguous (a copy only when needed); ndim=2: (R, C)."""
-    x = ops._array(x, name, "forward")
+    x = _convert.array(x, name, "forward")
     if x.ndim != ndim or x.shape[-1] != C:
         shape = "(B, L, d_model) = (B, L, " if ndim == 3 else "(rows, d_model) = (rows, "
         raise ValueError(f"{name} must be {shape}{C}), got {x.shape}")

@@ -7,6 +7,7 @@ from .layers import Linear, PositionalEncoding, TokenEmbedding
 from .masks import decoder_masks, prepare_mask
 from .module import (Module, check_activation, check_batch, check_dropout, features, rng_from,
                      token_ids, xavier)
+from .saved import EmbeddingSaved, PublicSaved, Seq2SeqSaved
 from .transformer import Transformer, _stream, collect_weights, recording_workspace
 
 INITS = ("xavier", "torch")
@@ -101,14 +102,14 @@ class Seq2SeqTransformer(Module):
         return np.asarray(ids) == self.pad_id
 
     def _embed(self, emb, name, ids, offset=0, ws=None):
-        """ids (B, L) -> (B, L, C): token embedding * sqrt(C) + positions offset... A training
-        forward writes into this model's buffers, applies dropout and keeps (seed, ids) for
-        the backward in self._embedded."""
+        """ids (B, L) -> ((B, L, C) token embedding * sqrt(C) + positions offset..., and
+        EmbeddingSaved in a training pass, else None). A training forward writes into this
+        model's buffers and applies dropout."""
         ids = token_ids(name, ids, emb.embedding.num_embeddings)
         if ids.ndim != 2:
             raise ValueError(f"{name} must be (B, L) token ids, got shape {ids.shape}")
         if ws is None or not ws.training:
-            return self.positional_encoding(emb(ids), offset)
+            return self.positional_encoding._apply(emb(ids), offset), None
         B, L = ids.shape
         pe = self.positional_encoding
         if offset + L > pe.max_len:
@@ -116,46 +117,54 @@ class Seq2SeqTransformer(Module):
         bufs = self._bufs()
         kept = bufs.get(name + ".ids", (B, L), np.int64)
         kept[...] = ids
-        x = emb._train(kept, bufs.get(name + ".x", (B, L, self.emb_size)))
+        x = emb._scaled_into(kept, bufs.get(name + ".x", (B, L, self.emb_size)))
         np.add(x, pe.pe[offset:offset + L], out=x)
         x2, seed = self._dropout(x.reshape(B * L, self.emb_size), self.dropout, ws)
-        self._embedded.append((seed, kept.reshape(-1)))
-        return x
+        return x, EmbeddingSaved(kept.reshape(-1), seed)
 
     def _encode(self, src_ids, src_key_padding_mask, src_mask, ws):
-        x = self._embed(self.src_tok_emb, "src_ids", src_ids, ws=ws)
+        """-> (memory (B, S, C), (EmbeddingSaved, StackSaved) in a training pass, else
+        None)."""
+        x, emb_saved = self._embed(self.src_tok_emb, "src_ids", src_ids, ws=ws)
         B, S, C = x.shape
         if B == 0:
-            return np.zeros((B, S, C), np.float32)
+            return np.zeros((B, S, C), np.float32), None
         m = prepare_mask("src_mask", src_mask, self._padding(src_ids, src_key_padding_mask),
                          B, self.transformer.nhead, S, S, False, "src_key_padding_mask")
-        mem = self.transformer.encoder._forward(_stream(x, ws), m, ws, B).reshape(B, S, C)
-        return mem if ws.training else mem.copy()     # training: a buffer kept till backward
+        mem, saved = self.transformer.encoder._forward(_stream(x, ws), m, ws, B)
+        mem = mem.reshape(B, S, C)
+        if ws.training:                               # a buffer kept till the backward
+            return mem, (emb_saved, saved)
+        return mem.copy(), None
 
     def _decode(self, tgt_ids, memory, tgt_mask, memory_key_padding_mask,
                 tgt_key_padding_mask, tgt_is_causal, ws):
-        y = self._embed(self.tgt_tok_emb, "tgt_ids", tgt_ids, ws=ws)
+        """-> (hidden (B, T, C), (EmbeddingSaved, StackSaved) in a training pass, else
+        None)."""
+        y, emb_saved = self._embed(self.tgt_tok_emb, "tgt_ids", tgt_ids, ws=ws)
         mem = features("memory", memory, self.emb_size)
         B, T, C = y.shape
         check_batch("memory", mem, B)
         if B == 0:
-            return np.zeros((B, T, C), np.float32)
+            return np.zeros((B, T, C), np.float32), None
         tm, mm = decoder_masks(self.transformer.nhead, B, T, mem.shape[1], tgt_mask, None,
                                self._padding(tgt_ids, tgt_key_padding_mask),
                                memory_key_padding_mask, tgt_is_causal, False)
-        out = self.transformer.decoder._forward(_stream(y, ws), mem, tm, mm, ws, B)
-        return out.reshape(B, T, C) if ws.training else out.reshape(B, T, C).copy()
+        out, saved = self.transformer.decoder._forward(_stream(y, ws), mem, tm, mm, ws, B)
+        if ws.training:
+            return out.reshape(B, T, C), (emb_saved, saved)
+        return out.reshape(B, T, C).copy(), None
 
     def encode(self, src_ids, src_key_padding_mask=None, src_mask=None):
         """src_ids (B, S) -> memory (B, S, C) (inference: the training forward is the
         model's own call)."""
-        return self._encode(src_ids, src_key_padding_mask, src_mask, Workspace(self._ops))
+        return self._encode(src_ids, src_key_padding_mask, src_mask, Workspace(self._ops))[0]
 
     def decode(self, tgt_ids, memory, tgt_mask=None, memory_key_padding_mask=None,
                tgt_key_padding_mask=None, tgt_is_causal=True):
         """tgt_ids (B, T), memory (B, S, C) -> hidden (B, T, C); causal target by default."""
         return self._decode(tgt_ids, memory, tgt_mask, memory_key_padding_mask,
-                            tgt_key_padding_mask, tgt_is_causal, Workspace(self._ops))
+                            tgt_key_padding_mask, tgt_is_causal, Workspace(self._ops))[0]
 
     def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None,
                  src_key_padding_mask=None, tgt_key_padding_mask=None,
@@ -163,9 +172,11 @@ class Seq2SeqTransformer(Module):
         """-> logits (B, T, tgt_vocab_size). Padding masks come from pad_id when not given;
         the memory padding mask defaults to the source padding mask. In training mode the
         forward applies dropout and keeps what backward(d_logits) needs."""
-        logits = self._forward(src_ids, tgt_ids, src_mask, tgt_mask, src_key_padding_mask,
-                               tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal)
+        logits, saved = self._forward(src_ids, tgt_ids, src_mask, tgt_mask,
+                                      src_key_padding_mask, tgt_key_padding_mask,
+                                      memory_key_padding_mask, tgt_is_causal)
         if self.training:
+            self._saved = PublicSaved(saved, None, None)
             logits = logits.copy()                   # the training buffer is the next step's
         return logits
 
@@ -181,61 +192,70 @@ class Seq2SeqTransformer(Module):
         mode, whose dropout would change the weights). The forward itself never pays for it:
         only this pass takes the attention path that stores the weights."""
         rec = recording_workspace(self, "attention_weights")
-        logits = self._forward(src_ids, tgt_ids, src_mask, tgt_mask, src_key_padding_mask,
-                               tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal,
-                               ws=rec)
+        logits, _ = self._forward(src_ids, tgt_ids, src_mask, tgt_mask, src_key_padding_mask,
+                                  tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal,
+                                  ws=rec)
         B, T, _ = logits.shape
         return collect_weights(self.transformer, rec.weights, B, np.shape(src_ids)[1], T)
 
     def _forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None,
                  src_key_padding_mask=None, tgt_key_padding_mask=None,
                  memory_key_padding_mask=None, tgt_is_causal=True, ws=None):
-        """The forward -> logits (B, T, V); in training mode a buffer of the generator's,
-        rewritten by the next training forward. ws: a recording workspace, or None (this
-        module's own)."""
+        """The forward -> (logits (B, T, V), Seq2SeqSaved in a training pass, else None); in
+        training mode the logits are a buffer of the generator's, rewritten by the next
+        training forward. ws: a recording workspace, or None (this module's own)."""
         src_pad = self._padding(src_ids, src_key_padding_mask)
         if memory_key_padding_mask is None:
             memory_key_padding_mask = src_pad
         if ws is None:
             ws = self._workspace()
-        self._embedded = []
-        memory = self._encode(src_ids, src_pad, src_mask, ws)
-        hidden = self._decode(tgt_ids, memory, tgt_mask, memory_key_padding_mask,
-                              tgt_key_padding_mask, tgt_is_causal, ws)
+        memory, enc = self._encode(src_ids, src_pad, src_mask, ws)
+        hidden, dec = self._decode(tgt_ids, memory, tgt_mask, memory_key_padding_mask,
+                                   tgt_key_padding_mask, tgt_is_causal, ws)
         B, T, C = hidden.shape
-        logits = self.generator._apply(hidden.reshape(B * T, C), ws)
-        if ws.training:
-            self._saved = (memory.shape, (B, T, C), self._embedded)
-        return logits.reshape(B, T, self.tgt_vocab_size)    # not -1: B may be 0
+        saved = None
+        if ws.training and B:
+            logits, gen = self.generator._forward_train(hidden.reshape(B * T, C))
+            saved = Seq2SeqSaved(memory.shape, (B, T, C), enc[0], dec[0], enc[1], dec[1], gen)
+        else:
+            logits = self.generator._apply(hidden.reshape(B * T, C), ws)
+        return logits.reshape(B, T, self.tgt_vocab_size), saved   # not -1: B may be 0
 
     def backward(self, grad_output):
         """After a training-mode forward: d_logits (B, T, V) back through the generator, the
         decoder, the encoder and into both embeddings (gradients accumulate; returns None)."""
-        mem_shape, (B, T, C), embedded = self._check_saved()
+        public = self._check_saved()
+        saved = public.record
+        B, T, _ = (0, 0, 0) if saved is None else saved.tgt_shape
         d = features("grad_output", grad_output, self.tgt_vocab_size)
+        if saved is None:                                  # an empty batch: nothing to do
+            return
         if d.shape[:2] != (B, T):
+            self._saved = public
             raise ValueError(f"Seq2SeqTransformer.backward: grad_output must be "
                              f"{(B, T, self.tgt_vocab_size)}, got {d.shape}")
-        self._backward(d.reshape(B * T, -1), mem_shape, (B, T, C), embedded)
+        self._backward(d.reshape(B * T, -1), saved)
 
-    def _backward(self, d_logits, mem_shape, tgt_shape, embedded):
-        """d_logits (B*T, V) (not written) back to both embeddings, through scratch buffers
-        shared by the whole backward."""
+    def _backward(self, d_logits, saved):
+        """d_logits (B*T, V) (not written) and the forward's Seq2SeqSaved back to both
+        embeddings, through scratch buffers shared by the whole backward."""
         tr = self.transformer
         bufs = self._bufs()
-        B, T, C = tgt_shape
-        dh = self.generator._backward(d_logits, bufs.get("grad.hidden", (B * T, C)))
-        dmem = bufs.get("grad.memory", (mem_shape[0] * mem_shape[1], C))
+        B, T, C = saved.tgt_shape
+        S = saved.memory_shape[1]
+        dh = self.generator._backward(d_logits, saved.generator,
+                                      bufs.get("grad.hidden", (B * T, C)))
+        dmem = bufs.get("grad.memory", (B * S, C))
         dmem.fill(0.0)
-        d_tgt = tr.decoder._backward(dh, dmem, bufs)                         # (B*T, C)
-        self._embed_backward(self.tgt_tok_emb, d_tgt, *embedded[1])          # before its
-        d_src = tr.encoder._backward(dmem, bufs)                             # buffer is reused
-        self._embed_backward(self.src_tok_emb, d_src, *embedded[0])
+        d_tgt = tr.decoder._backward(dh, saved.decoder, dmem, bufs)         # (B*T, C)
+        self._embed_backward(self.tgt_tok_emb, d_tgt, saved.tgt)            # before its
+        d_src = tr.encoder._backward(dmem, saved.encoder, bufs)             # buffer is reused
+        self._embed_backward(self.src_tok_emb, d_src, saved.src)
 
-    def _embed_backward(self, emb, d, seed, ids):
+    def _embed_backward(self, emb, d, saved):
         """The embedding's gradient from d (N, C), the gradient of its dropout's output (a
-        scratch buffer, overwritten)."""
-        emb._accumulate(self._dropout_backward(d, self.dropout, seed, d), ids)
+        scratch buffer, overwritten); saved its EmbeddingSaved."""
+        emb._accumulate(self._dropout_backward(d, self.dropout, saved.seed, d), saved.ids)
 
     def loss(self, src_ids, tgt_ids, *, label_smoothing=0.0, backward=False):
         """Teacher-forced cross-entropy: the decoder reads tgt_ids[:, :-1] and predicts
@@ -249,7 +269,7 @@ class Seq2SeqTransformer(Module):
         if tgt.ndim != 2 or tgt.shape[1] < 2:
             raise ValueError(f"loss: tgt_ids must be (B, T) with T >= 2 (a start token and at "
                              f"least one target), got shape {tgt.shape}")
-        logits = self._forward(src_ids, tgt[:, :-1])                        # (B, T-1, V)
+        logits, saved = self._forward(src_ids, tgt[:, :-1])                 # (B, T-1, V)
         B, T, V = logits.shape
         ignore = -100 if self.pad_id is None else self.pad_id
         bufs = self._bufs()
@@ -259,8 +279,8 @@ class Seq2SeqTransformer(Module):
                                                 ignore, label_smoothing, backward,
                                                 bufs.get("losses", (B * T,)))
         del logits
-        if backward:
-            self._backward(dlogits, *self._check_saved())
+        if backward and saved is not None:
+            self._backward(dlogits, saved)
         return loss
 
     # -- decoding ------------------------------------------------------------------------------
@@ -286,11 +306,20 @@ class Seq2SeqTransformer(Module):
         if cache.t >= cache.max_len:
             raise ValueError(f"step: the cache holds max_len={cache.max_len} positions, all "
                              "written")
-        x = self._embed(self.tgt_tok_emb, "tokens", tokens[:, None], offset=cache.t)[:, 0]
+        x = self._embed(self.tgt_tok_emb, "tokens", tokens[:, None], offset=cache.t)[0][:, 0]
         x = cache._check_step(x, self.emb_size)
-        hidden = self.transformer.decoder._step(x, cache, cache.ws)
+        layers, generator = cache.plan(self._step_plan)
+        hidden = self.transformer.decoder._step(x, cache, cache.ws, layers)
         cache.t += 1
-        return self.generator._apply(hidden, cache.ws)
+        return generator(hidden, np.empty((hidden.shape[0], self.tgt_vocab_size), np.float32))
+
+    def _step_plan(self, R, B):
+        """The decode step for R rows over B sources, planned: (the decoder layers' plans,
+        the generator's product)."""
+        return self.transformer.decoder._step_plan(R, B), self.generator._step_fn(R)
+
+    def _prepare_decode(self):
+        self.generator._decode_weight("weight")
 
     def generate(self, src_ids, *, max_new_tokens, start_id, end_id=None, pad_id=0,
                  src_key_padding_mask=None, method="greedy", beam_size=4, length_penalty=1.0,

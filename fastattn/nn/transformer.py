@@ -1,8 +1,9 @@
 """The encoder and decoder layers, their stacks, and nn.Transformer.
 
 Each layer's math is written once (``_block``): its forward and its decode step differ only in
-the attention sublayers they plug in (over the whole sequence, or one new position against a
-cache), so a change to a layer changes both.
+the attention and FFN sublayers they plug in (over the whole sequence, or one new position
+against a cache, planned once per cache: ``DecoderCache.plan``), so a change to a layer
+changes both.
 """
 import copy
 
@@ -15,6 +16,9 @@ from .layers import LayerNorm, Linear
 from .masks import decoder_masks, generate_square_subsequent_mask, key_bias, prepare_mask
 from .module import (Layout, Module, check_activation, check_batch, check_batch_first,
                      check_dropout, check_positive, features, rng_from, xavier)
+from .parameter import writes
+from .saved import (FFNSaved, LayerSaved, PublicSaved, StackSaved, SublayerSaved,
+                    TransformerSaved)
 
 
 # ---- the residual stream -----------------------------------------------------------------------
@@ -65,14 +69,28 @@ class DecoderLayerCache:
 
 class DecoderCache:
     """What decoding keeps between steps: one DecoderLayerCache per layer, the position ``t``
-    the next step writes, ``beams`` rows per source (row r belongs to source r // beams) and
-    the buffers the steps reuse. Made by ``init_cache`` of a decoder layer, a decoder stack or
-    a Seq2SeqTransformer; advanced by their ``step``."""
+    the next step writes, ``beams`` rows per source (row r belongs to source r // beams), the
+    buffers the steps reuse and the decode plan. Made by ``init_cache`` of a decoder layer, a
+    decoder stack or a Seq2SeqTransformer; advanced by their ``step``."""
 
     def __init__(self, layers, beams, max_len, ops_):
         self.layers, self.beams, self.max_len = layers, beams, max_len
         self.t = 0
-        self.ws = Workspace(ops_, decode=True)
+        self.ws = Workspace(ops_)
+        self._plan, self._plan_key = None, None
+
+    def plan(self, make):
+        """The owner's decode plan for the current rows: make(R, B) (R rows over B sources),
+        made on the first step and again when the rows changed or anything was written to a
+        parameter or a module setting since (parameter.writes(): weights edited, rebound,
+        loaded or quantized, an optimiser step, to_backend, a changed activation), so a step
+        always runs the model as it is now. Keys and values already in the cache stay as the
+        earlier steps made them."""
+        key = (self.rows, writes())
+        if self._plan_key != key:
+            self._plan = make(self.rows, self.sources)
+            self._plan_key = key
+        return self._plan
 
     @property
     def rows(self):
@@ -133,11 +151,10 @@ def _encoder_call(module, src, mask, key_padding_mask, is_causal, mask_name):
     m = prepare_mask(mask_name, mask, key_padding_mask, B, module.nhead, S, S, is_causal,
                      "src_key_padding_mask")
     ws = module._workspace()
-    out = module._forward(_stream(x, ws, module), m, ws, B).reshape(B, S, C).copy()
+    out, saved = module._forward(_stream(x, ws, module), m, ws, B)
     if ws.training:
-        module._saved_shapes = (x.shape,)
-        module._saved_layout = layout
-    return layout.features_out(out)
+        module._saved = PublicSaved(saved, (x.shape,), layout)
+    return layout.features_out(out.reshape(B, S, C).copy())
 
 
 def _decoder_call(module, tgt, memory, tgt_mask=None, memory_mask=None,
@@ -160,31 +177,28 @@ def _decoder_call(module, tgt, memory, tgt_mask=None, memory_mask=None,
     ws = module._workspace()
     if ws.training:
         mem = _stream(mem, ws, module, "memory").reshape(mem.shape)
-    out = module._forward(_stream(x, ws, module), mem, tm, mm, ws, B).reshape(B, T, C).copy()
+    out, saved = module._forward(_stream(x, ws, module), mem, tm, mm, ws, B)
     if ws.training:
-        module._saved_shapes = (x.shape, mem.shape)
-        module._saved_layout = layout
-    return layout.features_out(out)
+        module._saved = PublicSaved(saved, (x.shape, mem.shape), layout)
+    return layout.features_out(out.reshape(B, T, C).copy())
 
 
 def _public_backward(module, grad_output, decoder):
     """The public backward of a layer or stack: (B, L, C) in; d_src, or (d_tgt, d_memory)."""
-    shapes = getattr(module, "_saved_shapes", None)
-    if shapes is None:
-        raise RuntimeError(f"{type(module).__name__}.backward: no training-mode forward to "
-                           "differentiate (call model.train() and run a forward first)")
-    module._saved_shapes = None
-    layout = module._saved_layout
+    public = module._check_saved()
+    shapes, layout = public.shapes, public.layout
     d = features("grad_output", layout.features_in(grad_output, "grad_output"), module.d_model)
     if d.shape != shapes[0]:
+        module._saved = public
         raise ValueError(f"{type(module).__name__}.backward: grad_output must be {shapes[0]} "
                          f"(batch-first), got {d.shape}")
     d2 = d.reshape(-1, module.d_model)
     bufs = module._bufs()
     if not decoder:
-        return layout.features_out(module._backward(d2, bufs).reshape(shapes[0]).copy())
+        return layout.features_out(module._backward(d2, public.record, bufs).reshape(
+            shapes[0]).copy())
     dmem = _zeros(bufs, "grad.memory", (shapes[1][0] * shapes[1][1], module.d_model))
-    d_tgt = module._backward(d2, dmem, bufs).reshape(shapes[0]).copy()
+    d_tgt = module._backward(d2, public.record, dmem, bufs).reshape(shapes[0]).copy()
     return layout.features_out(d_tgt), layout.features_out(dmem.reshape(shapes[1]).copy())
 
 
@@ -264,43 +278,47 @@ class TransformerEncoderLayer(Module):
                 "GELU(approximate='none' | 'tanh')")
 
     def _ffn(self, h, ws):
-        """linear2(dropout(act(linear1(h)))) of the (N, C) rows h; packed weights in a decode
-        step; the pre-activation kept in training."""
+        """linear2(dropout(act(linear1(h)))) of the (N, C) rows h -> (y, FFNSaved in a training
+        pass, else None)."""
         l1, l2 = self.linear1, self.linear2
         if not activations.fused(self.activation):
-            return self._ffn_unfused(h, ws)
+            return self._ffn_unfused(h, ws), None
         if ws.training:
             seed = ws.seed() if self.dropout > 0 else None
             bufs = self._bufs()
             pre = bufs.get("ffn.pre", (h.shape[0], l1.out_features))
             y = self._ops.ffn_train(h, l1.weight, l1.bias, l2.weight, l2.bias, self.activation,
                                     self.dropout, seed, bufs.get("ffn.y", h.shape), pre)
-            self._ffn_saved = (h, pre, seed)
-            return y
-        if ws.decode:
-            step = ws.steps_for(self, h.shape[0], (l1, l2),
-                                (l1.weight, l1.bias, l2.weight, l2.bias, self.activation),
-                                lambda: self._ops.ffn_fn(
-                                    l1.weight, l1.bias, l2.weight, l2.bias, self.activation,
-                                    (l1._decode_weight(ws), l2._decode_weight(ws)), h.shape[0]))
-            if step is not None:            # the same products, chosen once (FastOps.ffn_fn)
-                return step(h, ws.get("ff", h.shape))
-        packed = (l1._decode_weight(ws), l2._decode_weight(ws)) if ws.decode else None
+            return y, FFNSaved(h, pre, seed)
         return self._ops.ffn(h, l1.weight, l1.bias, l2.weight, l2.bias, self.activation,
-                             out=ws.get("ff", h.shape), packed=packed)
+                             out=ws.get("ff", h.shape)), None
+
+    def _ffn_step(self, R):
+        """The FFN of a decode step of R rows, planned: f(h (R, C)) -> (R, C), the weights in
+        their decode kind (ops.ffn_fn; an unfused activation: two planned products around
+        it), into a buffer of the plan's."""
+        l1, l2 = self.linear1, self.linear2
+        out = np.empty((R, self.d_model), np.float32)
+        if not activations.fused(self.activation):
+            first, second = l1._step_fn(R), l2._step_fn(R)
+            pre = np.empty((R, l1.out_features), np.float32)
+            act = self.activation
+            return lambda h: second(activations.apply(act, first(h, pre)), out)
+        ffn = self._ops.ffn_fn(l1._decode_weight("weight"), l1.bias,
+                               l2._decode_weight("weight"), l2.bias, self.activation, R)
+        return lambda h: ffn(h, out)
 
     def _ffn_unfused(self, h, ws):
         """The FFN of a plain callable activation (activations.py; inference only): linear1,
-        the activation over its (N, F) output as a NumPy array, linear2; each linear through
-        the ops (packed weights in a decode step)."""
+        the activation over its (N, F) output as a NumPy array, linear2."""
         l1, l2 = self.linear1, self.linear2
         pre = l1._apply(h, ws, "ffn.pre")                                  # (N, F)
         return l2._apply(activations.apply(self.activation, pre), ws, "ff")
 
-    def _ffn_backward(self, dy, bufs):
-        """dy (N, C) -> the FFN input's gradient, in the backward's "fdx" buffer."""
-        h, pre, seed = self._ffn_saved           # every trainable activation is fused
-        self._ffn_saved = None
+    def _ffn_backward(self, dy, saved, bufs):
+        """dy (N, C) and the forward's FFNSaved -> the FFN input's gradient, in the backward's
+        "fdx" buffer (every trainable activation is fused)."""
+        h, pre, seed = saved.h, saved.pre, saved.seed
         l1, l2 = self.linear1, self.linear2
         grads = tuple(None if getattr(lin, name) is None else lin._grad(name)
                       for lin in (l1, l2) for name in ("weight", "bias"))
@@ -308,48 +326,63 @@ class TransformerEncoderLayer(Module):
                                       self.activation, self.dropout, seed, grads,
                                       bufs.get("fdx", h.shape), bufs.get("ffn.h", pre.shape))
 
-    def _sublayer(self, x, norm, f, ws):
-        """One residual block on the (N, C) stream x, in place when fast: x <- block(x).
-        Training adds dropout on the sublayer's output (before the residual add), writes into
-        this layer's buffers (x is left as it is: the backward reads it) and records the
-        block for _sublayer_backward."""
+    def _block(self, x, sublayers, ws):
+        """The layer on the (N, C) stream x (owned by the caller; overwritten when fast): its
+        residual blocks [(norm, f)] in order, f(h) -> (y, f's record or None) -> (x,
+        LayerSaved in a training pass, else None)."""
+        blocks = []
+        for i, (norm, f) in enumerate(sublayers):
+            x, saved = self._sublayer(x, norm, f, ws, i)
+            blocks.append(saved)
+        return x, (LayerSaved(blocks) if ws.training else None)
+
+    def _sublayer(self, x, norm, f, ws, i):
+        """Residual block i on the (N, C) stream x, in place when fast: x <- block(x) -> (x,
+        SublayerSaved or None). Training adds dropout on the sublayer's output (before the
+        residual add) and writes into this layer's buffers (x is left as it is: the backward
+        reads it)."""
         if ws.training:
             if self.norm_first:                           # x + drop(f(norm(x)))
-                y, seed = self._dropout(f(norm._train(x)), self.dropout, ws)
-                out = np.add(x, y, out=self._bufs().get(f"res{len(self._tape)}", x.shape))
+                h, norm_saved = norm._forward_train(x)
+                y, f_saved = f(h)
+                y, seed = self._dropout(y, self.dropout, ws)
+                out = np.add(x, y, out=self._bufs().get(f"res{i}", x.shape))
             else:                                         # norm(x + drop(f(x)))
-                y, seed = self._dropout(f(x), self.dropout, ws)
-                out = norm._train(y, x, s=y)              # the sum is kept over f's output
-            self._tape.append(seed)
-            return out
+                y, f_saved = f(x)
+                y, seed = self._dropout(y, self.dropout, ws)
+                out, norm_saved = norm._forward_train(y, x, s=y)   # the sum kept over f's y
+            return out, SublayerSaved(seed, norm_saved, f_saved)
         if self.norm_first:
-            return _add_into(x, f(norm._apply(x, out=ws.get("h", x.shape))), ws)
-        return norm._apply(f(x), x, out=_inplace(x, ws))
+            return _add_into(x, f(norm._apply(x, out=ws.get("h", x.shape)))[0], ws), None
+        return norm._apply(f(x)[0], x, out=_inplace(x, ws)), None
 
-    def _sublayer_backward(self, dout, norm, f_backward, seed, bufs):
+    def _sublayer_backward(self, dout, norm, f_backward, saved, bufs):
         """The gradient of a residual block's input from its output's, through f_backward
-        (the sublayer's backward: its output's gradient -> its input's, in bufs' "fdx").
-        The result is in one of bufs' two alternating gradient buffers, never dout's."""
+        (the sublayer's backward: (its output's gradient, its record, bufs) -> its input's,
+        in bufs' "fdx"); saved: the block's SublayerSaved. The result is in one of bufs' two
+        alternating gradient buffers, never dout's."""
         drop = bufs.get("drop", dout.shape)
         if self.norm_first:
-            dh = f_backward(self._dropout_backward(dout, self.dropout, seed, drop), bufs)
-            dx = norm._backward(dh, bufs.other(dout, dout.shape))
+            dh = f_backward(self._dropout_backward(dout, self.dropout, saved.seed, drop),
+                            saved.f, bufs)
+            dx = norm._backward(dh, saved.norm, bufs.other(dout, dout.shape))
             return np.add(dx, dout, out=dx)
-        ds = norm._backward(dout, bufs.other(dout, dout.shape))   # of x + y: both summands
-        df = f_backward(self._dropout_backward(ds, self.dropout, seed, drop), bufs)
+        ds = norm._backward(dout, saved.norm, bufs.other(dout, dout.shape))  # of x + y: both
+        df = f_backward(self._dropout_backward(ds, self.dropout, saved.seed, drop), saved.f,
+                        bufs)
         return np.add(ds, df, out=ds)
 
-    def _self_attention_backward(self, dy, bufs):
+    def _self_attention_backward(self, dy, saved, bufs):
         """dy (N, C) -> the gradient of the self-attention's input (q, k and v at once)."""
-        return self.self_attn._attention_backward(dy, bufs, (bufs.get("fdx", dy.shape),))[0]
+        return self.self_attn._backward(dy, saved, bufs, (bufs.get("fdx", dy.shape),))[0]
 
-    def _backward(self, dout, bufs):
-        """dout (N, C) -> the gradient of the layer's input (N, C), in one of bufs' two
-        alternating gradient buffers (bufs: the backward's shared scratch)."""
-        seeds, self._tape = self._tape, []
-        d = self._sublayer_backward(dout, self.norm2, self._ffn_backward, seeds[1], bufs)
-        return self._sublayer_backward(d, self.norm1, self._self_attention_backward, seeds[0],
-                                       bufs)
+    def _backward(self, dout, saved, bufs):
+        """dout (N, C) and the forward's LayerSaved -> the gradient of the layer's input
+        (N, C), in one of bufs' two alternating gradient buffers (bufs: the backward's shared
+        scratch)."""
+        attn, ffn = saved.blocks
+        d = self._sublayer_backward(dout, self.norm2, self._ffn_backward, ffn, bufs)
+        return self._sublayer_backward(d, self.norm1, self._self_attention_backward, attn, bufs)
 
     def backward(self, grad_output):
         """After a training-mode forward: accumulates every parameter's gradient and returns
@@ -357,13 +390,12 @@ class TransformerEncoderLayer(Module):
         return _public_backward(self, grad_output, decoder=False)
 
     def _forward(self, x, mask, ws, B):
-        """x (N, C) stream owned by the caller (overwritten when fast) -> (N, C)."""
+        """x (N, C) stream owned by the caller (overwritten when fast) -> ((N, C), LayerSaved
+        in a training pass, else None)."""
         C = self.d_model
         L = x.shape[0] // B
-        self._tape = []
         sa = lambda h: self.self_attn._self_attention(h.reshape(B, L, C), mask, ws)  # noqa
-        x = self._sublayer(x, self.norm1, sa, ws)
-        return self._sublayer(x, self.norm2, lambda h: self._ffn(h, ws), ws)
+        return self._block(x, [(self.norm1, sa), (self.norm2, lambda h: self._ffn(h, ws))], ws)
 
     def __call__(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
         return _encoder_call(self, src, src_mask, src_key_padding_mask, is_causal, "src_mask")
@@ -388,43 +420,57 @@ class TransformerDecoderLayer(TransformerEncoderLayer):
                                                  seed=rng)
         self.norm3 = LayerNorm(d_model, layer_norm_eps, bias=bias, backend=backend)
 
-    def _block(self, x, self_attn, cross_attn, ws):
-        """The layer on the (N, C) stream x, given its two attention sublayers."""
-        x = self._sublayer(x, self.norm1, self_attn, ws)
-        x = self._sublayer(x, self.norm2, cross_attn, ws)
-        return self._sublayer(x, self.norm3, lambda h: self._ffn(h, ws), ws)
-
     def _forward(self, x, memory, tgt_mask, memory_mask, ws, B):
+        """x (N, C) stream (see the encoder layer's), memory (B, S, C) -> ((N, C),
+        LayerSaved or None)."""
         C = self.d_model
         T = x.shape[0] // B
-        self._tape = []
-        return self._block(
-            x, lambda h: self.self_attn._self_attention(h.reshape(B, T, C), tgt_mask, ws),
-            lambda h: self.multihead_attn._cross_attention(h.reshape(B, T, C), memory,
-                                                           memory_mask, ws), ws)
+        return self._block(x, [
+            (self.norm1, lambda h: self.self_attn._self_attention(h.reshape(B, T, C), tgt_mask,
+                                                                  ws)),
+            (self.norm2, lambda h: self.multihead_attn._cross_attention(
+                h.reshape(B, T, C), memory, memory_mask, ws)),
+            (self.norm3, lambda h: self._ffn(h, ws))], ws)
 
-    def _step(self, x, cache, t, ws):
-        """x (R, C) at position t, cache a DecoderLayerCache -> (R, C)."""
-        return self._block(
-            x, lambda h: self.self_attn._self_attention_step(h, cache.self_attn, t, ws),
-            lambda h: self.multihead_attn._cross_attention_step(h, cache.cross_attn, ws), ws)
+    def _prepare_decode(self):
+        """The decode kinds of the weights the steps stream (Module.eval)."""
+        C = self.d_model
+        self.self_attn._decode_weight("in_proj_weight", 3 * C)
+        self.multihead_attn._decode_weight("in_proj_weight", C)
+        for lin in (self.self_attn.out_proj, self.multihead_attn.out_proj, self.linear1,
+                    self.linear2):
+            lin._decode_weight("weight")
 
-    def _backward(self, dout, dmem, bufs):
-        """dout (N, C) -> the gradient of the layer's target input (N, C); the memory's
-        gradient is added to dmem (B*S, C)."""
-        seeds, self._tape = self._tape, []
+    def _step_plan(self, R, B):
+        """This layer's decode step for R rows over B sources, planned (DecoderCache.plan):
+        (self-attention, cross-attention, FFN)."""
+        return (self.self_attn._step(R, R, "qkv"), self.multihead_attn._step(R, B, "q"),
+                self._ffn_step(R))
 
-        def cross_backward(dy, bufs):
+    def _step(self, x, cache, t, ws, plan):
+        """x (R, C) at position t, cache a DecoderLayerCache, plan this layer's _step_plan ->
+        (R, C)."""
+        sa, ca, ffn = plan
+        return self._block(x, [
+            (self.norm1, lambda h: (sa.self_attention(h, cache.self_attn, t), None)),
+            (self.norm2, lambda h: (ca.cross_attention(h, cache.cross_attn), None)),
+            (self.norm3, lambda h: (ffn(h), None))], ws)[0]
+
+    def _backward(self, dout, saved, dmem, bufs):
+        """dout (N, C) and the forward's LayerSaved -> the gradient of the layer's target
+        input (N, C); the memory's gradient is added to dmem (B*S, C)."""
+        attn, cross, ffn = saved.blocks
+
+        def cross_backward(dy, saved, bufs):
             dx = bufs.get("fdx", dy.shape)
             dm = bufs.get("attn.dmemory", dmem.shape)
-            self.multihead_attn._attention_backward(dy, bufs, (dx, dm))
+            self.multihead_attn._backward(dy, saved, bufs, (dx, dm))
             np.add(dmem, dm, out=dmem)
             return dx
 
-        d = self._sublayer_backward(dout, self.norm3, self._ffn_backward, seeds[2], bufs)
-        d = self._sublayer_backward(d, self.norm2, cross_backward, seeds[1], bufs)
-        return self._sublayer_backward(d, self.norm1, self._self_attention_backward, seeds[0],
-                                       bufs)
+        d = self._sublayer_backward(dout, self.norm3, self._ffn_backward, ffn, bufs)
+        d = self._sublayer_backward(d, self.norm2, cross_backward, cross, bufs)
+        return self._sublayer_backward(d, self.norm1, self._self_attention_backward, attn, bufs)
 
     def backward(self, grad_output):
         """After a training-mode forward: accumulates every parameter's gradient and returns
@@ -443,7 +489,8 @@ class TransformerDecoderLayer(TransformerEncoderLayer):
         """x (R, C), the layer input at position cache.t of each row (R = sources x beams) ->
         (R, C), what the forward gives at that position under a causal target mask."""
         x = cache._check_step(x, self.d_model)
-        out = self._step(x, cache.layers[0], cache.t, cache.ws)
+        plan = cache.plan(self._step_plan)
+        out = self._step(x, cache.layers[0], cache.t, cache.ws, plan)
         cache.t += 1
         return out.copy()
 
@@ -478,15 +525,27 @@ class _Stack(Module):
         self.to_backend(self.backend)
 
     def _final_norm(self, x, ws):
-        """The optional LayerNorm closing the stack, over the stream x (N, C)."""
+        """The optional LayerNorm closing the stack, over the stream x (N, C) -> (x, its
+        NormSaved in a training pass, else None)."""
         if self.norm is None:
-            return x
+            return x, None
         if ws.training:
-            return self.norm._train(x)
-        return self.norm._apply(x, out=_inplace(x, ws))
+            return self.norm._forward_train(x)
+        return self.norm._apply(x, out=_inplace(x, ws)), None
 
-    def _final_norm_backward(self, d, bufs):
-        return d if self.norm is None else self.norm._backward(d, bufs.other(d, d.shape))
+    def _final_norm_backward(self, d, saved, bufs):
+        return d if self.norm is None else self.norm._backward(d, saved,
+                                                               bufs.other(d, d.shape))
+
+    def _stack(self, x, layer_forward, ws):
+        """The layers in order, then the final norm: layer_forward(layer, x) -> (x, record)
+        -> (x, StackSaved in a training pass, else None)."""
+        layers = []
+        for layer in self.layers:
+            x, saved = layer_forward(layer, x)
+            layers.append(saved)
+        x, norm = self._final_norm(x, ws)
+        return x, (StackSaved(layers, norm) if ws.training else None)
 
 
 def _describe_type(obj):
@@ -509,14 +568,13 @@ class TransformerEncoder(_Stack):
         self.mask_check = bool(mask_check)
 
     def _forward(self, x, mask, ws, B):
-        for layer in self.layers:
-            x = layer._forward(x, mask, ws, B)
-        return self._final_norm(x, ws)
+        """x (N, C) stream -> ((N, C), StackSaved or None)."""
+        return self._stack(x, lambda layer, x: layer._forward(x, mask, ws, B), ws)
 
-    def _backward(self, d, bufs):
-        d = self._final_norm_backward(d, bufs)
-        for layer in reversed(self.layers):
-            d = layer._backward(d, bufs)
+    def _backward(self, d, saved, bufs):
+        d = self._final_norm_backward(d, saved.norm, bufs)
+        for layer, layer_saved in zip(reversed(self.layers), reversed(saved.layers)):
+            d = layer._backward(d, layer_saved, bufs)
         return d
 
     def backward(self, grad_output):
@@ -537,19 +595,23 @@ class TransformerDecoder(_Stack):
         super().__init__(decoder_layer, num_layers, norm, backend=backend)
 
     def _forward(self, x, memory, tgt_mask, memory_mask, ws, B):
-        for layer in self.layers:
-            x = layer._forward(x, memory, tgt_mask, memory_mask, ws, B)
-        return self._final_norm(x, ws)
+        """x (N, C) stream, memory (B, S, C) -> ((N, C), StackSaved or None)."""
+        return self._stack(
+            x, lambda layer, x: layer._forward(x, memory, tgt_mask, memory_mask, ws, B), ws)
 
-    def _step(self, x, cache, ws):
-        for layer, lc in zip(self.layers, cache.layers):
-            x = layer._step(x, lc, cache.t, ws)
-        return self._final_norm(x, ws)
+    def _step_plan(self, R, B):
+        """The layers' decode steps for R rows over B sources, planned."""
+        return [layer._step_plan(R, B) for layer in self.layers]
 
-    def _backward(self, d, dmem, bufs):
-        d = self._final_norm_backward(d, bufs)
-        for layer in reversed(self.layers):
-            d = layer._backward(d, dmem, bufs)
+    def _step(self, x, cache, ws, plans):
+        for layer, lc, plan in zip(self.layers, cache.layers, plans):
+            x = layer._step(x, lc, cache.t, ws, plan)
+        return self._final_norm(x, ws)[0]
+
+    def _backward(self, d, saved, dmem, bufs):
+        d = self._final_norm_backward(d, saved.norm, bufs)
+        for layer, layer_saved in zip(reversed(self.layers), reversed(saved.layers)):
+            d = layer._backward(d, layer_saved, dmem, bufs)
         return d
 
     def backward(self, grad_output):
@@ -565,7 +627,7 @@ class TransformerDecoder(_Stack):
     def step(self, x, cache):
         """x (R, C) at position cache.t -> the stack's output there (R, C)."""
         x = cache._check_step(x, self.d_model)
-        out = self._step(x, cache, cache.ws)
+        out = self._step(x, cache, cache.ws, cache.plan(self._step_plan))
         cache.t += 1
         return out.copy()
 
@@ -701,9 +763,10 @@ class Transformer(Module):
         if self._own("encoder"):
             sm = prepare_mask("src_mask", src_mask, src_key_padding_mask, B, self.encoder.nhead,
                               S, S, bool(src_is_causal), "src_key_padding_mask")
-            memory = self.encoder._forward(_stream(x, ws, self, "src"), sm, ws, B).reshape(
-                B, S, C)
+            memory, enc_saved = self.encoder._forward(_stream(x, ws, self, "src"), sm, ws, B)
+            memory = memory.reshape(B, S, C)
         else:
+            enc_saved = None
             memory = self.encoder(layout.features_out(x), mask=src_mask,
                                   src_key_padding_mask=_unpad(layout, src_key_padding_mask),
                                   is_causal=src_is_causal)
@@ -718,8 +781,10 @@ class Transformer(Module):
                                    tgt_is_causal, memory_is_causal)
             # the memory lives on while the decoder runs: its own buffers (inference)
             mem_ws = ws if ws.training else Workspace(self._ops, weights=ws.weights)
-            out = dec._forward(_stream(y, mem_ws, self, "tgt"), memory, tm, mm, mem_ws, B)
+            out, dec_saved = dec._forward(_stream(y, mem_ws, self, "tgt"), memory, tm, mm,
+                                          mem_ws, B)
         else:
+            dec_saved = None
             out = self.decoder(
                 layout.features_out(y), layout.features_out(memory), tgt_mask=tgt_mask,
                 memory_mask=memory_mask,
@@ -729,30 +794,27 @@ class Transformer(Module):
             out = _custom_output("custom_decoder", layout.features_in(
                 out, "the output custom_decoder returned"), B, T, C)
         if ws.training:
-            self._saved_shapes = (x.shape, y.shape, memory.shape)
-            self._saved_layout = layout
+            self._saved = PublicSaved(TransformerSaved(x.shape, y.shape, memory.shape,
+                                                       enc_saved, dec_saved), None, layout)
         return out.reshape(B, T, C).copy()
 
     def backward(self, grad_output):
         """After a training-mode forward: accumulates every parameter's gradient and returns
         (d_src, d_tgt), in the inputs' layout. Custom parts run their own backward: the
         decoder's returns (d_tgt, d_memory), the encoder's d_src."""
-        shapes = getattr(self, "_saved_shapes", None)
-        if shapes is None:
-            raise RuntimeError("Transformer.backward: no training-mode forward to "
-                               "differentiate (call model.train() and run a forward first)")
-        self._saved_shapes = None
-        layout = self._saved_layout
+        public = self._check_saved()
+        saved, layout = public.record, public.layout
         d = features("grad_output", layout.features_in(grad_output, "grad_output"), self.d_model)
-        if d.shape != shapes[1]:
-            raise ValueError(f"Transformer.backward: grad_output must be {shapes[1]} "
+        if d.shape != saved.tgt_shape:
+            self._saved = public
+            raise ValueError(f"Transformer.backward: grad_output must be {saved.tgt_shape} "
                              f"(batch-first), got {d.shape}")
-        src_shape, tgt_shape, mem_shape = shapes
+        src_shape, tgt_shape, mem_shape = saved.src_shape, saved.tgt_shape, saved.memory_shape
         C = self.d_model
         bufs = self._bufs()
         if self._own("decoder"):
             dmem = _zeros(bufs, "grad.memory", (mem_shape[0] * mem_shape[1], C))
-            d_tgt = self.decoder._backward(d.reshape(-1, C), dmem, bufs).reshape(
+            d_tgt = self.decoder._backward(d.reshape(-1, C), saved.decoder, dmem, bufs).reshape(
                 tgt_shape).copy()
         else:
             d_tgt, dmem = self.decoder.backward(layout.features_out(d))
@@ -761,8 +823,8 @@ class Transformer(Module):
             dmem = _custom_output("custom_decoder.backward's d_memory", layout.features_in(
                 dmem, "custom_decoder.backward's d_memory"), *mem_shape).reshape(-1, C)
         if self._own("encoder"):
-            d_src = self.encoder._backward(np.ascontiguousarray(dmem), bufs).reshape(
-                src_shape).copy()
+            d_src = self.encoder._backward(np.ascontiguousarray(dmem), saved.encoder,
+                                           bufs).reshape(src_shape).copy()
         else:
             d_src = self.encoder.backward(layout.features_out(dmem.reshape(mem_shape)))
             d_src = _custom_output("custom_encoder.backward's d_src", layout.features_in(

@@ -17,6 +17,9 @@ DEFAULT_EVAL_EVERY = 200
 DEFAULT_CHECKPOINT_EVERY = 200
 DEFAULT_CHECKPOINT_MINUTES = 5.0   # a kill loses at most about this much of a slow run
 EXACT_SAMPLE = 100           # validation pairs decoded greedily at each evaluation
+# Data-parallel runs (fastattn.train.distributed): the longest a rank waits in one collective
+# before it ends the job; the wait includes rank 0's evaluations and checkpoints.
+COMM_TIMEOUT = 1800.0
 
 # fastattn train's settings when neither the command line nor (with --resume) the run gives
 # them; steps, lr and warmup depend on the preset (above), vocab_size on the tokenizer

@@ -21,10 +21,10 @@ import time
 import numpy as np
 
 from .. import optim
-from . import batching
+from . import batching, distributed
 from .checkpoint import (latest_checkpoint, load_best, load_checkpoint,
                          remove_temporaries, save_best, save_checkpoint)
-from .defaults import DEFAULT_LR, EXACT_SAMPLE, SCHEDULES, default_warmup
+from .defaults import COMM_TIMEOUT, DEFAULT_LR, EXACT_SAMPLE, SCHEDULES, default_warmup
 from .evaluate import EncodedPairs, Evaluator
 from .history import History
 from .progress import make_progress
@@ -185,7 +185,7 @@ class _Run:
                  max_steps, epochs, batch_tokens, optimizer, lr, schedule, warmup,
                  label_smoothing, clip_norm, seed, checkpoint_dir, checkpoint_every,
                  checkpoint_minutes, keep_checkpoints, eval_every, resume, progress, callbacks,
-                 keep_best, patience, exact_sample):
+                 keep_best, patience, exact_sample, comm=None, comm_timeout=COMM_TIMEOUT):
         for attr in ("loss", "manual_seed", "train", "eval", "config", "max_len"):
             if not hasattr(model, attr):
                 raise TypeError(f"fit: model must be a fastattn.nn.Seq2SeqTransformer, got "
@@ -217,6 +217,11 @@ class _Run:
         self.keep = _int(keep_checkpoints, "keep_checkpoints", 1, none=True)
         self.patience = _int(patience, "patience", 1, none=True)
         self.keep_best = bool(keep_best)
+        comm_timeout = _real(comm_timeout, "comm_timeout", 0.0)
+        if comm_timeout == 0:
+            raise ValueError("fit: comm_timeout must be > 0 seconds, got 0")
+        self.group = distributed.group(comm, comm_timeout)
+        self.lead = self.group is None or self.group.lead     # writes, evaluates, reports
         exact_sample = _int(exact_sample, "exact_sample", 0, none=True)
         if lr is not None:
             lr = _real(lr, "lr", 0.0)
@@ -244,7 +249,7 @@ class _Run:
                              f"{self.data.skipped} are longer than the model's max_len="
                              f"{model.max_len} or empty)")
         self.valid = None
-        if valid_pairs is not None:
+        if valid_pairs is not None and self.lead:
             self.valid = Evaluator(_check_pairs(valid_pairs, "valid_pairs"),
                                    src_tokenizer=src_tokenizer, tgt_tokenizer=tgt_tokenizer,
                                    max_len=model.max_len, batch_tokens=self.batch_tokens,
@@ -262,8 +267,10 @@ class _Run:
         self.settings = dict(seed=self.seed, batch_tokens=self.batch_tokens,
                              label_smoothing=self.label_smoothing, clip_norm=self.clip_norm,
                              max_steps=self.max_steps, epochs=self.epochs,
-                             schedule=repr(self.schedule), window=self.window)
-        self.progress_arg = progress
+                             schedule=repr(self.schedule), window=self.window,
+                             ranks=1 if self.group is None else self.group.size)
+        self.progress_arg = progress if self.lead else False
+        self.flat = None                # the model's flat gradient buffer (several ranks)
         self.history = History(skipped={"train": self.data.skipped,
                                         "valid": 0 if self.valid is None else
                                         self.valid.skipped})
@@ -342,16 +349,125 @@ class _Run:
                    if k in self.settings and self.settings[k] != v]
         return ck, changed
 
+    # -- several ranks
+    def start_ranks(self):
+        """The start of a run on several ranks: rank 0 resumes (or seeds) as one process
+        does, then every rank checks that it holds rank 0's data and settings, and takes
+        rank 0's weights, optimiser state, run position and dropout state. An error on
+        rank 0 here, or a rank that differs, is raised on every rank (distributed.agreed).
+        Returns what restore() returned on rank 0 (None elsewhere, or for a new run)."""
+        g, model, opt = self.group, self.model, self.optimizer
+        resumed, error = None, None
+        if g.lead:
+            try:
+                resumed = self._start()
+            except Exception as exc:        # told to every rank, then raised everywhere
+                error = exc
+        sd = opt.state_dict() if error is None and g.lead else {}
+        head = None
+        if g.lead:
+            head = dict(error=None if error is None else distributed.told(error),
+                        fingerprint=self.fingerprint, settings=self.settings,
+                        position=dict(step=self.step, epoch=self.epoch, batch=self.batch,
+                                      dropout_seed=int(model._dropout_seed),
+                                      dropout_calls=int(model._dropout_calls)),
+                        arrays={k: (v.shape, v.dtype.str) for k, v in sd.items() if v.ndim},
+                        scalars={k: v.item() for k, v in sd.items() if not v.ndim})
+        head = g.bcast(head, "the start of the run")
+        if head["error"] is not None:
+            distributed.raise_told(head["error"], error)
+        problem = None
+        if head["fingerprint"] != self.fingerprint:
+            problem = (f"its training pairs differ from rank 0's (sha256 "
+                       f"{self.fingerprint[:12]}..., rank 0 {head['fingerprint'][:12]}...): "
+                       "every rank must read the same data")
+        elif head["settings"] != self.settings:
+            differ = sorted(k for k in set(head["settings"]) | set(self.settings)
+                            if head["settings"].get(k) != self.settings.get(k))
+            problem = (f"its fit settings differ from rank 0's ({', '.join(differ)}): every "
+                       "rank must call fit with the same arguments")
+        problems = g.allgather(problem, "the check of every rank's data and settings")
+        bad = [(r, p) for r, p in enumerate(problems) if p is not None]
+        if bad:
+            raise distributed.agreed(ValueError("; ".join(f"rank {r} of {g.size}: {p}"
+                                                          for r, p in bad)))
+        # rank 0's weights and optimiser state, in place on the others
+        for key, p in model.named_parameters():
+            g.bcast_array(p, f"the broadcast of {key}")
+        if not g.lead:
+            sd = {k: np.empty(shape, dtype) for k, (shape, dtype) in head["arrays"].items()}
+        for key in sorted(head["arrays"]):
+            g.bcast_array(sd[key], f"the broadcast of the optimiser's {key}")
+        if not g.lead:
+            sd.update((k, np.array(v)) for k, v in head["scalars"].items())
+            opt.load_state_dict(sd)
+            model.invalidate_caches()
+            pos = head["position"]
+            self.step, self.epoch, self.batch = pos["step"], pos["epoch"], pos["batch"]
+            self.saved_step = self.step
+            # each rank draws its own dropout masks; rank 0's stream is one process's
+            model._dropout_seed = (pos["dropout_seed"] + g.rank * 0x9E3779B97F4A7C15) % 2 ** 64
+            model._dropout_calls = pos["dropout_calls"]
+        self.flat = model.flat_grads()
+        return resumed
+
+    def _start(self):
+        """One process's start: remove what a killed save left, resume from the latest
+        checkpoint (with resume=True) or seed the dropout masks -> restore()'s result or
+        None."""
+        resumed = None
+        if self.checkpoint_dir is not None:   # what a killed save or removal left behind
+            remove_temporaries(self.checkpoint_dir)
+        if self.resume:
+            path = latest_checkpoint(self.checkpoint_dir)
+            if path is not None:
+                resumed = self.restore(path)
+        if resumed is None:
+            self.model.manual_seed(self.seed)
+        return resumed
+
+    def ranks_step(self, idx, model, opt):
+        """Forward and backward of this rank's part of the global batch `idx`, the gradients
+        summed over the ranks -> (loss of the global batch, target tokens of the global
+        batch, seconds in the all-reduce). Each rank's gradient is that of its part's mean
+        loss; weighted by the part's share of the batch's target tokens, the sum is the
+        gradient of the global batch's mean loss."""
+        g = self.group
+        part = distributed.shard(idx, g.rank, g.size)
+        lens = self.data.tgt_lens
+        tokens = int(lens[idx].sum()) - len(idx)          # the decoder predicts tgt[1:]
+        share = (int(lens[part].sum()) - len(part)) / tokens
+        opt.zero_grad()
+        if len(part):
+            src, tgt, _ = self.data.batch(part, self.pad)
+            loss = model.loss(src, tgt, label_smoothing=self.label_smoothing, backward=True)
+        else:
+            loss = 0.0
+            model._dropout_calls += 1       # as the skipped forward would have: ranks agree
+        if share != 1.0:
+            self.flat *= np.float32(share)
+        scalars = np.array([share * loss], np.float64)
+        seconds = g.allreduce(self.flat, f"step {self.step + 1}'s gradient all-reduce")
+        g.allreduce(scalars, f"step {self.step + 1}'s loss all-reduce")
+        return float(scalars[0]), tokens, seconds
+
     # -- steps
     def train_step(self, idx):
         model, opt = self.model, self.optimizer
-        src, tgt, tokens = self.data.batch(idx, self.pad)
         padding = batching.padding_fraction(idx, self.data.src_lens, self.data.tgt_lens)
+        extra = {}
+        if self.group is None:
+            src, tgt, tokens = self.data.batch(idx, self.pad)
         with self.interrupts:
             lr = opt.lr
             t0 = time.perf_counter()
-            opt.zero_grad()
-            loss = model.loss(src, tgt, label_smoothing=self.label_smoothing, backward=True)
+            if self.group is None:
+                opt.zero_grad()
+                loss = model.loss(src, tgt, label_smoothing=self.label_smoothing,
+                                  backward=True)
+            else:
+                loss, tokens, comm = self.ranks_step(idx, model, opt)
+                extra = dict(ranks=self.group.size, allreduce_seconds=comm)
             if self.clip_norm is not None:
                 optim.clip_grad_norm(model, self.clip_norm)
             opt.step()
@@ -362,7 +478,7 @@ class _Run:
             record = self.history.add_step(
                 step=self.step, epoch=self.epoch, loss=float(loss), lr=float(lr),
                 tokens=tokens, tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
-                seconds=seconds, padding=padding)
+                seconds=seconds, padding=padding, **extra)
         return record
 
     def evaluate(self):
@@ -398,16 +514,19 @@ class _Run:
         return self.epoch >= self.epochs
 
     def run(self):
+        if self.group is None:
+            return self._run()
+        try:
+            return self._run()
+        except BaseException as exc:
+            if distributed.is_agreed(exc):
+                raise
+            self.group.fail(exc, f" in step {self.step + 1}")
+            raise                           # MPI_Abort does not return
+
+    def _run(self):
         model = self.model
-        resumed = None
-        if self.checkpoint_dir is not None:   # what a killed save or removal left behind
-            remove_temporaries(self.checkpoint_dir)
-        if self.resume:
-            path = latest_checkpoint(self.checkpoint_dir)
-            if path is not None:
-                resumed = self.restore(path)
-        if resumed is None:
-            model.manual_seed(self.seed)
+        resumed = self._start() if self.group is None else self.start_ranks()
         self.scheduler = optim.LRScheduler(self.optimizer, self.schedule)
         self.progress = make_progress(self.progress_arg, self.total, self.step)
         if self.data.skipped:
@@ -420,6 +539,13 @@ class _Run:
             ck, changed = resumed
             note = f"; settings changed: {', '.join(changed)}" if changed else ""
             self.progress.info(f"resumed from {ck.path} at step {self.step}{note}")
+            before = ck.state.get("fit", {}).get("ranks", 1)
+            if before != self.settings["ranks"]:
+                self.progress.info(
+                    f"the run so far was trained on {before} rank(s), it goes on with "
+                    f"{self.settings['ranks']}: the data order, schedule and optimiser continue "
+                    "exactly; the float32 rounding of the summed gradients (and, with dropout, "
+                    "the masks) differ from a run that stays on one count")
         elif self.resume:
             self.progress.info(f"no checkpoint in {self.checkpoint_dir}: starting a new run")
         model.train()
@@ -428,7 +554,7 @@ class _Run:
         try:
             self._loop()
         except KeyboardInterrupt:
-            if self.checkpoint_dir is not None and not self.interrupts.torn \
+            if self.lead and self.checkpoint_dir is not None and not self.interrupts.torn \
                     and self.saved_step != self.step:
                 self.save()
                 self.progress.info(f"interrupted: checkpoint of step {self.step} written to "
@@ -441,6 +567,28 @@ class _Run:
             self.interrupts.uninstall()
             self.progress.close()
         return self.history
+
+    def _after_step(self, record):
+        """Progress, callbacks, evaluation and checkpoint after a step (rank 0's alone on
+        several ranks) -> (stop: a callback's StopIteration or patience, evaluated)."""
+        self.progress.step(record)
+        stop = evaluated = False
+        for cb in self.callbacks:
+            try:
+                cb(record, self.model)
+            except StopIteration:
+                stop = True
+        if self.eval_every and self.step % self.eval_every == 0:
+            self.evaluate()
+            evaluated = True
+            if self.patience and self.stale_evals() >= self.patience:
+                self.progress.info(
+                    f"early stop at step {self.step}: the validation loss has not improved "
+                    f"in {self.patience} evaluations")
+                stop = True
+        if self.checkpoint_due():
+            self.save()
+        return stop, evaluated
 
     def checkpoint_due(self):
         """A checkpoint is due after this step: every checkpoint_every steps, and once
@@ -461,24 +609,16 @@ class _Run:
                 self.epoch, self.batch = self.epoch + 1, 0
                 continue
             record = self.train_step(plan[self.batch])
-            self.progress.step(record)
-            for cb in self.callbacks:
-                try:
-                    cb(record, self.model)
-                except StopIteration:
-                    stop = True
-            if self.eval_every and self.step % self.eval_every == 0:
-                self.evaluate()
-                last_eval = self.step
-                if self.patience and self.stale_evals() >= self.patience:
-                    self.progress.info(
-                        f"early stop at step {self.step}: the validation loss has not improved "
-                        f"in {self.patience} evaluations")
-                    stop = True
-            if self.checkpoint_due():
-                self.save()
+            if self.lead:                   # the other ranks wait for rank 0's decision
+                stop, evaluated = self._after_step(record)
+                if evaluated:
+                    last_eval = self.step
+            if self.group is not None:
+                stop = self.group.bcast(stop, f"the end of step {self.step}")
         if self.batch >= len(self.plan(self.epoch)):     # an epoch ended with the run
             self.epoch, self.batch = self.epoch + 1, 0
+        if not self.lead:
+            return
         if self.valid is not None and last_eval != self.step and self.step > 0:
             self.evaluate()
         if self.checkpoint_dir is not None and self.saved_step != self.step:
@@ -497,7 +637,7 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
         checkpoint_dir=None, checkpoint_every=None, checkpoint_minutes=None,
         keep_checkpoints=3, eval_every=None,
         resume=False, progress=True, callbacks=(), keep_best=True, patience=None,
-        exact_sample=EXACT_SAMPLE):
+        exact_sample=EXACT_SAMPLE, comm=None, comm_timeout=COMM_TIMEOUT):
     """Train `model` (a fastattn.nn.Seq2SeqTransformer) on text pairs; returns a History.
 
     Data. train_pairs and valid_pairs are lists of (source, target) str pairs (read_pairs,
@@ -569,10 +709,33 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
     is re-raised for the caller to handle; the checkpoint resumes exactly. A second Ctrl-C
     inside a step interrupts at once and no checkpoint is written (the latest one stays).
     A KeyboardInterrupt raised by a callback is handled the same way.
+
+    Several processes (data parallelism over MPI; fastattn.train.distributed). comm: an
+    mpi4py communicator (``MPI.COMM_WORLD`` under ``mpiexec -n N``; None or one of one
+    process: the run above). Every rank calls fit with the same arguments and data (checked
+    when the run starts: ValueError on every rank otherwise); rank 0's weights, optimiser
+    state and position are broadcast then, so a run (new or resumed) starts equal everywhere.
+    Each global batch of batch_tokens (the batches one process forms) is cut into N parts of
+    consecutive pairs, one per rank (about batch_tokens / N each); after the backward the
+    ranks' gradients, each weighted by its part's share of the batch's target tokens, are
+    summed in one flat float32 buffer by one all-reduce, and every rank clips to the global
+    norm and takes the same step. So the run follows one process with the same batches to
+    float32 rounding, not bit for bit: each gradient is summed in another order (per part,
+    then across the ranks; the key projections' biases, whose exact gradient is zero, follow
+    its rounding noise, without effect on the outputs); with dropout, each rank draws its own
+    masks (rank 0's are one process's). Step records gain ``ranks`` and ``allreduce_seconds``. Rank 0 alone reports
+    progress, runs the callbacks (its StopIteration stops every rank), evaluates, keeps the
+    best weights and writes checkpoints; the other ranks return the History of their steps
+    and a model holding the last step's weights. A resume continues exactly on the same
+    number of ranks; on another number, the data order, schedule and optimiser state continue
+    exactly and only the rounding (and dropout masks) differ. An exception on some ranks
+    only ends every rank (MPI_Abort, after printing it); comm_timeout: the longest a rank
+    waits in one collective (rank 0's evaluations and checkpoints included) before it ends
+    the job the same way.
     """
     run = _Run(model, train_pairs, src_tokenizer, tgt_tokenizer, valid_pairs, max_steps,
                epochs, batch_tokens, optimizer, lr, schedule, warmup, label_smoothing,
                clip_norm, seed, checkpoint_dir, checkpoint_every, checkpoint_minutes,
                keep_checkpoints, eval_every, resume, progress, callbacks, keep_best, patience,
-               exact_sample)
+               exact_sample, comm, comm_timeout)
     return run.run()

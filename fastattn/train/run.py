@@ -20,8 +20,9 @@ import random
 
 from .. import io, tokenizers
 from ..nn import Seq2SeqTransformer
+from . import distributed
 from ..tokenizers.files import read_regular_file, short
-from .defaults import (DEFAULT_STEPS, PRESET_LR, SCHEDULES, TRAIN_DEFAULTS,
+from .defaults import (COMM_TIMEOUT, DEFAULT_STEPS, PRESET_LR, SCHEDULES, TRAIN_DEFAULTS,
                        default_warmup)
 
 __all__ = ["PRESETS", "TOKENIZERS", "Run", "build_model", "load_run", "read_config",
@@ -335,7 +336,7 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
               clip_norm=None, dropout=None, label_smoothing=None, valid=None, seed=None,
               resume=False, progress=True, keep_in_train=(), data=None, eval_every=None,
               exact_sample=None, patience=None, checkpoint_every=None, checkpoint_minutes=None,
-              **fit_kwargs):
+              comm=None, **fit_kwargs):
     """Train a run from (source, target) text pairs into the directory `out` -> (Run,
     History). What ``fastattn train`` does: split off `valid` of the pairs, train one
     tokenizer on both sides, build the preset model, fit() with checkpoints in
@@ -356,7 +357,13 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
 
     With held-out pairs (valid > 0) the run evaluates every eval_every steps and its model
     (model.safetensors) is the one of the lowest validation loss (fit's keep_best); the last
-    step's weights stay in the latest checkpoint."""
+    step's weights stay in the latest checkpoint.
+
+    comm: an mpi4py communicator of several processes (fit's data parallelism). Rank 0
+    alone reads and writes `out` (which the others need not see): it settles the settings
+    and the tokenizers as above and sends them to the others, which split the same pairs
+    (every rank reads the data itself); an error there is raised on every rank. The other
+    ranks write nothing and return a Run whose model holds the last step's weights."""
     from .fit import fit
 
     out = os.fspath(out)
@@ -369,6 +376,66 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
         if v is not None}
     if steps is not None and epochs is not None:
         raise ValueError(f"give steps or epochs, not both (got {steps!r}, {epochs!r})")
+    group = distributed.group(comm, fit_kwargs.get("comm_timeout", COMM_TIMEOUT))
+    if group is None:
+        prepared = _prepare(pairs, out, given, resume, keep_in_train, data)
+    else:
+        prepared = _prepare_ranks(group, pairs, out, given, resume, keep_in_train, data)
+    settings, src_tok, tgt_tok, config, train_pairs, valid_pairs = prepared
+    net = build_model(settings["model"], src_tok.vocab_size, tgt_tok.vocab_size,
+                      pad_id=src_tok.pad_id, dropout=settings["dropout"], seed=settings["seed"])
+    kw = dict(src_tokenizer=src_tok, tgt_tokenizer=tgt_tok, valid_pairs=valid_pairs or None,
+              max_steps=settings["steps"], epochs=settings["epochs"],
+              batch_tokens=settings["batch_tokens"], schedule=settings["schedule"],
+              lr=settings["lr"], warmup=settings["warmup"],
+              clip_norm=_clip(settings["clip_norm"]),
+              label_smoothing=settings["label_smoothing"], seed=settings["seed"],
+              checkpoint_dir=_path(out, "checkpoints"),
+              checkpoint_every=settings["checkpoint_every"],
+              checkpoint_minutes=settings["checkpoint_minutes"],
+              eval_every=settings["eval_every"] if valid_pairs else None,
+              exact_sample=settings["exact_sample"],
+              patience=settings["patience"], resume=resume,
+              progress=progress if group is None or group.lead else False, comm=comm)
+    kw.update(fit_kwargs)
+    history = fit(net, train_pairs, **kw)
+    if group is None or group.lead:
+        _write_history(_path(out, "history"), history)
+        io.save(net, _path(out, "model"))
+    net.eval()
+    run = Run(out, net, src_tok, tgt_tok, config)
+    run.train_pairs, run.valid_pairs = train_pairs, valid_pairs
+    return run, history
+
+
+def _prepare_ranks(group, pairs, out, given, resume, keep_in_train, data):
+    """_prepare on rank 0, its settings and tokenizers sent to the others, which split the
+    pairs as rank 0 did; an error on rank 0 is raised on every rank."""
+    payload, error, prepared = None, None, None
+    if group.lead:
+        try:
+            prepared = _prepare(pairs, out, given, resume, keep_in_train, data)
+            settings, src_tok, tgt_tok, config = prepared[:4]
+            payload = dict(settings=settings, config=config, src=src_tok.to_dict(),
+                           tgt=tgt_tok.to_dict())
+        except Exception as exc:         # told to every rank, then raised everywhere
+            error, payload = exc, dict(error=distributed.told(exc))
+    payload = group.bcast(payload, "the run's settings from rank 0")
+    if "error" in payload:
+        distributed.raise_told(payload["error"], error)
+    if group.lead:
+        return prepared
+    settings = payload["settings"]
+    src_tok = tokenizers.Tokenizer.from_dict(payload["src"], where="rank 0's src tokenizer")
+    tgt_tok = tokenizers.Tokenizer.from_dict(payload["tgt"], where="rank 0's tgt tokenizer")
+    train_pairs, valid_pairs = split_pairs(list(pairs), settings["valid"], settings["seed"],
+                                           keep_in_train)
+    return settings, src_tok, tgt_tok, payload["config"], train_pairs, valid_pairs
+
+
+def _prepare(pairs, out, given, resume, keep_in_train, data):
+    """The run directory made ready, as one process does -> (settings, src_tok, tgt_tok,
+    config, train_pairs, valid_pairs)."""
     os.makedirs(out, exist_ok=True)
     _remove_temporaries(out)
     config_path = _path(out, "config")
@@ -402,26 +469,4 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
         src_tok.save(_path(out, "src_tokenizer"))
         tgt_tok.save(_path(out, "tgt_tokenizer"))
         write_json_atomic(config_path, config)
-    net = build_model(settings["model"], src_tok.vocab_size, tgt_tok.vocab_size,
-                      pad_id=src_tok.pad_id, dropout=settings["dropout"], seed=settings["seed"])
-    kw = dict(src_tokenizer=src_tok, tgt_tokenizer=tgt_tok, valid_pairs=valid_pairs or None,
-              max_steps=settings["steps"], epochs=settings["epochs"],
-              batch_tokens=settings["batch_tokens"], schedule=settings["schedule"],
-              lr=settings["lr"], warmup=settings["warmup"],
-              clip_norm=_clip(settings["clip_norm"]),
-              label_smoothing=settings["label_smoothing"], seed=settings["seed"],
-              checkpoint_dir=_path(out, "checkpoints"),
-              checkpoint_every=settings["checkpoint_every"],
-              checkpoint_minutes=settings["checkpoint_minutes"],
-              eval_every=settings["eval_every"] if valid_pairs else None,
-              exact_sample=settings["exact_sample"],
-              patience=settings["patience"], resume=resume,
-              progress=progress)
-    kw.update(fit_kwargs)
-    history = fit(net, train_pairs, **kw)
-    _write_history(_path(out, "history"), history)
-    io.save(net, _path(out, "model"))
-    net.eval()
-    run = Run(out, net, src_tok, tgt_tok, config)
-    run.train_pairs, run.valid_pairs = train_pairs, valid_pairs
-    return run, history
+    return settings, src_tok, tgt_tok, config, train_pairs, valid_pairs

@@ -175,7 +175,7 @@ def test_forward_unchanged_by_asking(rng):
     after = m(src, tgt)
     assert np.array_equal(before, after)
     # the recording pass computes the forward's output through the weight-returning attention
-    recorded = m._forward(src, tgt, ws=recording_workspace(m, "test"))
+    recorded, _ = m._forward(src, tgt, ws=recording_workspace(m, "test"))
     assert_backends_close(recorded, before, name="logits of the recording pass")
 
 

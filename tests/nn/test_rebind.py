@@ -79,9 +79,10 @@ def test_a_right_shape_is_taken_and_used(key, name):
     setattr(mod, name, new)
     got = getattr(mod, name)
     assert got.dtype == np.float32 and got.flags.c_contiguous and np.all(got == 0.01)
-    same = np.full(old.shape, 0.02, np.float32)           # float32 C-contiguous: kept as is
-    setattr(mod, name, same)
-    assert getattr(mod, name) is same
+    same = np.full(old.shape, 0.02, np.float32)           # float32 C-contiguous: its memory
+    setattr(mod, name, same)                              # kept, as a Parameter
+    assert isinstance(getattr(mod, name), fnn.Parameter)
+    assert np.shares_memory(getattr(mod, name), same)
     ref = model()
     ref.load_state_dict(m.state_dict())
     np.testing.assert_array_equal(m.eval()(SRC, TGT[:, :-1]), ref.eval()(SRC, TGT[:, :-1]))

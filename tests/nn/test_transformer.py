@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_close, requires_torch
-from fastattn import nn as fnn
-from fastattn import ops
+from fastattn import _fast, nn as fnn
 from nn_util import *  # noqa: F401,F403  (helpers and constants)
 from nn_util import TORCH_WARNINGS
 
@@ -143,13 +142,13 @@ def test_subsequent_tgt_mask_runs_as_causal_kernel(rng, monkeypatch, mask_kind):
     """A tgt_mask equal to the square subsequent mask reaches the kernel as causal=True with no
     mask array; any other tgt_mask reaches it as an additive array."""
     calls = []
-    real = ops._attention_into
+    real = _fast.attention_into
 
     def spy(out, q, k, v, bias, key_bias, causal, scale):
         calls.append((q.shape[2], k.shape[2], bias is None, bool(causal)))
         return real(out, q, k, v, bias, key_bias, causal, scale)
 
-    monkeypatch.setattr(ops, "_attention_into", spy)
+    monkeypatch.setattr(_fast, "attention_into", spy)
     fm = fast_transformer(num_encoder_layers=1, num_decoder_layers=2)
     src, tgt = features(rng, B, S), features(rng, B, T)
     causal = np.triu(np.ones((T, T), bool), k=1)

