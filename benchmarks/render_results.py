@@ -55,10 +55,13 @@ def load_results(directory=RESULTS):
 
 
 def latest(directory=RESULTS):
-    """(path, data) of the newest results file; LookupError when there is none."""
-    results = load_results(directory)
+    """(path, data) of the newest results file that has a headline case (a run of one case
+    alone, such as ``--case learning``, leaves the README's table to the last full run);
+    LookupError when there is none."""
+    results = [(p, d) for p, d in load_results(directory)
+               if any(r["case"] in HEADLINE for r in d["rows"])]
     if not results:
-        raise LookupError(f"no results file in {directory}")
+        raise LookupError(f"no results file with a headline case in {directory}")
     return results[-1]
 
 
@@ -154,10 +157,12 @@ def results_page(results):
     if not results:
         out.append("No results file yet.")
     for path, data in reversed(results):
+        repeat = data.get("repeat") or "several"
         out += [f"## {Path(path).name}", "", f"**Machine**: {machine_stamp(data)}. "
-                f"Medians of {data.get('repeat', '?')} interleaved calls (NumPy twin: "
-                f"{data.get('numpy_repeat', '?')}); the run took "
+                f"Medians of {repeat} interleaved calls (NumPy twin: "
+                f"{data.get('numpy_repeat') or '?'}); the run took "
                 f"{data.get('elapsed_s', 0) / 60:.0f} minutes.", "",
+                *([f"*{data['provenance']}*", ""] if data.get("provenance") else []),
                 f"![fastattn, torch and the NumPy twin per case, {Path(path).name}]"
                 f"({plot_name(path)})", "", full_table(data), "", "**Targets**", "",
                 targets_block(data), ""]
