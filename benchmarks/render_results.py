@@ -35,7 +35,7 @@ RESULTS_LINK = "docs/benchmarks.md"
 
 SIMD_NAMES = {"avx512": "AVX-512", "avx2": "AVX2", "generic": "no SIMD (generic)"}
 IMPLS = ("fastattn", "torch", "numpy", "ctranslate2")
-COLORS = {"fastattn": "#1f77b4", "torch": "#ee4c2c", "numpy": "#4d77cf", "ctranslate2": "#2ca02c"}
+COLORS = {"fastattn": "#1f77b4", "torch": "#ee4c2c", "numpy": "#8c8c8c", "ctranslate2": "#2ca02c"}
 LABELS = {"fastattn": "fastattn", "torch": "torch", "numpy": "NumPy twin",
           "ctranslate2": "CTranslate2"}
 
@@ -127,7 +127,7 @@ def full_table(data):
             "vs NumPy", "vs CTranslate2", "GFLOP/s", "notes"]
     body = []
     for r in data["rows"]:
-        body.append([r["title"], *(fmt(r.get(f"{i}_ms")) for i in IMPLS),
+        body.append([f"`{r['case']}`: {r['title']}", *(fmt(r.get(f"{i}_ms")) for i in IMPLS),
                      *(ratio(r.get(f"speedup_vs_{i}")) for i in IMPLS[1:]),
                      fmt(r.get("fastattn_gflops")),
                      "; ".join(r.get("notes", [])).replace("|", "/")])
@@ -159,8 +159,9 @@ def results_page(results):
     for path, data in reversed(results):
         repeat = data.get("repeat") or "several"
         out += [f"## {Path(path).name}", "", f"**Machine**: {machine_stamp(data)}. "
-                f"Medians of {repeat} interleaved calls (NumPy twin: "
-                f"{data.get('numpy_repeat') or '?'}); the run took "
+                f"Medians of up to {repeat} interleaved calls a case (NumPy twin: "
+                f"{data.get('numpy_repeat') or '?'}; the long cases run fewer, their notes say "
+                f"how many); the run took "
                 f"{data.get('elapsed_s', 0) / 60:.0f} minutes.", "",
                 *([f"*{data['provenance']}*", ""] if data.get("provenance") else []),
                 f"![fastattn, torch and the NumPy twin per case, {Path(path).name}]"
@@ -190,8 +191,7 @@ def plot_png(data):
         xs = [r.get(f"{impl}_ms") or 0 for r in rows]
         ax.barh(ys, xs, height, label=LABELS[impl], color=COLORS[impl])
     ax.set_yticks([n + height * (len(impls) - 1) / 2 for n in range(len(rows))])
-    ax.set_yticklabels([r["title"] if len(r["title"]) < 70 else r["title"][:67] + "..."
-                        for r in rows], fontsize=7)
+    ax.set_yticklabels([r["case"] for r in rows], fontsize=8)   # the titles: in the table
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("median time, ms (log scale; shorter is faster)")
