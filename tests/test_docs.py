@@ -233,9 +233,10 @@ def site(tmp_path_factory):
 
 @pytest.mark.docs_site
 def test_site_has_a_page_per_guide(site):
-    for page in ["getting-started", "ops", "model", "training", "generation", "quantization",
-                 "runners", "performance", "benchmarks", "benchmarks/results",
-                 "benchmarks/past-measurements", "seed-walkthrough", "reference"]:
+    for page in ["getting-started", "ops", "model", "training", "training/distributed",
+                 "generation", "quantization", "runners", "performance", "benchmarks",
+                 "benchmarks/results", "benchmarks/past-measurements", "seed-walkthrough",
+                 "architecture", "reference"]:
         assert (site / page / "index.html").exists(), page
     assert (site / "index.html").exists()
     assert list((site / "benchmarks").glob("*.png")), "no benchmark plot"
