@@ -146,7 +146,7 @@ int fa_int8_init(int forced)
         return 0;
     }
     /* amx is chosen only when forced: its tile code is tested bit for bit against the twin
-     * through amx-emulated on every AVX-512 CPU, but has not yet been timed on an AMX CPU */
+     * through amx-emulated on every AVX-512 CPU, but its speed on an AMX CPU is unknown */
     g_path = fa_int8_supports(FA_INT8_AVX512VNNI) ? FA_INT8_AVX512VNNI
            : fa_int8_supports(FA_INT8_AVX512BW)   ? FA_INT8_AVX512BW
            : fa_int8_supports(FA_INT8_AVX2)       ? FA_INT8_AVX2
@@ -289,7 +289,7 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const flo
         int16_t *xq = (int16_t *)(buf + stride * fa_thread_id());
         float *sx = (float *)((char *)xq + round_up(per * Kp * 2, 64));
         if (by_rows) {
-            /* blocks handed out as threads come free: a thread slowed by the VM's other tenants
+            /* blocks handed out as threads come free: a thread slowed by other processes
              * takes fewer, rather than holding the team at the end (with equal static shares,
              * the others wait for it). Any split gives the same bits: a row's sums do not
              * depend on the block or thread that computes it. */
