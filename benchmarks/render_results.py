@@ -7,7 +7,8 @@ results pages and a plot per results file.
 
 The documentation build runs this module as an MkDocs hook (``hooks:`` in mkdocs.yml): its
 ``on_files`` adds the pages ``benchmarks/results.md`` and ``benchmarks/past-measurements.md``
-and one PNG per results file, so the site never carries figures typed by hand.
+and one PNG per results file (a small plot per case), so the site never carries figures
+typed by hand.
 
 Only the standard library at import; matplotlib is imported when a plot is drawn.
 """
@@ -175,32 +176,41 @@ def past_page(directory=RESULTS):
     return path.read_text(encoding="utf-8") if path.exists() else "# Past measurements\n"
 
 
-def plot_png(data):
-    """PNG bytes: one group of horizontal bars per case, the median time of fastattn, torch,
-    the NumPy twin (and CTranslate2 where it ran), on a log scale."""
+def plot_png(data, columns=4):
+    """PNG bytes: a small plot per case, one bar per implementation that ran it (fastattn,
+    torch, the NumPy twin, CTranslate2), its median time in ms on the case's own linear scale,
+    so that each case's ratios read at a glance whatever its size."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     rows = [r for r in data["rows"] if r.get("fastattn_ms")]
-    impls = [i for i in IMPLS if any(r.get(f"{i}_ms") for r in rows)]
-    height = 0.8 / max(len(impls), 1)
-    fig, ax = plt.subplots(figsize=(10, 0.42 * len(rows) + 1.4))
-    for k, impl in enumerate(impls):
-        ys = [n + k * height for n in range(len(rows))]
-        xs = [r.get(f"{impl}_ms") or 0 for r in rows]
-        ax.barh(ys, xs, height, label=LABELS[impl], color=COLORS[impl])
-    ax.set_yticks([n + height * (len(impls) - 1) / 2 for n in range(len(rows))])
-    ax.set_yticklabels([r["case"] for r in rows], fontsize=8)   # the titles: in the table
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.set_xlabel("median time, ms (log scale; shorter is faster)")
-    ax.set_title(machine_stamp(data).split(";")[0], fontsize=9)
-    ax.legend(loc="lower right", fontsize=8)
-    ax.grid(axis="x", which="both", alpha=0.3)
+    columns = max(1, min(columns, len(rows)))
+    nrows = max(1, -(-len(rows) // columns))
+    fig, axes = plt.subplots(nrows, columns, figsize=(3.2 * columns, 1.25 * nrows + 0.8),
+                             squeeze=False)
+    for ax, r in zip(axes.flat, rows):
+        impls = [i for i in IMPLS if r.get(f"{i}_ms")]
+        times = [r[f"{i}_ms"] for i in impls]
+        ax.barh(range(len(impls)), times, 0.7, color=[COLORS[i] for i in impls])
+        ax.set_yticks(range(len(impls)))
+        ax.set_yticklabels([LABELS[i] for i in impls], fontsize=7)
+        ax.set_ylim(len(IMPLS) - 0.5, -0.5)   # the same bar height in every plot
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(4))
+        ax.set_title(r["case"], fontsize=8)
+        ax.tick_params(axis="x", labelsize=6)
+        ax.set_xlim(0, max(times) * 1.35)
+        for y, v in enumerate(times):
+            ax.text(v, y, " " + fmt(v), va="center", fontsize=6)
+        ax.grid(axis="x", alpha=0.3)
+    for ax in list(axes.flat)[len(rows):]:
+        ax.axis("off")
+    fig.suptitle(f"median time per case, ms (shorter is faster); "
+                 f"{machine_stamp(data).split(';')[0]}", fontsize=9)
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
+    fig.savefig(buf, format="png", dpi=80)
     plt.close(fig)
     return buf.getvalue()
 
