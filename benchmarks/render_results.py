@@ -123,16 +123,24 @@ def readme_block(data):
 
 
 def full_table(data):
-    """Every row of a results file as a Markdown table."""
+    """Every row of a results file as a Markdown table (the cases' notes: notes_block)."""
     head = ["case", "fastattn ms", "torch ms", "NumPy twin ms", "CTranslate2 ms", "vs torch",
-            "vs NumPy", "vs CTranslate2", "GFLOP/s", "notes"]
+            "vs NumPy", "vs CTranslate2", "GFLOP/s"]
     body = []
     for r in data["rows"]:
-        body.append([f"`{r['case']}`: {r['title']}", *(fmt(r.get(f"{i}_ms")) for i in IMPLS),
+        body.append([f"`{r['case']}`", *(fmt(r.get(f"{i}_ms")) for i in IMPLS),
                      *(ratio(r.get(f"speedup_vs_{i}")) for i in IMPLS[1:]),
-                     fmt(r.get("fastattn_gflops")),
-                     "; ".join(r.get("notes", [])).replace("|", "/")])
+                     fmt(r.get("fastattn_gflops"))])
     return _table(head, body, set(range(1, 9)))
+
+
+def notes_block(data):
+    """What each case measures (its title) and its notes, one item per case."""
+    items = []
+    for r in data["rows"]:
+        notes = "; ".join(r.get("notes", []))
+        items.append(f"- `{r['case']}`: {r['title']}" + (f". {notes}" if notes else ""))
+    return "\n".join(items)
 
 
 def targets_block(data):
@@ -158,15 +166,16 @@ def results_page(results):
     if not results:
         out.append("No results file yet.")
     for path, data in reversed(results):
-        repeat = data.get("repeat") or "several"
+        calls = f"up to {data['repeat']} " if data.get("repeat") else ""
         out += [f"## {Path(path).name}", "", f"**Machine**: {machine_stamp(data)}. "
-                f"Medians of up to {repeat} interleaved calls a case (NumPy twin: "
+                f"Medians of {calls}interleaved calls a case (NumPy twin: "
                 f"{data.get('numpy_repeat') or '?'}; the long cases run fewer, their notes say "
                 f"how many); the run took "
                 f"{data.get('elapsed_s', 0) / 60:.0f} minutes.", "",
                 *([f"*{data['provenance']}*", ""] if data.get("provenance") else []),
                 f"![fastattn, torch and the NumPy twin per case, {Path(path).name}]"
-                f"({plot_name(path)})", "", full_table(data), "", "**Targets**", "",
+                f"({plot_name(path)})", "", full_table(data), "", "**The cases**", "",
+                notes_block(data), "", "**Targets**", "",
                 targets_block(data), ""]
     return "\n".join(out) + "\n"
 
@@ -188,7 +197,8 @@ def plot_png(data, columns=4):
     rows = [r for r in data["rows"] if r.get("fastattn_ms")]
     columns = max(1, min(columns, len(rows)))
     nrows = max(1, -(-len(rows) // columns))
-    fig, axes = plt.subplots(nrows, columns, figsize=(3.2 * columns, 1.25 * nrows + 0.8),
+    height = 1.25 * nrows + 0.8
+    fig, axes = plt.subplots(nrows, columns, figsize=(max(3.2 * columns, 6.4), height),
                              squeeze=False)
     for ax, r in zip(axes.flat, rows):
         impls = [i for i in IMPLS if r.get(f"{i}_ms")]
@@ -206,9 +216,8 @@ def plot_png(data, columns=4):
         ax.grid(axis="x", alpha=0.3)
     for ax in list(axes.flat)[len(rows):]:
         ax.axis("off")
-    fig.suptitle(f"median time per case, ms (shorter is faster); "
-                 f"{machine_stamp(data).split(';')[0]}", fontsize=9)
-    fig.tight_layout()
+    fig.suptitle("median time per case, ms (shorter is faster)", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / height))   # room for the title
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80)
     plt.close(fig)
