@@ -47,6 +47,40 @@ float att_lse(float m, float l)
     return lse > FLT_MAX ? FLT_MAX : lse < -FLT_MAX ? -FLT_MAX : (float)lse;
 }
 
+/* ---- bf16 attention's path ----------------------------------------------------------------- */
+
+int fa_att_bf16_dot = 0;
+
+int fa_attention_bf16_supports(int path)
+{
+    switch (path) {
+    case FA_ATT_BF16_WIDEN:
+        return 1;
+    case FA_ATT_BF16_DOT:
+#if defined(FA_HAVE_V4) && defined(ATT_HAVE_BF16_DOT)
+        __builtin_cpu_init();
+        return fa_cpu_level() >= FA_ISA_AVX512 && __builtin_cpu_supports("avx512bf16");
+#else
+        return 0;
+#endif
+    default:
+        return 0;
+    }
+}
+
+int fa_attention_bf16_init(int forced)
+{
+    if (forced >= 0) {
+        if (!fa_attention_bf16_supports(forced)) return -1;
+        fa_att_bf16_dot = forced == FA_ATT_BF16_DOT;
+    } else {
+        fa_att_bf16_dot = fa_attention_bf16_supports(FA_ATT_BF16_DOT);
+    }
+    return 0;
+}
+
+int fa_attention_bf16_path(void) { return fa_att_bf16_dot ? FA_ATT_BF16_DOT : FA_ATT_BF16_WIDEN; }
+
 int fa_attention_forward(const fa_attention_args *a, int nthreads)
 {
     return fa_k->attention_forward(a, nthreads);
