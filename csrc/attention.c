@@ -52,7 +52,7 @@ float att_lse(float m, float l)
 
 /* ---- bf16 attention's path ----------------------------------------------------------------- */
 
-int fa_att_bf16_dot = 0;
+int fa_att_bf16_dot = 0, fa_att_bf16_dot_rows = 0, fa_att_bf16_cvt = 0;
 
 int fa_attention_bf16_supports(int path)
 {
@@ -60,6 +60,7 @@ int fa_attention_bf16_supports(int path)
     case FA_ATT_BF16_WIDEN:
         return 1;
     case FA_ATT_BF16_DOT:
+    case FA_ATT_BF16_DOT_ROWS:
 #if defined(FA_HAVE_V4) && defined(ATT_HAVE_BF16_DOT)
         __builtin_cpu_init();
         return fa_cpu_level() >= FA_ISA_AVX512 && __builtin_cpu_supports("avx512bf16");
@@ -72,9 +73,11 @@ int fa_attention_bf16_supports(int path)
 }
 
 /* Does the CPU have AMX-BF16 tiles (CPUID 7.0 EDX bit 22)? Its cores (Sapphire Rapids and
- * later) run vdpbf16ps at a fraction of their float32 FMA rate in flops (measured: the dot
- * path's tiles took longer than the widen path's twice as many FMAs), while AMD's Zen 4 and
- * Zen 5 run it near twice the FMA rate. */
+ * later) run vdpbf16ps below their float32 FMA rate in flops (profiled: the dot path's score
+ * and P.V tiles took longer than the widen path's twice as many FMAs), while AMD's Zen 4 and
+ * Zen 5 run it near twice the FMA rate. A decode step's one-row pass still gains from it: its
+ * widen form rounds every k and v element as it reads them, the dot form converts them with
+ * one instruction per 32. */
 static int cpu_has_amx_bf16(void)
 {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -86,19 +89,29 @@ static int cpu_has_amx_bf16(void)
 #endif
 }
 
-/* Default: the dot path where vdpbf16ps is faster than FMA (AVX512_BF16 without AMX). */
+/* Default: vdpbf16ps everywhere where it outruns FMA (AVX512_BF16 without AMX), in the
+ * one-row pass only on AMX CPUs, nowhere without AVX512_BF16. */
 int fa_attention_bf16_init(int forced)
 {
-    if (forced >= 0) {
-        if (!fa_attention_bf16_supports(forced)) return -1;
-        fa_att_bf16_dot = forced == FA_ATT_BF16_DOT;
+    int path = forced;
+    if (path >= 0) {
+        if (!fa_attention_bf16_supports(path)) return -1;
     } else {
-        fa_att_bf16_dot = fa_attention_bf16_supports(FA_ATT_BF16_DOT) && !cpu_has_amx_bf16();
+        path = !fa_attention_bf16_supports(FA_ATT_BF16_DOT) ? FA_ATT_BF16_WIDEN
+               : cpu_has_amx_bf16()                         ? FA_ATT_BF16_DOT_ROWS
+                                                            : FA_ATT_BF16_DOT;
     }
+    fa_att_bf16_dot = path == FA_ATT_BF16_DOT;
+    fa_att_bf16_dot_rows = path != FA_ATT_BF16_WIDEN;
+    fa_att_bf16_cvt = path != FA_ATT_BF16_WIDEN;
     return 0;
 }
 
-int fa_attention_bf16_path(void) { return fa_att_bf16_dot ? FA_ATT_BF16_DOT : FA_ATT_BF16_WIDEN; }
+int fa_attention_bf16_path(void)
+{
+    return fa_att_bf16_dot ? FA_ATT_BF16_DOT
+           : fa_att_bf16_dot_rows ? FA_ATT_BF16_DOT_ROWS : FA_ATT_BF16_WIDEN;
+}
 
 int fa_attention_forward(const fa_attention_args *a, int nthreads)
 {

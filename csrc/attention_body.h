@@ -141,12 +141,13 @@ static int64_t attention_scratch(int64_t D, int64_t Dv, int bf16)
     } while (0)
 _Static_assert(ATT_MR_S <= 8 && ATT_MR_P <= 8, "ATT_TAIL covers at most 7 rows left over");
 
-/* One register tile of the scores: st[r][:] = k_r . qt[:, :] for r < ROWS keys (k_r = row r,
- * read in place through the row stride ksl), BQ queries along the lanes; mx takes the
- * lane-wise max.
- *   scalar math:  st[r][i] = sum_d k[r][d] * qt[d][i]                                    */
+/* One register tile of the scores: st[r][:] = (k_r . qt[:, :]) * sc for r < ROWS keys (k_r =
+ * row r, read in place through the row stride ksl), BQ queries along the lanes; mx takes the
+ * lane-wise max. (sc: 1 for float32, whose qt is pre-scaled; bf16 scales the sums.)
+ *   scalar math:  st[r][i] = (sum_d k[r][d] * qt[d][i]) * sc                              */
 FA_INLINE void score_rows(float *FA_RESTRICT st, VF *FA_RESTRICT mx, const float *FA_RESTRICT qt,
-                          const float *FA_RESTRICT k, int64_t ksl, int64_t D, const int ROWS)
+                          const float *FA_RESTRICT k, int64_t ksl, int64_t D, float sc,
+                          const int ROWS)
 {
     VF acc[MR_S][NR];
     const float *k_r[MR_S];
@@ -165,18 +166,19 @@ FA_INLINE void score_rows(float *FA_RESTRICT st, VF *FA_RESTRICT mx, const float
     }
     for (int r = 0; r < ROWS; r++)
         for (int c = 0; c < NR; c++) {
-            vstore(st + r * BQ + c * FA_VL, acc[r][c]);
-            mx[c] = vmax(mx[c], acc[r][c]);
+            const VF x = acc[r][c] * vsplat(sc);
+            vstore(st + r * BQ + c * FA_VL, x);
+            mx[c] = vmax(mx[c], x);
         }
 }
 
-/* st[j][:] = k_j . qt[:, :] for j < nb (k_j = row j of the key block), in register tiles of
- * MR_S keys x BQ queries (the keys left over in smaller tiles); mx = lane-wise max of st. */
+/* st[j][:] = (k_j . qt[:, :]) * sc for j < nb (k_j = row j of the key block), in register tiles
+ * of MR_S keys x BQ queries (the keys left over in smaller tiles); mx = lane-wise max of st. */
 static void score_tile(float *FA_RESTRICT st, VF *FA_RESTRICT mx, const float *FA_RESTRICT qt,
-                       const float *FA_RESTRICT k, int64_t ksl, int64_t nb, int64_t D)
+                       const float *FA_RESTRICT k, int64_t ksl, int64_t nb, int64_t D, float sc)
 {
     int64_t j = 0;
-#define TILE(rows) score_rows(st + j * BQ, mx, qt, k + j * ksl, ksl, D, rows)
+#define TILE(rows) score_rows(st + j * BQ, mx, qt, k + j * ksl, ksl, D, sc, rows)
     for (; j + MR_S <= nb; j += MR_S) TILE(MR_S);
     ATT_TAIL(j, nb, MR_S, TILE);
 #undef TILE
@@ -276,8 +278,10 @@ ATT_DOT static void dot_pack_k(uint32_t *kp, const float *k, int64_t ksl, int64_
 
 /* st[r][:] = sum_d2 pairs of k_r times pairs of q, for r < ROWS keys, BQ queries on the lanes
  *   scalar math:  st[r][i] = sum_d2 (k[r][2d2+1] q[2d2+1][i]) + (k[r][2d2] q[2d2][i])       */
-ATT_DOT FA_INLINE void dot_score_rows(float *FA_RESTRICT st, const uint32_t *FA_RESTRICT qp,
-                                      const uint32_t *FA_RESTRICT kp, int64_t D, const int ROWS)
+ATT_DOT FA_INLINE void dot_score_rows(float *FA_RESTRICT st, VF *FA_RESTRICT mx,
+                                      const uint32_t *FA_RESTRICT qp,
+                                      const uint32_t *FA_RESTRICT kp, int64_t D, float sc,
+                                      const int ROWS)
 {
     __m512 acc[MR_S][NR];
     for (int r = 0; r < ROWS; r++)
@@ -292,14 +296,18 @@ ATT_DOT FA_INLINE void dot_score_rows(float *FA_RESTRICT st, const uint32_t *FA_
         }
     }
     for (int r = 0; r < ROWS; r++)
-        for (int c = 0; c < NR; c++) _mm512_storeu_ps(st + r * BQ + c * FA_VL, acc[r][c]);
+        for (int c = 0; c < NR; c++) {
+            const VF x = (VF)acc[r][c] * vsplat(sc);
+            vstore(st + r * BQ + c * FA_VL, x);
+            mx[c] = vmax(mx[c], x);
+        }
 }
 
-ATT_DOT static void dot_score_tile(float *st, const float *qt, const uint32_t *kp, int64_t nb,
-                                   int64_t D)
+ATT_DOT static void dot_score_tile(float *st, VF *mx, const float *qt, const uint32_t *kp,
+                                   int64_t nb, int64_t D, float sc)
 {
     int64_t j = 0;
-#define TILE(rows) dot_score_rows(st + j * BQ, (const uint32_t *)qt, kp + j * D2P, D, rows)
+#define TILE(rows) dot_score_rows(st + j * BQ, mx, (const uint32_t *)qt, kp + j * D2P, D, sc, rows)
     for (; j + MR_S <= nb; j += MR_S) TILE(MR_S);
     ATT_TAIL(j, nb, MR_S, TILE);
 #undef TILE
@@ -366,9 +374,40 @@ ATT_DOT static void dot_pv_tile(float *ot, const float *st, const float *v, int6
     ATT_TAIL(e, Dv, MR_P, TILE);
 #undef TILE
 }
+
+/* dst[e] = bf16(src[e]) for e < n, widened, by vcvtneps2bf16 (the same bits as att_bf16, in
+ * fewer instructions); dst may be src */
+ATT_DOT static void att_bf16_row_cvt(float *dst, const float *src, int64_t n)
+{
+    int64_t e = 0;
+    for (; e + 16 <= n; e += 16)
+        _mm512_storeu_si512(dst + e, _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)
+                                         _mm512_cvtneps_pbh(_mm512_loadu_ps(src + e))), 16));
+    for (; e < n; e += 16) {
+        const int64_t m = n - e < 16 ? n - e : 16;
+        const __m512i w = _mm512_slli_epi32(
+            _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(att_load16(src + e, m))), 16);
+        _mm512_mask_storeu_ps(dst + e, (__mmask16)((1u << m) - 1u), (__m512)w);
+    }
+}
 #undef D2
 #undef D2P
 #endif /* the dot path */
+
+/* dst[e] = bf16(src[e]) for e < n, widened (the instruction where the CPU has it: fa_att_bf16_cvt);
+ * dst may be src */
+static void att_round(float *dst, const float *src, int64_t n)
+{
+#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
+    if (fa_att_bf16_cvt) {
+        att_bf16_row_cvt(dst, src, n);
+        return;
+    }
+#endif
+    int64_t e = 0;
+    for (; e + FA_VL <= n; e += FA_VL) vstore(dst + e, att_bf16(vload(src + e)));
+    for (; e < n; e++) dst[e] = att_bf16s(src[e]);
+}
 
 /* bf16 scores of key block k (nb rows, row stride ksl), masks not yet applied:
  * st[j][:] = (k^_j . q^) * scale * log2 e, mx their lane-wise max. qt holds q^ (transposed, not
@@ -377,26 +416,17 @@ static void bf16_scores(const fa_attention_args *a, const float *k, float *st, V
                         const float *qt, float *kb, int64_t nb)
 {
     const int64_t D = a->D, ksl = a->k_st[2];
+    const float sc = a->scale * FA_LOG2E;
+    for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
 #if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
     if (fa_att_bf16_dot) {
         dot_pack_k((uint32_t *)kb, k, ksl, nb, D);
-        dot_score_tile(st, qt, (const uint32_t *)kb, nb, D);
-    } else
-#endif
-    {
-        VF unused[NR];
-        for (int c = 0; c < NR; c++) unused[c] = vsplat(0.0f);
-        for (int64_t j = 0; j < nb; j++) att_bf16_row(kb + j * D, k + j * ksl, D);
-        score_tile(st, unused, qt, kb, D, nb, D);
+        dot_score_tile(st, mx, qt, (const uint32_t *)kb, nb, D, sc);
+        return;
     }
-    const VF sc = vsplat(a->scale * FA_LOG2E);
-    for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
-    for (int64_t j = 0; j < nb; j++)
-        for (int c = 0; c < NR; c++) {
-            const VF x = vload(st + j * BQ + c * FA_VL) * sc;
-            vstore(st + j * BQ + c * FA_VL, x);
-            mx[c] = vmax(mx[c], x);
-        }
+#endif
+    for (int64_t j = 0; j < nb; j++) att_round(kb + j * D, k + j * ksl, D);
+    score_tile(st, mx, qt, kb, D, nb, D, sc);
 }
 
 /* Scores of key block [jb, jb+nb) for query block [i0, i0+nq), masks applied, into st;
@@ -412,7 +442,7 @@ static int masked_scores(const fa_attention_args *a, int64_t b, int64_t h, int64
     if (a->bf16)
         bf16_scores(a, k_bh + jb * a->k_st[2], st, mx, qt, kb, nb);
     else
-        score_tile(st, mx, qt, k_bh + jb * a->k_st[2], a->k_st[2], nb, a->D);
+        score_tile(st, mx, qt, k_bh + jb * a->k_st[2], a->k_st[2], nb, a->D, 1.0f);
 
     const int diag = a->causal && jb + nb - 1 > i0 + off;
     if (!diag && !a->mask && !a->key_bias) return 0;
@@ -472,9 +502,9 @@ static void pv_visible(const fa_attention_args *a, int64_t b, int64_t h, int64_t
     }
 }
 
-/* bf16 P.V of key block [jb, jb+nb) (v: its first value row): P (st, float32) and v rounded,
+/* bf16 P.V of key block [jb, jb+nb) (v: its first value row; st holds P^, rounded), v rounded:
  * ot[e][:] += sum_j P^_j v^_j[e]; a block whose hidden keys hold inf or NaN in v (care) on the
- * widen path's scalar loop. st is left rounded. */
+ * widen path's scalar loop. */
 static void bf16_pv(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t nq,
                     int64_t jb, int64_t nb, float *st, float *ot, const float *v, float *vb,
                     float *pp, int care)
@@ -488,8 +518,7 @@ static void bf16_pv(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0
 #else
     (void)pp;
 #endif
-    for (int64_t i = 0; i < nb * BQ; i += FA_VL) vstore(st + i, att_bf16(vload(st + i)));
-    for (int64_t j = 0; j < nb; j++) att_bf16_row(vb + j * Dv, v + j * vsl, Dv);
+    for (int64_t j = 0; j < nb; j++) att_round(vb + j * Dv, v + j * vsl, Dv);
     if (care)
         pv_visible(a, b, h, i0, nq, jb, nb, st, ot, vb, Dv);
     else
@@ -581,7 +610,7 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
         transpose(qt, BQ, q_bh + i0 * a->q_st[2], a->q_st[2], nq, D, qscale, NULL);
     } else { /* q rounded, not scaled (bf16_scores scales the sums) */
         transpose(qt, BQ, q_bh + i0 * a->q_st[2], a->q_st[2], nq, D, 1.0f, NULL);
-        for (int64_t i = 0; i < D * BQ; i += FA_VL) vstore(qt + i, att_bf16(vload(qt + i)));
+        att_round(qt, qt, D * BQ);
 #if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
         if (fa_att_bf16_dot) dot_pack_q(qt, D);
 #endif
@@ -612,11 +641,21 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
             lsum[c] = vsplat(0.0f);
             for (int i = 0; i < FA_VL; i++) rescale |= alpha[c][i] != 1.0f;
         }
-        for (int64_t jj = 0; jj < nb; jj++) {
-            for (int c = 0; c < NR; c++) {
-                VF p = att_exp2(vload(st + jj * BQ + c * FA_VL) - muse[c]);
-                vstore(st + jj * BQ + c * FA_VL, p);
-                lsum[c] += p;
+        if (!a->bf16) {
+            for (int64_t jj = 0; jj < nb; jj++) {
+                for (int c = 0; c < NR; c++) {
+                    VF p = att_exp2(vload(st + jj * BQ + c * FA_VL) - muse[c]);
+                    vstore(st + jj * BQ + c * FA_VL, p);
+                    lsum[c] += p;
+                }
+            }
+        } else { /* l sums the float32 P, st keeps P rounded (P^) for P.V */
+            for (int64_t jj = 0; jj < nb; jj++) {
+                for (int c = 0; c < NR; c++) {
+                    VF p = att_exp2(vload(st + jj * BQ + c * FA_VL) - muse[c]);
+                    vstore(st + jj * BQ + c * FA_VL, att_bf16(p));
+                    lsum[c] += p;
+                }
             }
         }
         for (int c = 0; c < NR; c++)
@@ -867,7 +906,7 @@ static void attention_rows(const fa_attention_args *a, const fa_dropout_t *drop,
     } else {
         float *qr = s + Lk + FA_VL + 4; /* q rounded, or its pairs (dot path) */
 #if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-        if (fa_att_bf16_dot) {
+        if (fa_att_bf16_dot_rows) {
             dot_rows_scores(s, q_i, k_bh, ksl, jend, D, (uint32_t *)qr);
         } else
 #endif
@@ -965,7 +1004,7 @@ static void attention_rows(const fa_attention_args *a, const fa_dropout_t *drop,
     }
     for (int64_t j = 0; j < jpad; j += FA_VL) vstore(s + j, att_bf16(vload(s + j))); /* P^ */
 #if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-    if (fa_att_bf16_dot && !care) {
+    if (fa_att_bf16_dot_rows && !care) {
         dot_rows_pv(o_i, s, v_bh, vsl, jend, Dv, inv);
         return;
     }

@@ -29,8 +29,10 @@ TILE_NAMES = (  # index = fa_tile_t in csrc/fastattn.h; the sizes themselves: cs
 # inference), amx-emulated is the same tile code emulated, for testing it on CPUs without AMX
 INT8_PATHS = ("generic", "avx2", "avx512bw", "avx512vnni", "amx", "amx-emulated")
 # bf16 attention's code paths (csrc/fastattn.h, fa_attention_bf16_path): bf16 rounded, widened
-# to float32 and multiplied with FMA (every level), or vdpbf16ps (avx512 level, AVX512_BF16 CPU)
-ATTENTION_BF16_PATHS = ("widen", "avx512bf16")
+# to float32 and multiplied with FMA (every level); vdpbf16ps in both passes (avx512 level,
+# AVX512_BF16 CPU); vdpbf16ps in the decode steps' one-row pass only (the default on CPUs with
+# AMX, whose vdpbf16ps is slower than their FMA in the tiles)
+ATTENTION_BF16_PATHS = ("widen", "avx512bf16", "avx512bf16-decode")
 _state = {"threads": 1}
 
 
