@@ -57,7 +57,7 @@ int fa_att_bf16_dot = 0, fa_att_bf16_dot_rows = 0, fa_att_bf16_cvt = 0;
 int fa_attention_bf16_supports(int path)
 {
     switch (path) {
-    case FA_ATT_BF16_WIDEN:
+    case FA_ATT_BF16_FMA:
         return 1;
     case FA_ATT_BF16_DOT:
     case FA_ATT_BF16_DOT_ROWS:
@@ -74,9 +74,9 @@ int fa_attention_bf16_supports(int path)
 
 /* Does the CPU have AMX-BF16 tiles (CPUID 7.0 EDX bit 22)? Its cores (Sapphire Rapids and
  * later) run vdpbf16ps below their float32 FMA rate in flops (profiled: the dot path's score
- * and P.V tiles took longer than the widen path's twice as many FMAs), while AMD's Zen 4 and
+ * and P.V tiles took longer than the fma path's twice as many FMAs), while AMD's Zen 4 and
  * Zen 5 run it near twice the FMA rate. A decode step's one-row pass still gains from it: its
- * widen form rounds every k and v element as it reads them, the dot form converts them with
+ * fma form rounds every k and v element as it reads them, the dot form converts them with
  * one instruction per 32. */
 static int cpu_has_amx_bf16(void)
 {
@@ -97,20 +97,20 @@ int fa_attention_bf16_init(int forced)
     if (path >= 0) {
         if (!fa_attention_bf16_supports(path)) return -1;
     } else {
-        path = !fa_attention_bf16_supports(FA_ATT_BF16_DOT) ? FA_ATT_BF16_WIDEN
+        path = !fa_attention_bf16_supports(FA_ATT_BF16_DOT) ? FA_ATT_BF16_FMA
                : cpu_has_amx_bf16()                         ? FA_ATT_BF16_DOT_ROWS
                                                             : FA_ATT_BF16_DOT;
     }
     fa_att_bf16_dot = path == FA_ATT_BF16_DOT;
-    fa_att_bf16_dot_rows = path != FA_ATT_BF16_WIDEN;
-    fa_att_bf16_cvt = path != FA_ATT_BF16_WIDEN;
+    fa_att_bf16_dot_rows = path != FA_ATT_BF16_FMA;
+    fa_att_bf16_cvt = path != FA_ATT_BF16_FMA;
     return 0;
 }
 
 int fa_attention_bf16_path(void)
 {
     return fa_att_bf16_dot ? FA_ATT_BF16_DOT
-           : fa_att_bf16_dot_rows ? FA_ATT_BF16_DOT_ROWS : FA_ATT_BF16_WIDEN;
+           : fa_att_bf16_dot_rows ? FA_ATT_BF16_DOT_ROWS : FA_ATT_BF16_FMA;
 }
 
 int fa_attention_forward(const fa_attention_args *a, int nthreads)

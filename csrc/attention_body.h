@@ -73,13 +73,13 @@ FA_INLINE VF att_exp2(VF x)
 }
 
 /* ==== bf16 compute (a->bf16; fastattn.h says what it computes) ==================================
- * The widen path (every level) rounds q, k, v and P to bf16 in float32 registers and runs the
+ * The fma path (every level) rounds q, k, v and P to bf16 in float32 registers and runs the
  * float32 tiles on them: products of two bf16 are exact in float32. The dot path (avx512 level,
  * AVX512_BF16 CPU, fa_att_bf16_dot) packs the same rounded values in pairs of bf16 and multiplies
  * them with vdpbf16ps. Extra per-thread scratch of the tiled pass (floats):
- *   kb  (BK, D + 32)      the key block, rounded (widen) or in pairs along D (dot; rows of
+ *   kb  (BK, D + 32)      the key block, rounded (fma) or in pairs along D (dot; rows of
  *                         ceil(D / 2) pairs padded with zeros to whole vectors)
- *   vb  (BK + 2, Dv + 16) the value block, rounded (widen) or in pairs of keys (dot; rows of
+ *   vb  (BK + 2, Dv + 16) the value block, rounded (fma) or in pairs of keys (dot; rows of
  *                         Dv pairs padded to whole vectors)
  *   pp  (BK / 2 + 1, BQ)  P in pairs of keys (dot)
  * Rounding as vcvtneps2bf16: nearest even; subnormal inputs to +-0 (so every path gives the
@@ -504,7 +504,7 @@ static void pv_visible(const fa_attention_args *a, int64_t b, int64_t h, int64_t
 
 /* bf16 P.V of key block [jb, jb+nb) (v: its first value row; st holds P^, rounded), v rounded:
  * ot[e][:] += sum_j P^_j v^_j[e]; a block whose hidden keys hold inf or NaN in v (care) on the
- * widen path's scalar loop. */
+ * fma path's scalar loop. */
 static void bf16_pv(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t nq,
                     int64_t jb, int64_t nb, float *st, float *ot, const float *v, float *vb,
                     float *pp, int care)

@@ -49,7 +49,7 @@ typedef struct {
 #define ATT_LSE_MAX 64.0f
 float att_wide_score(float s, float kb, float mk);
 /* bf16 attention on the avx512 level (fa_attention_bf16_init): its tiled pass multiplies with
- * vdpbf16ps (dot), its one-row pass (decode steps) likewise (dot_rows), its widen path rounds
+ * vdpbf16ps (dot), its one-row pass (decode steps) likewise (dot_rows), its fma path rounds
  * with vcvtneps2bf16 (cvt) */
 extern int fa_att_bf16_dot, fa_att_bf16_dot_rows, fa_att_bf16_cvt;
 /* The compiler can build vdpbf16ps code (GCC 10, clang 9 on) */

@@ -32,7 +32,7 @@ INT8_PATHS = ("generic", "avx2", "avx512bw", "avx512vnni", "amx", "amx-emulated"
 # to float32 and multiplied with FMA (every level); vdpbf16ps in both passes (avx512 level,
 # AVX512_BF16 CPU); vdpbf16ps in the decode steps' one-row pass only (the default on CPUs with
 # AMX, whose vdpbf16ps is slower than their FMA in the tiles)
-ATTENTION_BF16_PATHS = ("widen", "avx512bf16", "avx512bf16-decode")
+ATTENTION_BF16_PATHS = ("fma", "avx512bf16", "avx512bf16-decode")
 _state = {"threads": 1}
 
 

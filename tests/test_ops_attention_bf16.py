@@ -281,8 +281,8 @@ CHILD = textwrap.dedent(r"""
 
 def _paths():
     for isa in ("generic", "avx2", "avx512"):
-        for path in ("widen", "avx512bf16", "avx512bf16-decode"):
-            if path != "widen" and isa != "avx512":
+        for path in ("fma", "avx512bf16", "avx512bf16-decode"):
+            if path != "fma" and isa != "avx512":
                 continue
             yield isa, path
 
