@@ -109,6 +109,9 @@ def attention_into(out, q, k, v, bias, key_bias, causal, scale, lse=None, dropou
     caller) drop attention weights. bf16=True: ops.attention's compute_type="bfloat16"
     (inference only: the caller passes dropout_p = 0 and never runs attention_backward_into
     on it)."""
+    if bf16 and (lse is not None or dropout_p):
+        raise ValueError("attention_into: bf16=True is for inference: lse and dropout_p belong "
+                         "to training (compute float32 there)")
     _kernels.attention_forward(out, lse, None, q, k, v, bias, key_bias, scale, causal,
                                get_num_threads(), float(dropout_p), int(seed or 0), bool(bf16))
     return out

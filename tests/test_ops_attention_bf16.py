@@ -245,6 +245,9 @@ def test_fast_path_entries(rng):
     attend = _fast.attention_fn(1.0 / math.sqrt(D), bf16=True)
     step = attend(q[:, :, :1], k, v, key_bias, np.empty((B, H, 1, D), np.float32))
     assert np.array_equal(step, want[:, :, :1])
+    with pytest.raises(ValueError, match="bf16=True is for inference"):
+        _fast.attention_into(buf.transpose(0, 2, 1, 3), q, k, v, None, key_bias, False, 1.0,
+                             lse=np.empty(B * H * Lq, np.float32), bf16=True)
     assert not np.array_equal(step, _fast.attention_fn(1.0 / math.sqrt(D))(
         q[:, :, :1], k, v, key_bias, np.empty((B, H, 1, D), np.float32)))
 
