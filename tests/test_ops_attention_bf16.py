@@ -18,8 +18,8 @@ whose P sit far from midpoints that the kernel is far closer to the twin than to
 twin without the rounding of P (and test_inputs_are_rounded that the kernel rounds q, k, v:
 pre-rounded inputs give the same bits).
 """
-import json
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -260,9 +260,9 @@ CHILD = textwrap.dedent(r"""
     import numpy as np
     import fastattn
     from fastattn import ops
-    sys.path.insert(0, "tests")
+    isa, path, out_file, tests_dir = sys.argv[1:5]
+    sys.path.insert(0, tests_dir)
     from strategies import AttentionProblem, build_attention
-    isa, path, out_file = sys.argv[1:4]
     info = fastattn.build_info()
     assert info["simd"] == isa and info["attention_bf16_path"] == path, info
     res = {}
@@ -296,7 +296,8 @@ def test_each_path_matches_reference(tmp_path, isa, path):
         pytest.skip(f"{isa}/{path} is not available on this CPU/build")
     env = child_env({"FASTATTN_CPU_ISA": isa, "FASTATTN_ATTENTION_BF16_PATH": path})
     out_file = tmp_path / "res.npz"
-    proc = subprocess.run([sys.executable, "-c", CHILD, isa, path, str(out_file)], env=env,
+    proc = subprocess.run([sys.executable, "-c", CHILD, isa, path, str(out_file),
+                           os.path.dirname(os.path.abspath(__file__))], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = np.load(out_file)
