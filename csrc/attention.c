@@ -5,6 +5,9 @@
  * scalar helpers every level shares. */
 #include <float.h>
 #include <math.h>
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
 
 #include "fa_kernels.h"
 
@@ -45,6 +48,69 @@ float att_lse(float m, float l)
     const double lse = copysign(ay > w ? w + (ay - w) * 8.0 : ay, y) * 0.6931471805599453;
     if (!isfinite(lse)) return (float)lse;
     return lse > FLT_MAX ? FLT_MAX : lse < -FLT_MAX ? -FLT_MAX : (float)lse;
+}
+
+/* ---- bf16 attention's path ----------------------------------------------------------------- */
+
+int fa_att_bf16_dot = 0, fa_att_bf16_dot_rows = 0, fa_att_bf16_cvt = 0;
+
+int fa_attention_bf16_supports(int path)
+{
+    switch (path) {
+    case FA_ATT_BF16_FMA:
+        return 1;
+    case FA_ATT_BF16_DOT:
+    case FA_ATT_BF16_DOT_ROWS:
+#if defined(FA_HAVE_V4) && defined(ATT_HAVE_BF16_DOT)
+        __builtin_cpu_init();
+        return fa_cpu_level() >= FA_ISA_AVX512 && __builtin_cpu_supports("avx512bf16");
+#else
+        return 0;
+#endif
+    default:
+        return 0;
+    }
+}
+
+/* Does the CPU have AMX-BF16 tiles (CPUID 7.0 EDX bit 22)? Its cores (Sapphire Rapids and
+ * later) run vdpbf16ps below their float32 FMA rate in flops (profiled: the dot path's score
+ * and P.V tiles took longer than the fma path's twice as many FMAs), while AMD's Zen 4 and
+ * Zen 5 run it near twice the FMA rate. A decode step's one-row pass still gains from it: its
+ * fma form rounds every k and v element as it reads them, the dot form converts them with
+ * one instruction per 32. */
+static int cpu_has_amx_bf16(void)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    return (d >> 22) & 1;
+#else
+    return 0;
+#endif
+}
+
+/* Default: vdpbf16ps everywhere where it outruns FMA (AVX512_BF16 without AMX), in the
+ * one-row pass only on AMX CPUs, nowhere without AVX512_BF16. */
+int fa_attention_bf16_init(int forced)
+{
+    int path = forced;
+    if (path >= 0) {
+        if (!fa_attention_bf16_supports(path)) return -1;
+    } else {
+        path = !fa_attention_bf16_supports(FA_ATT_BF16_DOT) ? FA_ATT_BF16_FMA
+               : cpu_has_amx_bf16()                         ? FA_ATT_BF16_DOT_ROWS
+                                                            : FA_ATT_BF16_DOT;
+    }
+    fa_att_bf16_dot = path == FA_ATT_BF16_DOT;
+    fa_att_bf16_dot_rows = path != FA_ATT_BF16_FMA;
+    fa_att_bf16_cvt = path != FA_ATT_BF16_FMA;
+    return 0;
+}
+
+int fa_attention_bf16_path(void)
+{
+    return fa_att_bf16_dot ? FA_ATT_BF16_DOT
+           : fa_att_bf16_dot_rows ? FA_ATT_BF16_DOT_ROWS : FA_ATT_BF16_FMA;
 }
 
 int fa_attention_forward(const fa_attention_args *a, int nthreads)

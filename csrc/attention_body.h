@@ -43,6 +43,19 @@ static int att_finite(const float *x, int64_t n)
     return acc == 0.0f;
 }
 
+/* Is value row v_j (Dv floats) finite as the call reads it? bf16: finite after rounding (a
+ * float past 3.3961e38, bits 0x7f7f8000, rounds to inf) */
+static int att_v_finite(const fa_attention_args *a, const float *v_j)
+{
+    if (!a->bf16) return att_finite(v_j, a->Dv);
+    for (int64_t e = 0; e < a->Dv; e++) {
+        uint32_t bits;
+        memcpy(&bits, v_j + e, 4);
+        if ((bits & 0x7fffffffu) >= 0x7f7f8000u) return 0;
+    }
+    return 1;
+}
+
 /* 2^x for the softmax's x = s - m <= 0 (or -inf, or NaN): vexp2 (fa_simd.h) without its
  * clamps, bit for bit the same result on x <= 127, in 14 vector ops instead of 24 (with its
  * load, subtraction, store and sum, a tenth of attention's vector ops at D = 64). No clamp
@@ -59,9 +72,54 @@ FA_INLINE VF att_exp2(VF x)
     return (VF)((VI)(p * two_n) & ~(VI)(x < vsplat(-126.0f)));
 }
 
-static int64_t attention_scratch(int64_t D, int64_t Dv)
+/* ==== bf16 compute (a->bf16; fastattn.h says what it computes) ==================================
+ * The fma path (every level) rounds q, k, v and P to bf16 in float32 registers and runs the
+ * float32 tiles on them: products of two bf16 are exact in float32. The dot path (avx512 level,
+ * AVX512_BF16 CPU, fa_att_bf16_dot) packs the same rounded values in pairs of bf16 and multiplies
+ * them with vdpbf16ps. Extra per-thread scratch of the tiled pass (floats):
+ *   kb  (BK, D + 32)      the key block, rounded (fma) or in pairs along D (dot; rows of
+ *                         ceil(D / 2) pairs padded with zeros to whole vectors)
+ *   vb  (BK + 2, Dv + 16) the value block, rounded (fma) or in pairs of keys (dot; rows of
+ *                         Dv pairs padded to whole vectors)
+ *   pp  (BK / 2 + 1, BQ)  P in pairs of keys (dot)
+ * Rounding as vcvtneps2bf16: nearest even; subnormal inputs to +-0 (so every path gives the
+ * same bits: the instruction treats them as zero); NaN stays NaN (quiet); past the largest bf16
+ * (3.39e38), +-inf.
+ *   scalar math:  b = bits(x);  NaN: (b | 0x400000) & 0xffff0000;  |x| < 2^-126: b & sign;
+ *                 else (b + 0x7fff + bit 16 of b) & 0xffff0000 */
+FA_INLINE VF att_bf16(VF x)
 {
-    return D * BQ + ATT_BK * BQ + Dv * BQ + 2 * BQ;
+    const VU b = (VU)x, mag = b & vsplatu(0x7fffffffu);
+    const VU nan = (VU)(mag > vsplatu(0x7f800000u)), sub = (VU)(mag < vsplatu(0x00800000u));
+    const VU r = (b + vsplatu(0x7fffu) + ((b >> 16) & vsplatu(1u))) & vsplatu(0xffff0000u);
+    const VU q = (b | vsplatu(0x00400000u)) & vsplatu(0xffff0000u);
+    return (VF)((r & ~(nan | sub)) | (q & nan) | (b & vsplatu(0x80000000u) & sub));
+}
+
+static float att_bf16s(float x)
+{
+    uint32_t b;
+    memcpy(&b, &x, 4);
+    const uint32_t mag = b & 0x7fffffffu;
+    if (mag > 0x7f800000u) b = (b | 0x00400000u) & 0xffff0000u;
+    else if (mag < 0x00800000u) b &= 0x80000000u;
+    else b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &b, 4);
+    return x;
+}
+
+/* dst[e] = bf16(src[e]) for e < n, widened */
+static void att_bf16_row(float *FA_RESTRICT dst, const float *FA_RESTRICT src, int64_t n)
+{
+    int64_t e = 0;
+    for (; e + FA_VL <= n; e += FA_VL) vstore(dst + e, att_bf16(vload(src + e)));
+    for (; e < n; e++) dst[e] = att_bf16s(src[e]);
+}
+
+static int64_t attention_scratch(int64_t D, int64_t Dv, int bf16)
+{
+    const int64_t extra = bf16 ? ATT_BK * (D + 32) + (ATT_BK + 2) * (Dv + 16) + (ATT_BK / 2 + 1) * BQ : 0;
+    return D * BQ + ATT_BK * BQ + Dv * BQ + 2 * BQ + extra;
 }
 
 /* The rows left over after whole register tiles of MR rows (MR <= 8): a tile of 4, of 2, of 1,
@@ -83,12 +141,13 @@ static int64_t attention_scratch(int64_t D, int64_t Dv)
     } while (0)
 _Static_assert(ATT_MR_S <= 8 && ATT_MR_P <= 8, "ATT_TAIL covers at most 7 rows left over");
 
-/* One register tile of the scores: st[r][:] = k_r . qt[:, :] for r < ROWS keys (k_r = row r,
- * read in place through the row stride ksl), BQ queries along the lanes; mx takes the
- * lane-wise max.
- *   scalar math:  st[r][i] = sum_d k[r][d] * qt[d][i]                                    */
+/* One register tile of the scores: st[r][:] = (k_r . qt[:, :]) * sc for r < ROWS keys (k_r =
+ * row r, read in place through the row stride ksl), BQ queries along the lanes; mx takes the
+ * lane-wise max. (sc: 1 for float32, whose qt is pre-scaled; bf16 scales the sums.)
+ *   scalar math:  st[r][i] = (sum_d k[r][d] * qt[d][i]) * sc                              */
 FA_INLINE void score_rows(float *FA_RESTRICT st, VF *FA_RESTRICT mx, const float *FA_RESTRICT qt,
-                          const float *FA_RESTRICT k, int64_t ksl, int64_t D, const int ROWS)
+                          const float *FA_RESTRICT k, int64_t ksl, int64_t D, float sc,
+                          const int ROWS)
 {
     VF acc[MR_S][NR];
     const float *k_r[MR_S];
@@ -107,18 +166,19 @@ FA_INLINE void score_rows(float *FA_RESTRICT st, VF *FA_RESTRICT mx, const float
     }
     for (int r = 0; r < ROWS; r++)
         for (int c = 0; c < NR; c++) {
-            vstore(st + r * BQ + c * FA_VL, acc[r][c]);
-            mx[c] = vmax(mx[c], acc[r][c]);
+            const VF x = acc[r][c] * vsplat(sc);
+            vstore(st + r * BQ + c * FA_VL, x);
+            mx[c] = vmax(mx[c], x);
         }
 }
 
-/* st[j][:] = k_j . qt[:, :] for j < nb (k_j = row j of the key block), in register tiles of
- * MR_S keys x BQ queries (the keys left over in smaller tiles); mx = lane-wise max of st. */
+/* st[j][:] = (k_j . qt[:, :]) * sc for j < nb (k_j = row j of the key block), in register tiles
+ * of MR_S keys x BQ queries (the keys left over in smaller tiles); mx = lane-wise max of st. */
 static void score_tile(float *FA_RESTRICT st, VF *FA_RESTRICT mx, const float *FA_RESTRICT qt,
-                       const float *FA_RESTRICT k, int64_t ksl, int64_t nb, int64_t D)
+                       const float *FA_RESTRICT k, int64_t ksl, int64_t nb, int64_t D, float sc)
 {
     int64_t j = 0;
-#define TILE(rows) score_rows(st + j * BQ, mx, qt, k + j * ksl, ksl, D, rows)
+#define TILE(rows) score_rows(st + j * BQ, mx, qt, k + j * ksl, ksl, D, sc, rows)
     for (; j + MR_S <= nb; j += MR_S) TILE(MR_S);
     ATT_TAIL(j, nb, MR_S, TILE);
 #undef TILE
@@ -176,17 +236,213 @@ FA_INLINE void add_key_bias(float *s, float kb, float kb2)
     }
 }
 
+#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
+/* ---- the dot path: vdpbf16ps on pairs of bf16 (lane i of a pair vector: element 2i in the low
+ * half, 2i + 1 in the high half). Each instruction adds the odd element's product, then the
+ * even one's, to the float32 sum. */
+#define ATT_DOT __attribute__((target("avx512bf16")))
+#define D2 ((D + 1) / 2)          /* pairs per q or k row */
+#define D2P ((D2 + 15) / 16 * 16) /* the packed key rows' stride, whole vectors */
+
+/* 16 pairs (lo[u], hi[u]) of rounded floats: the high halves of their bits */
+FA_INLINE VU att_pair(VF lo, VF hi) { return ((VU)lo >> 16) | ((VU)hi & vsplatu(0xffff0000u)); }
+
+/* The low n (<= 16) of 16 floats, the rest 0 */
+ATT_DOT FA_INLINE __m512 att_load16(const float *p, int64_t n)
+{
+    return n >= 16 ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
+}
+
+/* qt (D, BQ), rounded, becomes its pairs in place: row d2 = (qt[2 d2], qt[2 d2 + 1]) */
+static void dot_pack_q(float *qt, int64_t D)
+{
+    for (int64_t d2 = 0; d2 < D2; d2++)
+        for (int64_t i = 0; i < BQ; i += FA_VL) {
+            const VF lo = vload(qt + 2 * d2 * BQ + i);
+            VF hi = vsplat(0.0f);
+            if (2 * d2 + 1 < D) hi = vload(qt + (2 * d2 + 1) * BQ + i);
+            *(VU *)(qt + d2 * BQ + i) = att_pair(lo, hi);
+        }
+}
+
+/* kp[j][d2] = the pair (k_j[2 d2], k_j[2 d2 + 1]) rounded, for j < nb; row stride D2P */
+ATT_DOT static void dot_pack_k(uint32_t *kp, const float *k, int64_t ksl, int64_t nb, int64_t D)
+{
+    for (int64_t j = 0; j < nb; j++)
+        for (int64_t d = 0; d < 2 * D2P; d += 32) {
+            const __m512 lo = att_load16(k + j * ksl + d, D - d > 0 ? D - d : 0);
+            const __m512 hi = att_load16(k + j * ksl + d + 16, D - d - 16 > 0 ? D - d - 16 : 0);
+            _mm512_storeu_si512(kp + j * D2P + d / 2, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+}
+
+/* st[r][:] = sum_d2 pairs of k_r times pairs of q, for r < ROWS keys, BQ queries on the lanes
+ *   scalar math:  st[r][i] = sum_d2 (k[r][2d2+1] q[2d2+1][i]) + (k[r][2d2] q[2d2][i])       */
+ATT_DOT FA_INLINE void dot_score_rows(float *FA_RESTRICT st, VF *FA_RESTRICT mx,
+                                      const uint32_t *FA_RESTRICT qp,
+                                      const uint32_t *FA_RESTRICT kp, int64_t D, float sc,
+                                      const int ROWS)
+{
+    __m512 acc[MR_S][NR];
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < NR; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t d2 = 0; d2 < D2; d2++) {
+        __m512i qv[NR];
+        for (int c = 0; c < NR; c++) qv[c] = _mm512_loadu_si512(qp + d2 * BQ + c * FA_VL);
+        for (int r = 0; r < ROWS; r++) {
+            const __m512i kk = _mm512_set1_epi32((int)kp[r * D2P + d2]);
+            for (int c = 0; c < NR; c++)
+                acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)qv[c], (__m512bh)kk);
+        }
+    }
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < NR; c++) {
+            const VF x = (VF)acc[r][c] * vsplat(sc);
+            vstore(st + r * BQ + c * FA_VL, x);
+            mx[c] = vmax(mx[c], x);
+        }
+}
+
+ATT_DOT static void dot_score_tile(float *st, VF *mx, const float *qt, const uint32_t *kp,
+                                   int64_t nb, int64_t D, float sc)
+{
+    int64_t j = 0;
+#define TILE(rows) dot_score_rows(st + j * BQ, mx, (const uint32_t *)qt, kp + j * D2P, D, sc, rows)
+    for (; j + MR_S <= nb; j += MR_S) TILE(MR_S);
+    ATT_TAIL(j, nb, MR_S, TILE);
+#undef TILE
+}
+
+/* pp[j2][:] = the pairs (P[2 j2][:], P[2 j2 + 1][:]) rounded, vp[j2][e] = the pairs
+ * (v_2j2[e], v_2j2+1[e]) rounded (row stride Dvp, whole vectors), for 2 j2 < nb (an odd last
+ * key paired with 0) */
+ATT_DOT static void dot_pack_pv(uint32_t *pp, uint32_t *vp, const float *st, const float *v,
+                                int64_t vsl, int64_t nb, int64_t Dv, int64_t Dvp)
+{
+    for (int64_t j = 0; j < nb; j += 2) {
+        const int two = j + 1 < nb;
+        for (int64_t i = 0; i < BQ; i += 16) {
+            const __m512i lo = _mm512_cvtepu16_epi32(
+                (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(st + j * BQ + i)));
+            const __m512i hi = two ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(
+                                         _mm512_loadu_ps(st + (j + 1) * BQ + i)))
+                                   : _mm512_setzero_si512();
+            _mm512_storeu_si512(pp + j / 2 * BQ + i, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+        }
+        for (int64_t e = 0; e < Dvp; e += 16) {
+            const int64_t n = Dv - e < 16 ? Dv - e : 16;
+            const __m512i lo = _mm512_cvtepu16_epi32(
+                (__m256i)_mm512_cvtneps_pbh(att_load16(v + j * vsl + e, n)));
+            const __m512i hi = two ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(
+                                         att_load16(v + (j + 1) * vsl + e, n)))
+                                   : _mm512_setzero_si512();
+            _mm512_storeu_si512(vp + j / 2 * Dvp + e, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+        }
+    }
+}
+
+/* ot[r][:] += sum_j2 pairs of P times pairs of v (feature r), r < ROWS features
+ *   scalar math:  ot[r][i] += sum_j2 (P[2j2+1][i] v[2j2+1][r]) + (P[2j2][i] v[2j2][r])      */
+ATT_DOT FA_INLINE void dot_pv_rows(float *FA_RESTRICT ot, const uint32_t *FA_RESTRICT pp,
+                                   const uint32_t *FA_RESTRICT vp, int64_t Dvp, int64_t n2,
+                                   const int ROWS)
+{
+    __m512 acc[MR_P][NR];
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < NR; c++) acc[r][c] = _mm512_loadu_ps(ot + r * BQ + c * FA_VL);
+    for (int64_t j2 = 0; j2 < n2; j2++) {
+        __m512i pv[NR];
+        for (int c = 0; c < NR; c++) pv[c] = _mm512_loadu_si512(pp + j2 * BQ + c * FA_VL);
+        for (int r = 0; r < ROWS; r++) {
+            const __m512i vv = _mm512_set1_epi32((int)vp[j2 * Dvp + r]);
+            for (int c = 0; c < NR; c++)
+                acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)pv[c], (__m512bh)vv);
+        }
+    }
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < NR; c++) _mm512_storeu_ps(ot + r * BQ + c * FA_VL, acc[r][c]);
+}
+
+ATT_DOT static void dot_pv_tile(float *ot, const float *st, const float *v, int64_t vsl,
+                                int64_t nb, int64_t Dv, uint32_t *vp, uint32_t *pp)
+{
+    const int64_t Dvp = (Dv + 15) / 16 * 16, n2 = (nb + 1) / 2;
+    dot_pack_pv(pp, vp, st, v, vsl, nb, Dv, Dvp);
+    int64_t e = 0;
+#define TILE(rows) dot_pv_rows(ot + e * BQ, pp, vp + e, Dvp, n2, rows)
+    for (; e + MR_P <= Dv; e += MR_P) TILE(MR_P);
+    ATT_TAIL(e, Dv, MR_P, TILE);
+#undef TILE
+}
+
+/* dst[e] = bf16(src[e]) for e < n, widened, by vcvtneps2bf16 (the same bits as att_bf16, in
+ * fewer instructions); dst may be src */
+ATT_DOT static void att_bf16_row_cvt(float *dst, const float *src, int64_t n)
+{
+    int64_t e = 0;
+    for (; e + 16 <= n; e += 16)
+        _mm512_storeu_si512(dst + e, _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)
+                                         _mm512_cvtneps_pbh(_mm512_loadu_ps(src + e))), 16));
+    for (; e < n; e += 16) {
+        const int64_t m = n - e < 16 ? n - e : 16;
+        const __m512i w = _mm512_slli_epi32(
+            _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(att_load16(src + e, m))), 16);
+        _mm512_mask_storeu_ps(dst + e, (__mmask16)((1u << m) - 1u), (__m512)w);
+    }
+}
+#undef D2
+#undef D2P
+#endif /* the dot path */
+
+/* dst[e] = bf16(src[e]) for e < n, widened (the instruction where the CPU has it: fa_att_bf16_cvt);
+ * dst may be src */
+static void att_round(float *dst, const float *src, int64_t n)
+{
+#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
+    if (fa_att_bf16_cvt) {
+        att_bf16_row_cvt(dst, src, n);
+        return;
+    }
+#endif
+    int64_t e = 0;
+    for (; e + FA_VL <= n; e += FA_VL) vstore(dst + e, att_bf16(vload(src + e)));
+    for (; e < n; e++) dst[e] = att_bf16s(src[e]);
+}
+
+/* bf16 scores of key block k (nb rows, row stride ksl), masks not yet applied:
+ * st[j][:] = (k^_j . q^) * scale * log2 e, mx their lane-wise max. qt holds q^ (transposed, not
+ * scaled; in pairs on the dot path); kb receives the block's rounded (or paired) keys. */
+static void bf16_scores(const fa_attention_args *a, const float *k, float *st, VF *mx,
+                        const float *qt, float *kb, int64_t nb)
+{
+    const int64_t D = a->D, ksl = a->k_st[2];
+    const float sc = a->scale * FA_LOG2E;
+    for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
+#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
+    if (fa_att_bf16_dot) {
+        dot_pack_k((uint32_t *)kb, k, ksl, nb, D);
+        dot_score_tile(st, mx, qt, (const uint32_t *)kb, nb, D, sc);
+        return;
+    }
+#endif
+    for (int64_t j = 0; j < nb; j++) att_round(kb + j * D, k + j * ksl, D);
+    score_tile(st, mx, qt, kb, D, nb, D, sc);
+}
+
 /* Scores of key block [jb, jb+nb) for query block [i0, i0+nq), masks applied, into st;
  * mx receives the lane-wise max. Shared by the forward pass and the weights pass. Returns 1
  * when a key that some query of the block cannot see has a value row holding inf or NaN (the
  * block's P.V must then leave it out explicitly: 0 * NaN is NaN), else 0. */
 static int masked_scores(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t nq,
-                         int64_t jb, int64_t nb, const float *qt, float *st, VF *mx)
+                         int64_t jb, int64_t nb, const float *qt, float *st, VF *mx, float *kb)
 {
     const float *k_bh = a->k + b * a->k_st[0] + h * a->k_st[1];
     const int64_t off = a->Lk - a->Lq;
     for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
-    score_tile(st, mx, qt, k_bh + jb * a->k_st[2], a->k_st[2], nb, a->D);
+    if (a->bf16)
+        bf16_scores(a, k_bh + jb * a->k_st[2], st, mx, qt, kb, nb);
+    else
+        score_tile(st, mx, qt, k_bh + jb * a->k_st[2], a->k_st[2], nb, a->D, 1.0f);
 
     const int diag = a->causal && jb + nb - 1 > i0 + off;
     if (!diag && !a->mask && !a->key_bias) return 0;
@@ -224,25 +480,49 @@ static int masked_scores(const fa_attention_args *a, int64_t b, int64_t h, int64
             for (int64_t i = 0; i < nq && j > i0 + i + off; i++) s_j[i] = -INFINITY;
             hidden = 1;
         }
-        if (hidden && !care) care = !att_finite(v_bh + j * a->v_st[2], a->Dv);
+        if (hidden && !care) care = !att_v_finite(a, v_bh + j * a->v_st[2]);
         for (int c = 0; c < NR; c++) mx[c] = vmax(mx[c], vload(s_j + c * FA_VL));
     }
     return care;
 }
 
-/* ot[e][i] += sum_{j<nb} st[j][i] * v_j[e] over the keys query i0+i can see: P.V of a block
- * where a hidden key's value row holds inf or NaN (rare: scalar). */
+/* ot[e][i] += sum_{j<nb} st[j][i] * v_j[e] over the keys query i0+i can see (v_j = v + j vsl):
+ * P.V of a block where a hidden key's value row holds inf or NaN (rare: scalar). */
 static void pv_visible(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t nq,
-                       int64_t jb, int64_t nb, const float *st, float *ot, const float *v)
+                       int64_t jb, int64_t nb, const float *st, float *ot, const float *v,
+                       int64_t vsl)
 {
     for (int64_t jj = 0; jj < nb; jj++) {
-        const float *v_j = v + jj * a->v_st[2];
+        const float *v_j = v + jj * vsl;
         for (int64_t i = 0; i < nq; i++) {
             if (att_hidden(a, b, h, i0 + i, jb + jj)) continue;
             const float p = st[jj * BQ + i];
             for (int64_t e = 0; e < a->Dv; e++) ot[e * BQ + i] += p * v_j[e];
         }
     }
+}
+
+/* bf16 P.V of key block [jb, jb+nb) (v: its first value row; st holds P^, rounded), v rounded:
+ * ot[e][:] += sum_j P^_j v^_j[e]; a block whose hidden keys hold inf or NaN in v (care) on the
+ * fma path's scalar loop. */
+static void bf16_pv(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t nq,
+                    int64_t jb, int64_t nb, float *st, float *ot, const float *v, float *vb,
+                    float *pp, int care)
+{
+    const int64_t Dv = a->Dv, vsl = a->v_st[2];
+#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
+    if (fa_att_bf16_dot && !care) {
+        dot_pv_tile(ot, st, v, vsl, nb, Dv, (uint32_t *)vb, (uint32_t *)pp);
+        return;
+    }
+#else
+    (void)pp;
+#endif
+    for (int64_t j = 0; j < nb; j++) att_round(vb + j * Dv, v + j * vsl, Dv);
+    if (care)
+        pv_visible(a, b, h, i0, nq, jb, nb, st, ot, vb, Dv);
+    else
+        pv_tile(ot, st, vb, Dv, nb, Dv);
 }
 
 /* dst[c][r] = src[r][c] * scale * (cscale ? cscale[c] : 1) for r < rows, c < cols: the q block
@@ -295,6 +575,12 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
     const int64_t i0 = qb * BQ, nq = Lq - i0 < BQ ? Lq - i0 : BQ;
     float *qt = scratch, *st = qt + D * BQ, *ot = st + ATT_BK * BQ;
     float *m = ot + Dv * BQ, *l = m + BQ;
+    float *kb = NULL, *vb = NULL, *pp = NULL;                           /* bf16 only */
+    if (a->bf16) {
+        kb = l + BQ;
+        vb = kb + ATT_BK * (D + 32);
+        pp = vb + (ATT_BK + 2) * (Dv + 16);
+    }
 
     /* Keys this block can see: all, or up to the last row's causal limit. */
     int64_t jend = Lk, jdiag = Lk;
@@ -320,7 +606,15 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
     if (nq < BQ) /* lanes past the last query stay 0 */
         for (int64_t d = 0; d < D; d++)
             for (int64_t i = nq; i < BQ; i++) qt[d * BQ + i] = 0.0f;
-    transpose(qt, BQ, q_bh + i0 * a->q_st[2], a->q_st[2], nq, D, qscale, NULL);
+    if (!a->bf16) {
+        transpose(qt, BQ, q_bh + i0 * a->q_st[2], a->q_st[2], nq, D, qscale, NULL);
+    } else { /* q rounded, not scaled (bf16_scores scales the sums) */
+        transpose(qt, BQ, q_bh + i0 * a->q_st[2], a->q_st[2], nq, D, 1.0f, NULL);
+        att_round(qt, qt, D * BQ);
+#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
+        if (fa_att_bf16_dot) dot_pack_q(qt, D);
+#endif
+    }
     for (int64_t i = 0; i < Dv * BQ; i++) ot[i] = 0.0f;
     for (int64_t i = 0; i < BQ; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
     /* dropout: each query lane's row key (fa_rng.h), row = (b * H + h) * Lq + i */
@@ -334,7 +628,7 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
     for (int64_t jb = 0, nb; jb < jend; jb += nb) {
         nb = key_block(jb, jend, jdiag);
         VF mx[NR], muse[NR], alpha[NR], lsum[NR];
-        const int care = masked_scores(a, b, h, i0, nq, jb, nb, qt, st, mx);
+        const int care = masked_scores(a, b, h, i0, nq, jb, nb, qt, st, mx, kb);
         /* online softmax: m_new = max(m, block max); rescale old sums by 2^(m - m_new).
          * A lane still at -inf uses 0 as its reference so 2^(-inf - 0) = 0, never NaN. */
         int rescale = 0;
@@ -347,11 +641,21 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
             lsum[c] = vsplat(0.0f);
             for (int i = 0; i < FA_VL; i++) rescale |= alpha[c][i] != 1.0f;
         }
-        for (int64_t jj = 0; jj < nb; jj++) {
-            for (int c = 0; c < NR; c++) {
-                VF p = att_exp2(vload(st + jj * BQ + c * FA_VL) - muse[c]);
-                vstore(st + jj * BQ + c * FA_VL, p);
-                lsum[c] += p;
+        if (!a->bf16) {
+            for (int64_t jj = 0; jj < nb; jj++) {
+                for (int c = 0; c < NR; c++) {
+                    VF p = att_exp2(vload(st + jj * BQ + c * FA_VL) - muse[c]);
+                    vstore(st + jj * BQ + c * FA_VL, p);
+                    lsum[c] += p;
+                }
+            }
+        } else { /* l sums the float32 P, st keeps P rounded (P^) for P.V */
+            for (int64_t jj = 0; jj < nb; jj++) {
+                for (int c = 0; c < NR; c++) {
+                    VF p = att_exp2(vload(st + jj * BQ + c * FA_VL) - muse[c]);
+                    vstore(st + jj * BQ + c * FA_VL, att_bf16(p));
+                    lsum[c] += p;
+                }
             }
         }
         for (int c = 0; c < NR; c++)
@@ -370,8 +674,10 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
                 for (int c = 0; c < NR; c++)
                     vstore(ot + e * BQ + c * FA_VL, vload(ot + e * BQ + c * FA_VL) * alpha[c]);
         }
-        if (care)
-            pv_visible(a, b, h, i0, nq, jb, nb, st, ot, v_bh + jb * a->v_st[2]);
+        if (a->bf16)
+            bf16_pv(a, b, h, i0, nq, jb, nb, st, ot, v_bh + jb * a->v_st[2], vb, pp, care);
+        else if (care)
+            pv_visible(a, b, h, i0, nq, jb, nb, st, ot, v_bh + jb * a->v_st[2], a->v_st[2]);
         else
             pv_tile(ot, st, v_bh + jb * a->v_st[2], a->v_st[2], nb, Dv);
     }
@@ -393,7 +699,7 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
     for (int64_t jb = 0, nb; jb < jend; jb += nb) {
         nb = key_block(jb, jend, jdiag);
         VF mx[NR];
-        masked_scores(a, b, h, i0, nq, jb, nb, qt, st, mx);
+        masked_scores(a, b, h, i0, nq, jb, nb, qt, st, mx, kb);
         for (int64_t i = 0; i < nq; i++) {
             if (l[i] == 0.0f) continue;
             for (int64_t jj = 0; jj < nb; jj++) {
@@ -413,23 +719,29 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
  * rounding) as the tiled path.
  *   scalar math:  s_j = (q_i . k_j) * scale + bias_ij;  out_i = sum_j 2^(s_j - m) v_j / l
  * Scratch: Lk floats (the row's scores). */
-static int64_t attention_rows_scratch(int64_t Lk) { return Lk + FA_VL + 4; }
-/* (scores, padded to whole vectors) */
+static int64_t attention_rows_scratch(int64_t Lk, int64_t D, int bf16)
+{
+    return Lk + FA_VL + 4 + (bf16 ? D + 48 : 0);
+}
+/* (scores, padded to whole vectors; bf16: the query row rounded, or in pairs of bf16 padded
+ * with zeros to whole vectors on the dot path) */
 
 /* Four dot products q . k_u (u < 4) of length n, summed in one fixed order (the same for every
  * key, whichever group of four it falls in): lanes, then a 4x4 transpose-add. */
 FA_INLINE void dot4(float *out, const float *q, const float *k0, const float *k1, const float *k2,
-                    const float *k3, int64_t n)
+                    const float *k3, int64_t n, const int bf)
 {
     VF a0 = vsplat(0.0f), a1 = a0, a2 = a0, a3 = a0;
     int64_t d = 0;
+#define K(p) (bf ? att_bf16(vload(p)) : vload(p)) /* bf16: k rounded as it is read */
     for (; d + FA_VL <= n; d += FA_VL) {
         const VF qv = vload(q + d);
-        a0 += qv * vload(k0 + d);
-        a1 += qv * vload(k1 + d);
-        a2 += qv * vload(k2 + d);
-        a3 += qv * vload(k3 + d);
+        a0 += qv * K(k0 + d);
+        a1 += qv * K(k1 + d);
+        a2 += qv * K(k2 + d);
+        a3 += qv * K(k3 + d);
     }
+#undef K
     float4_t h[4];
     const VF acc[4] = {a0, a1, a2, a3};
     for (int u = 0; u < 4; u++) {
@@ -454,10 +766,121 @@ FA_INLINE void dot4(float *out, const float *q, const float *k0, const float *k1
     const float *ks[4] = {k0, k1, k2, k3};
     for (int u = 0; u < 4; u++) {
         float t = r[u];
-        for (int64_t dd = d; dd < n; dd++) t += q[dd] * ks[u][dd];
+        for (int64_t dd = d; dd < n; dd++) t += q[dd] * (bf ? att_bf16s(ks[u][dd]) : ks[u][dd]);
         out[u] = t;
     }
 }
+
+/* out_i = sum_{j < jend} s_j v_j * inv (v_j = v + j vsl), vectors along the features; with
+ * `hid` (a hidden key's value row holds inf or NaN: rare) scalar, over the keys query i of head
+ * (b, h) can see. bf: v rounded to bf16 as it is read (s holds P^ already). */
+FA_INLINE void rows_pv(float *o_i, const float *s, const float *v, int64_t vsl, int64_t jend,
+                       int64_t Dv, float inv, const fa_attention_args *hid, int64_t b, int64_t h,
+                       int64_t i, const int bf)
+{
+#define VAL(x) (bf ? att_bf16s(x) : (x))
+    int64_t e = 0;
+    if (hid) { /* leave the hidden keys' rows out (0 * NaN is NaN); rare: scalar */
+        for (; e < Dv; e++) {
+            float acc = 0.0f;
+            for (int64_t jj = 0; jj < jend; jj++)
+                if (!att_hidden(hid, b, h, i, jj)) acc += s[jj] * VAL(v[jj * vsl + e]);
+            o_i[e] = acc * inv;
+        }
+    }
+    for (; e + FA_VL <= Dv; e += 4 * FA_VL) {       /* out_i = sum_j p_j v_j / l */
+        const int nv = Dv - e >= 4 * FA_VL ? 4 : (int)((Dv - e) / FA_VL);
+        VF acc[4] = {vsplat(0.0f), vsplat(0.0f), vsplat(0.0f), vsplat(0.0f)};
+        for (int64_t jj = 0; jj < jend; jj++) {     /* independent chains: one per vector */
+            const VF p = vsplat(s[jj]);
+            const float *v_j = v + jj * vsl + e;
+            for (int c = 0; c < 4; c++)
+                if (c < nv)
+                    acc[c] += p * (bf ? att_bf16(vload(v_j + c * FA_VL)) : vload(v_j + c * FA_VL));
+        }
+        for (int c = 0; c < nv; c++) vstore(o_i + e + c * FA_VL, acc[c] * vsplat(inv));
+        if (nv < 4) {
+            e += nv * FA_VL;
+            break;
+        }
+    }
+    for (; e < Dv; e++) {
+        float acc = 0.0f;
+        for (int64_t jj = 0; jj < jend; jj++) acc += s[jj] * VAL(v[jj * vsl + e]);
+        o_i[e] = acc * inv;
+    }
+#undef VAL
+}
+
+#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
+/* The dot path, one query row (q_i) against keys j < jend (k_j = k + j ksl): qp receives the
+ * row's pairs, padded with zeros to whole vectors; s[j] = sum of the pair products, the
+ * vector's lanes summed by _mm512_reduce_add_ps. Four keys at a time (independent chains). */
+ATT_DOT static void dot_rows_scores(float *s, const float *q_i, const float *k, int64_t ksl,
+                                    int64_t jend, int64_t D, uint32_t *qp)
+{
+    const int64_t nv = (D + 31) / 32; /* vectors of 16 pairs */
+#define REST(d) (D - (d) > 0 ? D - (d) : 0)
+    for (int64_t t = 0; t < nv; t++)
+        _mm512_storeu_si512(qp + 16 * t, (__m512i)_mm512_cvtne2ps_pbh(
+                                             att_load16(q_i + 32 * t + 16, REST(32 * t + 16)),
+                                             att_load16(q_i + 32 * t, REST(32 * t))));
+    for (int64_t j = 0; j < jend; j += 4) {
+        const int nk = jend - j < 4 ? (int)(jend - j) : 4;
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                         _mm512_setzero_ps()};
+        for (int64_t t = 0; t < nv; t++) {
+            const __m512bh qv = (__m512bh)_mm512_loadu_si512(qp + 16 * t);
+            for (int u = 0; u < 4; u++)
+                if (u < nk) {
+                    const float *k_u = k + (j + u) * ksl + 32 * t;
+                    const __m512bh kv = _mm512_cvtne2ps_pbh(att_load16(k_u + 16, REST(32 * t + 16)),
+                                                            att_load16(k_u, REST(32 * t)));
+                    acc[u] = _mm512_dpbf16_ps(acc[u], qv, kv);
+                }
+        }
+        for (int u = 0; u < nk; u++) s[j + u] = _mm512_reduce_add_ps(acc[u]);
+    }
+#undef REST
+}
+
+/* out_i = sum_j P^_j v_j^ * inv over keys in pairs (s holds P^, rounded): v_j and v_j+1
+ * rounded and interleaved into pairs, 64 features at a time. */
+ATT_DOT static void dot_rows_pv(float *o_i, const float *s, const float *v, int64_t vsl,
+                               int64_t jend, int64_t Dv, float inv)
+{
+    /* word 2u <- word u (v_j), word 2u + 1 <- word 16 + u (v_j+1) */
+    static const uint16_t inter[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i idx = _mm512_loadu_si512(inter);
+    for (int64_t e = 0; e < Dv; e += 64) {
+        const int nv = Dv - e >= 64 ? 4 : (int)((Dv - e + 15) / 16);
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                         _mm512_setzero_ps()};
+        for (int64_t j = 0; j < jend; j += 2) {
+            const int two = j + 1 < jend;
+            uint32_t lo, hi = 0;
+            memcpy(&lo, s + j, 4);
+            if (two) memcpy(&hi, s + j + 1, 4);
+            const __m512bh pv = (__m512bh)_mm512_set1_epi32((int)((lo >> 16) | (hi & 0xffff0000u)));
+            for (int c = 0; c < 4; c++)
+                if (c < nv) {
+                    const int64_t f = e + 16 * c, n = Dv - f < 16 ? Dv - f : 16;
+                    const __m512 v0 = att_load16(v + j * vsl + f, n);
+                    const __m512 v1 = two ? att_load16(v + (j + 1) * vsl + f, n) : _mm512_setzero_ps();
+                    const __m512i vv =
+                        _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+                    acc[c] = _mm512_dpbf16_ps(acc[c], (__m512bh)vv, pv);
+                }
+        }
+        for (int c = 0; c < nv; c++) {
+            const int64_t f = e + 16 * c, n = Dv - f < 16 ? Dv - f : 16;
+            _mm512_mask_storeu_ps(o_i + f, (__mmask16)((1u << n) - 1u),
+                                  _mm512_mul_ps(acc[c], _mm512_set1_ps(inv)));
+        }
+    }
+}
+#endif
 
 static void attention_rows(const fa_attention_args *a, const fa_dropout_t *drop, int64_t b,
                            int64_t h, int64_t i, float *s)
@@ -471,13 +894,28 @@ static void attention_rows(const fa_attention_args *a, const fa_dropout_t *drop,
     if (a->causal) jend = i + off + 1 < Lk ? (i + off + 1 > 0 ? i + off + 1 : 0) : Lk;
 
     const float qscale = a->scale * FA_LOG2E;
-    for (int64_t j = 0; j < jend; j += 4) {     /* raw dots, four keys at a time */
-        const float *k_j = k_bh + j * a->k_st[2];
-        const int64_t ksl = a->k_st[2];
-        dot4(s + j, q_i, k_j, j + 1 < jend ? k_j + ksl : k_j,
-             j + 2 < jend ? k_j + 2 * ksl : k_j,
-             j + 3 < jend ? k_j + 3 * ksl : k_j, D);
+    const int64_t ksl = a->k_st[2];
+#define DOTS(q, bf)                                                                             \
+    for (int64_t j = 0; j < jend; j += 4) { /* raw dots, four keys at a time */                 \
+        const float *k_j = k_bh + j * ksl;                                                      \
+        dot4(s + j, q, k_j, j + 1 < jend ? k_j + ksl : k_j, j + 2 < jend ? k_j + 2 * ksl : k_j, \
+             j + 3 < jend ? k_j + 3 * ksl : k_j, D, bf);                                        \
     }
+    if (!a->bf16) {
+        DOTS(q_i, 0);
+    } else {
+        float *qr = s + Lk + FA_VL + 4; /* q rounded, or its pairs (dot path) */
+#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
+        if (fa_att_bf16_dot_rows) {
+            dot_rows_scores(s, q_i, k_bh, ksl, jend, D, (uint32_t *)qr);
+        } else
+#endif
+        {
+            att_bf16_row(qr, q_i, D);
+            DOTS(qr, 1);
+        }
+    }
+#undef DOTS
     float m = -INFINITY;
     int care = 0; /* a hidden key's value row holds inf or NaN */
     int64_t j0 = 0;
@@ -509,7 +947,7 @@ static void attention_rows(const fa_attention_args *a, const fa_dropout_t *drop,
         }
         m = any_nan ? NAN : hmax(mv);
         for (int64_t j = 0; j < j0 && any_hidden && !care; j++)
-            if (kb_b[j] == -INFINITY) care = !att_finite(v_bh + j * a->v_st[2], Dv);
+            if (kb_b[j] == -INFINITY) care = !att_v_finite(a, v_bh + j * a->v_st[2]);
     }
     if (!a->key_bias && !a->mask) {
         for (int64_t j = 0; j < jend; j++) {
@@ -526,7 +964,7 @@ static void attention_rows(const fa_attention_args *a, const fa_dropout_t *drop,
             float x;
             if (kb == -INFINITY || mk == -INFINITY) { /* hidden, whatever q . k is */
                 x = -INFINITY;
-                if (!care) care = !att_finite(v_bh + j * a->v_st[2], Dv);
+                if (!care) care = !att_v_finite(a, v_bh + j * a->v_st[2]);
             } else {
                 x = s[j] * qscale + kb * FA_LOG2E + mk * FA_LOG2E;
                 if (!(fabsf(x) <= ATT_WIDE)) x = att_wide_score(s[j] * qscale, kb, mk);
@@ -554,40 +992,24 @@ static void attention_rows(const fa_attention_args *a, const fa_dropout_t *drop,
                                                                 drop->threshold, drop->scale));
     }
     const float inv = l == 0.0f ? 0.0f : 1.0f / l;
-    int64_t e = 0;
-    if (care) { /* leave the hidden keys' rows out (0 * NaN is NaN); rare: scalar */
-        for (; e < Dv; e++) {
-            float acc = 0.0f;
-            for (int64_t jj = 0; jj < jend; jj++)
-                if (!att_hidden(a, b, h, i, jj)) acc += s[jj] * v_bh[jj * a->v_st[2] + e];
-            o_i[e] = acc * inv;
-        }
-    }
-    for (; e + FA_VL <= Dv; e += 4 * FA_VL) {       /* out_i = sum_j p_j v_j / l */
-        const int nv = Dv - e >= 4 * FA_VL ? 4 : (int)((Dv - e) / FA_VL);
-        VF acc[4] = {vsplat(0.0f), vsplat(0.0f), vsplat(0.0f), vsplat(0.0f)};
-        for (int64_t jj = 0; jj < jend; jj++) {     /* independent chains: one per vector */
-            const VF p = vsplat(s[jj]);
-            const float *v_j = v_bh + jj * a->v_st[2] + e;
-            for (int c = 0; c < 4; c++)
-                if (c < nv) acc[c] += p * vload(v_j + c * FA_VL);
-        }
-        for (int c = 0; c < nv; c++) vstore(o_i + e + c * FA_VL, acc[c] * vsplat(inv));
-        if (nv < 4) {
-            e += nv * FA_VL;
-            break;
-        }
-    }
-    for (; e < Dv; e++) {
-        float acc = 0.0f;
-        for (int64_t jj = 0; jj < jend; jj++) acc += s[jj] * v_bh[jj * a->v_st[2] + e];
-        o_i[e] = acc * inv;
-    }
-    if (a->lse) a->lse[(b * a->H + h) * a->Lq + i] = l == 0.0f ? -INFINITY : att_lse(m, l);
-    if (a->weights) {
+    if (a->weights) { /* (bf16: from P before its rounding) */
         float *w_i = a->weights + ((b * a->H + h) * a->Lq + i) * Lk;
         for (int64_t jj = 0; jj < Lk; jj++) w_i[jj] = jj < jend ? s[jj] * inv : 0.0f;
     }
+    if (a->lse) a->lse[(b * a->H + h) * a->Lq + i] = l == 0.0f ? -INFINITY : att_lse(m, l);
+    const int64_t vsl = a->v_st[2];
+    if (!a->bf16) {
+        rows_pv(o_i, s, v_bh, vsl, jend, Dv, inv, care ? a : NULL, b, h, i, 0);
+        return;
+    }
+    for (int64_t j = 0; j < jpad; j += FA_VL) vstore(s + j, att_bf16(vload(s + j))); /* P^ */
+#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
+    if (fa_att_bf16_dot_rows && !care) {
+        dot_rows_pv(o_i, s, v_bh, vsl, jend, Dv, inv);
+        return;
+    }
+#endif
+    rows_pv(o_i, s, v_bh, vsl, jend, Dv, inv, care ? a : NULL, b, h, i, 1);
 }
 
 /* ==== backward ==================================================================================
@@ -1095,7 +1517,8 @@ static int attention_forward(const fa_attention_args *a, int nthreads)
     const fa_dropout_t drop = fa_dropout_make(a->dropout_p, a->seed);
     /* Few queries: one row at a time along the head dim; else query blocks along the lanes. */
     const int rows = Lq * ATT_ROWS_DIV <= BQ;
-    const int64_t scratch = rows ? attention_rows_scratch(Lk) : attention_scratch(a->D, a->Dv);
+    const int64_t scratch =
+        rows ? attention_rows_scratch(Lk, a->D, a->bf16) : attention_scratch(a->D, a->Dv, a->bf16);
     const int64_t nqb = rows ? Lq : (Lq + BQ - 1) / BQ, ntasks = B * H * nqb;
     const double flops = 4.0 * (double)(B * H) * (double)Lq * (double)Lk *
                          (double)(a->D + a->Dv) / 2;

@@ -48,6 +48,15 @@ typedef struct {
  * -1e4 on every key, or -3e38) have their max and sum recomputed. */
 #define ATT_LSE_MAX 64.0f
 float att_wide_score(float s, float kb, float mk);
+/* bf16 attention on the avx512 level (fa_attention_bf16_init): its tiled pass multiplies with
+ * vdpbf16ps (dot), its one-row pass (decode steps) likewise (dot_rows), its fma path rounds
+ * with vcvtneps2bf16 (cvt) */
+extern int fa_att_bf16_dot, fa_att_bf16_dot_rows, fa_att_bf16_cvt;
+/* The compiler can build vdpbf16ps code (GCC 10, clang 9 on) */
+#if (defined(__x86_64__) || defined(__i386__)) && \
+    ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10))
+#define ATT_HAVE_BF16_DOT 1
+#endif
 float att_lse(float m, float l);
 
 /* layernorm.c: the rows whose float32 sums cannot hold their moments, in double. A row whose

@@ -102,7 +102,7 @@ int fa_build_tiles(int isa, int64_t *out);
  *                             strides mask_st (all four read) may be 0 to broadcast
  *   key_bias  (B, Lk)         in, may be NULL; C-contiguous; float added to every query's score
  *                             for key j (-inf = padding)
- *   scale, causal, dropout_p, seed: see fa_attention_forward
+ *   scale, causal, dropout_p, seed, bf16: see fa_attention_forward
  */
 typedef struct {
     float *out, *lse, *weights;
@@ -113,6 +113,7 @@ typedef struct {
     int causal;
     double dropout_p;
     uint64_t seed;
+    int bf16;      /* 1: bf16 compute (forward only, dropout_p = 0); 0: float32 */
 } fa_attention_args;
 
 /* fa_attention_forward -- out = softmax(q k^T * scale + masks) v, fused and tiled; writes a's
@@ -133,12 +134,36 @@ typedef struct {
  *             scores. 0 = no dropout (the same code and speed as without it); seed is then unused.
  *   A query row with no visible key yields zeros (and lse = -inf). NaN in a visible key's
  *   row, or in q, propagates.
+ *   bf16      1: bf16 compute (inference; the caller passes dropout_p = 0 and never runs the
+ *             backward on it). q, k and v are rounded to bf16 as vcvtneps2bf16 does (nearest
+ *             even; subnormals to +-0; NaN stays NaN; past the largest bf16, +-inf), the
+ *             products of q.k are exact and summed in float32, then times scale (after the
+ *             rounding, as torch scales its bf16 product): s_ij = (q^_i . k^_j) * scale. The
+ *             softmax runs in float32: P_ij = exp(s_ij + masks - m_i) (m_i the running max),
+ *             l_i = sum_j P_ij of the float32 P; P is then rounded to bf16 for the product with
+ *             v^ (as torch's CPU flash attention): out_i = sum_j P^_ij v^_j / l_i, summed in
+ *             float32. lse and weights (P / l, float32, not rounded) as without bf16. Paths:
+ *             fa_attention_bf16_path (vdpbf16ps, or rounding widened to float32 and FMA: the
+ *             same products; the float32 sums' order may differ between paths).
  *   Threads: (batch, head, query block) tasks, dynamically scheduled; each task is computed by
  *   one thread in a fixed order -> results independent of the thread count.
- *   Scratch: one buffer per thread, (D*BQ + BK*BQ + Dv*BQ + 2*BQ) floats, BQ/BK per ISA.
+ *   Scratch: one buffer per thread, (D*BQ + BK*BQ + Dv*BQ + 2*BQ) floats, BQ/BK per ISA; bf16
+ *   adds the rounded (or paired) key and value blocks and P's pairs (attention_body.h).
  *   Twin: fastattn.reference.attention / attention_forward
  */
 int fa_attention_forward(const fa_attention_args *a, int nthreads); /* 0, or -1: out of memory */
+
+/* bf16 attention's code path: FA_ATT_BF16_FMA (round, widen to float32, FMA: every level, no
+ * AVX512_BF16 instruction), FA_ATT_BF16_DOT (vdpbf16ps in both passes: the avx512 level on a CPU
+ * with AVX512_BF16) or FA_ATT_BF16_DOT_ROWS (vdpbf16ps in the one-row pass of decode steps, the
+ * tiles on the fma path with vcvtneps2bf16 rounding). Chosen by fa_attention_bf16_init
+ * (forced >= 0, or -1 for the fastest: DOT on an AVX512_BF16 CPU without AMX, where vdpbf16ps
+ * outruns FMA, DOT_ROWS on one with AMX, where it does not, WIDEN elsewhere; -1 returned when
+ * forced is refused), which runs after fa_cpu_init. */
+enum { FA_ATT_BF16_FMA = 0, FA_ATT_BF16_DOT = 1, FA_ATT_BF16_DOT_ROWS = 2 };
+int fa_attention_bf16_supports(int path);
+int fa_attention_bf16_init(int forced);
+int fa_attention_bf16_path(void);
 
 /* fa_attention_backward -- dq, dk, dv of out = dropout(softmax(q k^T * scale + masks)) v,
  * flash style: the probabilities are recomputed tile by tile from the saved lse; no (Lq, Lk)

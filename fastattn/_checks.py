@@ -100,6 +100,22 @@ def mask_array(mask, name, op, dtype_ok="bool or float"):
 
 # ---- attention ---------------------------------------------------------------------------------
 
+COMPUTE_TYPES = ("float32", "bfloat16")
+
+
+def compute_type(value, op, dropout_p=0.0):
+    """compute_type checked -> True for "bfloat16", False for "float32". bf16 compute is for
+    inference: with dropout_p > 0 (training) it is a ValueError."""
+    if not isinstance(value, str) or value not in COMPUTE_TYPES:
+        raise ValueError(f"{op}: compute_type must be one of {', '.join(map(repr, COMPUTE_TYPES))}, "
+                         f"got {value!r}")
+    bf16 = value == "bfloat16"
+    if bf16 and dropout_p:
+        raise ValueError(f"{op}: compute_type='bfloat16' is for inference: dropout_p must be 0, "
+                         f"got {dropout_p!r}")
+    return bf16
+
+
 def attention_dropout(dropout_p, seed, op):
     """(p, seed) checked: p a real number in [0, 1); seed an int in [0, 2**64) when p > 0
     (ignored, and returned as None, when p == 0). TypeError / ValueError naming the argument."""

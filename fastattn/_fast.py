@@ -102,23 +102,31 @@ def layer_norm_into(y, x, weight, bias, eps, residual=None, sum_out=None, mean=N
 
 
 def attention_into(out, q, k, v, bias, key_bias, causal, scale, lse=None, dropout_p=0.0,
-                    seed=0):
+                   seed=0, bf16=False):
     """out (B, H, Lq, Dv) view (any strides, last axis contiguous) = attention(q, k, v);
     bias: float (B, H, Lq, Lk) broadcast view or None; key_bias: float (B*Lk,) or None.
     Training: lse (B*H*Lq,) receives the log-sum-exp, and dropout_p / seed (checked by the
-    caller) drop attention weights."""
+    caller) drop attention weights. bf16=True: ops.attention's compute_type="bfloat16"
+    (inference only: the caller passes dropout_p = 0 and never runs attention_backward_into
+    on it)."""
+    if bf16 and (lse is not None or dropout_p):
+        raise ValueError("attention_into: bf16=True is for inference: lse and dropout_p belong "
+                         "to training (compute float32 there)")
     _kernels.attention_forward(out, lse, None, q, k, v, bias, key_bias, scale, causal,
-                               get_num_threads(), float(dropout_p), int(seed or 0))
+                               get_num_threads(), float(dropout_p), int(seed or 0), bool(bf16))
     return out
 
 
-def attention_fn(scale):
+def attention_fn(scale, bf16=False):
     """attention_into without masks other than key_bias, the scale chosen now (a decode
-    step's attention): f(q, k, v, key_bias, out) -> out, the same kernel call."""
+    step's attention): f(q, k, v, key_bias, out) -> out, the same kernel call. bf16=True: bf16
+    compute (ops.attention's compute_type="bfloat16"), for inference."""
     kernel = _kernels.attention_forward
+    bf16 = bool(bf16)
 
     def attend(q, k, v, key_bias, out):
-        kernel(out, None, None, q, k, v, None, key_bias, scale, False, get_num_threads(), 0.0, 0)
+        kernel(out, None, None, q, k, v, None, key_bias, scale, False, get_num_threads(), 0.0, 0,
+               bf16)
         return out
     return attend
 

@@ -49,6 +49,7 @@ cdef extern from "fastattn.h" nogil:
         int causal
         double dropout_p
         uint64_t seed
+        int bf16
     ctypedef struct fa_attention_grads:
         float *dq
         float *dk
@@ -59,6 +60,9 @@ cdef extern from "fastattn.h" nogil:
         int64_t dv_st[4]
         int64_t dout_st[4]
     int fa_attention_forward(const fa_attention_args *a, int nthreads)
+    int fa_attention_bf16_supports(int path)
+    int fa_attention_bf16_init(int forced)
+    int fa_attention_bf16_path()
     int fa_attention_backward(const fa_attention_grads *g, const fa_attention_args *a,
                               int nthreads)
     void fa_softmax_forward(float *y, const float *x, int64_t N, int64_t C, int nthreads)
@@ -118,6 +122,18 @@ cdef extern from "fastattn.h" nogil:
 
 def cpu_init(int forced):
     return fa_cpu_init(forced)
+
+
+def attention_bf16_supports(int path):
+    return fa_attention_bf16_supports(path)
+
+
+def attention_bf16_init(int forced):
+    return fa_attention_bf16_init(forced)
+
+
+def attention_bf16_path():
+    return fa_attention_bf16_path()
 
 
 def cpu_supports(int level):
@@ -295,11 +311,12 @@ cdef inline int64_t _dim(object a, int i):
 
 
 def attention_forward(out, lse, weights, q, k, v, mask, key_bias, float scale, bint causal,
-                      int nthreads, double dropout_p=0.0, uint64_t seed=0):
+                      int nthreads, double dropout_p=0.0, uint64_t seed=0, bint bf16=False):
     """out (B,H,Lq,Dv), lse (B*H*Lq) or None, weights (B*H*Lq*Lk) or None, key_bias (B*Lk) or
     None. out, q, k, v may be strided views whose last axis is contiguous (ops.py checks that);
     mask is a broadcast view (B,H,Lq,Lk) with any strides, or None. dropout_p in [0, 1) (0: no
-    dropout, seed unused). Arrays checked by _cdata / _view4 (a decode step's entry)."""
+    dropout, seed unused). bf16: bf16 compute (the caller passes dropout_p = 0). Arrays checked
+    by _cdata / _view4 (a decode step's entry)."""
     cdef fa_attention_args a
     a.out = _view4(out, True, False, True, a.out_st, "out")
     a.q = _view4(q, False, False, True, a.q_st, "q")
@@ -319,6 +336,7 @@ def attention_forward(out, lse, weights, q, k, v, mask, key_bias, float scale, b
     a.causal = causal
     a.dropout_p = dropout_p
     a.seed = seed
+    a.bf16 = bf16
     cdef int rc
     with nogil:
         rc = fa_attention_forward(&a, nthreads)
@@ -375,6 +393,7 @@ def attention_backward(float[:, :, :, :] dq not None, float[:, :, :, :] dk not N
     a.causal = causal
     a.dropout_p = dropout_p
     a.seed = seed
+    a.bf16 = 0
     cdef int rc
     with nogil:
         rc = fa_attention_backward(&g, &a, nthreads)

@@ -28,6 +28,11 @@ TILE_NAMES = (  # index = fa_tile_t in csrc/fastattn.h; the sizes themselves: cs
 # index = fa_int8_path_t (fastattn.h); amx is never chosen unless forced (README: Quantized
 # inference), amx-emulated is the same tile code emulated, for testing it on CPUs without AMX
 INT8_PATHS = ("generic", "avx2", "avx512bw", "avx512vnni", "amx", "amx-emulated")
+# bf16 attention's code paths (csrc/fastattn.h, fa_attention_bf16_path): bf16 rounded, widened
+# to float32 and multiplied with FMA (every level); vdpbf16ps in both passes (avx512 level,
+# AVX512_BF16 CPU); vdpbf16ps in the decode steps' one-row pass only (the default on CPUs with
+# AMX, whose vdpbf16ps is slower than their FMA in the tiles)
+ATTENTION_BF16_PATHS = ("fma", "avx512bf16", "avx512bf16-decode")
 _state = {"threads": 1}
 
 
@@ -119,6 +124,21 @@ def _int8_path_from_env():
                             f"({ISA_NAMES[_kernels.cpu_level()]})", available_int8_paths)
 
 
+def _attention_bf16_path_from_env():
+    """FASTATTN_ATTENTION_BF16_PATH: bf16 attention's code path; unset = the best one."""
+    return _forced_from_env("FASTATTN_ATTENTION_BF16_PATH", ATTENTION_BF16_PATHS,
+                            _kernels.attention_bf16_supports,
+                            f"this CPU, this build or the SIMD level in use "
+                            f"({ISA_NAMES[_kernels.cpu_level()]})",
+                            available_attention_bf16_paths)
+
+
+def available_attention_bf16_paths():
+    """bf16 attention's code paths this CPU, this build and the SIMD level in use can run."""
+    return [name for i, name in enumerate(ATTENTION_BF16_PATHS)
+            if _kernels.attention_bf16_supports(i)]
+
+
 def available_int8_paths():
     """int8 code paths this CPU, this build and the SIMD level in use can run, lowest first."""
     return [name for i, name in enumerate(INT8_PATHS) if _kernels.int8_supports(i)]
@@ -176,6 +196,7 @@ def tiles(isa=None):
 
 def init():
     _kernels.cpu_init(_isa_from_env())
+    _kernels.attention_bf16_init(_attention_bf16_path_from_env())
     if _kernels.int8_init(_int8_path_from_env()) == -2:
         raise RuntimeError("FASTATTN_INT8_PATH=amx: Linux refused this process the AMX tile "
                            "data (arch_prctl ARCH_REQ_XCOMP_PERM); unset it to use the VNNI path")
@@ -199,6 +220,9 @@ def build_info():
         "simd_available": available_isas(),
         "int8_path": INT8_PATHS[_kernels.int8_path()],     # FASTATTN_INT8_PATH
         "int8_paths_available": available_int8_paths(),
+        # FASTATTN_ATTENTION_BF16_PATH
+        "attention_bf16_path": ATTENTION_BF16_PATHS[_kernels.attention_bf16_path()],
+        "attention_bf16_paths_available": available_attention_bf16_paths(),
         "amx": amx_info(),
         "quant_tiles": quant_tiles(),                      # of the int8 path in use
         "tiles": tiles(),                                  # at the level in use ("simd")

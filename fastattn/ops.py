@@ -69,8 +69,10 @@ def _attention_operands(q, k, v, mask, key_padding_mask, op):
     return q, k, v, mask, key_padding_mask
 
 
-def _attention(q, k, v, mask, key_padding_mask, causal, scale, want_weights, dropout_p, seed):
+def _attention(q, k, v, mask, key_padding_mask, causal, scale, want_weights, dropout_p, seed,
+               compute_type="float32"):
     p, seed = _checks.attention_dropout(dropout_p, seed, "attention")
+    bf16 = _checks.compute_type(compute_type, "attention", p)
     q, k, v, mask, key_padding_mask, scale = _checks.attention(q, k, v, mask, key_padding_mask,
                                                                scale)
     q, k, v, bias, key_bias = _attention_operands(q, k, v, mask, key_padding_mask, "attention")
@@ -79,15 +81,19 @@ def _attention(q, k, v, mask, key_padding_mask, causal, scale, want_weights, dro
     if min(B, H, Lq, Dv) == 0 or min(Lk, D) == 0:
         # Nothing to tile (an empty batch, or no keys / zero-width heads): the twin is exact.
         kb = None if key_bias is None else key_bias.reshape(B, Lk)
-        out, weights, lse = reference._attention64(q, k, v, bias, kb, bool(causal), scale, p,
-                                                   seed)
+        if bf16:
+            out, weights, lse = reference._attention64_bf16(q, k, v, bias, kb, bool(causal),
+                                                            scale)
+        else:
+            out, weights, lse = reference._attention64(q, k, v, bias, kb, bool(causal), scale,
+                                                       p, seed)
         return (out.astype(np.float32), lse.astype(np.float32),
                 weights.astype(np.float32) if want_weights else None)
     out = np.empty((B, H, Lq, Dv), np.float32)
     lse = np.empty(B * H * Lq, np.float32)
     weights = np.empty(B * H * Lq * Lk, np.float32) if want_weights else None
     _kernels.attention_forward(out, lse, weights, q, k, v, bias, key_bias, scale, bool(causal),
-                               get_num_threads(), p, seed or 0)
+                               get_num_threads(), p, seed or 0, bf16)
     return out, lse.reshape(B, H, Lq), (weights.reshape(B, H, Lq, Lk) if want_weights else None)
 
 
@@ -100,7 +106,7 @@ def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False
 
 
 def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=None,
-              return_weights=False, dropout_p=0.0, seed=None):
+              return_weights=False, dropout_p=0.0, seed=None, compute_type="float32"):
     """softmax(q k^T * scale + masks) v, fused and tiled; see reference.attention.
 
     q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv) -> (B, H, Lq, Dv) float32 [, weights
@@ -113,9 +119,16 @@ def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=
     (Lq, Lk) matrix is ever stored. dropout_p in [0, 1) drops attention weights (kept ones
     scaled by 1 / (1 - p)) as reference.dropout_keep decides from seed, bit for bit; the
     returned weights are the dropped ones.
+
+    compute_type="bfloat16" (inference: dropout_p must be 0): q, k, v rounded to bf16 (nearest
+    even, as vcvtneps2bf16), q.k products exact and summed in float32, then times scale; the
+    softmax in float32; P = exp(s - max) rounded to bf16 for the product with the rounded v,
+    divided by the float32 sum of the unrounded P; returned weights float32 (P / sum). The
+    AVX512_BF16 path uses vdpbf16ps, the others round, widen and FMA: the same products, float32
+    sums whose order may differ (see reference.attention and docs/bf16_attention.md).
     """
     out, _, weights = _attention(q, k, v, mask, key_padding_mask, causal, scale, return_weights,
-                                 dropout_p, seed)
+                                 dropout_p, seed, compute_type)
     return (out, weights) if return_weights else out
 
 

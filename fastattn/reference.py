@@ -217,7 +217,7 @@ def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False
 
 
 def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=None,
-              return_weights=False, dropout_p=0.0, seed=None):
+              return_weights=False, dropout_p=0.0, seed=None, compute_type="float32"):
     """Scaled dot-product attention: dropout(softmax((q @ k^T) * scale + masks)) @ v.
 
     ====================  ==============  =====================================================
@@ -237,17 +237,37 @@ def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=
     seed                  int in [0,2^64) the dropout's seed; required when dropout_p > 0
                                           (ignored at 0). Weight (b, h, i, j) is kept iff
                                           dropout_keep(seed, (b*H + h)*Lq + i, j, dropout_p)
+    compute_type          str             "float32" (default) or "bfloat16": bf16 compute for
+                                          inference (dropout_p must be 0), below
     -> out                (B, H, Lq, Dv)  float32; zeros for a query with no allowed key
     -> weights            (B, H, Lq, Lk)  float32, only with return_weights=True: the weights
                                           after dropout (as torch returns them); without
                                           dropout, rows sum to 1, or are all zeros for a
                                           fully masked row
     ====================  ==============  =====================================================
+
+    compute_type="bfloat16" multiplies in bf16 where torch's CPU flash attention does, and
+    keeps the rest float32 (q, k, v are first converted to float32, as always):
+      q^, k^, v^ = bf16(q), bf16(k), bf16(v)     rounded as vcvtneps2bf16 (bfloat16_round)
+      s = (q^ @ k^T) * scale + masks             products exact, sums float32; the scale
+                                                 multiplies the sum (after the rounding)
+      P = exp(s - max_j s), l = sum_j P          float32, P not rounded
+      out = (bf16(P) @ v^) / l                   P rounded to bf16 for the product with v^
+      weights = P / l                            float32 (not rounded); lse as in float32
+    Masks, all-masked rows (zeros) and NaN as in float32; a value past the largest bf16
+    (3.3895e38, half an ulp included) becomes +-inf, and a subnormal one +-0. The kernels sum
+    in float32 in their own order (this twin sums in float64): see docs/bf16_attention.md for
+    the bound between the two.
     """
     p, seed = _checks.attention_dropout(dropout_p, seed, "attention")
+    bf16 = _checks.compute_type(compute_type, "attention", p)
     q, k, v, mask, key_padding_mask, scale = _checks.attention(q, k, v, mask, key_padding_mask,
                                                                scale)
-    out, weights, lse = _attention64(q, k, v, mask, key_padding_mask, causal, scale, p, seed)
+    if bf16:
+        out, weights, _ = _attention64_bf16(q, k, v, mask, key_padding_mask, causal, scale)
+    else:
+        out, weights, lse = _attention64(q, k, v, mask, key_padding_mask, causal, scale, p,
+                                         seed)
     if return_weights:
         return _f32(out), _f32(weights)
     return _f32(out)
@@ -314,6 +334,40 @@ def _attention64(q, k, v, mask, key_padding_mask, causal, scale, dropout_p=0.0, 
         weights = weights * _attention_keep(seed, dropout_p, weights.shape)  # dropped -> 0
     out = _visible_sum(weights, v, hidden)        # (B,H,Lq,Lk) @ (B,H,Lk,Dv) -> (B,H,Lq,Dv)
     lse = np.where(np.isfinite(lse), np.clip(lse, -_F32_MAX, _F32_MAX), lse)   # (B,H,Lq)
+    return out, weights, lse
+
+
+def bfloat16_round(x):
+    """x (any real dtype, converted to float32 first) rounded to the nearest bf16, returned as
+    float32, as vcvtneps2bf16 rounds: nearest, ties to even; a subnormal to +-0 (the
+    instruction treats them as zero); NaN stays NaN; past the largest bf16 (3.3895e38 plus half
+    an ulp), +-inf. Exact twin of the attention kernels' rounding."""
+    b = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)        # (...) float32 bits
+    mag = b & np.uint32(0x7fffffff)
+    r = (b + np.uint32(0x7fff) + ((b >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xffff0000)
+    r = np.where(mag > np.uint32(0x7f800000),                            # NaN: quiet, kept
+                 (b | np.uint32(0x00400000)) & np.uint32(0xffff0000), r)
+    r = np.where(mag < np.uint32(0x00800000), b & np.uint32(0x80000000), r)   # subnormal: +-0
+    return r.astype(np.uint32).view(np.float32)
+
+
+def _attention64_bf16(q, k, v, mask, key_padding_mask, causal, scale):
+    """attention's compute_type="bfloat16" from checked arguments: (out, weights, lse) in
+    float64 (see attention). The products are exact in float64 as in float32; the sums here
+    are float64."""
+    q, k, v = (_f64(bfloat16_round(t)) for t in (q, k, v))   # (B,H,Lq,D), (B,H,Lk,D), (B,H,Lk,Dv)
+    scores, hidden = _scores64(q, k, mask, key_padding_mask, causal, scale)  # (B,H,Lq,Lk)
+    m = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)            # (B,H,Lq,1)
+    m = np.where(m == -np.inf, 0.0, m)                      # a row with no key: 2^(-inf) = 0
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = np.exp(scores - m)                               # (B,H,Lq,Lk), 0 where hidden
+        l = np.sum(p, axis=-1, keepdims=True)                # (B,H,Lq,1), float32 P summed
+        p_hat = _f64(bfloat16_round(_f32(p)))                # P rounded for the product with v
+        out = _visible_sum(p_hat, v, hidden)                 # (B,H,Lq,Dv)
+        out = np.where(l > 0, out / np.where(l > 0, l, 1.0), 0.0)
+        out = np.where(np.isnan(l), np.nan, out)
+    weights, lse = _softmax64(scores, axis=-1)               # P / l, as in float32
+    lse = np.where(np.isfinite(lse), np.clip(lse, -_F32_MAX, _F32_MAX), lse)
     return out, weights, lse
 
 

@@ -705,3 +705,11 @@ CASES.update((c.name, c) for c in QUANT_OP_CASES)
 QUANT_OP_CASE_NAMES = tuple(c.name for c in QUANT_OP_CASES)
 OP_CASES += QUANT_OP_CASE_NAMES
 DEFAULT_CASES = DEFAULT_CASES + QUANT_OP_CASE_NAMES
+
+# ---- bf16 attention, op level (attention_bf16_cases.py) ------------------------------------------
+from .attention_bf16_cases import BF16_ATTENTION_CASES  # noqa: E402
+
+CASES.update((c.name, c) for c in BF16_ATTENTION_CASES)
+BF16_ATTENTION_CASE_NAMES = tuple(c.name for c in BF16_ATTENTION_CASES)
+OP_CASES += BF16_ATTENTION_CASE_NAMES
+DEFAULT_CASES = DEFAULT_CASES + BF16_ATTENTION_CASE_NAMES

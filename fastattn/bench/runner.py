@@ -142,7 +142,11 @@ def _run_time_case(case, threads, repeat, numpy_repeat):
         row["max_abs_diff_vs_numpy"] = diffs = {
             impl: _max_abs_diff(out, outs["numpy"]) for impl, out in outs.items()
             if impl != "numpy"}
-        bad = {i: d for i, d in diffs.items() if not d <= MISMATCH_ATOL}
+        # a case whose other implementations compute another function (torch's bf16 output)
+        # names the ones the twin checks; the others' differences are kept, not flagged
+        checked = getattr(case, "check_impls", None)
+        bad = {i: d for i, d in diffs.items()
+               if not d <= MISMATCH_ATOL and (checked is None or i in checked)}
         if bad:
             row["notes"].append("MISMATCH vs numpy twin: " + ", ".join(
                 f"{i} max|diff| {d:.2g}" for i, d in bad.items()))
