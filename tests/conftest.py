@@ -1,4 +1,5 @@
-"""Shared test configuration: hypothesis profiles, tolerances, the torch helper, assert_close.
+"""Shared test configuration: hypothesis profiles, the torch helper, assert_close (tolerances:
+tolerances.py).
 
 The thread count is left as the process resolved it at import (OMP_NUM_THREADS or all CPUs);
 tests that change it restore it (see test_threads.py).
@@ -25,45 +26,9 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-EPS32 = float(np.finfo(np.float32).eps)   # 1.19e-7
-
 # The kernels' tile sizes and few-row thresholds at the SIMD level in use (csrc/fa_tiles.h):
 # tests aim at their edges through these names, never through copied numbers.
 TILES = fastattn.build_info()["tiles"]
-
-# Float32 kernels against the float64-evaluated reference (DESIGN: oracle (b)).
-# rtol is relative to the expected value; where an entry says "x scale" the test multiplies
-# atol by the magnitude named (max |v| for attention, the sum of |terms| for a dot product).
-TOL = {
-    # out: atol x max|v| (the output is a convex combination of the rows of v)
-    "attention": dict(rtol=1e-4, atol=2e-5),
-    "attention_weights": dict(rtol=1e-4, atol=1e-6),
-    # lse: an absolute error of ~eps * |largest score| is all float32 can hold
-    "attention_lse": dict(rtol=1e-5, atol=1e-5),
-    "softmax": dict(rtol=1e-5, atol=1e-7),
-    # layer norm output is O(|weight|) + |bias|; atol x (1 + max|weight| + max|bias|)
-    "layer_norm": dict(rtol=1e-4, atol=1e-5),
-    "layer_norm_mean": dict(rtol=1e-6, atol=1e-6),   # atol x max|x + residual|
-    "layer_norm_rstd": dict(rtol=1e-4, atol=0.0),
-    # dot products: atol x EPS32 x sqrt(K) x max(|x| @ |w|^T) (K terms summed in float32)
-    "linear": dict(rtol=1e-5, atol=4.0),
-    "ffn": dict(rtol=1e-5, atol=4.0),
-    # torch float32 against our float32: both carry float32 error
-    "torch": dict(rtol=1e-4, atol=1e-5),
-}
-
-
-def dot_atol(x, w, *, bias=None, factor=TOL["linear"]["atol"]):
-    """Absolute tolerance for act(x @ w.T + bias) computed in float32: factor * eps * sqrt(K) *
-    max(|x| @ |w|.T + |bias|), the size of the terms each output sums (not of the result)."""
-    x = np.abs(np.asarray(x, np.float64)).reshape(-1, np.shape(w)[1])
-    w = np.abs(np.asarray(w, np.float64))
-    if x.size == 0 or w.size == 0:
-        return 0.0
-    mag = x @ w.T
-    if bias is not None:
-        mag = mag + np.abs(np.asarray(bias, np.float64))
-    return factor * EPS32 * np.sqrt(w.shape[1]) * float(mag.max())
 
 
 def run_in_threads(work, n):

@@ -1,5 +1,5 @@
-"""Helpers for the backward tests: central finite differences of the float64 twins, the abs-chain
-tolerance, and the child process that runs a test module's checks under one SIMD level or a
+"""Helpers for the backward tests: central finite differences of the float64 twins, and the child
+process that runs a test module's checks under one SIMD level or a
 small OpenMP team.
 
 The twins compute in float64 and round their results to float32 at the end (reference._f32).
@@ -19,7 +19,6 @@ import numpy as np
 import fastattn
 from fastattn import reference
 
-EPS32 = float(np.finfo(np.float32).eps)
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -47,16 +46,6 @@ def numeric_grad(loss, x, h=1e-6):
         flat[i] = keep
         gflat[i] = (up - down) / (2 * h)
     return g
-
-
-def chain_atol(magnitude, inner, factor=4.0):
-    """Absolute tolerance of a float32 result whose terms have size `magnitude` (the same
-    computation on absolute values, in float64) and which sums `inner` terms per element along
-    its longest chain: factor * eps * sqrt(inner) * max(magnitude)."""
-    m = np.asarray(magnitude, np.float64)
-    if m.size == 0:
-        return 0.0
-    return factor * EPS32 * np.sqrt(max(inner, 1)) * float(np.max(m))
 
 
 def child_env(env):

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 import fastattn
-from conftest import TOL
+from tolerances import TOL
 from grad_util import child_env
 
 AVAILABLE = fastattn.build_info()["simd_available"]

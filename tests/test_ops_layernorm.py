@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import TILES, TOL, assert_close, requires_torch, to_torch
+from conftest import TILES, assert_close, requires_torch, to_torch
 from fastattn import ops, reference
 from strategies import features, rand, rows, seeds
+from tolerances import TOL, layer_norm_atol
 
 VL = TILES["vector_width"]   # row lengths around it (and its multiples) hit the vector tails
 
@@ -20,7 +21,6 @@ def check_layer_norm(x, weight, bias, *, eps=1e-5, residual=None):
     y, cache = ops.layer_norm_forward(x, weight, bias, eps=eps, residual=residual)
     ry, rcache = reference.layer_norm_forward(x, weight, bias, eps=eps, residual=residual)
     wmax = 1.0 if weight is None else float(np.abs(weight).max(initial=0.0))
-    bmax = 0.0 if bias is None else float(np.abs(bias).max(initial=0.0))
     s = np.asarray(x, np.float64)
     if residual is not None:
         s = s + np.asarray(residual, np.float64)
@@ -34,9 +34,8 @@ def check_layer_norm(x, weight, bias, *, eps=1e-5, residual=None):
     if s.size:
         row_ulp = np.spacing(np.abs(s).max(axis=-1).astype(np.float32)).astype(np.float64)
         cond = float(np.max(row_ulp.reshape(-1) * rcache["rstd"]))
-    t = TOL["layer_norm"]
-    atol = t["atol"] * (1.0 + wmax + bmax) + 2.0 * cond * wmax
-    assert_close(y, ry, rtol=t["rtol"], atol=atol, name="y")
+    atol = layer_norm_atol(weight, bias) + 2.0 * cond * wmax
+    assert_close(y, ry, rtol=TOL["layer_norm"]["rtol"], atol=atol, name="y")
     tm = TOL["layer_norm_mean"]
     assert_close(cache["mean"], rcache["mean"], rtol=tm["rtol"], atol=tm["atol"] * max(1.0, smax),
                  name="mean")

@@ -12,12 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fastattn
-from conftest import TILES, TOL, assert_close, dot_atol, requires_torch, to_torch
+from conftest import TILES, assert_close, requires_torch, to_torch
 from fastattn import _fast, ops, reference
 from strategies import features, rand, rows, seeds
+from tolerances import TOL, dot_atol, ffn_atol
 
 ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh"]
-GELU_MAX_SLOPE = 1.13   # max |gelu'(x)|: an error in the hidden layer grows by at most this
 
 # Row counts around the kernels' few-row thresholds: the skinny kernel (SKINNY rows at most),
 # the split by features below MIN_ROWS rows per thread, and ROW_BLOCK-row GEMM blocks.
@@ -32,15 +32,6 @@ def check_linear(x, w, b=None, activation=None):
     assert_close(y, ref, rtol=TOL["linear"]["rtol"], atol=dot_atol(x, w, bias=b),
                  name=f"linear(activation={activation})")
     return y
-
-
-def ffn_atol(x, w1, b1, w2, b2, activation):
-    """Error of the first GEMM carried through the activation and the second GEMM, plus the
-    second GEMM's own rounding."""
-    h = reference.linear(x, w1, b1, activation=activation)          # float32 of the f64 hidden
-    first = dot_atol(x, w1, bias=b1, factor=TOL["ffn"]["atol"]) * GELU_MAX_SLOPE
-    carried = first * float(np.abs(np.asarray(w2, np.float64)).sum(axis=1).max(initial=0.0))
-    return carried + dot_atol(h, w2, bias=b2, factor=TOL["ffn"]["atol"])
 
 
 def check_ffn(x, w1, b1, w2, b2, activation="relu"):

@@ -18,15 +18,15 @@ from hypothesis import strategies as st
 import fastattn
 from conftest import TILES, assert_close, requires_torch, to_torch
 from fastattn import _fast, ops, reference
-from grad_util import chain_atol, child_isa_tests, float64_twins, numeric_grad
+from grad_util import child_isa_tests, float64_twins, numeric_grad
 from strategies import features, rand, rows, seeds
+from tolerances import GELU_MAX_SLOPE, TOL, chain_atol
 
 ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh"]
-GELU_MAX_SLOPE = 1.13    # max |gelu'|
 SKINNY, MIN_ROWS, ROW_BLOCK = (TILES[k] for k in ("skinny_rows", "min_rows_per_thread",
                                                   "row_block"))
 VL, ALIGN = TILES["vector_width"], TILES["feature_align"]
-RTOL = 1e-5
+RTOL = TOL["linear_grad"]["rtol"]
 
 
 def _abs(a):

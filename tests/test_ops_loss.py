@@ -10,11 +10,12 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import EPS32, assert_close, requires_torch
+from conftest import assert_close, requires_torch
 from grad_util import script_report
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import features, rand, rows, seeds
+from tolerances import EPS32, TOL, loss_atol
 
 import fastattn
 from fastattn import _fast, ops, reference
@@ -45,21 +46,17 @@ def torch_ce(x, t, *, dtype, **kw):
     return loss.detach().numpy(), xt.grad.numpy()
 
 
-def loss_atol(x):
-    """A loss is lse - x_t (and lse - mean x): float32 rounding of terms of size max|x|."""
-    return 8 * EPS32 * max(1.0, float(np.abs(x).max(initial=0.0)))
-
-
 def check_loss(actual, expected, x, reduction, count, name):
     """Per-row losses within loss_atol; a sum of N of them within N times that."""
     a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
     atol = loss_atol(x) * (count if reduction == "sum" else 1)
-    assert_close(a, e, 1e-5, atol, name, dtype=None)
+    assert_close(a, e, TOL["cross_entropy"]["rtol"], atol, name, dtype=None)
 
 
 def check_grad(actual, expected, scale, name):
     """softmax - targets, times scale (1 / count for a mean): float32 and the exp polynomial."""
-    assert_close(actual, expected, 1e-4, 4 * EPS32 * scale, name)
+    t = TOL["cross_entropy_grad"]
+    assert_close(actual, expected, t["rtol"], t["atol"] * EPS32 * scale, name)
 
 
 def scale_of(t, reduction, ignore_index=-100):

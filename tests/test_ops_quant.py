@@ -18,14 +18,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fastattn
-from conftest import assert_close, dot_atol, run_in_threads
+from conftest import assert_close, run_in_threads
 from fastattn import _fast, ops, quant, reference
 from grad_util import child_report, child_isa_tests, run_child
 from strategies import features, rand, seeds
+from tolerances import TOL, dot_atol
 
 ACTIVATIONS = [None, "relu", "gelu"]
 QW = ops.QuantizedWeight
-GELU_RTOL, GELU_ATOL = 2e-6, 1e-6       # the gelu kernel against float64 gelu (test_ops_linear)
+GELU_RTOL, GELU_ATOL = TOL["quantized_gelu"]["rtol"], TOL["quantized_gelu"]["atol"]
 
 
 def quantized(w, dtype):

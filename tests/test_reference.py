@@ -7,6 +7,7 @@ import pytest
 
 from conftest import SEED002_MASK, SEED002_SCORES, sdpa_masks
 from fastattn import reference as F
+from tolerances import TOL
 
 NEG_INF = -np.inf
 
@@ -472,7 +473,7 @@ def test_attention_lse_by_hand(rng):
 # ----------------------------------------------------------------------------------------------
 # against torch (skipped when torch is not installed)
 
-TORCH_RTOL, TORCH_ATOL = 1e-5, 1e-6
+TORCH_RTOL, TORCH_ATOL = TOL["reference_torch"]["rtol"], TOL["reference_torch"]["atol"]
 
 
 def t(x):

@@ -25,6 +25,7 @@ import pytest
 
 from conftest import assert_close
 from fastattn import nn as fnn
+from tolerances import TOL
 
 TORCH_WARNINGS = [
     pytest.mark.filterwarnings("ignore:.*nested tensor.*:UserWarning"),
@@ -34,8 +35,8 @@ TORCH_WARNINGS = [
 
 B, S, T = 3, 7, 5                  # batch, source length, target length
 C, H, F = 32, 4, 64                # d_model, heads, d_ff
-TORCH_REL = 1e-4                   # max|diff| / max|ref| against torch
-BACKEND_RTOL = 1e-5                # fast vs reference backend
+TORCH_REL = TOL["nn_torch"]["atol"]          # max|diff| / max|ref| against torch
+BACKEND_RTOL = TOL["nn_backends"]["rtol"]     # fast vs reference backend
 
 
 # ----------------------------------------------------------------------------------------------

@@ -23,10 +23,11 @@ from fastattn import io
 from fastattn import nn as fnn
 from nn_util import *  # noqa: F401,F403  (helpers and constants)
 from nn_util import TORCH_WARNINGS
+from tolerances import TOL
 
 pytestmark = TORCH_WARNINGS
 
-REL = 1e-5
+REL = TOL["nn_torch_surface"]["atol"]
 BACKENDS = ["fast", "reference"]
 
 

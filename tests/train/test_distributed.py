@@ -22,6 +22,7 @@ from fastattn.cli import main
 from fastattn.train import distributed, fit
 from fastattn.train.run import load_run
 from mpi_worker import INJECTED, model_for, run_kwargs, task
+from tolerances import TOL
 from train_util import char_tokenizer, tiny_model, untimed, words
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -46,7 +47,7 @@ LIMIT = 60          # seconds a failing job may take to end every rank
 # constant is added to all of a query's scores), so what is computed is rounding noise, which
 # Adam's normalised step turns into moves of up to lr in either direction, in one process as on
 # two. They do not change what the model computes: its outputs are compared instead.
-EQUAL_TOL = dict(loss_rtol=1e-6, weight_atol=1e-6, logits_atol=1e-5)
+EQUAL_TOL = TOL["data_parallel"]
 
 
 def mpirun(n, *args, timeout=120, module=False):
