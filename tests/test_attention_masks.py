@@ -22,6 +22,7 @@ import fastattn
 from conftest import TILES, assert_close, requires_torch, to_torch
 from fastattn import _fast, ops, reference
 from grad_util import child_isa_tests
+from tolerances import rel_atol
 
 F32_MIN = float(np.finfo(np.float32).min)
 BQ, BK = TILES["attention_block_q"], TILES["attention_block_k"]
@@ -94,11 +95,9 @@ def torch_attention(q, k, v, full, dout):
 
 
 def rel_close(actual, expected, rel, name):
-    """|actual - expected| <= rel * max |expected| (finite entries), NaN/inf in the same places."""
-    e = np.asarray(expected, np.float64)
-    fin = e[np.isfinite(e)]
-    scale = max(1.0, float(np.abs(fin).max())) if fin.size else 1.0
-    assert_close(actual, expected, rtol=rel, atol=rel * scale, name=name)
+    """|actual - expected| <= rel * max(1, max |expected|) (finite entries) + rel * |expected|,
+    NaN/inf in the same places."""
+    assert_close(actual, expected, rtol=rel, atol=rel_atol(expected, rel, floor=1.0), name=name)
 
 
 def check_twins(q, k, v, kw, rng, rel=2e-5):

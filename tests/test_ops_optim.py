@@ -5,9 +5,10 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import requires_torch
+from conftest import assert_close, requires_torch
 from grad_util import script_report
 from strategies import rand as _rand
+from tolerances import rel_atol
 
 import fastattn
 from fastattn import ops, reference
@@ -45,9 +46,8 @@ def close_to_torch(ours, theirs, name, rtol=1e-6):
     """1e-6 relative to each tensor's scale (max |p|): float32 rounding of one torch step vs
     ours (FMA contraction, the order of a few products) is a few ulps."""
     for i, (a, b) in enumerate(zip(ours, theirs)):
-        scale = max(1.0, float(np.abs(b).max(initial=0.0)))
-        np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * scale,
-                                   err_msg=f"{name}: tensor {i} {b.shape}")
+        assert_close(a, b, rtol, rel_atol(b, rtol, floor=1.0), f"{name}: tensor {i} {b.shape}",
+                     dtype=None)
 
 
 CONFIGS = [

@@ -10,8 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from conftest import requires_torch
+from conftest import assert_close, requires_torch
 from fastattn import optim
+from tolerances import rel_atol
 
 SHAPES = {"embed.weight": (37, 16), "layers.0.linear.weight": (16, 16),
           "layers.0.linear.bias": (16,), "layers.0.norm.weight": (16,), "head.bias": (5,),
@@ -68,8 +69,7 @@ def feed_torch(tparams, model):
 def assert_params_close(model, tparams, rtol=1e-6):
     for k, p in model.params.items():
         t = tparams[k].detach().numpy()
-        np.testing.assert_allclose(p, t, rtol=rtol, atol=rtol * max(1.0, float(np.abs(t).max())),
-                                   err_msg=k)
+        assert_close(p, t, rtol, rel_atol(t, rtol, floor=1.0), k, dtype=None)
 
 
 # ---- against torch.optim -------------------------------------------------------------------------

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+import conftest
 from conftest import SEED002_MASK, SEED002_SCORES, sdpa_masks
 from fastattn import reference as F
 from tolerances import TOL
@@ -15,14 +16,11 @@ NEG_INF = -np.inf
 # ----------------------------------------------------------------------------------------------
 # helpers
 
-def assert_close(actual, expected, rtol=1e-6, atol=1e-7, dtype=np.float32):
-    """Shape and dtype first, then values (NaN and +-inf must match position for position)."""
-    actual = np.asarray(actual)
-    expected = np.asarray(expected)
-    assert actual.shape == expected.shape, f"shape {actual.shape} != {expected.shape}"
-    if dtype is not None:
-        assert actual.dtype == dtype, f"dtype {actual.dtype} != {dtype}"
-    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
+def assert_close(actual, expected, rtol=TOL["reference"]["rtol"], atol=TOL["reference"]["atol"],
+                 dtype=np.float32):
+    """conftest.assert_close with the twins' tolerance against hand-computed values as the
+    default."""
+    conftest.assert_close(actual, expected, rtol, atol, dtype=dtype)
 
 
 def requires_torch():

@@ -19,6 +19,7 @@ import fastattn
 from conftest import TILES, assert_close, run_in_threads
 from fastattn import _fast, ops, reference
 from strategies import rand
+from tolerances import rel_atol
 
 THREAD_COUNTS = [2, 3]   # 3 also exercises an uneven split (more threads than cores is fine)
 # linear/ffn rows: features split for every team, then row blocks for every team (one, several)
@@ -135,8 +136,7 @@ def test_layer_norm_identical(restore_threads, rng, n, C):
 def assert_close_relative(fn, n, name):
     one = run_with(1, fn)
     many = run_with(n, fn)
-    scale = float(np.abs(one).max())
-    assert_close(many, one, rtol=1e-6, atol=1e-6 * scale, name=f"{name}: {n} threads vs 1")
+    assert_close(many, one, rtol=1e-6, atol=rel_atol(one, 1e-6), name=f"{name}: {n} threads vs 1")
 
 
 @pytest.mark.parametrize("n", THREAD_COUNTS)

@@ -25,7 +25,7 @@ import pytest
 
 from conftest import assert_close
 from fastattn import nn as fnn
-from tolerances import TOL
+from tolerances import TOL, rel_atol
 
 TORCH_WARNINGS = [
     pytest.mark.filterwarnings("ignore:.*nested tensor.*:UserWarning"),
@@ -45,9 +45,7 @@ BACKEND_RTOL = TOL["nn_backends"]["rtol"]     # fast vs reference backend
 
 def assert_rel(actual, expected, rel=TORCH_REL, name="output"):
     """max|actual - expected| <= rel * max|expected|, with assert_close's report on failure."""
-    expected = np.asarray(expected)
-    scale = float(np.abs(expected).max()) if expected.size else 1.0
-    assert_close(actual, expected, rtol=0.0, atol=rel * max(scale, 1e-30), name=name)
+    assert_close(actual, expected, rtol=0.0, atol=rel_atol(expected, rel, floor=1e-30), name=name)
 
 
 def perturb(torch, module, seed=0):
@@ -70,9 +68,7 @@ def assert_grads(fm, tm, rel=TORCH_REL):
 
 
 def assert_backends_close(fast, ref, name="output"):
-    ref = np.asarray(ref)
-    assert_close(fast, ref, rtol=BACKEND_RTOL, atol=BACKEND_RTOL * float(np.abs(ref).max()),
-                 name=name)
+    assert_close(fast, ref, rtol=BACKEND_RTOL, atol=rel_atol(ref, BACKEND_RTOL), name=name)
 
 
 def features(rng, batch, length, d=C):

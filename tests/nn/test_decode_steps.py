@@ -4,9 +4,11 @@ at every position (same block, both backends); beams, reorder, and bad use of a 
 import numpy as np
 import pytest
 
+from conftest import assert_close
 from fastattn import nn as fnn
 from nn_util import *  # noqa: F401,F403  (helpers and constants)
 from nn_util import TORCH_WARNINGS
+from tolerances import rel_atol
 
 pytestmark = TORCH_WARNINGS
 
@@ -115,7 +117,7 @@ def _logits(m, src, tokens, beams, edit=None):
 
 
 def _close(got, want, rel=2e-5):
-    np.testing.assert_allclose(got, want, rtol=0, atol=rel * max(1.0, np.abs(want).max()))
+    assert_close(got, want, 0, rel_atol(want, rel, floor=1.0), dtype=None)
 
 
 @pytest.mark.parametrize("compute_type", ["float32", "int8", "bf16"])
