@@ -19,9 +19,8 @@ import numpy as np
 import pytest
 
 import fastattn
-from conftest import TILES, assert_close, requires_torch, to_torch
+from conftest import TILES, assert_close, child_isa_tests, requires_torch, to_torch
 from fastattn import _fast, ops, reference
-from grad_util import child_isa_tests
 from tolerances import rel_atol
 
 F32_MIN = float(np.finfo(np.float32).min)

@@ -13,9 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fastattn
-from conftest import TILES, assert_close
+from conftest import TILES, assert_close, child_isa_tests
 from fastattn import _fast, ops, reference
-from grad_util import child_isa_tests
 from strategies import features, rand, rows, seeds
 from test_ops_layernorm_backward import check_ln_backward
 from tolerances import TOL, layer_norm_atol
