@@ -1,5 +1,4 @@
-"""Helpers for the backward tests: central finite differences of the float64 twins (and, until
-the loss and optimiser tests move to conftest.run_checks, their script children).
+"""Helpers for the backward tests: central finite differences of the float64 twins.
 
 The twins compute in float64 and round their results to float32 at the end (reference._f32).
 ``float64_twins()`` lifts that rounding for the duration of a with-block, so that finite
@@ -10,7 +9,6 @@ import contextlib
 
 import numpy as np
 
-from conftest import child_env, child_report, run_child  # noqa: F401 (child_env: test_dispatch)
 from fastattn import reference
 
 
@@ -38,9 +36,3 @@ def numeric_grad(loss, x, h=1e-6):
         flat[i] = keep
         gflat[i] = (up - down) / (2 * h)
     return g
-
-
-def script_report(script, env):
-    """Run `script` (python -c, argv[1] = the forced SIMD level or "-") in a fresh interpreter
-    with extra environment `env`; -> its last stdout line, parsed as JSON (a clean exit asserted)."""
-    return child_report(run_child(script, env.get("FASTATTN_CPU_ISA", "-"), env=env, timeout=300))

@@ -1,12 +1,9 @@
 """The optimiser ops: adamw_step / adam_step against torch.optim.AdamW / Adam over 20 steps,
 grad_norm and clip_grads against torch.nn.utils, the kernels against the float64 twin, every
 SIMD path, thread counts (bit-identical) and bad input."""
-import textwrap
-
 import numpy as np
 import pytest
-from conftest import assert_close, requires_torch
-from grad_util import script_report
+from conftest import assert_close, child_isa_tests, requires_torch
 from strategies import rand as _rand
 from tolerances import rel_atol
 
@@ -18,7 +15,6 @@ def rand(rng, shape, scale=1.0):
     """float32 normal data as an array, 0-d included (a 0-d result is kept an ndarray)."""
     return np.array(_rand(rng, shape, scale), np.float32)
 
-AVAILABLE = fastattn.build_info()["simd_available"]
 # odd sizes: vector tails of every level, a 0-d and a one-element tensor, more than one
 # sum-of-squares block (8192 floats), and above the threads' grain
 SHAPES = [(3, 5), (17,), (129, 33), (1,), (), (1000,), (7, 11, 13), (40000,)]
@@ -270,24 +266,17 @@ def test_bad_max_norm():
 
 # ---- every SIMD path, and a team smaller than asked for -----------------------------------------
 
-CHILD = textwrap.dedent(r"""
-    import json, sys
-    import numpy as np
-    import fastattn
-    from fastattn import ops, reference
-
-    want = sys.argv[1]
-    assert want == "-" or fastattn.build_info()["simd"] == want, fastattn.build_info()["simd"]
+def isa_checks():
+    """Run in a child under each FASTATTN_CPU_ISA (and small OpenMP teams), on a team of 2: the
+    steps' p, m and v to 5e-7, grad_norm and clip_grads' total to 1e-12 and the clipped grads to
+    1e-6, each relative to max(1, the largest |value|) and to each value, at sizes around the
+    vector tails and above the threads' grain."""
     fastattn.set_num_threads(2)
     rng = np.random.default_rng(13)
     shapes = [(1,), (3,), (15,), (17,), (33, 31), (70001,)]
-    worst = {}
 
-    def ratio(name, a, b, rtol):
-        b = np.asarray(b, np.float64)
-        err = np.abs(np.asarray(a, np.float64) - b) / (rtol * max(1.0, float(np.abs(b).max()))
-                                                       + rtol * np.abs(b))
-        worst[name] = max(worst.get(name, 0.0), float(err.max(initial=0.0)))
+    def check(name, a, b, rtol):
+        assert_close(a, b, rtol, rel_atol(b, rtol, floor=1.0), name, dtype=None)
 
     for fn in ("adamw_step", "adam_step"):
         p = [rng.standard_normal(s).astype(np.float32) for s in shapes]
@@ -299,33 +288,17 @@ CHILD = textwrap.dedent(r"""
         getattr(reference, fn)(twin[0], g, twin[1], twin[2], step=3, lr=1e-2, weight_decay=0.05)
         for name, a, b in zip(("p", "m", "v"), (p, m, v), twin):
             for x, y in zip(a, b):
-                ratio(f"{fn}.{name}", x, y, 5e-7)
+                check(f"{fn}.{name} {x.shape}", x, y, 5e-7)
     g = [(rng.standard_normal(s) * 3).astype(np.float32) for s in shapes]
-    ratio("grad_norm", ops.grad_norm(g), reference.grad_norm(g), 1e-12)
+    check("grad_norm", ops.grad_norm(g), reference.grad_norm(g), 1e-12)
     r = [a.copy() for a in g]
-    ratio("clip_grads.total", ops.clip_grads(g, 1.0), reference.clip_grads(r, 1.0), 1e-12)
+    check("clip_grads.total", ops.clip_grads(g, 1.0), reference.clip_grads(r, 1.0), 1e-12)
     for x, y in zip(g, r):
-        ratio("clip_grads", x, y, 1e-6)
-    print(json.dumps(worst))
-""")
+        check(f"clip_grads {x.shape}", x, y, 1e-6)
 
 
-def worst_ratio(env):
-    """The largest error ratio (1 = at the tolerance) the CHILD checks saw under `env`."""
-    return max(script_report(CHILD, env).values())
-
-
-@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
-def test_every_isa_path(isa):
-    if isa not in AVAILABLE:
-        pytest.skip(f"{isa} is not available on this CPU/build (available: {AVAILABLE})")
-    assert worst_ratio({"FASTATTN_CPU_ISA": isa}) <= 1.0
-
-
-@pytest.mark.parametrize("env", [{"OMP_THREAD_LIMIT": "1"}, {"OMP_DYNAMIC": "true"}],
-                         ids=["thread_limit_1", "dynamic"])
-def test_fewer_threads_than_asked(env):
-    assert worst_ratio(env) <= 1.0
+test_every_isa_path, test_fewer_threads_than_asked = \
+    child_isa_tests("test_ops_optim", num_threads=None)
 
 
 # ---- the benchmark case and its target ---------------------------------------------------------
