@@ -1,5 +1,5 @@
-/* attention_body.h -- one query block of fused attention, instantiated once per ISA by
- * attention.c (see fa_simd.h for FA_SFX / FA_VL).
+/* attention_body.h -- fused attention, forward and backward, for one ISA level (compiled by
+ * each kernels_<level>.c; attention.c calls them through the kernel table).
  *
  * The block works "transposed": queries run along vector lanes, so the online softmax's
  * per-query max and sum are plain element-wise vector ops and no horizontal reduction is needed.
@@ -24,23 +24,23 @@
 #define MR_P ATT_MR_P
 #define vsplatu(x) ((VU){0} + (uint32_t)(x))  /* broadcast a uint32 */
 
-#ifndef ATT_LANE_IDS
-#define ATT_LANE_IDS
 static const uint32_t att_lane_ids[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-#endif
 
-/* Dropout factor per lane, fa_rng_keep vectorised: drop_scale where fmix32(row key ^ column *
- * golden32) >= thr, else 0. Multiplied in rather than selected, so NaN stays NaN (as in the
- * twin, which multiplies by the mask). */
-FA_INLINE VF FA_CAT(keep_, FA_SFX)(VU row_key, VU col, uint32_t thr, float drop_scale)
+/* Is key j hidden from query i of head (b, h)? (causal, or -inf in either mask) */
+static int att_hidden(const fa_attention_args *a, int64_t b, int64_t h, int64_t i, int64_t j)
 {
-    VU x = row_key ^ (col * 0x9e3779b9u);
-    x ^= x >> 16;
-    x *= 0x85ebca6bu;
-    x ^= x >> 13;
-    x *= 0xc2b2ae35u;
-    x ^= x >> 16;
-    return (VF)((VI)(x >= vsplatu(thr)) & (VI)vsplat(drop_scale));
+    if (a->causal && j > i + (a->Lk - a->Lq)) return 1;
+    if (a->key_bias && a->key_bias[b * a->Lk + j] == -INFINITY) return 1;
+    const int64_t *ms = a->mask_st;
+    return a->mask && a->mask[b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]] == -INFINITY;
+}
+
+/* Are the n floats of x all finite? */
+static int att_finite(const float *x, int64_t n)
+{
+    float acc = 0.0f;
+    for (int64_t e = 0; e < n; e++) acc += x[e] * 0.0f; /* 0 unless some x is inf or NaN */
+    return acc == 0.0f;
 }
 
 /* 2^x for the softmax's x = s - m <= 0 (or -inf, or NaN): vexp2 (fa_simd.h) without its
@@ -50,7 +50,7 @@ FA_INLINE VF FA_CAT(keep_, FA_SFX)(VU row_key, VU col, uint32_t thr, float drop_
  * `keep` as in vexp2, and 2^n is multiplied in, so NaN in stays NaN. n comes from the rounding
  * add's low bits (1.5 * 2^23 + n: shifted left 23, only n << 23 survives), so no conversion.
  *   scalar math:  n = round(x);  f = x - n;  2^x = P(f) * 2^n, 0 for x < -126 */
-FA_INLINE VF FA_CAT(att_exp2_, FA_SFX)(VF x)
+FA_INLINE VF att_exp2(VF x)
 {
     const VF t = x + vsplat(12582912.0f);                /* 1.5 * 2^23 + n */
     const VF f = x - (t - vsplat(12582912.0f));          /* in [-1/2, 1/2] */
@@ -58,11 +58,8 @@ FA_INLINE VF FA_CAT(att_exp2_, FA_SFX)(VF x)
     const VF two_n = (VF)(((VU)t << 23) + vsplatu(127u << 23));   /* 2^n, n >= -126 */
     return (VF)((VI)(p * two_n) & ~(VI)(x < vsplat(-126.0f)));
 }
-#define att_exp2 FA_CAT(att_exp2_, FA_SFX)
 
-static int64_t FA_CAT(attention_block_q_, FA_SFX)(void) { return BQ; }
-
-static int64_t FA_CAT(attention_scratch_, FA_SFX)(int64_t D, int64_t Dv)
+static int64_t attention_scratch(int64_t D, int64_t Dv)
 {
     return D * BQ + ATT_BK * BQ + Dv * BQ + 2 * BQ;
 }
@@ -90,10 +87,8 @@ _Static_assert(ATT_MR_S <= 8 && ATT_MR_P <= 8, "ATT_TAIL covers at most 7 rows l
  * read in place through the row stride ksl), BQ queries along the lanes; mx takes the
  * lane-wise max.
  *   scalar math:  st[r][i] = sum_d k[r][d] * qt[d][i]                                    */
-FA_INLINE void FA_CAT(score_rows_, FA_SFX)(float *FA_RESTRICT st, VF *FA_RESTRICT mx,
-                                           const float *FA_RESTRICT qt,
-                                           const float *FA_RESTRICT k, int64_t ksl, int64_t D,
-                                           const int ROWS)
+FA_INLINE void score_rows(float *FA_RESTRICT st, VF *FA_RESTRICT mx, const float *FA_RESTRICT qt,
+                          const float *FA_RESTRICT k, int64_t ksl, int64_t D, const int ROWS)
 {
     VF acc[MR_S][NR];
     const float *k_r[MR_S];
@@ -119,12 +114,11 @@ FA_INLINE void FA_CAT(score_rows_, FA_SFX)(float *FA_RESTRICT st, VF *FA_RESTRIC
 
 /* st[j][:] = k_j . qt[:, :] for j < nb (k_j = row j of the key block), in register tiles of
  * MR_S keys x BQ queries (the keys left over in smaller tiles); mx = lane-wise max of st. */
-static void FA_CAT(score_tile_, FA_SFX)(float *FA_RESTRICT st, VF *FA_RESTRICT mx,
-                                        const float *FA_RESTRICT qt, const float *FA_RESTRICT k,
-                                        int64_t ksl, int64_t nb, int64_t D)
+static void score_tile(float *FA_RESTRICT st, VF *FA_RESTRICT mx, const float *FA_RESTRICT qt,
+                       const float *FA_RESTRICT k, int64_t ksl, int64_t nb, int64_t D)
 {
     int64_t j = 0;
-#define TILE(rows) FA_CAT(score_rows_, FA_SFX)(st + j * BQ, mx, qt, k + j * ksl, ksl, D, rows)
+#define TILE(rows) score_rows(st + j * BQ, mx, qt, k + j * ksl, ksl, D, rows)
     for (; j + MR_S <= nb; j += MR_S) TILE(MR_S);
     ATT_TAIL(j, nb, MR_S, TILE);
 #undef TILE
@@ -133,9 +127,8 @@ static void FA_CAT(score_tile_, FA_SFX)(float *FA_RESTRICT st, VF *FA_RESTRICT m
 /* One register tile of the output: ot[r][:] += sum_{j<nb} v_j[r] * st[j][:] for r < ROWS value
  * features (v_j read in place from feature 0 of v, row stride vsl).
  *   scalar math:  ot[r][i] += sum_j v[j][r] * st[j][i]                                    */
-FA_INLINE void FA_CAT(pv_rows_, FA_SFX)(float *FA_RESTRICT ot, const float *FA_RESTRICT st,
-                                        const float *FA_RESTRICT v, int64_t vsl, int64_t nb,
-                                        const int ROWS)
+FA_INLINE void pv_rows(float *FA_RESTRICT ot, const float *FA_RESTRICT st,
+                       const float *FA_RESTRICT v, int64_t vsl, int64_t nb, const int ROWS)
 {
     VF acc[MR_P][NR];
     for (int r = 0; r < ROWS; r++)
@@ -156,12 +149,11 @@ FA_INLINE void FA_CAT(pv_rows_, FA_SFX)(float *FA_RESTRICT ot, const float *FA_R
 
 /* ot[e][:] += sum_{j<nb} v_j[e] * st[j][:], rows e in register tiles of MR_P (the features
  * left over in smaller tiles). */
-static void FA_CAT(pv_tile_, FA_SFX)(float *FA_RESTRICT ot, const float *FA_RESTRICT st,
-                                     const float *FA_RESTRICT v, int64_t vsl, int64_t nb,
-                                     int64_t Dv)
+static void pv_tile(float *FA_RESTRICT ot, const float *FA_RESTRICT st, const float *FA_RESTRICT v,
+                    int64_t vsl, int64_t nb, int64_t Dv)
 {
     int64_t e = 0;
-#define TILE(rows) FA_CAT(pv_rows_, FA_SFX)(ot + e * BQ, st, v + e, vsl, nb, rows)
+#define TILE(rows) pv_rows(ot + e * BQ, st, v + e, vsl, nb, rows)
     for (; e + MR_P <= Dv; e += MR_P) TILE(MR_P);
     ATT_TAIL(e, Dv, MR_P, TILE);
 #undef TILE
@@ -169,7 +161,7 @@ static void FA_CAT(pv_tile_, FA_SFX)(float *FA_RESTRICT ot, const float *FA_REST
 
 /* s[i] += kb2 (kb2 = a key bias kb times log2 e; kb is not -inf), lanes whose sum passes
  * ATT_WIDE (or is NaN) recomputed by att_wide_score. */
-FA_INLINE void FA_CAT(add_key_bias_, FA_SFX)(float *s, float kb, float kb2)
+FA_INLINE void add_key_bias(float *s, float kb, float kb2)
 {
     for (int c = 0; c < NR; c++) {
         const VF sv = vload(s + c * FA_VL), x = sv + vsplat(kb2);
@@ -188,20 +180,19 @@ FA_INLINE void FA_CAT(add_key_bias_, FA_SFX)(float *s, float kb, float kb2)
  * mx receives the lane-wise max. Shared by the forward pass and the weights pass. Returns 1
  * when a key that some query of the block cannot see has a value row holding inf or NaN (the
  * block's P.V must then leave it out explicitly: 0 * NaN is NaN), else 0. */
-static int FA_CAT(masked_scores_, FA_SFX)(const fa_att_args *a, int64_t b, int64_t h,
-                                          int64_t i0, int64_t nq, int64_t jb, int64_t nb,
-                                          const float *qt, float *st, VF *mx)
+static int masked_scores(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t nq,
+                         int64_t jb, int64_t nb, const float *qt, float *st, VF *mx)
 {
-    const float *k_bh = a->k + b * a->ks[0] + h * a->ks[1];
+    const float *k_bh = a->k + b * a->k_st[0] + h * a->k_st[1];
     const int64_t off = a->Lk - a->Lq;
     for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
-    FA_CAT(score_tile_, FA_SFX)(st, mx, qt, k_bh + jb * a->ks[2], a->ks[2], nb, a->D);
+    score_tile(st, mx, qt, k_bh + jb * a->k_st[2], a->k_st[2], nb, a->D);
 
     const int diag = a->causal && jb + nb - 1 > i0 + off;
     if (!diag && !a->mask && !a->key_bias) return 0;
     /* Slow path, only on tiles a mask touches: hide keys (-inf, whatever the score), add the
      * other biases, cut the causal corner, redo the max. */
-    const float *v_bh = a->v + b * a->vs[0] + h * a->vs[1];
+    const float *v_bh = a->v + b * a->v_st[0] + h * a->v_st[1];
     int care = 0;
     for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
     for (int64_t jj = 0; jj < nb; jj++) {
@@ -212,10 +203,11 @@ static int FA_CAT(masked_scores_, FA_SFX)(const fa_att_args *a, int64_t b, int64
         if (hidden) {
             for (int64_t i = 0; i < BQ; i++) s_j[i] = -INFINITY;
         } else if (a->mask) {
-            const float *m_bhj = a->mask + b * a->ms[0] + h * a->ms[1] + j * a->ms[3];
+            const float *m_bhj =
+                a->mask + b * a->mask_st[0] + h * a->mask_st[1] + j * a->mask_st[3];
             const float kb2 = kb * FA_LOG2E;
             for (int64_t i = 0; i < nq; i++) {
-                const float mk = m_bhj[(i0 + i) * a->ms[2]];
+                const float mk = m_bhj[(i0 + i) * a->mask_st[2]];
                 float x = s_j[i] + kb2 + mk * FA_LOG2E;
                 if (mk == -INFINITY) {
                     x = -INFINITY;
@@ -226,13 +218,13 @@ static int FA_CAT(masked_scores_, FA_SFX)(const fa_att_args *a, int64_t b, int64
                 s_j[i] = x;
             }
         } else {
-            FA_CAT(add_key_bias_, FA_SFX)(s_j, kb, kb * FA_LOG2E);
+            add_key_bias(s_j, kb, kb * FA_LOG2E);
         }
         if (diag && j > i0 + off) { /* query i0+i sees key j iff j <= i0 + i + off */
             for (int64_t i = 0; i < nq && j > i0 + i + off; i++) s_j[i] = -INFINITY;
             hidden = 1;
         }
-        if (hidden && !care) care = !att_finite(v_bh + j * a->vs[2], a->Dv);
+        if (hidden && !care) care = !att_finite(v_bh + j * a->v_st[2], a->Dv);
         for (int c = 0; c < NR; c++) mx[c] = vmax(mx[c], vload(s_j + c * FA_VL));
     }
     return care;
@@ -240,12 +232,11 @@ static int FA_CAT(masked_scores_, FA_SFX)(const fa_att_args *a, int64_t b, int64
 
 /* ot[e][i] += sum_{j<nb} st[j][i] * v_j[e] over the keys query i0+i can see: P.V of a block
  * where a hidden key's value row holds inf or NaN (rare: scalar). */
-static void FA_CAT(pv_visible_, FA_SFX)(const fa_att_args *a, int64_t b, int64_t h, int64_t i0,
-                                        int64_t nq, int64_t jb, int64_t nb, const float *st,
-                                        float *ot, const float *v)
+static void pv_visible(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t nq,
+                       int64_t jb, int64_t nb, const float *st, float *ot, const float *v)
 {
     for (int64_t jj = 0; jj < nb; jj++) {
-        const float *v_j = v + jj * a->vs[2];
+        const float *v_j = v + jj * a->v_st[2];
         for (int64_t i = 0; i < nq; i++) {
             if (att_hidden(a, b, h, i0 + i, jb + jj)) continue;
             const float p = st[jj * BQ + i];
@@ -256,9 +247,8 @@ static void FA_CAT(pv_visible_, FA_SFX)(const fa_att_args *a, int64_t b, int64_t
 
 /* dst[c][r] = src[r][c] * scale * (cscale ? cscale[c] : 1) for r < rows, c < cols: the q block
  * packing and the output write-back, in 4x4 register transposes with a scalar rim. */
-static void FA_CAT(transpose_, FA_SFX)(float *FA_RESTRICT dst, int64_t ldd,
-                                       const float *FA_RESTRICT src, int64_t lds, int64_t rows,
-                                       int64_t cols, float scale, const float *cscale)
+static void transpose(float *FA_RESTRICT dst, int64_t ldd, const float *FA_RESTRICT src,
+                      int64_t lds, int64_t rows, int64_t cols, float scale, const float *cscale)
 {
     typedef float v4 __attribute__((vector_size(16), aligned(4), may_alias));
     const int64_t r4 = rows - rows % 4, c4 = cols - cols % 4;
@@ -291,15 +281,15 @@ static void FA_CAT(transpose_, FA_SFX)(float *FA_RESTRICT dst, int64_t ldd,
 /* Size of the key block starting at jb: up to ATT_BK keys, but never straddling jdiag, so that
  * blocks left of the causal diagonal take the unmasked fast path and only the < BQ keys right
  * of it are masked element by element. */
-static int64_t FA_CAT(key_block_, FA_SFX)(int64_t jb, int64_t jend, int64_t jdiag)
+static int64_t key_block(int64_t jb, int64_t jend, int64_t jdiag)
 {
     int64_t nb = jend - jb < ATT_BK ? jend - jb : ATT_BK;
     if (jb < jdiag && jb + nb > jdiag) nb = jdiag - jb;
     return nb;
 }
 
-static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int64_t h,
-                                            int64_t qb, float *scratch)
+static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop, int64_t b,
+                           int64_t h, int64_t qb, float *scratch)
 {
     const int64_t D = a->D, Dv = a->Dv, Lq = a->Lq, Lk = a->Lk, off = Lk - Lq;
     const int64_t i0 = qb * BQ, nq = Lq - i0 < BQ ? Lq - i0 : BQ;
@@ -315,36 +305,36 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
         if (jdiag < 0) jdiag = 0;
     }
 
-    const float *q_bh = a->q + b * a->qs[0] + h * a->qs[1];
-    const float *v_bh = a->v + b * a->vs[0] + h * a->vs[1];
-    float *o_bh = a->out + b * a->os[0] + h * a->os[1];
+    const float *q_bh = a->q + b * a->q_st[0] + h * a->q_st[1];
+    const float *v_bh = a->v + b * a->v_st[0] + h * a->v_st[1];
+    float *o_bh = a->out + b * a->out_st[0] + h * a->out_st[1];
     const float qscale = a->scale * FA_LOG2E;
     /* The q block comes from memory once, and the output block goes back once: ask for every
-     * line of both up front (the transposes' 4 x 4 walks had a few misses in flight at a time
-     * and took 5% of a B4 H8 L512 D64 call on AVX2); the output's lines, for writing, are
-     * still in L2 when the block's last key has been met. */
+     * line of both up front (the transposes' 4 x 4 walks keep only a few misses in flight at a
+     * time); the output's lines, for writing, are still in L2 when the block's last key has
+     * been met. */
     for (int64_t i = i0; i < i0 + nq; i++) {
-        for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(q_bh + i * a->qs[2] + d, 0, 3);
-        for (int64_t e = 0; e < Dv; e += 16) __builtin_prefetch(o_bh + i * a->os[2] + e, 1, 2);
+        for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(q_bh + i * a->q_st[2] + d, 0, 3);
+        for (int64_t e = 0; e < Dv; e += 16) __builtin_prefetch(o_bh + i * a->out_st[2] + e, 1, 2);
     }
     if (nq < BQ) /* lanes past the last query stay 0 */
         for (int64_t d = 0; d < D; d++)
             for (int64_t i = nq; i < BQ; i++) qt[d * BQ + i] = 0.0f;
-    FA_CAT(transpose_, FA_SFX)(qt, BQ, q_bh + i0 * a->qs[2], a->qs[2], nq, D, qscale, NULL);
+    transpose(qt, BQ, q_bh + i0 * a->q_st[2], a->q_st[2], nq, D, qscale, NULL);
     for (int64_t i = 0; i < Dv * BQ; i++) ot[i] = 0.0f;
     for (int64_t i = 0; i < BQ; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
     /* dropout: each query lane's row key (fa_rng.h), row = (b * H + h) * Lq + i */
     uint32_t row_keys[BQ];
     VU rk[NR];
     for (int64_t i = 0; i < BQ; i++)
-        row_keys[i] = a->dropout ? fa_rng_row_key(a->seed, (uint64_t)((b * a->H + h) * Lq + i0 + i))
-                                 : 0u;
+        row_keys[i] =
+            drop->on ? fa_rng_row_key(drop->seed, (uint64_t)((b * a->H + h) * Lq + i0 + i)) : 0u;
     for (int c = 0; c < NR; c++) rk[c] = *(const VU *)(row_keys + c * FA_VL);
 
     for (int64_t jb = 0, nb; jb < jend; jb += nb) {
-        nb = FA_CAT(key_block_, FA_SFX)(jb, jend, jdiag);
+        nb = key_block(jb, jend, jdiag);
         VF mx[NR], muse[NR], alpha[NR], lsum[NR];
-        const int care = FA_CAT(masked_scores_, FA_SFX)(a, b, h, i0, nq, jb, nb, qt, st, mx);
+        const int care = masked_scores(a, b, h, i0, nq, jb, nb, qt, st, mx);
         /* online softmax: m_new = max(m, block max); rescale old sums by 2^(m - m_new).
          * A lane still at -inf uses 0 as its reference so 2^(-inf - 0) = 0, never NaN. */
         int rescale = 0;
@@ -366,13 +356,13 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
         }
         for (int c = 0; c < NR; c++)
             vstore(l + c * FA_VL, vload(l + c * FA_VL) * alpha[c] + lsum[c]);
-        if (a->dropout) { /* P' = P keep / (1 - p), once l has summed the undropped P */
+        if (drop->on) { /* P' = P keep / (1 - p), once l has summed the undropped P */
             for (int64_t jj = 0; jj < nb; jj++) {
                 const VU col = vsplatu(jb + jj);
                 for (int c = 0; c < NR; c++)
                     vstore(st + jj * BQ + c * FA_VL,
                            vload(st + jj * BQ + c * FA_VL) *
-                               FA_CAT(keep_, FA_SFX)(rk[c], col, a->drop_thr, a->drop_scale));
+                               vkeep(rk[c], col, drop->threshold, drop->scale));
             }
         }
         if (rescale && jb > 0) {
@@ -381,9 +371,9 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
                     vstore(ot + e * BQ + c * FA_VL, vload(ot + e * BQ + c * FA_VL) * alpha[c]);
         }
         if (care)
-            FA_CAT(pv_visible_, FA_SFX)(a, b, h, i0, nq, jb, nb, st, ot, v_bh + jb * a->vs[2]);
+            pv_visible(a, b, h, i0, nq, jb, nb, st, ot, v_bh + jb * a->v_st[2]);
         else
-            FA_CAT(pv_tile_, FA_SFX)(ot, st, v_bh + jb * a->vs[2], a->vs[2], nb, Dv);
+            pv_tile(ot, st, v_bh + jb * a->v_st[2], a->v_st[2], nb, Dv);
     }
 
     /* out_i = ot[:, i] / l_i (0 for a row with no visible key); lse_i = (m_i + log2 l_i) ln 2 */
@@ -392,7 +382,7 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
         for (int64_t i = 0; i < nq; i++) lse_bh[i] = l[i] == 0.0f ? -INFINITY : att_lse(m[i], l[i]);
     }
     for (int64_t i = 0; i < nq; i++) l[i] = l[i] == 0.0f ? 0.0f : 1.0f / l[i]; /* l becomes 1/l */
-    FA_CAT(transpose_, FA_SFX)(o_bh + i0 * a->os[2], a->os[2], ot, BQ, Dv, nq, 1.0f, l);
+    transpose(o_bh + i0 * a->out_st[2], a->out_st[2], ot, BQ, Dv, nq, 1.0f, l);
     if (!a->weights) return;
 
     /* Optional second pass: weights[i][j] = 2^(s_ij - m_i) / l_i (times the dropout factor),
@@ -401,17 +391,17 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
     float *w_bh = a->weights + ((b * a->H + h) * Lq + i0) * Lk;
     for (int64_t i = 0; i < nq * Lk; i++) w_bh[i] = 0.0f;
     for (int64_t jb = 0, nb; jb < jend; jb += nb) {
-        nb = FA_CAT(key_block_, FA_SFX)(jb, jend, jdiag);
+        nb = key_block(jb, jend, jdiag);
         VF mx[NR];
-        FA_CAT(masked_scores_, FA_SFX)(a, b, h, i0, nq, jb, nb, qt, st, mx);
+        masked_scores(a, b, h, i0, nq, jb, nb, qt, st, mx);
         for (int64_t i = 0; i < nq; i++) {
             if (l[i] == 0.0f) continue;
             for (int64_t jj = 0; jj < nb; jj++) {
                 VF x = vsplat(st[jj * BQ + i] - m[i]);
                 float w = vexp2(x)[0] * l[i];
-                if (a->dropout)
-                    w *= fa_rng_keep(row_keys[i], (uint32_t)(jb + jj), a->drop_thr)
-                             ? a->drop_scale : 0.0f;
+                if (drop->on)
+                    w *= fa_rng_keep(row_keys[i], (uint32_t)(jb + jj), drop->threshold)
+                             ? drop->scale : 0.0f;
                 w_bh[i * Lk + jb + jj] = w;
             }
         }
@@ -423,14 +413,13 @@ static void FA_CAT(attention_task_, FA_SFX)(const fa_att_args *a, int64_t b, int
  * rounding) as the tiled path.
  *   scalar math:  s_j = (q_i . k_j) * scale + bias_ij;  out_i = sum_j 2^(s_j - m) v_j / l
  * Scratch: Lk floats (the row's scores). */
-static int64_t FA_CAT(attention_rows_scratch_, FA_SFX)(int64_t Lk) { return Lk + FA_VL + 4; }
+static int64_t attention_rows_scratch(int64_t Lk) { return Lk + FA_VL + 4; }
 /* (scores, padded to whole vectors) */
 
 /* Four dot products q . k_u (u < 4) of length n, summed in one fixed order (the same for every
  * key, whichever group of four it falls in): lanes, then a 4x4 transpose-add. */
-FA_INLINE void FA_CAT(dot4_, FA_SFX)(float *out, const float *q, const float *k0,
-                                     const float *k1, const float *k2, const float *k3,
-                                     int64_t n)
+FA_INLINE void dot4(float *out, const float *q, const float *k0, const float *k1, const float *k2,
+                    const float *k3, int64_t n)
 {
     VF a0 = vsplat(0.0f), a1 = a0, a2 = a0, a3 = a0;
     int64_t d = 0;
@@ -470,24 +459,24 @@ FA_INLINE void FA_CAT(dot4_, FA_SFX)(float *out, const float *q, const float *k0
     }
 }
 
-static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int64_t h,
-                                            int64_t i, float *s)
+static void attention_rows(const fa_attention_args *a, const fa_dropout_t *drop, int64_t b,
+                           int64_t h, int64_t i, float *s)
 {
     const int64_t D = a->D, Dv = a->Dv, Lk = a->Lk, off = Lk - a->Lq;
-    const float *q_i = a->q + b * a->qs[0] + h * a->qs[1] + i * a->qs[2];
-    const float *k_bh = a->k + b * a->ks[0] + h * a->ks[1];
-    const float *v_bh = a->v + b * a->vs[0] + h * a->vs[1];
-    float *o_i = a->out + b * a->os[0] + h * a->os[1] + i * a->os[2];
+    const float *q_i = a->q + b * a->q_st[0] + h * a->q_st[1] + i * a->q_st[2];
+    const float *k_bh = a->k + b * a->k_st[0] + h * a->k_st[1];
+    const float *v_bh = a->v + b * a->v_st[0] + h * a->v_st[1];
+    float *o_i = a->out + b * a->out_st[0] + h * a->out_st[1] + i * a->out_st[2];
     int64_t jend = Lk;
     if (a->causal) jend = i + off + 1 < Lk ? (i + off + 1 > 0 ? i + off + 1 : 0) : Lk;
 
     const float qscale = a->scale * FA_LOG2E;
     for (int64_t j = 0; j < jend; j += 4) {     /* raw dots, four keys at a time */
-        const float *k_j = k_bh + j * a->ks[2];
-        const int64_t ksl = a->ks[2];
-        FA_CAT(dot4_, FA_SFX)(s + j, q_i, k_j, j + 1 < jend ? k_j + ksl : k_j,
-                              j + 2 < jend ? k_j + 2 * ksl : k_j,
-                              j + 3 < jend ? k_j + 3 * ksl : k_j, D);
+        const float *k_j = k_bh + j * a->k_st[2];
+        const int64_t ksl = a->k_st[2];
+        dot4(s + j, q_i, k_j, j + 1 < jend ? k_j + ksl : k_j,
+             j + 2 < jend ? k_j + 2 * ksl : k_j,
+             j + 3 < jend ? k_j + 3 * ksl : k_j, D);
     }
     float m = -INFINITY;
     int care = 0; /* a hidden key's value row holds inf or NaN */
@@ -520,7 +509,7 @@ static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int
         }
         m = any_nan ? NAN : hmax(mv);
         for (int64_t j = 0; j < j0 && any_hidden && !care; j++)
-            if (kb_b[j] == -INFINITY) care = !att_finite(v_bh + j * a->vs[2], Dv);
+            if (kb_b[j] == -INFINITY) care = !att_finite(v_bh + j * a->v_st[2], Dv);
     }
     if (!a->key_bias && !a->mask) {
         for (int64_t j = 0; j < jend; j++) {
@@ -531,13 +520,13 @@ static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int
     } else {
         for (int64_t j = j0; j < jend; j++) {  /* (the keys left, or all of them with a mask) */
             const float kb = a->key_bias ? a->key_bias[b * Lk + j] : 0.0f;
+            const int64_t *ms = a->mask_st;
             const float mk =
-                a->mask ? a->mask[b * a->ms[0] + h * a->ms[1] + i * a->ms[2] + j * a->ms[3]]
-                        : 0.0f;
+                a->mask ? a->mask[b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]] : 0.0f;
             float x;
             if (kb == -INFINITY || mk == -INFINITY) { /* hidden, whatever q . k is */
                 x = -INFINITY;
-                if (!care) care = !att_finite(v_bh + j * a->vs[2], Dv);
+                if (!care) care = !att_finite(v_bh + j * a->v_st[2], Dv);
             } else {
                 x = s[j] * qscale + kb * FA_LOG2E + mk * FA_LOG2E;
                 if (!(fabsf(x) <= ATT_WIDE)) x = att_wide_score(s[j] * qscale, kb, mk);
@@ -557,12 +546,12 @@ static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int
         vstore(s + j, p);
         l += hsum(p);
     }
-    if (a->dropout) { /* P' = P keep / (1 - p), once l has summed the undropped P */
-        const VU rk = vsplatu(fa_rng_row_key(a->seed, (uint64_t)((b * a->H + h) * a->Lq + i)));
+    if (drop->on) { /* P' = P keep / (1 - p), once l has summed the undropped P */
+        const VU rk = vsplatu(fa_rng_row_key(drop->seed, (uint64_t)((b * a->H + h) * a->Lq + i)));
         const VU lanes = *(const VU *)att_lane_ids;
         for (int64_t j = 0; j < jpad; j += FA_VL)
-            vstore(s + j, vload(s + j) * FA_CAT(keep_, FA_SFX)(rk, vsplatu(j) + lanes,
-                                                                a->drop_thr, a->drop_scale));
+            vstore(s + j, vload(s + j) * vkeep(rk, vsplatu(j) + lanes,
+                                                                drop->threshold, drop->scale));
     }
     const float inv = l == 0.0f ? 0.0f : 1.0f / l;
     int64_t e = 0;
@@ -570,7 +559,7 @@ static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int
         for (; e < Dv; e++) {
             float acc = 0.0f;
             for (int64_t jj = 0; jj < jend; jj++)
-                if (!att_hidden(a, b, h, i, jj)) acc += s[jj] * v_bh[jj * a->vs[2] + e];
+                if (!att_hidden(a, b, h, i, jj)) acc += s[jj] * v_bh[jj * a->v_st[2] + e];
             o_i[e] = acc * inv;
         }
     }
@@ -579,7 +568,7 @@ static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int
         VF acc[4] = {vsplat(0.0f), vsplat(0.0f), vsplat(0.0f), vsplat(0.0f)};
         for (int64_t jj = 0; jj < jend; jj++) {     /* independent chains: one per vector */
             const VF p = vsplat(s[jj]);
-            const float *v_j = v_bh + jj * a->vs[2] + e;
+            const float *v_j = v_bh + jj * a->v_st[2] + e;
             for (int c = 0; c < 4; c++)
                 if (c < nv) acc[c] += p * vload(v_j + c * FA_VL);
         }
@@ -591,7 +580,7 @@ static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int
     }
     for (; e < Dv; e++) {
         float acc = 0.0f;
-        for (int64_t jj = 0; jj < jend; jj++) acc += s[jj] * v_bh[jj * a->vs[2] + e];
+        for (int64_t jj = 0; jj < jend; jj++) acc += s[jj] * v_bh[jj * a->v_st[2] + e];
         o_i[e] = acc * inv;
     }
     if (a->lse) a->lse[(b * a->H + h) * a->Lq + i] = l == 0.0f ? -INFINITY : att_lse(m, l);
@@ -623,17 +612,23 @@ static void FA_CAT(attention_rows_, FA_SFX)(const fa_att_args *a, int64_t b, int
  */
 #define KB BQ
 #define BR ATT_BWD_BR
+
+/* One thread's view of one key block (carved from its scratch buffer). */
+typedef struct {
+    float *kt, *vt, *kr, *dkt, *dvt, *pt, *ds, *kbias;
+    int64_t jb, nb, Dp;
+    int kbad; /* a key row of the block (kr) holds inf or NaN */
+} fa_att_bwd_blk;
 /* The rows (or features) [i, n) left after the MR_S tiles, in tiles of 4, 2 and 1, each of a
  * size known at compile time; every row's arithmetic is the same whatever tile holds it. */
 
-static int64_t FA_CAT(attention_bwd_scratch_, FA_SFX)(int64_t D, int64_t Dv)
+static int64_t attention_bwd_scratch(int64_t D, int64_t Dv)
 {
     const int64_t Dp = (D + FA_VL - 1) / FA_VL * FA_VL;
     return (2 * D + 2 * Dv + Dp + 2 * BR + 1) * KB;
 }
 
-static void FA_CAT(attention_bwd_carve_, FA_SFX)(fa_att_bwd_blk *k, float *scratch, int64_t D,
-                                                  int64_t Dv)
+static void attention_bwd_carve(fa_att_bwd_blk *k, float *scratch, int64_t D, int64_t Dv)
 {
     k->Dp = (D + FA_VL - 1) / FA_VL * FA_VL;
     k->kt = scratch;
@@ -647,26 +642,26 @@ static void FA_CAT(attention_bwd_carve_, FA_SFX)(fa_att_bwd_blk *k, float *scrat
 }
 
 /* Pack key block [jb, jb + nb) of head (b, h): kt, vt, the key bias and (with_kr) kr. */
-static void FA_CAT(bwd_pack_, FA_SFX)(const fa_att_bwd_args *a, fa_att_bwd_blk *kb, int64_t b,
-                                      int64_t h, int with_kr)
+static void bwd_pack(const fa_att_bwd_args *a, fa_att_bwd_blk *kb, int64_t b,
+                     int64_t h, int with_kr)
 {
-    const fa_att_args *f = &a->f;
+    const fa_attention_args *f = a->f;
     const int64_t D = f->D, Dv = f->Dv, jb = kb->jb, nb = kb->nb;
-    const float *k_j = f->k + b * f->ks[0] + h * f->ks[1] + jb * f->ks[2];
-    const float *v_j = f->v + b * f->vs[0] + h * f->vs[1] + jb * f->vs[2];
+    const float *k_j = f->k + b * f->k_st[0] + h * f->k_st[1] + jb * f->k_st[2];
+    const float *v_j = f->v + b * f->v_st[0] + h * f->v_st[1] + jb * f->v_st[2];
     if (nb < KB) { /* lanes past the last key stay 0 */
         for (int64_t d = 0; d < D; d++)
             for (int64_t jj = nb; jj < KB; jj++) kb->kt[d * KB + jj] = 0.0f;
         for (int64_t e = 0; e < Dv; e++)
             for (int64_t jj = nb; jj < KB; jj++) kb->vt[e * KB + jj] = 0.0f;
     }
-    FA_CAT(transpose_, FA_SFX)(kb->kt, KB, k_j, f->ks[2], nb, D, f->scale * FA_LOG2E, NULL);
-    FA_CAT(transpose_, FA_SFX)(kb->vt, KB, v_j, f->vs[2], nb, Dv, 1.0f, NULL);
+    transpose(kb->kt, KB, k_j, f->k_st[2], nb, D, f->scale * FA_LOG2E, NULL);
+    transpose(kb->vt, KB, v_j, f->v_st[2], nb, Dv, 1.0f, NULL);
     kb->kbad = 0;
     if (with_kr && D > 0) /* (D = 0: k holds nothing, may be NULL) */
         for (int64_t jj = 0; jj < nb; jj++) {
             float *kr_j = kb->kr + jj * kb->Dp;
-            memcpy(kr_j, k_j + jj * f->ks[2], (size_t)D * sizeof(float));
+            memcpy(kr_j, k_j + jj * f->k_st[2], (size_t)D * sizeof(float));
             for (int64_t d = D; d < kb->Dp; d++) kr_j[d] = 0.0f;
             if (!kb->kbad) kb->kbad = !att_finite(kr_j, D);
         }
@@ -679,9 +674,8 @@ static void FA_CAT(bwd_pack_, FA_SFX)(const fa_att_bwd_args *a, fa_att_bwd_blk *
  * packed, transposed key block): the scores (mt = K^T) or dP' (mt = V^T) of a pair, in
  * register tiles of ROWS rows x NR vectors.
  *   scalar math:  s[r][j] = sum_f x[r][f] * mt[f][j]                                      */
-FA_INLINE void FA_CAT(bwd_dot_tile_, FA_SFX)(float *FA_RESTRICT s, const float *FA_RESTRICT mt,
-                                             const float *FA_RESTRICT x, int64_t xs, int64_t F,
-                                             const int ROWS)
+FA_INLINE void bwd_dot_tile(float *FA_RESTRICT s, const float *FA_RESTRICT mt,
+                            const float *FA_RESTRICT x, int64_t xs, int64_t F, const int ROWS)
 {
     VF acc[MR_S][NR];
     for (int u = 0; u < ROWS; u++)
@@ -698,11 +692,11 @@ FA_INLINE void FA_CAT(bwd_dot_tile_, FA_SFX)(float *FA_RESTRICT s, const float *
         for (int c = 0; c < NR; c++) vstore(s + u * KB + c * FA_VL, acc[u][c]);
 }
 
-static void FA_CAT(bwd_dot_, FA_SFX)(float *FA_RESTRICT s, const float *FA_RESTRICT mt,
-                                     const float *FA_RESTRICT x, int64_t xs, int64_t n, int64_t F)
+static void bwd_dot(float *FA_RESTRICT s, const float *FA_RESTRICT mt,
+                    const float *FA_RESTRICT x, int64_t xs, int64_t n, int64_t F)
 {
     int64_t r = 0;
-#define TILE(rows) FA_CAT(bwd_dot_tile_, FA_SFX)(s + r * KB, mt, x + r * xs, xs, F, rows)
+#define TILE(rows) bwd_dot_tile(s + r * KB, mt, x + r * xs, xs, F, rows)
     for (; r + MR_S <= n; r += MR_S) TILE(MR_S);
     ATT_TAIL(r, n, MR_S, TILE);
 #undef TILE
@@ -712,10 +706,8 @@ static void FA_CAT(bwd_dot_, FA_SFX)(float *FA_RESTRICT s, const float *FA_RESTR
  * KB floats): dV^T += dout^T P' and dK^T += q^T dS, in register tiles of COLS features x NR
  * vectors, summed over the rows in order.
  *   scalar math:  acc_t[f][j] += sum_r x[r][f] * p[r][j]                                  */
-FA_INLINE void FA_CAT(bwd_acc_tile_, FA_SFX)(float *FA_RESTRICT acc_t,
-                                             const float *FA_RESTRICT p,
-                                             const float *FA_RESTRICT x, int64_t xs, int64_t n,
-                                             const int COLS)
+FA_INLINE void bwd_acc_tile(float *FA_RESTRICT acc_t, const float *FA_RESTRICT p,
+                            const float *FA_RESTRICT x, int64_t xs, int64_t n, const int COLS)
 {
     VF acc[MR_S][NR];
     for (int u = 0; u < COLS; u++)
@@ -732,11 +724,11 @@ FA_INLINE void FA_CAT(bwd_acc_tile_, FA_SFX)(float *FA_RESTRICT acc_t,
         for (int c = 0; c < NR; c++) vstore(acc_t + u * KB + c * FA_VL, acc[u][c]);
 }
 
-static void FA_CAT(bwd_acc_, FA_SFX)(float *FA_RESTRICT acc_t, const float *FA_RESTRICT p,
-                                     const float *FA_RESTRICT x, int64_t xs, int64_t n, int64_t F)
+static void bwd_acc(float *FA_RESTRICT acc_t, const float *FA_RESTRICT p,
+                    const float *FA_RESTRICT x, int64_t xs, int64_t n, int64_t F)
 {
     int64_t f = 0;
-#define TILE(cols) FA_CAT(bwd_acc_tile_, FA_SFX)(acc_t + f * KB, p, x + f, xs, n, cols)
+#define TILE(cols) bwd_acc_tile(acc_t + f * KB, p, x + f, xs, n, cols)
     for (; f + MR_S <= F; f += MR_S) TILE(MR_S);
     ATT_TAIL(f, F, MR_S, TILE);
 #undef TILE
@@ -745,10 +737,9 @@ static void FA_CAT(bwd_acc_, FA_SFX)(float *FA_RESTRICT acc_t, const float *FA_R
 /* dq rows r < ROWS (stride dqs) += sum_{j<nb} ds[r][j] * kr[j][:], NV vectors of features from
  * feature d0; a vector reaching past D goes through a small buffer (dq rows hold D floats).
  *   scalar math:  dq[r][d] += sum_j ds[r][j] * kr[j][d]                                     */
-FA_INLINE void FA_CAT(bwd_dq_tile_, FA_SFX)(float *FA_RESTRICT dq, int64_t dqs,
-                                            const float *FA_RESTRICT ds,
-                                            const float *FA_RESTRICT kr, int64_t Dp, int64_t nb,
-                                            int64_t d0, int64_t D, const int ROWS, const int NV)
+FA_INLINE void bwd_dq_tile(float *FA_RESTRICT dq, int64_t dqs, const float *FA_RESTRICT ds,
+                           const float *FA_RESTRICT kr, int64_t Dp, int64_t nb, int64_t d0,
+                           int64_t D, const int ROWS, const int NV)
 {
     VF acc[MR_S][NR];
     for (int u = 0; u < ROWS; u++)
@@ -785,18 +776,18 @@ FA_INLINE void FA_CAT(bwd_dq_tile_, FA_SFX)(float *FA_RESTRICT dq, int64_t dqs,
 
 /* Row r sees the keys j < cut0 + r of the block (causal; dS is 0 past them, so they are not
  * summed: a tile of rows stops at its last row's limit). */
-static void FA_CAT(bwd_dq_, FA_SFX)(float *FA_RESTRICT dq, int64_t dqs,
-                                    const float *FA_RESTRICT ds, const float *FA_RESTRICT kr,
-                                    int64_t Dp, int64_t n, int64_t nb, int64_t cut0, int64_t D)
+static void bwd_dq(float *FA_RESTRICT dq, int64_t dqs,
+                   const float *FA_RESTRICT ds, const float *FA_RESTRICT kr,
+                   int64_t Dp, int64_t n, int64_t nb, int64_t cut0, int64_t D)
 {
     int64_t d0 = 0, r;
 #define UPTO(rows) (cut0 + r + (rows) - 1 < nb ? cut0 + r + (rows) - 1 : nb)
 #define TILE_NR(rows)                                                                           \
-    FA_CAT(bwd_dq_tile_, FA_SFX)(dq + r * dqs, dqs, ds + r * KB, kr, Dp, UPTO(rows), d0, D, rows, \
-                                 NR)
+    bwd_dq_tile(dq + r * dqs, dqs, ds + r * KB, kr, Dp, UPTO(rows), d0, D, rows, \
+                NR)
 #define TILE_1(rows)                                                                            \
-    FA_CAT(bwd_dq_tile_, FA_SFX)(dq + r * dqs, dqs, ds + r * KB, kr, Dp, UPTO(rows), d0, D, rows, \
-                                 1)
+    bwd_dq_tile(dq + r * dqs, dqs, ds + r * KB, kr, Dp, UPTO(rows), d0, D, rows, \
+                1)
     for (; d0 + NR * FA_VL <= Dp; d0 += NR * FA_VL) {
         for (r = 0; r + MR_S <= n; r += MR_S) TILE_NR(MR_S);
         ATT_TAIL(r, n, MR_S, TILE_NR);
@@ -815,17 +806,15 @@ static void FA_CAT(bwd_dq_, FA_SFX)(float *FA_RESTRICT dq, int64_t dqs,
  * all ones in hid; every other key gets its biases added, a sum past ATT_WIDE (or NaN) formed
  * again by att_wide_score, as in the forward.
  *   scalar math:  x_j = hidden ? -inf : s_j + (key bias_j + mask_ij) log2 e */
-FA_INLINE void FA_CAT(bwd_mask_row_, FA_SFX)(const fa_att_args *f, const fa_att_bwd_blk *kb,
-                                            int64_t b, int64_t h, int64_t i, float *s_r,
-                                            VI *hid)
+FA_INLINE void bwd_mask_row(const fa_attention_args *f, const fa_att_bwd_blk *kb, int64_t b,
+                            int64_t h, int64_t i, float *s_r, VI *hid)
 {
     const int64_t jb = kb->jb;
     int64_t cut = kb->nb; /* keys [jb, jb + cut) are visible to query i, masks aside */
     if (f->causal && i + (f->Lk - f->Lq) + 1 - jb < cut) cut = i + (f->Lk - f->Lq) + 1 - jb;
     if (cut < 0) cut = 0;
-    const float *m_i = f->mask ? f->mask + b * f->ms[0] + h * f->ms[1] + i * f->ms[2] +
-                                     jb * f->ms[3]
-                               : NULL;
+    const int64_t *ms = f->mask_st;
+    const float *m_i = f->mask ? f->mask + b * ms[0] + h * ms[1] + i * ms[2] + jb * ms[3] : NULL;
     const VI lanes = (VI)(*(const VU *)att_lane_ids);
     for (int c = 0; c < NR; c++) {
         const int64_t j0 = c * FA_VL;
@@ -838,12 +827,12 @@ FA_INLINE void FA_CAT(bwd_mask_row_, FA_SFX)(const fa_att_args *f, const fa_att_
             x += kbv * vsplat(FA_LOG2E);
         }
         if (m_i) {
-            if (f->ms[3] == 1 && j0 + FA_VL <= cut) {
+            if (f->mask_st[3] == 1 && j0 + FA_VL <= cut) {
                 mkv = vload(m_i + j0);
             } else {
                 float t[FA_VL];
                 for (int u = 0; u < FA_VL; u++)
-                    t[u] = j0 + u < cut ? m_i[(j0 + u) * f->ms[3]] : 0.0f;
+                    t[u] = j0 + u < cut ? m_i[(j0 + u) * f->mask_st[3]] : 0.0f;
                 mkv = vload(t);
             }
             hd |= (VI)(mkv == vsplat(-INFINITY));
@@ -867,14 +856,14 @@ FA_INLINE void FA_CAT(bwd_mask_row_, FA_SFX)(const fa_att_args *f, const fa_att_
  *   scalar math:  s = S_ij + key bias + mask (-inf where hidden: past the causal limit or the
  *                 block, or a -inf mask);
  *                 P = 2^(s - pref_i) pinv_i (pref = lse_i log2 e, pinv = 1 but for rows whose
- *                 lse is too large for that, see attention_bwd_delta_), 0 where lse_i = -inf
+ *                 lse is too large for that, see attention_bwd_delta), 0 where lse_i = -inf
  *                 (or NaN, as in the twin);
  *                 keep = 1 / (1 - p) or 0;  P' = P keep;  dS = P (dP' keep - Delta_i) scale,
  *                 exactly 0 for a hidden key (even where dP' is NaN: its v row is not used) */
-static void FA_CAT(bwd_probs_, FA_SFX)(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
-                                       int64_t b, int64_t h, int64_t ilo, int64_t n)
+static void bwd_probs(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
+                      int64_t b, int64_t h, int64_t ilo, int64_t n)
 {
-    const fa_att_args *f = &a->f;
+    const fa_attention_args *f = a->f;
     const int64_t Lq = f->Lq, jb = kb->jb, bh = b * f->H + h;
     const float *delta_bh = a->delta + bh * Lq;
     const float *pref_bh = a->pref + bh * Lq, *pinv_bh = a->pinv + bh * Lq;
@@ -885,12 +874,12 @@ static void FA_CAT(bwd_probs_, FA_SFX)(const fa_att_bwd_args *a, const fa_att_bw
         const int64_t i = ilo + r;
         float *s_r = kb->ds + r * KB, *p_r = kb->pt + r * KB;
         VI hid[NR];
-        FA_CAT(bwd_mask_row_, FA_SFX)(f, kb, b, h, i, s_r, hid);
+        bwd_mask_row(f, kb, b, h, i, s_r, hid);
         const float pinv = pinv_bh[i];
         const VI live = (VI){0} + (pinv != 0.0f ? -1 : 0); /* all ones: P counts */
         const VF l2 = vsplat(pref_bh[i]);
         const VF dl = vsplat(delta_bh[i]);
-        if (!f->dropout) {
+        if (!a->drop.on) {
             for (int c = 0; c < NR; c++) {
                 VF p = (VF)((VI)att_exp2(vload(s_r + c * FA_VL) - l2) & live);
                 if (pinv != 1.0f) p *= vsplat(pinv);
@@ -903,7 +892,7 @@ static void FA_CAT(bwd_probs_, FA_SFX)(const fa_att_bwd_args *a, const fa_att_bw
             for (int c = 0; c < NR; c++) {
                 VF p = (VF)((VI)att_exp2(vload(s_r + c * FA_VL) - l2) & live);
                 if (pinv != 1.0f) p *= vsplat(pinv);
-                const VF kf = FA_CAT(keep_, FA_SFX)(rk, col[c], f->drop_thr, f->drop_scale);
+                const VF kf = vkeep(rk, col[c], a->drop.threshold, a->drop.scale);
                 const VF dp = vload(p_r + c * FA_VL) * kf;
                 vstore(p_r + c * FA_VL, p * kf);
                 vstore(s_r + c * FA_VL, (VF)((VI)(p * (dp - dl) * sc) & ~hid[c]));
@@ -912,25 +901,25 @@ static void FA_CAT(bwd_probs_, FA_SFX)(const fa_att_bwd_args *a, const fa_att_bw
     }
 }
 
-/* The max and sum of query i's scores (base 2, as bwd_probs_ forms them) over every key block
+/* The max and sum of query i's scores (base 2, as bwd_probs forms them) over every key block
  * it can see: *pref = max, *pinv = 1 / sum 2^(s - max) (0 for a row that sees no key). For the
  * rows whose lse float32 cannot hold to the digits P needs. */
-static void FA_CAT(bwd_row_stats_, FA_SFX)(const fa_att_bwd_args *a, int64_t b, int64_t h,
-                                           int64_t i, float *scratch, float *pref, float *pinv)
+static void bwd_row_stats(const fa_att_bwd_args *a, int64_t b, int64_t h,
+                          int64_t i, float *scratch, float *pref, float *pinv)
 {
-    const fa_att_args *f = &a->f;
+    const fa_attention_args *f = a->f;
     fa_att_bwd_blk kb;
-    FA_CAT(attention_bwd_carve_, FA_SFX)(&kb, scratch, f->D, f->Dv);
-    const float *q_i = f->q + b * f->qs[0] + h * f->qs[1] + i * f->qs[2];
+    attention_bwd_carve(&kb, scratch, f->D, f->Dv);
+    const float *q_i = f->q + b * f->q_st[0] + h * f->q_st[1] + i * f->q_st[2];
     int64_t jend = f->Lk;
     if (f->causal && i + (f->Lk - f->Lq) + 1 < jend) jend = i + (f->Lk - f->Lq) + 1;
     float m = -INFINITY, l = 0.0f;
     for (kb.jb = 0; kb.jb < jend; kb.jb += KB) {
         kb.nb = f->Lk - kb.jb < KB ? f->Lk - kb.jb : KB;
-        FA_CAT(bwd_pack_, FA_SFX)(a, &kb, b, h, 0);
-        FA_CAT(bwd_dot_, FA_SFX)(kb.ds, kb.kt, q_i, f->qs[2], 1, f->D);
+        bwd_pack(a, &kb, b, h, 0);
+        bwd_dot(kb.ds, kb.kt, q_i, f->q_st[2], 1, f->D);
         VI hid[NR];
-        FA_CAT(bwd_mask_row_, FA_SFX)(f, &kb, b, h, i, kb.ds, hid);
+        bwd_mask_row(f, &kb, b, h, i, kb.ds, hid);
         VF mx = vsplat(-INFINITY);
         for (int c = 0; c < NR; c++) mx = vmax(mx, vload(kb.ds + c * FA_VL));
         const float bm = hmax(mx);
@@ -948,24 +937,25 @@ static void FA_CAT(bwd_row_stats_, FA_SFX)(const fa_att_bwd_args *a, int64_t b, 
 }
 
 /* Per row r in [r0, r1) of the flattened (B*H*Lq) rows: Delta_r = dout_r . out_r, in one fixed
- * order (whole vectors, a tree, then the tail); and how bwd_probs_ forms the row's P: from its
+ * order (whole vectors, a tree, then the tail); and how bwd_probs forms the row's P: from its
  * lse (pref = lse log2 e, pinv = 1), or, when |lse| > ATT_LSE_MAX (float32 then holds lse to
- * less than the ~1e-5 that P needs), from the row's max and sum recomputed (bwd_row_stats_). */
-static void FA_CAT(attention_bwd_delta_, FA_SFX)(const fa_att_bwd_args *a, int64_t r0, int64_t r1,
-                                                 float *scratch)
+ * less than the ~1e-5 that P needs), from the row's max and sum recomputed (bwd_row_stats). */
+static void attention_bwd_delta(const fa_att_bwd_args *a, int64_t r0, int64_t r1, float *scratch)
 {
-    const int64_t H = a->f.H, Lq = a->f.Lq, Dv = a->f.Dv;
+    const fa_attention_args *f = a->f;
+    const fa_attention_grads *g = a->g;
+    const int64_t H = f->H, Lq = f->Lq, Dv = f->Dv;
     for (int64_t r = r0; r < r1; r++) {
         const int64_t bh = r / Lq, i = r % Lq, b = bh / H, h = bh % H;
-        const float *do_i = a->dout + b * a->dos[0] + h * a->dos[1] + i * a->dos[2];
-        const float *o_i = a->out + b * a->fos[0] + h * a->fos[1] + i * a->fos[2];
+        const float *do_i = g->dout + b * g->dout_st[0] + h * g->dout_st[1] + i * g->dout_st[2];
+        const float *o_i = f->out + b * f->out_st[0] + h * f->out_st[1] + i * f->out_st[2];
         VF acc = vsplat(0.0f);
         int64_t e = 0;
         for (; e + FA_VL <= Dv; e += FA_VL) acc += vload(do_i + e) * vload(o_i + e);
         float t = hsum(acc);
         for (; e < Dv; e++) t += do_i[e] * o_i[e];
         a->delta[r] = t;
-        const float lse = a->lse[r];
+        const float lse = f->lse[r];
         if (!(lse > -INFINITY)) {                 /* no key seen (or NaN): P = 0 */
             a->pref[r] = 0.0f;
             a->pinv[r] = 0.0f;
@@ -973,57 +963,56 @@ static void FA_CAT(attention_bwd_delta_, FA_SFX)(const fa_att_bwd_args *a, int64
             a->pref[r] = lse * FA_LOG2E;
             a->pinv[r] = 1.0f;
         } else {
-            FA_CAT(bwd_row_stats_, FA_SFX)(a, b, h, i, scratch, a->pref + r, a->pinv + r);
+            bwd_row_stats(a, b, h, i, scratch, a->pref + r, a->pinv + r);
         }
     }
 }
 
 /* dq rows r < n (stride dqs) += sum_j ds[r][j] * kr[j][:] over the keys query ilo + r can see:
- * bwd_dq_ for a block whose hidden keys may hold inf or NaN in k (0 * NaN is NaN; rare:
+ * bwd_dq for a block whose hidden keys may hold inf or NaN in k (0 * NaN is NaN; rare:
  * scalar). */
-static void FA_CAT(bwd_dq_visible_, FA_SFX)(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
-                                            int64_t b, int64_t h, int64_t ilo, int64_t n,
-                                            float *dq, int64_t dqs)
+static void bwd_dq_visible(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb, int64_t b, int64_t h,
+                           int64_t ilo, int64_t n, float *dq, int64_t dqs)
 {
     for (int64_t r = 0; r < n; r++)
         for (int64_t jj = 0; jj < kb->nb; jj++) {
-            if (att_hidden(&a->f, b, h, ilo + r, kb->jb + jj)) continue;
+            if (att_hidden(a->f, b, h, ilo + r, kb->jb + jj)) continue;
             const float d = kb->ds[r * KB + jj];
             const float *kr_j = kb->kr + jj * kb->Dp;
-            for (int64_t e = 0; e < a->f.D; e++) dq[r * dqs + e] += d * kr_j[e];
+            for (int64_t e = 0; e < a->f->D; e++) dq[r * dqs + e] += d * kr_j[e];
         }
 }
 
 /* One pair: query rows [ilo, ihi) of head (b, h) against the packed key block kb; adds into
  * the block's dK^T, dV^T accumulators (with_dkv) and into dq's rows (with_dq). */
-static void FA_CAT(bwd_pair_, FA_SFX)(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
-                                      int64_t b, int64_t h, int64_t ilo, int64_t ihi,
-                                      int with_dkv, int with_dq)
+static void bwd_pair(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb, int64_t b, int64_t h,
+                     int64_t ilo, int64_t ihi, int with_dkv, int with_dq)
 {
-    const fa_att_args *f = &a->f;
+    const fa_attention_args *f = a->f;
+    const fa_attention_grads *g = a->g;
     const int64_t n = ihi - ilo;
-    const float *q_i = f->q + b * f->qs[0] + h * f->qs[1] + ilo * f->qs[2];
-    const float *do_i = a->dout + b * a->dos[0] + h * a->dos[1] + ilo * a->dos[2];
-    FA_CAT(bwd_dot_, FA_SFX)(kb->ds, kb->kt, q_i, f->qs[2], n, f->D);     /* S */
-    FA_CAT(bwd_dot_, FA_SFX)(kb->pt, kb->vt, do_i, a->dos[2], n, f->Dv);  /* dP' */
-    FA_CAT(bwd_probs_, FA_SFX)(a, kb, b, h, ilo, n);                      /* P', dS */
+    const float *q_i = f->q + b * f->q_st[0] + h * f->q_st[1] + ilo * f->q_st[2];
+    const float *do_i = g->dout + b * g->dout_st[0] + h * g->dout_st[1] + ilo * g->dout_st[2];
+    bwd_dot(kb->ds, kb->kt, q_i, f->q_st[2], n, f->D);     /* S */
+    bwd_dot(kb->pt, kb->vt, do_i, g->dout_st[2], n, f->Dv);  /* dP' */
+    bwd_probs(a, kb, b, h, ilo, n);                      /* P', dS */
     if (with_dkv) {
-        FA_CAT(bwd_acc_, FA_SFX)(kb->dvt, kb->pt, do_i, a->dos[2], n, f->Dv);
-        FA_CAT(bwd_acc_, FA_SFX)(kb->dkt, kb->ds, q_i, f->qs[2], n, f->D);
+        bwd_acc(kb->dvt, kb->pt, do_i, g->dout_st[2], n, f->Dv);
+        bwd_acc(kb->dkt, kb->ds, q_i, f->q_st[2], n, f->D);
     }
     if (with_dq) {
-        float *dq_i = a->dq + b * a->dqs[0] + h * a->dqs[1] + ilo * a->dqs[2];
+        float *dq_i = g->dq + b * g->dq_st[0] + h * g->dq_st[1] + ilo * g->dq_st[2];
         const int64_t cut0 = f->causal ? ilo + (f->Lk - f->Lq) + 1 - kb->jb : kb->nb;
         if (kb->kbad)
-            FA_CAT(bwd_dq_visible_, FA_SFX)(a, kb, b, h, ilo, n, dq_i, a->dqs[2]);
+            bwd_dq_visible(a, kb, b, h, ilo, n, dq_i, g->dq_st[2]);
         else
-            FA_CAT(bwd_dq_, FA_SFX)(dq_i, a->dqs[2], kb->ds, kb->kr, kb->Dp, n, kb->nb, cut0,
-                                    f->D);
+            bwd_dq(dq_i, g->dq_st[2], kb->ds, kb->kr, kb->Dp, n, kb->nb, cut0,
+                   f->D);
     }
 }
 
 /* The first query that sees key jb: 0, or jb - (Lk - Lq) under the causal rule. */
-static int64_t FA_CAT(bwd_first_query_, FA_SFX)(const fa_att_args *f, int64_t jb)
+static int64_t bwd_first_query(const fa_attention_args *f, int64_t jb)
 {
     const int64_t first = f->causal ? jb - (f->Lk - f->Lq) : 0;
     return first > 0 ? first : 0;
@@ -1032,56 +1021,162 @@ static int64_t FA_CAT(bwd_first_query_, FA_SFX)(const fa_att_args *f, int64_t jb
 /* Key blocks [kb0, kb1) of head (b, h): dk and dv of their keys, summed over every query block
  * in order; with_dq (the task owns the whole head): dq too, zeroed first, then each pair's
  * share added in key-block order. */
-static void FA_CAT(attention_bwd_keys_, FA_SFX)(const fa_att_bwd_args *a, int64_t b, int64_t h,
-                                                int64_t kb0, int64_t kb1, int with_dq,
-                                                float *scratch)
+static void attention_bwd_keys(const fa_att_bwd_args *a, int64_t b, int64_t h, int64_t kb0,
+                               int64_t kb1, int with_dq, float *scratch)
 {
-    const fa_att_args *f = &a->f;
+    const fa_attention_args *f = a->f;
+    const fa_attention_grads *g = a->g;
     const int64_t D = f->D, Dv = f->Dv, Lq = f->Lq, Lk = f->Lk;
     fa_att_bwd_blk kb;
-    FA_CAT(attention_bwd_carve_, FA_SFX)(&kb, scratch, D, Dv);
+    attention_bwd_carve(&kb, scratch, D, Dv);
     if (with_dq && D > 0) /* (D = 0: dq holds nothing, may be NULL) */
         for (int64_t i = 0; i < Lq; i++)
-            memset(a->dq + b * a->dqs[0] + h * a->dqs[1] + i * a->dqs[2], 0,
+            memset(g->dq + b * g->dq_st[0] + h * g->dq_st[1] + i * g->dq_st[2], 0,
                    (size_t)D * sizeof(float));
     for (int64_t blk = kb0; blk < kb1; blk++) {
         kb.jb = blk * KB;
         kb.nb = Lk - kb.jb < KB ? Lk - kb.jb : KB;
-        FA_CAT(bwd_pack_, FA_SFX)(a, &kb, b, h, with_dq);
+        bwd_pack(a, &kb, b, h, with_dq);
         memset(kb.dkt, 0, (size_t)((D + Dv) * KB) * sizeof(float)); /* dkt, dvt */
-        const int64_t first = FA_CAT(bwd_first_query_, FA_SFX)(f, kb.jb);
+        const int64_t first = bwd_first_query(f, kb.jb);
         for (int64_t i0 = first / BR * BR; i0 < Lq; i0 += BR) {
             const int64_t ilo = i0 > first ? i0 : first, ihi = i0 + BR < Lq ? i0 + BR : Lq;
-            FA_CAT(bwd_pair_, FA_SFX)(a, &kb, b, h, ilo, ihi, 1, with_dq);
+            bwd_pair(a, &kb, b, h, ilo, ihi, 1, with_dq);
         }
-        float *dk_j = a->dk + b * a->dks[0] + h * a->dks[1] + kb.jb * a->dks[2];
-        float *dv_j = a->dv + b * a->dvs[0] + h * a->dvs[1] + kb.jb * a->dvs[2];
-        FA_CAT(transpose_, FA_SFX)(dk_j, a->dks[2], kb.dkt, KB, D, kb.nb, 1.0f, NULL);
-        FA_CAT(transpose_, FA_SFX)(dv_j, a->dvs[2], kb.dvt, KB, Dv, kb.nb, 1.0f, NULL);
+        float *dk_j = g->dk + b * g->dk_st[0] + h * g->dk_st[1] + kb.jb * g->dk_st[2];
+        float *dv_j = g->dv + b * g->dv_st[0] + h * g->dv_st[1] + kb.jb * g->dv_st[2];
+        transpose(dk_j, g->dk_st[2], kb.dkt, KB, D, kb.nb, 1.0f, NULL);
+        transpose(dv_j, g->dv_st[2], kb.dvt, KB, Dv, kb.nb, 1.0f, NULL);
     }
 }
 
 /* dq of query block qb of head (b, h), over every key block in order: the same pairs, the same
- * arithmetic and the same order as attention_bwd_keys_ with with_dq, so the same bits. */
-static void FA_CAT(attention_bwd_queries_, FA_SFX)(const fa_att_bwd_args *a, int64_t b,
-                                                   int64_t h, int64_t qb, float *scratch)
+ * arithmetic and the same order as attention_bwd_keys with with_dq, so the same bits. */
+static void attention_bwd_queries(const fa_att_bwd_args *a, int64_t b,
+                                  int64_t h, int64_t qb, float *scratch)
 {
-    const fa_att_args *f = &a->f;
+    const fa_attention_args *f = a->f;
+    const fa_attention_grads *g = a->g;
     const int64_t D = f->D, Lq = f->Lq, Lk = f->Lk;
     const int64_t i0 = qb * BR, ihi = i0 + BR < Lq ? i0 + BR : Lq;
     fa_att_bwd_blk kb;
-    FA_CAT(attention_bwd_carve_, FA_SFX)(&kb, scratch, D, f->Dv);
+    attention_bwd_carve(&kb, scratch, D, f->Dv);
     for (int64_t i = i0; i < ihi && D > 0; i++)
-        memset(a->dq + b * a->dqs[0] + h * a->dqs[1] + i * a->dqs[2], 0,
+        memset(g->dq + b * g->dq_st[0] + h * g->dq_st[1] + i * g->dq_st[2], 0,
                (size_t)D * sizeof(float));
     for (kb.jb = 0; kb.jb < Lk; kb.jb += KB) {
         kb.nb = Lk - kb.jb < KB ? Lk - kb.jb : KB;
-        const int64_t first = FA_CAT(bwd_first_query_, FA_SFX)(f, kb.jb);
+        const int64_t first = bwd_first_query(f, kb.jb);
         const int64_t ilo = i0 > first ? i0 : first;
         if (ilo >= ihi) break; /* later key blocks are hidden from this block too */
-        FA_CAT(bwd_pack_, FA_SFX)(a, &kb, b, h, 1);
-        FA_CAT(bwd_pair_, FA_SFX)(a, &kb, b, h, ilo, ihi, 0, 1);
+        bwd_pack(a, &kb, b, h, 1);
+        bwd_pair(a, &kb, b, h, ilo, ihi, 0, 1);
     }
+}
+
+/* ==== the passes over the team ================================================================ */
+
+/* Forward task t of B * H * nqb (head by head, each head's query blocks last first): one query
+ * row (rows) or one block of queries. */
+static void attention_forward_task(const fa_attention_args *a, const fa_dropout_t *drop,
+                                   int rows, int64_t nqb, int64_t t, float *scratch)
+{
+    const int64_t qb = nqb - 1 - t % nqb, bh = t / nqb;
+    if (rows)
+        attention_rows(a, drop, bh / a->H, bh % a->H, qb, scratch);
+    else
+        attention_task(a, drop, bh / a->H, bh % a->H, qb, scratch);
+}
+
+static int attention_forward(const fa_attention_args *a, int nthreads)
+{
+    const int64_t B = a->B, H = a->H, Lq = a->Lq, Lk = a->Lk;
+    if (B <= 0 || H <= 0 || Lq <= 0) return 0;
+    const fa_dropout_t drop = fa_dropout_make(a->dropout_p, a->seed);
+    /* Few queries: one row at a time along the head dim; else query blocks along the lanes. */
+    const int rows = Lq * ATT_ROWS_DIV <= BQ;
+    const int64_t scratch = rows ? attention_rows_scratch(Lk) : attention_scratch(a->D, a->Dv);
+    const int64_t nqb = rows ? Lq : (Lq + BQ - 1) / BQ, ntasks = B * H * nqb;
+    const double flops = 4.0 * (double)(B * H) * (double)Lq * (double)Lk *
+                         (double)(a->D + a->Dv) / 2;
+    const int nt = fa_team_size(nthreads < ntasks ? nthreads : (int)ntasks, flops, 2e5);
+
+    float *buf = malloc((size_t)(scratch * nt) * sizeof(float));
+    if (!buf) return -1;
+
+    /* Causal tasks grow with the query block: hand out the heavy (late) blocks first. A team
+     * of one runs them without an OpenMP region (see fa_team_size). */
+    if (nt <= 1) {
+        for (int64_t t = 0; t < ntasks; t++) attention_forward_task(a, &drop, rows, nqb, t, buf);
+    } else {
+#pragma omp parallel num_threads(nt)
+        {
+            float *mine = buf + scratch * fa_thread_id(); /* id < team <= nt buffers */
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < ntasks; t++)
+                attention_forward_task(a, &drop, rows, nqb, t, mine);
+        }
+    }
+    free(buf);
+    return 0;
+}
+
+static int attention_backward(const fa_attention_grads *g, const fa_attention_args *f, int nthreads)
+{
+    const int64_t H = f->H, Lq = f->Lq, Lk = f->Lk, BH = f->B * H;
+    if (f->B <= 0 || H <= 0) return 0;
+    fa_att_bwd_args bwd = {.f = f, .g = g, .drop = fa_dropout_make(f->dropout_p, f->seed)};
+    fa_att_bwd_args *a = &bwd;
+    const int64_t nkb = (Lk + KB - 1) / KB, nqb = (Lq + BR - 1) / BR;
+    const int64_t scratch = attention_bwd_scratch(f->D, f->Dv);
+    /* five products of (rows x keys x head dim), half of them under the causal rule */
+    const double flops = 5.0 * (double)BH * (double)Lq * (double)Lk *
+                         (double)(f->D + f->Dv) / (f->causal ? 2.0 : 1.0);
+    const int nt = fa_team_size(nthreads, flops, 2e5);
+    /* Split when the (batch, head) tasks are too few for the team: a head per thread costs 5
+     * products per head; the split, 7 (dq's pass recomputes S and dP') spread over every thread. */
+    const int64_t per = (BH + nt - 1) / nt;
+    const int split = nt > 1 && 5 * per * nt > 7 * BH;
+
+    a->delta = malloc((size_t)(BH * Lq > 0 ? 3 * BH * Lq : 1) * sizeof(float));
+    float *buf = malloc((size_t)(scratch * nt) * sizeof(float));
+    if (!a->delta || !buf) {
+        free(a->delta);
+        free(buf);
+        return -1;
+    }
+    a->pref = a->delta + BH * Lq;
+    a->pinv = a->pref + BH * Lq;
+
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        float *mine = buf + scratch * fa_thread_id(); /* id < team <= nt buffers */
+        int64_t lo, hi;
+        fa_split(BH * Lq, 16, &lo, &hi);
+        attention_bwd_delta(a, lo, hi, mine);
+#pragma omp barrier
+        if (!split) {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < BH; t++)
+                attention_bwd_keys(a, t / H, t % H, 0, nkb, 1, mine);
+        } else {
+            /* causal: early key blocks and late query blocks carry the most rows; hand them
+             * out first, across every head */
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < BH * nkb; t++) {
+                const int64_t blk = t / BH, bh = t % BH;
+                attention_bwd_keys(a, bh / H, bh % H, blk, blk + 1, 0, mine);
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < BH * nqb; t++) {
+                const int64_t qb = nqb - 1 - t / BH, bh = t % BH;
+                attention_bwd_queries(a, bh / H, bh % H, qb, mine);
+            }
+        }
+    }
+    free(buf);
+    free(a->delta);
+    return 0;
 }
 
 #undef KB
@@ -1093,4 +1188,3 @@ static void FA_CAT(attention_bwd_queries_, FA_SFX)(const fa_att_bwd_args *a, int
 #undef MR_S
 #undef MR_P
 #undef vsplatu
-#undef att_exp2

@@ -1,10 +1,30 @@
-/* cpu.c -- runtime ISA choice (once, at import), OpenMP facts and tile sizes for build_info(). */
+/* cpu.c -- runtime ISA choice (once, at import: the kernel table fa_k), OpenMP facts and tile
+ * sizes for build_info(). */
+#include "fa_kernels.h"
 #include "fa_tiles.h"
-#include "fastattn.h"
 
 static fa_isa_t g_level = FA_ISA_GENERIC;
+const fa_kernels *fa_k = &fa_kernels_generic;
 
 fa_isa_t fa_cpu_level(void) { return g_level; }
+
+const fa_kernels *fa_kernels_of(int level)
+{
+    switch (level) {
+    case FA_ISA_GENERIC:
+        return &fa_kernels_generic;
+#if defined(FA_HAVE_V3)
+    case FA_ISA_AVX2:
+        return &fa_kernels_avx2;
+#endif
+#if defined(FA_HAVE_V4)
+    case FA_ISA_AVX512:
+        return &fa_kernels_avx512;
+#endif
+    default:
+        return NULL;
+    }
+}
 
 int fa_cpu_supports(int level)
 {
@@ -31,11 +51,12 @@ int fa_cpu_init(int forced)
     if (forced >= 0) {
         if (!fa_cpu_supports(forced)) return -1;
         g_level = (fa_isa_t)forced;
-        return 0;
+    } else {
+        g_level = fa_cpu_supports(FA_ISA_AVX512) ? FA_ISA_AVX512
+                : fa_cpu_supports(FA_ISA_AVX2)   ? FA_ISA_AVX2
+                                                 : FA_ISA_GENERIC;
     }
-    g_level = fa_cpu_supports(FA_ISA_AVX512) ? FA_ISA_AVX512
-            : fa_cpu_supports(FA_ISA_AVX2)   ? FA_ISA_AVX2
-                                             : FA_ISA_GENERIC;
+    fa_k = fa_kernels_of(g_level);
     return 0;
 }
 
@@ -88,35 +109,15 @@ int fa_build_sanitize(void)
 #endif
 }
 
-/* One level's column of fa_tiles.h, in fa_tile_t order. */
-#define FA_TILES_OF(sfx)                                                                      \
-    do {                                                                                      \
-        out[FA_TILE_VECTOR_WIDTH] = FA_VL_##sfx;                                              \
-        out[FA_TILE_ATTENTION_BLOCK_Q] = ATT_NR_##sfx * FA_VL_##sfx;                          \
-        out[FA_TILE_PACKED_TILE_ROWS] = SK_RB_##sfx;                                          \
-        out[FA_TILE_PACKED_TILE_FEATURES] = SK_NV_##sfx * FA_VL_##sfx;                        \
-        out[FA_TILE_SOFTMAX_CHUNK] = SM_CHUNK * FA_VL_##sfx;                                  \
-    } while (0)
-
 int fa_build_tiles(int isa, int64_t *out)
 {
-    switch (isa) {
-    case FA_ISA_GENERIC:
-        FA_TILES_OF(generic);
-        break;
-#if defined(FA_HAVE_V3)
-    case FA_ISA_AVX2:
-        FA_TILES_OF(v3);
-        break;
-#endif
-#if defined(FA_HAVE_V4)
-    case FA_ISA_AVX512:
-        FA_TILES_OF(v4);
-        break;
-#endif
-    default:
-        return -1;
-    }
+    const fa_kernels *k = fa_kernels_of(isa);
+    if (!k) return -1;
+    out[FA_TILE_VECTOR_WIDTH] = k->tiles.vector_width;
+    out[FA_TILE_ATTENTION_BLOCK_Q] = k->tiles.attention_block_q;
+    out[FA_TILE_PACKED_TILE_ROWS] = k->tiles.packed_tile_rows;
+    out[FA_TILE_PACKED_TILE_FEATURES] = k->tiles.packed_tile_features;
+    out[FA_TILE_SOFTMAX_CHUNK] = k->tiles.softmax_chunk;
     out[FA_TILE_ATTENTION_BLOCK_K] = ATT_BK;
     out[FA_TILE_ATTENTION_ROWS_MAX_Q] = out[FA_TILE_ATTENTION_BLOCK_Q] / ATT_ROWS_DIV;
     out[FA_TILE_ATTENTION_BACKWARD_BLOCK_Q] = ATT_BWD_BR;

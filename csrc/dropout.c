@@ -2,13 +2,7 @@
  * a pure function of (seed, row, column), so the backward regenerates it instead of storing it. */
 #include <string.h>
 
-#include "fastattn.h"
-
-#define FA_BODY "dropout_body.h"
-#include "fa_instantiate.h"
-
-typedef void (*dropout_rows_fn)(float *, const float *, int64_t, int64_t, int64_t,
-                                const fa_dropout_t *);
+#include "fa_kernels.h"
 
 void fa_dropout_forward(float *y, const float *x, int64_t N, int64_t C, double p, uint64_t seed,
                         int nthreads)
@@ -19,13 +13,12 @@ void fa_dropout_forward(float *y, const float *x, int64_t N, int64_t C, double p
         if (y != x) memmove(y, x, (size_t)(N * C) * sizeof(float));
         return;
     }
-    const dropout_rows_fn rows = FA_DISPATCH(dropout_rows_);
     const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)N * (double)C, 1.3e5);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         int64_t r0, r1;                                   /* this thread's rows */
         fa_split(N, 1, &r0, &r1);
-        if (r0 < r1) rows(y, x, r0, r1, C, &drop);
+        if (r0 < r1) fa_k->dropout_rows(y, x, r0, r1, C, &drop);
     }
 }
 

@@ -2,10 +2,8 @@
  *   scalar math, per element:  y[n][c] = x[n][c] * (fa_rng_keep(key_n, c, threshold) ? scale : 0)
  *                              key_n = fa_rng_row_key(seed, n)
  * A multiply, not a select: a dropped NaN or inf gives NaN, as torch's x * mask * scale does. */
-#include "fa_rng_simd.h"
-
-static void FA_CAT(dropout_rows_, FA_SFX)(float *y, const float *x, int64_t r0, int64_t r1,
-                                          int64_t C, const fa_dropout_t *drop)
+static void dropout_rows(float *y, const float *x, int64_t r0, int64_t r1,
+                         int64_t C, const fa_dropout_t *drop)
 {
     const int64_t Cv = C - C % FA_VL;
     for (int64_t n = r0; n < r1; n++) {

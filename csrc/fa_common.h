@@ -1,5 +1,5 @@
 /* fa_common.h -- shared macros for the fastattn kernels: restrict/inline, the one guarded
- * OpenMP surface, and the per-ISA instantiation helpers used by the *_body.h files. */
+ * OpenMP surface, and the ISA levels. */
 #ifndef FA_COMMON_H
 #define FA_COMMON_H
 
@@ -8,8 +8,6 @@
 
 #define FA_RESTRICT __restrict__
 #define FA_INLINE static inline __attribute__((always_inline))
-#define FA_CAT_(a, b) a##b
-#define FA_CAT(a, b) FA_CAT_(a, b)
 /* A variable read only by an `omp` pragma (a team size): unused in a FASTATTN_NO_OPENMP build,
  * where the pragmas are inert. */
 #define FA_OMP_ONLY __attribute__((unused))
@@ -37,10 +35,9 @@ FA_INLINE int fa_in_parallel(void) { return 0; }
 /* Threads to use for `work` units of roughly `grain` flops each: 1 below the grain or when
  * already inside a parallel region (no nested teams), else the caller's count. Layer norm and
  * attention forward run a team of one without an OpenMP region: opening one costs a runtime
- * round trip even when it is not parallel (a one-row layer norm called from Python: 1.7-2.0 us
- * with the region, 1.0-1.1 us without). Those two were the one-thread regions of decoding: 11
- * greedy generate calls of the Transformer-base int8 bench model opened 16166 of them before,
- * 36 after (the other entry points run one thread only on inputs smaller than that model's). */
+ * round trip even when it is not parallel, comparable to a one-row layer norm itself. Those two
+ * are the one-thread calls of decoding, made for every token (the other entry points run one
+ * thread only on inputs smaller than a decode step's). */
 FA_INLINE int fa_team_size(int nthreads, double work, double grain)
 {
     if (nthreads < 1 || fa_in_parallel() || work < grain) return 1;
@@ -59,25 +56,9 @@ FA_INLINE void fa_split(int64_t n, int64_t align, int64_t *lo, int64_t *hi)
     *hi = *lo + per < n ? *lo + per : n;
 }
 
-/* ---- ISA levels (user names: generic / avx2 / avx512). ------------------------------------ */
+/* ---- ISA levels (user names: generic / avx2 / avx512; FA_ISA_LEVEL in fa_tiles.h). -------- */
 typedef enum { FA_ISA_GENERIC = 0, FA_ISA_AVX2 = 1, FA_ISA_AVX512 = 2 } fa_isa_t;
 
 fa_isa_t fa_cpu_level(void);
-
-/* Dispatch: `fn_<SFX>` bodies exist for generic, v3 and v4 (when the compiler has them).
- * FA_DISPATCH(fn_) evaluates to the pointer for the level chosen at import. */
-#if defined(FA_HAVE_V4)
-#define FA_PICK_V4(fn) FA_CAT(fn, v4)
-#else
-#define FA_PICK_V4(fn) FA_PICK_V3(fn)
-#endif
-#if defined(FA_HAVE_V3)
-#define FA_PICK_V3(fn) FA_CAT(fn, v3)
-#else
-#define FA_PICK_V3(fn) FA_CAT(fn, generic)
-#endif
-#define FA_DISPATCH(fn)                                                                   \
-    (fa_cpu_level() == FA_ISA_AVX512 ? FA_PICK_V4(fn)                                     \
-     : fa_cpu_level() == FA_ISA_AVX2 ? FA_PICK_V3(fn) : FA_CAT(fn, generic))
 
 #endif /* FA_COMMON_H */

@@ -58,4 +58,20 @@ FA_INLINE int fa_rng_keep(uint32_t row_key, uint32_t col, uint32_t threshold)
     return fa_rng_bits(row_key, col) >= threshold;
 }
 
+/* on = 0: no dropout (p = 0), nothing computed. Else element (row, col) is kept, times scale,
+ * iff fa_rng_keep(fa_rng_row_key(seed, row), col, threshold). */
+typedef struct {
+    int on;
+    uint32_t threshold;  /* fa_rng_threshold(p) */
+    float scale;         /* 1 / (1 - p) */
+    uint64_t seed;
+} fa_dropout_t;
+
+FA_INLINE fa_dropout_t fa_dropout_make(double p, uint64_t seed)
+{
+    fa_dropout_t d = {p > 0.0, fa_rng_threshold(p), (float)(1.0 / (1.0 - p)), seed};
+    if (!d.on) d.scale = 1.0f;
+    return d;
+}
+
 #endif /* FA_RNG_H */

@@ -1,40 +1,40 @@
 /* fa_tiles.h -- every tile size and few-row threshold of the kernels, in one table.
  *
  * Included by the kernel sources only (not by fastattn.h, so the short names stay out of the
- * binding): fa_instantiate.h takes each body's per-ISA knobs from here, the family .c files the
- * sizes shared by every ISA, and fa_build_tiles() (cpu.c) reports them all, for any level, to
+ * binding). A per-ISA translation unit (kernels_<level>.c, quant_<arch>.c) defines
+ * FA_ISA_LEVEL (a fa_isa_t value) first and gets its level's column of the first table under
+ * the short names; each level's kernel table carries its sizes (fa_kernels.tiles), and
+ * fa_build_tiles() (cpu.c) reports them with the shared ones to
  * fastattn.build_info()["tiles"], so tests aim at tile edges without copying these numbers.
  */
 #ifndef FA_TILES_H
 #define FA_TILES_H
 
-/* ---- per ISA: <knob>_<suffix>, suffix = generic | v3 (AVX2 + FMA) | v4 (AVX-512) ----------
- *   FA_VL     floats per vector         ATT_NR    query vectors per attention tile (BQ = NR*VL)
- *   ATT_MR_S  keys per score tile       ATT_MR_P  value features per P.V tile
- *   SK_NV     weight vectors per packed-GEMM tile   SK_RB  rows of x per packed-GEMM tile
+/* ---- per ISA level --------------------------------------------------------------------------
  * The attention tiles hold NR*MR accumulators: 12 of AVX2's 16 registers (2 of them for the
  * q or P vectors, 1 for the broadcast), 24 of AVX-512's 32; 12 independent FMA chains cover the
  * FMA latency x throughput of every AVX2 core (Haswell needs 10). */
-#define FA_VL_generic 4
-#define ATT_NR_generic 2
-#define ATT_MR_S_generic 6
-#define ATT_MR_P_generic 4
-#define SK_NV_generic 2
-#define SK_RB_generic 6
-
-#define FA_VL_v3 8
-#define ATT_NR_v3 2
-#define ATT_MR_S_v3 6
-#define ATT_MR_P_v3 6
-#define SK_NV_v3 2
-#define SK_RB_v3 6
-
-#define FA_VL_v4 16
-#define ATT_NR_v4 4
-#define ATT_MR_S_v4 6
-#define ATT_MR_P_v4 6
-#define SK_NV_v4 3
-#define SK_RB_v4 8
+#ifdef FA_ISA_LEVEL
+#if FA_ISA_LEVEL == 2
+#define FA_LEVEL_PICK(generic, avx2, avx512) avx512
+#elif FA_ISA_LEVEL == 1
+#define FA_LEVEL_PICK(generic, avx2, avx512) avx2
+#else
+#define FA_LEVEL_PICK(generic, avx2, avx512) generic
+#endif
+/*                                generic avx2 avx512 */
+#define FA_VL          FA_LEVEL_PICK(4,    8,   16)  /* floats per vector */
+#define ATT_NR         FA_LEVEL_PICK(2,    2,   4)   /* query vectors per attention tile
+                                                        (BQ = NR * VL queries) */
+#define ATT_MR_S       FA_LEVEL_PICK(6,    6,   6)   /* keys per score tile */
+#define ATT_MR_P       FA_LEVEL_PICK(4,    6,   6)   /* value features per P.V tile */
+#define SK_NV          FA_LEVEL_PICK(2,    2,   3)   /* weight vectors per packed-GEMM tile */
+#define SK_RB          FA_LEVEL_PICK(6,    6,   8)   /* rows of x per packed-GEMM tile */
+#define BF_RB          FA_LEVEL_PICK(2,    4,   12)  /* bf16 few-row GEMM: rows per tile */
+#define BF_NV          FA_LEVEL_PICK(4,    2,   2)   /* bf16 few-row GEMM: vectors per tile */
+#define BF_FEW         FA_LEVEL_PICK(0,    2,   0)   /* bf16: up to this many rows, the whole
+                                                        panel per pass (0: never) */
+#endif
 
 /* ---- the same for every ISA ---------------------------------------------------------------- */
 #define ATT_BK 192       /* keys per attention block: a multiple of every ATT_MR_S; st (BK, BQ)
@@ -51,8 +51,8 @@
 #define ROW_BLOCK 512    /* linear/ffn rows per GEMM block: large enough for BLAS's peak */
 #define BLAS_ROW_ALIGN 12 /* row blocks handed to BLAS start on multiples of this: OpenBLAS's
                             Haswell sgemm rounds a row the same way only at the same place in its
-                            12-row tile (measured; its SkylakeX one anywhere), so aligned blocks
-                            give every team size the same rows */
+                            12-row tile (its SkylakeX one anywhere), so aligned blocks give every
+                            team size the same rows */
 #define MIN_ROWS 128     /* below this many rows per thread, linear/ffn split the features */
 #define COL_ALIGN 16     /* feature slices start on a 64-byte boundary */
 #define SKINNY_ROWS 8    /* up to this many rows, our skinny kernel instead of BLAS (BLAS is weak
@@ -61,5 +61,26 @@
                             a fixed order, so the result does not depend on the thread count */
 #define REDUCE_MAX_BLOCKS 256 /* layer norm backward: at most this many partial sums (taller
                             inputs take a multiple of REDUCE_ROWS rows per partial) */
+
+/* ---- quantised weights (quant.c and the int8 paths, quant_<arch>.c) ------------------------ */
+#define BF_PANEL 32      /* bf16 features per packed panel: wp[p][k][f] = w[32 p + f][k] */
+#define Q8_ROW_BLOCK 96  /* int8, many rows: rows quantised and multiplied together (the
+                            quantised block stays in L2 while every panel meets it) */
+#define Q8_MIN_ROWS 48   /* int8: below this many rows per thread, threads split panels */
+#define Q8_PAIR 2        /* K per group of the int16 pair products (every path but AMX) */
+/* int8 paths: features per panel (NP) and rows per register tile (MR) */
+#define Q8_GENERIC_NP 16
+#define Q8_GENERIC_MR 4
+#define Q8_AVX2_NP 32    /* two passes of 16 features, 2 ymm of int32 sums per row each */
+#define Q8_AVX2_MR 6
+#define Q8_AVX2_ROWS 96  /* AVX2: rows per chunk of a panel, partial sums on the stack */
+#define Q8_AVX2_KG 128   /* AVX2: K pairs per block of a chunk (32 x 2 x KG int16 = 16 KB
+                            widened, in L1 while every tile of the chunk meets it) */
+#define Q8_AVX2_WIDEN 12 /* AVX2: from this many rows on, each block is widened once */
+#define Q8_AVX512_NP 64  /* 4 zmm of int32 sums per row */
+#define Q8_AVX512_MR 6
+#define AMX_NP 32        /* AMX: two B tiles of 16 features side by side */
+#define AMX_G 4          /* AMX: K per group, the tiles multiply quads of bytes */
+#define AMX_MR 16        /* AMX: rows per tile */
 
 #endif /* FA_TILES_H */

@@ -71,8 +71,8 @@ int fa_build_tiles(int isa, int64_t *out);
  *                        the forward's inputs and parameters, sizes, flags, nthreads);
  *   - its entry point in the family's .c file (attention.c, layernorm.c, softmax.c, linear.c),
  *     after the forward's;
- *   - its per-ISA body in the same <family>_body.h as the forward's, so fa_instantiate.h
- *     compiles both under every ISA and FA_DISPATCH picks either.
+ *   - its per-ISA body in the same <family>_body.h as the forward's, so every kernels_<level>.c
+ *     compiles both, and its entry in the kernel table (fa_kernels.h) beside the forward's.
  * Parameter gradients (dweight, dbias) are deterministic: per-thread partials, one slice of a
  * scratch buffer per thread, then a fixed-order sum. The buffer is sized for the requested
  * count but only the team actually started (fa_team) writes its slices: sum those, or zero
@@ -81,21 +81,43 @@ int fa_build_tiles(int isa, int64_t *out);
 
 /* ---- attention -------------------------------------------------------------------------------- */
 
-/* fa_attention_forward -- out = softmax(q k^T * scale + masks) v, fused and tiled.
+/* fa_attention_args -- one attention call: its arrays, sizes, strides and options, as given to
+ * fa_attention_forward and then, unchanged, to fa_attention_backward. Strides are in elements,
+ * (batch, head, row, element); the element stride of q, k, v and out is 1 (their last axis is
+ * contiguous) and is not read.
  *
- *   out       (B, H, Lq, Dv)  out; strides out_st[3] = (batch, head, row), last axis contiguous
- *   lse       (B, H, Lq)      out, may be NULL; C-contiguous; natural-log log-sum-exp of each
- *                             query row's scaled, masked scores; -inf for a row with no key
- *                             (a row that sees one: clamped to +-FLT_MAX)
- *   weights   (B, H, Lq, Lk)  out, may be NULL; C-contiguous; the softmax weights (only for
- *                             return_weights: this is the one case an (Lq, Lk) matrix is stored)
- *   q         (B, H, Lq, D)   in; strides q_st[3]
- *   k         (B, H, Lk, D)   in; strides k_st[3]
- *   v         (B, H, Lk, Dv)  in; strides v_st[3]
+ *   out       (B, H, Lq, Dv)  forward: out; backward: in, the forward's output (dropout
+ *                             included); strides out_st
+ *   lse       (B, H, Lq)      forward: out, may be NULL; backward: in; C-contiguous;
+ *                             natural-log log-sum-exp of each query row's scaled, masked
+ *                             scores; -inf for a row with no key (a row that sees one: clamped
+ *                             to +-FLT_MAX)
+ *   weights   (B, H, Lq, Lk)  forward: out, may be NULL; backward: not read; C-contiguous; the
+ *                             softmax weights (only for return_weights: this is the one case an
+ *                             (Lq, Lk) matrix is stored)
+ *   q         (B, H, Lq, D)   in; strides q_st
+ *   k         (B, H, Lk, D)   in; strides k_st
+ *   v         (B, H, Lk, Dv)  in; strides v_st
  *   mask      (B, H, Lq, Lk)  in, may be NULL; float added to the scaled scores (-inf = blocked);
- *                             strides mask_st[4] may be 0 to broadcast
+ *                             strides mask_st (all four read) may be 0 to broadcast
  *   key_bias  (B, Lk)         in, may be NULL; C-contiguous; float added to every query's score
  *                             for key j (-inf = padding)
+ *   scale, causal, dropout_p, seed: see fa_attention_forward
+ */
+typedef struct {
+    float *out, *lse, *weights;
+    const float *q, *k, *v, *mask, *key_bias;
+    int64_t B, H, Lq, Lk, D, Dv;
+    int64_t q_st[4], k_st[4], v_st[4], out_st[4], mask_st[4];
+    float scale;
+    int causal;
+    double dropout_p;
+    uint64_t seed;
+} fa_attention_args;
+
+/* fa_attention_forward -- out = softmax(q k^T * scale + masks) v, fused and tiled; writes a's
+ * out, lse and weights (fa_attention_args).
+ *
  *   Masks: a key is hidden from a query by the causal rule or a -inf in either mask; its score is
  *   then -inf whatever q.k is, and its k and v rows take no part in the query's output (inf or
  *   NaN there stays out). Every other mask value is added, finite ones of any size included: a
@@ -116,26 +138,19 @@ int fa_build_tiles(int isa, int64_t *out);
  *   Scratch: one buffer per thread, (D*BQ + BK*BQ + Dv*BQ + 2*BQ) floats, BQ/BK per ISA.
  *   Twin: fastattn.reference.attention / attention_forward
  */
-int fa_attention_forward(float *out, float *lse, float *weights,
-                          const float *q, const float *k, const float *v,
-                          const float *mask, const float *key_bias,
-                          int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t D, int64_t Dv,
-                          const int64_t *q_st, const int64_t *k_st, const int64_t *v_st,
-                          const int64_t *out_st, const int64_t *mask_st,
-                          float scale, int causal, double dropout_p, uint64_t seed,
-                          int nthreads);  /* 0, or -1: out of memory */
+int fa_attention_forward(const fa_attention_args *a, int nthreads); /* 0, or -1: out of memory */
 
 /* fa_attention_backward -- dq, dk, dv of out = dropout(softmax(q k^T * scale + masks)) v,
  * flash style: the probabilities are recomputed tile by tile from the saved lse; no (Lq, Lk)
  * matrix is stored.
  *
- *   dq        (B, H, Lq, D)   out; strides dq_st[3] = (batch, head, row), last axis contiguous
- *   dk        (B, H, Lk, D)   out; strides dk_st[3]
- *   dv        (B, H, Lk, Dv)  out; strides dv_st[3]
- *   dout      (B, H, Lq, Dv)  in; the gradient of out; strides dout_st[3]
- *   out       (B, H, Lq, Dv)  in; the forward's output (dropout included); strides out_st[3]
- *   lse       (B, H, Lq)      in; C-contiguous; the forward's lse (-inf: a row with no key)
- *   q, k, v, mask, key_bias, strides, scale, causal, dropout_p, seed: as given to the forward
+ *   g  the gradients (fa_attention_grads), strides as in fa_attention_args, last axis
+ *      contiguous:
+ *        dq    (B, H, Lq, D)   out; strides dq_st
+ *        dk    (B, H, Lk, D)   out; strides dk_st
+ *        dv    (B, H, Lk, Dv)  out; strides dv_st
+ *        dout  (B, H, Lq, Dv)  in; the gradient of out; strides dout_st
+ *   a  the forward's call (fa_attention_args), its out and lse now read
  *   Math, per (query i, key j), with P_ij = exp(s_ij - lse_i), keep_ij = 0 or 1 / (1 - p) the
  *   forward's dropout (1 without), Delta_i = sum_e dout_ie out_ie:
  *     dv_j += P_ij keep_ij dout_i;   dS_ij = P_ij (keep_ij dout_i . v_j - Delta_i)
@@ -162,16 +177,13 @@ int fa_attention_forward(float *out, float *lse, float *weights,
  *   block pair, the key bias.
  *   Twin: fastattn.reference.attention_backward
  */
-int fa_attention_backward(float *dq, float *dk, float *dv,
-                          const float *dout, const float *out, const float *lse,
-                          const float *q, const float *k, const float *v,
-                          const float *mask, const float *key_bias,
-                          int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t D, int64_t Dv,
-                          const int64_t *dq_st, const int64_t *dk_st, const int64_t *dv_st,
-                          const int64_t *dout_st, const int64_t *out_st,
-                          const int64_t *q_st, const int64_t *k_st, const int64_t *v_st,
-                          const int64_t *mask_st, float scale, int causal, double dropout_p,
-                          uint64_t seed, int nthreads);  /* 0, or -1: out of memory */
+typedef struct {
+    float *dq, *dk, *dv;
+    const float *dout;
+    int64_t dq_st[4], dk_st[4], dv_st[4], dout_st[4];
+} fa_attention_grads;
+int fa_attention_backward(const fa_attention_grads *g, const fa_attention_args *a,
+                          int nthreads); /* 0, or -1: out of memory */
 
 /* ---- softmax ---------------------------------------------------------------------------------- */
 
@@ -606,7 +618,7 @@ void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nth
  *   wp  the packed weight (fa_bf16_pack): the only copy of it the kernels need
  *   Up to FA_BF16_PACKED_MAX_ROWS rows: panels split over threads, the weight streamed once and
  *   widened in registers. More: the panels widened (exact) into a float32 copy of weight^T,
- *   then fa_linear_forward_t (BLAS); on the amx int8 paths, the AMX tiles (amx_body.h).
+ *   then fa_linear_forward_t (BLAS); on the amx int8 paths, the AMX tiles (quant_amx.h).
  *   Returns 0, or -1: out of memory.
  *   Twin: fastattn.reference.linear with a QuantizedWeight */
 int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,

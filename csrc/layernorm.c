@@ -3,21 +3,23 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "fastattn.h"
+#include "fa_kernels.h"
+#include "fa_tiles.h"
 
 /* Rows whose float32 sums cannot hold their moments (the fast path's squares overflow past
  * |s| ~ 1e19, or underflow into denormals when eps is as small as they are) are redone here
  * in double, which holds every sum of finite float32 values (C * FLT_MAX^2 < DBL_MAX): layer
  * norm is scale-invariant, so a row of 1e30s normalises like a row of 1s. The per-ISA bodies
- * call these for such rows only; the common path keeps its one float32 pass. */
+ * call these for such rows only (compiled once, here, so every level gets the same bits); the
+ * common path keeps its one float32 pass. */
 
 /* One row, two passes in double:
  *   mean = sum(s) / C;  var = sum((s - mean)^2) / C;  rstd = 1 / sqrt(var + eps);
  *   y = (s - mean) * rstd * weight + bias
  * A row holding inf or NaN (given, or an x + residual past the float32 range) gets NaN, as in
  * the twin. s_n may be y_n (each element is read before it is written). */
-static void ln_row_wide(float *y_n, float *mean_n, float *rstd_n, const float *s_n,
-                        const float *weight, const float *bias, int64_t C, float eps)
+void ln_row_wide(float *y_n, float *mean_n, float *rstd_n, const float *s_n, const float *weight,
+                 const float *bias, int64_t C, float eps)
 {
     double sum = 0.0;
     for (int64_t c = 0; c < C; c++) sum += (double)s_n[c];
@@ -43,10 +45,9 @@ static void ln_row_wide(float *y_n, float *mean_n, float *rstd_n, const float *s
  *   xhat = (s - mean) * rstd;  g = dy * weight;
  *   dx = rstd * (g - sum(g)/C - xhat * sum(g * xhat)/C);  dw_part += dy * xhat;  db_part += dy
  * s = x + residual in float32, as the forward formed it. */
-#define LN_WIDE_RSTD 0x1p-100f
-static void ln_bwd_row_wide(float *dx_n, float *dw_part, float *db_part, const float *dy_n,
-                            float mean, float rstd, const float *x_n, const float *r_n,
-                            const float *weight, int64_t C)
+void ln_bwd_row_wide(float *dx_n, float *dw_part, float *db_part, const float *dy_n, float mean,
+                     float rstd, const float *x_n, const float *r_n, const float *weight,
+                     int64_t C)
 {
     const double mu = mean, rs = rstd;
     double s1 = 0.0, s2 = 0.0;
@@ -71,22 +72,15 @@ static void ln_bwd_row_wide(float *dx_n, float *dw_part, float *db_part, const f
     }
 }
 
-#define FA_BODY "layernorm_body.h"
-#include "fa_instantiate.h"
-
-typedef void (*ln_rows_fn)(float *, float *, float *, float *, const float *, const float *,
-                           const float *, const float *, int64_t, int64_t, int64_t, float);
-
 void fa_layer_norm_forward(float *y, float *sum_out, float *mean, float *rstd,
                            const float *x, const float *residual,
                            const float *weight, const float *bias,
                            int64_t N, int64_t C, float eps, int nthreads)
 {
     if (N <= 0 || C <= 0) return; /* C = 0: no statistics to write (ops.py asks the twin) */
-    const ln_rows_fn rows = FA_DISPATCH(layer_norm_rows_);
-    const int nt = fa_team_size(nthreads, (double)N * (double)C, 1.3e5); /* >= 0.5 MB */
+        const int nt = fa_team_size(nthreads, (double)N * (double)C, 1.3e5); /* >= 0.5 MB */
     if (nt <= 1) {                                   /* no OpenMP region: see fa_team_size */
-        rows(y, sum_out, mean, rstd, x, residual, weight, bias, 0, N, C, eps);
+        fa_k->layer_norm_rows(y, sum_out, mean, rstd, x, residual, weight, bias, 0, N, C, eps);
         return;
     }
 #pragma omp parallel num_threads(nt)
@@ -94,12 +88,11 @@ void fa_layer_norm_forward(float *y, float *sum_out, float *mean, float *rstd,
         /* static split: each row is computed by one thread in one fixed order */
         int64_t r0, r1;
         fa_split(N, 1, &r0, &r1);
-        if (r0 < r1) rows(y, sum_out, mean, rstd, x, residual, weight, bias, r0, r1, C, eps);
+        if (r0 < r1)
+            fa_k->layer_norm_rows(y, sum_out, mean, rstd, x, residual, weight, bias, r0, r1, C,
+                                  eps);
     }
 }
-
-typedef void (*ln_bwd_fn)(float *, float *, float *, const float *, const float *, const float *,
-                          const float *, const float *, const float *, int64_t, int64_t, int64_t);
 
 /* Rows per partial-sum block: REDUCE_ROWS, or a multiple of it that keeps the blocks to at most
  * REDUCE_MAX_BLOCKS. A function of N alone, never of the thread count. */
@@ -141,7 +134,6 @@ int fa_layer_norm_backward(float *dx, float *dweight, float *dbias,
         }
         return 0;
     }
-    const ln_bwd_fn rows = FA_DISPATCH(layer_norm_backward_rows_);
     const int64_t rb = ln_block_rows(N), nblk = (N + rb - 1) / rb;
     /* scratch: per block, [dweight partial (C) | dbias partial (C)]; every block is written
      * whatever the team, so every slice is summed */
@@ -157,7 +149,8 @@ int fa_layer_norm_backward(float *dx, float *dweight, float *dbias,
         for (int64_t b = 0; b < nblk; b++) {
             const int64_t r0 = b * rb, r1 = r0 + rb < N ? r0 + rb : N;
             float *p_b = part ? part + b * 2 * C : NULL;
-            rows(dx, p_b, p_b ? p_b + C : NULL, dy, mean, rstd, x, residual, weight, r0, r1, C);
+            fa_k->layer_norm_backward_rows(dx, p_b, p_b ? p_b + C : NULL, dy, mean, rstd, x,
+                                           residual, weight, r0, r1, C);
         }
         /* (the loop's barrier) then each thread sums its columns over every block, in order */
         if (part) {

@@ -6,10 +6,9 @@
  * whose float sums overflow (inf or NaN: |s| past ~1e19, or inf / NaN in s), or whose squares
  * may have sunk into denormals when eps is as tiny (below 2^-100), is redone by ln_row_wide in
  * double; every other row takes the one float pass. */
-static void FA_CAT(layer_norm_rows_, FA_SFX)(float *y, float *sum_out, float *mean, float *rstd,
-                                             const float *x, const float *residual,
-                                             const float *weight, const float *bias,
-                                             int64_t r0, int64_t r1, int64_t C, float eps)
+static void layer_norm_rows(float *y, float *sum_out, float *mean, float *rstd, const float *x,
+                            const float *residual, const float *weight, const float *bias,
+                            int64_t r0, int64_t r1, int64_t C, float eps)
 {
     const int64_t Cv = C - C % FA_VL;
     const int tiny_eps = eps < 0x1p-100f;
@@ -77,12 +76,10 @@ static void FA_CAT(layer_norm_rows_, FA_SFX)(float *y, float *sum_out, float *me
  *   db_part  (C)     out; this block's sum over its rows of dy
  * Inlined with constant flags (residual, weight, partials), so the vector loops carry no
  * branches. */
-FA_INLINE void FA_CAT(ln_bwd_rows_, FA_SFX)(float *dx, float *dw_part, float *db_part,
-                                            const float *dy, const float *mean,
-                                            const float *rstd, const float *x,
-                                            const float *residual, const float *weight,
-                                            int64_t r0, int64_t r1, int64_t C,
-                                            const int has_res, const int has_w, const int parts)
+FA_INLINE void ln_bwd_rows(float *dx, float *dw_part, float *db_part, const float *dy,
+                           const float *mean, const float *rstd, const float *x,
+                           const float *residual, const float *weight, int64_t r0, int64_t r1,
+                           int64_t C, const int has_res, const int has_w, const int parts)
 {
     const int64_t Cv = C - C % FA_VL;
     for (int64_t n = r0; n < r1; n++) {
@@ -142,18 +139,16 @@ FA_INLINE void FA_CAT(ln_bwd_rows_, FA_SFX)(float *dx, float *dw_part, float *db
     }
 }
 
-static void FA_CAT(layer_norm_backward_rows_, FA_SFX)(float *dx, float *dw_part, float *db_part,
-                                                      const float *dy, const float *mean,
-                                                      const float *rstd, const float *x,
-                                                      const float *residual,
-                                                      const float *weight, int64_t r0,
-                                                      int64_t r1, int64_t C)
+static void layer_norm_backward_rows(float *dx, float *dw_part, float *db_part, const float *dy,
+                                     const float *mean, const float *rstd, const float *x,
+                                     const float *residual, const float *weight, int64_t r0,
+                                     int64_t r1, int64_t C)
 {
     const int parts = db_part != NULL;
     if (parts)
         for (int64_t c = 0; c < C; c++) dw_part[c] = db_part[c] = 0.0f;
     /* one instance per (residual, weight, partials) combination */
-#define LN_BWD(R, W, P) FA_CAT(ln_bwd_rows_, FA_SFX)(dx, dw_part, db_part, dy, mean, rstd, x, \
+#define LN_BWD(R, W, P) ln_bwd_rows(dx, dw_part, db_part, dy, mean, rstd, x, \
                                                       residual, weight, r0, r1, C, R, W, P)
     switch ((residual != NULL) * 4 + (weight != NULL) * 2 + parts) {
     case 0: LN_BWD(0, 0, 0); break;

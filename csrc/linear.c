@@ -12,21 +12,12 @@
 #include <string.h>
 
 #include "fa_blas.h"
-#include "fastattn.h"
-
-#define FA_BODY "linear_body.h"
-#include "fa_instantiate.h"
+#include "fa_kernels.h"
+#include "fa_tiles.h"
 
 /* Sizes (fa_tiles.h): ROW_BLOCK rows per GEMM block; below MIN_ROWS rows per thread the
  * features are split instead, in slices starting on multiples of COL_ALIGN; up to SKINNY_ROWS
  * rows, the skinny kernel replaces BLAS. */
-
-typedef void (*epi_fn)(float *, float *, const float *, int64_t, int64_t, int64_t, int, int64_t,
-                       int64_t, const fa_dropout_t *);
-typedef void (*grad_fn)(float *, float *, const float *, const float *, int64_t, int64_t,
-                        int64_t, int, int64_t, int64_t, const fa_dropout_t *);
-typedef void (*skinny_fn)(float *, int64_t, const float *, int64_t, const float *, int64_t,
-                          int64_t);
 
 /* Number of row blocks: about N / ROW_BLOCK, rounded up to a multiple of the team size so that
  * every thread gets the same number of (equal) blocks. */
@@ -73,20 +64,20 @@ static void grid_tile(int64_t N, int64_t M, int64_t *r0, int64_t *r1, int64_t *m
  * value before the activation. w is (M, K). xp: x with rows padded to a multiple of 4 for the
  * skinny kernel (N <= SKINNY_ROWS, one row group), or NULL to use BLAS. drop may be NULL. */
 static void linear_cols(float *y, float *pre, const float *x, const float *xp, const float *w,
-                        const float *b, int64_t N, int64_t K, int64_t M, int act, epi_fn epi,
-                        skinny_fn skinny, const fa_dropout_t *drop)
+                        const float *b, int64_t N, int64_t K, int64_t M, int act,
+                        const fa_dropout_t *drop)
 {
     int64_t r0, r1, m0, m1;
     grid_tile(N, M, &r0, &r1, &m0, &m1);
     if (r0 >= r1 || m0 >= m1) return;
     float *z = pre ? pre : y;                             /* where the GEMM writes */
     if (xp)
-        skinny(z + m0, M, xp, N, w + m0 * K, m1 - m0, K);
+        fa_k->skinny_gemm(z + m0, M, xp, N, w + m0 * K, m1 - m0, K);
     else
         fa_sgemm_rowmajor(0, 1, r1 - r0, m1 - m0, K, 1.0f, x + r0 * K, K, w + m0 * K, K, 0.0f,
                           z + r0 * M + m0, M);
-    epi(y + r0 * M + m0, pre ? pre + r0 * M + m0 : NULL, b ? b + m0 : NULL, r1 - r0, m1 - m0, M,
-        act, r0, m0, drop);
+    fa_k->bias_act_rows(y + r0 * M + m0, pre ? pre + r0 * M + m0 : NULL, b ? b + m0 : NULL,
+                        r1 - r0, m1 - m0, M, act, r0, m0, drop);
 }
 
 /* x (N, K) copied into rows padded with zeros to a multiple of 4, for the skinny kernel; NULL
@@ -107,13 +98,11 @@ static void linear_forward(float *y, float *pre, const float *x, const float *we
                            int nthreads)
 {
     if (N <= 0 || M <= 0) return;
-    const epi_fn epi = FA_DISPATCH(bias_act_rows_);
     const int nt = fa_team_size(nthreads, 2.0 * (double)N * (double)K * (double)M, 2e6);
     /* the transposed weight (the bf16 path's widened copy) is always split by rows: its
      * results must not depend on the team size (BLAS's may for another split of features) */
     const int by_rows = ldt > 0 || N >= (int64_t)nt * MIN_ROWS;
     const int64_t nblk = row_blocks(N, nt), per = block_rows(N, nblk);
-    const skinny_fn skinny = FA_DISPATCH(skinny_gemm_);
     float *xp = by_rows ? NULL : skinny_rows(x, N, K);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -125,10 +114,10 @@ static void linear_forward(float *y, float *pre, const float *x, const float *we
                 float *p_r = pre ? pre + r0 * M : NULL;
                 fa_sgemm_rowmajor(0, ldt > 0 ? 0 : 1, rows, M, K, 1.0f, x + r0 * K, K, weight,
                                   ldt > 0 ? ldt : K, 0.0f, p_r ? p_r : y + r0 * M, M);
-                epi(y + r0 * M, p_r, bias, rows, M, M, activation, r0, 0, NULL);
+                fa_k->bias_act_rows(y + r0 * M, p_r, bias, rows, M, M, activation, r0, 0, NULL);
             }
         } else {
-            linear_cols(y, pre, x, xp, weight, bias, N, K, M, activation, epi, skinny, NULL);
+            linear_cols(y, pre, x, xp, weight, bias, N, K, M, activation, NULL);
         }
     }
     free(xp);
@@ -217,7 +206,6 @@ void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
         }
         return;
     }
-    const grad_fn grad = FA_DISPATCH(grad_act_rows_);
     const int act = activation;
     const float *g = act != FA_ACT_NONE ? dz : dy;            /* dL/dz, z = x w^T + b */
     const double gemms = (dx != NULL) + (dweight != NULL);
@@ -234,8 +222,8 @@ void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
                 const int64_t r0 = blk * per, rows = N - r0 < per ? N - r0 : per;
                 if (rows <= 0) continue;
                 if (act != FA_ACT_NONE)
-                    grad(dz + r0 * M, NULL, dy + r0 * M, pre + r0 * M, rows, M, M, act, r0, 0,
-                         NULL);
+                    fa_k->grad_act_rows(dz + r0 * M, NULL, dy + r0 * M, pre + r0 * M, rows, M, M,
+                                        act, r0, 0, NULL);
                 if (dx)
                     fa_sgemm_rowmajor(0, 0, rows, K, M, 1.0f, g + r0 * M, M, weight, K, 0.0f,
                                       dx + r0 * K, K);
@@ -245,8 +233,8 @@ void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
             if (act != FA_ACT_NONE) {
                 fa_split(N, 1, &lo, &hi);
                 if (lo < hi)
-                    grad(dz + lo * M, NULL, dy + lo * M, pre + lo * M, hi - lo, M, M, act, lo,
-                         0, NULL);
+                    fa_k->grad_act_rows(dz + lo * M, NULL, dy + lo * M, pre + lo * M, hi - lo, M,
+                                        M, act, lo, 0, NULL);
             }
 #pragma omp barrier
             if (dx) {                                       /* few rows: slices of K */
@@ -277,7 +265,6 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
             for (int64_t c = 0; c < C; c++) y[n * C + c] = b2 ? b2[c] : 0.0f;
         return 0;
     }
-    const epi_fn epi = FA_DISPATCH(bias_act_rows_);
     const fa_dropout_t drop = fa_dropout_make(dropout_p, seed);
     const int nt = fa_team_size(nthreads, 4.0 * (double)N * (double)C * (double)F, 2e6);
     const int by_rows = N >= (int64_t)nt * MIN_ROWS;
@@ -285,7 +272,6 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
     /* by rows: one (per, F) hidden block per thread; by features: the whole (N, F), N small */
     float *hidden = malloc((size_t)(by_rows ? per * F * nt : (N + 3) / 4 * 4 * F) * sizeof(float));
     if (!hidden) return -1;
-    const skinny_fn skinny = FA_DISPATCH(skinny_gemm_);
     float *xp = by_rows ? NULL : skinny_rows(x, N, C);
     /* skinny: the hidden doubles as the padded input of the second GEMM (pad rows zeroed) */
     if (xp) memset(hidden + N * F, 0, (size_t)(((N + 3) / 4 * 4 - N) * F) * sizeof(float));
@@ -300,16 +286,15 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
                 float *p_r = pre ? pre + r0 * F : NULL;
                 fa_sgemm_rowmajor(0, 1, rows, F, C, 1.0f, x + r0 * C, C, w1, C, 0.0f,
                                   p_r ? p_r : h, F);
-                epi(h, p_r, b1, rows, F, F, activation, r0, 0, &drop);
+                fa_k->bias_act_rows(h, p_r, b1, rows, F, F, activation, r0, 0, &drop);
                 fa_sgemm_rowmajor(0, 1, rows, C, F, 1.0f, h, F, w2, F, 0.0f, y + r0 * C, C);
-                epi(y + r0 * C, NULL, b2, rows, C, C, FA_ACT_NONE, r0, 0, NULL);
+                fa_k->bias_act_rows(y + r0 * C, NULL, b2, rows, C, C, FA_ACT_NONE, r0, 0, NULL);
             }
         } else {
             /* the whole team writes the hidden, waits, then reads all of it */
-            linear_cols(hidden, pre, x, xp, w1, b1, N, C, F, activation, epi, skinny, &drop);
+            linear_cols(hidden, pre, x, xp, w1, b1, N, C, F, activation, &drop);
 #pragma omp barrier
-            linear_cols(y, NULL, hidden, xp ? hidden : NULL, w2, b2, N, F, C, FA_ACT_NONE, epi,
-                        skinny, NULL);
+            linear_cols(y, NULL, hidden, xp ? hidden : NULL, w2, b2, N, F, C, FA_ACT_NONE, NULL);
         }
     }
     free(xp);
@@ -337,7 +322,6 @@ void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
         }
         return;
     }
-    const grad_fn grad = FA_DISPATCH(grad_act_rows_);
     const fa_dropout_t drop = fa_dropout_make(dropout_p, seed);
     const int nt = fa_team_size(nthreads, 8.0 * (double)N * (double)C * (double)F, 2e6);
     const int by_rows = N >= (int64_t)nt * MIN_ROWS;
@@ -353,7 +337,8 @@ void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
                 if (rows <= 0) continue;
                 float *h_r = h + r0 * F, *d_r = dpre + r0 * F;
                 fa_sgemm_rowmajor(0, 0, rows, F, C, 1.0f, dy + r0 * C, C, w2, F, 0.0f, h_r, F);
-                grad(d_r, h_r, h_r, pre + r0 * F, rows, F, F, activation, r0, 0, &drop);
+                fa_k->grad_act_rows(d_r, h_r, h_r, pre + r0 * F, rows, F, F, activation, r0, 0,
+                                    &drop);
                 if (dx)
                     fa_sgemm_rowmajor(0, 0, rows, C, F, 1.0f, d_r, F, w1, C, 0.0f, dx + r0 * C,
                                       C);
@@ -363,8 +348,8 @@ void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
             fa_split(F, COL_ALIGN, &lo, &hi);
             if (lo < hi) {
                 fa_sgemm_rowmajor(0, 0, N, hi - lo, C, 1.0f, dy, C, w2 + lo, F, 0.0f, h + lo, F);
-                grad(dpre + lo, h + lo, h + lo, pre + lo, N, hi - lo, F, activation, 0, lo,
-                     &drop);
+                fa_k->grad_act_rows(dpre + lo, h + lo, h + lo, pre + lo, N, hi - lo, F, activation,
+                                    0, lo, &drop);
             }
 #pragma omp barrier
             if (dx) {
@@ -409,15 +394,10 @@ void fa_pack_panels(float *wp, const float *w, int64_t M, int64_t K, int nthread
     }
 }
 
-typedef void (*packed_fn)(float *, int64_t, const float *, int64_t, const float *, int64_t,
-                          int64_t, int64_t, int64_t);
-
 void fa_linear_packed_forward(float *y, const float *x, const float *wp, const float *bias,
                               int64_t N, int64_t K, int64_t M, int activation, int nthreads)
 {
     if (N <= 0 || M <= 0) return;
-    const packed_fn gemm = FA_DISPATCH(packed_gemm_);
-    const epi_fn epi = FA_DISPATCH(bias_act_rows_);
     const int64_t P = (M + FA_PANEL - 1) / FA_PANEL;
     const int nt FA_OMP_ONLY = fa_team_size(nthreads < P ? nthreads : (int)P,
                                 2.0 * (double)N * (double)K * (double)M, 2e5);
@@ -426,9 +406,10 @@ void fa_linear_packed_forward(float *y, const float *x, const float *wp, const f
         int64_t p0, p1;                                   /* this thread's panels */
         fa_split(P, 1, &p0, &p1);
         if (p0 < p1) {
-            gemm(y, M, x, N, wp, p0, p1, M, K);
+            fa_k->packed_gemm(y, M, x, N, wp, p0, p1, M, K);
             const int64_t m0 = p0 * FA_PANEL, m1 = p1 * FA_PANEL < M ? p1 * FA_PANEL : M;
-            epi(y + m0, NULL, bias ? bias + m0 : NULL, N, m1 - m0, M, activation, 0, m0, NULL);
+            fa_k->bias_act_rows(y + m0, NULL, bias ? bias + m0 : NULL, N, m1 - m0, M, activation, 0,
+                                m0, NULL);
         }
     }
 }

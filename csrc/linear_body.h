@@ -8,10 +8,9 @@
  *                 gelu_tanh'(t) = (1 + th) / 2 + t (1 - th^2) k0 (1 + 3 k1 t^2) / 2
  * erfc uses the Chebyshev-fitted form erfc(z) = u exp(-z^2 + P(u)), u = 1 / (1 + z/2), z >= 0
  * (fractional error < 1.2e-7 for all z), so gelu is accurate in both tails without cancellation. */
-#include "fa_rng_simd.h"
 
 /* 1 - Phi(|t|) = erfc(z) / 2, z = |t| / sqrt 2 (given) */
-FA_INLINE VF FA_CAT(vhalf_erfc_, FA_SFX)(VF z)
+FA_INLINE VF vhalf_erfc(VF z)
 {
     const VF u = vsplat(1.0f) / (vsplat(1.0f) + vsplat(0.5f) * z);
     VF p = vsplat(0.17087277f);
@@ -27,12 +26,12 @@ FA_INLINE VF FA_CAT(vhalf_erfc_, FA_SFX)(VF z)
     return vsplat(0.5f) * u * vexp(p - z * z);
 }
 
-FA_INLINE VF FA_CAT(vgelu_, FA_SFX)(VF t)
+FA_INLINE VF vgelu(VF t)
 {
     const VI neg = (VI)(t < vsplat(0.0f));
     const VI abs_mask = (VI)vsplat(0.0f) | 0x7fffffff;                 /* clears the sign bit */
     const VF z = (VF)((VI)t & abs_mask) * vsplat(0.70710678118654752f); /* |t| / sqrt 2 */
-    const VF half_erfc = FA_CAT(vhalf_erfc_, FA_SFX)(z);      /* = 1 - Phi(|t|) */
+    const VF half_erfc = vhalf_erfc(z);      /* = 1 - Phi(|t|) */
     const VF pos = t * (vsplat(1.0f) - half_erfc);             /* t >= 0: t Phi(t); inf -> inf */
     const VI zero = (VI)(half_erfc == vsplat(0.0f));           /* far left tail, -inf: 0 */
     const VF negv = (VF)(~zero & (VI)(t * half_erfc));         /* t < 0:  t (1 - Phi(|t|)) */
@@ -42,7 +41,7 @@ FA_INLINE VF FA_CAT(vgelu_, FA_SFX)(VF t)
 /* 1 + tanh(u), u = k0 (t + k1 t^3), without cancellation on either side: with
  * q = 2 / (1 + e^(2|u|)) in (0, 1], 1 + tanh(u) = q for u < 0 and 2 - q for u >= 0
  * (e^(2|u|) saturates at 2^127: q ~ 1e-38 or 0, never inf / inf). NaN stays NaN. */
-FA_INLINE VF FA_CAT(vgelu_tanh_a_, FA_SFX)(VF t)
+FA_INLINE VF vgelu_tanh_a(VF t)
 {
     const VF u = vsplat(0.7978845608028654f) * t * (vsplat(1.0f) + vsplat(0.044715f) * t * t);
     const VI neg = (VI)(u < vsplat(0.0f));
@@ -52,18 +51,18 @@ FA_INLINE VF FA_CAT(vgelu_tanh_a_, FA_SFX)(VF t)
 }
 
 /* gelu_tanh(t) = t (1 + tanh(u)) / 2; -inf gives 0 (the limit; -inf * 0 would be NaN) */
-FA_INLINE VF FA_CAT(vgelu_tanh_, FA_SFX)(VF t)
+FA_INLINE VF vgelu_tanh(VF t)
 {
-    const VF y = vsplat(0.5f) * t * FA_CAT(vgelu_tanh_a_, FA_SFX)(t);
+    const VF y = vsplat(0.5f) * t * vgelu_tanh_a(t);
     return (VF)(~(VI)(t == vsplat(-INFINITY)) & (VI)y);
 }
 
 /* gelu_tanh'(t) = A / 2 + t A (2 - A) k0 (1 + 3 k1 t^2) / 2, A = 1 + tanh(u) (so
  * 1 - tanh(u)^2 = A (2 - A), accurate in both tails); |t| > 20 gives its limits 0 / 1 (no
  * inf * 0); NaN stays NaN */
-FA_INLINE VF FA_CAT(vgelu_tanh_grad_, FA_SFX)(VF t)
+FA_INLINE VF vgelu_tanh_grad(VF t)
 {
-    const VF A = FA_CAT(vgelu_tanh_a_, FA_SFX)(t);
+    const VF A = vgelu_tanh_a(t);
     const VF d = vsplat(0.5f) * A + vsplat(0.5f) * t * A * (vsplat(2.0f) - A) *
                                         vsplat(0.7978845608028654f) *
                                         (vsplat(1.0f) + vsplat(3.0f * 0.044715f) * t * t);
@@ -72,22 +71,22 @@ FA_INLINE VF FA_CAT(vgelu_tanh_grad_, FA_SFX)(VF t)
     return (VF)((big & (VI)lim) | (~big & (VI)d));
 }
 
-FA_INLINE VF FA_CAT(vact_, FA_SFX)(VF t, int act)
+FA_INLINE VF vact(VF t, int act)
 {
     if (act == FA_ACT_RELU) return (VF)(~(VI)(t < vsplat(0.0f)) & (VI)t); /* NaN stays NaN */
-    if (act == FA_ACT_GELU) return FA_CAT(vgelu_, FA_SFX)(t);
-    if (act == FA_ACT_GELU_TANH) return FA_CAT(vgelu_tanh_, FA_SFX)(t);
+    if (act == FA_ACT_GELU) return vgelu(t);
+    if (act == FA_ACT_GELU_TANH) return vgelu_tanh(t);
     return t;
 }
 
 /* gelu'(t) = Phi(t) + t phi(t); the t phi(t) term is 0 where exp(-t^2/2) underflows (|t| > ~13,
  * and +-inf, where it would be inf * 0). NaN stays NaN. */
-FA_INLINE VF FA_CAT(vgelu_grad_, FA_SFX)(VF t)
+FA_INLINE VF vgelu_grad(VF t)
 {
     const VI neg = (VI)(t < vsplat(0.0f));
     const VI abs_mask = (VI)vsplat(0.0f) | 0x7fffffff;
     const VF z = (VF)((VI)t & abs_mask) * vsplat(0.70710678118654752f); /* |t| / sqrt 2 */
-    const VF half_erfc = FA_CAT(vhalf_erfc_, FA_SFX)(z);                /* 1 - Phi(|t|) */
+    const VF half_erfc = vhalf_erfc(z);                /* 1 - Phi(|t|) */
     const VF phi_t = (vsplat(1.0f) - half_erfc);                        /* Phi(|t|) */
     const VF cdf = (VF)((neg & (VI)half_erfc) | (~neg & (VI)phi_t));    /* Phi(t) */
     const VF e = vexp(-(z * z));                                        /* exp(-t^2 / 2) */
@@ -101,9 +100,8 @@ FA_INLINE VF FA_CAT(vgelu_grad_, FA_SFX)(VF t)
  *   pre != NULL:  pre += bias;  y = drop(act(pre))       (the GEMM wrote pre)
  * bias may be NULL; drop may be NULL (none). Rows and columns of the block are rows row0 + r
  * and columns col0 + c of the whole (N, M) activation: the dropout mask's coordinates. */
-static void FA_CAT(bias_act_rows_, FA_SFX)(float *y, float *pre, const float *bias,
-                                           int64_t rows, int64_t M, int64_t ld, int act,
-                                           int64_t row0, int64_t col0, const fa_dropout_t *drop)
+static void bias_act_rows(float *y, float *pre, const float *bias, int64_t rows, int64_t M,
+                          int64_t ld, int act, int64_t row0, int64_t col0, const fa_dropout_t *drop)
 {
     const int dr = drop && drop->on;
     if (!bias && act == FA_ACT_NONE && !pre && !dr) return;
@@ -117,14 +115,14 @@ static void FA_CAT(bias_act_rows_, FA_SFX)(float *y, float *pre, const float *bi
             VF t = vload(z_r + c);
             if (bias) t += vload(bias + c);
             if (p_r) vstore(p_r + c, t);
-            VF a = FA_CAT(vact_, FA_SFX)(t, act);
+            VF a = vact(t, act);
             if (dr) a *= vdrop_factor(key, (uint32_t)(col0 + c), drop->threshold, drop->scale);
             vstore(y_r + c, a);
         }
         for (; c < M; c++) {
             const float t = z_r[c] + (bias ? bias[c] : 0.0f);
             if (p_r) p_r[c] = t;
-            float a = FA_CAT(vact_, FA_SFX)(vsplat(t), act)[0];
+            float a = vact(vsplat(t), act)[0];
             if (dr) a *= fa_rng_keep(key, (uint32_t)(col0 + c), drop->threshold) ? drop->scale
                                                                                  : 0.0f;
             y_r[c] = a;
@@ -137,9 +135,9 @@ static void FA_CAT(bias_act_rows_, FA_SFX)(float *y, float *pre, const float *bi
  *   dz = g * m * act'(pre)    (relu: a select, dz = g * m where pre > 0, else 0)
  *   h  = act(pre) * m         (if h != NULL: the forward's hidden recomputed, bit for bit)
  * dz may alias g or pre; h may alias g (each element is read before it is written). */
-static void FA_CAT(grad_act_rows_, FA_SFX)(float *dz, float *h, const float *g, const float *pre,
-                                           int64_t rows, int64_t M, int64_t ld, int act,
-                                           int64_t row0, int64_t col0, const fa_dropout_t *drop)
+static void grad_act_rows(float *dz, float *h, const float *g, const float *pre,
+                          int64_t rows, int64_t M, int64_t ld, int act,
+                          int64_t row0, int64_t col0, const fa_dropout_t *drop)
 {
     const int dr = drop && drop->on;
     const int64_t Mv = M - M % FA_VL;
@@ -165,7 +163,7 @@ static void FA_CAT(grad_act_rows_, FA_SFX)(float *dz, float *h, const float *g, 
             if (dr) mv = vdrop_factor(key, (uint32_t)(col0 + c), drop->threshold, drop->scale);
             VF a = vsplat(0.0f);
             if (h_r) {
-                a = FA_CAT(vact_, FA_SFX)(pv, act);
+                a = vact(pv, act);
                 if (dr) a *= mv;
             }
             VF d = gv;
@@ -173,9 +171,9 @@ static void FA_CAT(grad_act_rows_, FA_SFX)(float *dz, float *h, const float *g, 
             if (act == FA_ACT_RELU)
                 d = (VF)((VI)(pv > vsplat(0.0f)) & (VI)d);
             else if (act == FA_ACT_GELU)
-                d *= FA_CAT(vgelu_grad_, FA_SFX)(pv);
+                d *= vgelu_grad(pv);
             else if (act == FA_ACT_GELU_TANH)
-                d *= FA_CAT(vgelu_tanh_grad_, FA_SFX)(pv);
+                d *= vgelu_tanh_grad(pv);
             if (nl == FA_VL) {
                 vstore(dz_r + c, d);
                 if (h_r) vstore(h_r + c, a);
@@ -195,9 +193,8 @@ static void FA_CAT(grad_act_rows_, FA_SFX)(float *dz, float *h, const float *g, 
  *   y   (N, ldy)   out        xp (ceil(N/4)*4, K)  in, rows past N zero (padding)
  *   w   (M, K)     in
  * Each y element is the same sum in the same order whatever N is (batch invariance). */
-static void FA_CAT(skinny_gemm_, FA_SFX)(float *FA_RESTRICT y, int64_t ldy,
-                                         const float *FA_RESTRICT xp, int64_t N,
-                                         const float *FA_RESTRICT w, int64_t M, int64_t K)
+static void skinny_gemm(float *FA_RESTRICT y, int64_t ldy, const float *FA_RESTRICT xp, int64_t N,
+                        const float *FA_RESTRICT w, int64_t M, int64_t K)
 {
     const int64_t Kv = K - K % FA_VL;
     int64_t m = 0;
@@ -248,7 +245,7 @@ static void FA_CAT(skinny_gemm_, FA_SFX)(float *FA_RESTRICT y, int64_t ldy,
  * decode step's one or few rows read each panel once, in order, with as many independent sums
  * as the registers hold (at one row, SK_NV vectors would leave the FMA chains latency-bound
  * and sweep the panel SK_NV / PK_PV of a row at a time). A constant after inlining. */
-FA_INLINE int FA_CAT(packed_nv_, FA_SFX)(int rows)
+FA_INLINE int packed_nv(int rows)
 {
     if (rows >= SK_RB) return SK_NV;
     for (int nv = PK_PV; nv > 1; nv--)
@@ -259,10 +256,9 @@ FA_INLINE int FA_CAT(packed_nv_, FA_SFX)(int rows)
 /* One row block of one panel: y[r][m0 + f] = x_r . w_f for r < ROWS, f < width (the features
  * of the panel below M), in register tiles of ROWS rows x NV vectors.
  *   scalar math:  y[r][m] = sum_k x[r][k] * w_p[k][m - m0]   (k in order: one sum per element) */
-FA_INLINE void FA_CAT(packed_rows_, FA_SFX)(float *FA_RESTRICT y, int64_t ldy,
-                                            const float *FA_RESTRICT x, int64_t K,
-                                            const float *FA_RESTRICT w_p, int64_t m0,
-                                            int64_t width, const int ROWS, const int NV)
+FA_INLINE void packed_rows(float *FA_RESTRICT y, int64_t ldy, const float *FA_RESTRICT x, int64_t K,
+                           const float *FA_RESTRICT w_p, int64_t m0, int64_t width, const int ROWS,
+                           const int NV)
 {
     const int64_t step = NV * FA_VL;                /* features per register tile */
     for (int64_t f0 = 0; f0 < width; f0 += step) {
@@ -298,20 +294,18 @@ FA_INLINE void FA_CAT(packed_rows_, FA_SFX)(float *FA_RESTRICT y, int64_t ldy,
  * Vectors run along the features, so no horizontal sums: per k, the weight vectors of a tile
  * meet a broadcast of each of its rows of x: SK_RB rows x SK_NV vectors, and the rows left
  * over (fewer than SK_RB: all of them at a decode step's N = 1) in one tile as wide as
- * packed_nv_ allows. Bound by streaming wp once, which it does in order.
+ * packed_nv allows. Bound by streaming wp once, which it does in order.
  * Each y element is the same sum in the same order whatever N is (batch invariance). */
-static void FA_CAT(packed_gemm_, FA_SFX)(float *FA_RESTRICT y, int64_t ldy,
-                                         const float *FA_RESTRICT x, int64_t N,
-                                         const float *FA_RESTRICT wp, int64_t p0, int64_t p1,
-                                         int64_t M, int64_t K)
+static void packed_gemm(float *FA_RESTRICT y, int64_t ldy, const float *FA_RESTRICT x, int64_t N,
+                        const float *FA_RESTRICT wp, int64_t p0, int64_t p1, int64_t M, int64_t K)
 {
     for (int64_t p = p0; p < p1; p++) {
         const float *w_p = wp + p * K * FA_PANEL;
         const int64_t m0 = p * FA_PANEL, width = M - m0 < FA_PANEL ? M - m0 : FA_PANEL;
         int64_t r0 = 0;
         /* (n capped at SK_RB: the cases past SK_RB - 1 rows never run, but still compile) */
-#define ROWS(n) FA_CAT(packed_rows_, FA_SFX)(y + r0 * ldy, ldy, x + r0 * K, K, w_p, m0, width, \
-                                             PK_CAP(n), FA_CAT(packed_nv_, FA_SFX)(PK_CAP(n)))
+#define ROWS(n) packed_rows(y + r0 * ldy, ldy, x + r0 * K, K, w_p, m0, width, \
+                            PK_CAP(n), packed_nv(PK_CAP(n)))
 #define PK_CAP(n) ((n) < SK_RB ? (n) : SK_RB)
         for (; r0 + SK_RB <= N; r0 += SK_RB) ROWS(SK_RB);
         switch (N - r0) { /* the rows left over, in one tile */

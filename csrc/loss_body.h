@@ -10,10 +10,9 @@
  * across chunks in double. Write pass (d != NULL): one exp per element while the row is in
  * cache; d may be the logits themselves (each element is read before it is written, x_t is
  * kept from the read pass). */
-static void FA_CAT(cross_entropy_rows_, FA_SFX)(float *losses, float *dlogits,
-                                                const float *logits, const int64_t *targets,
-                                                int64_t r0, int64_t r1, int64_t V,
-                                                int64_t ignore_index, float eps, float scale)
+static void cross_entropy_rows(float *losses, float *dlogits, const float *logits,
+                               const int64_t *targets, int64_t r0, int64_t r1, int64_t V,
+                               int64_t ignore_index, float eps, float scale)
 {
     const int64_t step = SM_CHUNK * FA_VL, Vc = V - V % step;
     const float off = (float)((double)eps * scale / (double)V);  /* scale * eps / V */

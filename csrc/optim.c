@@ -3,27 +3,7 @@
  * gradient clipping. */
 #include <math.h>
 
-#include "fastattn.h"
-
-/* The constants of one Adam step, each computed in double and rounded to float once, as
- * torch does with its Python-float hyper-parameters. */
-typedef struct {
-    float decay;      /* AdamW: 1 - lr * weight_decay (p *= decay first); Adam: 1 */
-    float l2;         /* Adam: weight_decay (g += l2 * p); AdamW: 0 */
-    float w1;         /* torch's lerp weight 1 - beta1 (m = lerp(m, g, w1)) */
-    float beta2, w2;  /* v = v * beta2 + w2 * g * g, w2 = 1 - beta2 */
-    float bc2_sqrt;   /* sqrt(1 - beta2^step) */
-    float eps;
-    float neg_step;   /* -lr / (1 - beta1^step) */
-} adam_consts;
-
-#define FA_BODY "optim_body.h"
-#include "fa_instantiate.h"
-
-typedef void (*adam_fn)(float *, float *, float *, const float *, int64_t, int64_t,
-                        const adam_consts *);
-typedef double (*sumsq_fn)(const float *, int64_t);
-typedef void (*scale_fn)(float *, int64_t, float);
+#include "fa_kernels.h"
 
 /* Tasks: tensor i is cut into chunks(sizes[i]) tasks of FA_OPTIM_CHUNK floats (the last one
  * shorter), numbered tensor after tensor. */
@@ -77,7 +57,6 @@ void fa_adam_step(float *const *params, float *const *exp_avgs, float *const *ex
     k.bc2_sqrt = (float)sqrt(bc2);
     k.eps = (float)eps;
     k.neg_step = (float)(-(lr / bc1));
-    const adam_fn body = FA_DISPATCH(adam_span_);
     const int nt FA_OMP_ONLY = fa_team_size(nthreads, elements, 3e4);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -85,7 +64,7 @@ void fa_adam_step(float *const *params, float *const *exp_avgs, float *const *ex
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < ntasks; t++) {
             locate(t, sizes, &ti, &first, &lo, &hi);
-            body(params[ti], exp_avgs[ti], exp_avg_sqs[ti], grads[ti], lo, hi, &k);
+            fa_k->adam_span(params[ti], exp_avgs[ti], exp_avg_sqs[ti], grads[ti], lo, hi, &k);
         }
     }
 }
@@ -102,7 +81,6 @@ double fa_sum_squares(double *partials, const float *const *xs, const int64_t *s
     double elements;
     const int64_t ntasks = total_tasks(sizes, count, &elements);
     if (ntasks == 0) return 0.0;
-    const sumsq_fn body = FA_DISPATCH(sum_squares_);
     const int nt FA_OMP_ONLY = fa_team_size(nthreads, elements, 6e4);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -110,7 +88,7 @@ double fa_sum_squares(double *partials, const float *const *xs, const int64_t *s
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < ntasks; t++) {
             locate(t, sizes, &ti, &first, &lo, &hi);
-            partials[t] = body(xs[ti] + lo, hi - lo);
+            partials[t] = fa_k->sum_squares(xs[ti] + lo, hi - lo);
         }
     }
     double total = 0.0;                                   /* block order: thread-independent */
@@ -124,7 +102,6 @@ void fa_scale_inplace(float *const *xs, const int64_t *sizes, int64_t count, flo
     double elements;
     const int64_t ntasks = total_tasks(sizes, count, &elements);
     if (ntasks == 0) return;
-    const scale_fn body = FA_DISPATCH(scale_span_);
     const int nt FA_OMP_ONLY = fa_team_size(nthreads, elements, 6e4);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -132,7 +109,7 @@ void fa_scale_inplace(float *const *xs, const int64_t *sizes, int64_t count, flo
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < ntasks; t++) {
             locate(t, sizes, &ti, &first, &lo, &hi);
-            body(xs[ti] + lo, hi - lo, s);
+            fa_k->scale_span(xs[ti] + lo, hi - lo, s);
         }
     }
 }

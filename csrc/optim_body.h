@@ -1,7 +1,7 @@
 /* optim_body.h -- the optimiser's elementwise spans, per ISA. */
 
 /* sqrt per lane (GCC turns the lane loop into one vsqrtps/sqrtps) */
-FA_INLINE VF FA_CAT(vsqrt_, FA_SFX)(VF a)
+FA_INLINE VF vsqrt(VF a)
 {
     VF r;
     for (int l = 0; l < FA_VL; l++) r[l] = __builtin_sqrtf(a[l]);
@@ -15,7 +15,6 @@ FA_INLINE VF FA_CAT(vsqrt_, FA_SFX)(VF a)
  *   v = v * beta2 + w2 * g * g
  *   p = p + neg_step * (m / (sqrt(v) / bc2_sqrt + eps))
  * The vector loop below is this, FA_VL lanes at a time; the tail is this, one at a time. */
-#ifndef ADAM_ELEMENT /* the same text for every ISA: defined once */
 #define ADAM_ELEMENT(SPLAT, SQRT, small, p, m, v, g, k)                                      \
     do {                                                                                     \
         p = p * SPLAT((k)->decay);                                                           \
@@ -25,19 +24,17 @@ FA_INLINE VF FA_CAT(vsqrt_, FA_SFX)(VF a)
         p = p + SPLAT((k)->neg_step) * (m / (SQRT(v) / SPLAT((k)->bc2_sqrt) + SPLAT((k)->eps))); \
     } while (0)
 #define adam_ident(x) (x)
-#endif
 
-static void FA_CAT(adam_span_, FA_SFX)(float *FA_RESTRICT param, float *FA_RESTRICT exp_avg,
-                                       float *FA_RESTRICT exp_avg_sq,
-                                       const float *FA_RESTRICT grad, int64_t i0, int64_t i1,
-                                       const adam_consts *k)
+static void adam_span(float *FA_RESTRICT param, float *FA_RESTRICT exp_avg,
+                      float *FA_RESTRICT exp_avg_sq, const float *FA_RESTRICT grad, int64_t i0,
+                      int64_t i1, const adam_consts *k)
 {
     const int small = k->w1 < 0.5f;
     int64_t i = i0;
     for (; i + FA_VL <= i1; i += FA_VL) {
         VF p = vload(param + i), m = vload(exp_avg + i), v = vload(exp_avg_sq + i);
         VF g = vload(grad + i);
-        ADAM_ELEMENT(vsplat, FA_CAT(vsqrt_, FA_SFX), small, p, m, v, g, k);
+        ADAM_ELEMENT(vsplat, vsqrt, small, p, m, v, g, k);
         vstore(param + i, p);
         vstore(exp_avg + i, m);
         vstore(exp_avg_sq + i, v);
@@ -53,9 +50,9 @@ static void FA_CAT(adam_span_, FA_SFX)(float *FA_RESTRICT param, float *FA_RESTR
 
 /* sum_i x_i^2 over one block, in double: FA_VL double lanes (two accumulators), combined in
  * lane order.  scalar math: s = 0; for i: s += (double)x_i * x_i */
-#define VD FA_CAT(vd_, FA_SFX)
+#define VD vd
 typedef double VD __attribute__((vector_size(FA_VL * 8)));
-static double FA_CAT(sum_squares_, FA_SFX)(const float *x, int64_t n)
+static double sum_squares(const float *x, int64_t n)
 {
     VD a0 = (VD){0}, a1 = (VD){0};
     int64_t i = 0;
@@ -74,7 +71,7 @@ static double FA_CAT(sum_squares_, FA_SFX)(const float *x, int64_t n)
 #undef VD
 
 /* x *= s.  scalar math: for i: x_i = x_i * s */
-static void FA_CAT(scale_span_, FA_SFX)(float *x, int64_t n, float s)
+static void scale_span(float *x, int64_t n, float s)
 {
     int64_t i = 0;
     for (; i + FA_VL <= n; i += FA_VL) vstore(x + i, vload(x + i) * vsplat(s));

@@ -1,6 +1,8 @@
 /* quant.c -- int8 (per-row scales, dynamic per-row activation quantisation, exact int32 sums)
- * and bf16 (widened to float32 in registers) weight products; the int8 path chosen at import.
- * The rules (rounding, the epilogue's float formula) are in fastattn.h. */
+ * and bf16 (widened to float32 in registers) weight products: the int8 path chosen at import,
+ * packing, and the thread loops over the path's tiles (quant_<arch>.c) and the ISA level's
+ * quantiser and bf16 kernels (quant_body.h). The rules (rounding, the epilogue's float formula)
+ * are in fastattn.h. */
 #define _GNU_SOURCE   /* syscall() under -std=c11 (the AMX permission request) */
 #include <math.h>
 #include <stddef.h>
@@ -8,59 +10,39 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fa_blas.h"
-#include "fastattn.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
-/* Sizes shared by every ISA (the per-path int8 tiles are in q8_impl_of below). */
-#define BF_PANEL 32          /* bf16 features per packed panel: wp[p][k][f] = w[32 p + f][k] */
-#define Q8_ROW_BLOCK 96      /* int8, many rows: rows quantised and multiplied together (the
-                                quantised block stays in L2 while every panel meets it) */
-#define Q8_MIN_ROWS 48       /* int8: below this many rows per thread, threads split panels */
-
-#define FA_BODY "quant_body.h"
-#include "fa_instantiate.h"
-
-/* The VNNI tile: the v4 body's int8 part once more, with AVX-512 VNNI enabled (vpdpwssd). */
-#if defined(FA_HAVE_V4)
-#pragma GCC push_options
-#pragma GCC target("arch=x86-64-v4,avx512vnni")
-#define Q8_VNNI_PASS 1
-#define FA_SFX v4vnni
-#define FA_VL 16
-#include "fa_simd.h"
-#include "quant_body.h"
-#include "fa_simd_end.h"
-#undef Q8_VNNI_PASS
-#pragma GCC pop_options
-
-/* The AMX path (amx_body.h): its tile code with every tile instruction emulated (any AVX-512
- * CPU), and, where the compiler knows the instructions, the real tiles. */
-#pragma GCC push_options
-#pragma GCC target("arch=x86-64-v4")
-#define AMX_EMULATE 1
-#define AMX_SFX emulated
-#include "amx_body.h"
-#undef AMX_SFX
-#undef AMX_EMULATE
-#pragma GCC pop_options
-#if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX)
-#pragma GCC push_options
-#pragma GCC target("arch=x86-64-v4,amx-tile,amx-int8,amx-bf16")
-#define AMX_SFX tiles
-#include "amx_body.h"
-#undef AMX_SFX
-#pragma GCC pop_options
-#endif
-#endif
+#include "fa_kernels.h"
+#include "fa_tiles.h"
 
 /* ---- the int8 path ---------------------------------------------------------------------------- */
 
 static fa_int8_path_t g_path = FA_INT8_GENERIC;
+static const fa_q8_kernels *g_q8 = &fa_q8_generic;   /* g_path's kernels */
 static int amx_status(void);
+
+/* The kernels of an int8 path (one this build has: fa_int8_supports checks the CPU) */
+static const fa_q8_kernels *q8_of(int path)
+{
+    switch (path) {
+#if defined(FA_HAVE_V3)
+    case FA_INT8_AVX2:
+        return &fa_q8_avx2;
+#endif
+#if defined(FA_HAVE_V4)
+    case FA_INT8_AVX512BW:
+        return &fa_q8_avx512bw;
+    case FA_INT8_AVX512VNNI:
+        return &fa_q8_avx512vnni;
+    case FA_INT8_AMX_EMULATED:
+        return &fa_q8_amx_emulated;
+#endif
+#if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX)
+    case FA_INT8_AMX:
+        return &fa_q8_amx;
+#endif
+    default:
+        return &fa_q8_generic;
+    }
+}
 
 int fa_int8_supports(int path)
 {
@@ -160,6 +142,7 @@ int fa_int8_init(int forced)
         if (!fa_int8_supports(forced)) return -1;
         if (forced == FA_INT8_AMX && !amx_permitted() && !amx_request()) return -2;
         g_path = (fa_int8_path_t)forced;
+        g_q8 = q8_of(g_path);
         return 0;
     }
     /* amx is chosen only when forced: its tile code is tested bit for bit against the twin
@@ -168,64 +151,17 @@ int fa_int8_init(int forced)
            : fa_int8_supports(FA_INT8_AVX512BW)   ? FA_INT8_AVX512BW
            : fa_int8_supports(FA_INT8_AVX2)       ? FA_INT8_AVX2
                                                   : FA_INT8_GENERIC;
+    g_q8 = q8_of(g_path);
     return 0;
-}
-
-/* ---- per-path tables ------------------------------------------------------------------------ */
-
-typedef void (*epi_fn)(float *, float *, const float *, int64_t, int64_t, int64_t, int, int64_t,
-                       int64_t, const fa_dropout_t *);
-typedef void (*q8_panel_fn)(float *, int64_t, const int16_t *, int64_t, int64_t,
-                            const int8_t *, const float *, const float *, const float *, int64_t,
-                            int64_t, int);
-typedef void (*q8_quant_fn)(int16_t *, float *, const float *, int64_t, int64_t, int64_t);
-typedef float (*q8_row_fn)(void *, const float *, int64_t, int64_t, int);
-typedef void (*bf_gemm_fn)(float *, int64_t, const float *, int64_t, const uint16_t *, int64_t,
-                           int64_t, int64_t, int64_t);
-typedef void (*widen_t_fn)(float *, const uint16_t *, int64_t, int64_t, int64_t, int64_t);
-
-/* One int8 path: its layout (np features per panel, K in groups of g: pairs for the int16
- * pair products, quads for the AMX tiles), its tile height (mr: the quantised rows are
- * allocated in whole tiles), and the helpers of its ISA level. */
-typedef struct {
-    int64_t np, g, mr;
-    q8_panel_fn panel;
-    q8_quant_fn quant;
-    epi_fn epi;
-} q8_impl_t;
-
-static q8_impl_t q8_impl_of(int path)
-{
-    q8_impl_t im = {16, 2, 4, q8_panel_generic, q8_quant_rows_generic, bias_act_rows_generic};
-#if defined(FA_HAVE_V3)
-    if (path == FA_INT8_AVX2)
-        im = (q8_impl_t){32, 2, 6, q8_panel_avx2, q8_quant_rows_v3, bias_act_rows_v3};
-#endif
-#if defined(FA_HAVE_V4)
-    if (path == FA_INT8_AVX512BW)
-        im = (q8_impl_t){64, 2, 6, q8_panel512_v4, q8_quant_rows_v4, bias_act_rows_v4};
-    if (path == FA_INT8_AVX512VNNI)
-        im = (q8_impl_t){64, 2, 6, q8_panel512_v4vnni, q8_quant_rows_v4, bias_act_rows_v4};
-    if (path == FA_INT8_AMX_EMULATED)
-        im = (q8_impl_t){AMX_NP, AMX_G, AMX_MR, q8_panel_amx_emulated, q8_quant_rows_hilo,
-                         bias_act_rows_v4};
-#endif
-#if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX)
-    if (path == FA_INT8_AMX)
-        im = (q8_impl_t){AMX_NP, AMX_G, AMX_MR, q8_panel_amx_tiles, q8_quant_rows_hilo,
-                         bias_act_rows_v4};
-#endif
-    return im;
 }
 
 static int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 int fa_quant_tiles(int64_t *out)
 {
-    const q8_impl_t im = q8_impl_of(g_path);
-    out[0] = im.np;
-    out[1] = im.g;
-    out[2] = im.mr;
+    out[0] = g_q8->np;
+    out[1] = g_q8->g;
+    out[2] = g_q8->mr;
     out[3] = Q8_ROW_BLOCK;
     out[4] = Q8_MIN_ROWS;
     out[5] = BF_PANEL;
@@ -234,19 +170,17 @@ int fa_quant_tiles(int64_t *out)
 }
 
 /* ---- int8 --------------------------------------------------------------------------------------
- * Packed weight: panels of np features, K in groups of g (see quant_body.h):
+ * Packed weight: panels of np features, K in groups of g (see quant_int8.h):
  *   wp[p][kg][f][j] = q[p np + f][kg g + j], zero past M and K */
 
 int64_t fa_int8_packed_size(int64_t M, int64_t K)
 {
-    const q8_impl_t im = q8_impl_of(g_path);
-    return round_up(M, im.np) * round_up(K, im.g);
+    return round_up(M, g_q8->np) * round_up(K, g_q8->g);
 }
 
 void fa_int8_pack(int8_t *wp, const int8_t *q, int64_t M, int64_t K, int nthreads)
 {
-    const q8_impl_t im = q8_impl_of(g_path);
-    const int64_t NP = im.np, G = im.g, Kp = round_up(K, G), P = (M + NP - 1) / NP;
+    const int64_t NP = g_q8->np, G = g_q8->g, Kp = round_up(K, G), P = (M + NP - 1) / NP;
     if (Kp == 0) return;                /* no weights: wp has no elements */
     const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)(P * NP * Kp), 1e6);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
@@ -267,12 +201,11 @@ int64_t fa_quantize_int8(int8_t *q, float *scale, const float *x, int64_t N, int
         for (int64_t n = 0; n < N; n++) scale[n] = 0.0f;
         return -1;
     }
-    const q8_row_fn row = FA_DISPATCH(q8_quant_row_);
     int64_t bad = N;
     const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)N * (double)K, 1e5);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static) reduction(min : bad)
     for (int64_t n = 0; n < N; n++) {
-        scale[n] = row(q + n * K, x + n * K, K, K, Q8_FMT_I8);
+        scale[n] = fa_k->q8_quant_row(q + n * K, x + n * K, K, K, Q8_FMT_I8);
         if (scale[n] != scale[n] && n < bad) bad = n;
     }
     return bad == N ? -1 : bad;
@@ -281,11 +214,11 @@ int64_t fa_quantize_int8(int8_t *q, float *scale, const float *x, int64_t N, int
 /* y (N, M) = act(0 + bias): a product over K = 0 (empty sums: nothing of the weight is read),
  * with either weight type; 0 + bias as the twin computes it (a -0 bias gives +0) */
 static void empty_product(float *y, const float *bias, int64_t N, int64_t M, int activation,
-                          epi_fn epi)
+                          const fa_kernels *isa)
 {
     for (int64_t n = 0; n < N; n++)
         for (int64_t m = 0; m < M; m++) y[n * M + m] = 0.0f + (bias ? bias[m] : 0.0f);
-    epi(y, NULL, NULL, N, M, M, activation, 0, 0, NULL);
+    isa->bias_act_rows(y, NULL, NULL, N, M, M, activation, 0, 0, NULL);
 }
 
 /* Start of row block blk of nblk over N rows (N for blk = nblk): blocks of about N / nblk
@@ -295,8 +228,23 @@ static int64_t q8_block_start(int64_t blk, int64_t nblk, int64_t N, int64_t mr)
     return blk >= nblk ? N : blk * N / nblk / mr * mr;
 }
 
+/* A product's activations on path q8: rows of x (row stride K) into the path's rows of xq (row
+ * stride Kp int16, or as many bytes of Q8_FMT_HILO rows, which are zero from `rows` up to a
+ * multiple of the tile height: the AMX tiles read whole 16-row blocks), scales into sx. */
+static void q8_quant(const fa_q8_kernels *q8, int16_t *xq, float *sx, const float *x,
+                     int64_t rows, int64_t K, int64_t Kp)
+{
+    if (q8->fmt == Q8_FMT_I16) {
+        q8->isa->q8_quant_rows(xq, sx, x, rows, K, Kp);
+        return;
+    }
+    for (int64_t r = 0; r < rows; r++)
+        sx[r] = q8->isa->q8_quant_row(xq + r * Kp, x + r * K, K, Kp, q8->fmt);
+    memset(xq + rows * Kp, 0, (size_t)((round_up(rows, q8->mr) - rows) * Kp) * 2);
+}
+
 /* Rows [r0, r0 + rows) of y, panels [p0, p1): every tile, then gelu (relu is in the tiles). */
-static void q8_panels(const q8_impl_t *im, float *y, const int16_t *xq, const float *sx,
+static void q8_panels(const fa_q8_kernels *im, float *y, const int16_t *xq, const float *sx,
                       int64_t rows, int64_t Kp, const int8_t *wp, const float *scale,
                       const float *bias, int64_t p0, int64_t p1, int64_t M, int act)
 {
@@ -305,7 +253,7 @@ static void q8_panels(const q8_impl_t *im, float *y, const int16_t *xq, const fl
         im->panel(y + m0, M, xq, Kp, rows, wp + m0 * Kp, sx, scale + m0,
                   bias ? bias + m0 : NULL, Kp / im->g, nf, act == FA_ACT_RELU);
         if (act == FA_ACT_GELU || act == FA_ACT_GELU_TANH)
-            im->epi(y + m0, NULL, NULL, rows, nf, M, act, 0, 0, NULL);
+            im->isa->bias_act_rows(y + m0, NULL, NULL, rows, nf, M, act, 0, 0, NULL);
     }
 }
 
@@ -314,25 +262,24 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const flo
                            int nthreads)
 {
     if (N <= 0 || M <= 0) return 0;
-    const q8_impl_t im = q8_impl_of(g_path);
+    const fa_q8_kernels *im = g_q8;
     if (K <= 0) {                       /* acc = 0, sx = 0: y = act(0 * 0 + bias) */
-        empty_product(y, bias, N, M, activation, im.epi);
+        empty_product(y, bias, N, M, activation, im->isa);
         return 0;
     }
-    const int64_t Kp = round_up(K, im.g), P = (M + im.np - 1) / im.np;
-    /* a second thread pays off from about 200K multiply-adds: one row against 100 distinct
-     * 512 x 512 weights (26 MB, a decode step's working set, from L3 rather than L2) took
-     * 8.6-10.7 us a product on two AVX2 threads against 12.1-13.6 on one (AVX-512 VNNI:
-     * 10.3-10.7 against 12.8-14.0); only a weight already in L2 runs as fast on one thread */
+    const int64_t Kp = round_up(K, im->g), P = (M + im->np - 1) / im->np;
+    /* a second thread pays off from about 200K multiply-adds: a decode step's weights come
+     * from L3 rather than L2 (its working set is many distinct weights), and two threads
+     * stream them faster than one; only a weight already in L2 runs as fast on one thread */
     const int nt = fa_team_size(nthreads, (double)N * (double)K * (double)M, 2e5);
     const int by_rows = N >= (int64_t)nt * Q8_MIN_ROWS;
     /* by rows: blocks of about Q8_ROW_BLOCK rows, a multiple of the team in number (equal
      * shares), starting at multiples of the tile height (only the last block ends in a
-     * partial tile: with 86-row blocks, a 2-row tile in each took 2% of an encoder's time);
+     * partial tile: blocks of any other height would each end in a slow short tile);
      * by panels: every thread quantises all N rows for itself (no barrier) */
     const int64_t nblk = by_rows ? round_up((N + Q8_ROW_BLOCK - 1) / Q8_ROW_BLOCK, nt) : 1;
     /* the largest block, in whole tiles (the AMX path reads its rows in 16-row tiles) */
-    const int64_t per = round_up(by_rows ? (N + nblk - 1) / nblk + im.mr : N, im.mr);
+    const int64_t per = round_up(by_rows ? (N + nblk - 1) / nblk + im->mr : N, im->mr);
     const int64_t stride = round_up(per * Kp * 2 + per * 4, 64) + 64;  /* bytes per thread: int16
                                                                          * rows, then scales */
     char *buf = aligned_alloc(64, (size_t)(stride * nt));
@@ -343,25 +290,24 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const flo
         float *sx = (float *)((char *)xq + round_up(per * Kp * 2, 64));
         if (by_rows) {
             /* blocks handed out as threads come free: a thread slowed by the VM's other tenants
-             * takes fewer, rather than holding the team at the end (the int8 encoder's threads
-             * spent 6.5-8.2% of their samples waiting in libgomp with equal static shares,
-             * 3.9-4.5% so; perf, forced AVX2, three alternations). Any split gives the same
-             * bits: a row's sums do not depend on the block or thread that computes it. */
+             * takes fewer, rather than holding the team at the end (with equal static shares,
+             * the others wait for it). Any split gives the same bits: a row's sums do not
+             * depend on the block or thread that computes it. */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t blk = 0; blk < nblk; blk++) {
-                const int64_t r0 = q8_block_start(blk, nblk, N, im.mr);
-                const int64_t rows = q8_block_start(blk + 1, nblk, N, im.mr) - r0;
+                const int64_t r0 = q8_block_start(blk, nblk, N, im->mr);
+                const int64_t rows = q8_block_start(blk + 1, nblk, N, im->mr) - r0;
                 if (rows <= 0) continue;
-                im.quant(xq, sx, x + r0 * K, rows, K, Kp);
-                q8_panels(&im, y + r0 * M, xq, sx, rows, Kp, wp, scale, bias, 0, P, M,
+                q8_quant(im, xq, sx, x + r0 * K, rows, K, Kp);
+                q8_panels(im, y + r0 * M, xq, sx, rows, Kp, wp, scale, bias, 0, P, M,
                           activation);
             }
         } else {
             int64_t p0, p1;
             fa_split(P, 1, &p0, &p1);
             if (p0 < p1) {
-                im.quant(xq, sx, x, N, K, Kp);
-                q8_panels(&im, y, xq, sx, N, Kp, wp, scale, bias, p0, p1, M, activation);
+                q8_quant(im, xq, sx, x, N, K, Kp);
+                q8_panels(im, y, xq, sx, N, Kp, wp, scale, bias, p0, p1, M, activation);
             }
         }
     }
@@ -403,67 +349,18 @@ void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nth
     }
 }
 
-#if defined(FA_HAVE_V4)
-_Static_assert(AMX_NP == BF_PANEL, "the AMX bf16 repack reads bf16 panels of AMX_NP features");
-typedef void (*bf_amx_rows_fn)(float *, const float *, int64_t, int64_t, const uint16_t *,
-                               uint16_t *, int64_t, int64_t, int64_t);
-
-/* Many rows on the AMX tiles (the amx paths; amx_body.h): the weight repacked in pairs of k
- * once per call, then 16-row tiles split over the threads, each thread's rows finished by the
- * epilogue (bias, activation) like the float32 linear's. */
-static int bf16_amx_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
-                            int64_t N, int64_t K, int64_t M, int activation, int nthreads,
-                            epi_fn epi)
-{
-    const int64_t P = (M + BF_PANEL - 1) / BF_PANEL, Kb = round_up(K, 32);
-    const int64_t ntile = (N + AMX_MR - 1) / AMX_MR, hsize = 3 * AMX_MR * Kb;
-    const int nt = fa_team_size(nthreads < ntile ? nthreads : (int)ntile,
-                                2.0 * (double)N * (double)K * (double)M, 2e5);
-    uint16_t *wq = aligned_alloc(64, (size_t)round_up(P * BF_PANEL * Kb * 2, 64));
-    uint16_t *h = aligned_alloc(64, (size_t)(hsize * 2 * nt));
-    if (!wq || !h) {
-        free(wq);
-        free(h);
-        return -1;
-    }
-    bf_amx_rows_fn rows = bf16_rows_amx_emulated;
-#if defined(FA_HAVE_AMX)
-    if (g_path == FA_INT8_AMX) rows = bf16_rows_amx_tiles;
-#endif
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < P; p++) amx_bf16_repack(wq, wp, p, K, Kb);
-        int64_t t0, t1;
-        fa_split(ntile, 1, &t0, &t1);
-        if (t0 < t1) {
-            const int64_t r0 = t0 * AMX_MR, r1 = t1 * AMX_MR < N ? t1 * AMX_MR : N;
-            rows(y, x, r0, r1, wq, h + hsize * fa_thread_id(), K, Kb, M);
-            epi(y + r0 * M, NULL, bias, r1 - r0, M, M, activation, 0, 0, NULL);
-        }
-    }
-    free(wq);
-    free(h);
-    return 0;
-}
-#endif
-
 int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
                            int64_t N, int64_t K, int64_t M, int activation, int nthreads)
 {
     if (N <= 0 || M <= 0) return 0;
     const int64_t P = (M + BF_PANEL - 1) / BF_PANEL;
-    const epi_fn epi = FA_DISPATCH(bias_act_rows_);
     if (K <= 0) {                       /* wp has no elements */
-        empty_product(y, bias, N, M, activation, epi);
+        empty_product(y, bias, N, M, activation, fa_k);
         return 0;
     }
-#if defined(FA_HAVE_V4)
-    if (N > FA_BF16_PACKED_MAX_ROWS && (g_path == FA_INT8_AMX || g_path == FA_INT8_AMX_EMULATED))
-        return bf16_amx_forward(y, x, wp, bias, N, K, M, activation, nthreads, epi);
-#endif
+    if (N > FA_BF16_PACKED_MAX_ROWS && g_q8->bf16_forward)     /* the AMX paths' tiles */
+        return g_q8->bf16_forward(y, x, wp, bias, N, K, M, activation, nthreads);
     if (N <= FA_BF16_PACKED_MAX_ROWS) {                /* few rows: stream the packed weight */
-        const bf_gemm_fn gemm = FA_DISPATCH(bf16_packed_gemm_);
         const int nt FA_OMP_ONLY = fa_team_size(nthreads < P ? nthreads : (int)P,
                                                 2.0 * (double)N * (double)K * (double)M, 2e5);
 #pragma omp parallel num_threads(nt) if (nt > 1)
@@ -471,10 +368,10 @@ int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const f
             int64_t p0, p1;
             fa_split(P, 1, &p0, &p1);
             if (p0 < p1) {
-                gemm(y, M, x, N, wp, p0, p1, M, K);
+                fa_k->bf16_packed_gemm(y, M, x, N, wp, p0, p1, M, K);
                 const int64_t m0 = p0 * BF_PANEL, m1 = p1 * BF_PANEL < M ? p1 * BF_PANEL : M;
-                epi(y + m0, NULL, bias ? bias + m0 : NULL, N, m1 - m0, M, activation, 0, m0,
-                    NULL);
+                fa_k->bias_act_rows(y + m0, NULL, bias ? bias + m0 : NULL, N, m1 - m0, M,
+                                    activation, 0, m0, NULL);
             }
         }
         return 0;
@@ -484,13 +381,12 @@ int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const f
     const int64_t ldt = P * BF_PANEL;
     float *wide = malloc((size_t)(ldt * K) * sizeof(float));             /* K > 0 here */
     if (!wide) return -1;
-    const widen_t_fn widen = FA_DISPATCH(bf16_widen_t_);
     const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)M * (double)K, 1e5);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         int64_t lo, hi;
         fa_split(K, 1, &lo, &hi);
-        if (lo < hi) widen(wide, wp, lo, hi, K, P);
+        if (lo < hi) fa_k->bf16_widen_t(wide, wp, lo, hi, K, P);
     }
     fa_linear_forward_t(y, x, wide, ldt, bias, N, K, M, activation, nthreads);
     free(wide);

@@ -2,8 +2,7 @@
  *   scalar math, per row:  m = max_c x_c;  y_c = exp(x_c - m) / sum_c exp(x_c - m)
  * Read pass: a running max and a rescaled running sum per vector lane, updated once per chunk
  * of SM_CHUNK vectors (one rescale exp per chunk, one exp per element). Write pass: y. */
-static void FA_CAT(softmax_rows_, FA_SFX)(float *y, const float *x, int64_t r0, int64_t r1,
-                                          int64_t C)
+static void softmax_rows(float *y, const float *x, int64_t r0, int64_t r1, int64_t C)
 {
     const int64_t step = SM_CHUNK * FA_VL, Cc = C - C % step;
     for (int64_t n = r0; n < r1; n++) {

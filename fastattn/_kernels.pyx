@@ -30,24 +30,37 @@ cdef extern from "fastattn.h" nogil:
     int fa_build_sanitize()
     enum: FA_TILE_COUNT
     int fa_build_tiles(int isa, int64_t *out)
-    int fa_attention_forward(float *out, float *lse, float *weights,
-                             const float *q, const float *k, const float *v,
-                             const float *mask, const float *key_bias,
-                             int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t D, int64_t Dv,
-                             const int64_t *q_st, const int64_t *k_st, const int64_t *v_st,
-                             const int64_t *out_st, const int64_t *mask_st,
-                             float scale, int causal, double dropout_p, uint64_t seed,
-                             int nthreads)
-    int fa_attention_backward(float *dq, float *dk, float *dv,
-                              const float *dout, const float *out, const float *lse,
-                              const float *q, const float *k, const float *v,
-                              const float *mask, const float *key_bias,
-                              int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t D,
-                              int64_t Dv, const int64_t *dq_st, const int64_t *dk_st,
-                              const int64_t *dv_st, const int64_t *dout_st,
-                              const int64_t *out_st, const int64_t *q_st, const int64_t *k_st,
-                              const int64_t *v_st, const int64_t *mask_st, float scale,
-                              int causal, double dropout_p, uint64_t seed, int nthreads)
+    ctypedef struct fa_attention_args:
+        float *out
+        float *lse
+        float *weights
+        const float *q
+        const float *k
+        const float *v
+        const float *mask
+        const float *key_bias
+        int64_t B, H, Lq, Lk, D, Dv
+        int64_t q_st[4]
+        int64_t k_st[4]
+        int64_t v_st[4]
+        int64_t out_st[4]
+        int64_t mask_st[4]
+        float scale
+        int causal
+        double dropout_p
+        uint64_t seed
+    ctypedef struct fa_attention_grads:
+        float *dq
+        float *dk
+        float *dv
+        const float *dout
+        int64_t dq_st[4]
+        int64_t dk_st[4]
+        int64_t dv_st[4]
+        int64_t dout_st[4]
+    int fa_attention_forward(const fa_attention_args *a, int nthreads)
+    int fa_attention_backward(const fa_attention_grads *g, const fa_attention_args *a,
+                              int nthreads)
     void fa_softmax_forward(float *y, const float *x, int64_t N, int64_t C, int nthreads)
     void fa_layer_norm_forward(float *y, float *sum_out, float *mean, float *rstd,
                                const float *x, const float *residual,
@@ -287,35 +300,36 @@ def attention_forward(out, lse, weights, q, k, v, mask, key_bias, float scale, b
     None. out, q, k, v may be strided views whose last axis is contiguous (ops.py checks that);
     mask is a broadcast view (B,H,Lq,Lk) with any strides, or None. dropout_p in [0, 1) (0: no
     dropout, seed unused). Arrays checked by _cdata / _view4 (a decode step's entry)."""
-    cdef int64_t q_st[4]
-    cdef int64_t k_st[4]
-    cdef int64_t v_st[4]
-    cdef int64_t o_st[4]
-    cdef int64_t m_st[4]
-    cdef float *op = _view4(out, True, False, True, o_st, "out")
-    cdef const float *qp = _view4(q, False, False, True, q_st, "q")
-    cdef const float *kp = _view4(k, False, False, True, k_st, "k")
-    cdef const float *vp = _view4(v, False, False, True, v_st, "v")
-    cdef const float *mp = _view4(mask, False, True, False, m_st, "mask")
-    cdef float *lp = <float *>_cdata(lse, cnp.NPY_FLOAT32, 1, True, True, "lse")
-    cdef float *wp = <float *>_cdata(weights, cnp.NPY_FLOAT32, 1, True, True, "weights")
-    cdef const float *kb = <const float *>_cdata(key_bias, cnp.NPY_FLOAT32, 1, False, True,
-                                                 "key_bias")
-    cdef int64_t B = _dim(q, 0), H = _dim(q, 1), Lq = _dim(q, 2), D = _dim(q, 3)
-    cdef int64_t Lk = _dim(k, 2), Dv = _dim(v, 3)
+    cdef fa_attention_args a
+    a.out = _view4(out, True, False, True, a.out_st, "out")
+    a.q = _view4(q, False, False, True, a.q_st, "q")
+    a.k = _view4(k, False, False, True, a.k_st, "k")
+    a.v = _view4(v, False, False, True, a.v_st, "v")
+    a.mask = _view4(mask, False, True, False, a.mask_st, "mask")
+    a.lse = <float *>_cdata(lse, cnp.NPY_FLOAT32, 1, True, True, "lse")
+    a.weights = <float *>_cdata(weights, cnp.NPY_FLOAT32, 1, True, True, "weights")
+    a.key_bias = <const float *>_cdata(key_bias, cnp.NPY_FLOAT32, 1, False, True, "key_bias")
+    a.B = _dim(q, 0)
+    a.H = _dim(q, 1)
+    a.Lq = _dim(q, 2)
+    a.Lk = _dim(k, 2)
+    a.D = _dim(q, 3)
+    a.Dv = _dim(v, 3)
+    a.scale = scale
+    a.causal = causal
+    a.dropout_p = dropout_p
+    a.seed = seed
     cdef int rc
     with nogil:
-        rc = fa_attention_forward(op, lp, wp, qp, kp, vp, mp, kb, B, H, Lq, Lk, D, Dv, q_st,
-                                  k_st, v_st, o_st, m_st, scale, causal, dropout_p, seed,
-                                  nthreads)
+        rc = fa_attention_forward(&a, nthreads)
     if rc != 0:
         raise MemoryError("attention: could not allocate per-thread scratch")
 
 
-cdef inline void _strides3(const float[:, :, :, :] a, int64_t *st):
+cdef inline void _strides4(const float[:, :, :, :] a, int64_t *st):
     cdef int i
-    for i in range(3):
-        st[i] = a.strides[i] // 4
+    for i in range(4):
+        st[i] = a.strides[i] // 4 if a is not None else 0
 
 
 def attention_backward(float[:, :, :, :] dq not None, float[:, :, :, :] dk not None,
@@ -328,43 +342,42 @@ def attention_backward(float[:, :, :, :] dq not None, float[:, :, :, :] dk not N
     """dq (B,H,Lq,D), dk (B,H,Lk,D), dv (B,H,Lk,Dv), dout and out (B,H,Lq,Dv), q, k, v: strided
     views whose last axis is contiguous (ops.py checks that); lse (B*H*Lq); mask a broadcast
     view (B,H,Lq,Lk) with any strides, or None; key_bias (B*Lk) or None."""
-    cdef int64_t dq_st[3]
-    cdef int64_t dk_st[3]
-    cdef int64_t dv_st[3]
-    cdef int64_t do_st[3]
-    cdef int64_t o_st[3]
-    cdef int64_t q_st[3]
-    cdef int64_t k_st[3]
-    cdef int64_t v_st[3]
-    cdef int64_t m_st[4]
-    cdef int i
-    _strides3(dq, dq_st)
-    _strides3(dk, dk_st)
-    _strides3(dv, dv_st)
-    _strides3(dout, do_st)
-    _strides3(out, o_st)
-    _strides3(q, q_st)
-    _strides3(k, k_st)
-    _strides3(v, v_st)
-    for i in range(4):
-        m_st[i] = mask.strides[i] // 4 if mask is not None else 0
-    cdef float *dqp = _p4(dq)
-    cdef float *dkp = _p4(dk)
-    cdef float *dvp = _p4(dv)
-    cdef const float *dop = _cp4(dout)
-    cdef const float *op = _cp4(out)
-    cdef const float *lp = _cp1(lse)
-    cdef const float *qp = _cp4(q)
-    cdef const float *kp = _cp4(k)
-    cdef const float *vp = _cp4(v)
-    cdef const float *mp = _cp4(mask)
-    cdef const float *kb = _cp1(key_bias)
+    cdef fa_attention_grads g
+    cdef fa_attention_args a
+    _strides4(dq, g.dq_st)
+    _strides4(dk, g.dk_st)
+    _strides4(dv, g.dv_st)
+    _strides4(dout, g.dout_st)
+    _strides4(out, a.out_st)
+    _strides4(q, a.q_st)
+    _strides4(k, a.k_st)
+    _strides4(v, a.v_st)
+    _strides4(mask, a.mask_st)
+    g.dq = _p4(dq)
+    g.dk = _p4(dk)
+    g.dv = _p4(dv)
+    g.dout = _cp4(dout)
+    a.out = <float *>_cp4(out)      # the forward's out and lse: the backward only reads them
+    a.lse = <float *>_cp1(lse)
+    a.weights = NULL
+    a.q = _cp4(q)
+    a.k = _cp4(k)
+    a.v = _cp4(v)
+    a.mask = _cp4(mask)
+    a.key_bias = _cp1(key_bias)
+    a.B = q.shape[0]
+    a.H = q.shape[1]
+    a.Lq = q.shape[2]
+    a.Lk = k.shape[2]
+    a.D = q.shape[3]
+    a.Dv = v.shape[3]
+    a.scale = scale
+    a.causal = causal
+    a.dropout_p = dropout_p
+    a.seed = seed
     cdef int rc
     with nogil:
-        rc = fa_attention_backward(dqp, dkp, dvp, dop, op, lp, qp, kp, vp, mp, kb, q.shape[0],
-                                   q.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3],
-                                   dq_st, dk_st, dv_st, do_st, o_st, q_st, k_st, v_st, m_st,
-                                   scale, causal, dropout_p, seed, nthreads)
+        rc = fa_attention_backward(&g, &a, nthreads)
     if rc != 0:
         raise MemoryError("attention_backward: could not allocate per-thread scratch")
 

@@ -30,6 +30,7 @@ def pairs():
     return [(w, w) for w in words(64)]
 
 
+@pytest.mark.long
 def test_copy_task_reaches_near_zero_loss_and_exact_greedy_outputs(tok):
     train = words(1000)
     model = tiny_model(tok)

@@ -38,6 +38,7 @@ def held_out_exact(init):
                      exact_sample=None)(model)["valid_exact"]
 
 
+@pytest.mark.long
 def test_default_init_learns_a_position_sensitive_task_the_torch_init_does_not():
     assert held_out_exact("xavier") >= 0.9
     assert held_out_exact("torch") <= 0.5

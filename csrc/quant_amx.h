@@ -1,8 +1,8 @@
-/* amx_body.h -- the int8 and bf16 products on AMX tiles, included by quant.c under an AVX-512
- * target, twice: with the tile instructions (AMX_EMULATE undefined, target amx-tile, amx-int8,
- * amx-bf16: the "amx" path) and with every tile instruction emulated in C (AMX_EMULATE:
- * "amx-emulated", the same code run on CPUs without AMX, so that its layout and arithmetic are
- * tested everywhere). AMX_SFX names the instance.
+/* quant_amx.h -- the int8 and bf16 products on AMX tiles: the whole of quant_amx.c (the "amx"
+ * path: the tile instructions) and of quant_amx_emulated.c (AMX_EMULATE, "amx-emulated": every
+ * tile instruction emulated in C by amx_emulator.h, the same code run on CPUs without AMX, so
+ * that its layout and arithmetic are tested everywhere). Each unit defines first FA_TARGET (an
+ * AVX-512 target) and AMX_KERNELS, the name of its path's table.
  *
  * The product's int16 activations meet the int8 weights as two 8-bit products (the tiles
  * multiply bytes): x = 256 hi + lo with hi = x >> 8 (signed byte) and lo = x & 255 (unsigned),
@@ -12,7 +12,7 @@
  *
  * Layouts (Kp = K rounded up to 4, Kq = Kp / 4 quads):
  *   activations  row n (stride 2 Kp bytes): Kp hi bytes, then Kp lo bytes (Q8_FMT_HILO), rows
- *                after the last zero up to a multiple of 16 (q8_quant_rows_hilo)
+ *                after the last zero up to a multiple of 16 (quant.c: q8_quant)
  *   weights      fa_int8_pack with 32-feature panels, K in quads:
  *                wp[p][kq][f][j] = q[32 p + f][4 kq + j]
  * Tiles (palette 1, each 16 rows x 64 bytes):
@@ -32,12 +32,14 @@
  *   inputs   per 16-row tile, three (16, Kb) bf16 matrices (the terms), zero past K and N
  * Tiles: 0, 1  C of features 0-15, 16-31 (float32);  4, 5  A (a term's 16 x 32 k);  6, 7  B.
  */
-#ifndef AMX_BODY_ONCE
-#define AMX_BODY_ONCE
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 
-#define AMX_NP 32            /* features per packed panel (two B tiles side by side) */
-#define AMX_G 4              /* K per group: the tiles multiply quads of bytes */
-#define AMX_MR 16            /* rows per tile */
+#define Q8_AVX512 1
+#include "quant_int8.h"
+
+_Static_assert(AMX_NP == BF_PANEL, "the AMX bf16 repack reads bf16 panels of AMX_NP features");
 
 /* LDTILECFG's 64-byte operand (palette 1: 8 tiles of up to 16 rows x 64 bytes) */
 typedef struct {
@@ -60,114 +62,6 @@ static void amx_config(amx_tilecfg_t *cfg)
     }
 }
 
-/* ---- the emulator: what each instruction does to the tiles (Intel SDM's pseudo-code) --------
- * Per thread, like the tile registers. A use the hardware would fault on (no configuration,
- * shapes that do not fit) stops the process with a message: it is a bug in the kernel, not
- * something an input can cause. */
-typedef struct {
-    int configured;
-    uint8_t rows[8];
-    uint16_t colsb[8];
-    uint8_t t[8][16][64];
-} amx_emu_t;
-
-static _Thread_local amx_emu_t amx_emu;
-
-static void amx_emu_fail(const char *what)
-{
-    fprintf(stderr, "fastattn: AMX emulator: %s\n", what);
-    abort();
-}
-
-/* LDTILECFG: set the shapes, zero every tile */
-static void amx_emu_config(const amx_tilecfg_t *cfg)
-{
-    if (cfg->palette != 1) amx_emu_fail("palette is not 1");
-    if (cfg->start_row != 0) amx_emu_fail("start_row is not 0");
-    for (int i = 0; i < 14; i++)
-        if (cfg->reserved[i]) amx_emu_fail("reserved configuration bytes are not 0");
-    memset(&amx_emu, 0, sizeof amx_emu);
-    for (int t = 0; t < 16; t++) {
-        if (t >= 8 && (cfg->rows[t] || cfg->colsb[t])) amx_emu_fail("palette 1 has 8 tiles");
-        if (t >= 8) continue;
-        if (cfg->rows[t] > 16 || cfg->colsb[t] > 64) amx_emu_fail("tile larger than 16 x 64");
-        if ((cfg->rows[t] == 0) != (cfg->colsb[t] == 0))
-            amx_emu_fail("a tile with rows but no columns, or columns but no rows");
-        amx_emu.rows[t] = cfg->rows[t];
-        amx_emu.colsb[t] = cfg->colsb[t];
-    }
-    amx_emu.configured = 1;
-}
-
-static void amx_emu_check(int t)
-{
-    if (!amx_emu.configured) amx_emu_fail("tile used before LDTILECFG");
-    if (t < 0 || t > 7 || amx_emu.rows[t] == 0) amx_emu_fail("tile not configured");
-}
-
-/* TILELOADD: rows x colsb bytes from base + r stride; the rest of the tile zeroed */
-static void amx_emu_load(int t, const void *base, int64_t stride)
-{
-    amx_emu_check(t);
-    memset(amx_emu.t[t], 0, sizeof amx_emu.t[t]);
-    for (int r = 0; r < amx_emu.rows[t]; r++)
-        memcpy(amx_emu.t[t][r], (const char *)base + r * stride, amx_emu.colsb[t]);
-}
-
-/* TILESTORED */
-static void amx_emu_store(int t, void *base, int64_t stride)
-{
-    amx_emu_check(t);
-    for (int r = 0; r < amx_emu.rows[t]; r++)
-        memcpy((char *)base + r * stride, amx_emu.t[t][r], amx_emu.colsb[t]);
-}
-
-/* TILEZERO */
-static void amx_emu_zero(int t)
-{
-    amx_emu_check(t);
-    memset(amx_emu.t[t], 0, sizeof amx_emu.t[t]);
-}
-
-/* The operands of a TDP* instruction c += a b: three different configured tiles of matching
- * shapes (rows(a) = rows(c), colsb(b) = colsb(c), rows(b) = colsb(a) / 4, in dwords); their
- * M = rows(c), N = colsb(c) / 4 and K = colsb(a) / 4 dwords */
-static void amx_emu_operands(int c, int a, int b, int *M, int *N, int *K)
-{
-    amx_emu_check(c);
-    amx_emu_check(a);
-    amx_emu_check(b);
-    if (c == a || c == b || a == b) amx_emu_fail("TDP* operands are not three different tiles");
-    *M = amx_emu.rows[c];
-    *N = amx_emu.colsb[c] / 4;
-    *K = amx_emu.colsb[a] / 4;
-    if (amx_emu.rows[a] != *M || amx_emu.colsb[b] != amx_emu.colsb[c] ||
-        amx_emu.rows[b] != *K || amx_emu.colsb[a] % 4 || amx_emu.colsb[c] % 4)
-        amx_emu_fail("TDP* operand shapes do not match");
-}
-
-/* TDPBSSD (a_signed) / TDPBUSD: for m < rows(c), n < colsb(c) / 4:
- *   c[m][n] += sum_{k < colsb(a) / 4} sum_{i < 4} a[m][4k + i] * b[k][4n + i]
- * a's bytes signed or unsigned, b's signed, the int32 sums wrapping (no saturation) */
-static void amx_emu_dp(int c, int a, int b, int a_signed)
-{
-    int M, N, K;
-    amx_emu_operands(c, a, b, &M, &N, &K);
-    for (int m = 0; m < M; m++)
-        for (int n = 0; n < N; n++) {
-            int32_t acc;
-            memcpy(&acc, &amx_emu.t[c][m][4 * n], 4);
-            uint32_t u = (uint32_t)acc;
-            for (int k = 0; k < K; k++)
-                for (int i = 0; i < 4; i++) {
-                    const uint8_t av = amx_emu.t[a][m][4 * k + i];
-                    const int32_t x = a_signed ? (int32_t)(int8_t)av : (int32_t)av;
-                    u += (uint32_t)(x * (int32_t)(int8_t)amx_emu.t[b][k][4 * n + i]);
-                }
-            memcpy(&amx_emu.t[c][m][4 * n], &u, 4);
-        }
-}
-
 static float amx_bits_float(uint32_t u)
 {
     float f;
@@ -182,54 +76,23 @@ static uint32_t amx_float_bits(float f)
     return u;
 }
 
-/* a float32's subnormals to (signed) zero: the tiles' DAZ on bf16 inputs, FTZ on results */
-static float amx_flush(float f)
-{
-    const uint32_t u = amx_float_bits(f);
-    return (u & 0x7f800000u) ? f : amx_bits_float(u & 0x80000000u);
-}
-
-/* TDPBF16PS, in the SDM's order: for m < rows(c) and n < colsb(c) / 4, two float32 sums
- * over k < colsb(a) / 4, one per element of the pairs (i = 0, 1),
- *   s_i = flush(s_i + flush(a[m][2k + i]) * flush(b[k][2n + i]))     (FMA, RNE; each product
- * of two bf16 values is exact in float32), then c[m][n] = flush(c[m][n] + flush(s_0 + s_1)) */
-static void amx_emu_dpbf16(int c, int a, int b)
-{
-    int M, N, K;
-    amx_emu_operands(c, a, b, &M, &N, &K);
-    for (int m = 0; m < M; m++)
-        for (int n = 0; n < N; n++) {
-            float acc, sum[2] = {0.0f, 0.0f};
-            for (int k = 0; k < K; k++)
-                for (int i = 0; i < 2; i++) {
-                    uint16_t av, bv;
-                    memcpy(&av, &amx_emu.t[a][m][4 * k + 2 * i], 2);
-                    memcpy(&bv, &amx_emu.t[b][k][4 * n + 2 * i], 2);
-                    const float p = amx_flush(amx_bits_float((uint32_t)av << 16)) *
-                                    amx_flush(amx_bits_float((uint32_t)bv << 16));
-                    sum[i] = amx_flush(sum[i] + p);
-                }
-            memcpy(&acc, &amx_emu.t[c][m][4 * n], 4);
-            acc = amx_flush(acc + amx_flush(sum[0] + sum[1]));
-            memcpy(&amx_emu.t[c][m][4 * n], &acc, 4);
-        }
-}
-
-/* TILERELEASE */
-static void amx_emu_release(void) { memset(&amx_emu, 0, sizeof amx_emu); }
-
-/* A product's activations for the AMX tiles: rows of x (row stride K) into Q8_FMT_HILO rows of
- * dst (row stride 2 Kp bytes, as many bytes as the int16 rows of the other paths), scales into
- * sx; the rows from `rows` up to a multiple of AMX_MR are zero (the tiles read whole 16-row
- * blocks). The values are the other paths' int16 ones (the same row rule). */
-static void q8_quant_rows_hilo(int16_t *dst, float *sx, const float *x, int64_t rows,
-                               int64_t K, int64_t Kp)
-{
-    for (int64_t r = 0; r < rows; r++)
-        sx[r] = q8_quant_row_v4(dst + r * Kp, x + r * K, K, Kp, Q8_FMT_HILO);
-    const int64_t padded = (rows + AMX_MR - 1) / AMX_MR * AMX_MR;
-    memset(dst + rows * Kp, 0, (size_t)((padded - rows) * Kp) * 2);
-}
+#if defined(AMX_EMULATE)
+#include "amx_emulator.h"
+#else
+/* LDTILECFG and TILELOADD as asm that names the memory they read: GCC 12's _tile_loadconfig
+ * names only the first 8 bytes of the configuration, and its _tile_loadd no memory at all, so
+ * the stores that fill either could be dropped as dead or sunk past the instruction */
+#define AMX_CONFIG(cfg) __asm__ volatile("ldtilecfg %0" : : "m"(*(const amx_tilecfg_t *)(cfg)))
+#define AMX_LOAD(t, base, stride)                                                             \
+    __asm__ volatile("{tileloadd\t(%0,%1,1), %%tmm" #t "|tileloadd\t%%tmm" #t ", [%0+%1*1]}"  \
+                     : : "r"((const void *)(base)), "r"((long)(stride)) : "memory")
+#define AMX_STORE(t, base, stride) _tile_stored(t, base, stride)
+#define AMX_ZERO(t) _tile_zero(t)
+#define AMX_DPBSSD(c, a, b) _tile_dpbssd(c, a, b)
+#define AMX_DPBUSD(c, a, b) _tile_dpbusd(c, a, b)
+#define AMX_DPBF16PS(c, a, b) _tile_dpbf16ps(c, a, b)
+#define AMX_RELEASE() _tile_release()
+#endif
 
 /* x (K) -> its three bf16 terms h[0][k], h[ld + k], h[2 ld + k] (scalar math above), zero for
  * K <= k < Kb; an inf is its own first term, a NaN's first term a quiet NaN of its sign (its
@@ -265,42 +128,15 @@ static void amx_bf16_repack(uint16_t *wq, const uint16_t *wp, int64_t p, int64_t
                 q_p[(kk * AMX_NP + f) * 2 + j] = k < K ? w_p[k * AMX_NP + f] : 0;
             }
 }
-#endif /* AMX_BODY_ONCE */
 
-#ifdef AMX_EMULATE
-#define AMX_CONFIG(cfg) amx_emu_config(cfg)
-#define AMX_LOAD(t, base, stride) amx_emu_load(t, base, stride)
-#define AMX_STORE(t, base, stride) amx_emu_store(t, base, stride)
-#define AMX_ZERO(t) amx_emu_zero(t)
-#define AMX_DPBSSD(c, a, b) amx_emu_dp(c, a, b, 1)
-#define AMX_DPBUSD(c, a, b) amx_emu_dp(c, a, b, 0)
-#define AMX_DPBF16PS(c, a, b) amx_emu_dpbf16(c, a, b)
-#define AMX_RELEASE() amx_emu_release()
-#else
-/* LDTILECFG and TILELOADD as asm that names the memory they read: GCC 12's _tile_loadconfig
- * names only the first 8 bytes of the configuration, and its _tile_loadd no memory at all, so
- * the stores that fill either could be dropped as dead or sunk past the instruction */
-#define AMX_CONFIG(cfg) __asm__ volatile("ldtilecfg %0" : : "m"(*(const amx_tilecfg_t *)(cfg)))
-#define AMX_LOAD(t, base, stride)                                                             \
-    __asm__ volatile("{tileloadd\t(%0,%1,1), %%tmm" #t "|tileloadd\t%%tmm" #t ", [%0+%1*1]}"  \
-                     : : "r"((const void *)(base)), "r"((long)(stride)) : "memory")
-#define AMX_STORE(t, base, stride) _tile_stored(t, base, stride)
-#define AMX_ZERO(t) _tile_zero(t)
-#define AMX_DPBSSD(c, a, b) _tile_dpbssd(c, a, b)
-#define AMX_DPBUSD(c, a, b) _tile_dpbusd(c, a, b)
-#define AMX_DPBF16PS(c, a, b) _tile_dpbf16ps(c, a, b)
-#define AMX_RELEASE() _tile_release()
-#endif
-
-/* One panel of 32 features for `rows` rows (q8_panel_fn): y[r][f] for r < rows, f < nf, the
+/* One panel of 32 features for `rows` rows (fa_q8_panel_fn): y[r][f] for r < rows, f < nf, the
  * epilogue of every int8 path (q8_out512: fl(fl(fl(acc) * fl(sx * scale)) + bias), relu).
  *   x (rows rounded up to 16, 2 ldx bytes)  the Q8_FMT_HILO rows;  w_p  the panel (Kq, 32, 4)
  * The tile configuration is loaded here and released on return: this thread's tiles are the
  * kernel's only while it runs. */
-static void FA_CAT(q8_panel_amx_, AMX_SFX)(float *y, int64_t ldy, const int16_t *x, int64_t ldx,
-                                           int64_t rows, const int8_t *w_p, const float *sx,
-                                           const float *scale_p, const float *bias_p, int64_t Kq,
-                                           int64_t nf, int relu)
+static void q8_panel_amx(float *y, int64_t ldy, const int16_t *x, int64_t ldx, int64_t rows,
+                         const int8_t *w_p, const float *sx, const float *scale_p,
+                         const float *bias_p, int64_t Kq, int64_t nf, int relu)
 {
     const uint8_t *a = (const uint8_t *)x;
     const int64_t Kp = AMX_G * Kq, lda = 2 * ldx, ldb = AMX_G * AMX_NP, nkb = Kq / 16;
@@ -367,9 +203,8 @@ static void FA_CAT(q8_panel_amx_, AMX_SFX)(float *y, int64_t ldy, const int16_t 
 /* bf16 product rows [r0, r1) of y (row stride M; r0 a multiple of 16, r1 <= N) = x
  * float32(w)^T, without bias: the repacked weight wq (above), h scratch for one row tile's
  * three terms (3 x 16 x Kb bf16). */
-static void FA_CAT(bf16_rows_amx_, AMX_SFX)(float *y, const float *x, int64_t r0, int64_t r1,
-                                            const uint16_t *wq, uint16_t *h, int64_t K,
-                                            int64_t Kb, int64_t M)
+static void bf16_rows_amx(float *y, const float *x, int64_t r0, int64_t r1, const uint16_t *wq,
+                          uint16_t *h, int64_t K, int64_t Kb, int64_t M)
 {
     const int64_t P = (M + AMX_NP - 1) / AMX_NP, nkb = Kb / 32, ldh = AMX_MR * Kb;
     amx_tilecfg_t cfg;
@@ -414,11 +249,40 @@ static void FA_CAT(bf16_rows_amx_, AMX_SFX)(float *y, const float *x, int64_t r0
     AMX_RELEASE();
 }
 
-#undef AMX_CONFIG
-#undef AMX_LOAD
-#undef AMX_STORE
-#undef AMX_ZERO
-#undef AMX_DPBSSD
-#undef AMX_DPBUSD
-#undef AMX_DPBF16PS
-#undef AMX_RELEASE
+/* Many rows on the AMX tiles (fa_q8_kernels.bf16_forward): the weight repacked in pairs of k
+ * once per call, then 16-row tiles split over the threads, each thread's rows finished by the
+ * epilogue (bias, activation) like the float32 linear's. */
+static int bf16_forward_amx(float *y, const float *x, const uint16_t *wp, const float *bias,
+                            int64_t N, int64_t K, int64_t M, int activation, int nthreads)
+{
+    const int64_t P = (M + BF_PANEL - 1) / BF_PANEL, Kb = (K + 31) / 32 * 32;
+    const int64_t ntile = (N + AMX_MR - 1) / AMX_MR, hsize = 3 * AMX_MR * Kb;
+    const int nt = fa_team_size(nthreads < ntile ? nthreads : (int)ntile,
+                                2.0 * (double)N * (double)K * (double)M, 2e5);
+    uint16_t *wq = aligned_alloc(64, (size_t)((P * BF_PANEL * Kb * 2 + 63) / 64 * 64));
+    uint16_t *h = aligned_alloc(64, (size_t)(hsize * 2 * nt));
+    if (!wq || !h) {
+        free(wq);
+        free(h);
+        return -1;
+    }
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < P; p++) amx_bf16_repack(wq, wp, p, K, Kb);
+        int64_t t0, t1;
+        fa_split(ntile, 1, &t0, &t1);
+        if (t0 < t1) {
+            const int64_t r0 = t0 * AMX_MR, r1 = t1 * AMX_MR < N ? t1 * AMX_MR : N;
+            bf16_rows_amx(y, x, r0, r1, wq, h + hsize * fa_thread_id(), K, Kb, M);
+            fa_k->bias_act_rows(y + r0 * M, NULL, bias, r1 - r0, M, M, activation, 0, 0, NULL);
+        }
+    }
+    free(wq);
+    free(h);
+    return 0;
+}
+
+const fa_q8_kernels AMX_KERNELS = {.np = AMX_NP, .g = AMX_G, .mr = AMX_MR,
+                                   .isa = &fa_kernels_avx512, .fmt = Q8_FMT_HILO,
+                                   .panel = q8_panel_amx, .bf16_forward = bf16_forward_amx};

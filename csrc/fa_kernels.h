@@ -1,0 +1,141 @@
+/* fa_kernels.h -- the kernel tables: what each ISA level (and each int8 path) compiles, and
+ * the argument bundles their entries take. Internal to csrc/ (the binding sees fastattn.h).
+ *
+ * One translation unit per level compiles every *_body.h for that level and exports its table
+ * (kernels_generic.c, kernels_avx2.c, kernels_avx512.c, through fa_kernels_isa.h); fa_cpu_init
+ * points fa_k at the level in use. The family .c files are compiled once, at the baseline:
+ * they split the work over the OpenMP team and call the level's kernels through fa_k. Likewise
+ * one translation unit per int8 architecture (quant_<arch>.c) exports its path's table.
+ */
+#ifndef FA_KERNELS_H
+#define FA_KERNELS_H
+
+#include "fa_rng.h"
+#include "fastattn.h"
+
+/* ---- argument bundles ----------------------------------------------------------------------- */
+
+/* The backward's bundle: the call, its gradients, its dropout (decided once) and scratch. */
+typedef struct {
+    const fa_attention_args *f;   /* the forward's call: its out and lse are read */
+    const fa_attention_grads *g;
+    fa_dropout_t drop;
+    float *delta;                 /* (B, H, Lq) scratch: Delta_i = dout_i . out_i */
+    /* (B, H, Lq) scratch: P_ij = 2^(s_ij - pref_i) * pinv_i. pref = lse log2 e and pinv = 1 for
+     * most rows; a row whose lse float32 cannot hold to the digits P needs (|lse| > ATT_LSE_MAX,
+     * e.g. a row masked throughout by -3e38) has its max and sum recomputed instead. */
+    float *pref, *pinv;
+} fa_att_bwd_args;
+
+/* The constants of one Adam step (optim.c), each computed in double and rounded to float
+ * once, as torch does with its Python-float hyper-parameters. */
+typedef struct {
+    float decay;      /* AdamW: 1 - lr * weight_decay (p *= decay first); Adam: 1 */
+    float l2;         /* Adam: weight_decay (g += l2 * p); AdamW: 0 */
+    float w1;         /* torch's lerp weight 1 - beta1 (m = lerp(m, g, w1)) */
+    float beta2, w2;  /* v = v * beta2 + w2 * g * g, w2 = 1 - beta2 */
+    float bc2_sqrt;   /* sqrt(1 - beta2^step) */
+    float eps;
+    float neg_step;   /* -lr / (1 - beta1^step) */
+} adam_consts;
+
+/* ---- scalar helpers compiled once, at the baseline, so that every level gets their bits ---- */
+
+/* attention.c: scores whose base-2 sums pass the float32 range (see there) */
+#define ATT_WIDE 0x1p127f
+/* The backward forms P = 2^(s - lse log2 e) from the saved lse where |lse| <= ATT_LSE_MAX:
+ * float32 holds such an lse to 64 * 2^-24 ~ 4e-6, P's relative error. Rows beyond (a bias of
+ * -1e4 on every key, or -3e38) have their max and sum recomputed. */
+#define ATT_LSE_MAX 64.0f
+float att_wide_score(float s, float kb, float mk);
+float att_lse(float m, float l);
+
+/* layernorm.c: the rows whose float32 sums cannot hold their moments, in double. A row whose
+ * rstd is below LN_WIDE_RSTD (a standard deviation past ~1e30) takes ln_bwd_row_wide. */
+#define LN_WIDE_RSTD 0x1p-100f
+void ln_row_wide(float *y_n, float *mean_n, float *rstd_n, const float *s_n,
+                 const float *weight, const float *bias, int64_t C, float eps);
+void ln_bwd_row_wide(float *dx_n, float *dw_part, float *db_part, const float *dy_n, float mean,
+                     float rstd, const float *x_n, const float *r_n, const float *weight,
+                     int64_t C);
+
+/* ---- one ISA level ---------------------------------------------------------------------------
+ * Each entry is documented where it is defined (the *_body.h files); rows [r0, r1) kernels
+ * compute those rows only, the caller splits the rows over threads. */
+typedef struct {
+    int64_t vector_width, attention_block_q, packed_tile_rows, packed_tile_features,
+        softmax_chunk;
+} fa_isa_tiles;
+
+typedef struct {
+    /* attention: whole passes (their tiles, scratch and thread loops follow the level's BQ) */
+    int (*attention_forward)(const fa_attention_args *a, int nthreads);
+    int (*attention_backward)(const fa_attention_grads *g, const fa_attention_args *a,
+                              int nthreads);
+    void (*layer_norm_rows)(float *y, float *sum_out, float *mean, float *rstd, const float *x,
+                            const float *residual, const float *weight, const float *bias,
+                            int64_t r0, int64_t r1, int64_t C, float eps);
+    void (*layer_norm_backward_rows)(float *dx, float *dw_part, float *db_part, const float *dy,
+                                     const float *mean, const float *rstd, const float *x,
+                                     const float *residual, const float *weight, int64_t r0,
+                                     int64_t r1, int64_t C);
+    void (*softmax_rows)(float *y, const float *x, int64_t r0, int64_t r1, int64_t C);
+    void (*cross_entropy_rows)(float *losses, float *dlogits, const float *logits,
+                               const int64_t *targets, int64_t r0, int64_t r1, int64_t V,
+                               int64_t ignore_index, float eps, float scale);
+    void (*dropout_rows)(float *y, const float *x, int64_t r0, int64_t r1, int64_t C,
+                         const fa_dropout_t *drop);
+    /* linear: the GEMM epilogues and the few-row GEMMs */
+    void (*bias_act_rows)(float *y, float *pre, const float *bias, int64_t rows, int64_t M,
+                          int64_t ld, int act, int64_t row0, int64_t col0,
+                          const fa_dropout_t *drop);
+    void (*grad_act_rows)(float *dz, float *h, const float *g, const float *pre, int64_t rows,
+                          int64_t M, int64_t ld, int act, int64_t row0, int64_t col0,
+                          const fa_dropout_t *drop);
+    void (*skinny_gemm)(float *y, int64_t ldy, const float *xp, int64_t N, const float *w,
+                        int64_t M, int64_t K);
+    void (*packed_gemm)(float *y, int64_t ldy, const float *x, int64_t N, const float *wp,
+                        int64_t p0, int64_t p1, int64_t M, int64_t K);
+    /* optimiser spans */
+    void (*adam_span)(float *param, float *exp_avg, float *exp_avg_sq, const float *grad,
+                      int64_t i0, int64_t i1, const adam_consts *k);
+    double (*sum_squares)(const float *x, int64_t n);
+    void (*scale_span)(float *x, int64_t n, float s);
+    /* quantised weights: rows quantised (fmt: Q8_FMT_*), the bf16 few-row GEMM and widening */
+    float (*q8_quant_row)(void *dst, const float *x, int64_t K, int64_t Kp, int fmt);
+    void (*q8_quant_rows)(int16_t *dst, float *sx, const float *x, int64_t rows, int64_t K,
+                          int64_t Kp);
+    void (*bf16_packed_gemm)(float *y, int64_t ldy, const float *x, int64_t N,
+                             const uint16_t *wp, int64_t p0, int64_t p1, int64_t M, int64_t K);
+    void (*bf16_widen_t)(float *dst, const uint16_t *wp, int64_t k0, int64_t k1, int64_t K,
+                         int64_t P);
+    fa_isa_tiles tiles;
+} fa_kernels;
+
+extern const fa_kernels fa_kernels_generic, fa_kernels_avx2, fa_kernels_avx512;
+extern const fa_kernels *fa_k;             /* the level in use (fa_cpu_init) */
+const fa_kernels *fa_kernels_of(int level); /* NULL: a level this build lacks */
+
+/* ---- one int8 path ---------------------------------------------------------------------------
+ * Its layout (np features per panel, K in groups of g: pairs for the int16 pair products,
+ * quads for the AMX tiles), its tile height (mr: the quantised rows are allocated in whole
+ * tiles), its activations' format and its kernels. */
+typedef void (*fa_q8_panel_fn)(float *y, int64_t ldy, const int16_t *x, int64_t ldx,
+                               int64_t rows, const int8_t *w_p, const float *sx,
+                               const float *scale_p, const float *bias_p, int64_t Kg, int64_t nf,
+                               int relu);
+typedef struct {
+    int64_t np, g, mr;
+    const fa_kernels *isa; /* the level whose quantiser and epilogue (bias_act_rows) it uses */
+    int fmt;    /* Q8_FMT_I16, or Q8_FMT_HILO (rows past the last zero up to a multiple of mr) */
+    fa_q8_panel_fn panel;  /* one panel of features for a block of rows: y = act(x w^T + b) */
+    /* bf16, more than FA_BF16_PACKED_MAX_ROWS rows, on this path's units (NULL: the shared
+     * path of quant.c); as fa_linear_bf16_forward */
+    int (*bf16_forward)(float *y, const float *x, const uint16_t *wp, const float *bias,
+                        int64_t N, int64_t K, int64_t M, int activation, int nthreads);
+} fa_q8_kernels;
+
+extern const fa_q8_kernels fa_q8_generic, fa_q8_avx2, fa_q8_avx512bw, fa_q8_avx512vnni,
+    fa_q8_amx, fa_q8_amx_emulated;
+
+#endif /* FA_KERNELS_H */
