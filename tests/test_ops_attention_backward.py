@@ -18,11 +18,13 @@ from hypothesis import strategies as st
 
 from conftest import TILES, assert_close, requires_torch, sdpa_masks
 from fastattn import _kernels, ops, reference
+from grad_util import numeric_grad
 from strategies import AttentionProblem, attention_problems, build_attention, rand
 from tolerances import TOL, attention_grad_atol, attention_grad_magnitudes, max_score
 
 # dq, dk, dv against the twin and against torch (tolerances.attention_grad_atol)
 GRAD, GRAD_TORCH = TOL["attention_grad"], TOL["attention_grad_torch"]
+FD = TOL["finite_difference"]
 
 KB = TILES["attention_block_q"]            # keys per backward block (along the lanes)
 BR = TILES["attention_backward_block_q"]   # query rows per backward block
@@ -352,8 +354,8 @@ def test_twin_matches_finite_differences(rng, kwargs):
         kwargs["key_padding_mask"] = np.array([[False, False, True, False, False]])
     p, seed = kwargs.pop("dropout_p", 0.0), kwargs.pop("seed", None)
 
-    def loss(q_, k_, v_):  # float64 all the way: the twin's private forward
-        out, _, _ = reference._attention64(q_, k_, v_, kwargs.get("mask"),
+    def loss():  # float64 all the way: the twin's private forward
+        out, _, _ = reference._attention64(q, k, v, kwargs.get("mask"),
                                            kwargs.get("key_padding_mask"),
                                            kwargs.get("causal", False), None, p, seed)
         return float(np.sum(out * dout))
@@ -363,19 +365,8 @@ def test_twin_matches_finite_differences(rng, kwargs):
                                          kwargs.get("causal", False), None, p, seed)
     grads = reference.attention_backward(dout, q, k, v, out, lse, dropout_p=p, seed=seed,
                                          **kwargs)
-    eps = 1e-6
-    for arg, g in enumerate(grads):
-        x = (q, k, v)[arg]
-        fd = np.zeros_like(x)
-        for idx in np.ndindex(x.shape):
-            xp, xm = x.copy(), x.copy()
-            xp[idx] += eps
-            xm[idx] -= eps
-            args_p = [q, k, v]
-            args_m = [q, k, v]
-            args_p[arg], args_m[arg] = xp, xm
-            fd[idx] = (loss(*args_p) - loss(*args_m)) / (2 * eps)
-        np.testing.assert_allclose(g, fd, rtol=1e-5, atol=1e-6, err_msg="dqkv"[arg + 1])
+    for g, x, name in zip(grads, (q, k, v), ("dq", "dk", "dv")):
+        assert_close(g, numeric_grad(loss, x), **FD, name=name, dtype=None)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ from grad_util import float64_twins, numeric_grad
 from strategies import features, rand, rows, seeds
 from tolerances import TOL, layer_norm_grad_atols
 
+FD = TOL["finite_difference"]
+
 VL, RB = TILES["vector_width"], TILES["reduce_rows"]
 
 
@@ -138,12 +140,12 @@ def test_twin_backward_matches_finite_differences(with_residual, with_weight):
         _, cache = reference.layer_norm_forward(x, w, b, residual=r, eps=1e-3)
         dx, dw, db = reference.layer_norm_backward(dy, x, cache["mean"], cache["rstd"], w,
                                                    residual=r)
-        np.testing.assert_allclose(dx, numeric_grad(loss, x), rtol=1e-6, atol=1e-7)
+        assert_close(dx, numeric_grad(loss, x), **FD, name="dx", dtype=None)
         if r is not None:
-            np.testing.assert_allclose(dx, numeric_grad(loss, r), rtol=1e-6, atol=1e-7)
+            assert_close(dx, numeric_grad(loss, r), **FD, name="dresidual", dtype=None)
         if w is not None:
-            np.testing.assert_allclose(dw, numeric_grad(loss, w), rtol=1e-6, atol=1e-7)
-        np.testing.assert_allclose(db, numeric_grad(loss, b), rtol=1e-6, atol=1e-7)
+            assert_close(dw, numeric_grad(loss, w), **FD, name="dweight", dtype=None)
+        assert_close(db, numeric_grad(loss, b), **FD, name="dbias", dtype=None)
 
 
 # ---- torch autograd ------------------------------------------------------------------------

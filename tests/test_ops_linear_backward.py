@@ -27,6 +27,7 @@ SKINNY, MIN_ROWS, ROW_BLOCK = (TILES[k] for k in ("skinny_rows", "min_rows_per_t
                                                   "row_block"))
 VL, ALIGN = TILES["vector_width"], TILES["feature_align"]
 RTOL = TOL["linear_grad"]["rtol"]
+FD = TOL["finite_difference"]
 
 
 def _abs(a):
@@ -275,7 +276,7 @@ def test_linear_twin_matches_finite_differences(activation):
             assert np.abs(cache["pre"]).min() > 1e-3     # no kink within the step
         dx, dw, db = reference.linear_backward(dy, x, w, pre=cache["pre"], activation=activation)
         for got, arg in ((dx, x), (dw, w), (db, b)):
-            np.testing.assert_allclose(got, numeric_grad(loss, arg), rtol=1e-6, atol=1e-7)
+            assert_close(got, numeric_grad(loss, arg), **FD, dtype=None)
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
@@ -293,7 +294,7 @@ def test_ffn_twin_matches_finite_differences(activation, dropout_p):
         _, cache = reference.ffn_forward(x, w1, b1, w2, b2, **kw)
         grads = reference.ffn_backward(dy, x, w1, b1, w2, b2, cache["pre"], **kw)
         for got, arg in zip(grads, (x, w1, b1, w2, b2)):
-            np.testing.assert_allclose(got, numeric_grad(loss, arg), rtol=1e-6, atol=1e-7)
+            assert_close(got, numeric_grad(loss, arg), **FD, dtype=None)
 
 
 # ---- torch autograd ------------------------------------------------------------------------

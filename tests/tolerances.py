@@ -71,6 +71,9 @@ TOL = {
     # the attention twin against a row-by-row loop with math.exp (test_reference): both round
     # to float32 at the end, but sum exp in a different order, for outputs and lse of size ~1
     "reference_loop": dict(rtol=1e-6, atol=1e-6),
+    # a float64 twin's backward against central differences of its forward (grad_util, step
+    # 1e-6): truncation ~ h^2 and cancellation ~ eps64 / h, both far below these
+    "finite_difference": dict(rtol=1e-6, atol=1e-7),
     # the twins against torch's float32 ops
     "reference_torch": dict(rtol=1e-5, atol=1e-6),
     # a kernel or the model against torch, both in float32 with their own rounding
