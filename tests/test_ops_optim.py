@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from conftest import assert_close, child_isa_tests, requires_torch
 from strategies import rand as _rand
-from tolerances import rel_atol
+from tolerances import TOL, scaled
 
 import fastattn
 from fastattn import ops, reference
@@ -19,6 +19,8 @@ def rand(rng, shape, scale=1.0):
 # sum-of-squares block (8192 floats), and above the threads' grain
 SHAPES = [(3, 5), (17,), (129, 33), (1,), (), (1000,), (7, 11, 13), (40000,)]
 STEPS = 20
+NORM_TWIN, NORM_TORCH = TOL["grad_norm_twin"]["rtol"], TOL["grad_norm_torch"]["rtol"]
+CLIP = TOL["clip_grads"]
 
 
 def make_state(rng, shapes, scale=1.0):
@@ -38,11 +40,11 @@ def torch_run(cls, params, grads_per_step, **kw):
     return [t.detach().numpy() for t in tp], opt
 
 
-def close_to_torch(ours, theirs, name, rtol=1e-6):
-    """1e-6 relative to each tensor's scale (max |p|): float32 rounding of one torch step vs
-    ours (FMA contraction, the order of a few products) is a few ulps."""
+def close_all(ours, theirs, name, tol=TOL["optim_torch"]):
+    """Each pair of tensors within the table entry `tol`, its atol relative to the tensor's
+    scale (max(1, max |p|))."""
     for i, (a, b) in enumerate(zip(ours, theirs)):
-        assert_close(a, b, rtol, rel_atol(b, rtol, floor=1.0), f"{name}: tensor {i} {b.shape}",
+        assert_close(a, b, **scaled(tol, b, 1.0), name=f"{name}: tensor {i} {b.shape}",
                      dtype=None)
 
 
@@ -76,12 +78,12 @@ def test_matches_torch_over_20_steps(rng, kind, hyper, torch_path):
     for step, g in enumerate(grads, start=1):
         step_fn(ours, g, m, v, step=step, **hyper)
         ref_fn(ref_p, g, ref_m, ref_v, step=step, **hyper)
-    close_to_torch(ours, theirs, f"ops.{kind}_step vs torch {torch_path}")
-    close_to_torch(ref_p, theirs, f"reference.{kind}_step vs torch {torch_path}")
+    close_all(ours, theirs, f"ops.{kind}_step vs torch {torch_path}")
+    close_all(ref_p, theirs, f"reference.{kind}_step vs torch {torch_path}")
     # the moments too
     tstate = [opt.state[p] for p in opt.param_groups[0]["params"]]
-    close_to_torch(m, [s["exp_avg"].numpy() for s in tstate], "exp_avg")
-    close_to_torch(v, [s["exp_avg_sq"].numpy() for s in tstate], "exp_avg_sq")
+    close_all(m, [s["exp_avg"].numpy() for s in tstate], "exp_avg")
+    close_all(v, [s["exp_avg_sq"].numpy() for s in tstate], "exp_avg_sq")
 
 
 @pytest.mark.parametrize("fn", ["adamw_step", "adam_step"])
@@ -95,7 +97,7 @@ def test_one_step_matches_twin_closely(rng, fn):
     getattr(ops, fn)(params, g, m, v, step=7, lr=1e-2, weight_decay=0.02)
     getattr(reference, fn)(twin[0], g, twin[1], twin[2], step=7, lr=1e-2, weight_decay=0.02)
     for name, a, b in zip(("params", "exp_avg", "exp_avg_sq"), (params, m, v), twin):
-        close_to_torch(a, b, name, rtol=5e-7)
+        close_all(a, b, name, TOL["optim_twin"])
 
 
 def test_single_arrays_and_lists_agree(rng):
@@ -124,12 +126,12 @@ def test_grad_norm_matches_torch_and_twin(rng):
     grads = [rand(rng, s, 3.0) for s in SHAPES]
     total = ops.grad_norm(grads)
     assert isinstance(total, float)
-    assert total == pytest.approx(reference.grad_norm(grads), rel=1e-12)
+    assert total == pytest.approx(reference.grad_norm(grads), rel=NORM_TWIN)
     tt = torch.nn.utils.get_total_norm([torch.tensor(g) for g in grads])
-    assert total == pytest.approx(float(tt), rel=1e-6)
+    assert total == pytest.approx(float(tt), rel=NORM_TORCH)
     assert ops.grad_norm([]) == 0.0
     assert ops.grad_norm(grads[2]) == pytest.approx(
-        float(np.linalg.norm(grads[2].astype(np.float64))), rel=1e-12)
+        float(np.linalg.norm(grads[2].astype(np.float64))), rel=NORM_TWIN)
     # other dtypes and layouts are converted, not refused (nothing is written): the same bits
     # as the float32 C-contiguous copy (the transpose's elements in its own order; the
     # original's order sums differently in the last bit on some SIMD levels)
@@ -150,11 +152,11 @@ def test_clip_grads_matches_torch(rng, max_norm):
     before = [g.copy() for g in grads]
     total = ops.clip_grads(grads, max_norm)
     ref_total = reference.clip_grads(ref, max_norm)
-    assert total == pytest.approx(their_total, rel=1e-6)
-    assert total == pytest.approx(ref_total, rel=1e-12)
+    assert total == pytest.approx(their_total, rel=NORM_TORCH)
+    assert total == pytest.approx(ref_total, rel=NORM_TWIN)
     for g, r, t, b in zip(grads, ref, tparams, before):
-        np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-6, atol=1e-7)
-        np.testing.assert_allclose(g, r, rtol=1e-6, atol=0)
+        assert_close(g, t.grad.numpy(), **CLIP, name="clipped vs torch")
+        assert_close(g, r, **CLIP, name="clipped vs twin")
         if not total > max_norm:
             np.testing.assert_array_equal(g, b)        # untouched: not even multiplied by 1
     if total > max_norm:
@@ -268,15 +270,15 @@ def test_bad_max_norm():
 
 def isa_checks():
     """Run in a child under each FASTATTN_CPU_ISA (and small OpenMP teams), on a team of 2: the
-    steps' p, m and v to 5e-7, grad_norm and clip_grads' total to 1e-12 and the clipped grads to
-    1e-6, each relative to max(1, the largest |value|) and to each value, at sizes around the
-    vector tails and above the threads' grain."""
+    steps' p, m and v, grad_norm and clip_grads' total and the clipped grads against the twin
+    (the table's optim_twin, grad_norm_twin and clip_grads entries), at sizes around the vector
+    tails and above the threads' grain."""
     fastattn.set_num_threads(2)
     rng = np.random.default_rng(13)
     shapes = [(1,), (3,), (15,), (17,), (33, 31), (70001,)]
 
-    def check(name, a, b, rtol):
-        assert_close(a, b, rtol, rel_atol(b, rtol, floor=1.0), name, dtype=None)
+    def check(name, a, b, tol):
+        assert_close(a, b, **scaled(tol, b, 1.0), name=name, dtype=None)
 
     for fn in ("adamw_step", "adam_step"):
         p = [rng.standard_normal(s).astype(np.float32) for s in shapes]
@@ -288,13 +290,14 @@ def isa_checks():
         getattr(reference, fn)(twin[0], g, twin[1], twin[2], step=3, lr=1e-2, weight_decay=0.05)
         for name, a, b in zip(("p", "m", "v"), (p, m, v), twin):
             for x, y in zip(a, b):
-                check(f"{fn}.{name} {x.shape}", x, y, 5e-7)
+                check(f"{fn}.{name} {x.shape}", x, y, TOL["optim_twin"])
     g = [(rng.standard_normal(s) * 3).astype(np.float32) for s in shapes]
-    check("grad_norm", ops.grad_norm(g), reference.grad_norm(g), 1e-12)
+    check("grad_norm", ops.grad_norm(g), reference.grad_norm(g), TOL["grad_norm_twin"])
     r = [a.copy() for a in g]
-    check("clip_grads.total", ops.clip_grads(g, 1.0), reference.clip_grads(r, 1.0), 1e-12)
+    check("clip_grads.total", ops.clip_grads(g, 1.0), reference.clip_grads(r, 1.0),
+          TOL["grad_norm_twin"])
     for x, y in zip(g, r):
-        check(f"clip_grads {x.shape}", x, y, 1e-6)
+        check(f"clip_grads {x.shape}", x, y, CLIP)
 
 
 test_every_isa_path, test_fewer_threads_than_asked = \

@@ -98,6 +98,18 @@ TOL = {
     # an int8 linear with gelu against the twin: the integer sums agree bit for bit, so only
     # the gelu kernel's accuracy against float64 gelu is left
     "quantized_gelu": dict(rtol=2e-6, atol=1e-6),
+    # ---- optimisers (rtol, and atol x max(1, max|expected|): scaled(entry, expected, 1.0)) ------
+    # one float32 step against torch's float32 step: FMA contraction and the order of a few
+    # products move a value by a few ulps
+    "optim_torch": dict(rtol=1e-6, atol=1e-6),
+    # the kernel's step against the float64 twin's, rounded once
+    "optim_twin": dict(rtol=5e-7, atol=5e-7),
+    # grad_norm (and clip_grads' total): the kernel sums squares in float64 like the twin, so
+    # only the order of the sum differs; torch sums float32 norms
+    "grad_norm_twin": dict(rtol=1e-12, atol=1e-12),
+    "grad_norm_torch": dict(rtol=1e-6, atol=0.0),
+    # clipped gradients: each value times one float32-rounded factor, relative to each value
+    "clip_grads": dict(rtol=1e-6, atol=0.0),
     # ---- data-parallel training ---------------------------------------------------------------
     # 2 ranks against one process with the same global batches (test_distributed, which says
     # which weights are left out): the gradients' rows are summed in two parts, then across
@@ -117,6 +129,12 @@ def rel_atol(expected, rel, floor=0.0):
     e = np.abs(np.asarray(expected, np.float64))
     e = e[np.isfinite(e)]
     return rel * max(float(e.max(initial=0.0)), floor)
+
+
+def scaled(entry, expected, floor=0.0):
+    """A table entry whose atol is relative to the largest value: dict(rtol=entry's rtol,
+    atol=rel_atol(expected, entry's atol, floor)), for assert_close(actual, expected, **...)."""
+    return dict(rtol=entry["rtol"], atol=rel_atol(expected, entry["atol"], floor))
 
 
 def dot_atol(x, w, *, bias=None, factor=TOL["linear"]["atol"]):
