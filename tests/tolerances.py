@@ -45,6 +45,13 @@ TOL = {
     "linear": dict(rtol=1e-5, atol=4.0),
     # both GEMMs, the first one's error carried through the activation and w2 (ffn_atol)
     "ffn": dict(rtol=1e-5, atol=4.0),
+    # finite masks (test_attention_masks: values of size ~1, biases up to finfo(float32).min):
+    # rtol and atol x max(1, max|expected|), for out and for dq, dk, dv, against the twin and
+    # against torch's math backend
+    "attention_masks": dict(out=2e-5, grad=2e-4, out_torch=1e-5, grad_torch=1e-4),
+    # a row that averages v (masked throughout by one finite value, or a decode step over a
+    # padded source): a float32 sum of Lk values of size ~1
+    "attention_mean_row": dict(rtol=1e-5, atol=1e-6),
     # ---- backward kernels against the twin ----------------------------------------------------
     # dq, dk, dv: atol x EPS32 x (sqrt(terms) + largest |score|) x the largest sum of |terms| an
     # element adds up (attention_grad_atol): products of recomputed probabilities (relative
