@@ -68,6 +68,14 @@ def to_torch(x):
     return torch.from_numpy(np.ascontiguousarray(x))
 
 
+def torch_activation(activation):
+    """torch's function for one of fastattn's activation names (None: identity)."""
+    torch = requires_torch()
+    gelu = torch.nn.functional.gelu
+    return {None: lambda t: t, "relu": torch.relu, "gelu": gelu,
+            "gelu_tanh": lambda t: gelu(t, approximate="tanh")}[activation]
+
+
 # seed 002's 6x6 score table ("<start> I am no man <end>") and its additive causal mask
 SEED002_SCORES = np.array([
     # <start>  I     am    no    man   <end>

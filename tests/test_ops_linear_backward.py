@@ -16,7 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fastattn
-from conftest import TILES, assert_close, child_isa_tests, requires_torch, to_torch
+from conftest import (TILES, assert_close, child_isa_tests, requires_torch, to_torch,
+                      torch_activation)
 from fastattn import _fast, ops, reference
 from grad_util import float64_twins, numeric_grad
 from strategies import features, rand, rows, seeds
@@ -300,11 +301,6 @@ def test_ffn_twin_matches_finite_differences(activation, dropout_p):
 # ---- torch autograd ------------------------------------------------------------------------
 
 
-def _torch_act(torch, activation):
-    return {None: lambda t: t, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
-            "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}[activation]
-
-
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("N,K,M", [(10, 12, 7), (300, 513, 17), (600, 64, 256)])
 def test_linear_vs_torch_autograd(rng, activation, N, K, M):
@@ -314,7 +310,7 @@ def test_linear_vs_torch_autograd(rng, activation, N, K, M):
     _, cache = ops.linear_forward(x, w, b, activation=activation)
     dx, dw, db = ops.linear_backward(dy, x, w, pre=cache["pre"], activation=activation)
     xt, wt, bt = (to_torch(a).requires_grad_() for a in (x, w, b))
-    _torch_act(torch, activation)(torch.nn.functional.linear(xt, wt, bt)).backward(to_torch(dy))
+    torch_activation(activation)(torch.nn.functional.linear(xt, wt, bt)).backward(to_torch(dy))
     dz = _abs(dy)
     assert_close(dx, xt.grad.numpy(), rtol=1e-4, atol=2 * chain_atol(dz @ _abs(w), M), name="dx")
     assert_close(dw, wt.grad.numpy(), rtol=1e-4, atol=2 * chain_atol(dz.T @ _abs(x), N),
@@ -343,7 +339,7 @@ def test_ffn_vs_torch_autograd(rng, activation, dropout_p, N):
     keep = reference.dropout_keep(seed, np.arange(N), np.arange(F), dropout_p)
     mask = to_torch((keep / (1 - dropout_p)).astype(np.float32))
     fl = torch.nn.functional.linear
-    yt = fl(_torch_act(torch, activation)(fl(ts[0], ts[1], ts[2])) * mask, ts[3], ts[4])
+    yt = fl(torch_activation(activation)(fl(ts[0], ts[1], ts[2])) * mask, ts[3], ts[4])
     yt.backward(to_torch(dy))
     mag = ffn_chain(dy, x, w1, w2, cache["pre"], activation, dropout_p)
     assert_close(y, yt.detach().numpy(), rtol=1e-4,

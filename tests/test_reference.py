@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from conftest import SEED002_MASK, SEED002_SCORES, assert_close, requires_torch, sdpa_masks
+from conftest import (SEED002_MASK, SEED002_SCORES, assert_close, requires_torch, sdpa_masks,
+                      to_torch, torch_activation)
 from fastattn import reference as F
 from tolerances import TOL
 
@@ -465,9 +466,7 @@ def test_attention_lse_by_hand(rng):
 TORCH_RTOL, TORCH_ATOL = TOL["reference_torch"]["rtol"], TOL["reference_torch"]["atol"]
 
 
-def t(x):
-    torch = requires_torch()
-    return torch.from_numpy(np.ascontiguousarray(x))
+t = to_torch
 
 
 @pytest.mark.parametrize("B,H,Lq,Lk,D,Dv", [(2, 3, 5, 7, 8, 8), (1, 2, 6, 6, 16, 4),
@@ -528,13 +527,8 @@ def test_linear_vs_torch(rng, activation, with_bias):
     torch = requires_torch()
     x, w, b = rand(rng, 2, 5, 12), rand(rng, 7, 12), rand(rng, 7)
     y = F.linear(x, w, b if with_bias else None, activation=activation)
-    ref = torch.nn.functional.linear(t(x), t(w), t(b) if with_bias else None)
-    if activation == "relu":
-        ref = torch.relu(ref)
-    elif activation == "gelu":
-        ref = torch.nn.functional.gelu(ref)
-    elif activation == "gelu_tanh":
-        ref = torch.nn.functional.gelu(ref, approximate="tanh")
+    ref = torch_activation(activation)(
+        torch.nn.functional.linear(t(x), t(w), t(b) if with_bias else None))
     assert_close(y, ref.numpy(), rtol=TORCH_RTOL, atol=1e-5)
 
 
