@@ -16,7 +16,7 @@ import fastattn
 from conftest import TILES, assert_close, child_isa_tests, requires_torch, to_torch
 from fastattn import _fast, ops, reference
 from grad_util import float64_twins, numeric_grad
-from strategies import features, rand, rows, seeds
+from strategies import LAYER_NORM_KINDS, features, layer_norm_input, rand, rows, seeds
 from tolerances import TOL, layer_norm_grad_atols
 
 FD = TOL["finite_difference"]
@@ -42,17 +42,10 @@ def check_ln_backward(dy, x, weight, bias=None, *, residual=None, eps=1e-5):
 
 
 @given(N=rows(), C=features(), with_weight=st.booleans(), with_residual=st.booleans(),
-       kind=st.sampled_from(["normal", "large_mean", "large_magnitude", "tiny"]), seed=seeds)
+       kind=st.sampled_from(LAYER_NORM_KINDS), seed=seeds)
 def test_layer_norm_backward_matches_reference(N, C, with_weight, with_residual, kind, seed):
     rng = np.random.default_rng(seed)
-    if kind == "normal":
-        x = rand(rng, (N, C), 2.0) + np.float32(0.5)
-    elif kind == "large_mean":
-        x = rand(rng, (N, C)) + np.float32(1e4)
-    elif kind == "large_magnitude":
-        x = rand(rng, (N, C), 1e4)
-    else:
-        x = rand(rng, (N, C), 1e-3)
+    x = layer_norm_input(rng, kind, N, C)
     w = rand(rng, (C,)) if with_weight else None
     r = rand(rng, (N, C)) if with_residual else None
     dy = rand(rng, (N, C), 10.0 if kind == "large_magnitude" else 1.0)
