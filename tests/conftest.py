@@ -209,6 +209,21 @@ def child_report(proc):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+_LIST_MODULES = """
+import sys
+print(" ".join(sorted(m for m in sys.modules if m.startswith(tuple(sys.argv[1:])))))
+"""
+
+
+def modules_loaded_by(code, *prefixes):
+    """Run `code` (dedented) in a fresh interpreter, asserted to succeed -> the names of the
+    modules it left loaded that start with one of `prefixes`, sorted (what an import or a call
+    pulls in: optional packages, the benchmark harness)."""
+    proc = run_child(textwrap.dedent(code) + _LIST_MODULES, *prefixes, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()[-1].split()
+
+
 _CHECKS = textwrap.dedent(f"""
     import json, sys
     sys.path.insert(0, {TESTS!r})
