@@ -154,14 +154,20 @@ def mha_masks(rng, masking, Lq, Lk):
         kw["key_padding_mask"] = kpm
     elif masking.startswith("kpm"):
         kw["key_padding_mask"] = padding(B, Lk, [Lk, 3, 2])
+    return add_attn_mask(kw, rng, masking, Lq, Lk, B * H)
+
+
+def add_attn_mask(kw, rng, masking, Lq, Lk, BH):
+    """kw with the attn_mask of a masking case, if it has one: bool or float, (Lq, Lk) or
+    (BH, Lq, Lk) for BH = batch * heads ("kpm_2d" / "kpm_3d": bool, beside a padding mask)."""
     if masking in ("2d_bool", "kpm_2d"):
         kw["attn_mask"] = bool_mask(rng, (Lq, Lk))
     if masking == "2d_float":
         kw["attn_mask"] = float_mask(rng, Lq, Lk)
     if masking in ("3d_bool", "kpm_3d"):
-        kw["attn_mask"] = bool_mask(rng, (B * H, Lq, Lk))
+        kw["attn_mask"] = bool_mask(rng, (BH, Lq, Lk))
     if masking == "3d_float":
-        m = rng.standard_normal((B * H, Lq, Lk)).astype(np.float32)
+        m = rng.standard_normal((BH, Lq, Lk)).astype(np.float32)
         m[rng.random(m.shape) < 0.3] = -np.inf
         m[..., 0] = 0.0
         kw["attn_mask"] = m
