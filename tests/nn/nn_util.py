@@ -263,3 +263,19 @@ def seq2seq_pair(torch, seed=0):
     fm = fnn.Seq2SeqTransformer(2, 2, C, H, V_SRC, V_TGT, F, dropout=0.0, pad_id=PAD)
     fm.load_state_dict(tm.state_dict())            # torch tensors, pos_embedding buffer too
     return tm, fm
+
+
+def tutorial_batch(rng):
+    """A padded batch for seq2seq_pair and the tutorial's masks for it: (src, tgt, src_mask,
+    tgt_mask, src_pad, tgt_pad)."""
+    src = token_batch(rng, V_SRC, [S, 4, 6], S)
+    tgt = token_batch(rng, V_TGT, [T, 2, 4], T)
+    src_mask = np.zeros((S, S), dtype=bool)                     # as the tutorial's create_mask
+    tgt_mask = fnn.generate_square_subsequent_mask(T)
+    return src, tgt, src_mask, tgt_mask, src == PAD, tgt == PAD
+
+
+def tutorial_args(torch, src, tgt, src_mask, tgt_mask, src_pad, tgt_pad):
+    """The tutorial model's forward arguments for a tutorial_batch, as torch tensors (the
+    source padding serves as the memory padding)."""
+    return tuple(t(torch, a) for a in (src, tgt, src_mask, tgt_mask, src_pad, tgt_pad, src_pad))
