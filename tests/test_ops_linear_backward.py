@@ -123,31 +123,30 @@ def test_linear_leading_dims_and_empty(rng):
                 assert_close(a, b, rtol=1e-6, atol=1e-6, name=f"{name} {(N, K, M)} {act}")
 
 
+def check_activation_gradient(pre, activation):
+    """The kernel's activation derivative at the points pre (N, 1) against the twin's: the
+    backward of a linear layer with one identity weight and dy = 1."""
+    eye = np.eye(1, dtype=np.float32)
+    dy = np.ones_like(pre)
+    dx, _, _ = ops.linear_backward(dy, pre, eye, pre=pre, activation=activation)
+    with np.errstate(invalid="ignore"):       # dweight: NaN * inf terms, as intended
+        rdx, _, _ = reference.linear_backward(dy, pre, eye, pre=pre, activation=activation)
+    assert_close(dx, rdx, **TOL["activation_grad"][activation], name=f"{activation}'")
+
+
 def test_activation_gradient_special_values():
     """relu' is a select on pre > 0; gelu' = Phi + pre * phi, 1 and 0 at +inf and -inf (and
     gelu_tanh' likewise)."""
     pre = np.array([[0.0, -0.0, 1e-30, -1e-30, 0.5, -0.75, 3.0, -3.0, 12.0, -12.0, 40.0, -40.0,
                      3e38, np.inf, -np.inf, np.nan]], np.float32).T           # (16, 1)
-    eye = np.eye(1, dtype=np.float32)
-    dy = np.ones_like(pre)
     for activation in ("relu", "gelu", "gelu_tanh"):
-        dx, _, _ = ops.linear_backward(dy, pre, eye, pre=pre, activation=activation)
-        with np.errstate(invalid="ignore"):       # dweight: NaN * inf terms, as intended
-            rdx, _, _ = reference.linear_backward(dy, pre, eye, pre=pre, activation=activation)
-        assert_close(dx, rdx, rtol=1e-6, atol=2e-7, name=f"{activation}'")
+        check_activation_gradient(pre, activation)
 
 
 def test_gelu_gradient_over_range():
     pre = np.linspace(-14.0, 14.0, 8001, dtype=np.float32)[:, None]
-    eye = np.eye(1, dtype=np.float32)
-    dx, _, _ = ops.linear_backward(np.ones_like(pre), pre, eye, pre=pre, activation="gelu")
-    rdx, _, _ = reference.linear_backward(np.ones_like(pre), pre, eye, pre=pre,
-                                          activation="gelu")
-    assert_close(dx, rdx, rtol=1e-6, atol=3e-7, name="gelu'")
-    dx, _, _ = ops.linear_backward(np.ones_like(pre), pre, eye, pre=pre, activation="gelu_tanh")
-    rdx, _, _ = reference.linear_backward(np.ones_like(pre), pre, eye, pre=pre,
-                                          activation="gelu_tanh")
-    assert_close(dx, rdx, rtol=1e-5, atol=3e-7, name="gelu_tanh'")
+    check_activation_gradient(pre, "gelu")
+    check_activation_gradient(pre, "gelu_tanh")
 
 
 # ---- ffn -----------------------------------------------------------------------------------
@@ -453,12 +452,7 @@ def isa_checks():
         for act in ("relu", "gelu"):
             for p in (0.0, 0.35):
                 check_ffn_backward(rand(rng, (N, 40)), x, w1, b1, w2, b2, act, p, 2024)
-    pre = np.linspace(-14.0, 14.0, 2001, dtype=np.float32)[:, None]
-    eye = np.eye(1, dtype=np.float32)
-    dx, _, _ = ops.linear_backward(np.ones_like(pre), pre, eye, pre=pre, activation="gelu")
-    rdx, _, _ = reference.linear_backward(np.ones_like(pre), pre, eye, pre=pre,
-                                          activation="gelu")
-    assert_close(dx, rdx, rtol=1e-6, atol=3e-7, name="gelu'")
+    check_activation_gradient(np.linspace(-14.0, 14.0, 2001, dtype=np.float32)[:, None], "gelu")
 
 
 test_every_simd_level, test_correct_when_openmp_starts_fewer_threads = \

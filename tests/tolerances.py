@@ -62,6 +62,10 @@ TOL = {
     "attention_grad": dict(rtol=1e-4, atol=4.0),
     # the same against torch autograd, whose float32 gradients carry their own rounding
     "attention_grad_torch": dict(rtol=2e-4, atol=8.0),
+    # an activation's derivative (relu', gelu' through float32 erf or tanh polynomials) against
+    # the float64 twin's, at values of pre from -14 to 14 and the special values
+    "activation_grad": {"relu": dict(rtol=1e-6, atol=2e-7), "gelu": dict(rtol=1e-6, atol=2e-7),
+                        "gelu_tanh": dict(rtol=1e-5, atol=2e-7)},
     # linear / ffn gradients: atol x EPS32 x sqrt(inner) x the same chain of products on
     # absolute values (chain_atol)
     "linear_grad": dict(rtol=1e-5, atol=4.0),
