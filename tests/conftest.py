@@ -17,19 +17,25 @@ import textwrap
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
 
 import fastattn
 
-settings.register_profile(
-    "ci", max_examples=30, deadline=None, derandomize=True, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-settings.register_profile(
-    "dev", max_examples=300, deadline=None, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+@pytest.hookimpl(tryfirst=True)   # before hypothesis' own, which loads --hypothesis-profile
+def pytest_configure(config):
+    """The hypothesis profiles, registered when pytest starts: the child processes below import
+    this file for its helpers and run no hypothesis test, so they are spared its import."""
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile(
+        "ci", max_examples=30, deadline=None, derandomize=True, print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    settings.register_profile(
+        "dev", max_examples=300, deadline=None, print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # The kernels' tile sizes and few-row thresholds at the SIMD level in use (csrc/fa_tiles.h):
 # tests aim at their edges through these names, never through copied numbers.
