@@ -1,4 +1,6 @@
-"""Shared test configuration: hypothesis profiles, tolerances, the torch helper, assert_close.
+"""Shared test configuration: hypothesis profiles, the torch helper, assert_close (the one
+comparison; the tolerances are in tolerances.py) and the child processes that run checks under
+a forced SIMD level or OpenMP setting.
 
 The thread count is left as the process resolved it at import (OMP_NUM_THREADS or all CPUs);
 tests that change it restore it (see test_threads.py).
@@ -7,63 +9,37 @@ Hypothesis profiles, chosen with the HYPOTHESIS_PROFILE environment variable:
   ci   (default) few examples, derandomized, no deadline: fast and reproducible
   dev  many more examples, randomized: for a local hunt after touching a kernel
 """
+import json
 import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
 
 import fastattn
 
-settings.register_profile(
-    "ci", max_examples=30, deadline=None, derandomize=True, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-settings.register_profile(
-    "dev", max_examples=300, deadline=None, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-EPS32 = float(np.finfo(np.float32).eps)   # 1.19e-7
+@pytest.hookimpl(tryfirst=True)   # before hypothesis' own, which loads --hypothesis-profile
+def pytest_configure(config):
+    """The hypothesis profiles, registered when pytest starts: the child processes below import
+    this file for its helpers and run no hypothesis test, so they are spared its import."""
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile(
+        "ci", max_examples=30, deadline=None, derandomize=True, print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    settings.register_profile(
+        "dev", max_examples=300, deadline=None, print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # The kernels' tile sizes and few-row thresholds at the SIMD level in use (csrc/fa_tiles.h):
 # tests aim at their edges through these names, never through copied numbers.
 TILES = fastattn.build_info()["tiles"]
-
-# Float32 kernels against the float64-evaluated reference (DESIGN: oracle (b)).
-# rtol is relative to the expected value; where an entry says "x scale" the test multiplies
-# atol by the magnitude named (max |v| for attention, the sum of |terms| for a dot product).
-TOL = {
-    # out: atol x max|v| (the output is a convex combination of the rows of v)
-    "attention": dict(rtol=1e-4, atol=2e-5),
-    "attention_weights": dict(rtol=1e-4, atol=1e-6),
-    # lse: an absolute error of ~eps * |largest score| is all float32 can hold
-    "attention_lse": dict(rtol=1e-5, atol=1e-5),
-    "softmax": dict(rtol=1e-5, atol=1e-7),
-    # layer norm output is O(|weight|) + |bias|; atol x (1 + max|weight| + max|bias|)
-    "layer_norm": dict(rtol=1e-4, atol=1e-5),
-    "layer_norm_mean": dict(rtol=1e-6, atol=1e-6),   # atol x max|x + residual|
-    "layer_norm_rstd": dict(rtol=1e-4, atol=0.0),
-    # dot products: atol x EPS32 x sqrt(K) x max(|x| @ |w|^T) (K terms summed in float32)
-    "linear": dict(rtol=1e-5, atol=4.0),
-    "ffn": dict(rtol=1e-5, atol=4.0),
-    # torch float32 against our float32: both carry float32 error
-    "torch": dict(rtol=1e-4, atol=1e-5),
-}
-
-
-def dot_atol(x, w, *, bias=None, factor=TOL["linear"]["atol"]):
-    """Absolute tolerance for act(x @ w.T + bias) computed in float32: factor * eps * sqrt(K) *
-    max(|x| @ |w|.T + |bias|), the size of the terms each output sums (not of the result)."""
-    x = np.abs(np.asarray(x, np.float64)).reshape(-1, np.shape(w)[1])
-    w = np.abs(np.asarray(w, np.float64))
-    if x.size == 0 or w.size == 0:
-        return 0.0
-    mag = x @ w.T
-    if bias is not None:
-        mag = mag + np.abs(np.asarray(bias, np.float64))
-    return factor * EPS32 * np.sqrt(w.shape[1]) * float(mag.max())
 
 
 def run_in_threads(work, n):
@@ -96,6 +72,14 @@ def requires_torch():
 def to_torch(x):
     torch = requires_torch()
     return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def torch_activation(activation):
+    """torch's function for one of fastattn's activation names (None: identity)."""
+    torch = requires_torch()
+    gelu = torch.nn.functional.gelu
+    return {None: lambda t: t, "relu": torch.relu, "gelu": gelu,
+            "gelu_tanh": lambda t: gelu(t, approximate="tanh")}[activation]
 
 
 # seed 002's 6x6 score table ("<start> I am no man <end>") and its additive causal mask
@@ -186,6 +170,124 @@ def assert_close(actual, expected, rtol, atol, name="tensor", dtype=np.float32):
     bad = special_bad | value_bad
     if bad.any():
         raise AssertionError(_describe_mismatch(actual, expected, bad, rtol, atol, name))
+
+
+# ----------------------------------------------------------------------------------------------
+# child processes: the SIMD level is chosen once, at import (FASTATTN_CPU_ISA), and OpenMP reads
+# its settings at start-up, so a check under another level or OpenMP setting runs in a fresh
+# interpreter. One way for every test: run_child (a python -c script) and, on top of it,
+# run_checks (a function of a test module, with that module's helpers and assert_close).
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+SIMD_LEVELS = ("generic", "avx2", "avx512")
+
+
+def child_env(env=None, unset=()):
+    """This process's environment less `unset`, with `env` over it, for a child that imports the
+    same fastattn as this process (its folder first on PYTHONPATH: a child started elsewhere
+    would otherwise import whatever the installed one is). A child forced to another SIMD level
+    does not inherit a forced int8 path (FASTATTN_INT8_PATH=amx pytest ... would ask the generic
+    child for amx)."""
+    env = dict(env or {})
+    base = {k: v for k, v in os.environ.items() if k not in unset}
+    if "FASTATTN_CPU_ISA" in env and "FASTATTN_INT8_PATH" not in env:
+        base.pop("FASTATTN_INT8_PATH", None)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(fastattn.__file__)))
+    base["PYTHONPATH"] = os.pathsep.join(p for p in (root, base.get("PYTHONPATH")) if p)
+    return {**base, **env}
+
+
+def run_child(code, *args, env=None, unset=(), timeout=600):
+    """Run `code` with python -c (sys.argv[1:] = args) in a fresh interpreter started in tests/,
+    under child_env(env, unset); -> the CompletedProcess, output captured as text. A test that
+    expects success reads it with child_report, one that expects a refusal checks returncode and
+    stderr itself."""
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)],
+                          env=child_env(env, unset), capture_output=True, text=True,
+                          timeout=timeout, cwd=TESTS)
+
+
+def child_report(proc):
+    """A child's last line of output, parsed as JSON, after asserting that it exited cleanly (the
+    failure shows the exit status, its output and its standard error)."""
+    assert proc.returncode == 0, (
+        f"child failed (exit status {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+_LIST_MODULES = """
+import sys
+print(" ".join(sorted(m for m in sys.modules if m.startswith(tuple(sys.argv[1:])))))
+"""
+
+
+def modules_loaded_by(code, *prefixes):
+    """Run `code` (dedented) in a fresh interpreter, asserted to succeed -> the names of the
+    modules it left loaded that start with one of `prefixes`, sorted (what an import or a call
+    pulls in: optional packages, the benchmark harness)."""
+    proc = run_child(textwrap.dedent(code) + _LIST_MODULES, *prefixes, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()[-1].split()
+
+
+_CHECKS = textwrap.dedent(f"""
+    import json, sys
+    sys.path.insert(0, {TESTS!r})
+    import fastattn
+    module, function = sys.argv[1:3]
+    getattr(__import__(module), function)()
+    info = fastattn.build_info()
+    print(json.dumps({{"simd": info["simd"], "threads": info["threads"]}}))
+""")
+
+
+def run_checks(module, function="isa_checks", env=None):
+    """tests/<module>.py's `function()` in a fresh interpreter with extra environment `env`
+    (FASTATTN_CPU_ISA, FASTATTN_INT8_PATH, OMP_THREAD_LIMIT, ...), asserted to succeed (its
+    assertion failures come back as its standard error); -> the SIMD level and thread count
+    the child ran with."""
+    return child_report(run_child(_CHECKS, module, function, env=env))
+
+
+def run_isa_checks(isa, module, function="isa_checks"):
+    """run_checks under FASTATTN_CPU_ISA=isa, asserting that the child ran at that level; skips
+    where this CPU or build lacks the level."""
+    available = fastattn.build_info()["simd_available"]
+    if isa not in available:
+        pytest.skip(f"{isa} is not available on this CPU/build (available: {available})")
+    report = run_checks(module, function, {"FASTATTN_CPU_ISA": isa})
+    assert report["simd"] == isa, report
+    return report
+
+
+def fewer_threads(num_threads=None):
+    """parametrize("env", ...) over the two ways OpenMP starts a smaller team than asked for:
+    OMP_THREAD_LIMIT=1 caps it, OMP_DYNAMIC lets the runtime choose. With num_threads, the child
+    asks for that many through OMP_NUM_THREADS; without, its checks call set_num_threads."""
+    extra = {} if num_threads is None else {"OMP_NUM_THREADS": str(num_threads)}
+    return pytest.mark.parametrize("env", [{"OMP_THREAD_LIMIT": "1", **extra},
+                                           {"OMP_DYNAMIC": "true", **extra}],
+                                   ids=["thread_limit_1", "dynamic"])
+
+
+def child_isa_tests(module, function="isa_checks", num_threads=2):
+    """The two child-process tests of a test file whose `function()` runs its checks: every SIMD
+    level the build has, forced in turn, and an OpenMP that starts fewer threads than asked
+    (OMP_NUM_THREADS=num_threads, or None when `function` sets the count itself). Bind them
+    at module level, under the names the file's tests have:
+
+        test_every_simd_level, test_correct_when_openmp_starts_fewer_threads = \
+            child_isa_tests("test_ops_dropout")
+    """
+    @pytest.mark.parametrize("isa", SIMD_LEVELS)
+    def test_every_simd_level(isa):
+        run_isa_checks(isa, module, function)
+
+    @fewer_threads(num_threads)
+    def test_correct_when_openmp_starts_fewer_threads(env):
+        run_checks(module, function, env)
+
+    return test_every_simd_level, test_correct_when_openmp_starts_fewer_threads
 
 
 @pytest.fixture

@@ -68,6 +68,24 @@ def rand(rng, shape, magnitude=1.0):
     return (rng.standard_normal(shape) * magnitude).astype(np.float32)
 
 
+# ---- layer norm ------------------------------------------------------------------------------
+
+# inputs that stress the mean and variance: O(1) values, a mean far above the spread (the
+# variance must not cancel), large values, tiny values
+LAYER_NORM_KINDS = ("normal", "large_mean", "large_magnitude", "tiny")
+
+
+def layer_norm_input(rng, kind, N, C):
+    """x (N, C) float32 of one of LAYER_NORM_KINDS."""
+    if kind == "normal":
+        return rand(rng, (N, C), 2.0) + np.float32(0.5)
+    if kind == "large_mean":
+        return rand(rng, (N, C)) + np.float32(1e4)
+    if kind == "large_magnitude":
+        return rand(rng, (N, C), 1e4)
+    return rand(rng, (N, C), 1e-3)
+
+
 # ---- attention ---------------------------------------------------------------------------------
 
 @dataclasses.dataclass(repr=False)

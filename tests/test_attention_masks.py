@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 
 import fastattn
-from conftest import TILES, assert_close, requires_torch, to_torch
+from conftest import TILES, assert_close, child_isa_tests, requires_torch, to_torch
 from fastattn import _fast, ops, reference
-from grad_util import child_isa_tests
+from tolerances import TOL, rel_atol
 
 F32_MIN = float(np.finfo(np.float32).min)
+MASKS, MEAN_ROW = TOL["attention_masks"], TOL["attention_mean_row"]
 BQ, BK = TILES["attention_block_q"], TILES["attention_block_k"]
 R = TILES["attention_rows_max_q"]
 
@@ -94,14 +95,12 @@ def torch_attention(q, k, v, full, dout):
 
 
 def rel_close(actual, expected, rel, name):
-    """|actual - expected| <= rel * max |expected| (finite entries), NaN/inf in the same places."""
-    e = np.asarray(expected, np.float64)
-    fin = e[np.isfinite(e)]
-    scale = max(1.0, float(np.abs(fin).max())) if fin.size else 1.0
-    assert_close(actual, expected, rtol=rel, atol=rel * scale, name=name)
+    """|actual - expected| <= rel * max(1, max |expected|) (finite entries) + rel * |expected|,
+    NaN/inf in the same places."""
+    assert_close(actual, expected, rtol=rel, atol=rel_atol(expected, rel, floor=1.0), name=name)
 
 
-def check_twins(q, k, v, kw, rng, rel=2e-5):
+def check_twins(q, k, v, kw, rng):
     """ops against reference: out, lse, weights, the backward (each with and without dropout).
     Returns the kernel's (out, weights, grads) without dropout."""
     result = None
@@ -109,16 +108,16 @@ def check_twins(q, k, v, kw, rng, rel=2e-5):
         kwd = dict(kw, **drop)
         out, cache = ops.attention_forward(q, k, v, **kwd)
         rout, rcache = reference.attention_forward(q, k, v, **kwd)
-        rel_close(out, rout, rel, "out")
-        assert_close(cache["lse"], rcache["lse"], rtol=1e-5, atol=1e-5, name="lse")
+        rel_close(out, rout, MASKS["out"], "out")
+        assert_close(cache["lse"], rcache["lse"], **TOL["attention_lse"], name="lse")
         _, w = ops.attention(q, k, v, return_weights=True, **kwd)
         _, rw = reference.attention(q, k, v, return_weights=True, **kwd)
-        assert_close(w, rw, rtol=1e-4, atol=1e-6, name="weights")
+        assert_close(w, rw, **TOL["attention_weights"], name="weights")
         dout = rng.standard_normal(out.shape).astype(np.float32)
         grads = ops.attention_backward(dout, q, k, v, out, cache["lse"], **kwd)
         rgrads = reference.attention_backward(dout, q, k, v, out, cache["lse"], **kwd)
         for name, g, rg in zip(("dq", "dk", "dv"), grads, rgrads):
-            rel_close(g, rg, 10 * rel, name)
+            rel_close(g, rg, MASKS["grad"], name)
         if not drop:
             result = out, w, grads
     return result
@@ -133,10 +132,10 @@ def test_finite_masks_are_added_in_both_twins(rng, shape, kind):
     out, w, _ = check_twins(q, k, v, kw, rng)
     mean_v = v.mean(axis=2)                                          # (B, H, Dv)
     if kind == "mask":                       # row 0 masked throughout by finfo.min: mean of v
-        assert_close(out[:, :, 0], mean_v, rtol=1e-5, atol=1e-6, name="finfo.min row")
+        assert_close(out[:, :, 0], mean_v, **MEAN_ROW, name="finfo.min row")
     if kind == "padding":                    # source 0 padded throughout by finfo.min
-        assert_close(out[0], np.broadcast_to(mean_v[0, :, None], out[0].shape), rtol=1e-5,
-                     atol=1e-6, name="finfo.min padding")
+        assert_close(out[0], np.broadcast_to(mean_v[0, :, None], out[0].shape), **MEAN_ROW,
+                     name="finfo.min padding")
     assert np.isfinite(w).all() and np.allclose(w.sum(-1), 1.0, atol=1e-5)
 
 
@@ -150,16 +149,16 @@ def test_finite_masks_match_torch(rng, shape, kind):
     dout = rng.standard_normal((B, H, Lq, Dv)).astype(np.float32)
     tout, tw, tgrads = torch_attention(q, k, v, full, dout)
     out, cache = ops.attention_forward(q, k, v, **kw)
-    rel_close(out, tout, 1e-5, "out vs torch")
+    rel_close(out, tout, MASKS["out_torch"], "out vs torch")
     _, w = ops.attention(q, k, v, return_weights=True, **kw)
-    assert_close(w, tw, rtol=1e-4, atol=1e-6, name="weights vs torch")
+    assert_close(w, tw, **TOL["attention_weights"], name="weights vs torch")
     grads = ops.attention_backward(dout, q, k, v, out, cache["lse"], **kw)
     for name, g, tg in zip(("dq", "dk", "dv"), grads, tgrads):
-        rel_close(g, tg, 1e-4, f"{name} vs torch")
+        rel_close(g, tg, MASKS["grad_torch"], f"{name} vs torch")
     # the twin too (its backward recomputes P from the scores, as torch's math does)
     for name, g, tg in zip(("dq", "dk", "dv"), reference.attention_backward(
             dout, q, k, v, out, cache["lse"], **kw), tgrads):
-        rel_close(g, tg, 1e-4, f"reference {name} vs torch")
+        rel_close(g, tg, MASKS["grad_torch"], f"reference {name} vs torch")
 
 
 def test_huge_finite_values_keep_their_order(rng):
@@ -235,8 +234,8 @@ def test_decode_attention_entry_reads_finite_key_bias_as_added(rng):
     _fast.attention_fn(1.0 / math.sqrt(D))(q, k, v, kb.reshape(-1), out)
     want = reference.attention(q, k, v, key_padding_mask=kb)
     assert np.isfinite(out).all()
-    assert_close(out, want, rtol=1e-5, atol=1e-6, name="decode step")
-    assert_close(out[0], v[0].mean(axis=-2, keepdims=True), rtol=1e-5, atol=1e-6,
+    assert_close(out, want, **MEAN_ROW, name="decode step")
+    assert_close(out[0], v[0].mean(axis=-2, keepdims=True), **MEAN_ROW,
                  name="finfo.min padding = mean of v")
 
 

@@ -1,15 +1,12 @@
 """Which OpenBLAS kernels fastattn loads (fastattn._blas_core): Haswell's on AMD Zen 4 unless
 OPENBLAS_CORETYPE says otherwise, OpenBLAS's own pick elsewhere, the environment left as it
 was."""
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
+from conftest import child_report, run_child
 from fastattn import _blas_core
-from grad_util import child_report
 
 ZEN4 = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -62,11 +59,8 @@ CHILD = textwrap.dedent("""
 
 
 def child(env_value, mode="fresh"):
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
-    if env_value is not None:
-        env["OPENBLAS_CORETYPE"] = env_value
-    return child_report(subprocess.run([sys.executable, "-c", CHILD, mode], env=env,
-                                       capture_output=True, text=True, timeout=120))
+    env = {} if env_value is None else {"OPENBLAS_CORETYPE": env_value}
+    return child_report(run_child(CHILD, mode, env=env, unset=("OPENBLAS_CORETYPE",)))
 
 
 def this_cpu():

@@ -3,25 +3,14 @@
 Each check runs in a fresh interpreter (this test process has imported both by now) and lists
 the modules of interest left in sys.modules afterwards.
 """
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
-LIST_MODULES = """
-import sys
-print(" ".join(sorted(m for m in sys.modules
-                      if m == "torch" or m.startswith(("torch.", "fastattn.bench")))))
-"""
+from conftest import modules_loaded_by
 
 
 def modules_after(code):
-    """Run `code` in a fresh interpreter; the harness and torch modules it left loaded."""
-    res = subprocess.run([sys.executable, "-c", textwrap.dedent(code) + LIST_MODULES],
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    return res.stdout.split("\n")[-2].split()
+    """The harness and torch modules `code` leaves loaded in a fresh interpreter."""
+    return modules_loaded_by(code, "torch", "fastattn.bench")
 
 
 def test_import_fastattn_loads_neither_the_harness_nor_torch():

@@ -11,36 +11,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from conftest import (SEED002_MASK, SEED002_SCORES, TILES, TOL, assert_close, requires_torch,
+from conftest import (SEED002_MASK, SEED002_SCORES, TILES, assert_close, requires_torch,
                       sdpa_masks, to_torch)
 from fastattn import ops, reference
 from strategies import AttentionProblem, attention_problems, build_attention, rand
+from tolerances import TOL, attention_tols
 
 # ----------------------------------------------------------------------------------------------
 # helpers
-
-
-def _max_score(q, k, scale):
-    """max |q k^T * scale| over the problem (masks aside), at least 1."""
-    if q.size == 0 or k.size == 0:
-        return 1.0
-    q64, k64 = np.asarray(q, np.float64), np.asarray(k, np.float64)
-    D = q64.shape[-1]
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    s = np.abs(q64 @ np.swapaxes(k64, -1, -2)) * abs(scale)
-    return max(1.0, float(s.max()))
-
-
-def attention_tols(q, k, v, scale):
-    """(out, weights, lse) tolerances for one problem."""
-    smax = _max_score(q, k, scale)
-    growth = max(1.0, smax / 50.0)              # scores up to ~50 are the calibrated range
-    vmax = max(1.0, float(np.abs(v).max())) if np.size(v) else 1.0
-    t_out = dict(rtol=TOL["attention"]["rtol"], atol=TOL["attention"]["atol"] * vmax * growth)
-    t_w = dict(rtol=TOL["attention_weights"]["rtol"] * growth,
-               atol=TOL["attention_weights"]["atol"] * growth)
-    t_lse = dict(rtol=TOL["attention_lse"]["rtol"], atol=TOL["attention_lse"]["atol"] * smax)
-    return t_out, t_w, t_lse
 
 
 def check_attention(q, k, v, *, weights=False, **kwargs):

@@ -16,16 +16,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import TILES, TOL, assert_close, requires_torch, sdpa_masks
+from conftest import TILES, assert_close, requires_torch, sdpa_masks
 from fastattn import _kernels, ops, reference
+from grad_util import numeric_grad
 from strategies import AttentionProblem, attention_problems, build_attention, rand
+from tolerances import TOL, attention_grad_atol, attention_grad_magnitudes, max_score
 
-EPS32 = float(np.finfo(np.float32).eps)
-# dq, dk, dv: atol = GRAD["atol"] x eps32 x (sqrt(terms) + largest |score|) x the largest sum of
-# |terms| the tensor's elements add up (see grad_magnitudes); the same against torch, whose
-# float32 gradients carry their own rounding
-GRAD = dict(rtol=1e-4, atol=4.0)
-GRAD_TORCH = dict(rtol=2e-4, atol=8.0)
+# dq, dk, dv against the twin and against torch (tolerances.attention_grad_atol)
+GRAD, GRAD_TORCH = TOL["attention_grad"], TOL["attention_grad_torch"]
+FD = TOL["finite_difference"]
 
 KB = TILES["attention_block_q"]            # keys per backward block (along the lanes)
 BR = TILES["attention_backward_block_q"]   # query rows per backward block
@@ -36,48 +35,17 @@ R = TILES["attention_rows_max_q"]          # the forward's one-row-at-a-time lim
 # helpers
 
 
-def _scale(q, scale):
-    D = np.shape(q)[-1]
-    return (1.0 / math.sqrt(D) if D else 1.0) if scale is None else scale
-
-
-def _max_score(q, k, scale):
-    """largest |q k^T * scale| (masks aside), at least 1."""
-    if np.size(q) == 0 or np.size(k) == 0:
-        return 1.0
-    q64, k64 = np.asarray(q, np.float64), np.asarray(k, np.float64)
-    s = np.abs(q64 @ np.swapaxes(k64, -1, -2)) * abs(_scale(q, scale))
-    return max(1.0, float(np.nan_to_num(s, posinf=0.0).max()))
-
-
-def grad_magnitudes(dout, q, k, v, out, **kwargs):
-    """Per element of dq, dk, dv, the sum of |terms| it adds up (float64): with P the undropped
-    weights scaled by 1 / (1 - p), |dS| <= P (|dout| |v|^T + sum |dout| |out|), then
-    dq <- scale |dS| |k|, dk <- scale |dS|^T |q|, dv <- P^T |dout|."""
-    p = kwargs.get("dropout_p", 0.0)
-    plain = {n: a for n, a in kwargs.items() if n not in ("dropout_p", "seed")}
-    _, P = reference.attention(q, k, v, return_weights=True, **plain)
-    P = np.nan_to_num(P.astype(np.float64)) / (1.0 - p)
-    ad, aq, ak, av, ao = (np.nan_to_num(np.abs(np.asarray(a, np.float64)), posinf=0.0)
-                          for a in (dout, q, k, v, out))
-    t = lambda a: np.swapaxes(a, -1, -2)  # noqa: E731
-    ds = P * (ad @ t(av) + np.sum(ad * ao, axis=-1, keepdims=True))
-    sc = abs(_scale(q, kwargs.get("scale")))
-    return sc * (ds @ ak), sc * (t(ds) @ aq), t(P) @ ad
-
-
 def assert_grads_close(actual, expected, mags, terms, smax, tol=GRAD, names=("dq", "dk", "dv")):
     """Each tensor within tol["atol"] * eps32 * (sqrt(terms) + smax) * max(its magnitudes)."""
     for a, e, m, name in zip(actual, expected, mags, names):
-        big = float(np.max(m, initial=0.0))
         assert_close(a, e, rtol=tol["rtol"], name=name,
-                     atol=tol["atol"] * EPS32 * (math.sqrt(terms) + smax) * max(big, 1e-30))
+                     atol=attention_grad_atol(m, terms, smax, tol["atol"]))
 
 
 def compare(grads, expect, dout, q, k, v, out, tol=GRAD, **kwargs):
     terms = max(q.shape[-1], v.shape[-1], q.shape[-2], k.shape[-2], 1)
-    assert_grads_close(grads, expect, grad_magnitudes(dout, q, k, v, out, **kwargs), terms,
-                       _max_score(q, k, kwargs.get("scale")), tol)
+    assert_grads_close(grads, expect, attention_grad_magnitudes(dout, q, k, v, out, **kwargs),
+                       terms, max_score(q, k, kwargs.get("scale"), finite_only=True), tol)
 
 
 def check_backward(q, k, v, dout=None, *, seed_dout=0, **kwargs):
@@ -386,8 +354,8 @@ def test_twin_matches_finite_differences(rng, kwargs):
         kwargs["key_padding_mask"] = np.array([[False, False, True, False, False]])
     p, seed = kwargs.pop("dropout_p", 0.0), kwargs.pop("seed", None)
 
-    def loss(q_, k_, v_):  # float64 all the way: the twin's private forward
-        out, _, _ = reference._attention64(q_, k_, v_, kwargs.get("mask"),
+    def loss():  # float64 all the way: the twin's private forward
+        out, _, _ = reference._attention64(q, k, v, kwargs.get("mask"),
                                            kwargs.get("key_padding_mask"),
                                            kwargs.get("causal", False), None, p, seed)
         return float(np.sum(out * dout))
@@ -397,19 +365,8 @@ def test_twin_matches_finite_differences(rng, kwargs):
                                          kwargs.get("causal", False), None, p, seed)
     grads = reference.attention_backward(dout, q, k, v, out, lse, dropout_p=p, seed=seed,
                                          **kwargs)
-    eps = 1e-6
-    for arg, g in enumerate(grads):
-        x = (q, k, v)[arg]
-        fd = np.zeros_like(x)
-        for idx in np.ndindex(x.shape):
-            xp, xm = x.copy(), x.copy()
-            xp[idx] += eps
-            xm[idx] -= eps
-            args_p = [q, k, v]
-            args_m = [q, k, v]
-            args_p[arg], args_m[arg] = xp, xm
-            fd[idx] = (loss(*args_p) - loss(*args_m)) / (2 * eps)
-        np.testing.assert_allclose(g, fd, rtol=1e-5, atol=1e-6, err_msg="dqkv"[arg + 1])
+    for g, x, name in zip(grads, (q, k, v), ("dq", "dk", "dv")):
+        assert_close(g, numeric_grad(loss, x), **FD, name=name, dtype=None)
 
 
 # ----------------------------------------------------------------------------------------------

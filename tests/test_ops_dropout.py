@@ -12,9 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fastattn
-from conftest import TILES, assert_close, requires_torch, to_torch
+from conftest import TILES, assert_close, child_isa_tests, requires_torch, to_torch
 from fastattn import _fast, ops, reference
-from grad_util import child_isa_tests
 from strategies import features, rand, rows
 
 VL = TILES["vector_width"]

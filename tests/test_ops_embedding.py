@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fastattn
-from conftest import assert_close, requires_torch, to_torch
+from conftest import assert_close, child_isa_tests, requires_torch, to_torch
 from fastattn import _fast, ops, reference
-from grad_util import child_isa_tests, float64_twins, numeric_grad
+from grad_util import float64_twins, numeric_grad
 from strategies import features, rand, rows, seeds
 
 

@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import TILES, TOL, assert_close, requires_torch, to_torch
+from conftest import TILES, assert_close, requires_torch, to_torch
 from fastattn import ops, reference
-from strategies import features, rand, rows, seeds
+from strategies import LAYER_NORM_KINDS, features, layer_norm_input, rand, rows, seeds
+from tolerances import TOL, layer_norm_atol
 
 VL = TILES["vector_width"]   # row lengths around it (and its multiples) hit the vector tails
 
@@ -20,7 +21,6 @@ def check_layer_norm(x, weight, bias, *, eps=1e-5, residual=None):
     y, cache = ops.layer_norm_forward(x, weight, bias, eps=eps, residual=residual)
     ry, rcache = reference.layer_norm_forward(x, weight, bias, eps=eps, residual=residual)
     wmax = 1.0 if weight is None else float(np.abs(weight).max(initial=0.0))
-    bmax = 0.0 if bias is None else float(np.abs(bias).max(initial=0.0))
     s = np.asarray(x, np.float64)
     if residual is not None:
         s = s + np.asarray(residual, np.float64)
@@ -34,9 +34,8 @@ def check_layer_norm(x, weight, bias, *, eps=1e-5, residual=None):
     if s.size:
         row_ulp = np.spacing(np.abs(s).max(axis=-1).astype(np.float32)).astype(np.float64)
         cond = float(np.max(row_ulp.reshape(-1) * rcache["rstd"]))
-    t = TOL["layer_norm"]
-    atol = t["atol"] * (1.0 + wmax + bmax) + 2.0 * cond * wmax
-    assert_close(y, ry, rtol=t["rtol"], atol=atol, name="y")
+    atol = layer_norm_atol(weight, bias) + 2.0 * cond * wmax
+    assert_close(y, ry, rtol=TOL["layer_norm"]["rtol"], atol=atol, name="y")
     tm = TOL["layer_norm_mean"]
     assert_close(cache["mean"], rcache["mean"], rtol=tm["rtol"], atol=tm["atol"] * max(1.0, smax),
                  name="mean")
@@ -49,18 +48,11 @@ def check_layer_norm(x, weight, bias, *, eps=1e-5, residual=None):
 
 @given(N=rows(), C=features(), with_weight=st.booleans(), with_bias=st.booleans(),
        with_residual=st.booleans(), eps=st.sampled_from([1e-5, 1e-6, 1e-3]),
-       kind=st.sampled_from(["normal", "large_mean", "large_magnitude", "tiny"]), seed=seeds)
+       kind=st.sampled_from(LAYER_NORM_KINDS), seed=seeds)
 def test_layer_norm_matches_reference(N, C, with_weight, with_bias, with_residual, eps, kind,
                                       seed):
     rng = np.random.default_rng(seed)
-    if kind == "normal":
-        x = rand(rng, (N, C), 2.0) + np.float32(0.5)
-    elif kind == "large_mean":
-        x = rand(rng, (N, C)) + np.float32(1e4)
-    elif kind == "large_magnitude":
-        x = rand(rng, (N, C), 1e4)
-    else:
-        x = rand(rng, (N, C), 1e-3)
+    x = layer_norm_input(rng, kind, N, C)
     w = rand(rng, (C,)) if with_weight else None
     b = rand(rng, (C,)) if with_bias else None
     r = rand(rng, (N, C)) if with_residual else None

@@ -1,10 +1,11 @@
 """fastattn.ops.layer_norm_backward (the C kernel) against the float64 twin, finite differences of
 the twin, and torch autograd; its parameter gradients bit-identical for every thread count.
 
-Tolerance: the same computation on absolute values gives the size of the terms each output sums
-(chain_atol). On top of that, the kernel recomputes s = x + residual in float32 (as the forward
-keeps it), while the twin adds in float64: xhat moves by half an ulp of the row's largest |s|
-times rstd (the forward's "conditioning" term), which matters for rows with a large mean.
+Tolerance (tolerances.layer_norm_grad_atols): the same computation on absolute values gives the
+size of the terms each output sums. On top of that, the kernel recomputes s = x + residual in
+float32 (as the forward keeps it), while the twin adds in float64: xhat moves by half an ulp of
+the row's largest |s| times rstd (the forward's "conditioning" term), which matters for rows
+with a large mean.
 """
 import numpy as np
 import pytest
@@ -12,47 +13,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fastattn
-from conftest import TILES, TOL, assert_close, requires_torch, to_torch
+from conftest import TILES, assert_close, child_isa_tests, requires_torch, to_torch
 from fastattn import _fast, ops, reference
-from grad_util import child_isa_tests, float64_twins, numeric_grad
-from strategies import features, rand, rows, seeds
+from grad_util import float64_twins, numeric_grad
+from strategies import LAYER_NORM_KINDS, features, layer_norm_input, rand, rows, seeds
+from tolerances import TOL, layer_norm_grad_atols
+
+FD = TOL["finite_difference"]
 
 VL, RB = TILES["vector_width"], TILES["reduce_rows"]
-
-
-def f32_ulp(a):
-    """float32's spacing at |a| (float64 values), without overflowing at the float32 maximum
-    (np.spacing of a float32 there is inf): 2^29 float64 ulps, at least the smallest denormal."""
-    return np.maximum(np.spacing(np.abs(np.asarray(a, np.float64))) * 2.0**29, 2.0**-149)
-
-
-def ln_tolerances(dy, x, mean, rstd, weight, residual):
-    """(atol_dx, atol_dweight, atol_dbias) from the terms' sizes and float32's conditioning."""
-    C = x.shape[-1]
-    s = np.asarray(x, np.float64).reshape(-1, C)
-    if residual is not None:
-        s = s + np.asarray(residual, np.float64).reshape(-1, C)
-    d = np.abs(np.asarray(dy, np.float64).reshape(-1, C))
-    rs = np.asarray(rstd, np.float64)[:, None]
-    xh = np.abs(s - np.asarray(mean, np.float64)[:, None]) * rs
-    w = np.ones(C) if weight is None else np.abs(np.asarray(weight, np.float64))
-    g = d * w
-    # half an ulp of each row's largest |s| (and of the float32 mean), times rstd: xhat's error
-    row_ulp = f32_ulp(np.abs(s).max(axis=1, initial=0.0))
-    dxh = (row_ulp[:, None] * rs) if s.size else np.zeros_like(s)
-    eps = float(np.finfo(np.float32).eps)
-    k = 8.0 * eps * np.sqrt(max(C, 1))
-    mag_dx = rs * (g + g.mean(axis=1, keepdims=True) + (1.0 + xh) * (g * (1.0 + xh)).mean(
-        axis=1, keepdims=True)) if s.size else s
-    atol_dx = (k * float(mag_dx.max(initial=0.0))
-               + 2.0 * float((rs * dxh * (g * (1.0 + xh)).mean(axis=1, keepdims=True)
-                              + rs * dxh * g.mean(axis=1, keepdims=True)).max(initial=0.0)))
-    n = max(len(s), 1)
-    kn = 8.0 * eps * np.sqrt(n)
-    atol_dw = kn * float((d * xh).sum(axis=0).max(initial=0.0)) \
-        + 2.0 * float((d * dxh).sum(axis=0).max(initial=0.0))
-    atol_db = kn * float(d.sum(axis=0).max(initial=0.0))
-    return atol_dx, atol_dw, atol_db
 
 
 def check_ln_backward(dy, x, weight, bias=None, *, residual=None, eps=1e-5):
@@ -61,8 +30,8 @@ def check_ln_backward(dy, x, weight, bias=None, *, residual=None, eps=1e-5):
     mean, rstd = cache["mean"], cache["rstd"]
     dx, dw, db = ops.layer_norm_backward(dy, x, mean, rstd, weight, residual=residual)
     rdx, rdw, rdb = reference.layer_norm_backward(dy, x, mean, rstd, weight, residual=residual)
-    a_dx, a_dw, a_db = ln_tolerances(dy, x, mean, rstd, weight, residual)
-    rtol = TOL["layer_norm"]["rtol"]
+    a_dx, a_dw, a_db = layer_norm_grad_atols(dy, x, mean, rstd, weight, residual)
+    rtol = TOL["layer_norm_grad"]["rtol"]
     assert_close(dx, rdx, rtol=rtol, atol=a_dx, name="dx")
     if weight is None:
         assert dw is None and rdw is None
@@ -73,17 +42,10 @@ def check_ln_backward(dy, x, weight, bias=None, *, residual=None, eps=1e-5):
 
 
 @given(N=rows(), C=features(), with_weight=st.booleans(), with_residual=st.booleans(),
-       kind=st.sampled_from(["normal", "large_mean", "large_magnitude", "tiny"]), seed=seeds)
+       kind=st.sampled_from(LAYER_NORM_KINDS), seed=seeds)
 def test_layer_norm_backward_matches_reference(N, C, with_weight, with_residual, kind, seed):
     rng = np.random.default_rng(seed)
-    if kind == "normal":
-        x = rand(rng, (N, C), 2.0) + np.float32(0.5)
-    elif kind == "large_mean":
-        x = rand(rng, (N, C)) + np.float32(1e4)
-    elif kind == "large_magnitude":
-        x = rand(rng, (N, C), 1e4)
-    else:
-        x = rand(rng, (N, C), 1e-3)
+    x = layer_norm_input(rng, kind, N, C)
     w = rand(rng, (C,)) if with_weight else None
     r = rand(rng, (N, C)) if with_residual else None
     dy = rand(rng, (N, C), 10.0 if kind == "large_magnitude" else 1.0)
@@ -171,12 +133,12 @@ def test_twin_backward_matches_finite_differences(with_residual, with_weight):
         _, cache = reference.layer_norm_forward(x, w, b, residual=r, eps=1e-3)
         dx, dw, db = reference.layer_norm_backward(dy, x, cache["mean"], cache["rstd"], w,
                                                    residual=r)
-        np.testing.assert_allclose(dx, numeric_grad(loss, x), rtol=1e-6, atol=1e-7)
+        assert_close(dx, numeric_grad(loss, x), **FD, name="dx", dtype=None)
         if r is not None:
-            np.testing.assert_allclose(dx, numeric_grad(loss, r), rtol=1e-6, atol=1e-7)
+            assert_close(dx, numeric_grad(loss, r), **FD, name="dresidual", dtype=None)
         if w is not None:
-            np.testing.assert_allclose(dw, numeric_grad(loss, w), rtol=1e-6, atol=1e-7)
-        np.testing.assert_allclose(db, numeric_grad(loss, b), rtol=1e-6, atol=1e-7)
+            assert_close(dw, numeric_grad(loss, w), **FD, name="dweight", dtype=None)
+        assert_close(db, numeric_grad(loss, b), **FD, name="dbias", dtype=None)
 
 
 # ---- torch autograd ------------------------------------------------------------------------

@@ -13,11 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fastattn
-from conftest import TILES, TOL, assert_close
+from conftest import TILES, assert_close, child_isa_tests
 from fastattn import _fast, ops, reference
-from grad_util import child_isa_tests
 from strategies import features, rand, rows, seeds
 from test_ops_layernorm_backward import check_ln_backward
+from tolerances import TOL, layer_norm_atol
 
 VL = TILES["vector_width"]
 F32_MAX = float(np.finfo(np.float32).max)
@@ -36,10 +36,8 @@ def check_scaled(x, weight, bias, *, residual=None, dy=None, eps=1e-5):
     relative to the rows' own scale (y is O(|weight|) + |bias| at any scale of x)."""
     y, cache = ops.layer_norm_forward(x, weight, bias, eps=eps, residual=residual)
     ry, rcache = reference.layer_norm_forward(x, weight, bias, eps=eps, residual=residual)
-    wmax = 1.0 if weight is None else float(np.abs(weight).max(initial=0.0))
-    bmax = 0.0 if bias is None else float(np.abs(bias).max(initial=0.0))
-    t = TOL["layer_norm"]
-    assert_close(y, ry, rtol=t["rtol"], atol=t["atol"] * (1.0 + wmax + bmax), name="y")
+    assert_close(y, ry, rtol=TOL["layer_norm"]["rtol"], atol=layer_norm_atol(weight, bias),
+                 name="y")
     s = reference._ln_input(x, residual)
     smax = float(np.abs(s).max(initial=0.0))
     tm = TOL["layer_norm_mean"]

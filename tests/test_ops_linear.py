@@ -3,7 +3,6 @@
 Tolerance of a float32 dot product of K terms: a few eps * sqrt(K) times the size of the terms
 (max of |x| @ |w|^T + |b|), not of the result, which may cancel to ~0.
 """
-import functools
 import math
 
 import numpy as np
@@ -12,12 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fastattn
-from conftest import TILES, TOL, assert_close, dot_atol, requires_torch, to_torch
+from conftest import TILES, assert_close, requires_torch, to_torch, torch_activation
 from fastattn import _fast, ops, reference
 from strategies import features, rand, rows, seeds
+from tolerances import TOL, dot_atol, ffn_atol
 
 ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh"]
-GELU_MAX_SLOPE = 1.13   # max |gelu'(x)|: an error in the hidden layer grows by at most this
 
 # Row counts around the kernels' few-row thresholds: the skinny kernel (SKINNY rows at most),
 # the split by features below MIN_ROWS rows per thread, and ROW_BLOCK-row GEMM blocks.
@@ -32,15 +31,6 @@ def check_linear(x, w, b=None, activation=None):
     assert_close(y, ref, rtol=TOL["linear"]["rtol"], atol=dot_atol(x, w, bias=b),
                  name=f"linear(activation={activation})")
     return y
-
-
-def ffn_atol(x, w1, b1, w2, b2, activation):
-    """Error of the first GEMM carried through the activation and the second GEMM, plus the
-    second GEMM's own rounding."""
-    h = reference.linear(x, w1, b1, activation=activation)          # float32 of the f64 hidden
-    first = dot_atol(x, w1, bias=b1, factor=TOL["ffn"]["atol"]) * GELU_MAX_SLOPE
-    carried = first * float(np.abs(np.asarray(w2, np.float64)).sum(axis=1).max(initial=0.0))
-    return carried + dot_atol(h, w2, bias=b2, factor=TOL["ffn"]["atol"])
 
 
 def check_ffn(x, w1, b1, w2, b2, activation="relu"):
@@ -201,13 +191,8 @@ def test_linear_vs_torch(rng, activation, with_bias, N, K, M):
     torch = requires_torch()
     x, w, b = rand(rng, (N, K)), rand(rng, (M, K), 1 / math.sqrt(K)), rand(rng, (M,))
     y = ops.linear(x, w, b if with_bias else None, activation=activation)
-    ref = torch.nn.functional.linear(to_torch(x), to_torch(w), to_torch(b) if with_bias else None)
-    if activation == "relu":
-        ref = torch.relu(ref)
-    elif activation == "gelu":
-        ref = torch.nn.functional.gelu(ref)
-    elif activation == "gelu_tanh":
-        ref = torch.nn.functional.gelu(ref, approximate="tanh")
+    ref = torch_activation(activation)(torch.nn.functional.linear(
+        to_torch(x), to_torch(w), to_torch(b) if with_bias else None))
     assert_close(y, ref.numpy(), rtol=TOL["torch"]["rtol"],
                  atol=2 * dot_atol(x, w, bias=b if with_bias else None), name="linear vs torch")
 
@@ -219,11 +204,10 @@ def test_ffn_vs_torch(rng, N):
     w1, b1, w2, b2 = rand(rng, (256, 64), 0.125), rand(rng, (256,)), rand(rng, (64, 256), 0.0625), \
         rand(rng, (64,))
     fl = torch.nn.functional.linear
-    gelu_tanh = functools.partial(torch.nn.functional.gelu, approximate="tanh")
-    for act, tact in (("relu", torch.relu), ("gelu", torch.nn.functional.gelu),
-                      ("gelu_tanh", gelu_tanh)):
+    for act in ("relu", "gelu", "gelu_tanh"):
         y = ops.ffn(x, w1, b1, w2, b2, activation=act)
-        ref = fl(tact(fl(to_torch(x), to_torch(w1), to_torch(b1))), to_torch(w2), to_torch(b2))
+        ref = fl(torch_activation(act)(fl(to_torch(x), to_torch(w1), to_torch(b1))),
+                 to_torch(w2), to_torch(b2))
         assert_close(y, ref.numpy(), rtol=TOL["torch"]["rtol"],
                      atol=2 * ffn_atol(x, w1, b1, w2, b2, act), name=f"ffn({act}) vs torch")
 

@@ -16,17 +16,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fastattn
-from conftest import TILES, assert_close, requires_torch, to_torch
+from conftest import (TILES, assert_close, child_isa_tests, requires_torch, to_torch,
+                      torch_activation)
 from fastattn import _fast, ops, reference
-from grad_util import chain_atol, child_isa_tests, float64_twins, numeric_grad
+from grad_util import float64_twins, numeric_grad
 from strategies import features, rand, rows, seeds
+from tolerances import GELU_MAX_SLOPE, TOL, chain_atol
 
 ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh"]
-GELU_MAX_SLOPE = 1.13    # max |gelu'|
 SKINNY, MIN_ROWS, ROW_BLOCK = (TILES[k] for k in ("skinny_rows", "min_rows_per_thread",
                                                   "row_block"))
 VL, ALIGN = TILES["vector_width"], TILES["feature_align"]
-RTOL = 1e-5
+RTOL = TOL["linear_grad"]["rtol"]
+FD = TOL["finite_difference"]
 
 
 def _abs(a):
@@ -121,31 +123,30 @@ def test_linear_leading_dims_and_empty(rng):
                 assert_close(a, b, rtol=1e-6, atol=1e-6, name=f"{name} {(N, K, M)} {act}")
 
 
+def check_activation_gradient(pre, activation):
+    """The kernel's activation derivative at the points pre (N, 1) against the twin's: the
+    backward of a linear layer with one identity weight and dy = 1."""
+    eye = np.eye(1, dtype=np.float32)
+    dy = np.ones_like(pre)
+    dx, _, _ = ops.linear_backward(dy, pre, eye, pre=pre, activation=activation)
+    with np.errstate(invalid="ignore"):       # dweight: NaN * inf terms, as intended
+        rdx, _, _ = reference.linear_backward(dy, pre, eye, pre=pre, activation=activation)
+    assert_close(dx, rdx, **TOL["activation_grad"][activation], name=f"{activation}'")
+
+
 def test_activation_gradient_special_values():
     """relu' is a select on pre > 0; gelu' = Phi + pre * phi, 1 and 0 at +inf and -inf (and
     gelu_tanh' likewise)."""
     pre = np.array([[0.0, -0.0, 1e-30, -1e-30, 0.5, -0.75, 3.0, -3.0, 12.0, -12.0, 40.0, -40.0,
                      3e38, np.inf, -np.inf, np.nan]], np.float32).T           # (16, 1)
-    eye = np.eye(1, dtype=np.float32)
-    dy = np.ones_like(pre)
     for activation in ("relu", "gelu", "gelu_tanh"):
-        dx, _, _ = ops.linear_backward(dy, pre, eye, pre=pre, activation=activation)
-        with np.errstate(invalid="ignore"):       # dweight: NaN * inf terms, as intended
-            rdx, _, _ = reference.linear_backward(dy, pre, eye, pre=pre, activation=activation)
-        assert_close(dx, rdx, rtol=1e-6, atol=2e-7, name=f"{activation}'")
+        check_activation_gradient(pre, activation)
 
 
 def test_gelu_gradient_over_range():
     pre = np.linspace(-14.0, 14.0, 8001, dtype=np.float32)[:, None]
-    eye = np.eye(1, dtype=np.float32)
-    dx, _, _ = ops.linear_backward(np.ones_like(pre), pre, eye, pre=pre, activation="gelu")
-    rdx, _, _ = reference.linear_backward(np.ones_like(pre), pre, eye, pre=pre,
-                                          activation="gelu")
-    assert_close(dx, rdx, rtol=1e-6, atol=3e-7, name="gelu'")
-    dx, _, _ = ops.linear_backward(np.ones_like(pre), pre, eye, pre=pre, activation="gelu_tanh")
-    rdx, _, _ = reference.linear_backward(np.ones_like(pre), pre, eye, pre=pre,
-                                          activation="gelu_tanh")
-    assert_close(dx, rdx, rtol=1e-5, atol=3e-7, name="gelu_tanh'")
+    check_activation_gradient(pre, "gelu")
+    check_activation_gradient(pre, "gelu_tanh")
 
 
 # ---- ffn -----------------------------------------------------------------------------------
@@ -275,7 +276,7 @@ def test_linear_twin_matches_finite_differences(activation):
             assert np.abs(cache["pre"]).min() > 1e-3     # no kink within the step
         dx, dw, db = reference.linear_backward(dy, x, w, pre=cache["pre"], activation=activation)
         for got, arg in ((dx, x), (dw, w), (db, b)):
-            np.testing.assert_allclose(got, numeric_grad(loss, arg), rtol=1e-6, atol=1e-7)
+            assert_close(got, numeric_grad(loss, arg), **FD, dtype=None)
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
@@ -293,15 +294,10 @@ def test_ffn_twin_matches_finite_differences(activation, dropout_p):
         _, cache = reference.ffn_forward(x, w1, b1, w2, b2, **kw)
         grads = reference.ffn_backward(dy, x, w1, b1, w2, b2, cache["pre"], **kw)
         for got, arg in zip(grads, (x, w1, b1, w2, b2)):
-            np.testing.assert_allclose(got, numeric_grad(loss, arg), rtol=1e-6, atol=1e-7)
+            assert_close(got, numeric_grad(loss, arg), **FD, dtype=None)
 
 
 # ---- torch autograd ------------------------------------------------------------------------
-
-
-def _torch_act(torch, activation):
-    return {None: lambda t: t, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
-            "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}[activation]
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
@@ -313,7 +309,7 @@ def test_linear_vs_torch_autograd(rng, activation, N, K, M):
     _, cache = ops.linear_forward(x, w, b, activation=activation)
     dx, dw, db = ops.linear_backward(dy, x, w, pre=cache["pre"], activation=activation)
     xt, wt, bt = (to_torch(a).requires_grad_() for a in (x, w, b))
-    _torch_act(torch, activation)(torch.nn.functional.linear(xt, wt, bt)).backward(to_torch(dy))
+    torch_activation(activation)(torch.nn.functional.linear(xt, wt, bt)).backward(to_torch(dy))
     dz = _abs(dy)
     assert_close(dx, xt.grad.numpy(), rtol=1e-4, atol=2 * chain_atol(dz @ _abs(w), M), name="dx")
     assert_close(dw, wt.grad.numpy(), rtol=1e-4, atol=2 * chain_atol(dz.T @ _abs(x), N),
@@ -342,7 +338,7 @@ def test_ffn_vs_torch_autograd(rng, activation, dropout_p, N):
     keep = reference.dropout_keep(seed, np.arange(N), np.arange(F), dropout_p)
     mask = to_torch((keep / (1 - dropout_p)).astype(np.float32))
     fl = torch.nn.functional.linear
-    yt = fl(_torch_act(torch, activation)(fl(ts[0], ts[1], ts[2])) * mask, ts[3], ts[4])
+    yt = fl(torch_activation(activation)(fl(ts[0], ts[1], ts[2])) * mask, ts[3], ts[4])
     yt.backward(to_torch(dy))
     mag = ffn_chain(dy, x, w1, w2, cache["pre"], activation, dropout_p)
     assert_close(y, yt.detach().numpy(), rtol=1e-4,
@@ -456,12 +452,7 @@ def isa_checks():
         for act in ("relu", "gelu"):
             for p in (0.0, 0.35):
                 check_ffn_backward(rand(rng, (N, 40)), x, w1, b1, w2, b2, act, p, 2024)
-    pre = np.linspace(-14.0, 14.0, 2001, dtype=np.float32)[:, None]
-    eye = np.eye(1, dtype=np.float32)
-    dx, _, _ = ops.linear_backward(np.ones_like(pre), pre, eye, pre=pre, activation="gelu")
-    rdx, _, _ = reference.linear_backward(np.ones_like(pre), pre, eye, pre=pre,
-                                          activation="gelu")
-    assert_close(dx, rdx, rtol=1e-6, atol=3e-7, name="gelu'")
+    check_activation_gradient(np.linspace(-14.0, 14.0, 2001, dtype=np.float32)[:, None], "gelu")
 
 
 test_every_simd_level, test_correct_when_openmp_starts_fewer_threads = \

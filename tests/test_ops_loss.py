@@ -6,21 +6,18 @@ the in-place gradient of _cross_entropy_into, every SIMD path, thread counts and
 torch puts the classes on axis 1 of an N-D input; fastattn on the LAST axis (rows of logits),
 so N-D cases are compared with torch on the flattened (N, V) rows.
 """
-import textwrap
-
 import numpy as np
 import pytest
-from conftest import EPS32, assert_close, requires_torch
-from grad_util import script_report
+from conftest import assert_close, child_isa_tests, requires_torch
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import features, rand, rows, seeds
+from tolerances import EPS32, TOL, loss_atol
 
 import fastattn
 from fastattn import _fast, ops, reference
 
 REDUCTIONS = ("mean", "sum", "none")
-AVAILABLE = fastattn.build_info()["simd_available"]
 TILES_BY_ISA = fastattn.build_info()["tiles_by_isa"]
 # vocabulary sizes around the vector and chunk edges of every SIMD level (read-pass tails)
 TAIL_V = sorted({n + d for t in TILES_BY_ISA.values()
@@ -45,21 +42,17 @@ def torch_ce(x, t, *, dtype, **kw):
     return loss.detach().numpy(), xt.grad.numpy()
 
 
-def loss_atol(x):
-    """A loss is lse - x_t (and lse - mean x): float32 rounding of terms of size max|x|."""
-    return 8 * EPS32 * max(1.0, float(np.abs(x).max(initial=0.0)))
-
-
 def check_loss(actual, expected, x, reduction, count, name):
     """Per-row losses within loss_atol; a sum of N of them within N times that."""
     a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
     atol = loss_atol(x) * (count if reduction == "sum" else 1)
-    assert_close(a, e, 1e-5, atol, name, dtype=None)
+    assert_close(a, e, TOL["cross_entropy"]["rtol"], atol, name, dtype=None)
 
 
 def check_grad(actual, expected, scale, name):
     """softmax - targets, times scale (1 / count for a mean): float32 and the exp polynomial."""
-    assert_close(actual, expected, 1e-4, 4 * EPS32 * scale, name)
+    t = TOL["cross_entropy_grad"]
+    assert_close(actual, expected, t["rtol"], t["atol"] * EPS32 * scale, name)
 
 
 def scale_of(t, reduction, ignore_index=-100):
@@ -328,58 +321,31 @@ def test_converts_dtype_and_layout(rng):
 
 # ---- every SIMD path, and a team smaller than asked for ---------------------------------------
 
-CHILD = textwrap.dedent(r"""
-    import json, sys
-    import numpy as np
-    import fastattn
-    from fastattn import ops, reference
-
-    want = sys.argv[1]
-    assert want == "-" or fastattn.build_info()["simd"] == want, fastattn.build_info()["simd"]
+def isa_checks():
+    """Run in a child under each FASTATTN_CPU_ISA (and small OpenMP teams): losses and dlogits of
+    every reduction, with and without label smoothing, at vocabulary sizes around the vector
+    tails and at large logits, on a team of 2."""
     fastattn.set_num_threads(2)
     rng = np.random.default_rng(11)
-    worst = {}
     for N, V, mag in ((37, 1, 1.0), (37, 15, 3.0), (37, 17, 3.0), (9, 1025, 30.0),
                       (300, 2053, 3.0), (5, 4000, 1e4)):
         x = (rng.standard_normal((N, V)) * mag).astype(np.float32)
         t = rng.integers(0, V, N)
         t[::4] = -100
         for eps in (0.0, 0.1):
-            for red in ("mean", "sum", "none"):
+            for red in REDUCTIONS:
                 loss, d = ops.cross_entropy(x, t, label_smoothing=eps, reduction=red,
                                             return_grad=True)
                 rl, rd = reference.cross_entropy(x, t, label_smoothing=eps, reduction=red,
                                                  return_grad=True)
-                count = int((t != -100).sum())
-                scale = 1.0 / count if red == "mean" else 1.0
-                la = 8 * 1.2e-7 * max(1.0, float(np.abs(x).max())) * (count if red == "sum"
-                                                                        else 1)
-                lerr = np.abs(np.asarray(loss, np.float64) - np.asarray(rl, np.float64))
-                lr = float((lerr / (la + 1e-5 * np.abs(np.asarray(rl, np.float64)))).max())
-                derr = np.abs(d.astype(np.float64) - rd)
-                dr = float((derr / (4 * 1.2e-7 * scale + 1e-4 * np.abs(rd))).max())
-                key = f"V={V}"
-                worst[key] = max(worst.get(key, 0.0), lr, dr)
-    print(json.dumps(worst))
-""")
+                scale, count = scale_of(t, red)
+                case = f"V={V} label_smoothing={eps} {red}"
+                check_loss(loss, rl, x, red, count, f"loss, {case}")
+                check_grad(d, rd, scale, f"dlogits, {case}")
 
 
-def worst_ratio(env):
-    """The largest error ratio (1 = at the tolerance) the CHILD checks saw under `env`."""
-    return max(script_report(CHILD, env).values())
-
-
-@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
-def test_every_isa_path(isa):
-    if isa not in AVAILABLE:
-        pytest.skip(f"{isa} is not available on this CPU/build (available: {AVAILABLE})")
-    assert worst_ratio({"FASTATTN_CPU_ISA": isa}) <= 1.0
-
-
-@pytest.mark.parametrize("env", [{"OMP_THREAD_LIMIT": "1"}, {"OMP_DYNAMIC": "true"}],
-                         ids=["thread_limit_1", "dynamic"])
-def test_fewer_threads_than_asked(env):
-    assert worst_ratio(env) <= 1.0
+test_every_isa_path, test_fewer_threads_than_asked = \
+    child_isa_tests("test_ops_loss", num_threads=None)
 
 
 # ---- the benchmark target ------------------------------------------------------------------------

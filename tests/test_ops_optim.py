@@ -1,13 +1,11 @@
 """The optimiser ops: adamw_step / adam_step against torch.optim.AdamW / Adam over 20 steps,
 grad_norm and clip_grads against torch.nn.utils, the kernels against the float64 twin, every
 SIMD path, thread counts (bit-identical) and bad input."""
-import textwrap
-
 import numpy as np
 import pytest
-from conftest import requires_torch
-from grad_util import script_report
+from conftest import assert_close, child_isa_tests, requires_torch
 from strategies import rand as _rand
+from tolerances import TOL, scaled
 
 import fastattn
 from fastattn import ops, reference
@@ -17,11 +15,12 @@ def rand(rng, shape, scale=1.0):
     """float32 normal data as an array, 0-d included (a 0-d result is kept an ndarray)."""
     return np.array(_rand(rng, shape, scale), np.float32)
 
-AVAILABLE = fastattn.build_info()["simd_available"]
 # odd sizes: vector tails of every level, a 0-d and a one-element tensor, more than one
 # sum-of-squares block (8192 floats), and above the threads' grain
 SHAPES = [(3, 5), (17,), (129, 33), (1,), (), (1000,), (7, 11, 13), (40000,)]
 STEPS = 20
+NORM_TWIN, NORM_TORCH = TOL["grad_norm_twin"]["rtol"], TOL["grad_norm_torch"]["rtol"]
+CLIP = TOL["clip_grads"]
 
 
 def make_state(rng, shapes, scale=1.0):
@@ -41,13 +40,12 @@ def torch_run(cls, params, grads_per_step, **kw):
     return [t.detach().numpy() for t in tp], opt
 
 
-def close_to_torch(ours, theirs, name, rtol=1e-6):
-    """1e-6 relative to each tensor's scale (max |p|): float32 rounding of one torch step vs
-    ours (FMA contraction, the order of a few products) is a few ulps."""
+def close_all(ours, theirs, name, tol=TOL["optim_torch"]):
+    """Each pair of tensors within the table entry `tol`, its atol relative to the tensor's
+    scale (max(1, max |p|))."""
     for i, (a, b) in enumerate(zip(ours, theirs)):
-        scale = max(1.0, float(np.abs(b).max(initial=0.0)))
-        np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * scale,
-                                   err_msg=f"{name}: tensor {i} {b.shape}")
+        assert_close(a, b, **scaled(tol, b, 1.0), name=f"{name}: tensor {i} {b.shape}",
+                     dtype=None)
 
 
 CONFIGS = [
@@ -80,12 +78,12 @@ def test_matches_torch_over_20_steps(rng, kind, hyper, torch_path):
     for step, g in enumerate(grads, start=1):
         step_fn(ours, g, m, v, step=step, **hyper)
         ref_fn(ref_p, g, ref_m, ref_v, step=step, **hyper)
-    close_to_torch(ours, theirs, f"ops.{kind}_step vs torch {torch_path}")
-    close_to_torch(ref_p, theirs, f"reference.{kind}_step vs torch {torch_path}")
+    close_all(ours, theirs, f"ops.{kind}_step vs torch {torch_path}")
+    close_all(ref_p, theirs, f"reference.{kind}_step vs torch {torch_path}")
     # the moments too
     tstate = [opt.state[p] for p in opt.param_groups[0]["params"]]
-    close_to_torch(m, [s["exp_avg"].numpy() for s in tstate], "exp_avg")
-    close_to_torch(v, [s["exp_avg_sq"].numpy() for s in tstate], "exp_avg_sq")
+    close_all(m, [s["exp_avg"].numpy() for s in tstate], "exp_avg")
+    close_all(v, [s["exp_avg_sq"].numpy() for s in tstate], "exp_avg_sq")
 
 
 @pytest.mark.parametrize("fn", ["adamw_step", "adam_step"])
@@ -99,7 +97,7 @@ def test_one_step_matches_twin_closely(rng, fn):
     getattr(ops, fn)(params, g, m, v, step=7, lr=1e-2, weight_decay=0.02)
     getattr(reference, fn)(twin[0], g, twin[1], twin[2], step=7, lr=1e-2, weight_decay=0.02)
     for name, a, b in zip(("params", "exp_avg", "exp_avg_sq"), (params, m, v), twin):
-        close_to_torch(a, b, name, rtol=5e-7)
+        close_all(a, b, name, TOL["optim_twin"])
 
 
 def test_single_arrays_and_lists_agree(rng):
@@ -128,12 +126,12 @@ def test_grad_norm_matches_torch_and_twin(rng):
     grads = [rand(rng, s, 3.0) for s in SHAPES]
     total = ops.grad_norm(grads)
     assert isinstance(total, float)
-    assert total == pytest.approx(reference.grad_norm(grads), rel=1e-12)
+    assert total == pytest.approx(reference.grad_norm(grads), rel=NORM_TWIN)
     tt = torch.nn.utils.get_total_norm([torch.tensor(g) for g in grads])
-    assert total == pytest.approx(float(tt), rel=1e-6)
+    assert total == pytest.approx(float(tt), rel=NORM_TORCH)
     assert ops.grad_norm([]) == 0.0
     assert ops.grad_norm(grads[2]) == pytest.approx(
-        float(np.linalg.norm(grads[2].astype(np.float64))), rel=1e-12)
+        float(np.linalg.norm(grads[2].astype(np.float64))), rel=NORM_TWIN)
     # other dtypes and layouts are converted, not refused (nothing is written): the same bits
     # as the float32 C-contiguous copy (the transpose's elements in its own order; the
     # original's order sums differently in the last bit on some SIMD levels)
@@ -154,11 +152,11 @@ def test_clip_grads_matches_torch(rng, max_norm):
     before = [g.copy() for g in grads]
     total = ops.clip_grads(grads, max_norm)
     ref_total = reference.clip_grads(ref, max_norm)
-    assert total == pytest.approx(their_total, rel=1e-6)
-    assert total == pytest.approx(ref_total, rel=1e-12)
+    assert total == pytest.approx(their_total, rel=NORM_TORCH)
+    assert total == pytest.approx(ref_total, rel=NORM_TWIN)
     for g, r, t, b in zip(grads, ref, tparams, before):
-        np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-6, atol=1e-7)
-        np.testing.assert_allclose(g, r, rtol=1e-6, atol=0)
+        assert_close(g, t.grad.numpy(), **CLIP, name="clipped vs torch")
+        assert_close(g, r, **CLIP, name="clipped vs twin")
         if not total > max_norm:
             np.testing.assert_array_equal(g, b)        # untouched: not even multiplied by 1
     if total > max_norm:
@@ -270,24 +268,17 @@ def test_bad_max_norm():
 
 # ---- every SIMD path, and a team smaller than asked for -----------------------------------------
 
-CHILD = textwrap.dedent(r"""
-    import json, sys
-    import numpy as np
-    import fastattn
-    from fastattn import ops, reference
-
-    want = sys.argv[1]
-    assert want == "-" or fastattn.build_info()["simd"] == want, fastattn.build_info()["simd"]
+def isa_checks():
+    """Run in a child under each FASTATTN_CPU_ISA (and small OpenMP teams), on a team of 2: the
+    steps' p, m and v, grad_norm and clip_grads' total and the clipped grads against the twin
+    (the table's optim_twin, grad_norm_twin and clip_grads entries), at sizes around the vector
+    tails and above the threads' grain."""
     fastattn.set_num_threads(2)
     rng = np.random.default_rng(13)
     shapes = [(1,), (3,), (15,), (17,), (33, 31), (70001,)]
-    worst = {}
 
-    def ratio(name, a, b, rtol):
-        b = np.asarray(b, np.float64)
-        err = np.abs(np.asarray(a, np.float64) - b) / (rtol * max(1.0, float(np.abs(b).max()))
-                                                       + rtol * np.abs(b))
-        worst[name] = max(worst.get(name, 0.0), float(err.max(initial=0.0)))
+    def check(name, a, b, tol):
+        assert_close(a, b, **scaled(tol, b, 1.0), name=name, dtype=None)
 
     for fn in ("adamw_step", "adam_step"):
         p = [rng.standard_normal(s).astype(np.float32) for s in shapes]
@@ -299,33 +290,18 @@ CHILD = textwrap.dedent(r"""
         getattr(reference, fn)(twin[0], g, twin[1], twin[2], step=3, lr=1e-2, weight_decay=0.05)
         for name, a, b in zip(("p", "m", "v"), (p, m, v), twin):
             for x, y in zip(a, b):
-                ratio(f"{fn}.{name}", x, y, 5e-7)
+                check(f"{fn}.{name} {x.shape}", x, y, TOL["optim_twin"])
     g = [(rng.standard_normal(s) * 3).astype(np.float32) for s in shapes]
-    ratio("grad_norm", ops.grad_norm(g), reference.grad_norm(g), 1e-12)
+    check("grad_norm", ops.grad_norm(g), reference.grad_norm(g), TOL["grad_norm_twin"])
     r = [a.copy() for a in g]
-    ratio("clip_grads.total", ops.clip_grads(g, 1.0), reference.clip_grads(r, 1.0), 1e-12)
+    check("clip_grads.total", ops.clip_grads(g, 1.0), reference.clip_grads(r, 1.0),
+          TOL["grad_norm_twin"])
     for x, y in zip(g, r):
-        ratio("clip_grads", x, y, 1e-6)
-    print(json.dumps(worst))
-""")
+        check(f"clip_grads {x.shape}", x, y, CLIP)
 
 
-def worst_ratio(env):
-    """The largest error ratio (1 = at the tolerance) the CHILD checks saw under `env`."""
-    return max(script_report(CHILD, env).values())
-
-
-@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
-def test_every_isa_path(isa):
-    if isa not in AVAILABLE:
-        pytest.skip(f"{isa} is not available on this CPU/build (available: {AVAILABLE})")
-    assert worst_ratio({"FASTATTN_CPU_ISA": isa}) <= 1.0
-
-
-@pytest.mark.parametrize("env", [{"OMP_THREAD_LIMIT": "1"}, {"OMP_DYNAMIC": "true"}],
-                         ids=["thread_limit_1", "dynamic"])
-def test_fewer_threads_than_asked(env):
-    assert worst_ratio(env) <= 1.0
+test_every_isa_path, test_fewer_threads_than_asked = \
+    child_isa_tests("test_ops_optim", num_threads=None)
 
 
 # ---- the benchmark case and its target ---------------------------------------------------------

@@ -18,14 +18,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fastattn
-from conftest import assert_close, dot_atol, run_in_threads
+from conftest import assert_close, child_isa_tests, run_checks, run_child, run_in_threads
 from fastattn import _fast, ops, quant, reference
-from grad_util import child_report, child_isa_tests, run_child
 from strategies import features, rand, seeds
+from tolerances import TOL, dot_atol
 
 ACTIVATIONS = [None, "relu", "gelu"]
 QW = ops.QuantizedWeight
-GELU_RTOL, GELU_ATOL = 2e-6, 1e-6       # the gelu kernel against float64 gelu (test_ops_linear)
+GELU_RTOL, GELU_ATOL = TOL["quantized_gelu"]["rtol"], TOL["quantized_gelu"]["atol"]
 
 
 def quantized(w, dtype):
@@ -732,7 +732,7 @@ def int8_path_checks():
 def test_every_int8_path(path):
     if path not in INT8_PATHS:
         pytest.skip(f"int8 path {path} is not available here (available: {INT8_PATHS})")
-    child_report(run_child("test_ops_quant", "int8_path_checks", {"FASTATTN_INT8_PATH": path}))
+    run_checks("test_ops_quant", "int8_path_checks", {"FASTATTN_INT8_PATH": path})
 
 
 def test_amx_path_is_chosen_only_when_forced():
@@ -749,8 +749,7 @@ def test_amx_path_is_chosen_only_when_forced():
     assert info["amx"]["permitted"] or not info["amx"]["used"]
     if "amx-emulated" not in INT8_PATHS:
         pytest.skip("amx-emulated needs the AVX-512 level in use")
-    child_report(run_child("test_ops_quant", "amx_layout_checks",
-                           {"FASTATTN_INT8_PATH": "amx-emulated"}))
+    run_checks("test_ops_quant", "amx_layout_checks", {"FASTATTN_INT8_PATH": "amx-emulated"})
 
 
 def amx_layout_checks():
@@ -761,8 +760,6 @@ def amx_layout_checks():
 
 
 def test_int8_path_forcing_errors():
-    import subprocess
-    import sys
     cases = [({"FASTATTN_INT8_PATH": "sse9"}, "expected one of generic, avx2"),
              ({"FASTATTN_INT8_PATH": "avx512vnni", "FASTATTN_CPU_ISA": "generic"},
               "cannot run it"),
@@ -771,8 +768,7 @@ def test_int8_path_forcing_errors():
     if "amx" not in INT8_PATHS:
         cases.append(({"FASTATTN_INT8_PATH": "amx"}, "cannot run it"))
     for env, pattern in cases:
-        proc = subprocess.run([sys.executable, "-c", "import fastattn"], capture_output=True,
-                              text=True, env={**os.environ, **env}, timeout=120)
+        proc = run_child("import fastattn", env=env)
         assert proc.returncode != 0 and pattern in proc.stderr, proc.stderr
     info = fastattn.build_info()
     assert info["int8_path"] in info["int8_paths_available"]

@@ -4,23 +4,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import TILES, TOL, assert_close, requires_torch, to_torch
+from conftest import TILES, assert_close, requires_torch, to_torch
 from fastattn import ops, reference
 from strategies import features, rand, rows, seeds
+from tolerances import TOL, softmax_tol
 
-SOFTMAX_TOL = TOL["softmax"]
 # row lengths around the vector width and the read pass's chunk (the vector tails)
 VL, CHUNK = TILES["vector_width"], TILES["softmax_chunk"]
 EDGE_C = sorted({1, VL - 1, VL, VL + 1, CHUNK - 1, CHUNK, CHUNK + 1, 8 * CHUNK + 1})
-
-
-def softmax_tol(x):
-    """exp(x - max) carries a relative error of about eps * |x - max|: scale rtol with the
-    spread of the finite entries (calibrated for a spread up to 100)."""
-    finite = np.asarray(x, np.float64)[np.isfinite(x)]
-    spread = float(finite.max() - finite.min()) if finite.size else 0.0
-    growth = max(1.0, spread / 100.0)
-    return dict(rtol=SOFTMAX_TOL["rtol"] * growth, atol=SOFTMAX_TOL["atol"])
 
 
 def make_scores(rng, shape, magnitude, p_neg_inf, p_dead_row):

@@ -10,8 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from conftest import requires_torch
+from conftest import assert_close, requires_torch
 from fastattn import optim
+from tolerances import TOL, scaled
 
 SHAPES = {"embed.weight": (37, 16), "layers.0.linear.weight": (16, 16),
           "layers.0.linear.bias": (16,), "layers.0.norm.weight": (16,), "head.bias": (5,),
@@ -65,11 +66,10 @@ def feed_torch(tparams, model):
         t.grad = None if g is None else torch.tensor(g.copy())
 
 
-def assert_params_close(model, tparams, rtol=1e-6):
+def assert_params_close(model, tparams):
     for k, p in model.params.items():
         t = tparams[k].detach().numpy()
-        np.testing.assert_allclose(p, t, rtol=rtol, atol=rtol * max(1.0, float(np.abs(t).max())),
-                                   err_msg=k)
+        assert_close(p, t, **scaled(TOL["optim_torch"], t, 1.0), name=k, dtype=None)
 
 
 # ---- against torch.optim -------------------------------------------------------------------------
@@ -102,8 +102,8 @@ def test_matches_torch_with_skipped_parameters(rng, name, kw):
         st = topt.state[t]
         assert opt.state[k]["step"] == int(st["step"]), k
         want = st["exp_avg"].numpy()
-        np.testing.assert_allclose(opt.state[k]["exp_avg"], want, rtol=1e-6,
-                                   atol=1e-6 * float(np.abs(want).max()), err_msg=k)
+        assert_close(opt.state[k]["exp_avg"], want, **scaled(TOL["optim_torch"], want), name=k,
+                     dtype=None)
     assert opt.steps == 20
     assert model.invalidated == 20
 
@@ -154,7 +154,8 @@ def test_reference_backend_uses_the_twin(rng):
         of.step()
         orf.step()
     for k in SHAPES:
-        np.testing.assert_allclose(fast.params[k], ref.params[k], rtol=1e-6, atol=1e-6)
+        assert_close(fast.params[k], ref.params[k], **scaled(TOL["optim_twin"], ref.params[k], 1.0),
+                     name=k, dtype=None)
 
 
 def test_bad_construction_and_unknown_gradient(rng):
@@ -268,10 +269,10 @@ def test_clip_grad_norm_matches_torch(rng, max_norm):
     feed_torch(tparams, model)
     theirs = float(torch.nn.utils.clip_grad_norm_(list(tparams.values()), max_norm))
     total = optim.clip_grad_norm(model, max_norm)
-    assert total == pytest.approx(theirs, rel=1e-6)
+    assert total == pytest.approx(theirs, rel=TOL["grad_norm_torch"]["rtol"])
     for k, t in tparams.items():
         if t.grad is not None:
-            np.testing.assert_allclose(model.grads[k], t.grad.numpy(), rtol=1e-6, atol=1e-9)
+            assert_close(model.grads[k], t.grad.numpy(), **TOL["clip_grads"], name=k, dtype=None)
 
 
 # ---- schedules -----------------------------------------------------------------------------------

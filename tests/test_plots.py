@@ -1,8 +1,6 @@
 """fastattn.plots: PNG files that exist, decode, and hold a picture; clear errors on bad input.
 Skipped without matplotlib (the optional ``demo`` extra)."""
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,7 +12,7 @@ from matplotlib.image import imread  # noqa: E402
 from fastattn import nn as fnn  # noqa: E402
 from fastattn import plots  # noqa: E402
 from fastattn.tokenizers import WordTokenizer  # noqa: E402
-from conftest import run_in_threads  # noqa: E402
+from conftest import modules_loaded_by, run_child, run_in_threads  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SRC = ["when you play the game of thrones", "you win or you die", "there is no middle ground"]
@@ -187,16 +185,10 @@ try:
 except ImportError as e:
     print(e)
 """
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120)
+    res = run_child(code, timeout=120)
     assert res.returncode == 0, res.stderr
     assert 'pip install "fastattn[demo]"' in res.stdout
 
 
 def test_import_fastattn_does_not_load_matplotlib():
-    code = ("import fastattn, fastattn.plots, sys; "
-            "print(any(m.startswith('matplotlib') for m in sys.modules))")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "False"
+    assert modules_loaded_by("import fastattn, fastattn.plots", "matplotlib") == []

@@ -5,28 +5,18 @@ import math
 import numpy as np
 import pytest
 
-from conftest import SEED002_MASK, SEED002_SCORES, sdpa_masks
+from conftest import (SEED002_MASK, SEED002_SCORES, assert_close, requires_torch, sdpa_masks,
+                      to_torch, torch_activation)
 from fastattn import reference as F
+from tolerances import TOL
 
 NEG_INF = -np.inf
+REF = TOL["reference"]
+LOOP = TOL["reference_loop"]
 
 
 # ----------------------------------------------------------------------------------------------
 # helpers
-
-def assert_close(actual, expected, rtol=1e-6, atol=1e-7, dtype=np.float32):
-    """Shape and dtype first, then values (NaN and +-inf must match position for position)."""
-    actual = np.asarray(actual)
-    expected = np.asarray(expected)
-    assert actual.shape == expected.shape, f"shape {actual.shape} != {expected.shape}"
-    if dtype is not None:
-        assert actual.dtype == dtype, f"dtype {actual.dtype} != {dtype}"
-    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
-
-
-def requires_torch():
-    return pytest.importorskip("torch")
-
 
 def rand(rng, *shape, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(np.float32)
@@ -92,12 +82,12 @@ def test_positional_encoding_by_hand(pos):
         expected.append(math.sin(angle) if c % 2 == 0 else math.cos(angle))
     pe = F.positional_encoding(pos + 1, d)
     assert pe.shape == (pos + 1, d) and pe.dtype == np.float32
-    assert_close(pe[pos], expected)
+    assert_close(pe[pos], expected, **REF)
     # position 1 spelled out: angles 1, 1/10000^(1/3), 1/10000^(2/3)
     if pos == 1:
         a1, a2 = 10000 ** (-1 / 3), 10000 ** (-2 / 3)
         assert_close(pe[1], [math.sin(1), math.cos(1), math.sin(a1), math.cos(a1),
-                             math.sin(a2), math.cos(a2)])
+                             math.sin(a2), math.cos(a2)], **REF)
 
 
 def test_positional_encoding_odd_d_model():
@@ -110,7 +100,7 @@ def test_positional_encoding_odd_d_model():
             want = math.sin(angle) if c % 2 == 0 else math.cos(angle)
             assert abs(pe[p, c] - want) < 1e-7
     # last column (index 4, even) is a sin
-    assert_close(pe[:, 4], np.sin(np.arange(4) / 10000 ** (4 / 5)))
+    assert_close(pe[:, 4], np.sin(np.arange(4) / 10000 ** (4 / 5)), **REF)
 
 
 def test_positional_encoding_empty():
@@ -134,7 +124,7 @@ def test_seed002_masked_softmax():
     w = F.softmax(SEED002_SCORES + SEED002_MASK)
     assert w.dtype == np.float32
     assert np.all(w[np.triu_indices(6, k=1)] == 0)              # lower triangular
-    assert_close(w.sum(axis=-1), np.ones(6), atol=1e-6)         # rows sum to 1
+    assert_close(w.sum(axis=-1), np.ones(6), rtol=REF["rtol"], atol=1e-6)         # rows sum to 1
     assert_close(w[0], [1, 0, 0, 0, 0, 0], rtol=0, atol=0)      # <start> sees only itself
     # row "I": softmax([7.6, 34.0]) by hand
     p_start = 1.0 / (1.0 + math.exp(34.0 - 7.6))
@@ -156,10 +146,10 @@ def test_seed002_attention_causal_equals_additive_mask():
     out_b, w_b = F.attention(q, k, v, mask=np.isinf(SEED002_MASK), scale=1.0,
                              return_weights=True)
     for out, w in ((out_m, w_m), (out_c, w_c), (out_b, w_b)):
-        assert_close(w[0, 0], expected)
-        assert_close(out[0, 0], expected)
+        assert_close(w[0, 0], expected, **REF)
+        assert_close(out[0, 0], expected, **REF)
         assert np.all(np.triu(w[0, 0], k=1) == 0)
-        assert_close(w[0, 0].sum(axis=-1), np.ones(6), atol=1e-6)
+        assert_close(w[0, 0].sum(axis=-1), np.ones(6), rtol=REF["rtol"], atol=1e-6)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -168,21 +158,21 @@ def test_seed002_attention_causal_equals_additive_mask():
 def test_softmax_by_hand():
     x = np.array([1.0, 2.0, 3.0])
     e = [math.exp(1 - 3), math.exp(2 - 3), 1.0]
-    assert_close(F.softmax(x), [t / sum(e) for t in e])
+    assert_close(F.softmax(x), [t / sum(e) for t in e], **REF)
     # invariance to a shift, and large values do not overflow
-    assert_close(F.softmax(x + 1000.0), [t / sum(e) for t in e])
+    assert_close(F.softmax(x + 1000.0), [t / sum(e) for t in e], **REF)
 
 
 def test_softmax_axis():
     x = np.array([[0.0, math.log(3.0)], [0.0, 0.0]])
-    assert_close(F.softmax(x, axis=0), [[0.5, 0.75], [0.5, 0.25]])
-    assert_close(F.softmax(x, axis=-1), [[0.25, 0.75], [0.5, 0.5]])
+    assert_close(F.softmax(x, axis=0), [[0.5, 0.75], [0.5, 0.25]], **REF)
+    assert_close(F.softmax(x, axis=-1), [[0.25, 0.75], [0.5, 0.5]], **REF)
 
 
 def test_softmax_masked_and_nan():
     x = np.array([[0.0, NEG_INF, 0.0], [NEG_INF, NEG_INF, NEG_INF], [0.0, np.nan, 1.0]])
     y = F.softmax(x)
-    assert_close(y[0], [0.5, 0.0, 0.5])
+    assert_close(y[0], [0.5, 0.0, 0.5], **REF)
     assert_close(y[1], [0.0, 0.0, 0.0], rtol=0, atol=0)          # all -inf row -> zeros
     assert np.all(np.isnan(y[2]))                                 # NaN propagates
 
@@ -202,15 +192,15 @@ def test_layer_norm_by_hand():
     rstd = 1.0 / math.sqrt(var + eps)
     expected = [(t - mean) * rstd for t in x]   # [-1.3416, -0.4472, 0.4472, 1.3416]
     y = F.layer_norm(x, np.ones(4), np.zeros(4))
-    assert_close(y, expected)
+    assert_close(y, expected, **REF)
     # weight and bias
     w, b = np.array([1.0, 2.0, 0.5, -1.0]), np.array([0.0, 1.0, -1.0, 3.0])
     y = F.layer_norm(x, w, b)
-    assert_close(y, [e * wi + bi for e, wi, bi in zip(expected, w, b)])
+    assert_close(y, [e * wi + bi for e, wi, bi in zip(expected, w, b)], **REF)
     # cache
     y, cache = F.layer_norm_forward(x[None], np.ones(4), np.zeros(4))
-    assert_close(cache["mean"], [mean])
-    assert_close(cache["rstd"], [rstd])
+    assert_close(cache["mean"], [mean], **REF)
+    assert_close(cache["rstd"], [rstd], **REF)
 
 
 def test_layer_norm_residual_and_leading_dims(rng):
@@ -219,10 +209,10 @@ def test_layer_norm_residual_and_leading_dims(rng):
     y, cache = F.layer_norm_forward(x, w, b, residual=r, eps=1e-6)
     y2 = F.layer_norm(x.astype(np.float64) + r, w, b, eps=1e-6)
     assert y.shape == (2, 3, 8) and y.dtype == np.float32
-    assert_close(y, y2)
+    assert_close(y, y2, **REF)
     s = x.astype(np.float64) + r
-    assert_close(cache["mean"], s.mean(-1).reshape(6))
-    assert_close(cache["rstd"], 1 / np.sqrt(s.var(-1).reshape(6) + 1e-6))
+    assert_close(cache["mean"], s.mean(-1).reshape(6), **REF)
+    assert_close(cache["rstd"], 1 / np.sqrt(s.var(-1).reshape(6) + 1e-6), **REF)
     assert cache["mean"].shape == (6,) and cache["rstd"].shape == (6,)
 
 
@@ -231,7 +221,8 @@ def test_layer_norm_empty_and_noncontiguous(rng):
     assert y.shape == (0, 4) and cache["mean"].shape == (0,) and cache["rstd"].shape == (0,)
     x = rand(rng, 8, 6).astype(np.float64).T          # (6, 8) non-contiguous float64
     assert_close(F.layer_norm(x, np.ones(8), np.zeros(8)),
-                 F.layer_norm(np.ascontiguousarray(x, dtype=np.float32), np.ones(8), np.zeros(8)))
+                 F.layer_norm(np.ascontiguousarray(x, dtype=np.float32), np.ones(8), np.zeros(8)),
+                 **REF)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -242,11 +233,11 @@ def test_linear_by_hand():
     w = np.array([[1.0, 1.0], [2.0, 0.5], [0.0, -1.0]])   # (3, 2): out 3, in 2
     b = np.array([0.5, 0.0, -1.0])
     # x @ w.T + b = [1-2+0.5, 2-1+0, 0+2-1] = [-0.5, 1.0, 1.0]
-    assert_close(F.linear(x, w, b), [[-0.5, 1.0, 1.0]])
-    assert_close(F.linear(x, w), [[-1.0, 1.0, 2.0]])
-    assert_close(F.linear(x, w, b, activation="relu"), [[0.0, 1.0, 1.0]])
+    assert_close(F.linear(x, w, b), [[-0.5, 1.0, 1.0]], **REF)
+    assert_close(F.linear(x, w), [[-1.0, 1.0, 2.0]], **REF)
+    assert_close(F.linear(x, w, b, activation="relu"), [[0.0, 1.0, 1.0]], **REF)
     gelu = lambda t: 0.5 * t * (1 + math.erf(t / math.sqrt(2)))   # noqa: E731
-    assert_close(F.linear(x, w, b, activation="gelu"), [[gelu(-0.5), gelu(1.0), gelu(1.0)]])
+    assert_close(F.linear(x, w, b, activation="gelu"), [[gelu(-0.5), gelu(1.0), gelu(1.0)]], **REF)
     assert abs(F.linear(x, w, b, activation="gelu")[0, 1] - 0.8413447460685429) < 1e-7
 
 
@@ -290,7 +281,7 @@ def test_ffn_by_hand():
     w2 = np.array([[1.0, 1.0, 1.0], [2.0, 0.0, 5.0]])       # (C=2, F=3)
     b2 = np.array([0.5, -0.5])
     # hidden = relu([1, 2-3, -3]) = [1, 0, 0]; out = [1 + 0.5, 2 - 0.5]
-    assert_close(F.ffn(x, w1, b1, w2, b2), [[1.5, 1.5]])
+    assert_close(F.ffn(x, w1, b1, w2, b2), [[1.5, 1.5]], **REF)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -302,14 +293,14 @@ def test_attention_by_hand():
     k = np.array([[[[0.0, 0.0], [math.log(3.0), 0.0]]]])   # (1,1,2,2)
     v = np.array([[[[4.0, 0.0, 1.0], [0.0, 8.0, 1.0]]]])   # (1,1,2,3)
     out, w = F.attention(q, k, v, scale=1.0, return_weights=True)
-    assert_close(w, [[[[0.25, 0.75]]]])
-    assert_close(out, [[[[1.0, 6.0, 1.0]]]])
+    assert_close(w, [[[[0.25, 0.75]]]], **REF)
+    assert_close(out, [[[[1.0, 6.0, 1.0]]]], **REF)
     _, cache = F.attention_forward(q, k, v, scale=1.0)
-    assert_close(cache["lse"], [[[math.log(1 + 3)]]])
+    assert_close(cache["lse"], [[[math.log(1 + 3)]]], **REF)
     # default scale 1/sqrt(D): D = 2
     _, w = F.attention(q, k, v, return_weights=True)
     p = 3 ** (1 / math.sqrt(2))
-    assert_close(w, [[[[1 / (1 + p), p / (1 + p)]]]])
+    assert_close(w, [[[[1 / (1 + p), p / (1 + p)]]]], **REF)
 
 
 def test_fully_masked_row_gives_zeros_and_neg_inf_lse(rng):
@@ -322,7 +313,7 @@ def test_fully_masked_row_gives_zeros_and_neg_inf_lse(rng):
     assert np.all(out[:, :, 1] == 0) and np.all(w[:, :, 1] == 0)
     assert np.all(cache["lse"][:, :, 1] == -np.inf)
     assert np.all(np.isfinite(cache["lse"][:, :, [0, 2]]))
-    assert_close(w[:, :, [0, 2]].sum(-1), np.ones((2, 2, 2)), atol=1e-6)
+    assert_close(w[:, :, [0, 2]].sum(-1), np.ones((2, 2, 2)), rtol=REF["rtol"], atol=1e-6)
 
     # a whole batch element padded out by key_padding_mask
     kpm = np.zeros((2, 5), dtype=bool)
@@ -375,9 +366,9 @@ def test_bool_mask_equals_float_mask(rng, mask_shape):
     # and both agree with the loop oracle
     allowed = ~np.broadcast_to(bmask, (2, 4, 3, 5))
     out_n, w_n, lse_n = naive_attention(q, k, v, allowed, 1 / math.sqrt(6))
-    assert_close(out_b, out_n, rtol=1e-6, atol=1e-6)
-    assert_close(w_b, w_n, rtol=1e-6, atol=1e-7)
-    assert_close(F.attention_forward(q, k, v, mask=bmask)[1]["lse"], lse_n, rtol=1e-6, atol=1e-6)
+    assert_close(out_b, out_n, **LOOP)
+    assert_close(w_b, w_n, **REF)
+    assert_close(F.attention_forward(q, k, v, mask=bmask)[1]["lse"], lse_n, **LOOP)
 
 
 def test_key_padding_mask_equals_mask(rng):
@@ -409,8 +400,8 @@ def test_masks_combine(rng):
     out, w = F.attention(q, k, v, mask=mask, key_padding_mask=kpm, causal=True,
                          return_weights=True)
     out_n, w_n, _ = naive_attention(q, k, v, allowed, 0.5)
-    assert_close(out, out_n, rtol=1e-6, atol=1e-6)
-    assert_close(w, w_n, rtol=1e-6, atol=1e-7)
+    assert_close(out, out_n, **LOOP)
+    assert_close(w, w_n, **REF)
 
 
 @pytest.mark.parametrize("B,H,Lq,Lk,D,Dv", [
@@ -432,10 +423,10 @@ def test_attention_vs_loop_oracle(rng, B, H, Lq, Lk, D, Dv, causal):
     out, w = F.attention(q, k, v, causal=causal, scale=scale, return_weights=True)
     out2, cache = F.attention_forward(q, k, v, causal=causal, scale=scale)
     out_n, w_n, lse_n = naive_attention(q, k, v, allowed, scale)
-    assert_close(out, out_n, rtol=1e-6, atol=1e-6)
-    assert_close(w, w_n, rtol=1e-6, atol=1e-7)
+    assert_close(out, out_n, **LOOP)
+    assert_close(w, w_n, **REF)
     assert_close(out2, out, rtol=0, atol=0)
-    assert_close(cache["lse"], lse_n, rtol=1e-6, atol=1e-6)
+    assert_close(cache["lse"], lse_n, **LOOP)
 
 
 def test_attention_accepts_float64_and_noncontiguous(rng):
@@ -447,8 +438,8 @@ def test_attention_accepts_float64_and_noncontiguous(rng):
     assert cache["lse"].dtype == np.float32 and cache["lse"].shape == (2, 3, 5)
     allowed = np.ones((2, 3, 5, 2), dtype=bool)
     out_n, _, lse_n = naive_attention(q, k, v, allowed, 0.5)
-    assert_close(out, out_n)
-    assert_close(cache["lse"], lse_n)
+    assert_close(out, out_n, **REF)
+    assert_close(cache["lse"], lse_n, **REF)
 
 
 def test_attention_nan_propagates(rng):
@@ -472,12 +463,10 @@ def test_attention_lse_by_hand(rng):
 # ----------------------------------------------------------------------------------------------
 # against torch (skipped when torch is not installed)
 
-TORCH_RTOL, TORCH_ATOL = 1e-5, 1e-6
+TORCH_RTOL, TORCH_ATOL = TOL["reference_torch"]["rtol"], TOL["reference_torch"]["atol"]
 
 
-def t(x):
-    torch = requires_torch()
-    return torch.from_numpy(np.ascontiguousarray(x))
+t = to_torch
 
 
 @pytest.mark.parametrize("B,H,Lq,Lk,D,Dv", [(2, 3, 5, 7, 8, 8), (1, 2, 6, 6, 16, 4),
@@ -538,13 +527,8 @@ def test_linear_vs_torch(rng, activation, with_bias):
     torch = requires_torch()
     x, w, b = rand(rng, 2, 5, 12), rand(rng, 7, 12), rand(rng, 7)
     y = F.linear(x, w, b if with_bias else None, activation=activation)
-    ref = torch.nn.functional.linear(t(x), t(w), t(b) if with_bias else None)
-    if activation == "relu":
-        ref = torch.relu(ref)
-    elif activation == "gelu":
-        ref = torch.nn.functional.gelu(ref)
-    elif activation == "gelu_tanh":
-        ref = torch.nn.functional.gelu(ref, approximate="tanh")
+    ref = torch_activation(activation)(
+        torch.nn.functional.linear(t(x), t(w), t(b) if with_bias else None))
     assert_close(y, ref.numpy(), rtol=TORCH_RTOL, atol=1e-5)
 
 
@@ -553,7 +537,7 @@ def test_gelu_vs_torch():
     x = np.linspace(-12.0, 12.0, 2001)
     y = F.linear(x[:, None], np.eye(1), activation="gelu")[:, 0]
     ref = torch.nn.functional.gelu(t(x)).numpy()        # float64 torch, exact erf form
-    assert_close(y, ref.astype(np.float32), rtol=1e-6, atol=1e-7)
+    assert_close(y, ref.astype(np.float32), **REF)
 
 
 def test_ffn_vs_torch(rng):

@@ -25,6 +25,7 @@ import pytest
 
 from conftest import assert_close
 from fastattn import nn as fnn
+from tolerances import TOL, rel_atol
 
 TORCH_WARNINGS = [
     pytest.mark.filterwarnings("ignore:.*nested tensor.*:UserWarning"),
@@ -34,8 +35,8 @@ TORCH_WARNINGS = [
 
 B, S, T = 3, 7, 5                  # batch, source length, target length
 C, H, F = 32, 4, 64                # d_model, heads, d_ff
-TORCH_REL = 1e-4                   # max|diff| / max|ref| against torch
-BACKEND_RTOL = 1e-5                # fast vs reference backend
+TORCH_REL = TOL["nn_torch"]["atol"]          # max|diff| / max|ref| against torch
+BACKEND_RTOL = TOL["nn_backends"]["rtol"]     # fast vs reference backend
 
 
 # ----------------------------------------------------------------------------------------------
@@ -44,9 +45,7 @@ BACKEND_RTOL = 1e-5                # fast vs reference backend
 
 def assert_rel(actual, expected, rel=TORCH_REL, name="output"):
     """max|actual - expected| <= rel * max|expected|, with assert_close's report on failure."""
-    expected = np.asarray(expected)
-    scale = float(np.abs(expected).max()) if expected.size else 1.0
-    assert_close(actual, expected, rtol=0.0, atol=rel * max(scale, 1e-30), name=name)
+    assert_close(actual, expected, rtol=0.0, atol=rel_atol(expected, rel, floor=1e-30), name=name)
 
 
 def perturb(torch, module, seed=0):
@@ -69,9 +68,7 @@ def assert_grads(fm, tm, rel=TORCH_REL):
 
 
 def assert_backends_close(fast, ref, name="output"):
-    ref = np.asarray(ref)
-    assert_close(fast, ref, rtol=BACKEND_RTOL, atol=BACKEND_RTOL * float(np.abs(ref).max()),
-                 name=name)
+    assert_close(fast, ref, rtol=BACKEND_RTOL, atol=rel_atol(ref, BACKEND_RTOL), name=name)
 
 
 def features(rng, batch, length, d=C):
@@ -157,14 +154,20 @@ def mha_masks(rng, masking, Lq, Lk):
         kw["key_padding_mask"] = kpm
     elif masking.startswith("kpm"):
         kw["key_padding_mask"] = padding(B, Lk, [Lk, 3, 2])
+    return add_attn_mask(kw, rng, masking, Lq, Lk, B * H)
+
+
+def add_attn_mask(kw, rng, masking, Lq, Lk, BH):
+    """kw with the attn_mask of a masking case, if it has one: bool or float, (Lq, Lk) or
+    (BH, Lq, Lk) for BH = batch * heads ("kpm_2d" / "kpm_3d": bool, beside a padding mask)."""
     if masking in ("2d_bool", "kpm_2d"):
         kw["attn_mask"] = bool_mask(rng, (Lq, Lk))
     if masking == "2d_float":
         kw["attn_mask"] = float_mask(rng, Lq, Lk)
     if masking in ("3d_bool", "kpm_3d"):
-        kw["attn_mask"] = bool_mask(rng, (B * H, Lq, Lk))
+        kw["attn_mask"] = bool_mask(rng, (BH, Lq, Lk))
     if masking == "3d_float":
-        m = rng.standard_normal((B * H, Lq, Lk)).astype(np.float32)
+        m = rng.standard_normal((BH, Lq, Lk)).astype(np.float32)
         m[rng.random(m.shape) < 0.3] = -np.inf
         m[..., 0] = 0.0
         kw["attn_mask"] = m
@@ -260,3 +263,19 @@ def seq2seq_pair(torch, seed=0):
     fm = fnn.Seq2SeqTransformer(2, 2, C, H, V_SRC, V_TGT, F, dropout=0.0, pad_id=PAD)
     fm.load_state_dict(tm.state_dict())            # torch tensors, pos_embedding buffer too
     return tm, fm
+
+
+def tutorial_batch(rng):
+    """A padded batch for seq2seq_pair and the tutorial's masks for it: (src, tgt, src_mask,
+    tgt_mask, src_pad, tgt_pad)."""
+    src = token_batch(rng, V_SRC, [S, 4, 6], S)
+    tgt = token_batch(rng, V_TGT, [T, 2, 4], T)
+    src_mask = np.zeros((S, S), dtype=bool)                     # as the tutorial's create_mask
+    tgt_mask = fnn.generate_square_subsequent_mask(T)
+    return src, tgt, src_mask, tgt_mask, src == PAD, tgt == PAD
+
+
+def tutorial_args(torch, src, tgt, src_mask, tgt_mask, src_pad, tgt_pad):
+    """The tutorial model's forward arguments for a tutorial_batch, as torch tensors (the
+    source padding serves as the memory padding)."""
+    return tuple(t(torch, a) for a in (src, tgt, src_mask, tgt_mask, src_pad, tgt_pad, src_pad))

@@ -80,14 +80,10 @@ def seq2seq(backend="fast", **kw):
 def test_seq2seq_weights_vs_torch(rng):
     torch = requires_torch()
     tm, fm = seq2seq_pair(torch)
-    src = token_batch(rng, V_SRC, [S, 4, 6], S)
-    tgt = token_batch(rng, V_TGT, [T, 2, 4], T)
-    src_pad, tgt_pad = src == PAD, tgt == PAD
-    src_mask = np.zeros((S, S), dtype=bool)                     # as the tutorial's create_mask
-    tgt_mask = fnn.generate_square_subsequent_mask(T)
+    batch = tutorial_batch(rng)
+    src, tgt = batch[:2]
     with torch_weights(torch, tm.transformer) as ref:
-        tm(t(torch, src), t(torch, tgt), t(torch, src_mask), t(torch, tgt_mask),
-           t(torch, src_pad), t(torch, tgt_pad), t(torch, src_pad))
+        tm(*tutorial_args(torch, *batch))
     w = fm.attention_weights(src, tgt)                          # masks from pad_id, causal
     check_shapes(w, dict(encoder=2, decoder=2, cross=2), B, S, T)
     for kind in KINDS:

@@ -7,6 +7,7 @@ import pytest
 from fastattn import nn as fnn
 from nn_util import *  # noqa: F401,F403  (helpers and constants)
 from nn_util import TORCH_WARNINGS
+from tolerances import TOL
 
 pytestmark = TORCH_WARNINGS
 
@@ -114,10 +115,6 @@ def _logits(m, src, tokens, beams, edit=None):
     return np.stack(out), cache
 
 
-def _close(got, want, rel=2e-5):
-    np.testing.assert_allclose(got, want, rtol=0, atol=rel * max(1.0, np.abs(want).max()))
-
-
 @pytest.mark.parametrize("compute_type", ["float32", "int8", "bf16"])
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("sources,beams", [(1, 1), (3, 2), (9, 4)])   # 36 rows: past the packed
@@ -133,9 +130,10 @@ def test_planned_steps_give_the_reference_backends_steps(rng, compute_type, norm
     again, _ = _logits(m, src, tokens, beams)
     np.testing.assert_array_equal(again, got)               # a plan repeats bit for bit
     want, _ = _logits(m.to_backend("reference"), src, tokens, beams)
-    # int8: the kernels' float32 epilogue against the twin's float64 (gelu: ~1e-6 relative
-    # per product, through two layers)
-    _close(got, want, 2e-4 if compute_type == "int8" else 2e-5)
+    if compute_type == "float32":
+        assert_backends_close(got, want, name="logits")
+    else:
+        assert_rel(got, want, TOL["quantized_same_math"][compute_type], name="logits")
 
 
 def _new(a):
@@ -183,7 +181,7 @@ def test_steps_follow_changed_weights(rng, edit):
         m = fnn.Seq2SeqTransformer(1, 2, C, H, V_SRC, V_TGT, F, seed=12, backend=backend)
         change = lambda m, t: EDITS[edit](m.transformer.decoder.layers[1]) if t == 2 else None
         runs.append(_logits(m, src, tokens, 1, change)[0])
-    _close(runs[0], runs[1])
+    assert_backends_close(runs[0], runs[1], name="logits")
     assert not np.array_equal(runs[0][2:], _logits(
         fnn.Seq2SeqTransformer(1, 2, C, H, V_SRC, V_TGT, F, seed=12), src, tokens,
         1)[0][2:])                                              # the edit did change them
@@ -201,7 +199,7 @@ def test_steps_follow_a_backend_switch(rng):
     fast, _ = _logits(m.to_backend("fast"), src, tokens, 1)
     reference, _ = _logits(m.to_backend("reference"), src, tokens, 1)
     np.testing.assert_array_equal(got[0], fast[0])
-    _close(got, reference)
+    assert_backends_close(got, reference, name="logits")
 
 
 @pytest.mark.parametrize("norm_first", [False, True])

@@ -32,14 +32,10 @@ def test_seq2seq_keys_match_tutorial():
 def test_seq2seq_vs_tutorial(rng):
     torch = requires_torch()
     tm, fm = seq2seq_pair(torch)
-    src = token_batch(rng, V_SRC, [S, 4, 6], S)
-    tgt = token_batch(rng, V_TGT, [T, 2, 4], T)
-    src_pad, tgt_pad = src == PAD, tgt == PAD
-    src_mask = np.zeros((S, S), dtype=bool)                     # as the tutorial's create_mask
-    tgt_mask = fnn.generate_square_subsequent_mask(T)
+    batch = tutorial_batch(rng)
+    src, tgt, src_mask, tgt_mask, src_pad, tgt_pad = batch
     with torch.inference_mode():
-        ref = tm(t(torch, src), t(torch, tgt), t(torch, src_mask), t(torch, tgt_mask),
-                 t(torch, src_pad), t(torch, tgt_pad), t(torch, src_pad)).numpy()
+        ref = tm(*tutorial_args(torch, *batch)).numpy()
         ref_mem = tm.encode(t(torch, src), t(torch, src_mask), t(torch, src_pad))
     keep_t, keep_s = ~tgt_pad, ~src_pad
 

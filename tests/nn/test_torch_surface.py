@@ -23,10 +23,11 @@ from fastattn import io
 from fastattn import nn as fnn
 from nn_util import *  # noqa: F401,F403  (helpers and constants)
 from nn_util import TORCH_WARNINGS
+from tolerances import TOL
 
 pytestmark = TORCH_WARNINGS
 
-REL = 1e-5
+REL = TOL["nn_torch_surface"]["atol"]
 BACKENDS = ["fast", "reference"]
 
 
@@ -404,18 +405,7 @@ def case_masks(rng, masking, b, heads, lq, lk):
         if masking == "kpm_float":
             kpm = np.where(kpm, -np.inf, rng.standard_normal((b, lk))).astype(np.float32)
         kw["key_padding_mask"] = kpm
-    if masking in ("2d_bool", "kpm_2d"):
-        kw["attn_mask"] = bool_mask(rng, (lq, lk))
-    if masking == "2d_float":
-        kw["attn_mask"] = float_mask(rng, lq, lk)
-    if masking in ("3d_bool", "kpm_3d"):
-        kw["attn_mask"] = bool_mask(rng, (b * heads, lq, lk))
-    if masking == "3d_float":
-        m = rng.standard_normal((b * heads, lq, lk)).astype(np.float32)
-        m[rng.random(m.shape) < 0.3] = -np.inf
-        m[..., 0] = 0.0
-        kw["attn_mask"] = m
-    return kw
+    return add_attn_mask(kw, rng, masking, lq, lk, b * heads)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

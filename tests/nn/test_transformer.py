@@ -174,16 +174,21 @@ def test_subsequent_tgt_mask_runs_as_causal_kernel(rng, monkeypatch, mask_kind):
 # layers and stacks alone against torch
 
 
+def layer_pair(torch, kind, seed, **kw):
+    """torch.nn.<kind> (seeded, eval, batch_first, no dropout) and fnn.<kind> with its weights."""
+    torch.manual_seed(seed)
+    tl = getattr(torch.nn, kind)(C, H, F, dropout=0.0, batch_first=True, **kw).eval()
+    fl = getattr(fnn, kind)(C, H, F, dropout=0.0, **kw)
+    fl.load_state_dict(tl.state_dict())
+    return tl, fl
+
+
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_encoder_layer_vs_torch(rng, norm_first, activation):
     torch = requires_torch()
-    torch.manual_seed(4)
-    tl = torch.nn.TransformerEncoderLayer(C, H, F, dropout=0.0, activation=activation,
-                                          batch_first=True, norm_first=norm_first).eval()
-    fl = fnn.TransformerEncoderLayer(C, H, F, dropout=0.0, activation=activation,
-                                     norm_first=norm_first)
-    fl.load_state_dict(tl.state_dict())
+    tl, fl = layer_pair(torch, "TransformerEncoderLayer", 4, activation=activation,
+                        norm_first=norm_first)
     x = features(rng, B, S)
     kpm = padding(B, S, [S, 4, 6])
     mask = float_mask(rng, S, S)
@@ -201,12 +206,8 @@ def test_encoder_layer_vs_torch(rng, norm_first, activation):
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_decoder_layer_vs_torch(rng, norm_first, activation):
     torch = requires_torch()
-    torch.manual_seed(5)
-    tl = torch.nn.TransformerDecoderLayer(C, H, F, dropout=0.0, activation=activation,
-                                          batch_first=True, norm_first=norm_first).eval()
-    fl = fnn.TransformerDecoderLayer(C, H, F, dropout=0.0, activation=activation,
-                                     norm_first=norm_first)
-    fl.load_state_dict(tl.state_dict())
+    tl, fl = layer_pair(torch, "TransformerDecoderLayer", 5, activation=activation,
+                        norm_first=norm_first)
     y, mem = features(rng, B, T), features(rng, B, S)
     tmask = fnn.generate_square_subsequent_mask(T)
     tkpm, mkpm = padding(B, T, [T, 2, 3]), padding(B, S, [4, S, 1])

@@ -1,7 +1,6 @@
 """``fastattn translate`` end to end: killed with SIGKILL mid-run (twice), then resumed, the output
 is the uninterrupted run's byte for byte; one-line errors; the defaults are the library's; the
 core install imports neither Ray nor Dask, and without them the runners name the extra."""
-import os
 import signal
 import subprocess
 import sys
@@ -10,6 +9,7 @@ import time
 
 import pytest
 
+from conftest import modules_loaded_by, run_child
 from fastattn import cli
 from fastattn.runners import DEFAULT_BATCH_TOKENS, DEFAULT_WINDOW, translate_file
 from runner_util import read_records, sentences, write_lines
@@ -97,17 +97,8 @@ def test_cli_defaults_are_the_library_defaults():
 
 
 def modules_after(code):
-    """Run `code` in a fresh interpreter -> the ray and dask modules it left loaded, and its
-    standard error."""
-    probe = textwrap.dedent(code) + textwrap.dedent("""
-        import sys
-        print(" ".join(sorted(m for m in sys.modules
-                              if m.split(".")[0] in ("ray", "dask", "distributed"))))
-        """)
-    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         timeout=120)
-    assert res.returncode == 0, res.stderr
-    return res.stdout.split("\n")[-2].split()
+    """The ray and dask modules `code` leaves loaded in a fresh interpreter."""
+    return modules_loaded_by(code, "ray", "dask", "distributed")
 
 
 def test_the_core_install_imports_neither_ray_nor_dask():
@@ -130,7 +121,6 @@ def test_without_the_engine_an_import_error_names_the_extra(module, call, extra)
             assert {extra!r} in str(exc), exc
             print("named")
         """
-    res = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                         text=True, timeout=120, env=dict(os.environ))
+    res = run_child(textwrap.dedent(code), timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "named"

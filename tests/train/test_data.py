@@ -1,11 +1,10 @@
 """read_pairs (every format, every bad input named with file and line) and chatterbot_pairs."""
 import json
-import os
-import subprocess
 import sys
 
 import pytest
 
+from conftest import run_child
 from fastattn.train import Pairs, chatterbot_pairs, read_pairs
 
 
@@ -108,9 +107,7 @@ def test_alias_bombs_are_refused_fast_and_small(tmp_path, name, text):
     The growth, not the peak, is bounded: a sanitizer build's runtime alone adds tens of MB."""
     pytest.importorskip("yaml")
     path = write(tmp_path, f"{name}.yml", text)
-    res = subprocess.run([sys.executable, "-c", CHILD, str(path), str(tmp_path / "run")],
-                         capture_output=True, text=True, timeout=30,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    res = run_child(CHILD, path, tmp_path / "run", env={"OMP_NUM_THREADS": "1"}, timeout=30)
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout.splitlines()[-1])
     assert got["rc"] == 1 and "is not accepted" in res.stderr and f"{name}.yml" in res.stderr
@@ -215,6 +212,5 @@ def test_the_package_imports_without_the_optional_packages():
             "for m in ('tqdm', 'yaml', 'matplotlib', 'chatterbot_corpus'): sys.modules[m] = None\n"
             "import fastattn.train\n"
             "assert fastattn.train.fit and fastattn.train.read_pairs\n")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120)
+    res = run_child(code, timeout=120)
     assert res.returncode == 0, res.stderr

@@ -1,0 +1,306 @@
+"""Every tolerance the suite's shared checks use: one table (TOL) and the functions that scale its
+entries by the size of a problem. Tests compare with conftest.assert_close.
+
+Float32 kernels are checked against the float64-evaluated twin (DESIGN: oracle (b)); float32
+rounding grows with what a result sums, not with the result itself (which may cancel to ~0), so
+most absolute tolerances here are a factor times a magnitude the test computes from its inputs.
+Where an entry says "atol x <magnitude>", its atol is that factor and a function below (or the
+one check using the entry) multiplies it by the magnitude named. rtol is relative to the
+expected value, element by element.
+
+Tolerances written at a single assertion (a hand-computed case, one corner) stay at that
+assertion.
+"""
+import math
+
+import numpy as np
+
+from fastattn import reference
+
+EPS32 = float(np.finfo(np.float32).eps)   # 1.19e-7, float32's machine epsilon
+
+# max |gelu'(x)| (at x ~ 2.4): an error in gelu's input grows by at most this
+GELU_MAX_SLOPE = 1.13
+
+TOL = {
+    # ---- forward kernels against the twin -----------------------------------------------------
+    # out: atol x max(1, max|v|) x growth (the output is a convex combination of the rows of v;
+    # growth = max(1, largest |score| / 50), scores up to ~50 being the calibrated range)
+    "attention": dict(rtol=1e-4, atol=2e-5),
+    # weights: rtol and atol x growth (each weight is exp of a rounded score: relative error
+    # ~ eps * |score|)
+    "attention_weights": dict(rtol=1e-4, atol=1e-6),
+    # lse: atol x max(1, largest |score|): an absolute error of ~eps * |largest score| is all
+    # float32 can hold
+    "attention_lse": dict(rtol=1e-5, atol=1e-5),
+    # rtol x max(1, spread of the row's finite entries / 100): exp(x - max) carries a relative
+    # error of about eps * |x - max| (softmax_tol)
+    "softmax": dict(rtol=1e-5, atol=1e-7),
+    # y: atol x (1 + max|weight| + max|bias|), the output being O(|weight|) + |bias|
+    "layer_norm": dict(rtol=1e-4, atol=1e-5),
+    "layer_norm_mean": dict(rtol=1e-6, atol=1e-6),   # atol x max|x + residual|
+    "layer_norm_rstd": dict(rtol=1e-4, atol=0.0),
+    # dot products: atol x EPS32 x sqrt(K) x max(|x| @ |w|^T + |b|), K terms summed in float32
+    # by BLAS in its own order (dot_atol)
+    "linear": dict(rtol=1e-5, atol=4.0),
+    # both GEMMs, the first one's error carried through the activation and w2 (ffn_atol)
+    "ffn": dict(rtol=1e-5, atol=4.0),
+    # finite masks (test_attention_masks: values of size ~1, biases up to finfo(float32).min):
+    # rtol and atol x max(1, max|expected|), for out and for dq, dk, dv, against the twin and
+    # against torch's math backend
+    "attention_masks": dict(out=2e-5, grad=2e-4, out_torch=1e-5, grad_torch=1e-4),
+    # a row that averages v (masked throughout by one finite value, or a decode step over a
+    # padded source): a float32 sum of Lk values of size ~1
+    "attention_mean_row": dict(rtol=1e-5, atol=1e-6),
+    # the same product on N threads and on one (test_threads): BLAS may block the sums
+    # differently for another thread count; rtol, and atol x max|one thread's|
+    "threads": dict(rtol=1e-6, atol=1e-6),
+    # ---- backward kernels against the twin ----------------------------------------------------
+    # dq, dk, dv: atol x EPS32 x (sqrt(terms) + largest |score|) x the largest sum of |terms| an
+    # element adds up (attention_grad_atol): products of recomputed probabilities (relative
+    # error ~ eps * |score|) with float32 data
+    "attention_grad": dict(rtol=1e-4, atol=4.0),
+    # the same against torch autograd, whose float32 gradients carry their own rounding
+    "attention_grad_torch": dict(rtol=2e-4, atol=8.0),
+    # an activation's derivative (relu', gelu' through float32 erf or tanh polynomials) against
+    # the float64 twin's, at values of pre from -14 to 14 and the special values
+    "activation_grad": {"relu": dict(rtol=1e-6, atol=2e-7), "gelu": dict(rtol=1e-6, atol=2e-7),
+                        "gelu_tanh": dict(rtol=1e-5, atol=2e-7)},
+    # linear / ffn gradients: atol x EPS32 x sqrt(inner) x the same chain of products on
+    # absolute values (chain_atol)
+    "linear_grad": dict(rtol=1e-5, atol=4.0),
+    # dx, dweight, dbias: atol x EPS32 x sqrt(terms summed) x their sizes, plus float32's own
+    # conditioning of x + residual (layer_norm_grad_atols); rtol as the forward's
+    "layer_norm_grad": dict(rtol=1e-4, atol=8.0),
+    # ---- cross entropy ------------------------------------------------------------------------
+    # loss: atol x EPS32 x max(1, max|x|) (lse - x_t in float32, terms of size max|x|), times the
+    # row count for a sum (loss_atol)
+    "cross_entropy": dict(rtol=1e-5, atol=8.0),
+    # dlogits = (softmax - targets) x scale (1 / count for a mean): atol x EPS32 x scale, float32
+    # and the exp polynomial
+    "cross_entropy_grad": dict(rtol=1e-4, atol=4.0),
+    # ---- the twins against hand-computed values and torch -------------------------------------
+    # the twins compute in float64 and round to float32 once: a few float32 ulps
+    "reference": dict(rtol=1e-6, atol=1e-7),
+    # the attention twin against a row-by-row loop with math.exp (test_reference): both round
+    # to float32 at the end, but sum exp in a different order, for outputs and lse of size ~1
+    "reference_loop": dict(rtol=1e-6, atol=1e-6),
+    # a float64 twin's backward against central differences of its forward (grad_util, step
+    # 1e-6): truncation ~ h^2 and cancellation ~ eps64 / h, both far below these
+    "finite_difference": dict(rtol=1e-6, atol=1e-7),
+    # the twins against torch's float32 ops
+    "reference_torch": dict(rtol=1e-5, atol=1e-6),
+    # a kernel or the model against torch, both in float32 with their own rounding
+    "torch": dict(rtol=1e-4, atol=1e-5),
+    # ---- the model layer (fastattn.nn) --------------------------------------------------------
+    # small models (d_model 32) against torch: max|diff| <= atol x max|torch's| (rel_atol)
+    "nn_torch": dict(rtol=0.0, atol=1e-4),
+    # the rest of torch.nn's surface (test_torch_surface), forward and autograd:
+    # max|diff| <= atol x max|torch's|
+    "nn_torch_surface": dict(rtol=0.0, atol=1e-5),
+    # the fast backend against the reference backend: rtol, and atol x max|reference|
+    "nn_backends": dict(rtol=1e-5, atol=1e-5),
+    # a quantized weight, dequantized, against its float32 original, relative (max|diff| /
+    # max|ref|): int8 keeps 127 levels a side of each row's largest |value|, bf16 8 bits of
+    # mantissa
+    "quantized_weight": {"int8": 1 / 127, "bf16": 2.0**-8},
+    # a quantized model's outputs against its float32 original, relative (max|diff| / max|ref|):
+    # int8 rounds weights to ~1/254 of their row's range (and a product's inputs to ~1/65534 of
+    # theirs), bf16 to 2^-9
+    "quantized_vs_float32": {"int8": 0.05, "bf16": 0.01},
+    # the same quantized math computed two ways (fast and reference backends, decode steps and
+    # the full forward): their float32 parts (attention, layer norm) differ by ~1e-7, which can
+    # move an int8 product's input across a rounding boundary of its L levels (one level is
+    # 1/32767 of the row's largest value at d_model 32), so int8 allows a few levels
+    "quantized_same_math": {"int8": 2e-4, "bf16": 1e-5},
+    # an int8 linear with gelu against the twin: the integer sums agree bit for bit, so only
+    # the gelu kernel's accuracy against float64 gelu is left
+    "quantized_gelu": dict(rtol=2e-6, atol=1e-6),
+    # ---- optimisers (rtol, and atol x max(1, max|expected|): scaled(entry, expected, 1.0)) ------
+    # one float32 step against torch's float32 step: FMA contraction and the order of a few
+    # products move a value by a few ulps
+    "optim_torch": dict(rtol=1e-6, atol=1e-6),
+    # the kernel's step against the float64 twin's, rounded once
+    "optim_twin": dict(rtol=5e-7, atol=5e-7),
+    # grad_norm (and clip_grads' total): the kernel sums squares in float64 like the twin, so
+    # only the order of the sum differs; torch sums float32 norms
+    "grad_norm_twin": dict(rtol=1e-12, atol=1e-12),
+    "grad_norm_torch": dict(rtol=1e-6, atol=0.0),
+    # clipped gradients: each value times one float32-rounded factor, relative to each value
+    "clip_grads": dict(rtol=1e-6, atol=0.0),
+    # ---- data-parallel training ---------------------------------------------------------------
+    # 2 ranks against one process with the same global batches (test_distributed, which says
+    # which weights are left out): the gradients' rows are summed in two parts, then across
+    # the ranks, so losses, weights and logits move by float32 rounding only
+    "data_parallel": dict(loss_rtol=1e-6, weight_atol=1e-6, logits_atol=1e-5),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# tolerances scaled by a problem's magnitudes
+
+
+def rel_atol(expected, rel, floor=0.0):
+    """rel x max|expected| over its finite entries, the scale at least `floor`: the absolute
+    tolerance of a check whose error scales with the largest value (NaN and inf positions are
+    assert_close's to check, element by element)."""
+    e = np.abs(np.asarray(expected, np.float64))
+    e = e[np.isfinite(e)]
+    return rel * max(float(e.max(initial=0.0)), floor)
+
+
+def scaled(entry, expected, floor=0.0):
+    """A table entry whose atol is relative to the largest value: dict(rtol=entry's rtol,
+    atol=rel_atol(expected, entry's atol, floor)), for assert_close(actual, expected, **...)."""
+    return dict(rtol=entry["rtol"], atol=rel_atol(expected, entry["atol"], floor))
+
+
+def dot_atol(x, w, *, bias=None, factor=TOL["linear"]["atol"]):
+    """Absolute tolerance for act(x @ w.T + bias) computed in float32: factor * eps * sqrt(K) *
+    max(|x| @ |w|.T + |bias|), the size of the terms each output sums (not of the result)."""
+    x = np.abs(np.asarray(x, np.float64)).reshape(-1, np.shape(w)[1])
+    w = np.abs(np.asarray(w, np.float64))
+    if x.size == 0 or w.size == 0:
+        return 0.0
+    mag = x @ w.T
+    if bias is not None:
+        mag = mag + np.abs(np.asarray(bias, np.float64))
+    return factor * EPS32 * np.sqrt(w.shape[1]) * float(mag.max())
+
+
+def ffn_atol(x, w1, b1, w2, b2, activation, slope=GELU_MAX_SLOPE):
+    """Error of the first GEMM carried through the activation (whose slope is at most `slope`)
+    and the second GEMM, plus the second GEMM's own rounding."""
+    h = reference.linear(x, w1, b1, activation=activation)          # float32 of the f64 hidden
+    first = dot_atol(x, w1, bias=b1, factor=TOL["ffn"]["atol"]) * slope
+    carried = first * float(np.abs(np.asarray(w2, np.float64)).sum(axis=1).max(initial=0.0))
+    return carried + dot_atol(h, w2, bias=b2, factor=TOL["ffn"]["atol"])
+
+
+def chain_atol(magnitude, inner, factor=TOL["linear_grad"]["atol"]):
+    """Absolute tolerance of a float32 result whose terms have size `magnitude` (the same
+    computation on absolute values, in float64) and which sums `inner` terms per element along
+    its longest chain: factor * eps * sqrt(inner) * max(magnitude)."""
+    m = np.asarray(magnitude, np.float64)
+    if m.size == 0:
+        return 0.0
+    return factor * EPS32 * np.sqrt(max(inner, 1)) * float(np.max(m))
+
+
+def softmax_tol(x):
+    """exp(x - max) carries a relative error of about eps * |x - max|: scale rtol with the
+    spread of the finite entries (calibrated for a spread up to 100)."""
+    finite = np.asarray(x, np.float64)[np.isfinite(x)]
+    spread = float(finite.max() - finite.min()) if finite.size else 0.0
+    growth = max(1.0, spread / 100.0)
+    return dict(rtol=TOL["softmax"]["rtol"] * growth, atol=TOL["softmax"]["atol"])
+
+
+def layer_norm_atol(weight, bias):
+    """y's absolute tolerance: TOL["layer_norm"]["atol"] x (1 + max|weight| + max|bias|)."""
+    wmax = 1.0 if weight is None else float(np.abs(weight).max(initial=0.0))
+    bmax = 0.0 if bias is None else float(np.abs(bias).max(initial=0.0))
+    return TOL["layer_norm"]["atol"] * (1.0 + wmax + bmax)
+
+
+def f32_ulp(a):
+    """float32's spacing at |a| (float64 values), without overflowing at the float32 maximum
+    (np.spacing of a float32 there is inf): 2^29 float64 ulps, at least the smallest denormal."""
+    return np.maximum(np.spacing(np.abs(np.asarray(a, np.float64))) * 2.0**29, 2.0**-149)
+
+
+def layer_norm_grad_atols(dy, x, mean, rstd, weight, residual):
+    """(atol_dx, atol_dweight, atol_dbias) from the terms' sizes and float32's conditioning: the
+    kernel recomputes s = x + residual in float32, so xhat moves by half an ulp of the row's
+    largest |s| times rstd."""
+    factor = TOL["layer_norm_grad"]["atol"]
+    C = x.shape[-1]
+    s = np.asarray(x, np.float64).reshape(-1, C)
+    if residual is not None:
+        s = s + np.asarray(residual, np.float64).reshape(-1, C)
+    d = np.abs(np.asarray(dy, np.float64).reshape(-1, C))
+    rs = np.asarray(rstd, np.float64)[:, None]
+    xh = np.abs(s - np.asarray(mean, np.float64)[:, None]) * rs
+    w = np.ones(C) if weight is None else np.abs(np.asarray(weight, np.float64))
+    g = d * w
+    # half an ulp of each row's largest |s| (and of the float32 mean), times rstd: xhat's error
+    row_ulp = f32_ulp(np.abs(s).max(axis=1, initial=0.0))
+    dxh = (row_ulp[:, None] * rs) if s.size else np.zeros_like(s)
+    k = factor * EPS32 * np.sqrt(max(C, 1))
+    mag_dx = rs * (g + g.mean(axis=1, keepdims=True) + (1.0 + xh) * (g * (1.0 + xh)).mean(
+        axis=1, keepdims=True)) if s.size else s
+    atol_dx = (k * float(mag_dx.max(initial=0.0))
+               + 2.0 * float((rs * dxh * (g * (1.0 + xh)).mean(axis=1, keepdims=True)
+                              + rs * dxh * g.mean(axis=1, keepdims=True)).max(initial=0.0)))
+    n = max(len(s), 1)
+    kn = factor * EPS32 * np.sqrt(n)
+    atol_dw = kn * float((d * xh).sum(axis=0).max(initial=0.0)) \
+        + 2.0 * float((d * dxh).sum(axis=0).max(initial=0.0))
+    atol_db = kn * float(d.sum(axis=0).max(initial=0.0))
+    return atol_dx, atol_dw, atol_db
+
+
+# ---- attention
+
+
+def attention_scale(q, scale):
+    """The scale attention applies to q k^T: 1 / sqrt(D) unless given."""
+    D = np.shape(q)[-1]
+    return (1.0 / math.sqrt(D) if D else 1.0) if scale is None else scale
+
+
+def max_score(q, k, scale, *, finite_only=False):
+    """max |q k^T * scale| over the problem (masks aside), at least 1. With NaN or inf among the
+    scores: finite_only leaves them out (the backward's tolerances); otherwise an inf gives inf
+    and a NaN gives 1 (the forward's)."""
+    if np.size(q) == 0 or np.size(k) == 0:
+        return 1.0
+    q64, k64 = np.asarray(q, np.float64), np.asarray(k, np.float64)
+    s = np.abs(q64 @ np.swapaxes(k64, -1, -2)) * abs(attention_scale(q, scale))
+    if finite_only:
+        s = np.nan_to_num(s, posinf=0.0)
+    return max(1.0, float(s.max()))
+
+
+def attention_tols(q, k, v, scale):
+    """(out, weights, lse) tolerances for one forward problem."""
+    smax = max_score(q, k, scale)
+    growth = max(1.0, smax / 50.0)              # scores up to ~50 are the calibrated range
+    vmax = max(1.0, float(np.abs(v).max())) if np.size(v) else 1.0
+    t_out = dict(rtol=TOL["attention"]["rtol"], atol=TOL["attention"]["atol"] * vmax * growth)
+    t_w = dict(rtol=TOL["attention_weights"]["rtol"] * growth,
+               atol=TOL["attention_weights"]["atol"] * growth)
+    t_lse = dict(rtol=TOL["attention_lse"]["rtol"], atol=TOL["attention_lse"]["atol"] * smax)
+    return t_out, t_w, t_lse
+
+
+def attention_grad_magnitudes(dout, q, k, v, out, **kwargs):
+    """Per element of dq, dk, dv, the sum of |terms| it adds up (float64): with P the undropped
+    weights scaled by 1 / (1 - p), |dS| <= P (|dout| |v|^T + sum |dout| |out|), then
+    dq <- scale |dS| |k|, dk <- scale |dS|^T |q|, dv <- P^T |dout|."""
+    p = kwargs.get("dropout_p", 0.0)
+    plain = {n: a for n, a in kwargs.items() if n not in ("dropout_p", "seed")}
+    _, P = reference.attention(q, k, v, return_weights=True, **plain)
+    P = np.nan_to_num(P.astype(np.float64)) / (1.0 - p)
+    ad, aq, ak, av, ao = (np.nan_to_num(np.abs(np.asarray(a, np.float64)), posinf=0.0)
+                          for a in (dout, q, k, v, out))
+    t = lambda a: np.swapaxes(a, -1, -2)  # noqa: E731
+    ds = P * (ad @ t(av) + np.sum(ad * ao, axis=-1, keepdims=True))
+    sc = abs(attention_scale(q, kwargs.get("scale")))
+    return sc * (ds @ ak), sc * (t(ds) @ aq), t(P) @ ad
+
+
+def attention_grad_atol(magnitude, terms, smax, factor=TOL["attention_grad"]["atol"]):
+    """factor x EPS32 x (sqrt(terms) + smax) x max(magnitude): the absolute tolerance of one of
+    dq, dk, dv (magnitude from attention_grad_magnitudes, terms the longest sum, smax the
+    largest |score|)."""
+    big = float(np.max(magnitude, initial=0.0))
+    return factor * EPS32 * (math.sqrt(terms) + smax) * max(big, 1e-30)
+
+
+# ---- cross entropy
+
+
+def loss_atol(x):
+    """A loss is lse - x_t (and lse - mean x): float32 rounding of terms of size max|x|."""
+    return TOL["cross_entropy"]["atol"] * EPS32 * max(1.0, float(np.abs(x).max(initial=0.0)))
