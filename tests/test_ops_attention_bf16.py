@@ -31,7 +31,7 @@ from hypothesis import given, settings
 import fastattn
 from conftest import assert_close, requires_torch
 from fastattn import _fast, ops, reference
-from grad_util import child_env
+from conftest import child_env
 from strategies import AttentionProblem, attention_problems, build_attention, rand
 
 U = 2.0 ** -24
