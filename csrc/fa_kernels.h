@@ -109,6 +109,15 @@ typedef struct {
                              const uint16_t *wp, int64_t p0, int64_t p1, int64_t M, int64_t K);
     void (*bf16_widen_t)(float *dst, const uint16_t *wp, int64_t k0, int64_t k1, int64_t K,
                          int64_t P);
+    /* bfloat16 compute: rows rounded (wide: to float32 values, else bf16 bits), one panel on
+     * the FMA tiles (rows as float32 values), on the AVX512_BF16 tiles (rows as bits; NULL
+     * below AVX-512), and the register-only vdpbf16ps loop (NULL likewise) */
+    void (*bfc_round_row)(void *dst, const float *x, int64_t K, int64_t Kp, int wide);
+    void (*bfc_panel)(float *y, int64_t ldy, const void *xr, int64_t ldx, int64_t rows,
+                      const uint32_t *w_p, int64_t Kh, int64_t nf);
+    void (*bfc_panel_dp)(float *y, int64_t ldy, const void *xr, int64_t ldx, int64_t rows,
+                         const uint32_t *w_p, int64_t Kh, int64_t nf);
+    float (*bfc_dp_peak)(int64_t iters);
     fa_isa_tiles tiles;
 } fa_kernels;
 

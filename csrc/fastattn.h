@@ -624,6 +624,40 @@ void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nth
 int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
                            int64_t N, int64_t K, int64_t M, int activation, int nthreads);
 
+/* ---- bfloat16 compute ------------------------------------------------------------------------
+ * y = act(acc + bias), acc the float32 sum of products of bf16-rounded operands:
+ *   bfr(v)  vcvtneps2bf16's rounding: a zero or subnormal float32 -> a zero of its sign, NaN ->
+ *           a quiet NaN (sign and top payload kept), else to nearest even (may give inf)
+ *   acc = 0; for kk < ceil(K / 2): acc = fl(acc + bfr(x_{2kk+1}) bfr(w_{2kk+1}));
+ *                                  acc = fl(acc + bfr(x_{2kk}) bfr(w_{2kk}))
+ *   (x_K = w_K = 0 for an odd K; the odd element first, as vdpbf16ps adds them). Each product
+ *   is exact in float32 unless it is below 2^-126 (then the AVX512_BF16 path flushes it, and
+ *   any sum below 2^-126, to zero; the FMA paths do not) or overflows. Paths (all the same
+ *   bits in the normal range, and for every thread count and N):
+ *   fma: rows rounded to float32 values, weights widened in registers, FMA tiles (any level);
+ *   avx512bf16: vdpbf16ps tiles (AVX-512 level, a CPU with AVX512_BF16; the default there).
+ * Twin: fastattn.reference.linear with a QuantizedWeight of dtype "bfloat16". */
+typedef enum { FA_BF16_FMA = 0, FA_BF16_AVX512BF16 = 1 } fa_bf16_path_t;
+int fa_bfloat16_init(int forced);      /* -1: the best; returns -1 if `forced` is unsupported */
+int fa_bfloat16_supports(int path);
+int fa_bfloat16_path(void);
+
+/* fa_bfloat16_pack -- bf16 weight bits (M, K) laid out for fa_linear_bfloat16_forward (every
+ * path: panels of 64 features, K in pairs; subnormal bits flushed as bfr does).
+ *   wp  (fa_bfloat16_packed_size(M, K)) out, uint16;  w  (M, K) in */
+int64_t fa_bfloat16_packed_size(int64_t M, int64_t K);
+void fa_bfloat16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nthreads);
+
+/* fa_linear_bfloat16_forward -- the rule above.  y (N, M) out;  x (N, K) in;  wp packed;
+ * bias (M) or NULL. Many rows: blocks of rows per thread; few: panels split over threads.
+ * Returns 0, or -1: out of memory. */
+int fa_linear_bfloat16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
+                               int64_t N, int64_t K, int64_t M, int activation, int nthreads);
+
+/* fa_bfloat16_peak -- flops of a register-only vdpbf16ps loop of `iters` steps on each of
+ * nthreads threads (the caller times it); -1 where the CPU or level lacks AVX512_BF16. */
+double fa_bfloat16_peak(int64_t iters, int nthreads);
+
 /* fa_quant_tiles -- the quantised kernels' sizes, for build_info()["quant_tiles"]: out[0..6] =
  * int8 features per panel, K per group, rows per tile (of the int8 path in use), int8 rows per
  * block, int8 rows per thread below which panels are split, bf16 features per panel,

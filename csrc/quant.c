@@ -392,3 +392,141 @@ int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const f
     free(wide);
     return 0;
 }
+
+/* ---- bfloat16 compute (the rule in fastattn.h; tiles in quant_body.h) ------------------------ */
+
+static fa_bf16_path_t g_bfc = FA_BF16_FMA;
+
+static int cpu_has_avx512bf16(void)
+{
+#if defined(__x86_64__) && defined(__linux__)
+    unsigned a, b, c, d;
+    /* CPUID leaf 7 subleaf 1, EAX bit 5 (AVX512_BF16); zmm state is checked by the level */
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1);
+#else
+    return 0;
+#endif
+}
+
+int fa_bfloat16_supports(int path)
+{
+    switch (path) {
+    case FA_BF16_FMA:
+        return 1;
+    case FA_BF16_AVX512BF16:
+        return fa_k->bfc_panel_dp != NULL && cpu_has_avx512bf16();
+    default:
+        return 0;
+    }
+}
+
+int fa_bfloat16_init(int forced)
+{
+    if (forced >= 0) {
+        if (!fa_bfloat16_supports(forced)) return -1;
+        g_bfc = (fa_bf16_path_t)forced;
+        return 0;
+    }
+    g_bfc = fa_bfloat16_supports(FA_BF16_AVX512BF16) ? FA_BF16_AVX512BF16 : FA_BF16_FMA;
+    return 0;
+}
+
+int fa_bfloat16_path(void) { return g_bfc; }
+
+static inline uint16_t bfc_round(uint16_t bits)          /* a bf16 weight, as bfr would */
+{
+    return (bits & 0x7f80u) == 0 ? (uint16_t)(bits & 0x8000u) : bits;
+}
+
+int64_t fa_bfloat16_packed_size(int64_t M, int64_t K)
+{
+    return round_up(M, BFC_NP) * round_up(K, 2);
+}
+
+void fa_bfloat16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nthreads)
+{
+    const int64_t Kp = round_up(K, 2), P = (M + BFC_NP - 1) / BFC_NP;
+    if (Kp == 0) return;
+    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)(P * BFC_NP * Kp), 1e6);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t p = 0; p < P; p++) {
+        uint16_t *w_p = wp + p * BFC_NP * Kp;
+        for (int64_t f = 0; f < BFC_NP; f++) {
+            const int64_t m = p * BFC_NP + f;
+            for (int64_t k = 0; k < Kp; k++)
+                w_p[(k / 2) * BFC_NP * 2 + f * 2 + k % 2] =
+                    m < M && k < K ? bfc_round(w[m * K + k]) : 0;
+        }
+    }
+}
+
+/* rows [r0, r1) of y, panels [p0, p1): the rows rounded into xr, every tile, the epilogue */
+static void bfc_block(float *y, const float *x, char *xr, int64_t r0, int64_t r1,
+                      const uint32_t *w32, const float *bias, int64_t p0, int64_t p1, int64_t K,
+                      int64_t Kp, int64_t M, int activation, int dp, const fa_kernels *isa)
+{
+    const int64_t esize = dp ? 2 : 4, Kh = Kp / 2, ldx = dp ? Kh : Kp;
+    for (int64_t r = r0; r < r1; r++)
+        isa->bfc_round_row(xr + (r - r0) * Kp * esize, x + r * K, K, Kp, !dp);
+    for (int64_t p = p0; p < p1; p++) {
+        const int64_t m0 = p * BFC_NP, nf = M - m0 < BFC_NP ? M - m0 : BFC_NP;
+        (dp ? isa->bfc_panel_dp : isa->bfc_panel)(y + r0 * M + m0, M, xr, ldx, r1 - r0,
+                                                  w32 + m0 * Kh, Kh, nf);
+        isa->bias_act_rows(y + r0 * M + m0, NULL, bias ? bias + m0 : NULL, r1 - r0, nf, M,
+                           activation, 0, m0, NULL);
+    }
+}
+
+int fa_linear_bfloat16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
+                               int64_t N, int64_t K, int64_t M, int activation, int nthreads)
+{
+    if (N <= 0 || M <= 0) return 0;
+    const fa_kernels *isa = fa_k;
+    if (K <= 0) {
+        empty_product(y, bias, N, M, activation, isa);
+        return 0;
+    }
+    const int dp = g_bfc == FA_BF16_AVX512BF16;
+    const int64_t Kp = round_up(K, 2), P = (M + BFC_NP - 1) / BFC_NP;
+    const int64_t esize = dp ? 2 : 4;                   /* bytes per rounded element */
+    const uint32_t *w32 = (const uint32_t *)wp;
+    const int nt = fa_team_size(nthreads, 2.0 * (double)N * (double)K * (double)M, 2e5);
+    const int by_rows = N >= (int64_t)nt * BFC_MIN_ROWS;
+    /* as the int8 product: blocks of rows handed out as threads come free, or (few rows) the
+     * panels split, each thread rounding every row itself. A row's sums do not depend on its
+     * block, tile or thread: every split gives the same bits. */
+    const int64_t nblk = by_rows ? round_up((N + BFC_ROW_BLOCK - 1) / BFC_ROW_BLOCK, nt) : 1;
+    const int64_t per = by_rows ? (N + nblk - 1) / nblk : N;
+    const int64_t stride = round_up(per * Kp * esize, 64);
+    char *buf = aligned_alloc(64, (size_t)(stride * nt));
+    if (!buf) return -1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        char *xr = buf + stride * fa_thread_id();
+        if (by_rows) {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t blk = 0; blk < nblk; blk++) {
+                const int64_t r0 = blk * N / nblk, r1 = (blk + 1) * N / nblk;
+                if (r1 > r0)
+                    bfc_block(y, x, xr, r0, r1, w32, bias, 0, P, K, Kp, M, activation, dp, isa);
+            }
+        } else {
+            int64_t p0, p1;
+            fa_split(P, 1, &p0, &p1);
+            if (p0 < p1)
+                bfc_block(y, x, xr, 0, N, w32, bias, p0, p1, K, Kp, M, activation, dp, isa);
+        }
+    }
+    free(buf);
+    return 0;
+}
+
+static volatile float g_peak_sink;
+
+double fa_bfloat16_peak(int64_t iters, int nthreads)
+{
+    if (!fa_k->bfc_dp_peak || !cpu_has_avx512bf16()) return -1.0;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+    g_peak_sink = fa_k->bfc_dp_peak(iters);
+    return 64.0 * 24.0 * (double)iters * (double)nthreads;
+}

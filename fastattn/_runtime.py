@@ -28,6 +28,9 @@ TILE_NAMES = (  # index = fa_tile_t in csrc/fastattn.h; the sizes themselves: cs
 # index = fa_int8_path_t (fastattn.h); amx is never chosen unless forced (README: Quantized
 # inference), amx-emulated is the same tile code emulated, for testing it on CPUs without AMX
 INT8_PATHS = ("generic", "avx2", "avx512bw", "avx512vnni", "amx", "amx-emulated")
+# index = fa_bf16_path_t (fastattn.h): the bfloat16 compute type's kernels, FMA tiles on rounded
+# inputs (any level) or vdpbf16ps (AVX-512 level on a CPU with AVX512_BF16; the default there)
+BF16_PATHS = ("fma", "avx512bf16")
 _state = {"threads": 1}
 
 
@@ -119,6 +122,18 @@ def _int8_path_from_env():
                             f"({ISA_NAMES[_kernels.cpu_level()]})", available_int8_paths)
 
 
+def _bf16_path_from_env():
+    """FASTATTN_BF16_PATH: the bfloat16 compute kernels' path; unset = the best one."""
+    return _forced_from_env("FASTATTN_BF16_PATH", BF16_PATHS, _kernels.bfloat16_supports,
+                            f"this CPU, this build or the SIMD level in use "
+                            f"({ISA_NAMES[_kernels.cpu_level()]})", available_bf16_paths)
+
+
+def available_bf16_paths():
+    """bfloat16 compute paths this CPU, this build and the SIMD level in use can run."""
+    return [name for i, name in enumerate(BF16_PATHS) if _kernels.bfloat16_supports(i)]
+
+
 def available_int8_paths():
     """int8 code paths this CPU, this build and the SIMD level in use can run, lowest first."""
     return [name for i, name in enumerate(INT8_PATHS) if _kernels.int8_supports(i)]
@@ -179,6 +194,7 @@ def init():
     if _kernels.int8_init(_int8_path_from_env()) == -2:
         raise RuntimeError("FASTATTN_INT8_PATH=amx: Linux refused this process the AMX tile "
                            "data (arch_prctl ARCH_REQ_XCOMP_PERM); unset it to use the VNNI path")
+    _kernels.bfloat16_init(_bf16_path_from_env())
     set_num_threads(_threads_from_env())
 
 
@@ -199,6 +215,8 @@ def build_info():
         "simd_available": available_isas(),
         "int8_path": INT8_PATHS[_kernels.int8_path()],     # FASTATTN_INT8_PATH
         "int8_paths_available": available_int8_paths(),
+        "bf16_path": BF16_PATHS[_kernels.bfloat16_path()],  # FASTATTN_BF16_PATH
+        "bf16_paths_available": available_bf16_paths(),
         "amx": amx_info(),
         "quant_tiles": quant_tiles(),                      # of the int8 path in use
         "tiles": tiles(),                                  # at the level in use ("simd")
