@@ -661,7 +661,7 @@ double fa_bfloat16_peak(int64_t iters, int nthreads);
 /* fa_quant_tiles -- the quantised kernels' sizes, for build_info()["quant_tiles"]: out[0..6] =
  * int8 features per panel, K per group, rows per tile (of the int8 path in use), int8 rows per
  * block, int8 rows per thread below which panels are split, bf16 features per panel,
- * FA_BF16_PACKED_MAX_ROWS. Returns the count (7). */
+ * FA_BF16_PACKED_MAX_ROWS, bfloat16 (compute) features per panel. Returns the count (8). */
 int fa_quant_tiles(int64_t *out);
 
 #endif /* FASTATTN_H */

@@ -166,7 +166,8 @@ int fa_quant_tiles(int64_t *out)
     out[4] = Q8_MIN_ROWS;
     out[5] = BF_PANEL;
     out[6] = FA_BF16_PACKED_MAX_ROWS;
-    return 7;
+    out[7] = BFC_NP;
+    return 8;
 }
 
 /* ---- int8 --------------------------------------------------------------------------------------

@@ -150,7 +150,7 @@ def amx_info():
 
 
 QUANT_TILE_NAMES = ("int8_panel", "int8_group", "int8_tile_rows", "int8_row_block",
-                    "int8_min_rows_per_thread", "bf16_panel", "bf16_packed_max_rows")
+                    "int8_min_rows_per_thread", "bf16_panel", "bf16_packed_max_rows", "bfloat16_panel")
 
 
 def quant_tiles():
