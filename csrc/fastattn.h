@@ -641,6 +641,7 @@ typedef enum { FA_BF16_FMA = 0, FA_BF16_AVX512BF16 = 1 } fa_bf16_path_t;
 int fa_bfloat16_init(int forced);      /* -1: the best; returns -1 if `forced` is unsupported */
 int fa_bfloat16_supports(int path);
 int fa_bfloat16_path(void);
+int fa_bfloat16_cpu_has_avx512bf16(void);   /* CPUID: the CPU has AVX512_BF16 (any level) */
 
 /* fa_bfloat16_pack -- bf16 weight bits (M, K) laid out for fa_linear_bfloat16_forward (every
  * path: panels of 64 features, K in pairs; subnormal bits flushed as bfr does).

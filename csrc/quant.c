@@ -397,6 +397,9 @@ int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const f
 /* ---- bfloat16 compute (the rule in fastattn.h; tiles in quant_body.h) ------------------------ */
 
 static fa_bf16_path_t g_bfc = FA_BF16_FMA;
+static int cpu_has_avx512bf16(void);
+
+int fa_bfloat16_cpu_has_avx512bf16(void) { return cpu_has_avx512bf16(); }
 
 static int cpu_has_avx512bf16(void)
 {

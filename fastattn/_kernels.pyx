@@ -117,6 +117,7 @@ cdef extern from "fastattn.h" nogil:
     int fa_bfloat16_init(int forced)
     int fa_bfloat16_supports(int path)
     int fa_bfloat16_path()
+    int fa_bfloat16_cpu_has_avx512bf16()
     int64_t fa_bfloat16_packed_size(int64_t M, int64_t K)
     void fa_bfloat16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nthreads)
     int fa_linear_bfloat16_forward(float *y, const float *x, const uint16_t *wp,
@@ -810,6 +811,10 @@ def bfloat16_supports(int path):
 
 def bfloat16_path():
     return fa_bfloat16_path()
+
+
+def bfloat16_cpu_has_avx512bf16():
+    return fa_bfloat16_cpu_has_avx512bf16()
 
 
 def bfloat16_packed_size(int64_t M, int64_t K):

@@ -215,6 +215,9 @@ def build_info():
         "simd_available": available_isas(),
         "int8_path": INT8_PATHS[_kernels.int8_path()],     # FASTATTN_INT8_PATH
         "int8_paths_available": available_int8_paths(),
+        # compute_type="bfloat16": the CPU's bf16 dot products and the path its GEMMs run
+        "bf16_dot_products": {"avx512_bf16": bool(_kernels.bfloat16_cpu_has_avx512bf16()),
+                              "amx_bf16": bool(_kernels.amx_status() & 2)},
         "bf16_path": BF16_PATHS[_kernels.bfloat16_path()],  # FASTATTN_BF16_PATH
         "bf16_paths_available": available_bf16_paths(),
         "amx": amx_info(),

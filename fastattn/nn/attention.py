@@ -210,6 +210,14 @@ class MultiheadAttention(Module):
         return x.reshape(B, L, parts, self.num_heads, self.head_dim)[:, :, part].transpose(
             0, 2, 1, 3)
 
+    @property
+    def attention_compute_type(self):
+        """The compute type the attention's own products (Q K^T, P V) are meant to follow:
+        "bfloat16" once the projections are (quantize("bfloat16")), else "float32". The
+        attention calls (_attend, and the decode steps' attention_fn) run float32 products
+        until the attention op takes a bf16 setting; this is the one place that decides it."""
+        return "bfloat16" if self.compute_type == "bfloat16" else "float32"
+
     def _attend(self, q, k, v, mask, ws):
         """(B, H, Lq, D) queries against (B, H, Lk, D) keys/values, then out_proj ->
         (B*Lq, C) rows ordered (batch, query). A recording pass (ws.weights a dict) also

@@ -15,16 +15,17 @@ from fastattn import ops
 from conftest import run_in_threads
 from nn_util import C, F, H, features
 
-TYPES = ("int8", "bf16")
+TYPES = ("int8", "bf16", "bfloat16")
 # relative error of a quantized model's outputs against its float32 original (random weights,
 # d_model 32): int8 rounds weights to ~1/254 of their row's range (and a product's inputs to
-# ~1/65534 of theirs), bf16 to 2^-9
-REL_ERROR = {"int8": 0.05, "bf16": 0.01}
+# ~1/65534 of theirs), bf16 to 2^-9, bfloat16 both a product's inputs to 2^-9
+REL_ERROR = {"int8": 0.05, "bf16": 0.01, "bfloat16": 0.02}
 # the same quantized math computed two ways (fast and reference backends, decode steps and the
 # full forward): their float32 parts (attention, layer norm) differ by ~1e-7, which can move
 # an int8 product's input across a rounding boundary of its L levels (fa_int8_act_levels: one
-# level is 1/32767 of the row's largest value at d_model 32), so int8 allows a few levels
-SAME_MATH = {"int8": 2e-4, "bf16": 1e-5}
+# level is 1/32767 of the row's largest value at d_model 32), so int8 allows a few levels;
+# bfloat16 the same across a bf16 rounding boundary (2^-8 of one input)
+SAME_MATH = {"int8": 2e-4, "bf16": 1e-5, "bfloat16": 5e-3}
 
 
 def transformer(seed=0, **kw):
@@ -257,9 +258,10 @@ def _teacher_forced(m, tok, texts):
 # words over seeds 0-5 (README): int8 -0.2% to +1.2% trained on the AVX-512 kernels, -0.2%
 # to +2.0% on the AVX2 ones; bf16 -0.3% to +0.2%. The tokens are compared on the first 200
 # words.
-@pytest.mark.parametrize("kind, loss_rise", [("int8", 0.02), ("bf16", 0.005)])
+@pytest.mark.parametrize("kind, loss_rise, tokens", [("int8", 0.02, 0.95), ("bf16", 0.005, 0.95),
+                                                     ("bfloat16", 0.005, 0.98)])
 def test_trained_model_keeps_its_tokens_and_its_loss(restore_threads, reverse_model, kind,
-                                                    loss_rise):
+                                                    loss_rise, tokens):
     m, tok, held_out = reverse_model
     words = held_out[:200]
     fastattn.set_num_threads(1)
@@ -273,7 +275,7 @@ def test_trained_model_keeps_its_tokens_and_its_loss(restore_threads, reverse_mo
     q_loss = _teacher_forced(q, tok, held_out)
     pairs = [(a, b) for g, w in zip(got, want) for a, b in zip(g.ljust(10), w.ljust(10))]
     same = sum(a == b for a, b in pairs) / len(pairs)
-    assert same >= 0.95, f"{kind}: {same:.1%} of positions equal the float32 tokens"
+    assert same >= tokens, f"{kind}: {same:.1%} of positions equal the float32 tokens"
     # relative to the loss, but not below a floor: a model this well trained has a loss near
     # zero, where any rounding is a large share of it
     assert q_loss - loss <= loss_rise * max(loss, 0.05), \
