@@ -632,8 +632,9 @@ int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const f
  *                                  acc = fl(acc + bfr(x_{2kk}) bfr(w_{2kk}))
  *   (x_K = w_K = 0 for an odd K; the odd element first, as vdpbf16ps adds them). Each product
  *   is exact in float32 unless it is below 2^-126 (then the AVX512_BF16 path flushes it, and
- *   any sum below 2^-126, to zero; the FMA paths do not) or overflows. Paths (all the same
- *   bits in the normal range, and for every thread count and N):
+ *   any sum below 2^-126, to zero; an FMA rounds it once with the sum: the paths may differ
+ *   there by 2^-126 a step) or overflows. Paths (the same bits otherwise, for every thread
+ *   count and N):
  *   fma: rows rounded to float32 values, weights widened in registers, FMA tiles (any level);
  *   avx512bf16: vdpbf16ps tiles (AVX-512 level, a CPU with AVX512_BF16; the default there).
  * Twin: fastattn.reference.linear with a QuantizedWeight of dtype "bfloat16". */

@@ -567,9 +567,9 @@ def linear(x, weight, bias=None, *, activation=None):
           y = act(acc + bias[m])
       Each product of two bf16 values is exact in float32, so ops matches this bit for bit
       on every path and thread count (activation None and relu; gelu to its kernels' ~1e-6)
-      while no nonzero product or partial sum falls below 2^-126 in magnitude: there the
-      AVX512_BF16 path flushes to zero (a difference of at most 2^-126 per step, K 2^-126 in
-      all). NaN in x or w gives NaN where it meets; an inf gives inf or NaN as IEEE does.
+      while no nonzero product or partial sum falls below 2^-126 in magnitude: such a product
+      is not exact in float32 (the AVX512_BF16 path flushes it to zero, an FMA rounds it once
+      with the sum): at most 2^-126 per step, K 2^-126 in all. NaN in x or w gives NaN where it meets; an inf gives inf or NaN as IEEE does.
     """
     x, weight, bias, activation = _checks.linear(x, weight, bias, activation, "linear",
                                                  quantized_ok=True)
