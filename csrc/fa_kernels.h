@@ -111,13 +111,14 @@ typedef struct {
                          int64_t P);
     /* bfloat16 compute: rows rounded (wide: to float32 values, else bf16 bits), one panel on
      * the FMA tiles (rows as float32 values), on the AVX512_BF16 tiles (rows as bits; NULL
-     * below AVX-512), and the register-only vdpbf16ps loop (NULL likewise) */
+     * below AVX-512), and the register-only vdpbf16ps and FMA loops (NULL likewise) */
     void (*bfc_round_row)(void *dst, const float *x, int64_t K, int64_t Kp, int wide);
     void (*bfc_panel)(float *y, int64_t ldy, const void *xr, int64_t ldx, int64_t rows,
-                      const uint32_t *w_p, int64_t Kh, int64_t nf);
+                      const uint32_t *w_p, int64_t Kh, int64_t nf, float *wf);
     void (*bfc_panel_dp)(float *y, int64_t ldy, const void *xr, int64_t ldx, int64_t rows,
-                         const uint32_t *w_p, int64_t Kh, int64_t nf);
+                         const uint32_t *w_p, int64_t Kh, int64_t nf, float *wf);
     float (*bfc_dp_peak)(int64_t iters);
+    float (*bfc_fma_peak)(int64_t iters);
     fa_isa_tiles tiles;
 } fa_kernels;
 

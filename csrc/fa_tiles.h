@@ -85,6 +85,8 @@
                             a multiple of every tile's width */
 #define BFC_DP_NV 4      /* AVX512_BF16 tiles: zmm of 16 features per row (<= 4) */
 #define BFC_DP_MR 6      /* ... and rows per tile (<= 12) */
+#define BFC_WIDEN_ROWS 12 /* bfloat16 FMA tiles: from this many rows, each panel is widened to
+                            float32 once per block (fewer rows widen in registers) */
 #define BFC_ROW_BLOCK 96 /* bfloat16, many rows: rows rounded and multiplied together */
 #define BFC_MIN_ROWS 48  /* bfloat16: below this many rows per thread, threads split panels */
 #define AMX_NP 32        /* AMX: two B tiles of 16 features side by side */

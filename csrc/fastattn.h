@@ -636,7 +636,8 @@ int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const f
  *   there by 2^-126 a step) or overflows. Paths (the same bits otherwise, for every thread
  *   count and N):
  *   fma: rows rounded to float32 values, weights widened in registers, FMA tiles (any level);
- *   avx512bf16: vdpbf16ps tiles (AVX-512 level, a CPU with AVX512_BF16; the default there).
+ *   avx512bf16: vdpbf16ps tiles (AVX-512 level, a CPU with AVX512_BF16); the default where
+ *   vdpbf16ps outruns the FMAs (timed once at import: the same bits either way).
  * Twin: fastattn.reference.linear with a QuantizedWeight of dtype "bfloat16". */
 typedef enum { FA_BF16_FMA = 0, FA_BF16_AVX512BF16 = 1 } fa_bf16_path_t;
 int fa_bfloat16_init(int forced);      /* -1: the best; returns -1 if `forced` is unsupported */
@@ -656,9 +657,10 @@ void fa_bfloat16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int
 int fa_linear_bfloat16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
                                int64_t N, int64_t K, int64_t M, int activation, int nthreads);
 
-/* fa_bfloat16_peak -- flops of a register-only vdpbf16ps loop of `iters` steps on each of
- * nthreads threads (the caller times it); -1 where the CPU or level lacks AVX512_BF16. */
-double fa_bfloat16_peak(int64_t iters, int nthreads);
+/* fa_bfloat16_peak -- flops of a register-only vdpbf16ps loop (fma: a vfmadd231ps one) of
+ * `iters` steps on each of nthreads threads (the caller times it); -1 where the CPU or level
+ * lacks AVX512_BF16 (fma: AVX-512). */
+double fa_bfloat16_peak(int64_t iters, int nthreads, int fma);
 
 /* fa_quant_tiles -- the quantised kernels' sizes, for build_info()["quant_tiles"]: out[0..6] =
  * int8 features per panel, K per group, rows per tile (of the int8 path in use), int8 rows per

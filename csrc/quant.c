@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "fa_kernels.h"
 #include "fa_tiles.h"
@@ -424,6 +425,35 @@ int fa_bfloat16_supports(int path)
     }
 }
 
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static volatile float g_peak_sink;
+
+/* Whether vdpbf16ps outruns two FMAs on this core: its throughput differs by CPU (on some it
+ * is half the FMA rate per flop, on others nearly twice), and both paths give the same bits,
+ * so the faster one is chosen by timing the two register-only loops, best of three (a few
+ * milliseconds), once at import. */
+static int dp_beats_fma(void)
+{
+    double dp = 1e30, fma = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+        double t = now_s();
+        g_peak_sink = fa_k->bfc_dp_peak(20000);           /* 64 flops per instruction */
+        t = now_s() - t;
+        dp = t < dp ? t : dp;
+        t = now_s();
+        g_peak_sink = fa_k->bfc_fma_peak(40000);          /* 32: the same flops */
+        t = now_s() - t;
+        fma = t < fma ? t : fma;
+    }
+    return dp < 0.9 * fma;
+}
+
 int fa_bfloat16_init(int forced)
 {
     if (forced >= 0) {
@@ -431,7 +461,8 @@ int fa_bfloat16_init(int forced)
         g_bfc = (fa_bf16_path_t)forced;
         return 0;
     }
-    g_bfc = fa_bfloat16_supports(FA_BF16_AVX512BF16) ? FA_BF16_AVX512BF16 : FA_BF16_FMA;
+    g_bfc = fa_bfloat16_supports(FA_BF16_AVX512BF16) && dp_beats_fma() ? FA_BF16_AVX512BF16
+                                                                        : FA_BF16_FMA;
     return 0;
 }
 
@@ -465,7 +496,7 @@ void fa_bfloat16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int
 }
 
 /* rows [r0, r1) of y, panels [p0, p1): the rows rounded into xr, every tile, the epilogue */
-static void bfc_block(float *y, const float *x, char *xr, int64_t r0, int64_t r1,
+static void bfc_block(float *y, const float *x, char *xr, float *wf, int64_t r0, int64_t r1,
                       const uint32_t *w32, const float *bias, int64_t p0, int64_t p1, int64_t K,
                       int64_t Kp, int64_t M, int activation, int dp, const fa_kernels *isa)
 {
@@ -475,7 +506,7 @@ static void bfc_block(float *y, const float *x, char *xr, int64_t r0, int64_t r1
     for (int64_t p = p0; p < p1; p++) {
         const int64_t m0 = p * BFC_NP, nf = M - m0 < BFC_NP ? M - m0 : BFC_NP;
         (dp ? isa->bfc_panel_dp : isa->bfc_panel)(y + r0 * M + m0, M, xr, ldx, r1 - r0,
-                                                  w32 + m0 * Kh, Kh, nf);
+                                                  w32 + m0 * Kh, Kh, nf, wf);
         isa->bias_act_rows(y + r0 * M + m0, NULL, bias ? bias + m0 : NULL, r1 - r0, nf, M,
                            activation, 0, m0, NULL);
     }
@@ -501,36 +532,38 @@ int fa_linear_bfloat16_forward(float *y, const float *x, const uint16_t *wp, con
      * block, tile or thread: every split gives the same bits. */
     const int64_t nblk = by_rows ? round_up((N + BFC_ROW_BLOCK - 1) / BFC_ROW_BLOCK, nt) : 1;
     const int64_t per = by_rows ? (N + nblk - 1) / nblk : N;
-    const int64_t stride = round_up(per * Kp * esize, 64);
+    const int64_t xbytes = round_up(per * Kp * esize, 64);
+    const int64_t stride = xbytes + (dp ? 0 : Kp * BFC_NP * 4);   /* + the widened panel */
     char *buf = aligned_alloc(64, (size_t)(stride * nt));
     if (!buf) return -1;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         char *xr = buf + stride * fa_thread_id();
+        float *wf = (float *)(xr + xbytes);
         if (by_rows) {
 #pragma omp for schedule(dynamic, 1)
             for (int64_t blk = 0; blk < nblk; blk++) {
                 const int64_t r0 = blk * N / nblk, r1 = (blk + 1) * N / nblk;
                 if (r1 > r0)
-                    bfc_block(y, x, xr, r0, r1, w32, bias, 0, P, K, Kp, M, activation, dp, isa);
+                    bfc_block(y, x, xr, wf, r0, r1, w32, bias, 0, P, K, Kp, M, activation,
+                              dp, isa);
             }
         } else {
             int64_t p0, p1;
             fa_split(P, 1, &p0, &p1);
             if (p0 < p1)
-                bfc_block(y, x, xr, 0, N, w32, bias, p0, p1, K, Kp, M, activation, dp, isa);
+                bfc_block(y, x, xr, wf, 0, N, w32, bias, p0, p1, K, Kp, M, activation, dp, isa);
         }
     }
     free(buf);
     return 0;
 }
 
-static volatile float g_peak_sink;
-
-double fa_bfloat16_peak(int64_t iters, int nthreads)
+double fa_bfloat16_peak(int64_t iters, int nthreads, int fma)
 {
-    if (!fa_k->bfc_dp_peak || !cpu_has_avx512bf16()) return -1.0;
+    float (*const loop)(int64_t) = fma ? fa_k->bfc_fma_peak : fa_k->bfc_dp_peak;
+    if (!loop || (!fma && !cpu_has_avx512bf16())) return -1.0;
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
-    g_peak_sink = fa_k->bfc_dp_peak(iters);
-    return 64.0 * 24.0 * (double)iters * (double)nthreads;
+    g_peak_sink = loop(iters);
+    return (fma ? 32.0 : 64.0) * 24.0 * (double)iters * (double)nthreads;
 }

@@ -272,30 +272,41 @@ static void bfc_round_row(void *dst, const float *x, int64_t K, int64_t Kp, int 
 
 /* nr rows x nv vectors of features (nf of them) over Kh pairs, the FMA way:
  *   y   (nr, ldy) out, without bias;  xw  (nr, ldx) the rows' rounded values (float32);
- *   w   the panel's pairs from feature f0: w[kk BFC_NP + f] */
+ *   w   the panel from feature f0: pairs w[kk BFC_NP + f] (wide = 0: widened here, in
+ *       registers), or float32 values (wide = 1: bfc_widen's layout, odd k at wf[kk][0][f],
+ *       even k at wf[kk][1][f]; no integer work left in the loop) */
 #define BFC_NV_MAX 4
-FA_INLINE void bfc_tile(float *y, int64_t ldy, const float *xw, int64_t ldx, const uint32_t *w,
-                        int64_t Kh, int64_t nf, const int nr, const int nv)
+FA_INLINE void bfc_tile(float *y, int64_t ldy, const float *xw, int64_t ldx, const void *w,
+                        int64_t Kh, int64_t nf, const int nr, const int nv, const int wide)
 {
     VF acc[BFC_MR][BFC_NV_MAX];
     for (int r = 0; r < nr; r++)
         for (int c = 0; c < nv; c++) acc[r][c] = vsplat(0.0f);
     for (int64_t kk = 0; kk < Kh; kk++) {
-        const uint32_t *w_k = w + kk * BFC_NP;
+        const uint32_t *w_k = (const uint32_t *)w + kk * BFC_NP;
+        const float *wf_k = (const float *)w + kk * 2 * BFC_NP;
         VF wv[BFC_NV_MAX];
         for (int c = 0; c < nv; c++) {                 /* odd k first (as vdpbf16ps) */
-            VU u;
-            memcpy(&u, w_k + c * FA_VL, sizeof u);
-            wv[c] = (VF)(u & 0xffff0000u);
+            if (wide) {
+                wv[c] = vload(wf_k + c * FA_VL);
+            } else {
+                VU u;
+                memcpy(&u, w_k + c * FA_VL, sizeof u);
+                wv[c] = (VF)(u & 0xffff0000u);
+            }
         }
         for (int r = 0; r < nr; r++) {
             const VF xv = vsplat(xw[r * ldx + 2 * kk + 1]);
             for (int c = 0; c < nv; c++) acc[r][c] += xv * wv[c];
         }
         for (int c = 0; c < nv; c++) {
-            VU u;
-            memcpy(&u, w_k + c * FA_VL, sizeof u);
-            wv[c] = (VF)(u << 16);
+            if (wide) {
+                wv[c] = vload(wf_k + BFC_NP + c * FA_VL);
+            } else {
+                VU u;
+                memcpy(&u, w_k + c * FA_VL, sizeof u);
+                wv[c] = (VF)(u << 16);
+            }
         }
         for (int r = 0; r < nr; r++) {
             const VF xv = vsplat(xw[r * ldx + 2 * kk]);
@@ -314,10 +325,16 @@ FA_INLINE void bfc_tile(float *y, int64_t ldy, const float *xw, int64_t ldx, con
 
 #define BFC_TILE_AT(NR)                                                                        \
     static __attribute__((noinline)) void bfc_tile_##NR(float *y, int64_t ldy, const float *xw, \
-                                                        int64_t ldx, const uint32_t *w,         \
-                                                        int64_t Kh, int64_t nf)                 \
+                                                        int64_t ldx, const void *w, int64_t Kh, \
+                                                        int64_t nf)                             \
     {                                                                                          \
-        bfc_tile(y, ldy, xw, ldx, w, Kh, nf, NR, BFC_NV);                                      \
+        bfc_tile(y, ldy, xw, ldx, w, Kh, nf, NR, BFC_NV, 0);                                   \
+    }                                                                                          \
+    static __attribute__((noinline)) void bfc_wtile_##NR(float *y, int64_t ldy, const float *xw,\
+                                                         int64_t ldx, const void *w,            \
+                                                         int64_t Kh, int64_t nf)                \
+    {                                                                                          \
+        bfc_tile(y, ldy, xw, ldx, w, Kh, nf, NR, BFC_NV, 1);                                   \
     }
 BFC_TILE_AT(1) BFC_TILE_AT(2) BFC_TILE_AT(3) BFC_TILE_AT(4) BFC_TILE_AT(5) BFC_TILE_AT(6)
 #if BFC_MR > 6
@@ -325,27 +342,52 @@ BFC_TILE_AT(7) BFC_TILE_AT(8)
 #endif
 #undef BFC_TILE_AT
 
-/* One panel (fa_kernels.bfc_panel): y[r][f] for r < rows, f < nf (<= BFC_NP), without bias.
- *   xr  the rows' rounded values (float32, row stride ldx);  w_p  the panel (Kh, BFC_NP) */
-static void bfc_panel(float *y, int64_t ldy, const void *xr, int64_t ldx, int64_t rows,
-                      const uint32_t *w_p, int64_t Kh, int64_t nf)
+/* The panel's pairs widened once to float32, odd k then even k per pair:
+ *   wf[kk][0][f] = float32(odd half of w_p[kk][f]),  wf[kk][1][f] = float32(even half) */
+static void bfc_widen(float *wf, const uint32_t *w_p, int64_t Kh)
 {
-    typedef void (*tile_fn)(float *, int64_t, const float *, int64_t, const uint32_t *, int64_t,
+    for (int64_t kk = 0; kk < Kh; kk++)
+        for (int c = 0; c < BFC_NP / FA_VL; c++) {
+            VU u;
+            memcpy(&u, w_p + kk * BFC_NP + c * FA_VL, sizeof u);
+            const VU odd = u & 0xffff0000u, even = u << 16;
+            memcpy(wf + kk * 2 * BFC_NP + c * FA_VL, &odd, sizeof odd);
+            memcpy(wf + kk * 2 * BFC_NP + BFC_NP + c * FA_VL, &even, sizeof even);
+        }
+}
+
+/* One panel (fa_kernels.bfc_panel): y[r][f] for r < rows, f < nf (<= BFC_NP), without bias.
+ *   xr  the rows' rounded values (float32, row stride ldx);  w_p  the panel (Kh, BFC_NP);
+ *   wf  scratch of 2 BFC_NP Kh floats: from BFC_WIDEN_ROWS rows on, the panel is widened
+ *       into it once (fewer rows widen in registers, streaming the pairs) */
+static void bfc_panel(float *y, int64_t ldy, const void *xr, int64_t ldx, int64_t rows,
+                      const uint32_t *w_p, int64_t Kh, int64_t nf, float *wf)
+{
+    typedef void (*tile_fn)(float *, int64_t, const float *, int64_t, const void *, int64_t,
                             int64_t);
 #if BFC_MR > 6
     const tile_fn at[9] = {NULL, bfc_tile_1, bfc_tile_2, bfc_tile_3, bfc_tile_4,
                            bfc_tile_5, bfc_tile_6, bfc_tile_7, bfc_tile_8};
+    const tile_fn wat[9] = {NULL, bfc_wtile_1, bfc_wtile_2, bfc_wtile_3, bfc_wtile_4,
+                            bfc_wtile_5, bfc_wtile_6, bfc_wtile_7, bfc_wtile_8};
 #else
     const tile_fn at[7] = {NULL, bfc_tile_1, bfc_tile_2, bfc_tile_3,
                            bfc_tile_4, bfc_tile_5, bfc_tile_6};
+    const tile_fn wat[7] = {NULL, bfc_wtile_1, bfc_wtile_2, bfc_wtile_3,
+                            bfc_wtile_4, bfc_wtile_5, bfc_wtile_6};
 #endif
+    const int widen = rows >= BFC_WIDEN_ROWS;
+    if (widen) bfc_widen(wf, w_p, Kh);
     const float *x = xr;
     const int64_t step = BFC_NV * FA_VL;
     for (int64_t f0 = 0; f0 < nf; f0 += step) {
         const int64_t nt = nf - f0 < step ? nf - f0 : step;
         for (int64_t r0 = 0; r0 < rows; r0 += BFC_MR) {
             const int64_t nr = rows - r0 < BFC_MR ? rows - r0 : BFC_MR;
-            at[nr](y + r0 * ldy + f0, ldy, x + r0 * ldx, ldx, w_p + f0, Kh, nt);
+            if (widen)
+                wat[nr](y + r0 * ldy + f0, ldy, x + r0 * ldx, ldx, wf + f0, Kh, nt);
+            else
+                at[nr](y + r0 * ldy + f0, ldy, x + r0 * ldx, ldx, w_p + f0, Kh, nt);
         }
     }
 }
@@ -415,7 +457,7 @@ BFC_DP_AT(7) BFC_DP_AT(8) BFC_DP_AT(9) BFC_DP_AT(10) BFC_DP_AT(11) BFC_DP_AT(12)
 /* One panel on AVX512_BF16 (fa_kernels.bfc_panel_dp): as bfc_panel, xr the rows' bf16 bits
  * (row stride ldx pairs) */
 static void bfc_panel_dp(float *y, int64_t ldy, const void *xr, int64_t ldx, int64_t rows,
-                         const uint32_t *w_p, int64_t Kh, int64_t nf)
+                         const uint32_t *w_p, int64_t Kh, int64_t nf, float *wf)
 {
     typedef void (*tile_fn)(float *, int64_t, const uint32_t *, int64_t, const uint32_t *,
                             int64_t, int64_t);
@@ -434,25 +476,41 @@ static void bfc_panel_dp(float *y, int64_t ldy, const void *xr, int64_t ldx, int
     }
 }
 
-/* The vdpbf16ps peak: `iters` steps of 24 independent vdpbf16ps on registers only (no memory
- * operand); returns the sum of the lanes so the loop is not dropped. 64 flops each. */
-static float bfc_dp_peak(int64_t iters)
-{
-    __m512 a[24];
-    const __m512 w = _mm512_set1_ps(1e-3f), x = _mm512_set1_ps(1e-3f);
-    for (int i = 0; i < 24; i++) a[i] = _mm512_setzero_ps();
-    for (int64_t it = 0; it < iters; it++) {
-#pragma GCC unroll 24
-        for (int i = 0; i < 24; i++) __asm__("vdpbf16ps %2, %1, %0" : "+v"(a[i]) : "v"(w), "v"(x));
+/* The register-only peaks: `iters` steps of 24 independent vdpbf16ps (64 flops each) or
+ * vfmadd231ps (32 flops each); return the sum of the lanes so the loop is not dropped. The
+ * accumulators are named (an array of them is kept in memory, one store per step). */
+#define BFC_24(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) \
+    X(14) X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23)
+#define BFC_PEAK_FN(name, insn)                                                                \
+    static float name(int64_t iters)                                                           \
+    {                                                                                          \
+        const __m512 w = _mm512_set1_ps(1e-3f), x = _mm512_set1_ps(1e-3f);                     \
+        BFC_24(BFC_PEAK_INIT)                                                                  \
+        for (int64_t it = 0; it < iters; it++) {                                               \
+            BFC_24(BFC_PEAK_STEP_##insn)                                                       \
+        }                                                                                      \
+        __m512 s = _mm512_setzero_ps();                                                        \
+        BFC_24(BFC_PEAK_SUM)                                                                   \
+        return _mm512_reduce_add_ps(s);                                                        \
     }
-    __m512 s = a[0];
-    for (int i = 1; i < 24; i++) s = _mm512_add_ps(s, a[i]);
-    return _mm512_reduce_add_ps(s);
-}
+#define BFC_PEAK_INIT(i) __m512 a##i = _mm512_setzero_ps();
+#define BFC_PEAK_STEP_dp(i) __asm__("vdpbf16ps %2, %1, %0" : "+v"(a##i) : "v"(w), "v"(x));
+#define BFC_PEAK_STEP_fma(i) __asm__("vfmadd231ps %2, %1, %0" : "+v"(a##i) : "v"(w), "v"(x));
+#define BFC_PEAK_SUM(i) s = _mm512_add_ps(s, a##i);
+BFC_PEAK_FN(bfc_dp_peak, dp)
+BFC_PEAK_FN(bfc_fma_peak, fma)
+#undef BFC_PEAK_FN
+#undef BFC_PEAK_INIT
+#undef BFC_PEAK_STEP_dp
+#undef BFC_PEAK_STEP_fma
+#undef BFC_PEAK_SUM
+#undef BFC_24
 #define BFC_PANEL_DP bfc_panel_dp
 #define BFC_DP_PEAK bfc_dp_peak
+#define BFC_FMA_PEAK bfc_fma_peak
 #else
 #define BFC_PANEL_DP NULL
 #define BFC_DP_PEAK NULL
+#define BFC_FMA_PEAK NULL
 #endif
 #undef BFC_NV_MAX

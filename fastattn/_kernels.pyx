@@ -123,7 +123,7 @@ cdef extern from "fastattn.h" nogil:
     int fa_linear_bfloat16_forward(float *y, const float *x, const uint16_t *wp,
                                    const float *bias, int64_t N, int64_t K, int64_t M,
                                    int activation, int nthreads)
-    double fa_bfloat16_peak(int64_t iters, int nthreads) nogil
+    double fa_bfloat16_peak(int64_t iters, int nthreads, int fma) nogil
 
 
 def cpu_init(int forced):
@@ -849,11 +849,12 @@ def linear_bfloat16_forward(y, x, wp, bias, int activation, int nthreads):
         raise MemoryError("linear (bfloat16): could not allocate the rounded activations")
 
 
-def bfloat16_peak(int64_t iters, int nthreads):
-    """Flops of the register-only vdpbf16ps loop (fa_bfloat16_peak; time the call), or -1."""
+def bfloat16_peak(int64_t iters, int nthreads, bint fma=False):
+    """Flops of the register-only vdpbf16ps (fma: vfmadd231ps) loop (fa_bfloat16_peak; time
+    the call), or -1."""
     cdef double r
     with nogil:
-        r = fa_bfloat16_peak(iters, nthreads)
+        r = fa_bfloat16_peak(iters, nthreads, fma)
     return r
 
 
