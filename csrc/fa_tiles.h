@@ -87,7 +87,10 @@
 #define BFC_DP_MR 6      /* ... and rows per tile (<= 12) */
 #define BFC_WIDEN_ROWS 12 /* bfloat16 FMA tiles: from this many rows, each panel is widened to
                             float32 once per block (fewer rows widen in registers) */
+#define BFC_KB 64        /* bfloat16 FMA tiles: K pairs per widened block (2 x 64 x 64 floats,
+                            32 KB: in L1) */
 #define BFC_ROW_BLOCK 96 /* bfloat16, many rows: rows rounded and multiplied together */
+#define BFC_TILE_ROWS 6  /* bfloat16: row blocks start on multiples of this (every tile height) */
 #define BFC_MIN_ROWS 48  /* bfloat16: below this many rows per thread, threads split panels */
 #define AMX_NP 32        /* AMX: two B tiles of 16 features side by side */
 #define AMX_G 4          /* AMX: K per group, the tiles multiply quads of bytes */

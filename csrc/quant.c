@@ -495,6 +495,13 @@ void fa_bfloat16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int
     }
 }
 
+/* Start of row block blk of nblk over N rows: multiples of the tile height (every block but
+ * the last ends on a whole tile) */
+static int64_t bfc_block_start(int64_t blk, int64_t nblk, int64_t N)
+{
+    return blk >= nblk ? N : blk * N / nblk / BFC_TILE_ROWS * BFC_TILE_ROWS;
+}
+
 /* rows [r0, r1) of y, panels [p0, p1): the rows rounded into xr, every tile, the epilogue */
 static void bfc_block(float *y, const float *x, char *xr, float *wf, int64_t r0, int64_t r1,
                       const uint32_t *w32, const float *bias, int64_t p0, int64_t p1, int64_t K,
@@ -531,9 +538,9 @@ int fa_linear_bfloat16_forward(float *y, const float *x, const uint16_t *wp, con
      * panels split, each thread rounding every row itself. A row's sums do not depend on its
      * block, tile or thread: every split gives the same bits. */
     const int64_t nblk = by_rows ? round_up((N + BFC_ROW_BLOCK - 1) / BFC_ROW_BLOCK, nt) : 1;
-    const int64_t per = by_rows ? (N + nblk - 1) / nblk : N;
+    const int64_t per = by_rows ? (N + nblk - 1) / nblk + BFC_TILE_ROWS : N;
     const int64_t xbytes = round_up(per * Kp * esize, 64);
-    const int64_t stride = xbytes + (dp ? 0 : Kp * BFC_NP * 4);   /* + the widened panel */
+    const int64_t stride = xbytes + (dp ? 0 : 2 * BFC_KB * BFC_NP * 4);  /* + a widened block */
     char *buf = aligned_alloc(64, (size_t)(stride * nt));
     if (!buf) return -1;
 #pragma omp parallel num_threads(nt) if (nt > 1)
@@ -543,7 +550,8 @@ int fa_linear_bfloat16_forward(float *y, const float *x, const uint16_t *wp, con
         if (by_rows) {
 #pragma omp for schedule(dynamic, 1)
             for (int64_t blk = 0; blk < nblk; blk++) {
-                const int64_t r0 = blk * N / nblk, r1 = (blk + 1) * N / nblk;
+                const int64_t r0 = bfc_block_start(blk, nblk, N);
+                const int64_t r1 = bfc_block_start(blk + 1, nblk, N);
                 if (r1 > r0)
                     bfc_block(y, x, xr, wf, r0, r1, w32, bias, 0, P, K, Kp, M, activation,
                               dp, isa);

@@ -277,11 +277,20 @@ static void bfc_round_row(void *dst, const float *x, int64_t K, int64_t Kp, int 
  *       even k at wf[kk][1][f]; no integer work left in the loop) */
 #define BFC_NV_MAX 4
 FA_INLINE void bfc_tile(float *y, int64_t ldy, const float *xw, int64_t ldx, const void *w,
-                        int64_t Kh, int64_t nf, const int nr, const int nv, const int wide)
+                        int64_t Kh, int64_t nf, int load, const int nr, const int nv,
+                        const int wide)
 {
     VF acc[BFC_MR][BFC_NV_MAX];
-    for (int r = 0; r < nr; r++)
-        for (int c = 0; c < nv; c++) acc[r][c] = vsplat(0.0f);
+    for (int r = 0; r < nr; r++)             /* load: the sums so far (an earlier K block) */
+        for (int c = 0; c < nv; c++) {
+            acc[r][c] = vsplat(0.0f);
+            if (load && nf == nv * FA_VL) {
+                acc[r][c] = vload(y + r * ldy + c * FA_VL);
+            } else if (load) {
+                for (int64_t f = c * FA_VL; f < nf && f < (c + 1) * FA_VL; f++)
+                    acc[r][c][f % FA_VL] = y[r * ldy + f];
+            }
+        }
     for (int64_t kk = 0; kk < Kh; kk++) {
         const uint32_t *w_k = (const uint32_t *)w + kk * BFC_NP;
         const float *wf_k = (const float *)w + kk * 2 * BFC_NP;
@@ -326,15 +335,15 @@ FA_INLINE void bfc_tile(float *y, int64_t ldy, const float *xw, int64_t ldx, con
 #define BFC_TILE_AT(NR)                                                                        \
     static __attribute__((noinline)) void bfc_tile_##NR(float *y, int64_t ldy, const float *xw, \
                                                         int64_t ldx, const void *w, int64_t Kh, \
-                                                        int64_t nf)                             \
+                                                        int64_t nf, int load)                   \
     {                                                                                          \
-        bfc_tile(y, ldy, xw, ldx, w, Kh, nf, NR, BFC_NV, 0);                                   \
+        bfc_tile(y, ldy, xw, ldx, w, Kh, nf, load, NR, BFC_NV, 0);                             \
     }                                                                                          \
     static __attribute__((noinline)) void bfc_wtile_##NR(float *y, int64_t ldy, const float *xw,\
                                                          int64_t ldx, const void *w,            \
-                                                         int64_t Kh, int64_t nf)                \
+                                                         int64_t Kh, int64_t nf, int load)      \
     {                                                                                          \
-        bfc_tile(y, ldy, xw, ldx, w, Kh, nf, NR, BFC_NV, 1);                                   \
+        bfc_tile(y, ldy, xw, ldx, w, Kh, nf, load, NR, BFC_NV, 1);                             \
     }
 BFC_TILE_AT(1) BFC_TILE_AT(2) BFC_TILE_AT(3) BFC_TILE_AT(4) BFC_TILE_AT(5) BFC_TILE_AT(6)
 #if BFC_MR > 6
@@ -342,11 +351,12 @@ BFC_TILE_AT(7) BFC_TILE_AT(8)
 #endif
 #undef BFC_TILE_AT
 
-/* The panel's pairs widened once to float32, odd k then even k per pair:
- *   wf[kk][0][f] = float32(odd half of w_p[kk][f]),  wf[kk][1][f] = float32(even half) */
-static void bfc_widen(float *wf, const uint32_t *w_p, int64_t Kh)
+/* Pairs [k0, k1) of the panel widened to float32, odd k then even k per pair:
+ *   wf[kk - k0][0][f] = float32(odd half of w_p[kk][f]),  wf[kk - k0][1][f] = the even half */
+static void bfc_widen(float *wf, const uint32_t *w_p, int64_t k0, int64_t k1)
 {
-    for (int64_t kk = 0; kk < Kh; kk++)
+    wf -= k0 * 2 * BFC_NP;
+    for (int64_t kk = k0; kk < k1; kk++)
         for (int c = 0; c < BFC_NP / FA_VL; c++) {
             VU u;
             memcpy(&u, w_p + kk * BFC_NP + c * FA_VL, sizeof u);
@@ -358,13 +368,15 @@ static void bfc_widen(float *wf, const uint32_t *w_p, int64_t Kh)
 
 /* One panel (fa_kernels.bfc_panel): y[r][f] for r < rows, f < nf (<= BFC_NP), without bias.
  *   xr  the rows' rounded values (float32, row stride ldx);  w_p  the panel (Kh, BFC_NP);
- *   wf  scratch of 2 BFC_NP Kh floats: from BFC_WIDEN_ROWS rows on, the panel is widened
- *       into it once (fewer rows widen in registers, streaming the pairs) */
+ *   wf  scratch of 2 BFC_NP BFC_KB floats: from BFC_WIDEN_ROWS rows on, the panel is widened
+ *       into it once, BFC_KB pairs at a time (a block that stays in L1 while every tile of
+ *       the rows meets it; the tiles carry their sums from block to block through y, exactly);
+ *       fewer rows widen in registers, streaming the pairs */
 static void bfc_panel(float *y, int64_t ldy, const void *xr, int64_t ldx, int64_t rows,
                       const uint32_t *w_p, int64_t Kh, int64_t nf, float *wf)
 {
     typedef void (*tile_fn)(float *, int64_t, const float *, int64_t, const void *, int64_t,
-                            int64_t);
+                            int64_t, int);
 #if BFC_MR > 6
     const tile_fn at[9] = {NULL, bfc_tile_1, bfc_tile_2, bfc_tile_3, bfc_tile_4,
                            bfc_tile_5, bfc_tile_6, bfc_tile_7, bfc_tile_8};
@@ -376,18 +388,28 @@ static void bfc_panel(float *y, int64_t ldy, const void *xr, int64_t ldx, int64_
     const tile_fn wat[7] = {NULL, bfc_wtile_1, bfc_wtile_2, bfc_wtile_3,
                             bfc_wtile_4, bfc_wtile_5, bfc_wtile_6};
 #endif
-    const int widen = rows >= BFC_WIDEN_ROWS;
-    if (widen) bfc_widen(wf, w_p, Kh);
     const float *x = xr;
     const int64_t step = BFC_NV * FA_VL;
-    for (int64_t f0 = 0; f0 < nf; f0 += step) {
-        const int64_t nt = nf - f0 < step ? nf - f0 : step;
-        for (int64_t r0 = 0; r0 < rows; r0 += BFC_MR) {
-            const int64_t nr = rows - r0 < BFC_MR ? rows - r0 : BFC_MR;
-            if (widen)
-                wat[nr](y + r0 * ldy + f0, ldy, x + r0 * ldx, ldx, wf + f0, Kh, nt);
-            else
-                at[nr](y + r0 * ldy + f0, ldy, x + r0 * ldx, ldx, w_p + f0, Kh, nt);
+    if (rows < BFC_WIDEN_ROWS) {
+        for (int64_t f0 = 0; f0 < nf; f0 += step) {
+            const int64_t nt = nf - f0 < step ? nf - f0 : step;
+            for (int64_t r0 = 0; r0 < rows; r0 += BFC_MR) {
+                const int64_t nr = rows - r0 < BFC_MR ? rows - r0 : BFC_MR;
+                at[nr](y + r0 * ldy + f0, ldy, x + r0 * ldx, ldx, w_p + f0, Kh, nt, 0);
+            }
+        }
+        return;
+    }
+    for (int64_t k0 = 0; k0 < Kh; k0 += BFC_KB) {
+        const int64_t k1 = Kh - k0 < BFC_KB ? Kh : k0 + BFC_KB;
+        bfc_widen(wf, w_p, k0, k1);
+        for (int64_t f0 = 0; f0 < nf; f0 += step) {
+            const int64_t nt = nf - f0 < step ? nf - f0 : step;
+            for (int64_t r0 = 0; r0 < rows; r0 += BFC_MR) {
+                const int64_t nr = rows - r0 < BFC_MR ? rows - r0 : BFC_MR;
+                wat[nr](y + r0 * ldy + f0, ldy, x + r0 * ldx + 2 * k0, ldx, wf + f0, k1 - k0,
+                        nt, k0 > 0);
+            }
         }
     }
 }
