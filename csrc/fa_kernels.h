@@ -143,6 +143,10 @@ typedef struct {
      * path of quant.c); as fa_linear_bf16_forward */
     int (*bf16_forward)(float *y, const float *x, const uint16_t *wp, const float *bias,
                         int64_t N, int64_t K, int64_t M, int activation, int nthreads);
+    /* the bfloat16 compute type on this path's units (NULL: none); as
+     * fa_linear_bfloat16_forward, on fa_bfloat16_pack's layout */
+    int (*bfloat16_forward)(float *y, const float *x, const uint16_t *wp, const float *bias,
+                            int64_t N, int64_t K, int64_t M, int activation, int nthreads);
 } fa_q8_kernels;
 
 extern const fa_q8_kernels fa_q8_generic, fa_q8_avx2, fa_q8_avx512bw, fa_q8_avx512vnni,

@@ -638,9 +638,16 @@ int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const f
  *   fma: rows rounded to float32 values, weights widened in registers, FMA tiles (any level);
  *   avx512bf16: vdpbf16ps tiles (AVX-512 level, a CPU with AVX512_BF16); the default where
  *   vdpbf16ps outruns the FMAs (timed once at import: the same bits either way).
+ *   amx: TDPBF16PS tiles, only when forced (another order: per block of 16 pairs, the even
+ *   and odd products in two sums, then acc = fl(acc + fl(s_even + s_odd)); the twin's
+ *   order="amx"); amx-emulated: the same tiles emulated in C (any AVX-512 CPU, for tests).
  * Twin: fastattn.reference.linear with a QuantizedWeight of dtype "bfloat16". */
-typedef enum { FA_BF16_FMA = 0, FA_BF16_AVX512BF16 = 1 } fa_bf16_path_t;
-int fa_bfloat16_init(int forced);      /* -1: the best; returns -1 if `forced` is unsupported */
+typedef enum {
+    FA_BF16_FMA = 0, FA_BF16_AVX512BF16 = 1, FA_BF16_AMX = 2, FA_BF16_AMX_EMULATED = 3
+} fa_bf16_path_t;
+/* -1: the best of fma / avx512bf16; returns -1 if `forced` is unsupported, -2 if it is amx and
+ * Linux refused the tile data */
+int fa_bfloat16_init(int forced);
 int fa_bfloat16_supports(int path);
 int fa_bfloat16_path(void);
 int fa_bfloat16_cpu_has_avx512bf16(void);   /* CPUID: the CPU has AVX512_BF16 (any level) */

@@ -420,6 +420,14 @@ int fa_bfloat16_supports(int path)
         return 1;
     case FA_BF16_AVX512BF16:
         return fa_k->bfc_panel_dp != NULL && cpu_has_avx512bf16();
+#if defined(FA_HAVE_V4)
+    case FA_BF16_AMX_EMULATED:
+        return fa_cpu_level() >= FA_ISA_AVX512;
+#endif
+#if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX)
+    case FA_BF16_AMX:                       /* the CPU's bf16 tiles, enabled by the OS */
+        return fa_cpu_level() >= FA_ISA_AVX512 && (amx_status() & 6) == 6;
+#endif
     default:
         return 0;
     }
@@ -458,6 +466,7 @@ int fa_bfloat16_init(int forced)
 {
     if (forced >= 0) {
         if (!fa_bfloat16_supports(forced)) return -1;
+        if (forced == FA_BF16_AMX && !amx_permitted() && !amx_request()) return -2;
         g_bfc = (fa_bf16_path_t)forced;
         return 0;
     }
@@ -528,6 +537,14 @@ int fa_linear_bfloat16_forward(float *y, const float *x, const uint16_t *wp, con
         empty_product(y, bias, N, M, activation, isa);
         return 0;
     }
+#if defined(FA_HAVE_V4)
+    if (g_bfc == FA_BF16_AMX_EMULATED)
+        return fa_q8_amx_emulated.bfloat16_forward(y, x, wp, bias, N, K, M, activation, nthreads);
+#endif
+#if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX)
+    if (g_bfc == FA_BF16_AMX)
+        return fa_q8_amx.bfloat16_forward(y, x, wp, bias, N, K, M, activation, nthreads);
+#endif
     const int dp = g_bfc == FA_BF16_AVX512BF16;
     const int64_t Kp = round_up(K, 2), P = (M + BFC_NP - 1) / BFC_NP;
     const int64_t esize = dp ? 2 : 4;                   /* bytes per rounded element */

@@ -30,7 +30,9 @@ TILE_NAMES = (  # index = fa_tile_t in csrc/fastattn.h; the sizes themselves: cs
 INT8_PATHS = ("generic", "avx2", "avx512bw", "avx512vnni", "amx", "amx-emulated")
 # index = fa_bf16_path_t (fastattn.h): the bfloat16 compute type's kernels, FMA tiles on rounded
 # inputs (any level) or vdpbf16ps (AVX-512 level on a CPU with AVX512_BF16; the default there)
-BF16_PATHS = ("fma", "avx512bf16")
+# (the default there, when faster), or, only when forced, the AMX tiles (another summation order,
+# reference._linear_bfloat16(order="amx")) and their emulation (tests)
+BF16_PATHS = ("fma", "avx512bf16", "amx", "amx-emulated")
 _state = {"threads": 1}
 
 
@@ -194,7 +196,9 @@ def init():
     if _kernels.int8_init(_int8_path_from_env()) == -2:
         raise RuntimeError("FASTATTN_INT8_PATH=amx: Linux refused this process the AMX tile "
                            "data (arch_prctl ARCH_REQ_XCOMP_PERM); unset it to use the VNNI path")
-    _kernels.bfloat16_init(_bf16_path_from_env())
+    if _kernels.bfloat16_init(_bf16_path_from_env()) == -2:
+        raise RuntimeError("FASTATTN_BF16_PATH=amx: Linux refused this process the AMX tile "
+                           "data (arch_prctl ARCH_REQ_XCOMP_PERM); unset it")
     set_num_threads(_threads_from_env())
 
 

@@ -1091,8 +1091,11 @@ def round_bfloat16(x):
     return (top << 16).view(np.float32)
 
 
-def _linear_bfloat16(x, weight, bias, activation):
-    """linear() with a bfloat16 QuantizedWeight: the sums in the kernels' order (see linear)."""
+def _linear_bfloat16(x, weight, bias, activation, order="vdpbf16ps"):
+    """linear() with a bfloat16 QuantizedWeight: the sums in the kernels' order (see linear).
+    order="amx": the AMX path's (FASTATTN_BF16_PATH=amx): per block of 16 pairs of k, the even
+    elements' products in one float32 sum and the odd ones' in another, both from zero, then
+    acc = acc + (s_even + s_odd) (TDPBF16PS)."""
     M, K = weight.shape
     lead = x.shape[:-1]
     xb = round_bfloat16(x.reshape(math.prod(lead), K))                  # (N, K) float32
@@ -1100,10 +1103,15 @@ def _linear_bfloat16(x, weight, bias, activation):
     N = xb.shape[0]
     acc = np.zeros((N, M), np.float32)
     with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-        for kk in range((K + 1) // 2):
+        for kk in range((K + 1) // 2 if order != "amx" else 0):
             for k in (2 * kk + 1, 2 * kk):                              # odd k first
                 if k < K:
                     acc += xb[:, k:k + 1] * wb[None, :, k]              # exact products
+        for k0 in range(0, K if order == "amx" else 0, 32):             # 16 pairs a block
+            s = [np.zeros((N, M), np.float32), np.zeros((N, M), np.float32)]
+            for k in range(k0, min(k0 + 32, K)):
+                s[k % 2] += xb[:, k:k + 1] * wb[None, :, k]
+            acc += s[0] + s[1]
         if bias is not None:
             acc = acc + np.asarray(bias, np.float32)                    # float32
     y = _act64(acc.astype(np.float64), activation)

@@ -4,7 +4,8 @@ Both operands of every product are rounded to bf16 (reference.round_bfloat16, vc
 rule), each product is exact in float32 and the sums run in one defined order
 (reference.linear's docstring), so ops and reference agree bit for bit for activation None
 and relu, on every path (the FMA tiles at each SIMD level, the vdpbf16ps tiles), any row
-count and any thread count; gelu differs by its kernel's accuracy only. The one documented
+count and any thread count; gelu differs by its kernel's accuracy only. The AMX tiles (forced
+only) sum in TDPBF16PS's order instead, and match the twin computed in that order bit for bit. The one documented
 departure: products or partial sums below 2^-126 in magnitude (not exact in float32; the
 vdpbf16ps path flushes them to zero), at most 2^-126 per step.
 """
@@ -29,10 +30,18 @@ GELU_RTOL, GELU_ATOL = 2e-6, 1e-6       # the gelu kernel against float64 gelu (
 PATHS = fastattn.build_info()["bf16_paths_available"]
 
 
+def twin(x, qw, b=None, activation=None):
+    """The twin in the order of the path in use: the AMX paths sum per block of 16 pairs
+    (reference._linear_bfloat16's order="amx"), every other path as reference.linear."""
+    if fastattn.build_info()["bf16_path"].startswith("amx"):
+        return reference._linear_bfloat16(x, qw, b, activation, order="amx")
+    return reference.linear(x, qw, b, activation=activation)
+
+
 def check(x, w, b=None, activation=None, qw=None):
     qw = QW.from_float(w, "bfloat16") if qw is None else qw
     got = ops.linear(x, qw, b, activation=activation)
-    want = reference.linear(x, qw, b, activation=activation)
+    want = twin(x, qw, b, activation)
     if activation == "gelu":
         np.testing.assert_allclose(got, want, rtol=GELU_RTOL, atol=GELU_ATOL)
     else:
@@ -122,7 +131,7 @@ def test_non_finite_inputs(rng):
     w[7, 5] = 0.0
     qw = QW.from_float(w, "bfloat16")
     got = ops.linear(x, qw)
-    want = reference.linear(x, qw)
+    want = twin(x, qw)
     assert np.array_equal(np.isnan(got), np.isnan(want))
     assert np.isnan(got[1]).all() and np.isnan(got[2, 7])
     assert np.array_equal(got[np.isfinite(want)], want[np.isfinite(want)])
@@ -138,7 +147,7 @@ def test_tiny_products_stay_within_the_stated_bound(rng):
     x = rand(rng, (8, K)) * np.float32(2.0**-64)
     w = rand(rng, (M, K)) * np.float32(2.0**-64)
     qw = QW.from_float(w, "bfloat16")
-    got, want = ops.linear(x, qw), reference.linear(x, qw)
+    got, want = ops.linear(x, qw), twin(x, qw)
     assert np.abs(got - want).max() <= K * 2.0**-126
 
 
@@ -154,9 +163,9 @@ def test_ffn_and_slices(rng):
     x = rand(rng, (40, 32))
     w1, w2 = rand(rng, (128, 32), 0.2), rand(rng, (32, 128), 0.1)
     q1, q2 = QW.from_float(w1, "bfloat16"), QW.from_float(w2, "bfloat16")
-    h = reference.linear(x, q1, activation="relu")
+    h = twin(x, q1, None, "relu")
     np.testing.assert_array_equal(ops.ffn(x, q1, None, q2, None, activation="relu"),
-                                  reference.linear(h, q2))
+                                  twin(h, q2))
     for lo, hi in ((0, 64), (64, 128), (3, 70)):        # a panel edge reads the parent's copy
         q1._kernel_arrays()
         check(x, None, qw=q1[lo:hi])
@@ -197,26 +206,34 @@ def path_checks():
 
 
 @pytest.mark.parametrize("isa, path", [("generic", "fma"), ("avx2", "fma"), ("avx512", "fma"),
-                                       ("avx512", "avx512bf16")])
+                                       ("avx512", "avx512bf16"), ("avx512", "amx-emulated"),
+                                       ("avx512", "amx")])
 def test_every_path(isa, path):
     available = fastattn.build_info()["simd_available"]
     if isa not in available:
         pytest.skip(f"{isa} is not available on this CPU/build (available: {available})")
     if path == "avx512bf16" and not fastattn.build_info()["bf16_dot_products"]["avx512_bf16"]:
         pytest.skip("this CPU has no AVX512_BF16")
+    amx = fastattn.build_info()["amx"]
+    if path == "amx" and not (amx["bf16"] and amx["os_enabled"]):
+        pytest.skip("this CPU (or its OS) has no AMX-BF16 tiles")
     report = child_report(run_child("test_ops_bfloat16", "path_checks",
                                     {"FASTATTN_CPU_ISA": isa, "FASTATTN_BF16_PATH": path}))
     assert report["simd"] == isa
 
 
 def test_default_path_and_forcing_errors():
-    """Unforced, the faster of the two paths this CPU can run (timed once at import: both
-    give the same bits); an unknown or unavailable path is refused at import."""
+    """Unforced, the faster of fma and avx512bf16 (timed once at import: both give the same
+    bits), never amx; an unknown or unavailable path is refused at import."""
     info = fastattn.build_info()
     assert info["bf16_path"] in PATHS
+    if "FASTATTN_BF16_PATH" not in os.environ:
+        assert info["bf16_path"] in ("fma", "avx512bf16")
     assert ("avx512bf16" in PATHS) == (info["simd"] == "avx512" and
                                        info["bf16_dot_products"]["avx512_bf16"])
     cases = [({"FASTATTN_BF16_PATH": "sse9"}, "expected one of fma, avx512bf16"),
+             ({"FASTATTN_BF16_PATH": "amx-emulated", "FASTATTN_CPU_ISA": "avx2"},
+              "cannot run it"),
              ({"FASTATTN_BF16_PATH": "avx512bf16", "FASTATTN_CPU_ISA": "avx2"},
               "cannot run it")]
     for env, pattern in cases:
