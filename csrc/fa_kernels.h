@@ -117,6 +117,8 @@ typedef struct {
                       const uint32_t *w_p, int64_t Kh, int64_t nf, float *wf);
     void (*bfc_panel_dp)(float *y, int64_t ldy, const void *xr, int64_t ldx, int64_t rows,
                          const uint32_t *w_p, int64_t Kh, int64_t nf, float *wf);
+    void (*bfc_panels_few)(float *y, int64_t ldy, const void *xr, int64_t ldx, int64_t rows,
+                           const uint32_t *wp, int64_t p0, int64_t p1, int64_t Kh, int64_t M);
     float (*bfc_dp_peak)(int64_t iters);
     float (*bfc_fma_peak)(int64_t iters);
     fa_isa_tiles tiles;

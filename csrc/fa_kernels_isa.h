@@ -51,6 +51,7 @@ const fa_kernels FA_KERNELS = {
     .bfc_round_row = bfc_round_row,
     .bfc_panel = bfc_panel,
     .bfc_panel_dp = BFC_PANEL_DP,
+    .bfc_panels_few = bfc_panels_few,
     .bfc_dp_peak = BFC_DP_PEAK,
     .bfc_fma_peak = BFC_FMA_PEAK,
     .tiles = {.vector_width = FA_VL,

@@ -36,6 +36,9 @@
                                                         panel per pass (0: never) */
 #define BFC_NV         FA_LEVEL_PICK(4,    2,   4)   /* bfloat16 compute, FMA tiles: vectors */
 #define BFC_MR         FA_LEVEL_PICK(2,    6,   6)   /* ... and rows per tile */
+#define BFC_FEW_NV     FA_LEVEL_PICK(8,    8,   8)   /* bfloat16, a decode step's rows: vectors
+                                                        per pass (a multiple of a panel or a
+                                                        divisor of it) */
 #endif
 
 /* ---- the same for every ISA ---------------------------------------------------------------- */
@@ -85,6 +88,7 @@
                             a multiple of every tile's width */
 #define BFC_DP_NV 4      /* AVX512_BF16 tiles: zmm of 16 features per row (<= 4) */
 #define BFC_DP_MR 6      /* ... and rows per tile (<= 12) */
+#define BFC_FEW_ROWS 2   /* bfloat16: up to this many rows, bfc_panels_few */
 #define BFC_WIDEN_ROWS 12 /* bfloat16 FMA tiles: from this many rows, each panel is widened to
                             float32 once per block (fewer rows widen in registers) */
 #define BFC_KB 64        /* bfloat16 FMA tiles: K pairs per widened block (2 x 64 x 64 floats,

@@ -519,6 +519,13 @@ static void bfc_block(float *y, const float *x, char *xr, float *wf, int64_t r0,
     const int64_t esize = dp ? 2 : 4, Kh = Kp / 2, ldx = dp ? Kh : Kp;
     for (int64_t r = r0; r < r1; r++)
         isa->bfc_round_row(xr + (r - r0) * Kp * esize, x + r * K, K, Kp, !dp);
+    if (!dp && r1 - r0 <= BFC_FEW_ROWS) {                /* a decode step's rows */
+        isa->bfc_panels_few(y + r0 * M, M, xr, ldx, r1 - r0, w32, p0, p1, Kh, M);
+        const int64_t m0 = p0 * BFC_NP, m1 = p1 * BFC_NP < M ? p1 * BFC_NP : M;
+        isa->bias_act_rows(y + r0 * M + m0, NULL, bias ? bias + m0 : NULL, r1 - r0, m1 - m0, M,
+                           activation, 0, m0, NULL);
+        return;
+    }
     for (int64_t p = p0; p < p1; p++) {
         const int64_t m0 = p * BFC_NP, nf = M - m0 < BFC_NP ? M - m0 : BFC_NP;
         (dp ? isa->bfc_panel_dp : isa->bfc_panel)(y + r0 * M + m0, M, xr, ldx, r1 - r0,

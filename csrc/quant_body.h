@@ -414,6 +414,71 @@ static void bfc_panel(float *y, int64_t ldy, const void *xr, int64_t ldx, int64_
     }
 }
 
+/* Few rows (a decode step's, up to BFC_FEW_ROWS): one pass over BFC_FEW_NV vectors of
+ * consecutive features, across panel edges (AVX-512: two panels), so that each row keeps that
+ * many independent sums in flight (one per vector: the order of each sum is fixed, so more
+ * chains, not split sums, hide the FMA latency); the pairs widened in registers as they
+ * stream. nv vectors from feature 0 of panel w (panels Kh BFC_NP words apart), nf features. */
+FA_INLINE void bfc_few(float *y, int64_t ldy, const float *xw, int64_t ldx, const uint32_t *w,
+                       int64_t Kh, int64_t nf, const int nr, const int nv)
+{
+    VF acc[BFC_FEW_ROWS][BFC_FEW_NV];
+    const uint32_t *w_c[BFC_FEW_NV];
+    for (int c = 0; c < nv; c++)
+        w_c[c] = w + (c * FA_VL / BFC_NP) * BFC_NP * Kh + (c * FA_VL) % BFC_NP;
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nv; c++) acc[r][c] = vsplat(0.0f);
+    for (int64_t kk = 0; kk < Kh; kk++) {
+        VU u[BFC_FEW_NV];
+        for (int c = 0; c < nv; c++) memcpy(&u[c], w_c[c] + kk * BFC_NP, sizeof u[c]);
+        for (int r = 0; r < nr; r++) {
+            const VF xo = vsplat(xw[r * ldx + 2 * kk + 1]), xe = vsplat(xw[r * ldx + 2 * kk]);
+            for (int c = 0; c < nv; c++) {
+                acc[r][c] += xo * (VF)(u[c] & 0xffff0000u);         /* odd k first */
+                acc[r][c] += xe * (VF)(u[c] << 16);
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        float *y_r = y + r * ldy;
+        if (nf == nv * FA_VL) {
+            for (int c = 0; c < nv; c++) memcpy(y_r + c * FA_VL, &acc[r][c], sizeof(VF));
+        } else {
+            for (int64_t f = 0; f < nf; f++) y_r[f] = acc[r][f / FA_VL][f % FA_VL];
+        }
+    }
+}
+
+#define BFC_FEW_AT(NR)                                                                         \
+    static __attribute__((noinline)) void bfc_few_##NR(float *y, int64_t ldy, const float *xw,  \
+                                                       int64_t ldx, const uint32_t *w,          \
+                                                       int64_t Kh, int64_t nf)                  \
+    {                                                                                          \
+        bfc_few(y, ldy, xw, ldx, w, Kh, nf, NR, BFC_FEW_NV);                                   \
+    }
+BFC_FEW_AT(1) BFC_FEW_AT(2)
+#undef BFC_FEW_AT
+
+/* Panels [p0, p1) for rows <= BFC_FEW_ROWS (fa_kernels.bfc_panels_few), without bias:
+ * BFC_FEW_NV vectors at a time while whole ones remain, the rest by bfc_panel's tiles */
+static void bfc_panels_few(float *y, int64_t ldy, const void *xr, int64_t ldx, int64_t rows,
+                           const uint32_t *wp, int64_t p0, int64_t p1, int64_t Kh, int64_t M)
+{
+    const float *x = xr;
+    const int64_t span = BFC_FEW_NV * FA_VL;        /* features per pass */
+    int64_t m0 = p0 * BFC_NP;
+    const int64_t m1 = p1 * BFC_NP < M ? p1 * BFC_NP : M;
+    for (; m0 + span <= p1 * BFC_NP && m0 < m1; m0 += span) {
+        const int64_t nf = m1 - m0 < span ? m1 - m0 : span;
+        const uint32_t *w = wp + (m0 / BFC_NP) * BFC_NP * Kh + m0 % BFC_NP;
+        (rows == 1 ? bfc_few_1 : bfc_few_2)(y + m0, ldy, x, ldx, w, Kh, nf);
+    }
+    for (; m0 < m1; m0 += BFC_NP) {                   /* a panel left over: whole panels */
+        const int64_t nf = m1 - m0 < BFC_NP ? m1 - m0 : BFC_NP;
+        bfc_panel(y + m0, ldy, xr, ldx, rows, wp + m0 * Kh, Kh, nf, NULL);
+    }
+}
+
 #if FA_VL == 16
 /* The AVX512_BF16 tiles: nr rows x nv vectors of 16 features, each step one vdpbf16ps of a
  * weight vector (16 features x a pair of k) and a row's pair broadcast from memory. Written as
