@@ -1,10 +1,12 @@
-"""Quantised linear weights for inference: int8 with per-row scales, and bfloat16.
+"""Quantised linear weights for inference: int8 with per-row scales, bf16 weights (float32
+compute), and the bfloat16 compute type (both operands of each product rounded to bf16).
 
 The rules are reference.quantize_int8's and reference._linear_quantized's (and fastattn.h's):
 these functions and their twins in fastattn.reference agree bit for bit on quantize_int8,
 dequantize_int8, to_bfloat16 and from_bfloat16, and on linear with an int8 weight when the
 activation is None or relu (gelu, gelu_tanh: to their kernels' accuracy, ~1e-6 relative); with
-a bf16 weight, linear agrees with the twin as the float32 linear does (float32 sums).
+a bf16 weight, linear agrees with the twin as the float32 linear does (float32 sums); with a
+bfloat16 weight, bit for bit (the sums' order is defined: reference.linear).
 ``fastattn.ops`` exports the public names (the twin API); the products that use a
 QuantizedWeight are in fastattn._fast.
 """
