@@ -118,6 +118,18 @@ typedef struct {
                              const uint16_t *wp, int64_t p0, int64_t p1, int64_t M, int64_t K);
     void (*bf16_widen_t)(float *dst, const uint16_t *wp, int64_t k0, int64_t k1, int64_t K,
                          int64_t P);
+    /* bfloat16 compute: rows rounded (wide: to float32 values, else bf16 bits), one panel on
+     * the FMA tiles (rows as float32 values), on the AVX512_BF16 tiles (rows as bits; NULL
+     * below AVX-512), and the register-only vdpbf16ps and FMA loops (NULL likewise) */
+    void (*bfc_round_row)(void *dst, const float *x, int64_t K, int64_t Kp, int wide);
+    void (*bfc_panel)(float *y, int64_t ldy, const void *xr, int64_t ldx, int64_t rows,
+                      const uint32_t *w_p, int64_t Kh, int64_t nf, float *wf);
+    void (*bfc_panel_dp)(float *y, int64_t ldy, const void *xr, int64_t ldx, int64_t rows,
+                         const uint32_t *w_p, int64_t Kh, int64_t nf, float *wf);
+    void (*bfc_panels_few)(float *y, int64_t ldy, const void *xr, int64_t ldx, int64_t rows,
+                           const uint32_t *wp, int64_t p0, int64_t p1, int64_t Kh, int64_t M);
+    float (*bfc_dp_peak)(int64_t iters);
+    float (*bfc_fma_peak)(int64_t iters);
     fa_isa_tiles tiles;
 } fa_kernels;
 
@@ -142,6 +154,10 @@ typedef struct {
      * path of quant.c); as fa_linear_bf16_forward */
     int (*bf16_forward)(float *y, const float *x, const uint16_t *wp, const float *bias,
                         int64_t N, int64_t K, int64_t M, int activation, int nthreads);
+    /* the bfloat16 compute type on this path's units (NULL: none); as
+     * fa_linear_bfloat16_forward, on fa_bfloat16_pack's layout */
+    int (*bfloat16_forward)(float *y, const float *x, const uint16_t *wp, const float *bias,
+                            int64_t N, int64_t K, int64_t M, int activation, int nthreads);
 } fa_q8_kernels;
 
 extern const fa_q8_kernels fa_q8_generic, fa_q8_avx2, fa_q8_avx512bw, fa_q8_avx512vnni,

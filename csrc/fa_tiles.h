@@ -34,6 +34,11 @@
 #define BF_NV          FA_LEVEL_PICK(4,    2,   2)   /* bf16 few-row GEMM: vectors per tile */
 #define BF_FEW         FA_LEVEL_PICK(0,    2,   0)   /* bf16: up to this many rows, the whole
                                                         panel per pass (0: never) */
+#define BFC_NV         FA_LEVEL_PICK(4,    2,   4)   /* bfloat16 compute, FMA tiles: vectors */
+#define BFC_MR         FA_LEVEL_PICK(2,    6,   6)   /* ... and rows per tile */
+#define BFC_FEW_NV     FA_LEVEL_PICK(8,    8,   8)   /* bfloat16, a decode step's rows: vectors
+                                                        per pass (a multiple of a panel or a
+                                                        divisor of it) */
 #endif
 
 /* ---- the same for every ISA ---------------------------------------------------------------- */
@@ -79,6 +84,18 @@
 #define Q8_AVX2_WIDEN 12 /* AVX2: from this many rows on, each block is widened once */
 #define Q8_AVX512_NP 64  /* 4 zmm of int32 sums per row */
 #define Q8_AVX512_MR 6
+#define BFC_NP 64        /* bfloat16 compute: features per panel (wp[p][kk][f], K in pairs);
+                            a multiple of every tile's width */
+#define BFC_DP_NV 4      /* AVX512_BF16 tiles: zmm of 16 features per row (<= 4) */
+#define BFC_DP_MR 6      /* ... and rows per tile (<= 12) */
+#define BFC_FEW_ROWS 2   /* bfloat16: up to this many rows, bfc_panels_few */
+#define BFC_WIDEN_ROWS 12 /* bfloat16 FMA tiles: from this many rows, each panel is widened to
+                            float32 once per block (fewer rows widen in registers) */
+#define BFC_KB 64        /* bfloat16 FMA tiles: K pairs per widened block (2 x 64 x 64 floats,
+                            32 KB: in L1) */
+#define BFC_ROW_BLOCK 96 /* bfloat16, many rows: rows rounded and multiplied together */
+#define BFC_TILE_ROWS 6  /* bfloat16: row blocks start on multiples of this (every tile height) */
+#define BFC_MIN_ROWS 48  /* bfloat16: below this many rows per thread, threads split panels */
 #define AMX_NP 32        /* AMX: two B tiles of 16 features side by side */
 #define AMX_G 4          /* AMX: K per group, the tiles multiply quads of bytes */
 #define AMX_MR 16        /* AMX: rows per tile */

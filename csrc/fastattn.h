@@ -649,10 +649,55 @@ void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nth
 int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
                            int64_t N, int64_t K, int64_t M, int activation, int nthreads);
 
+/* ---- bfloat16 compute ------------------------------------------------------------------------
+ * y = act(acc + bias), acc the float32 sum of products of bf16-rounded operands:
+ *   bfr(v)  vcvtneps2bf16's rounding: a zero or subnormal float32 -> a zero of its sign, NaN ->
+ *           a quiet NaN (sign and top payload kept), else to nearest even (may give inf)
+ *   acc = 0; for kk < ceil(K / 2): acc = fl(acc + bfr(x_{2kk+1}) bfr(w_{2kk+1}));
+ *                                  acc = fl(acc + bfr(x_{2kk}) bfr(w_{2kk}))
+ *   (x_K = w_K = 0 for an odd K; the odd element first, as vdpbf16ps adds them). Each product
+ *   is exact in float32 unless it is below 2^-126 (then the AVX512_BF16 path flushes it, and
+ *   any sum below 2^-126, to zero; an FMA rounds it once with the sum: the paths may differ
+ *   there by 2^-126 a step) or overflows. Paths (the same bits otherwise, for every thread
+ *   count and N):
+ *   fma: rows rounded to float32 values, weights widened in registers, FMA tiles (any level);
+ *   avx512bf16: vdpbf16ps tiles (AVX-512 level, a CPU with AVX512_BF16); the default where
+ *   vdpbf16ps outruns the FMAs (timed once at import: the same bits either way).
+ *   amx: TDPBF16PS tiles, only when forced (another order: per block of 16 pairs, the even
+ *   and odd products in two sums, then acc = fl(acc + fl(s_even + s_odd)); the twin's
+ *   order="amx"); amx-emulated: the same tiles emulated in C (any AVX-512 CPU, for tests).
+ * Twin: fastattn.reference.linear with a QuantizedWeight of dtype "bfloat16". */
+typedef enum {
+    FA_BF16_FMA = 0, FA_BF16_AVX512BF16 = 1, FA_BF16_AMX = 2, FA_BF16_AMX_EMULATED = 3
+} fa_bf16_path_t;
+/* -1: the best of fma / avx512bf16; returns -1 if `forced` is unsupported, -2 if it is amx and
+ * Linux refused the tile data */
+int fa_bfloat16_init(int forced);
+int fa_bfloat16_supports(int path);
+int fa_bfloat16_path(void);
+int fa_bfloat16_cpu_has_avx512bf16(void);   /* CPUID: the CPU has AVX512_BF16 (any level) */
+
+/* fa_bfloat16_pack -- bf16 weight bits (M, K) laid out for fa_linear_bfloat16_forward (every
+ * path: panels of 64 features, K in pairs; subnormal bits flushed as bfr does).
+ *   wp  (fa_bfloat16_packed_size(M, K)) out, uint16;  w  (M, K) in */
+int64_t fa_bfloat16_packed_size(int64_t M, int64_t K);
+void fa_bfloat16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nthreads);
+
+/* fa_linear_bfloat16_forward -- the rule above.  y (N, M) out;  x (N, K) in;  wp packed;
+ * bias (M) or NULL. Many rows: blocks of rows per thread; few: panels split over threads.
+ * Returns 0, or -1: out of memory. */
+int fa_linear_bfloat16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
+                               int64_t N, int64_t K, int64_t M, int activation, int nthreads);
+
+/* fa_bfloat16_peak -- flops of a register-only vdpbf16ps loop (fma: a vfmadd231ps one) of
+ * `iters` steps on each of nthreads threads (the caller times it); -1 where the CPU or level
+ * lacks AVX512_BF16 (fma: AVX-512). */
+double fa_bfloat16_peak(int64_t iters, int nthreads, int fma);
+
 /* fa_quant_tiles -- the quantised kernels' sizes, for build_info()["quant_tiles"]: out[0..6] =
  * int8 features per panel, K per group, rows per tile (of the int8 path in use), int8 rows per
  * block, int8 rows per thread below which panels are split, bf16 features per panel,
- * FA_BF16_PACKED_MAX_ROWS. Returns the count (7). */
+ * FA_BF16_PACKED_MAX_ROWS, bfloat16 (compute) features per panel. Returns the count (8). */
 int fa_quant_tiles(int64_t *out);
 
 #endif /* FASTATTN_H */

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "fa_kernels.h"
 #include "fa_tiles.h"
@@ -166,7 +167,8 @@ int fa_quant_tiles(int64_t *out)
     out[4] = Q8_MIN_ROWS;
     out[5] = BF_PANEL;
     out[6] = FA_BF16_PACKED_MAX_ROWS;
-    return 7;
+    out[7] = BFC_NP;
+    return 8;
 }
 
 /* ---- int8 --------------------------------------------------------------------------------------
@@ -391,4 +393,209 @@ int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const f
     fa_linear_forward_t(y, x, wide, ldt, bias, N, K, M, activation, nthreads);
     free(wide);
     return 0;
+}
+
+/* ---- bfloat16 compute (the rule in fastattn.h; tiles in quant_body.h) ------------------------ */
+
+static fa_bf16_path_t g_bfc = FA_BF16_FMA;
+static int cpu_has_avx512bf16(void);
+
+int fa_bfloat16_cpu_has_avx512bf16(void) { return cpu_has_avx512bf16(); }
+
+static int cpu_has_avx512bf16(void)
+{
+#if defined(__x86_64__) && defined(__linux__)
+    unsigned a, b, c, d;
+    /* CPUID leaf 7 subleaf 1, EAX bit 5 (AVX512_BF16); zmm state is checked by the level */
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1);
+#else
+    return 0;
+#endif
+}
+
+int fa_bfloat16_supports(int path)
+{
+    switch (path) {
+    case FA_BF16_FMA:
+        return 1;
+    case FA_BF16_AVX512BF16:
+        return fa_k->bfc_panel_dp != NULL && cpu_has_avx512bf16();
+#if defined(FA_HAVE_V4)
+    case FA_BF16_AMX_EMULATED:
+        return fa_cpu_level() >= FA_ISA_AVX512;
+#endif
+#if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX)
+    case FA_BF16_AMX:                       /* the CPU's bf16 tiles, enabled by the OS */
+        return fa_cpu_level() >= FA_ISA_AVX512 && (amx_status() & 6) == 6;
+#endif
+    default:
+        return 0;
+    }
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static volatile float g_peak_sink;
+
+/* Whether vdpbf16ps outruns two FMAs on this core: its throughput differs by CPU (on some it
+ * is half the FMA rate per flop, on others nearly twice), and both paths give the same bits,
+ * so the faster one is chosen by timing the two register-only loops, best of three (a few
+ * milliseconds), once at import. */
+static int dp_beats_fma(void)
+{
+    double dp = 1e30, fma = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+        double t = now_s();
+        g_peak_sink = fa_k->bfc_dp_peak(20000);           /* 64 flops per instruction */
+        t = now_s() - t;
+        dp = t < dp ? t : dp;
+        t = now_s();
+        g_peak_sink = fa_k->bfc_fma_peak(40000);          /* 32: the same flops */
+        t = now_s() - t;
+        fma = t < fma ? t : fma;
+    }
+    return dp < 0.9 * fma;
+}
+
+int fa_bfloat16_init(int forced)
+{
+    if (forced >= 0) {
+        if (!fa_bfloat16_supports(forced)) return -1;
+        if (forced == FA_BF16_AMX && !amx_permitted() && !amx_request()) return -2;
+        g_bfc = (fa_bf16_path_t)forced;
+        return 0;
+    }
+    g_bfc = fa_bfloat16_supports(FA_BF16_AVX512BF16) && dp_beats_fma() ? FA_BF16_AVX512BF16
+                                                                        : FA_BF16_FMA;
+    return 0;
+}
+
+int fa_bfloat16_path(void) { return g_bfc; }
+
+static inline uint16_t bfc_round(uint16_t bits)          /* a bf16 weight, as bfr would */
+{
+    return (bits & 0x7f80u) == 0 ? (uint16_t)(bits & 0x8000u) : bits;
+}
+
+int64_t fa_bfloat16_packed_size(int64_t M, int64_t K)
+{
+    return round_up(M, BFC_NP) * round_up(K, 2);
+}
+
+void fa_bfloat16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nthreads)
+{
+    const int64_t Kp = round_up(K, 2), P = (M + BFC_NP - 1) / BFC_NP;
+    if (Kp == 0) return;
+    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)(P * BFC_NP * Kp), 1e6);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t p = 0; p < P; p++) {
+        uint16_t *w_p = wp + p * BFC_NP * Kp;
+        for (int64_t f = 0; f < BFC_NP; f++) {
+            const int64_t m = p * BFC_NP + f;
+            for (int64_t k = 0; k < Kp; k++)
+                w_p[(k / 2) * BFC_NP * 2 + f * 2 + k % 2] =
+                    m < M && k < K ? bfc_round(w[m * K + k]) : 0;
+        }
+    }
+}
+
+/* Start of row block blk of nblk over N rows: multiples of the tile height (every block but
+ * the last ends on a whole tile) */
+static int64_t bfc_block_start(int64_t blk, int64_t nblk, int64_t N)
+{
+    return blk >= nblk ? N : blk * N / nblk / BFC_TILE_ROWS * BFC_TILE_ROWS;
+}
+
+/* rows [r0, r1) of y, panels [p0, p1): the rows rounded into xr, every tile, the epilogue */
+static void bfc_block(float *y, const float *x, char *xr, float *wf, int64_t r0, int64_t r1,
+                      const uint32_t *w32, const float *bias, int64_t p0, int64_t p1, int64_t K,
+                      int64_t Kp, int64_t M, int activation, int dp, const fa_kernels *isa)
+{
+    const int64_t esize = dp ? 2 : 4, Kh = Kp / 2, ldx = dp ? Kh : Kp;
+    for (int64_t r = r0; r < r1; r++)
+        isa->bfc_round_row(xr + (r - r0) * Kp * esize, x + r * K, K, Kp, !dp);
+    if (!dp && r1 - r0 <= BFC_FEW_ROWS) {                /* a decode step's rows */
+        isa->bfc_panels_few(y + r0 * M, M, xr, ldx, r1 - r0, w32, p0, p1, Kh, M);
+        const int64_t m0 = p0 * BFC_NP, m1 = p1 * BFC_NP < M ? p1 * BFC_NP : M;
+        isa->bias_act_rows(y + r0 * M + m0, NULL, bias ? bias + m0 : NULL, r1 - r0, m1 - m0, M,
+                           activation, 0, m0, NULL);
+        return;
+    }
+    for (int64_t p = p0; p < p1; p++) {
+        const int64_t m0 = p * BFC_NP, nf = M - m0 < BFC_NP ? M - m0 : BFC_NP;
+        (dp ? isa->bfc_panel_dp : isa->bfc_panel)(y + r0 * M + m0, M, xr, ldx, r1 - r0,
+                                                  w32 + m0 * Kh, Kh, nf, wf);
+        isa->bias_act_rows(y + r0 * M + m0, NULL, bias ? bias + m0 : NULL, r1 - r0, nf, M,
+                           activation, 0, m0, NULL);
+    }
+}
+
+int fa_linear_bfloat16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
+                               int64_t N, int64_t K, int64_t M, int activation, int nthreads)
+{
+    if (N <= 0 || M <= 0) return 0;
+    const fa_kernels *isa = fa_k;
+    if (K <= 0) {
+        empty_product(y, bias, N, M, activation, isa);
+        return 0;
+    }
+#if defined(FA_HAVE_V4)
+    if (g_bfc == FA_BF16_AMX_EMULATED)
+        return fa_q8_amx_emulated.bfloat16_forward(y, x, wp, bias, N, K, M, activation, nthreads);
+#endif
+#if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX)
+    if (g_bfc == FA_BF16_AMX)
+        return fa_q8_amx.bfloat16_forward(y, x, wp, bias, N, K, M, activation, nthreads);
+#endif
+    const int dp = g_bfc == FA_BF16_AVX512BF16;
+    const int64_t Kp = round_up(K, 2), P = (M + BFC_NP - 1) / BFC_NP;
+    const int64_t esize = dp ? 2 : 4;                   /* bytes per rounded element */
+    const uint32_t *w32 = (const uint32_t *)wp;
+    const int nt = fa_team_size(nthreads, 2.0 * (double)N * (double)K * (double)M, 2e5);
+    const int by_rows = N >= (int64_t)nt * BFC_MIN_ROWS;
+    /* as the int8 product: blocks of rows handed out as threads come free, or (few rows) the
+     * panels split, each thread rounding every row itself. A row's sums do not depend on its
+     * block, tile or thread: every split gives the same bits. */
+    const int64_t nblk = by_rows ? round_up((N + BFC_ROW_BLOCK - 1) / BFC_ROW_BLOCK, nt) : 1;
+    const int64_t per = by_rows ? (N + nblk - 1) / nblk + BFC_TILE_ROWS : N;
+    const int64_t xbytes = round_up(per * Kp * esize, 64);
+    const int64_t stride = xbytes + (dp ? 0 : 2 * BFC_KB * BFC_NP * 4);  /* + a widened block */
+    char *buf = aligned_alloc(64, (size_t)(stride * nt));
+    if (!buf) return -1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        char *xr = buf + stride * fa_thread_id();
+        float *wf = (float *)(xr + xbytes);
+        if (by_rows) {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t blk = 0; blk < nblk; blk++) {
+                const int64_t r0 = bfc_block_start(blk, nblk, N);
+                const int64_t r1 = bfc_block_start(blk + 1, nblk, N);
+                if (r1 > r0)
+                    bfc_block(y, x, xr, wf, r0, r1, w32, bias, 0, P, K, Kp, M, activation,
+                              dp, isa);
+            }
+        } else {
+            int64_t p0, p1;
+            fa_split(P, 1, &p0, &p1);
+            if (p0 < p1)
+                bfc_block(y, x, xr, wf, 0, N, w32, bias, p0, p1, K, Kp, M, activation, dp, isa);
+        }
+    }
+    free(buf);
+    return 0;
+}
+
+double fa_bfloat16_peak(int64_t iters, int nthreads, int fma)
+{
+    float (*const loop)(int64_t) = fma ? fa_k->bfc_fma_peak : fa_k->bfc_dp_peak;
+    if (!loop || (!fma && !cpu_has_avx512bf16())) return -1.0;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+    g_peak_sink = loop(iters);
+    return (fma ? 32.0 : 64.0) * 24.0 * (double)iters * (double)nthreads;
 }

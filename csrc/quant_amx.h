@@ -283,6 +283,100 @@ static int bf16_forward_amx(float *y, const float *x, const uint16_t *wp, const 
     return 0;
 }
 
+/* ---- the bfloat16 compute type on the tiles (fastattn.h; FASTATTN_BF16_PATH=amx) ------------
+ * One bf16 term per input (the operands rounded as every bfloat16 path rounds them), one
+ * TDPBF16PS per 16 pairs of k. Its order (the SDM's, checked on the instruction): for each
+ * block of 16 pairs, the even elements' products summed in one float32 sum and the odd ones'
+ * in another, both from zero, then c = fl(c + fl(s_even + s_odd)):
+ *   scalar math:  acc = 0;  for each block b:  acc = fl(acc + fl(s_even(b) + s_odd(b)))
+ * (reference._linear_bfloat16 with order="amx" computes it so; subnormal products and sums
+ * flush to zero, as on the vdpbf16ps path).
+ *   weights  fa_bfloat16_pack's panels ([p][kk][64] pairs) read in place: a B tile is 16 pair
+ *            rows of 16 features (row stride 256 bytes); the last block of a panel, if short,
+ *            from a zero-padded copy
+ *   inputs   per 16-row tile, the rows' bf16 bits, K padded with zeros to 32 k (Kh16 pairs)
+ * Tiles: 0-3  C of features 0-15 .. 48-63;  4  A (16 rows x 16 pairs);  5  B. */
+static void bfc_rows_amx(float *y, const float *x, int64_t r0, int64_t r1, const uint32_t *wp,
+                         uint16_t *h, int64_t K, int64_t Kh, int64_t M)
+{
+    const int64_t Kh16 = (Kh + 15) / 16 * 16, nkb = Kh16 / 16, P = (M + BFC_NP - 1) / BFC_NP;
+    const int64_t lda = 4 * Kh16;                        /* bytes per row of h */
+    uint32_t tail[16][BFC_NP] __attribute__((aligned(64)));
+    float c[AMX_MR][BFC_NP] __attribute__((aligned(64)));
+    amx_tilecfg_t cfg;
+    amx_config(&cfg);
+    AMX_CONFIG(&cfg);
+    for (int64_t t0 = r0; t0 < r1; t0 += AMX_MR) {
+        const int64_t mr = r1 - t0 < AMX_MR ? r1 - t0 : AMX_MR;
+        for (int64_t r = 0; r < AMX_MR; r++) {
+            if (r < mr)
+                fa_kernels_avx512.bfc_round_row(h + r * 2 * Kh16, x + (t0 + r) * K, K, 2 * Kh16,
+                                                0);
+            else
+                memset(h + r * 2 * Kh16, 0, (size_t)lda);
+        }
+        for (int64_t p = 0; p < P; p++) {
+            const uint32_t *w_p = wp + p * BFC_NP * Kh;
+            AMX_ZERO(0);
+            AMX_ZERO(1);
+            AMX_ZERO(2);
+            AMX_ZERO(3);
+            for (int64_t kb = 0; kb < nkb; kb++) {
+                const uint32_t *b_k = w_p + kb * 16 * BFC_NP;
+                if ((kb + 1) * 16 > Kh) {                 /* a short last block: zero-padded */
+                    memset(tail, 0, sizeof tail);
+                    memcpy(tail, b_k, (size_t)((Kh - kb * 16) * BFC_NP) * 4);
+                    b_k = &tail[0][0];
+                }
+                AMX_LOAD(4, (const uint8_t *)h + 64 * kb, lda);
+                AMX_LOAD(5, b_k, 4 * BFC_NP);
+                AMX_DPBF16PS(0, 4, 5);
+                AMX_LOAD(5, b_k + 16, 4 * BFC_NP);
+                AMX_DPBF16PS(1, 4, 5);
+                AMX_LOAD(5, b_k + 32, 4 * BFC_NP);
+                AMX_DPBF16PS(2, 4, 5);
+                AMX_LOAD(5, b_k + 48, 4 * BFC_NP);
+                AMX_DPBF16PS(3, 4, 5);
+            }
+            AMX_STORE(0, &c[0][0], 4 * BFC_NP);
+            AMX_STORE(1, &c[0][16], 4 * BFC_NP);
+            AMX_STORE(2, &c[0][32], 4 * BFC_NP);
+            AMX_STORE(3, &c[0][48], 4 * BFC_NP);
+            const int64_t m0 = p * BFC_NP, nf = M - m0 < BFC_NP ? M - m0 : BFC_NP;
+            for (int64_t r = 0; r < mr; r++)
+                memcpy(y + (t0 + r) * M + m0, c[r], (size_t)nf * sizeof(float));
+        }
+    }
+    AMX_RELEASE();
+}
+
+/* Any number of rows (fa_q8_kernels.bfloat16_forward): 16-row tiles split over the threads,
+ * each thread's rows finished by the epilogue (bias, activation). */
+static int bfloat16_forward_amx(float *y, const float *x, const uint16_t *wp, const float *bias,
+                                int64_t N, int64_t K, int64_t M, int activation, int nthreads)
+{
+    const int64_t Kh = (K + 1) / 2, Kh16 = (Kh + 15) / 16 * 16;
+    const int64_t ntile = (N + AMX_MR - 1) / AMX_MR, hsize = AMX_MR * 2 * Kh16;
+    const int nt = fa_team_size(nthreads < ntile ? nthreads : (int)ntile,
+                                2.0 * (double)N * (double)K * (double)M, 2e5);
+    uint16_t *h = aligned_alloc(64, (size_t)(hsize * 2 * nt));
+    if (!h) return -1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        int64_t t0, t1;
+        fa_split(ntile, 1, &t0, &t1);
+        if (t0 < t1) {
+            const int64_t r0 = t0 * AMX_MR, r1 = t1 * AMX_MR < N ? t1 * AMX_MR : N;
+            bfc_rows_amx(y, x, r0, r1, (const uint32_t *)wp, h + hsize * fa_thread_id(), K, Kh,
+                         M);
+            fa_k->bias_act_rows(y + r0 * M, NULL, bias, r1 - r0, M, M, activation, 0, 0, NULL);
+        }
+    }
+    free(h);
+    return 0;
+}
+
 const fa_q8_kernels AMX_KERNELS = {.np = AMX_NP, .g = AMX_G, .mr = AMX_MR,
                                    .isa = &fa_kernels_avx512, .fmt = Q8_FMT_HILO,
-                                   .panel = q8_panel_amx, .bf16_forward = bf16_forward_amx};
+                                   .panel = q8_panel_amx, .bf16_forward = bf16_forward_amx,
+                                   .bfloat16_forward = bfloat16_forward_amx};

@@ -9,7 +9,8 @@ API is fastattn.ops; nothing here checks its arguments (the C kernels trust them
 Linear products by weight kind (one dispatch, ``linear_fn``): a float32 weight runs the BLAS
 GEMM with a fused epilogue, or, packed (PackedWeight) and for at most PACKED_MAX_ROWS rows, the
 few-row kernel that streams the packed panels once; a QuantizedWeight (int8 or bf16) runs its
-own kernels, which choose between many and few rows themselves.
+own kernels, which choose between many and few rows themselves: int8, bf16 (bf16 weights,
+float32 compute) or bfloat16 (the bf16 compute type: both operands rounded to bf16).
 """
 import numpy as np
 
@@ -293,7 +294,8 @@ def _quantized_kernel(qweight, bias, act):
             kernel(y, x, wp, scale, bias, act, get_num_threads())
             return y
         return product
-    kernel = _kernels.linear_bf16_forward
+    kernel = _kernels.linear_bfloat16_forward if qweight.dtype == "bfloat16" else \
+        _kernels.linear_bf16_forward
 
     def product(x, y):
         kernel(y, x, wp, bias, act, get_num_threads())

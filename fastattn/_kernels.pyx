@@ -118,6 +118,16 @@ cdef extern from "fastattn.h" nogil:
     int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
                                int64_t N, int64_t K, int64_t M, int activation, int nthreads)
     int fa_quant_tiles(int64_t *out)
+    int fa_bfloat16_init(int forced)
+    int fa_bfloat16_supports(int path)
+    int fa_bfloat16_path()
+    int fa_bfloat16_cpu_has_avx512bf16()
+    int64_t fa_bfloat16_packed_size(int64_t M, int64_t K)
+    void fa_bfloat16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nthreads)
+    int fa_linear_bfloat16_forward(float *y, const float *x, const uint16_t *wp,
+                                   const float *bias, int64_t N, int64_t K, int64_t M,
+                                   int activation, int nthreads)
+    double fa_bfloat16_peak(int64_t iters, int nthreads, int fma) nogil
 
 
 def cpu_init(int forced):
@@ -808,6 +818,63 @@ def linear_bf16_forward(y, x, wp, bias, int activation, int nthreads):
         rc = fa_linear_bf16_forward(yp, xp, pp, bp, N, K, M, activation, nthreads)
     if rc != 0:
         raise MemoryError("linear (bf16): could not allocate the widened weight")
+
+
+def bfloat16_init(int forced):
+    return fa_bfloat16_init(forced)
+
+
+def bfloat16_supports(int path):
+    return fa_bfloat16_supports(path)
+
+
+def bfloat16_path():
+    return fa_bfloat16_path()
+
+
+def bfloat16_cpu_has_avx512bf16():
+    return fa_bfloat16_cpu_has_avx512bf16()
+
+
+def bfloat16_packed_size(int64_t M, int64_t K):
+    return fa_bfloat16_packed_size(M, K)
+
+
+def bfloat16_pack(uint16_t[::1] wp not None, const uint16_t[:, ::1] w not None, int nthreads):
+    """wp (bfloat16_packed_size(M, K)), w (M, K) bf16 bits."""
+    cdef uint16_t *pp = NULL
+    cdef const uint16_t *src = NULL
+    if wp.shape[0] > 0:
+        pp = &wp[0]
+    if w.shape[0] > 0 and w.shape[1] > 0:
+        src = &w[0, 0]
+    with nogil:
+        fa_bfloat16_pack(pp, src, w.shape[0], w.shape[1], nthreads)
+
+
+def linear_bfloat16_forward(y, x, wp, bias, int activation, int nthreads):
+    """y (N, M), x (N, K), wp from bfloat16_pack, bias (M) or None (bfloat16 compute).
+    Arrays checked by _cdata (a decode step's entry)."""
+    cdef float *yp = <float *>_cdata(y, cnp.NPY_FLOAT32, 2, True, False, "y")
+    cdef const float *xp = <const float *>_cdata(x, cnp.NPY_FLOAT32, 2, False, False, "x")
+    cdef const uint16_t *pp = <const uint16_t *>_cdata(wp, cnp.NPY_UINT16, 1, False, False,
+                                                       "wp")
+    cdef const float *bp = <const float *>_cdata(bias, cnp.NPY_FLOAT32, 1, False, True, "bias")
+    cdef int64_t N = _dim(x, 0), K = _dim(x, 1), M = _dim(y, 1)
+    cdef int rc
+    with nogil:
+        rc = fa_linear_bfloat16_forward(yp, xp, pp, bp, N, K, M, activation, nthreads)
+    if rc != 0:
+        raise MemoryError("linear (bfloat16): could not allocate the rounded activations")
+
+
+def bfloat16_peak(int64_t iters, int nthreads, bint fma=False):
+    """Flops of the register-only vdpbf16ps (fma: vfmadd231ps) loop (fa_bfloat16_peak; time
+    the call), or -1."""
+    cdef double r
+    with nogil:
+        r = fa_bfloat16_peak(iters, nthreads, fma)
+    return r
 
 
 def quant_tiles():

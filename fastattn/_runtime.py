@@ -33,6 +33,11 @@ INT8_PATHS = ("generic", "avx2", "avx512bw", "avx512vnni", "amx", "amx-emulated"
 # AVX512_BF16 CPU); vdpbf16ps in the decode steps' one-row pass only (the default on CPUs with
 # AMX, whose vdpbf16ps is slower than their FMA in the tiles)
 ATTENTION_BF16_PATHS = ("fma", "avx512bf16", "avx512bf16-decode")
+# index = fa_bf16_path_t (fastattn.h): the bfloat16 compute type's kernels, FMA tiles on rounded
+# inputs (any level) or vdpbf16ps (AVX-512 level on a CPU with AVX512_BF16; the default there
+# when faster), or, only when forced, the AMX tiles (another summation order,
+# reference._linear_bfloat16(order="amx")) and their emulation (tests)
+BF16_PATHS = ("fma", "avx512bf16", "amx", "amx-emulated")
 _state = {"threads": 1}
 
 
@@ -137,6 +142,16 @@ def available_attention_bf16_paths():
     """bf16 attention's code paths this CPU, this build and the SIMD level in use can run."""
     return [name for i, name in enumerate(ATTENTION_BF16_PATHS)
             if _kernels.attention_bf16_supports(i)]
+def _bf16_path_from_env():
+    """FASTATTN_BF16_PATH: the bfloat16 compute kernels' path; unset = the best one."""
+    return _forced_from_env("FASTATTN_BF16_PATH", BF16_PATHS, _kernels.bfloat16_supports,
+                            f"this CPU, this build or the SIMD level in use "
+                            f"({ISA_NAMES[_kernels.cpu_level()]})", available_bf16_paths)
+
+
+def available_bf16_paths():
+    """bfloat16 compute paths this CPU, this build and the SIMD level in use can run."""
+    return [name for i, name in enumerate(BF16_PATHS) if _kernels.bfloat16_supports(i)]
 
 
 def available_int8_paths():
@@ -155,7 +170,7 @@ def amx_info():
 
 
 QUANT_TILE_NAMES = ("int8_panel", "int8_group", "int8_tile_rows", "int8_row_block",
-                    "int8_min_rows_per_thread", "bf16_panel", "bf16_packed_max_rows")
+                    "int8_min_rows_per_thread", "bf16_panel", "bf16_packed_max_rows", "bfloat16_panel")
 
 
 def quant_tiles():
@@ -200,6 +215,9 @@ def init():
     if _kernels.int8_init(_int8_path_from_env()) == -2:
         raise RuntimeError("FASTATTN_INT8_PATH=amx: Linux refused this process the AMX tile "
                            "data (arch_prctl ARCH_REQ_XCOMP_PERM); unset it to use the VNNI path")
+    if _kernels.bfloat16_init(_bf16_path_from_env()) == -2:
+        raise RuntimeError("FASTATTN_BF16_PATH=amx: Linux refused this process the AMX tile "
+                           "data (arch_prctl ARCH_REQ_XCOMP_PERM); unset it")
     set_num_threads(_threads_from_env())
 
 
@@ -223,6 +241,11 @@ def build_info():
         # FASTATTN_ATTENTION_BF16_PATH
         "attention_bf16_path": ATTENTION_BF16_PATHS[_kernels.attention_bf16_path()],
         "attention_bf16_paths_available": available_attention_bf16_paths(),
+        # compute_type="bfloat16": the CPU's bf16 dot products and the path its GEMMs run
+        "bf16_dot_products": {"avx512_bf16": bool(_kernels.bfloat16_cpu_has_avx512bf16()),
+                              "amx_bf16": bool(_kernels.amx_status() & 2)},
+        "bf16_path": BF16_PATHS[_kernels.bfloat16_path()],  # FASTATTN_BF16_PATH
+        "bf16_paths_available": available_bf16_paths(),
         "amx": amx_info(),
         "quant_tiles": quant_tiles(),                      # of the int8 path in use
         "tiles": tiles(),                                  # at the level in use ("simd")

@@ -311,7 +311,7 @@ def _parser():
                          "(default: all)")
     ev.add_argument("--batch-tokens", type=_positive_int, default=4096, metavar="N",
                     help="padded tokens per batch (default: %(default)s)")
-    ev.add_argument("--compute-type", choices=("float32", "int8", "bf16"),
+    ev.add_argument("--compute-type", choices=("float32", "int8", "bf16", "bfloat16"),
                     help="convert the model's linear weights for inference (default: as saved)")
     ev.add_argument("--json", action="store_true", help="print one JSON object instead")
 
@@ -343,9 +343,10 @@ def _generation_flags(p):
     p.add_argument("--top-p", type=_positive_float, metavar="P")
     p.add_argument("--seed", type=int, metavar="S", help="the sampling seed")
     p.add_argument("--max-new-tokens", type=_positive_int, default=64, metavar="N")
-    p.add_argument("--compute-type", choices=("float32", "int8", "bf16"),
-                   help="convert the model's linear weights for inference (int8 / bf16: "
-                        "quantized once while loading; default: as saved)")
+    p.add_argument("--compute-type", choices=("float32", "int8", "bf16", "bfloat16"),
+                   help="convert the model's linear weights for inference (int8 / bf16 / "
+                        "bfloat16: quantized once while loading; bfloat16 also computes "
+                        "the products in bf16; default: as saved)")
 
 
 def _info(args):

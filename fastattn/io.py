@@ -56,7 +56,7 @@ PE_FLOATS = 1 << 24                       # positional table always allowed (64 
 LISTED = 5                                # problems of each kind named in an error
 SCALE = "_scale"                          # suffix of an int8 weight's per-row scales
 # what a quantized linear weight is stored as, per compute type
-QUANTIZED = {"int8": "I8", "bf16": "BF16"}
+QUANTIZED = {"int8": "I8", "bf16": "BF16", "bfloat16": "BF16"}
 # the file save writes beside its target before renaming it: .fastattn-<random>.tmp
 TEMPORARY_PREFIX, TEMPORARY_SUFFIX = ".fastattn-", ".tmp"
 

@@ -22,7 +22,7 @@ from . import _checks, _convert, _fast, _kernels, reference
 from ._checks import ACTIVATIONS
 from ._runtime import get_num_threads
 from .quant import (INT8_MAX_K, QuantizedWeight, dequantize_int8, from_bfloat16,  # noqa: F401
-                    quantize_int8, to_bfloat16)
+                    quantize_int8, round_bfloat16, to_bfloat16)
 
 __all__ = [
     "attention", "attention_forward", "softmax", "layer_norm", "layer_norm_forward", "linear",
@@ -31,7 +31,7 @@ __all__ = [
 ]
 # quantised weights (fastattn.quant): the twin API names, here as in fastattn.reference
 __all__ += ["quantize_int8", "dequantize_int8", "to_bfloat16", "from_bfloat16",
-            "QuantizedWeight", "INT8_MAX_K"]
+            "round_bfloat16", "QuantizedWeight", "INT8_MAX_K"]
 
 
 # ---- masks (after the checks in _checks) --------------------------------------------------------

@@ -1,10 +1,12 @@
-"""Quantised linear weights for inference: int8 with per-row scales, and bfloat16.
+"""Quantised linear weights for inference: int8 with per-row scales, bf16 weights (float32
+compute), and the bfloat16 compute type (both operands of each product rounded to bf16).
 
 The rules are reference.quantize_int8's and reference._linear_quantized's (and fastattn.h's):
 these functions and their twins in fastattn.reference agree bit for bit on quantize_int8,
 dequantize_int8, to_bfloat16 and from_bfloat16, and on linear with an int8 weight when the
 activation is None or relu (gelu, gelu_tanh: to their kernels' accuracy, ~1e-6 relative); with
-a bf16 weight, linear agrees with the twin as the float32 linear does (float32 sums).
+a bf16 weight, linear agrees with the twin as the float32 linear does (float32 sums); with a
+bfloat16 weight, bit for bit (the sums' order is defined: reference.linear).
 ``fastattn.ops`` exports the public names (the twin API); the products that use a
 QuantizedWeight are in fastattn._fast.
 """
@@ -15,7 +17,7 @@ import numpy as np
 from . import _checks, _convert, _kernels, reference
 from ._runtime import get_num_threads, quant_tiles
 
-__all__ = ["quantize_int8", "dequantize_int8", "to_bfloat16", "from_bfloat16",
+__all__ = ["quantize_int8", "dequantize_int8", "to_bfloat16", "from_bfloat16", "round_bfloat16",
            "QuantizedWeight", "INT8_MAX_K"]
 
 
@@ -27,7 +29,14 @@ INT8_MAX_K = _kernels.int8_max_k()    # = reference.INT8_MAX_K: K * 127 * 127 fi
 BF16_PACKED_MAX_ROWS = quant_tiles()["bf16_packed_max_rows"]
 
 
-QUANT_DTYPES = ("int8", "bf16")
+# "int8" and "bf16" (bf16 weights, float32 compute) are storage types for products in float32
+# or int32 sums; "bfloat16" is the bf16 compute type: both operands of each product rounded to
+# bfloat16 (reference._linear_bfloat16). bf16 and bfloat16 weights hold the same bits.
+QUANT_DTYPES = ("int8", "bf16", "bfloat16")
+BF16_KINDS = ("bf16", "bfloat16")
+
+# bfloat16 compute: features per packed panel, K per group (pairs), for every bfloat16 path
+BFLOAT16_PANEL, BFLOAT16_GROUP = quant_tiles()["bfloat16_panel"], 2
 
 
 def quantize_int8(x):
@@ -67,6 +76,12 @@ def to_bfloat16(x):
     return bits
 
 
+def round_bfloat16(x):
+    """The bfloat16 compute type's operand rounding (float32 values of x rounded to bf16 as
+    vcvtneps2bf16 does: subnormals to zero); see reference.round_bfloat16."""
+    return reference.round_bfloat16(x)
+
+
 def from_bfloat16(bits):
     """float32 values of bfloat16 bits (a uint16 array), exact."""
     return reference.from_bfloat16(bits)
@@ -74,7 +89,7 @@ def from_bfloat16(bits):
 
 def _dtype_name(dtype, op):
     if not isinstance(dtype, str) or dtype not in QUANT_DTYPES:
-        raise ValueError(f"{op}: dtype must be 'int8' or 'bf16', got {dtype!r}")
+        raise ValueError(f"{op}: dtype must be 'int8', 'bf16' or 'bfloat16', got {dtype!r}")
     return dtype
 
 
@@ -98,13 +113,15 @@ class QuantizedWeight:
     inference: ``linear(x, qw, bias, activation=...)`` and ``ffn`` accept it in place of a
     float32 weight, in ops (the kernels) and reference (the same math in NumPy) alike.
 
-    - ``QuantizedWeight.from_float(w, "int8" | "bf16")`` quantises (see
+    - ``QuantizedWeight.from_float(w, "int8" | "bf16" | "bfloat16")`` quantises (see
       reference.quantize_int8 and reference.to_bfloat16); a weight with NaN or inf raises
-      ValueError naming the row, as does a bf16 value that rounds to inf.
+      ValueError naming the row, as does a bf16 value that rounds to inf. "bf16" and
+      "bfloat16" store the same bits (bfloat16 flushes subnormal ones to zero, as its
+      operand rounding does) and differ in the product: see below.
     - ``QuantizedWeight.from_stored(dtype, data, scale=None)`` wraps stored arrays (int8 data
       (M, K) + scale (M,) float32; bf16 data (M, K) uint16), validated, never requantised.
       Arrays that are already C-contiguous are used without a copy: do not change them after.
-    - ``.dtype`` ("int8" | "bf16"), ``.shape`` (M, K), ``.data``, ``.scale`` ((M,) float32, or
+    - ``.dtype`` ("int8" | "bf16" | "bfloat16"), ``.shape`` (M, K), ``.data``, ``.scale`` ((M,) float32, or
       None for bf16), ``.nbytes`` (data + scale), ``.dequantize()`` -> float32 (M, K).
       ``data`` and ``scale`` are read-only.
     - ``w[lo:hi]`` is the QuantizedWeight of rows lo:hi (a view of scale; of data, or of the
@@ -116,7 +133,9 @@ class QuantizedWeight:
     (32767 up to K = 516, 8256 at K = 2048), sums exactly in int32 and computes
     ``y = act(float32(acc) * (sx[n] * scale[m]) + bias[m])`` in float32 (bit for bit the
     twin's for activation None and relu; a row of x with NaN or inf gives a NaN row); bf16
-    widens the weight to float32 and sums in float32.
+    widens the weight to float32 and sums in float32 (x exact); bfloat16 rounds x to bf16 as
+    well and sums the exact products in float32 in a defined order (reference.linear: bit for
+    bit the twin's on every path, for activation None and relu).
 
     The kernels read a packed copy (a layout private to C, for the int8 path in use, see
     build_info()["int8_path"]) built on first use and never saved. The weight then lets go of
@@ -185,7 +204,7 @@ class QuantizedWeight:
         if row >= 0:
             raise ValueError(f"{op}: weight row {row} has a value beyond the bfloat16 range "
                              "(it rounds to inf)")
-        return cls("bf16", bits, None)
+        return cls(dtype, _flush_if(dtype, bits), None)
 
     @classmethod
     def from_stored(cls, dtype, data, scale=None):
@@ -213,16 +232,16 @@ class QuantizedWeight:
                                  "weights are symmetric, in [-127, 127]")
             return cls("int8", data, scale)
         if scale is not None:
-            raise ValueError(f"{op}: bf16 weights have no scale (got one)")
+            raise ValueError(f"{op}: {dtype} weights have no scale (got one)")
         data = np.asarray(data)
         if data.dtype != np.uint16:
-            raise TypeError(f"{op}: bf16 data must be uint16 (bfloat16 bit patterns), got "
+            raise TypeError(f"{op}: {dtype} data must be uint16 (bfloat16 bit patterns), got "
                             f"dtype {data.dtype}")
         _checks.ndim(data, 2, "data", op, "(out_features, in_features)")
         row = _first_bad_row(_bf16_nonfinite_rows(data))
         if row >= 0:
             raise ValueError(f"{op}: data row {row} holds a bfloat16 NaN or inf")
-        return cls("bf16", data, None)
+        return cls(dtype, _flush_if(dtype, data), None)
 
     @property
     def nbytes(self):
@@ -261,14 +280,17 @@ class QuantizedWeight:
         """The packed copy for the kernels, built on the first product (once per int8 path;
         see the class doc): (path, wp, panel, group), group 1 for bf16 (the int8 layout with
         K in groups of 1), wp a view of the parent's for a slice on a panel edge."""
-        path = _kernels.int8_path()
+        compute = self.dtype == "bfloat16"        # one layout for every bfloat16 path
+        path = -1 if compute else _kernels.int8_path()
         packed = self._packed
         if packed is None or packed[0] != path:
             M, K = self.shape
             int8 = self.dtype == "int8"
             tiles = _kernels.quant_tiles()
-            panel, group = (tiles[0], tiles[1]) if int8 else (tiles[5], 1)
-            size = (_kernels.int8_packed_size if int8 else _kernels.bf16_packed_size)(M, K)
+            panel, group = (tiles[0], tiles[1]) if int8 else \
+                (BFLOAT16_PANEL, BFLOAT16_GROUP) if compute else (tiles[5], 1)
+            size = (_kernels.int8_packed_size if int8 else _kernels.bfloat16_packed_size
+                    if compute else _kernels.bf16_packed_size)(M, K)
             parent, lo = self._parent, self._lo
             if parent is not None and lo % panel == 0 and M > 0:
                 # rows lo.. of the parent's panels, in place (a panel past hi, if any, is
@@ -278,7 +300,8 @@ class QuantizedWeight:
             else:
                 data = self.data
                 wp = np.empty(size, data.dtype)
-                (_kernels.int8_pack if int8 else _kernels.bf16_pack)(wp, data, get_num_threads())
+                (_kernels.int8_pack if int8 else _kernels.bfloat16_pack if compute
+                 else _kernels.bf16_pack)(wp, data, get_num_threads())
             packed = (path, wp, panel, group)
             self._packed = packed
             self._parent = None             # the packed copy is all a slice needs now
@@ -295,6 +318,15 @@ def _unpack(packed, shape):
     P, Kg = -(-M // panel), -(-K // group)
     q = wp[:P * Kg * panel * group].reshape(P, Kg, panel, group).transpose(0, 2, 1, 3)
     return _readonly(np.ascontiguousarray(q.reshape(P * panel, Kg * group)[:M, :K]))
+
+
+def _flush_if(dtype, bits):
+    """bfloat16 (compute) weights hold the operand rounding's values: subnormal bits become a
+    zero of their sign, as vcvtneps2bf16 gives (reference.round_bfloat16); bf16 keeps them."""
+    if dtype != "bfloat16":
+        return bits
+    tiny = (bits & 0x7F80) == 0
+    return np.where(tiny, bits & 0x8000, bits).astype(np.uint16) if tiny.any() else bits
 
 
 def _check_int8_k(K, op):

@@ -616,6 +616,15 @@ def linear(x, weight, bias=None, *, activation=None):
       plus float32 rounding.
     - bf16 (bits (M, K) uint16): the weight widened to float32 (exact), x kept float32; the
       product as linear() computes it (float32 sums in ops).
+    - bfloat16 (the bf16 compute type; bits (M, K) uint16): x rounded by round_bfloat16 too,
+      then in float32, K padded to even with zeros, in this order (vdpbf16ps's):
+          acc = 0;  for kk: acc = acc + xb[2kk+1] wb[2kk+1];  acc = acc + xb[2kk] wb[2kk]
+          y = act(acc + bias[m])
+      Each product of two bf16 values is exact in float32, so ops matches this bit for bit
+      on every path and thread count (activation None and relu; gelu to its kernels' ~1e-6)
+      while no nonzero product or partial sum falls below 2^-126 in magnitude: such a product
+      is not exact in float32 (the AVX512_BF16 path flushes it to zero, an FMA rounds it once
+      with the sum): at most 2^-126 per step, K 2^-126 in all. NaN in x or w gives NaN where it meets; an inf gives inf or NaN as IEEE does.
     """
     x, weight, bias, activation = _checks.linear(x, weight, bias, activation, "linear",
                                                  quantized_ok=True)
@@ -1029,7 +1038,7 @@ def clip_grads(grads, max_norm):
 # quantised weights: int8 with per-row scales, bfloat16
 
 __all__ += ["quantize_int8", "dequantize_int8", "to_bfloat16", "from_bfloat16",
-            "QuantizedWeight", "INT8_MAX_K"]
+            "round_bfloat16", "QuantizedWeight", "INT8_MAX_K"]
 
 INT8_MAX_K = (2**31 - 1) // (127 * 127)   # 133144: K * 127 * 127 still fits an int32 sum
 INT8_MIN_AMAX = np.float32(2.0**-121)     # rows with a smaller max |x| quantise to zero
@@ -1129,6 +1138,45 @@ def from_bfloat16(bits):
     return (b.astype(np.uint32) << 16).view(np.float32)
 
 
+def round_bfloat16(x):
+    """The bf16 compute type's operand rounding, as vcvtneps2bf16: float32 values (same shape)
+    of x rounded to bfloat16 to nearest even, a zero or subnormal float32 becoming a zero of
+    its sign, NaN a quiet NaN (to_bfloat16 keeps subnormals; this is the instruction's rule)."""
+    x = np.asarray(_checks.real(x, "x", "round_bfloat16"), np.float32)
+    b = np.ascontiguousarray(x).view(np.uint32)
+    top = to_bfloat16(b.view(np.float32)).astype(np.uint32)              # RNE, quiet NaN
+    tiny = (b & np.uint32(0x7F800000)) == 0                              # zero or subnormal
+    top = np.where(tiny, (b >> 16) & np.uint32(0x8000), top).astype(np.uint32)
+    return (top << 16).view(np.float32)
+
+
+def _linear_bfloat16(x, weight, bias, activation, order="vdpbf16ps"):
+    """linear() with a bfloat16 QuantizedWeight: the sums in the kernels' order (see linear).
+    order="amx": the AMX path's (FASTATTN_BF16_PATH=amx): per block of 16 pairs of k, the even
+    elements' products in one float32 sum and the odd ones' in another, both from zero, then
+    acc = acc + (s_even + s_odd) (TDPBF16PS)."""
+    M, K = weight.shape
+    lead = x.shape[:-1]
+    xb = round_bfloat16(x.reshape(math.prod(lead), K))                  # (N, K) float32
+    wb = round_bfloat16(from_bfloat16(weight.data))                     # (M, K) float32
+    N = xb.shape[0]
+    acc = np.zeros((N, M), np.float32)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        for kk in range((K + 1) // 2 if order != "amx" else 0):
+            for k in (2 * kk + 1, 2 * kk):                              # odd k first
+                if k < K:
+                    acc += xb[:, k:k + 1] * wb[None, :, k]              # exact products
+        for k0 in range(0, K if order == "amx" else 0, 32):             # 16 pairs a block
+            s = [np.zeros((N, M), np.float32), np.zeros((N, M), np.float32)]
+            for k in range(k0, min(k0 + 32, K)):
+                s[k % 2] += xb[:, k:k + 1] * wb[None, :, k]
+            acc += s[0] + s[1]
+        if bias is not None:
+            acc = acc + np.asarray(bias, np.float32)                    # float32
+    y = _act64(acc.astype(np.float64), activation)
+    return _f32(y.reshape(lead + (M,)))
+
+
 def _linear_quantized(x, weight, bias, activation):
     """linear() with a QuantizedWeight: the kernels' math, step by step.
 
@@ -1142,6 +1190,8 @@ def _linear_quantized(x, weight, bias, activation):
     """
     x = np.asarray(x, np.float64 if weight.dtype == "bf16" else np.float32)
     M, K = weight.shape
+    if weight.dtype == "bfloat16":
+        return _linear_bfloat16(x, weight, bias, activation)
     if weight.dtype == "bf16":
         w = from_bfloat16(weight.data).astype(np.float64)
         return _f32(_linear64(x, w, None if bias is None else _f64(bias), activation))

@@ -619,7 +619,7 @@ def test_from_stored_round_trip_and_validation(rng):
     np.testing.assert_array_equal(ops.linear(x, sb), ops.linear(x, b16))
     data, scale = np.array(q8.data), np.array(q8.scale)
     cases = [
-        (("int4", data, scale), ValueError, "dtype must be 'int8' or 'bf16'"),
+        (("int4", data, scale), ValueError, "dtype must be 'int8', 'bf16' or 'bfloat16'"),
         (("int8", data.astype(np.int16), scale), TypeError, "data must be an int8"),
         (("int8", data, scale.astype(np.float64)), TypeError, "scale must be a float32"),
         (("int8", data, None), ValueError, r"needs its scale \(M,\) = \(6,\)"),
@@ -660,7 +660,7 @@ def test_from_float_bad_input(rng):
             QW.from_float(w[0], dtype)
         with pytest.raises(TypeError, match="real numeric"):
             QW.from_float(w.astype(np.complex64), dtype)
-    with pytest.raises(ValueError, match="dtype must be 'int8' or 'bf16'"):
+    with pytest.raises(ValueError, match="dtype must be 'int8', 'bf16' or 'bfloat16'"):
         QW.from_float(w, "fp8")
     with pytest.raises(ValueError, match="weight row 1 has a value beyond the bfloat16"):
         QW.from_float(np.float32([[1.0], [3.4e38]]), "bf16")

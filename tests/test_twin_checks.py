@@ -193,6 +193,7 @@ BAD = {
     "dequantize_int8 scale shape": lambda F: F.dequantize_int8(arr(3, 4, dtype=np.int8), arr(4)),
     "to_bfloat16 bool": lambda F: F.to_bfloat16(arr(3, dtype=bool)),
     "to_bfloat16 complex": lambda F: F.to_bfloat16(arr(3, dtype=complex)),
+    "round_bfloat16 bool": lambda F: F.round_bfloat16(arr(3, dtype=bool)),
     "from_bfloat16 float": lambda F: F.from_bfloat16(arr(3)),
 }
 

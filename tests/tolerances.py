@@ -107,12 +107,13 @@ TOL = {
     # a quantized model's outputs against its float32 original, relative (max|diff| / max|ref|):
     # int8 rounds weights to ~1/254 of their row's range (and a product's inputs to ~1/65534 of
     # theirs), bf16 to 2^-9
-    "quantized_vs_float32": {"int8": 0.05, "bf16": 0.01},
+    "quantized_vs_float32": {"int8": 0.05, "bf16": 0.01, "bfloat16": 0.02},
     # the same quantized math computed two ways (fast and reference backends, decode steps and
     # the full forward): their float32 parts (attention, layer norm) differ by ~1e-7, which can
     # move an int8 product's input across a rounding boundary of its L levels (one level is
-    # 1/32767 of the row's largest value at d_model 32), so int8 allows a few levels
-    "quantized_same_math": {"int8": 2e-4, "bf16": 1e-5},
+    # 1/32767 of the row's largest value at d_model 32), so int8 allows a few levels; bfloat16
+    # the same across a bf16 rounding boundary of a product's input (2^-8 of one input)
+    "quantized_same_math": {"int8": 2e-4, "bf16": 1e-5, "bfloat16": 5e-3},
     # an int8 linear with gelu against the twin: the integer sums agree bit for bit, so only
     # the gelu kernel's accuracy against float64 gelu is left
     "quantized_gelu": dict(rtol=2e-6, atol=1e-6),

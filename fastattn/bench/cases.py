@@ -341,6 +341,13 @@ def _torch_base_model():
     return torch_transformer(_base_model("fast"))
 
 
+@functools.lru_cache(maxsize=None)
+def _torch_base_model_bf16():
+    """_torch_base_model's weights in a model converted with .to(torch.bfloat16)."""
+    torch = require_torch()
+    return torch_transformer(_base_model("fast")).to(torch.bfloat16)
+
+
 def _model_case(name, B, S, T, compute_type="float32"):
     """Transformer-base forward: the encoder alone (T = 0), or encoder + decoder with a causal
     target; fastattn's fast backend vs its reference backend vs torch's nn.Transformer. With
@@ -376,10 +383,23 @@ def _model_case(name, B, S, T, compute_type="float32"):
     flops = 6 * L(S)                                             # encoder layers (GEMMs only)
     if T:
         flops += 6 * (L(T) + 2 * B * T * 2 * C * C + 2 * B * S * 2 * C * C)  # + cross-attn
+    def torch_bf16_body(F, t):
+        torch = require_torch()
+        m = _torch_base_model_bf16()
+        src = t["src"].to(torch.bfloat16)
+        if not T:
+            return lambda: m.encoder(src).float()
+        tgt, mask = t["tgt"].to(torch.bfloat16), t["tgt_mask"].to(torch.bfloat16)
+        return lambda: m(src, tgt, tgt_mask=mask, tgt_is_causal=True).float()
+
     what = f"encoder B={B} L={S}" if not T else f"encoder-decoder B={B} S={S} T={T} causal"
     impls = {"fastattn": impl("fast")}
     if compute_type == "float32":
         impls.update(numpy=impl("reference"), torch=_torch_impl(torch_body))
+    elif compute_type == "bfloat16":
+        # the peer: torch's model in bf16 (model.to(torch.bfloat16), same weights)
+        impls.update(torch=_torch_impl(torch_bf16_body))
+        what += ", bfloat16 compute (torch: model.to(torch.bfloat16))"
     else:
         what += f", {compute_type} weights"
     # quantized: the float32 model on the same inputs, timed between this case's calls, so
@@ -558,7 +578,7 @@ CASES = {c.name: c for c in (
     _generate_case("generate_beam_b1", 1, "beam"),
     _generate_case("generate_beam_b8", 8, "beam"),
     DecodeCase(),
-    *(c for t in ("int8", "bf16") for c in (
+    *(c for t in ("int8", "bf16", "bfloat16") for c in (
         _model_case(f"encoder_{t}", 8, 128, 0, t),
         _model_case(f"transformer_{t}", 8, 128, 128, t),
         _generate_case(f"generate_greedy_b1_{t}", 1, "greedy", t),
@@ -574,7 +594,7 @@ OP_CASES = ("attention_causal", "attention_full", "layer_norm", "ffn", "ffn_gelu
 OP_CASES += ("attention_backward_causal", "attention_backward_full", "attention_backward_memory")
 MODEL_CASES = ("encoder", "transformer", "generate_greedy_b1", "generate_greedy_b8",
                "generate_beam_b1", "generate_beam_b8", "decode_step")
-QUANT_MODEL_CASES = tuple(f"{c}_{t}" for t in ("int8", "bf16") for c in (
+QUANT_MODEL_CASES = tuple(f"{c}_{t}" for t in ("int8", "bf16", "bfloat16") for c in (
     "encoder", "transformer", "generate_greedy_b1", "generate_greedy_b8", "generate_beam_b8",
     "decode_step"))
 MODEL_CASES += QUANT_MODEL_CASES

@@ -6,6 +6,10 @@ the fp32 linear on the same shapes, many rows (an encoder's GEMMs) and decode-si
     linear_int8           the same product with an int8 weight (per-row scales, activations
                           quantised per row, exact int32 sums): GOP/s in the GFLOP/s column
     linear_bf16           the same with a bf16 weight (widened to float32, then sgemm)
+    linear_bfloat16       the same in the bfloat16 compute type (both operands rounded to bf16,
+                          float32 sums): read its GFLOP/s against peak_vdpbf16ps / peak_fma
+    peak_vdpbf16ps, peak_fma   register-only loops of vdpbf16ps / vfmadd231ps on every thread:
+                          the machine's bf16 dot-product and float32 FMA peaks
     decode_linear_<dt>_n<N>   fp32 / int8 / bf16, N = 1 and 8 rows (a decode step's beams), one
                           call = one product with each of DECODE_WEIGHTS distinct 2048 x 2048
                           weights, so the weights come from memory, not from the caches (the
@@ -20,14 +24,16 @@ inputs (before timing), as a model does on its first call.
 """
 import numpy as np
 
-from .. import _fast, ops, reference
+from .. import _fast, _kernels, build_info, get_num_threads, ops, reference
 from .cases import Case, _normal, _torch_impl
+from .torch_models import Unavailable
 
 LINEAR = dict(N=1024, K=512, M=2048)
 DECODE = dict(K=2048, M=2048)
 DECODE_WEIGHTS = 12          # 12 x 2048 x 2048: int8 48 MiB, bf16 96 MiB, fp32 192 MiB
-DTYPES = ("fp32", "int8", "bf16")
-WEIGHT_BYTES = {"fp32": 4, "int8": 1, "bf16": 2}
+DTYPES = ("fp32", "int8", "bf16", "bfloat16")
+WEIGHT_BYTES = {"fp32": 4, "int8": 1, "bf16": 2, "bfloat16": 2}
+PEAK_ITERS = 200_000         # steps of 24 independent instructions per thread
 
 
 def _weight(w, dtype):
@@ -64,7 +70,9 @@ def _linear_case(dtype, N, K, M):
         impls["torch"] = _torch_impl(lambda F, t: (lambda: F.relu(F.linear(t["x"], t["w"],
                                                                            t["b"]))))
     what = {"fp32": "fp32 weight (sgemm)", "int8": "int8 weight, per-row scales",
-            "bf16": "bf16 weight"}[dtype]
+            "bf16": "bf16 weight", "bfloat16": "bfloat16 compute"}[dtype]
+    if dtype == "bfloat16":
+        what += f", {build_info()['bf16_path']} path"
     return Case(f"linear_{dtype}", f"linear + relu, {what} ({N}, {K}) -> {M}", build, impls,
                 flops=2 * N * K * M)
 
@@ -85,7 +93,7 @@ def _decode_linear_case(dtype, N, K, M, count=DECODE_WEIGHTS):
                 if dtype == "fp32":     # the fp32 decode kernel, as the fast backend calls it
                     _fast.linear_packed_into(y[j], x, i["packed"][j], None, 0)
                 else:
-                    _fast.linear_quantized_into(y[j], x, i["ws"][j], None, 0)
+                    _fast._linear_quantized_into(y[j], x, i["ws"][j], None, 0)
             return y
         return run
 
@@ -102,6 +110,28 @@ def _decode_linear_case(dtype, N, K, M, count=DECODE_WEIGHTS):
     return case
 
 
-QUANT_CASES = tuple(
+def _peak_case(fma):
+    """The register-only loop of vdpbf16ps (fma: vfmadd231ps), on every thread: the roofline
+    the bfloat16 GEMM's GFLOP/s are read against (fastattn.h fa_bfloat16_peak)."""
+    insn = "vfmadd231ps" if fma else "vdpbf16ps"
+    case = None
+
+    def build(rng):
+        threads = get_num_threads()
+        flops = _kernels.bfloat16_peak(1, threads, fma)
+        if flops < 0:
+            raise Unavailable(f"this CPU or SIMD level has no {insn}")
+        case.flops = int(flops) * PEAK_ITERS          # the threads in use now
+        return {"threads": threads}
+
+    def fast(i):
+        return lambda: _kernels.bfloat16_peak(PEAK_ITERS, i["threads"], fma)
+    case = Case(f"peak_{'fma' if fma else 'vdpbf16ps'}",
+                f"{insn} peak, register-only loop on every thread", build,
+                {"fastattn": fast}, flops=1, slow=())
+    return case
+
+
+QUANT_CASES = (_peak_case(False), _peak_case(True)) + tuple(
     [_linear_case(dt, **LINEAR) for dt in DTYPES]
     + [_decode_linear_case(dt, n, **DECODE) for n in (1, 8) for dt in DTYPES])

@@ -204,7 +204,21 @@ TARGETS += (
      lambda v: v >= 1.8),
     _speedup_target("generate_greedy_b8_int8", "ctranslate2", 1.2, field="tokens_per_s",
                     unit="tokens/s"),
+    _speedup_target("encoder_bfloat16", "torch", 1.15),
+    ("linear_bfloat16", "GFLOP/s >= 85% of the vdpbf16ps peak (same run)",
+     lambda rows: _peak_share(rows), lambda v: v >= 0.85),
 )
+
+
+def _peak_share(rows):
+    """linear_bfloat16's GFLOP/s over peak_vdpbf16ps's, both rows of the same run."""
+    r, p = _row(rows, "linear_bfloat16"), _row(rows, "peak_vdpbf16ps")
+    if r is None or p is None:
+        return None, "needs linear_bfloat16 and peak_vdpbf16ps in the same run"
+    got, peak = r.get("fastattn_gflops"), p.get("fastattn_gflops")
+    if not got or not peak:
+        return None, "not measured"
+    return got / peak, f"{got:.0f} of {peak:.0f} GFLOP/s ({got / peak:.0%})"
 
 
 def check_targets(rows):

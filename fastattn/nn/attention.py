@@ -99,7 +99,7 @@ class _AttentionStep:
         b = None if mha.in_proj_bias is None else mha.in_proj_bias[:hi]
         self.project = ops_.linear_fn(mha._decode_weight("in_proj_weight", hi), b, None, R)
         self.out_proj = o._step_fn(R)
-        self.attend = ops_.attention_fn(D)
+        self.attend = ops_.attention_fn(D, bf16=mha.attention_compute_type == "bfloat16")
 
     def self_attention(self, x, cache, t):
         """x (R, C) at position t: its key and value go into the cache, its query attends to
@@ -210,6 +210,18 @@ class MultiheadAttention(Module):
         return x.reshape(B, L, parts, self.num_heads, self.head_dim)[:, :, part].transpose(
             0, 2, 1, 3)
 
+    @property
+    def attention_compute_type(self):
+        """The compute type of the attention's own products (Q K^T, P V): "bfloat16" once
+        the projections are (quantize("bfloat16")), else "float32". The forward (_attend,
+        the weights' slow path) and the decode steps (attention_fn) follow it; this is the one
+        place that decides it. Training never sees "bfloat16": a quantized model refuses
+        train()."""
+        return "bfloat16" if self.compute_type == "bfloat16" else "float32"
+
+    def _bf16(self):
+        return self.attention_compute_type == "bfloat16"
+
     def _attend(self, q, k, v, mask, ws):
         """(B, H, Lq, D) queries against (B, H, Lk, D) keys/values, then out_proj ->
         (B*Lq, C) rows ordered (batch, query). A recording pass (ws.weights a dict) also
@@ -218,9 +230,9 @@ class MultiheadAttention(Module):
         ctx = ws.get("ctx", (B, Lq, H, D))
         ctx_v = None if ctx is None else ctx.transpose(0, 2, 1, 3)
         if ws.weights is None:
-            ctx_v = self._ops.attention(q, k, v, mask, out=ctx_v)           # (B, H, Lq, D)
+            ctx_v = self._ops.attention(q, k, v, mask, out=ctx_v, bf16=self._bf16())  # (B,H,Lq,D)
         else:                         # a recording pass: the slow path that keeps the weights
-            y, ws.weights[self] = self._ops.attention_weights(q, k, v, mask)
+            y, ws.weights[self] = self._ops.attention_weights(q, k, v, mask, bf16=self._bf16())
             ctx_v = _put(ctx_v, y)
         ctx = ctx_v.transpose(0, 2, 1, 3).reshape(B * Lq, H * D)            # view when fast
         return self.out_proj._apply(ctx, ws, "proj")
@@ -451,7 +463,7 @@ class MultiheadAttention(Module):
             heads.append(self._heads(self._with_extra_keys(p, part), 0, 1))
         if not need_weights:
             return self._attend(*heads, mask, ws).reshape(B, L, C), None
-        ctx, w = self._ops.attention_weights(*heads, mask)
+        ctx, w = self._ops.attention_weights(*heads, mask, bf16=self._bf16())
         ctx = np.ascontiguousarray(ctx.transpose(0, 2, 1, 3)).reshape(B * L, C)
         out = self.out_proj._apply(ctx, ws).reshape(B, L, C)
         return out, (w.mean(axis=1) if average else w)

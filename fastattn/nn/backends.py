@@ -241,10 +241,11 @@ class FastOps(_TrainingOps):
         return _fast.ffn_product(w1, b1, w2, b2, ACTIVATIONS[activation], rows)
 
     @staticmethod
-    def attention_fn(head_dim):
+    def attention_fn(head_dim, bf16=False):
         """``attention`` with no mask but a key padding bias, for heads of head_dim, chosen
-        now (a decode step's): f(q, k, v, key_bias, out) -> out."""
-        return _fast.attention_fn(_scale(head_dim))
+        now (a decode step's): f(q, k, v, key_bias, out) -> out. bf16: bf16 products (the
+        bfloat16 compute type, inference only)."""
+        return _fast.attention_fn(_scale(head_dim), bf16=bf16)
 
     @staticmethod
     def ffn(x, w1, b1, w2, b2, activation, out=None):
@@ -261,18 +262,21 @@ class FastOps(_TrainingOps):
         return _fast.layer_norm_into(out, x, weight, bias, eps, residual)
 
     @staticmethod
-    def attention(q, k, v, mask, out=None):
-        """(B, H, Lq, D) views -> (B, H, Lq, Dv); `mask` a prepared masks.Mask."""
+    def attention(q, k, v, mask, out=None, bf16=False):
+        """(B, H, Lq, D) views -> (B, H, Lq, Dv); `mask` a prepared masks.Mask; bf16: bf16
+        products (inference only)."""
         if out is None:
             out = np.empty(q.shape[:3] + v.shape[3:], np.float32)
         bias, scale = _attention_bias(q, k, mask)
-        return _fast.attention_into(out, q, k, v, bias, mask.key_bias, mask.causal, scale)
+        return _fast.attention_into(out, q, k, v, bias, mask.key_bias, mask.causal, scale,
+                                    bf16=bf16)
 
     @staticmethod
-    def attention_weights(q, k, v, mask):
+    def attention_weights(q, k, v, mask, bf16=False):
         """(out (B, H, Lq, Dv), weights (B, H, Lq, Lk)): the slow path that stores weights."""
         return ops.attention(q, k, v, mask=mask.bias, key_padding_mask=mask.key_padding(q, k),
-                             causal=mask.causal, return_weights=True)
+                             causal=mask.causal, return_weights=True,
+                             compute_type=_compute(bf16))
 
 
 class ReferenceOps(_TrainingOps):
@@ -306,10 +310,11 @@ class ReferenceOps(_TrainingOps):
         return lambda x, out: cls.ffn(x, w1, b1, w2, b2, activation, out)
 
     @staticmethod
-    def attention_fn(head_dim):
+    def attention_fn(head_dim, bf16=False):
         def attend(q, k, v, key_bias, out):
             kpm = None if key_bias is None else key_bias.reshape(q.shape[0], k.shape[2])
-            return _put(out, reference.attention(q, k, v, key_padding_mask=kpm))
+            return _put(out, reference.attention(q, k, v, key_padding_mask=kpm,
+                                                 compute_type=_compute(bf16)))
         return attend
 
     @staticmethod
@@ -317,16 +322,21 @@ class ReferenceOps(_TrainingOps):
         return _put(out, reference.layer_norm(x, weight, bias, eps=eps, residual=residual))
 
     @staticmethod
-    def attention(q, k, v, mask, out=None):
+    def attention(q, k, v, mask, out=None, bf16=False):
         y = reference.attention(q, k, v, mask=mask.bias, key_padding_mask=mask.key_padding(q, k),
-                                causal=mask.causal)
+                                causal=mask.causal, compute_type=_compute(bf16))
         return _put(out, y)
 
     @staticmethod
-    def attention_weights(q, k, v, mask):
+    def attention_weights(q, k, v, mask, bf16=False):
         return reference.attention(q, k, v, mask=mask.bias,
                                    key_padding_mask=mask.key_padding(q, k), causal=mask.causal,
-                                   return_weights=True)
+                                   return_weights=True, compute_type=_compute(bf16))
+
+
+def _compute(bf16):
+    """The attention op's compute_type for the model layer's bf16 flag."""
+    return "bfloat16" if bf16 else "float32"
 
 
 def _put(out, y):

@@ -202,7 +202,7 @@ class Module(metaclass=_Built):
     # -- quantized inference -----------------------------------------------------------------
     @property
     def compute_type(self):
-        """"float32", "int8" or "bf16": how the linear weights of this module and its
+        """"float32", "int8", "bf16" or "bfloat16": how the linear weights of this module and its
         submodules are stored (see quantize); "mixed" when submodules were quantized apart."""
         kinds = {m._compute_type for m in self.modules() if m._has_quantizable()}
         if not kinds:
@@ -220,7 +220,12 @@ class Module(metaclass=_Built):
           levels as the int32 sums allow), accumulate exactly in int32 and apply scale, bias
           and activation in float32 (``ops.QuantizedWeight``).
         - "bf16": weights rounded to bfloat16 (to nearest even), widened to float32 in the
-          kernels; products accumulate in float32.
+          kernels; inputs stay float32, products accumulate in float32 (bf16 storage).
+        - "bfloat16": the bf16 compute type (as CTranslate2's): weights stored as for "bf16",
+          and each product's input rows rounded to bfloat16 too; exact products, float32
+          sums (vdpbf16ps where the CPU has AVX512_BF16). Layer norms, softmax, biases,
+          activations and residuals stay float32; the attention's own products follow the
+          attention op's compute setting (see ``attention_compute_type``).
         - "float32": back to float32 arrays (the dequantized values: quantizing is lossy).
 
         Converted: the attention projections (in_proj_weight, out_proj.weight), the feed-
@@ -507,7 +512,7 @@ def check_dropout(p):
     return float(p)
 
 
-COMPUTE_TYPES = ("float32", "int8", "bf16")
+COMPUTE_TYPES = ("float32", "int8", "bf16", "bfloat16")
 
 
 def check_compute_type(compute_type):

@@ -88,7 +88,7 @@ def translate_file(run_dir, input_path, output_path, *, batch_tokens=DEFAULT_BAT
     """Translate every line of `input_path` into `output_path` (JSON lines) with the run in
     `run_dir` (a run directory, or a loaded fastattn.train.run.Run); see the module
     docstring for the formats, the error lines, resuming and the stats returned (a dict).
-    compute_type ("float32" / "int8" / "bf16") converts the model's weights while the run is
+    compute_type ("float32" / "int8" / "bf16" / "bfloat16") converts the model's weights while the run is
     loaded (fastattn.io.load); a resume must use the same (the run's hash covers it).
     generate_kwargs go to model.generate (max_new_tokens (default 64), beam_size,
     temperature, top_k, top_p, seed, ...)."""

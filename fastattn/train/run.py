@@ -256,7 +256,7 @@ def write_json_atomic(path, obj):
 def load_run(run_dir, *, backend="fast", compute_type=None):
     """The run in `run_dir` (see the module docstring) -> Run. A missing or unreadable file is
     an error naming it and saying what writes it. compute_type: the model's weights as
-    fastattn.io.load converts them ("int8" / "bf16" quantize once, for inference)."""
+    fastattn.io.load converts them ("int8" / "bf16" / "bfloat16" quantize once, for inference)."""
     run_dir = os.fspath(run_dir)
     if not os.path.isdir(run_dir):
         raise FileNotFoundError(f"{run_dir}: no such run directory (fastattn train DATA --out "

@@ -16,7 +16,7 @@ from conftest import run_in_threads
 from nn_util import C, F, H, assert_rel, features
 from tolerances import TOL
 
-TYPES = ("int8", "bf16")
+TYPES = ("int8", "bf16", "bfloat16")
 # relative errors (nn_util.assert_rel): against the float32 original, and the same quantized math
 # computed two ways; the reasons for their sizes are in tolerances.py
 REL_ERROR = TOL["quantized_vs_float32"]
@@ -251,9 +251,10 @@ def _teacher_forced(m, tok, texts):
 # words over seeds 0-5 (README): int8 -0.2% to +1.2% trained on the AVX-512 kernels, -0.2%
 # to +2.0% on the AVX2 ones; bf16 -0.3% to +0.2%. The tokens are compared on the first 200
 # words.
-@pytest.mark.parametrize("kind, loss_rise", [("int8", 0.02), ("bf16", 0.005)])
+@pytest.mark.parametrize("kind, loss_rise, tokens", [("int8", 0.02, 0.95), ("bf16", 0.005, 0.95),
+                                                     ("bfloat16", 0.005, 0.98)])
 def test_trained_model_keeps_its_tokens_and_its_loss(restore_threads, reverse_model, kind,
-                                                    loss_rise):
+                                                    loss_rise, tokens):
     m, tok, held_out = reverse_model
     words = held_out[:200]
     fastattn.set_num_threads(1)
@@ -267,7 +268,7 @@ def test_trained_model_keeps_its_tokens_and_its_loss(restore_threads, reverse_mo
     q_loss = _teacher_forced(q, tok, held_out)
     pairs = [(a, b) for g, w in zip(got, want) for a, b in zip(g.ljust(10), w.ljust(10))]
     same = sum(a == b for a, b in pairs) / len(pairs)
-    assert same >= 0.95, f"{kind}: {same:.1%} of positions equal the float32 tokens"
+    assert same >= tokens, f"{kind}: {same:.1%} of positions equal the float32 tokens"
     # relative to the loss, but not below a floor: a model this well trained has a loss near
     # zero, where any rounding is a large share of it
     assert q_loss - loss <= loss_rise * max(loss, 0.05), \

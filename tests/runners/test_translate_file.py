@@ -293,7 +293,7 @@ def test_compute_type_quantizes_the_run_and_a_resume_must_keep_it(run_dir, tmp_p
                        progress=False)
 
 
-@pytest.mark.parametrize("kind", ["int8", "bf16"])
+@pytest.mark.parametrize("kind", ["int8", "bf16", "bfloat16"])
 def test_a_quantized_run_reaches_the_workers_as_it_is(run_dir, kind):
     """run_state / run_from_state (what Ray and Dask ship) keep quantized weights as stored:
     the worker's model computes exactly what the driver's does, not a float32 rebuild."""
