@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import fastattn
 from fastattn import ops, reference
-from grad_util import child_report, run_child
+from conftest import run_checks
 from strategies import features, rand, seeds
 
 QW = ops.QuantizedWeight
@@ -217,8 +217,8 @@ def test_every_path(isa, path):
     amx = fastattn.build_info()["amx"]
     if path == "amx" and not (amx["bf16"] and amx["os_enabled"]):
         pytest.skip("this CPU (or its OS) has no AMX-BF16 tiles")
-    report = child_report(run_child("test_ops_bfloat16", "path_checks",
-                                    {"FASTATTN_CPU_ISA": isa, "FASTATTN_BF16_PATH": path}))
+    report = run_checks("test_ops_bfloat16", "path_checks",
+                        {"FASTATTN_CPU_ISA": isa, "FASTATTN_BF16_PATH": path})
     assert report["simd"] == isa
 
 

@@ -102,8 +102,8 @@ TOL = {
     "nn_backends": dict(rtol=1e-5, atol=1e-5),
     # a quantized weight, dequantized, against its float32 original, relative (max|diff| /
     # max|ref|): int8 keeps 127 levels a side of each row's largest |value|, bf16 8 bits of
-    # mantissa
-    "quantized_weight": {"int8": 1 / 127, "bf16": 2.0**-8},
+    # mantissa (bfloat16 stores its weights as bf16 does)
+    "quantized_weight": {"int8": 1 / 127, "bf16": 2.0**-8, "bfloat16": 2.0**-8},
     # a quantized model's outputs against its float32 original, relative (max|diff| / max|ref|):
     # int8 rounds weights to ~1/254 of their row's range (and a product's inputs to ~1/65534 of
     # theirs), bf16 to 2^-9
