@@ -794,6 +794,11 @@ def bf16_packed_size(int64_t M, int64_t K):
 
 def bf16_pack(uint16_t[::1] wp not None, const uint16_t[:, ::1] w not None, int nthreads):
     """wp (bf16_packed_size(M, K)), w (M, K) bf16 bits."""
+    _pack_bf16_bits(wp, w, nthreads, False)
+
+
+cdef _pack_bf16_bits(uint16_t[::1] wp, const uint16_t[:, ::1] w, int nthreads, bint compute):
+    """The bf16 storage layout (compute False) or the bfloat16 compute layout (True)."""
     cdef uint16_t *pp = NULL
     cdef const uint16_t *src = NULL
     if wp.shape[0] > 0:
@@ -801,12 +806,20 @@ def bf16_pack(uint16_t[::1] wp not None, const uint16_t[:, ::1] w not None, int 
     if w.shape[0] > 0 and w.shape[1] > 0:
         src = &w[0, 0]
     with nogil:
-        fa_bf16_pack(pp, src, w.shape[0], w.shape[1], nthreads)
+        if compute:
+            fa_bfloat16_pack(pp, src, w.shape[0], w.shape[1], nthreads)
+        else:
+            fa_bf16_pack(pp, src, w.shape[0], w.shape[1], nthreads)
 
 
 def linear_bf16_forward(y, x, wp, bias, int activation, int nthreads):
     """y (N, M), x (N, K), wp (bf16_packed_size(M, K)) from bf16_pack, bias (M) or None.
     Arrays checked by _cdata (a decode step's entry)."""
+    _linear_bf16_bits(y, x, wp, bias, activation, nthreads, False)
+
+
+cdef _linear_bf16_bits(y, x, wp, bias, int activation, int nthreads, bint compute):
+    """bf16 weights (packed by bf16_pack, or by bfloat16_pack when compute) times x."""
     cdef float *yp = <float *>_cdata(y, cnp.NPY_FLOAT32, 2, True, False, "y")
     cdef const float *xp = <const float *>_cdata(x, cnp.NPY_FLOAT32, 2, False, False, "x")
     cdef const uint16_t *pp = <const uint16_t *>_cdata(wp, cnp.NPY_UINT16, 1, False, False,
@@ -815,9 +828,13 @@ def linear_bf16_forward(y, x, wp, bias, int activation, int nthreads):
     cdef int64_t N = _dim(x, 0), K = _dim(x, 1), M = _dim(y, 1)
     cdef int rc
     with nogil:
-        rc = fa_linear_bf16_forward(yp, xp, pp, bp, N, K, M, activation, nthreads)
+        if compute:
+            rc = fa_linear_bfloat16_forward(yp, xp, pp, bp, N, K, M, activation, nthreads)
+        else:
+            rc = fa_linear_bf16_forward(yp, xp, pp, bp, N, K, M, activation, nthreads)
     if rc != 0:
-        raise MemoryError("linear (bf16): could not allocate the widened weight")
+        raise MemoryError("linear (bfloat16): could not allocate the rounded activations"
+                          if compute else "linear (bf16): could not allocate the widened weight")
 
 
 def bfloat16_init(int forced):
@@ -842,30 +859,13 @@ def bfloat16_packed_size(int64_t M, int64_t K):
 
 def bfloat16_pack(uint16_t[::1] wp not None, const uint16_t[:, ::1] w not None, int nthreads):
     """wp (bfloat16_packed_size(M, K)), w (M, K) bf16 bits."""
-    cdef uint16_t *pp = NULL
-    cdef const uint16_t *src = NULL
-    if wp.shape[0] > 0:
-        pp = &wp[0]
-    if w.shape[0] > 0 and w.shape[1] > 0:
-        src = &w[0, 0]
-    with nogil:
-        fa_bfloat16_pack(pp, src, w.shape[0], w.shape[1], nthreads)
+    _pack_bf16_bits(wp, w, nthreads, True)
 
 
 def linear_bfloat16_forward(y, x, wp, bias, int activation, int nthreads):
     """y (N, M), x (N, K), wp from bfloat16_pack, bias (M) or None (bfloat16 compute).
     Arrays checked by _cdata (a decode step's entry)."""
-    cdef float *yp = <float *>_cdata(y, cnp.NPY_FLOAT32, 2, True, False, "y")
-    cdef const float *xp = <const float *>_cdata(x, cnp.NPY_FLOAT32, 2, False, False, "x")
-    cdef const uint16_t *pp = <const uint16_t *>_cdata(wp, cnp.NPY_UINT16, 1, False, False,
-                                                       "wp")
-    cdef const float *bp = <const float *>_cdata(bias, cnp.NPY_FLOAT32, 1, False, True, "bias")
-    cdef int64_t N = _dim(x, 0), K = _dim(x, 1), M = _dim(y, 1)
-    cdef int rc
-    with nogil:
-        rc = fa_linear_bfloat16_forward(yp, xp, pp, bp, N, K, M, activation, nthreads)
-    if rc != 0:
-        raise MemoryError("linear (bfloat16): could not allocate the rounded activations")
+    _linear_bf16_bits(y, x, wp, bias, activation, nthreads, True)
 
 
 def bfloat16_peak(int64_t iters, int nthreads, bint fma=False):

@@ -144,9 +144,9 @@ def test_subsequent_tgt_mask_runs_as_causal_kernel(rng, monkeypatch, mask_kind):
     calls = []
     real = _fast.attention_into
 
-    def spy(out, q, k, v, bias, key_bias, causal, scale):
+    def spy(out, q, k, v, bias, key_bias, causal, scale, **kw):
         calls.append((q.shape[2], k.shape[2], bias is None, bool(causal)))
-        return real(out, q, k, v, bias, key_bias, causal, scale)
+        return real(out, q, k, v, bias, key_bias, causal, scale, **kw)
 
     monkeypatch.setattr(_fast, "attention_into", spy)
     fm = fast_transformer(num_encoder_layers=1, num_decoder_layers=2)
