@@ -416,8 +416,12 @@ def _bench(args):
                    "elapsed_s": elapsed, "rows": rows, "targets": targets}
         path = args.json
         if os.path.isdir(path):
-            path = os.path.join(path, bench.result_filename(date, payload["cpu"], info["simd"],
-                                                            threads))
+            name = bench.result_filename(date, payload["cpu"], info["simd"], threads)
+            path = os.path.join(path, name)
+            n = 2                     # a second run of the day on this machine: name-2.json, ...
+            while os.path.exists(path):
+                path = os.path.join(args.json, f"{name[:-len('.json')]}-{n}.json")
+                n += 1
         print(f"results written to {path}")
         with open(path, "w") as f:
             json.dump(payload, f, indent=2)

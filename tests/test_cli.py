@@ -73,6 +73,13 @@ def test_bench_json_into_a_directory_names_the_file_by_date_cpu_simd_threads(tmp
     assert path.name.startswith(data["date"][:10] + "_")
     assert path.name.endswith(f"_{data['environment']['simd']}_1t.json")
     assert f"results written to {path}" in res.stdout
+    path.write_text("an earlier run")          # a second run that day keeps the first's file
+    res = fastattn_cli("bench", "--quick", "--case", "smoke", "--threads", "1", "--json",
+                       str(tmp_path), timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert path.read_text() == "an earlier run"
+    second = path.with_name(path.name[:-len(".json")] + "-2.json")
+    assert json.loads(second.read_text())["rows"] and f"results written to {second}" in res.stdout
 
 
 @pytest.mark.parametrize("cpu, name", [

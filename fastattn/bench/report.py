@@ -78,7 +78,8 @@ def cpu_model():
 
 def result_filename(date, cpu, simd, threads):
     """The name of a results file: date, CPU model, SIMD level and threads, so that the files
-    of one machine sort by date, e.g. ``2026-11-26_intel-xeon-processor_avx512_2t.json``."""
+    of one machine sort by date, e.g. ``2026-11-26_intel-xeon-processor_avx512_2t.json``
+    (``fastattn bench --json DIR`` adds -2, -3, ... to the stem of a name already taken)."""
     slug = re.sub(r"\(r\)|\(tm\)|\bcpu\b|@.*$", "", cpu.lower())
     slug = re.sub(r"[^a-z0-9]+", "-", slug).strip("-") or "cpu"
     return f"{date[:10]}_{slug}_{simd}_{threads}t.json"
