@@ -15,6 +15,20 @@ typedef float float4_t __attribute__((vector_size(16)));
 
 #define vload(p) (*(const VF *)(p))
 #define vstore(p, x) (*(VF *)(p) = (x))
+/* A register tile's store: rows 0..nr-1 of acc (nv vectors each) to y (row stride ldy), whole
+ * vectors when the tile is full (nf == nv * FA_VL), else the first nf floats of each row. */
+#define vstore_tile(y, ldy, acc, nr, nv, nf)                                                   \
+    do {                                                                                       \
+        for (int r_ = 0; r_ < (nr); r_++) {                                                    \
+            float *y_r_ = (y) + r_ * (ldy);                                                    \
+            if ((nf) == (nv) * FA_VL) {                                                        \
+                for (int c_ = 0; c_ < (nv); c_++) vstore(y_r_ + c_ * FA_VL, (acc)[r_][c_]);    \
+            } else {                                                                           \
+                for (int64_t f_ = 0; f_ < (nf); f_++)                                          \
+                    y_r_[f_] = (acc)[r_][f_ / FA_VL][f_ % FA_VL];                              \
+            }                                                                                  \
+        }                                                                                      \
+    } while (0)
 /* broadcast: x + (-0.0) == x exactly, so the add folds away (x + 0.0 would not, for x = -0) */
 #define vsplat(s) (-(VF){0} + (float)(s))
 

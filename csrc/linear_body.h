@@ -275,14 +275,7 @@ FA_INLINE void packed_rows(float *FA_RESTRICT y, int64_t ldy, const float *FA_RE
             }
         }
         const int64_t nf = width - f0 < step ? width - f0 : step;
-        for (int r = 0; r < ROWS; r++) {
-            float *y_r = y + r * ldy + m0 + f0;
-            if (nf == step) {
-                for (int c = 0; c < NV; c++) vstore(y_r + c * FA_VL, acc[r][c]);
-            } else {
-                for (int64_t f = 0; f < nf; f++) y_r[f] = acc[r][f / FA_VL][f % FA_VL];
-            }
-        }
+        vstore_tile(y + m0 + f0, ldy, acc, ROWS, NV, nf);
     }
 }
 

@@ -144,14 +144,7 @@ FA_INLINE void bf16_tile(float *y, int64_t ldy, const float *x, int64_t K, const
             for (int c = 0; c < nv; c++) acc[r][c] += xv * wv[c];
         }
     }
-    for (int r = 0; r < nr; r++) {
-        float *y_r = y + r * ldy;
-        if (nf == nv * FA_VL) {
-            for (int c = 0; c < nv; c++) vstore(y_r + c * FA_VL, acc[r][c]);
-        } else {
-            for (int64_t f = 0; f < nf; f++) y_r[f] = acc[r][f / FA_VL][f % FA_VL];
-        }
-    }
+    vstore_tile(y, ldy, acc, nr, nv, nf);
 }
 
 #define BF_TILE_AT(NR)                                                                         \
@@ -322,14 +315,7 @@ FA_INLINE void bfc_tile(float *y, int64_t ldy, const float *xw, int64_t ldx, con
             for (int c = 0; c < nv; c++) acc[r][c] += xv * wv[c];
         }
     }
-    for (int r = 0; r < nr; r++) {
-        float *y_r = y + r * ldy;
-        if (nf == nv * FA_VL) {
-            for (int c = 0; c < nv; c++) memcpy(y_r + c * FA_VL, &acc[r][c], sizeof(VF));
-        } else {
-            for (int64_t f = 0; f < nf; f++) y_r[f] = acc[r][f / FA_VL][f % FA_VL];
-        }
-    }
+    vstore_tile(y, ldy, acc, nr, nv, nf);
 }
 
 #define BFC_TILE_AT(NR)                                                                        \
@@ -439,14 +425,7 @@ FA_INLINE void bfc_few(float *y, int64_t ldy, const float *xw, int64_t ldx, cons
             }
         }
     }
-    for (int r = 0; r < nr; r++) {
-        float *y_r = y + r * ldy;
-        if (nf == nv * FA_VL) {
-            for (int c = 0; c < nv; c++) memcpy(y_r + c * FA_VL, &acc[r][c], sizeof(VF));
-        } else {
-            for (int64_t f = 0; f < nf; f++) y_r[f] = acc[r][f / FA_VL][f % FA_VL];
-        }
-    }
+    vstore_tile(y, ldy, acc, nr, nv, nf);
 }
 
 #define BFC_FEW_AT(NR)                                                                         \
