@@ -31,6 +31,12 @@ def pytest_configure(config):
         "ci", max_examples=30, deadline=None, derandomize=True, print_blob=True,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
+    # CI's sanitizer pass: fewer derandomized examples (every example runs
+    # several times slower under ASan; the plain pass has run all 30)
+    settings.register_profile(
+        "sanitize", max_examples=12, deadline=None, derandomize=True, print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     settings.register_profile(
         "dev", max_examples=300, deadline=None, print_blob=True,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
