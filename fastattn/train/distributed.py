@@ -49,6 +49,7 @@ __all__ = ["MPI_EXTRA", "Group", "group", "world", "launched_size", "import_mpi"
 
 MPI_EXTRA = 'pip install "fastattn[mpi]"'
 ABORT_GRACE = 10.0           # seconds a failing rank leaves the launcher to end the job
+FORWARD_GRACE = 0.5          # seconds the launcher gets to forward a failing rank's message
 
 # Set by the MPI launchers in each process they start: MPICH's and Intel MPI's Hydra (and
 # Slurm's srun with PMI-2), Open MPI, MVAPICH. A PMIx launcher (srun --mpi=pmix) sets
@@ -232,6 +233,9 @@ class Group:
         try:
             sys.stderr.write(f"fastattn: rank {self.rank} of {self.size}: {text}\n")
             sys.stderr.flush()
+            # the launcher reads each rank's output through a pipe and drops what it has
+            # not read once MPI_Abort reaches it: leave it the time to forward the message
+            time.sleep(FORWARD_GRACE)
         finally:
             try:
                 self.comm.Abort(code)
