@@ -649,11 +649,12 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
                     lsum[c] += p;
                 }
             }
-        } else { /* l sums the float32 P, st keeps P rounded (P^) for P.V */
+        } else { /* l sums the float32 P, st keeps P rounded (P^) for P.V (with dropout: P,
+                  * rounded once the keep factor is applied) */
             for (int64_t jj = 0; jj < nb; jj++) {
                 for (int c = 0; c < NR; c++) {
                     VF p = att_exp2(vload(st + jj * BQ + c * FA_VL) - muse[c]);
-                    vstore(st + jj * BQ + c * FA_VL, att_bf16(p));
+                    vstore(st + jj * BQ + c * FA_VL, drop->on ? p : att_bf16(p));
                     lsum[c] += p;
                 }
             }
@@ -663,10 +664,11 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
         if (drop->on) { /* P' = P keep / (1 - p), once l has summed the undropped P */
             for (int64_t jj = 0; jj < nb; jj++) {
                 const VU col = vsplatu(jb + jj);
-                for (int c = 0; c < NR; c++)
-                    vstore(st + jj * BQ + c * FA_VL,
-                           vload(st + jj * BQ + c * FA_VL) *
-                               vkeep(rk[c], col, drop->threshold, drop->scale));
+                for (int c = 0; c < NR; c++) {
+                    const VF pk = vload(st + jj * BQ + c * FA_VL) *
+                                  vkeep(rk[c], col, drop->threshold, drop->scale);
+                    vstore(st + jj * BQ + c * FA_VL, a->bf16 ? att_bf16(pk) : pk);
+                }
             }
         }
         if (rescale && jb > 0) {
@@ -1306,8 +1308,9 @@ static void bwd_probs(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
                 VF p = (VF)((VI)att_exp2(vload(s_r + c * FA_VL) - l2) & live);
                 if (pinv != 1.0f) p *= vsplat(pinv);
                 const VF dp = vload(p_r + c * FA_VL);
-                vstore(p_r + c * FA_VL, p);
-                vstore(s_r + c * FA_VL, (VF)((VI)(p * (dp - dl) * sc) & ~hid[c]));
+                const VF ds = (VF)((VI)(p * (dp - dl) * sc) & ~hid[c]);
+                vstore(p_r + c * FA_VL, f->bf16 ? att_bf16(p) : p);
+                vstore(s_r + c * FA_VL, f->bf16 ? att_bf16(ds) : ds);
             }
         } else {
             const VU rk = vsplatu(fa_rng_row_key(f->seed, (uint64_t)(bh * Lq + i)));
@@ -1316,8 +1319,10 @@ static void bwd_probs(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
                 if (pinv != 1.0f) p *= vsplat(pinv);
                 const VF kf = vkeep(rk, col[c], a->drop.threshold, a->drop.scale);
                 const VF dp = vload(p_r + c * FA_VL) * kf;
-                vstore(p_r + c * FA_VL, p * kf);
-                vstore(s_r + c * FA_VL, (VF)((VI)(p * (dp - dl) * sc) & ~hid[c]));
+                const VF ds = (VF)((VI)(p * (dp - dl) * sc) & ~hid[c]);
+                const VF pk = p * kf;
+                vstore(p_r + c * FA_VL, f->bf16 ? att_bf16(pk) : pk);
+                vstore(s_r + c * FA_VL, f->bf16 ? att_bf16(ds) : ds);
             }
         }
     }

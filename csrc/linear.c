@@ -193,7 +193,7 @@ static void zero(float *p, int64_t n)
 void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
                         const float *dy, const float *pre, const float *x, const float *weight,
                         int64_t N, int64_t K, int64_t M, int activation, int accumulate,
-                        int nthreads)
+                        int bf16, int nthreads)
 {
     if (M <= 0) { /* no outputs: dx is an empty sum */
         if (N > 0 && K > 0) zero(dx, N * K);
@@ -207,7 +207,7 @@ void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
         return;
     }
     const int act = activation;
-    const float *g = act != FA_ACT_NONE ? dz : dy;            /* dL/dz, z = x w^T + b */
+    const float *g = act != FA_ACT_NONE || bf16 ? dz : dy;    /* dL/dz, z = x w^T + b */
     const double gemms = (dx != NULL) + (dweight != NULL);
     const int nt = fa_team_size(nthreads, 2.0 * gemms * (double)N * (double)K * (double)M
                                               + (double)N * (double)M, 2e6);
@@ -224,6 +224,9 @@ void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
                 if (act != FA_ACT_NONE)
                     fa_k->grad_act_rows(dz + r0 * M, NULL, dy + r0 * M, pre + r0 * M, rows, M, M,
                                         act, r0, 0, NULL);
+                if (bf16)
+                    fa_round_bf16(dz + r0 * M, act != FA_ACT_NONE ? dz + r0 * M : dy + r0 * M,
+                                  rows * M);
                 if (dx)
                     fa_sgemm_rowmajor(0, 0, rows, K, M, 1.0f, g + r0 * M, M, weight, K, 0.0f,
                                       dx + r0 * K, K);
@@ -235,6 +238,12 @@ void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
                 if (lo < hi)
                     fa_k->grad_act_rows(dz + lo * M, NULL, dy + lo * M, pre + lo * M, hi - lo, M,
                                         M, act, lo, 0, NULL);
+            }
+            if (bf16) {
+                fa_split(N, 1, &lo, &hi);
+                if (lo < hi)
+                    fa_round_bf16(dz + lo * M, act != FA_ACT_NONE ? dz + lo * M : dy + lo * M,
+                                  (hi - lo) * M);
             }
 #pragma omp barrier
             if (dx) {                                       /* few rows: slices of K */
@@ -257,7 +266,7 @@ void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
 
 int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const float *b1,
                    const float *w2, const float *b2, int64_t N, int64_t C, int64_t F,
-                   int activation, double dropout_p, uint64_t seed, int nthreads)
+                   int activation, double dropout_p, uint64_t seed, int bf16, int nthreads)
 {
     if (N <= 0 || C <= 0) return 0;
     if (F <= 0) { /* an empty hidden layer: y = b2 */
@@ -287,12 +296,19 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
                 fa_sgemm_rowmajor(0, 1, rows, F, C, 1.0f, x + r0 * C, C, w1, C, 0.0f,
                                   p_r ? p_r : h, F);
                 fa_k->bias_act_rows(h, p_r, b1, rows, F, F, activation, r0, 0, &drop);
+                if (bf16) fa_round_bf16(h, h, rows * F);
                 fa_sgemm_rowmajor(0, 1, rows, C, F, 1.0f, h, F, w2, F, 0.0f, y + r0 * C, C);
                 fa_k->bias_act_rows(y + r0 * C, NULL, b2, rows, C, C, FA_ACT_NONE, r0, 0, NULL);
             }
         } else {
             /* the whole team writes the hidden, waits, then reads all of it */
             linear_cols(hidden, pre, x, xp, w1, b1, N, C, F, activation, &drop);
+            if (bf16) {
+#pragma omp barrier
+                int64_t lo, hi;
+                fa_split(N, 1, &lo, &hi);
+                if (lo < hi) fa_round_bf16(hidden + lo * F, hidden + lo * F, (hi - lo) * F);
+            }
 #pragma omp barrier
             linear_cols(y, NULL, hidden, xp ? hidden : NULL, w2, b2, N, F, C, FA_ACT_NONE, NULL);
         }
@@ -307,7 +323,7 @@ void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
                      const float *dy, const float *pre, const float *x,
                      const float *w1, const float *w2, int64_t N, int64_t C, int64_t F,
                      int activation, double dropout_p, uint64_t seed, int accumulate,
-                     int nthreads)
+                     int bf16, int nthreads)
 {
     if (N <= 0 || C <= 0 || F <= 0) { /* empty sums (F = 0: y = b2, so only db2 remains) */
         if (!accumulate) {
@@ -339,6 +355,10 @@ void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
                 fa_sgemm_rowmajor(0, 0, rows, F, C, 1.0f, dy + r0 * C, C, w2, F, 0.0f, h_r, F);
                 fa_k->grad_act_rows(d_r, h_r, h_r, pre + r0 * F, rows, F, F, activation, r0, 0,
                                     &drop);
+                if (bf16) {
+                    fa_round_bf16(h_r, h_r, rows * F);
+                    fa_round_bf16(d_r, d_r, rows * F);
+                }
                 if (dx)
                     fa_sgemm_rowmajor(0, 0, rows, C, F, 1.0f, d_r, F, w1, C, 0.0f, dx + r0 * C,
                                       C);
@@ -350,6 +370,10 @@ void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
                 fa_sgemm_rowmajor(0, 0, N, hi - lo, C, 1.0f, dy, C, w2 + lo, F, 0.0f, h + lo, F);
                 fa_k->grad_act_rows(dpre + lo, h + lo, h + lo, pre + lo, N, hi - lo, F, activation,
                                     0, lo, &drop);
+                if (bf16) {
+                    fa_round_bf16_cols(h, h, N, F, lo, hi);
+                    fa_round_bf16_cols(dpre, dpre, N, F, lo, hi);
+                }
             }
 #pragma omp barrier
             if (dx) {

@@ -104,16 +104,12 @@ COMPUTE_TYPES = ("float32", "bfloat16")
 
 
 def compute_type(value, op, dropout_p=0.0):
-    """compute_type checked -> True for "bfloat16", False for "float32". bf16 compute is for
-    inference: with dropout_p > 0 (training) it is a ValueError."""
+    """compute_type checked -> True for "bfloat16", False for "float32" (any dropout_p: bf16
+    training rounds the dropped weights too)."""
     if not isinstance(value, str) or value not in COMPUTE_TYPES:
         raise ValueError(f"{op}: compute_type must be one of {', '.join(map(repr, COMPUTE_TYPES))}, "
                          f"got {value!r}")
-    bf16 = value == "bfloat16"
-    if bf16 and dropout_p:
-        raise ValueError(f"{op}: compute_type='bfloat16' is for inference: dropout_p must be 0, "
-                         f"got {dropout_p!r}")
-    return bf16
+    return value == "bfloat16"
 
 
 def attention_dropout(dropout_p, seed, op):

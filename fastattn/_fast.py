@@ -27,17 +27,30 @@ def linear_into(y, x, weight, bias, act, pre=None):
     return y
 
 
-def linear_backward_into(dx, dweight, dbias, dy, x, weight, pre, act, accumulate, dz=None):
+def round_bf16(x, out=None):
+    """x rounded to bf16 as float32 values (reference.round_bfloat16's rule), C-contiguous:
+    into out when given (out may be x), else a new array. x: float32, any layout."""
+    src = np.ascontiguousarray(x)
+    if out is None:
+        out = np.empty(src.shape, np.float32)
+    _kernels.round_bfloat16(out.reshape(-1), src.reshape(-1), get_num_threads())
+    return out
+
+
+def linear_backward_into(dx, dweight, dbias, dy, x, weight, pre, act, accumulate, dz=None,
+                         bf16=False):
     """Gradients of y = act(x @ weight.T + b) into caller-owned buffers: dx (N, K) (None: not
     wanted, a first layer) is overwritten; dweight (M, K) and dbias (M,) (either may be None)
     are overwritten, or added to when accumulate is True (parameter gradients summed across
     calls, as torch's .grad). pre (N, M): the forward's, with an activation (act != 0). dz (N,
     M): scratch for dy * act'(pre), allocated when None; it may be pre or dy themselves, which
-    are then overwritten."""
-    if act and dz is None:
+    are then overwritten. bf16: dz (dy without an activation) rounded to bf16 before the
+    products and sums; x and weight must come rounded (bf16 training)."""
+    if (act or bf16) and dz is None:
         dz = np.empty(dy.shape, np.float32)
-    _kernels.linear_backward(dx, dweight, dbias, dz if act else None, dy, pre if act else None,
-                             x, weight, act, bool(accumulate), get_num_threads())
+    _kernels.linear_backward(dx, dweight, dbias, dz if act or bf16 else None, dy,
+                             pre if act else None, x, weight, act, bool(accumulate),
+                             get_num_threads(), bool(bf16))
 
 
 def ffn_into(y, x, w1, b1, w2, b2, act):
@@ -46,27 +59,31 @@ def ffn_into(y, x, w1, b1, w2, b2, act):
     return y
 
 
-def ffn_forward_into(y, pre, x, w1, b1, w2, b2, act, dropout_p=0.0, seed=0):
+def ffn_forward_into(y, pre, x, w1, b1, w2, b2, act, dropout_p=0.0, seed=0, bf16=False):
     """y (N, C) = drop(act(x @ w1.T + b1)) @ w2.T + b2, pre (N, F) = x @ w1.T + b1 (training;
-    pre may be None). dropout_p in [0, 1), seed an int in [0, 2**64) (checked by the caller)."""
+    pre may be None). dropout_p in [0, 1), seed an int in [0, 2**64) (checked by the caller).
+    bf16: the hidden rounded to bf16 before the second product; x, w1, w2 must come rounded."""
     _kernels.ffn_forward(y, pre, x, w1, b1, w2, b2, act, float(dropout_p), int(seed or 0),
-                         get_num_threads())
+                         get_num_threads(), bool(bf16))
     return y
 
 
 def ffn_backward_into(dx, dw1, db1, dw2, db2, dy, x, w1, w2, pre, act, dropout_p, seed,
-                       accumulate, h=None, dpre=None):
+                       accumulate, h=None, dpre=None, bf16=False):
     """Gradients of the FFN into caller-owned buffers: dx (N, C) overwritten (None: not
     wanted); dw1 (F, C), db1 (F,), dw2 (C, F), db2 (C,) (each may be None) overwritten, or
     added to when accumulate is True. pre (N, F): the forward's. h, dpre (N, F): scratch,
-    allocated when None; dpre may be pre itself (then overwritten: pre is not needed after)."""
+    allocated when None; dpre may be pre itself (then overwritten: pre is not needed after).
+    bf16: h and dpre rounded to bf16 before the products that read them; dy, x, w1, w2 must
+    come rounded."""
     N, F = pre.shape
     if h is None:
         h = np.empty((N, F), np.float32)
     if dpre is None:
         dpre = np.empty((N, F), np.float32)
     _kernels.ffn_backward(dx, dw1, db1, dw2, db2, h, dpre, dy, pre, x, w1, w2, act,
-                          float(dropout_p), int(seed or 0), bool(accumulate), get_num_threads())
+                          float(dropout_p), int(seed or 0), bool(accumulate), get_num_threads(),
+                          bool(bf16))
 
 
 def layer_norm_backward_into(dx, dweight, dbias, dy, x, mean, rstd, weight, residual=None,
@@ -107,12 +124,8 @@ def attention_into(out, q, k, v, bias, key_bias, causal, scale, lse=None, dropou
     """out (B, H, Lq, Dv) view (any strides, last axis contiguous) = attention(q, k, v);
     bias: float (B, H, Lq, Lk) broadcast view or None; key_bias: float (B*Lk,) or None.
     Training: lse (B*H*Lq,) receives the log-sum-exp, and dropout_p / seed (checked by the
-    caller) drop attention weights. bf16=True: ops.attention's compute_type="bfloat16"
-    (inference only: the caller passes dropout_p = 0 and never runs attention_backward_into
-    on it)."""
-    if bf16 and (lse is not None or dropout_p):
-        raise ValueError("attention_into: bf16=True is for inference: lse and dropout_p belong "
-                         "to training (compute float32 there)")
+    caller) drop attention weights. bf16=True: ops.attention's compute_type="bfloat16" (with
+    dropout, P' = P keep is rounded); its backward is attention_backward_into(bf16=True)."""
     _kernels.attention_forward(out, lse, None, q, k, v, bias, key_bias, scale, causal,
                                get_num_threads(), float(dropout_p), int(seed or 0), bool(bf16))
     return out
@@ -133,12 +146,14 @@ def attention_fn(scale, bf16=False):
 
 
 def attention_backward_into(dq, dk, dv, dout, out, lse, q, k, v, bias, key_bias, causal,
-                             scale, dropout_p=0.0, seed=0):
+                             scale, dropout_p=0.0, seed=0, bf16=False):
     """(dq, dk, dv) of attention_into's training call into caller-owned views (any strides,
     last axis contiguous): dq (B, H, Lq, D), dk (B, H, Lk, D), dv (B, H, Lk, Dv); dout and out
-    (B, H, Lq, Dv) views; lse (B*H*Lq,); masks, scale, dropout as in the forward."""
+    (B, H, Lq, Dv) views; lse (B*H*Lq,); masks, scale, dropout as in the forward. bf16: P' and
+    dS rounded to bf16 before their products; q, k, v and dout must come rounded."""
     _kernels.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, bias, key_bias, scale,
-                                causal, float(dropout_p), int(seed or 0), get_num_threads())
+                                causal, float(dropout_p), int(seed or 0), get_num_threads(),
+                                bool(bf16))
 
 
 # Up to this many rows (a decode step's beams), a product with a PackedWeight beats BLAS.

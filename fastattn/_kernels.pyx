@@ -80,15 +80,16 @@ cdef extern from "fastattn.h" nogil:
     void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
                             const float *dy, const float *pre, const float *x,
                             const float *weight, int64_t N, int64_t K, int64_t M,
-                            int activation, int accumulate, int nthreads)
+                            int activation, int accumulate, int bf16, int nthreads)
     int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const float *b1,
                        const float *w2, const float *b2, int64_t N, int64_t C, int64_t F,
-                       int activation, double dropout_p, uint64_t seed, int nthreads)
+                       int activation, double dropout_p, uint64_t seed, int bf16,
+                       int nthreads)
     void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
                          float *h, float *dpre, const float *dy, const float *pre,
                          const float *x, const float *w1, const float *w2, int64_t N,
                          int64_t C, int64_t F, int activation, double dropout_p, uint64_t seed,
-                         int accumulate, int nthreads)
+                         int accumulate, int bf16, int nthreads)
     int64_t fa_packed_size(int64_t M, int64_t K)
     void fa_pack_panels(float *wp, const float *w, int64_t M, int64_t K, int nthreads)
     void fa_linear_packed_forward(float *y, const float *x, const float *wp, const float *bias,
@@ -113,6 +114,7 @@ cdef extern from "fastattn.h" nogil:
                                const float *bias, int64_t N, int64_t K, int64_t M,
                                int activation, int nthreads)
     void fa_to_bfloat16(uint16_t *bits, const float *x, int64_t n, int nthreads)
+    void fa_round_bfloat16(float *dst, const float *src, int64_t n, int nthreads)
     int64_t fa_bf16_packed_size(int64_t M, int64_t K)
     void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nthreads)
     int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
@@ -366,10 +368,11 @@ def attention_backward(float[:, :, :, :] dq not None, float[:, :, :, :] dk not N
                        const float[:, :, :, :] q not None, const float[:, :, :, :] k not None,
                        const float[:, :, :, :] v not None, const float[:, :, :, :] mask,
                        const float[::1] key_bias, float scale, bint causal, double dropout_p,
-                       uint64_t seed, int nthreads):
+                       uint64_t seed, int nthreads, bint bf16=False):
     """dq (B,H,Lq,D), dk (B,H,Lk,D), dv (B,H,Lk,Dv), dout and out (B,H,Lq,Dv), q, k, v: strided
     views whose last axis is contiguous (ops.py checks that); lse (B*H*Lq); mask a broadcast
-    view (B,H,Lq,Lk) with any strides, or None; key_bias (B*Lk) or None."""
+    view (B,H,Lq,Lk) with any strides, or None; key_bias (B*Lk) or None. bf16: P' and dS are
+    rounded to bf16 before their products (the caller passes q, k, v and dout rounded)."""
     cdef fa_attention_grads g
     cdef fa_attention_args a
     _strides4(dq, g.dq_st)
@@ -403,7 +406,7 @@ def attention_backward(float[:, :, :, :] dq not None, float[:, :, :, :] dk not N
     a.causal = causal
     a.dropout_p = dropout_p
     a.seed = seed
-    a.bf16 = 0
+    a.bf16 = bf16
     cdef int rc
     with nogil:
         rc = fa_attention_backward(&g, &a, nthreads)
@@ -477,9 +480,12 @@ def linear_forward(float[:, ::1] y not None, float[:, ::1] pre, const float[:, :
 def linear_backward(float[:, ::1] dx, float[:, ::1] dweight, float[::1] dbias,
                     float[:, ::1] dz, const float[:, ::1] dy not None, const float[:, ::1] pre,
                     const float[:, ::1] x not None, const float[:, ::1] weight not None,
-                    int activation, bint accumulate, int nthreads):
+                    int activation, bint accumulate, int nthreads, bint bf16=False):
     """dx (N, K) or None, dweight (M, K) or None, dbias (M) or None, dz (N, M) scratch (None
-    without an activation), dy (N, M), pre (N, M) or None, x (N, K), weight (M, K)."""
+    without an activation and without bf16), dy (N, M), pre (N, M) or None, x (N, K), weight
+    (M, K). bf16: dz rounded to bf16 before the products (x and weight come rounded)."""
+    if bf16 and dz is None and x.shape[0] > 0 and weight.shape[0] > 0:
+        raise ValueError("linear_backward: bf16 needs the dz scratch")
     cdef float *dxp = _p2(dx)
     cdef float *dwp = _p2(dweight)
     cdef float *dbp = _p1(dbias)
@@ -490,14 +496,15 @@ def linear_backward(float[:, ::1] dx, float[:, ::1] dweight, float[::1] dbias,
     cdef const float *wp = _cp2(weight)
     with nogil:
         fa_linear_backward(dxp, dwp, dbp, dzp, dyp, pp, xp, wp, x.shape[0], x.shape[1],
-                           weight.shape[0], activation, accumulate, nthreads)
+                           weight.shape[0], activation, accumulate, bf16, nthreads)
 
 
 def ffn_forward(float[:, ::1] y not None, float[:, ::1] pre, const float[:, ::1] x not None,
                 const float[:, ::1] w1 not None, const float[::1] b1,
                 const float[:, ::1] w2 not None, const float[::1] b2,
-                int activation, double dropout_p, uint64_t seed, int nthreads):
-    """y (N, C), pre (N, F) or None, x (N, C), w1 (F, C), w2 (C, F)."""
+                int activation, double dropout_p, uint64_t seed, int nthreads, bint bf16=False):
+    """y (N, C), pre (N, F) or None, x (N, C), w1 (F, C), w2 (C, F). bf16: the hidden rounded
+    to bf16 before the second product (x, w1, w2 come rounded)."""
     cdef float *yp = _p2(y)
     cdef float *pp = _p2(pre)
     cdef const float *xp = _cp2(x)
@@ -508,7 +515,7 @@ def ffn_forward(float[:, ::1] y not None, float[:, ::1] pre, const float[:, ::1]
     cdef int rc
     with nogil:
         rc = fa_ffn_forward(yp, pp, xp, w1p, b1p, w2p, b2p, x.shape[0], x.shape[1], w1.shape[0],
-                            activation, dropout_p, seed, nthreads)
+                            activation, dropout_p, seed, bf16, nthreads)
     if rc != 0:
         raise MemoryError("ffn: could not allocate the hidden row blocks")
 
@@ -518,7 +525,7 @@ def ffn_backward(float[:, ::1] dx, float[:, ::1] dw1, float[::1] db1, float[:, :
                  const float[:, ::1] dy not None, const float[:, ::1] pre not None,
                  const float[:, ::1] x not None, const float[:, ::1] w1 not None,
                  const float[:, ::1] w2 not None, int activation, double dropout_p,
-                 uint64_t seed, bint accumulate, int nthreads):
+                 uint64_t seed, bint accumulate, int nthreads, bint bf16=False):
     """dx (N, C), dw1 (F, C), db1 (F), dw2 (C, F), db2 (C): each may be None; h, dpre (N, F)
     scratch (dpre may be pre); dy, x (N, C); pre (N, F); w1 (F, C); w2 (C, F)."""
     cdef float *dxp = _p2(dx)
@@ -536,7 +543,7 @@ def ffn_backward(float[:, ::1] dx, float[:, ::1] dw1, float[::1] db1, float[:, :
     with nogil:
         fa_ffn_backward(dxp, dw1p, db1p, dw2p, db2p, hp, dpp, dyp, pp, xp, w1p, w2p, x.shape[0],
                         x.shape[1], w1.shape[0], activation, dropout_p, seed, accumulate,
-                        nthreads)
+                        bf16, nthreads)
 
 
 def packed_size(int64_t M, int64_t K):
@@ -777,6 +784,18 @@ def linear_int8_forward(y, x, wp, scale, bias, int activation, int nthreads):
         rc = fa_linear_int8_forward(yp, xp, pp, scp, bp, N, K, M, activation, nthreads)
     if rc != 0:
         raise MemoryError("linear (int8): could not allocate the quantised activations")
+
+
+def round_bfloat16(float[::1] dst not None, const float[::1] src not None, int nthreads):
+    """dst = src rounded to bf16, as float32 (fa_round_bfloat16); dst may be src."""
+    if dst.shape[0] != src.shape[0]:
+        raise ValueError("round_bfloat16: dst and src differ in size")
+    if src.shape[0] == 0:
+        return
+    cdef float *dp = &dst[0]
+    cdef const float *sp = &src[0]
+    with nogil:
+        fa_round_bfloat16(dp, sp, src.shape[0], nthreads)
 
 
 def to_bfloat16(uint16_t[::1] bits not None, const float[::1] x not None, int nthreads):

@@ -236,6 +236,11 @@ def _parser():
     t.add_argument("--checkpoint-minutes", type=_positive_float, metavar="M",
                    help="also write one when M minutes have passed since the latest (default: "
                         f"{d['checkpoint_minutes']:g})")
+    t.add_argument("--precision", choices=("fp32", "bf16"),
+                   help="training precision: bf16 is mixed precision (products of bf16 "
+                        "operands summed in float32; weights, gradients and optimizer float32), "
+                        "fp32 is float32 throughout; a resume may change it (default: "
+                        f"{d['precision']})")
     t.add_argument("--seed", type=_non_negative_int, metavar="S",
                    help=f"the run's seed (default: {d['seed']})")
     t.add_argument("--resume", action="store_true",
@@ -501,6 +506,7 @@ def _train_one(args, group):
         resume=args.resume, progress="json" if args.quiet else True, data=args.data,
         eval_every=args.eval_every, exact_sample=args.exact_sample, patience=args.patience,
         checkpoint_every=args.checkpoint_every, checkpoint_minutes=args.checkpoint_minutes,
+        precision=args.precision,
         **({} if group is None else dict(comm=group.comm, comm_timeout=group.timeout)))
     if lead:
         print(_summary(history))

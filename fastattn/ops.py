@@ -83,7 +83,7 @@ def _attention(q, k, v, mask, key_padding_mask, causal, scale, want_weights, dro
         kb = None if key_bias is None else key_bias.reshape(B, Lk)
         if bf16:
             out, weights, lse = reference._attention64_bf16(q, k, v, bias, kb, bool(causal),
-                                                            scale)
+                                                            scale, p, seed)
         else:
             out, weights, lse = reference._attention64(q, k, v, bias, kb, bool(causal), scale,
                                                        p, seed)
@@ -98,10 +98,11 @@ def _attention(q, k, v, mask, key_padding_mask, causal, scale, want_weights, dro
 
 
 def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=None,
-                      dropout_p=0.0, seed=None):
-    """Fused attention returning (out, {"lse": (B, H, Lq)}); see reference.attention_forward."""
+                      dropout_p=0.0, seed=None, compute_type="float32"):
+    """Fused attention returning (out, {"lse": (B, H, Lq)}); see reference.attention_forward.
+    compute_type="bfloat16": as attention's, with dropout's P keep rounded (bf16 training)."""
     out, lse, _ = _attention(q, k, v, mask, key_padding_mask, causal, scale, False, dropout_p,
-                             seed)
+                             seed, compute_type)
     return out, {"lse": lse}
 
 
@@ -120,7 +121,7 @@ def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=
     scaled by 1 / (1 - p)) as reference.dropout_keep decides from seed, bit for bit; the
     returned weights are the dropped ones.
 
-    compute_type="bfloat16" (inference: dropout_p must be 0): q, k, v rounded to bf16 (nearest
+    compute_type="bfloat16": q, k, v rounded to bf16 (nearest
     even, as vcvtneps2bf16), q.k products exact and summed in float32, then times scale; the
     softmax in float32; P = exp(s - max) rounded to bf16 for the product with the rounded v,
     divided by the float32 sum of the unrounded P; returned weights float32 (P / sum). The
@@ -133,7 +134,8 @@ def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=
 
 
 def attention_backward(dout, q, k, v, out, lse, *, mask=None, key_padding_mask=None,
-                       causal=False, scale=None, dropout_p=0.0, seed=None):
+                       causal=False, scale=None, dropout_p=0.0, seed=None,
+                       compute_type="float32"):
     """(dq, dk, dv) of attention from the forward's out and lse, flash style (the probabilities
     are recomputed block by block; no (Lq, Lk) matrix is stored); see
     reference.attention_backward.
@@ -144,12 +146,16 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, key_padding_mask=N
     -> dq (B, H, Lq, D), dk (B, H, Lk, D), dv (B, H, Lk, Dv), float32, C-contiguous.
     NaN propagates as in the twin, except that with causal a NaN query row may leave the keys
     it cannot see untouched (the twin spreads its NaN to every key of the head).
+    compute_type="bfloat16": bf16 training's backward (see reference.attention_backward).
     """
     op = "attention_backward"
     dout, q, k, v, out, lse, mask, key_padding_mask, scale, p, seed = _checks.attention_backward(
         dout, q, k, v, out, lse, mask, key_padding_mask, scale, dropout_p, seed, op)
+    bf16 = _checks.compute_type(compute_type, op, p)
     q, k, v, bias, key_bias = _attention_operands(q, k, v, mask, key_padding_mask, op)
     dout, out = (_convert.strided(_convert.f32(a)) for a in (dout, out))
+    if bf16:
+        dout, q, k, v = (_fast.round_bf16(t) for t in (dout, q, k, v))
     lse = _convert.f32(lse)
     B, H, Lq, D = q.shape
     Lk, Dv = k.shape[2], v.shape[3]
@@ -158,13 +164,14 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, key_padding_mask=N
         kb = None if key_bias is None else key_bias.reshape(B, Lk)
         return reference.attention_backward(dout, q, k, v, out, lse, mask=bias,
                                             key_padding_mask=kb, causal=bool(causal),
-                                            scale=scale, dropout_p=p, seed=seed)
+                                            scale=scale, dropout_p=p, seed=seed,
+                                            compute_type=compute_type)
     dq = np.empty((B, H, Lq, D), np.float32)
     dk = np.empty((B, H, Lk, D), np.float32)
     dv = np.empty((B, H, Lk, Dv), np.float32)
     _kernels.attention_backward(dq, dk, dv, dout, out, np.ascontiguousarray(lse).reshape(-1),
                                 q, k, v, bias, key_bias, scale, bool(causal), p, seed or 0,
-                                get_num_threads())
+                                get_num_threads(), bf16)
     return dq, dk, dv
 
 
@@ -250,10 +257,13 @@ def linear(x, weight, bias=None, *, activation=None):
     return y
 
 
-def linear_forward(x, weight, bias=None, *, activation=None):
+def linear_forward(x, weight, bias=None, *, activation=None, compute_type="float32"):
     """linear() returning (y, {"pre": (N, M) or None}): the pre-activation is kept (written by
-    the GEMM's epilogue) when there is an activation. See reference.linear_forward."""
+    the GEMM's epilogue) when there is an activation. compute_type="bfloat16": x and weight
+    rounded to bf16 first (bf16 training). See reference.linear_forward."""
     x, weight, bias, act, N, M, K = _check_linear(x, weight, bias, activation)
+    if _checks.compute_type(compute_type, "linear_forward"):
+        x, weight = _fast.round_bf16(x), _fast.round_bf16(weight)
     if not (N and M and K):  # nothing to multiply: the twin is exact
         return reference.linear_forward(x, weight, bias, activation=activation)
     y = np.empty(x.shape[:-1] + (M,), np.float32)
@@ -263,11 +273,15 @@ def linear_forward(x, weight, bias=None, *, activation=None):
     return y, {"pre": pre}
 
 
-def linear_backward(dy, x, weight, *, pre=None, activation=None):
+def linear_backward(dy, x, weight, *, pre=None, activation=None, compute_type="float32"):
     """Gradients (dx, dweight, dbias) of act(x @ weight.T + bias); pre is the forward's
-    cache["pre"] (needed with an activation). See reference.linear_backward."""
+    cache["pre"] (needed with an activation). compute_type="bfloat16": bf16 training's
+    backward (see reference.linear_backward). See reference.linear_backward."""
     dy, x, weight, pre, activation = _checks.linear_backward(dy, x, weight, pre, activation)
+    bf16 = _checks.compute_type(compute_type, "linear_backward")
     dy, x, weight, pre = map(_convert.f32c, (dy, x, weight, pre))
+    if bf16:
+        x, weight = _fast.round_bf16(x), _fast.round_bf16(weight)
     act = ACTIVATIONS[activation]
     M, K = weight.shape
     N = math.prod(x.shape[:-1])
@@ -275,9 +289,9 @@ def linear_backward(dy, x, weight, *, pre=None, activation=None):
     dx = np.empty(x.shape, np.float32)
     dweight = np.empty((M, K), np.float32)
     dbias = np.empty(M, np.float32)
-    dz = np.empty((N, M), np.float32) if act and N and M else None
+    dz = np.empty((N, M), np.float32) if (act or bf16) and N and M else None
     _kernels.linear_backward(dx.reshape(N, K), dweight, dbias, dz, dy.reshape(N, M), pre,
-                             x.reshape(N, K), weight, act, False, get_num_threads())
+                             x.reshape(N, K), weight, act, False, get_num_threads(), bf16)
     return dx, dweight, dbias
 
 
@@ -308,14 +322,18 @@ def _check_ffn(x, w1, b1, w2, b2, activation, op, quantized_ok=False):
     return x, w1, b1, w2, b2, ACTIVATIONS[activation]
 
 
-def ffn_forward(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=None):
+def ffn_forward(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=None,
+                compute_type="float32"):
     """The FFN in training, linear2(dropout(act(linear1(x)))), returning (y, {"pre": (N, F)});
-    dropout_p = 0 runs the inference kernel's path (only pre is written in addition). See
-    reference.ffn_forward."""
+    dropout_p = 0 runs the inference kernel's path (only pre is written in addition).
+    compute_type="bfloat16": bf16 training's forward. See reference.ffn_forward."""
     op = "ffn_forward"
     x, w1, b1, w2, b2, activation = _checks.ffn_training(x, w1, b1, w2, b2, activation,
                                                          dropout_p, seed, op)
+    bf16 = _checks.compute_type(compute_type, op)
     x, w1, b1, w2, b2 = map(_convert.f32c, (x, w1, b1, w2, b2))
+    if bf16:
+        x, w1, w2 = (_fast.round_bf16(t) for t in (x, w1, w2))
     act = ACTIVATIONS[activation]
     C, F = x.shape[-1], w1.shape[0]
     N = math.prod(x.shape[:-1])
@@ -325,18 +343,22 @@ def ffn_forward(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=Non
     y = np.empty(x.shape, np.float32)
     pre = np.empty((N, F), np.float32)
     _kernels.ffn_forward(y.reshape(N, C), pre, x.reshape(N, C), w1, b1, w2, b2, act,
-                         float(dropout_p), int(seed or 0), get_num_threads())
+                         float(dropout_p), int(seed or 0), get_num_threads(), bf16)
     return y, {"pre": pre}
 
 
-def ffn_backward(dy, x, w1, b1, w2, b2, pre, *, activation="relu", dropout_p=0.0, seed=None):
+def ffn_backward(dy, x, w1, b1, w2, b2, pre, *, activation="relu", dropout_p=0.0, seed=None,
+                 compute_type="float32"):
     """Gradients (dx, dw1, db1, dw2, db2) of the FFN from its cache["pre"]; the activation and
-    the dropout mask are recomputed. db1 / db2 are None when b1 / b2 are. See
-    reference.ffn_backward."""
+    the dropout mask are recomputed. db1 / db2 are None when b1 / b2 are.
+    compute_type="bfloat16": bf16 training's backward. See reference.ffn_backward."""
     op = "ffn_backward"
     dy, x, w1, b1, w2, b2, pre, activation = _checks.ffn_backward(
         dy, x, w1, b1, w2, b2, pre, activation, dropout_p, seed, op)
+    bf16 = _checks.compute_type(compute_type, op)
     dy, x, w1, b1, w2, b2, pre = map(_convert.f32c, (dy, x, w1, b1, w2, b2, pre))
+    if bf16:
+        dy, x, w1, w2 = (_fast.round_bf16(t) for t in (dy, x, w1, w2))
     act = ACTIVATIONS[activation]
     C, F = x.shape[-1], w1.shape[0]
     N = math.prod(x.shape[:-1])
@@ -349,7 +371,7 @@ def ffn_backward(dy, x, w1, b1, w2, b2, pre, *, activation="relu", dropout_p=0.0
     dpre = np.empty((N, F), np.float32)
     _kernels.ffn_backward(dx.reshape(N, C), dw1, db1, dw2, db2, h, dpre, dy.reshape(N, C), pre,
                           x.reshape(N, C), w1, w2, act, float(dropout_p), int(seed or 0), False,
-                          get_num_threads())
+                          get_num_threads(), bf16)
     return dx, dw1, db1, dw2, db2
 
 

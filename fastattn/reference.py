@@ -183,7 +183,7 @@ def _linear64(x, weight, bias, activation):
 # attention
 
 def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=None,
-                      dropout_p=0.0, seed=None):
+                      dropout_p=0.0, seed=None, compute_type="float32"):
     """Scaled dot-product attention, returning the log-sum-exp saved for the backward pass.
 
     ====================  ==============  =====================================================
@@ -198,6 +198,8 @@ def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False
     scale                 float           default 1 / sqrt(D) (1 if D = 0)
     dropout_p             float in [0,1)  dropout on the attention weights (see attention)
     seed                  int in [0,2^64) the dropout's seed; required when dropout_p > 0
+    compute_type          str             "float32" or "bfloat16" (see attention; with
+                                          dropout the dropped weights P keep are rounded)
     -> out                (B, H, Lq, Dv)  float32; zeros for a query with no allowed key
     -> cache["lse"]       (B, H, Lq)      float32; logsumexp of the scaled, masked scores
                                           per query row (before dropout); -inf for a fully
@@ -210,9 +212,13 @@ def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False
     sees (a hidden key's v row is not read, so inf or NaN there stays out).
     """
     p, seed = _checks.attention_dropout(dropout_p, seed, "attention")
+    bf16 = _checks.compute_type(compute_type, "attention", p)
     q, k, v, mask, key_padding_mask, scale = _checks.attention(q, k, v, mask, key_padding_mask,
                                                                scale)
-    out, weights, lse = _attention64(q, k, v, mask, key_padding_mask, causal, scale, p, seed)
+    if bf16:
+        out, _, lse = _attention64_bf16(q, k, v, mask, key_padding_mask, causal, scale, p, seed)
+    else:
+        out, _, lse = _attention64(q, k, v, mask, key_padding_mask, causal, scale, p, seed)
     return _f32(out), {"lse": _f32(lse)}
 
 
@@ -351,10 +357,10 @@ def bfloat16_round(x):
     return r.astype(np.uint32).view(np.float32)
 
 
-def _attention64_bf16(q, k, v, mask, key_padding_mask, causal, scale):
+def _attention64_bf16(q, k, v, mask, key_padding_mask, causal, scale, dropout_p=0.0, seed=None):
     """attention's compute_type="bfloat16" from checked arguments: (out, weights, lse) in
     float64 (see attention). The products are exact in float64 as in float32; the sums here
-    are float64."""
+    are float64. With dropout, P keep is rounded (bf16 training)."""
     q, k, v = (_f64(bfloat16_round(t)) for t in (q, k, v))   # (B,H,Lq,D), (B,H,Lk,D), (B,H,Lk,Dv)
     scores, hidden = _scores64(q, k, mask, key_padding_mask, causal, scale)  # (B,H,Lq,Lk)
     m = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)            # (B,H,Lq,1)
@@ -362,17 +368,22 @@ def _attention64_bf16(q, k, v, mask, key_padding_mask, causal, scale):
     with np.errstate(invalid="ignore", over="ignore"):
         p = np.exp(scores - m)                               # (B,H,Lq,Lk), 0 where hidden
         l = np.sum(p, axis=-1, keepdims=True)                # (B,H,Lq,1), float32 P summed
+        if dropout_p > 0:
+            p = p * _attention_keep(seed, dropout_p, p.shape)   # dropped, then rounded
         p_hat = _f64(bfloat16_round(_f32(p)))                # P rounded for the product with v
         out = _visible_sum(p_hat, v, hidden)                 # (B,H,Lq,Dv)
         out = np.where(l > 0, out / np.where(l > 0, l, 1.0), 0.0)
         out = np.where(np.isnan(l), np.nan, out)
     weights, lse = _softmax64(scores, axis=-1)               # P / l, as in float32
+    if dropout_p > 0:
+        weights = weights * _attention_keep(seed, dropout_p, weights.shape)
     lse = np.where(np.isfinite(lse), np.clip(lse, -_F32_MAX, _F32_MAX), lse)
     return out, weights, lse
 
 
 def attention_backward(dout, q, k, v, out, lse, *, mask=None, key_padding_mask=None,
-                       causal=False, scale=None, dropout_p=0.0, seed=None):
+                       causal=False, scale=None, dropout_p=0.0, seed=None,
+                       compute_type="float32"):
     """Gradients of attention with respect to q, k and v, from the forward's out and lse.
 
     ====================  ==============  =====================================================
@@ -396,9 +407,17 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, key_padding_mask=N
         dS = P * (dP - Delta), 0 for a hidden key;   dq = scale * dS k over the keys each
         query sees;   dk = scale * dS^T q
     A query row with no allowed key (lse = -inf) has P = 0: zero gradients, never NaN.
+
+    compute_type="bfloat16" (bf16 training, as torch's CPU flash attention backward): dout,
+    q, k and v rounded to bf16 (bfloat16_round) first; P' (float32) rounded before dv = P'^T
+    dout, and dS * scale (float32) rounded before dq and dk; Delta, P, dP and dS in float32
+    (float64 here), out as given.
     """
     dout, q, k, v, out, lse, mask, key_padding_mask, scale, p, seed = _checks.attention_backward(
         dout, q, k, v, out, lse, mask, key_padding_mask, scale, dropout_p, seed)
+    bf16 = _checks.compute_type(compute_type, "attention_backward", p)
+    if bf16:
+        dout, q, k, v = (bfloat16_round(t) for t in (dout, q, k, v))
     dout, out = _f64(dout), _f64(out)                     # (B,H,Lq,Dv)
     q, k, v = _f64(q), _f64(k), _f64(v)                   # (B,H,Lq,D), (B,H,Lk,D), (B,H,Lk,Dv)
     lse = _f64(lse)[..., None]                            # (B,H,Lq,1)
@@ -410,12 +429,19 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, key_padding_mask=N
     keep = _attention_keep(seed, p, P.shape) if p > 0 else 1.0  # (B,H,Lq,Lk): 0 or 1/(1-p)
     Pd = P * keep                                         # the weights the forward used
     with np.errstate(invalid="ignore", over="ignore"):    # NaN/inf inputs propagate quietly
+        if bf16:
+            Pd = _f64(bfloat16_round(_f32(Pd)))           # (B,H,Lq,Lk) P' rounded
         dv = np.swapaxes(Pd, -1, -2) @ dout               # (B,H,Lk,Lq) @ (B,H,Lq,Dv)
         dP = (dout @ np.swapaxes(v, -1, -2)) * keep       # (B,H,Lq,Lk)
         delta = np.sum(dout * out, axis=-1, keepdims=True)    # (B,H,Lq,1) = sum_j P_ij dP_ij
         dS = np.where(hidden, 0.0, P * (dP - delta))      # (B,H,Lq,Lk) softmax backward
-        dq = _visible_sum(dS, k, hidden) * scale          # (B,H,Lq,D)
-        dk = (np.swapaxes(dS, -1, -2) @ q) * scale        # (B,H,Lk,D)
+        if bf16:
+            dS = _f64(bfloat16_round(_f32(dS * scale)))   # dS * scale rounded
+            dq = _visible_sum(dS, k, hidden)              # (B,H,Lq,D)
+            dk = np.swapaxes(dS, -1, -2) @ q              # (B,H,Lk,D)
+        else:
+            dq = _visible_sum(dS, k, hidden) * scale      # (B,H,Lq,D)
+            dk = (np.swapaxes(dS, -1, -2) @ q) * scale    # (B,H,Lk,D)
     return _f32(dq), _f32(dk), _f32(dv)
 
 
@@ -634,7 +660,7 @@ def linear(x, weight, bias=None, *, activation=None):
     return _f32(y)
 
 
-def linear_forward(x, weight, bias=None, *, activation=None):
+def linear_forward(x, weight, bias=None, *, activation=None, compute_type="float32"):
     """linear() keeping the pre-activation for linear_backward.
 
     ====================  ==============  =====================================================
@@ -647,15 +673,20 @@ def linear_forward(x, weight, bias=None, *, activation=None):
     -> cache["pre"]       (N, C_out)      float32; x @ weight.T + bias, or None when activation
                                           is None (then pre = y)
     ====================  ==============  =====================================================
+
+    compute_type="bfloat16" (bf16 training): x and weight rounded to bf16 (bfloat16_round)
+    before the product; the sums, bias and activation in float32 (float64 here).
     """
     x, weight, bias, activation = _checks.linear(x, weight, bias, activation)  # (..., C_in)
+    if _checks.compute_type(compute_type, "linear_forward"):
+        x, weight = bfloat16_round(x), bfloat16_round(weight)
     pre = _linear64(_f64(x), _f64(weight), None if bias is None else _f64(bias), None)
     y = _act64(pre, activation)                                          # (..., C_out)
     N, M = math.prod(x.shape[:-1]), weight.shape[0]
     return _f32(y), {"pre": None if activation is None else _f32(pre.reshape(N, M))}
 
 
-def linear_backward(dy, x, weight, *, pre=None, activation=None):
+def linear_backward(dy, x, weight, *, pre=None, activation=None, compute_type="float32"):
     """Gradients of y = act(x @ weight.T + bias).
 
     ====================  ==============  =====================================================
@@ -673,14 +704,22 @@ def linear_backward(dy, x, weight, *, pre=None, activation=None):
 
     dz = dy * act'(pre): relu'(pre) = [pre > 0] (dz is 0 where pre <= 0), gelu'(pre) =
     Phi(pre) + pre * phi(pre).
+
+    compute_type="bfloat16" (bf16 training, as torch autocast's bf16 gradient): dz (float32)
+    rounded to bf16 before both products and the bias sums; x and weight rounded too.
     """
     dy, x, weight, pre, activation = _checks.linear_backward(dy, x, weight, pre, activation)
+    bf16 = _checks.compute_type(compute_type, "linear_backward")
+    if bf16:
+        x, weight = bfloat16_round(x), bfloat16_round(weight)
     weight = _f64(weight)                                                # (M, K)
     (M, K), N = weight.shape, math.prod(x.shape[:-1])
     x2 = _f64(x).reshape(N, K)                                           # (N, K)
     g = _f64(dy).reshape(N, M)                                           # (N, M)
     dz = _act_backward64(g, None if activation is None else _f64(pre).reshape(N, M),
                          activation)                                     # (N, M)
+    if bf16:
+        dz = _f64(bfloat16_round(_f32(dz)))                              # (N, M) rounded
     dx = dz @ weight                                                     # (N, K)
     dweight = dz.T @ x2                                                  # (M, K)
     dbias = dz.sum(axis=0)                                               # (M,)
@@ -716,7 +755,8 @@ def ffn(x, w1, b1, w2, b2, *, activation="relu"):
     return _f32(y)
 
 
-def ffn_forward(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=None):
+def ffn_forward(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=None,
+                compute_type="float32"):
     """The feed-forward block in training: linear2(dropout(act(linear1(x)))), torch's order,
     keeping the pre-activation for ffn_backward.
 
@@ -734,9 +774,15 @@ def ffn_forward(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=Non
                                           activation and the dropout mask from it and the seed
                                           (N * F * 4 bytes per layer)
     ====================  ==============  =====================================================
+
+    compute_type="bfloat16" (bf16 training): x, w1 and w2 rounded to bf16, and the hidden
+    drop(act(pre)) (float32) rounded before the second product.
     """
     x, w1, b1, w2, b2, activation = _checks.ffn_training(
         x, w1, b1, w2, b2, activation, dropout_p, seed, "ffn_forward")   # (..., C), (F, C), (C, F)
+    bf16 = _checks.compute_type(compute_type, "ffn_forward")
+    if bf16:
+        x, w1, w2 = (bfloat16_round(t) for t in (x, w1, w2))
     (F, C), N = w1.shape, math.prod(x.shape[:-1])
     x2 = _f64(x).reshape(N, C)                          # (N, C)
     pre = _linear64(x2, _f64(w1), None if b1 is None else _f64(b1), None)   # (N, F)
@@ -744,11 +790,14 @@ def ffn_forward(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=Non
     if dropout_p > 0:
         keep = dropout_keep(seed, np.arange(len(x2)), np.arange(F), dropout_p)   # (N, F) bool
         h = h * keep / (1.0 - dropout_p)                # (N, F)
+    if bf16:
+        h = _f64(bfloat16_round(_f32(h)))               # (N, F) rounded
     y = _linear64(h, _f64(w2), None if b2 is None else _f64(b2), None)       # (N, C)
     return _f32(y.reshape(x.shape)), {"pre": _f32(pre)}
 
 
-def ffn_backward(dy, x, w1, b1, w2, b2, pre, *, activation="relu", dropout_p=0.0, seed=None):
+def ffn_backward(dy, x, w1, b1, w2, b2, pre, *, activation="relu", dropout_p=0.0, seed=None,
+                 compute_type="float32"):
     """Gradients of the feed-forward block y = linear2(dropout(act(linear1(x)))).
 
     ====================  ==============  =====================================================
@@ -765,9 +814,15 @@ def ffn_backward(dy, x, w1, b1, w2, b2, pre, *, activation="relu", dropout_p=0.0
 
     h = drop(act(pre));  dw2 = dy^T h;  dh = dy @ w2;  dpre = dh * keep / (1 - p) * act'(pre);
     dw1 = dpre^T x;  dx = dpre @ w1.
+
+    compute_type="bfloat16" (bf16 training): dy, x, w1 and w2 rounded to bf16; h and dpre
+    (float32) rounded before the products and sums that read them.
     """
     dy, x, w1, b1, w2, b2, pre, activation = _checks.ffn_backward(
         dy, x, w1, b1, w2, b2, pre, activation, dropout_p, seed)
+    bf16 = _checks.compute_type(compute_type, "ffn_backward")
+    if bf16:
+        dy, x, w1, w2 = (bfloat16_round(t) for t in (dy, x, w1, w2))
     w1, w2 = _f64(w1), _f64(w2)                         # (F, C), (C, F)
     (F, C), N = w1.shape, math.prod(x.shape[:-1])
     x2 = _f64(x).reshape(N, C)                          # (N, C)
@@ -778,10 +833,14 @@ def ffn_backward(dy, x, w1, b1, w2, b2, pre, *, activation="relu", dropout_p=0.0
         keep = dropout_keep(seed, np.arange(len(x2)), np.arange(F), dropout_p)   # (N, F) bool
         drop = keep / (1.0 - dropout_p)
     h = _act64(pre, activation) * drop                  # (N, F) the hidden, recomputed
+    if bf16:
+        h = _f64(bfloat16_round(_f32(h)))               # (N, F) rounded
     dw2 = dy2.T @ h                                     # (C, F)
     db2 = None if b2 is None else dy2.sum(axis=0)       # (C,)
     dh = dy2 @ w2                                       # (N, F)
     dpre = _act_backward64(dh * drop, pre, activation)  # (N, F)
+    if bf16:
+        dpre = _f64(bfloat16_round(_f32(dpre)))         # (N, F) rounded
     dw1 = dpre.T @ x2                                   # (F, C)
     db1 = None if b1 is None else dpre.sum(axis=0)      # (F,)
     dx = dpre @ w1                                      # (N, C)

@@ -10,13 +10,25 @@ Arrays reaching these ops are already validated by the module boundary: float32,
 consistent, attention operands with a contiguous last axis.
 """
 import math
+import weakref
 
 import numpy as np
 
 from .. import _fast, ops, reference
 from ..ops import ACTIVATIONS
+from .parameter import Parameter
 
 BACKENDS = ("fast", "reference")
+PRECISIONS = ("fp32", "bf16")
+_PRECISION_NAMES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16"}
+
+
+def precision_name(value, what="precision"):
+    """"fp32" or "bf16" for a training precision given as fp32/float32 or bf16/bfloat16;
+    ValueError naming the accepted values otherwise."""
+    if isinstance(value, str) and value in _PRECISION_NAMES:
+        return _PRECISION_NAMES[value]
+    raise ValueError(f"{what} must be 'fp32' or 'bf16' (or 'float32', 'bfloat16'), got {value!r}")
 
 
 class _TrainingOps:
@@ -29,12 +41,15 @@ class _TrainingOps:
     twin, as a prototype computes); FastOps writes in place with the kernels."""
 
     F = None
+    precision = "fp32"
+    compute_type = "float32"     # of the training GEMMs: "bfloat16" in the bf16 tables
 
     @classmethod
     def linear_train(cls, x, weight, bias, activation, y, pre):
         """y (N, M) = act(x weight^T + bias); pre (N, M) keeps the pre-activation (None
         without an activation). Returns y."""
-        out, cache = cls.F.linear_forward(x, weight, bias, activation=activation)
+        out, cache = cls.F.linear_forward(x, weight, bias, activation=activation,
+                                          compute_type=cls.compute_type)
         if pre is not None:
             pre[...] = cache["pre"]
         return _put(y, out)
@@ -43,7 +58,8 @@ class _TrainingOps:
     def linear_backward(cls, dy, x, weight, pre, activation, dw, db, dx):
         """dy (N, M) -> dx (N, K) (overwritten); dw (M, K) += dZ^T x, db (M,) += column sums
         (db may be None). `pre` may be overwritten (it is not needed after)."""
-        g, gw, gb = cls.F.linear_backward(dy, x, weight, pre=pre, activation=activation)
+        g, gw, gb = cls.F.linear_backward(dy, x, weight, pre=pre, activation=activation,
+                                          compute_type=cls.compute_type)
         dw += gw
         if db is not None:
             db += gb
@@ -53,7 +69,7 @@ class _TrainingOps:
     def ffn_train(cls, x, w1, b1, w2, b2, activation, p, seed, y, pre):
         """y (N, C) = linear2(dropout(act(linear1(x)))), pre (N, F) the pre-activation."""
         out, cache = cls.F.ffn_forward(x, w1, b1, w2, b2, activation=activation, dropout_p=p,
-                                       seed=seed)
+                                       seed=seed, compute_type=cls.compute_type)
         pre[...] = cache["pre"]
         return _put(y, out)
 
@@ -62,7 +78,7 @@ class _TrainingOps:
         """dy (N, C) -> dx (N, C); grads = (dw1, db1, dw2, db2) accumulated (db None: none);
         h (N, F) scratch; pre is overwritten (not needed after)."""
         out = cls.F.ffn_backward(dy, x, w1, b1, w2, b2, pre, activation=activation,
-                                 dropout_p=p, seed=seed)
+                                 dropout_p=p, seed=seed, compute_type=cls.compute_type)
         for acc, g in zip(grads, out[1:]):
             if acc is not None:
                 acc += g
@@ -96,7 +112,7 @@ class _TrainingOps:
         """out (B, H, Lq, Dv) view, lse (B, H, Lq): attention with dropout p on the weights."""
         o, cache = cls.F.attention_forward(
             q, k, v, mask=mask.bias, key_padding_mask=mask.key_padding(q, k),
-            causal=mask.causal, dropout_p=p, seed=seed)
+            causal=mask.causal, dropout_p=p, seed=seed, compute_type=cls.compute_type)
         lse[...] = cache["lse"]
         return _put(out, o)
 
@@ -105,7 +121,7 @@ class _TrainingOps:
         """(dq, dk, dv) into the views given."""
         grads = cls.F.attention_backward(
             dout, q, k, v, out, lse, mask=mask.bias, key_padding_mask=mask.key_padding(q, k),
-            causal=mask.causal, dropout_p=p, seed=seed)
+            causal=mask.causal, dropout_p=p, seed=seed, compute_type=cls.compute_type)
         for buf, g in zip((dq, dk, dv), grads):
             buf[...] = g
         return dq, dk, dv
@@ -334,6 +350,89 @@ class ReferenceOps(_TrainingOps):
                                    return_weights=True, compute_type=_compute(bf16))
 
 
+class FastBf16Ops(FastOps):
+    """FastOps with bf16 mixed-precision training (precision "bf16", torch autocast's
+    meaning): every training GEMM (the linear layers' three products, the FFN's, attention's
+    forward and backward) multiplies operands rounded to bf16 and sums in float32
+    (compute_type "bfloat16" of ops.linear_forward and friends, which the twin emulates).
+    Weights are rounded once per version (bf16_weight: once per optimizer step, not per use);
+    activations and gradients are rounded where a product reads them. Layer norm, softmax,
+    dropout, the residual stream, embeddings and the loss stay float32, as do the parameters,
+    their gradients and the optimizer. Inference (eval) ops are FastOps' own."""
+
+    name = "fast"
+    precision = "bf16"
+    compute_type = "bfloat16"
+
+    @staticmethod
+    def linear_train(x, weight, bias, activation, y, pre):
+        return _fast.linear_into(y, _fast.round_bf16(x), bf16_weight(weight), bias,
+                                 ACTIVATIONS[activation], pre if activation else None)
+
+    @staticmethod
+    def linear_backward(dy, x, weight, pre, activation, dw, db, dx):
+        _fast.linear_backward_into(dx, dw, db, dy, _fast.round_bf16(x), bf16_weight(weight),
+                                   pre, ACTIVATIONS[activation], True,
+                                   dz=pre if activation else None, bf16=True)
+        return dx
+
+    @staticmethod
+    def ffn_train(x, w1, b1, w2, b2, activation, p, seed, y, pre):
+        return _fast.ffn_forward_into(y, pre, _fast.round_bf16(x), bf16_weight(w1), b1,
+                                      bf16_weight(w2), b2, ACTIVATIONS[activation], p, seed,
+                                      bf16=True)
+
+    @staticmethod
+    def ffn_backward(dy, x, w1, b1, w2, b2, pre, activation, p, seed, grads, dx, h):
+        _fast.ffn_backward_into(dx, *grads, _fast.round_bf16(dy), _fast.round_bf16(x),
+                                bf16_weight(w1), bf16_weight(w2), pre, ACTIVATIONS[activation],
+                                p, seed, True, h=h, dpre=pre, bf16=True)
+        return dx
+
+    @staticmethod
+    def attention_train(q, k, v, mask, p, seed, out, lse):
+        bias, scale = _attention_bias(q, k, mask)
+        return _fast.attention_into(out, q, k, v, bias, mask.key_bias, mask.causal, scale,
+                                    lse.reshape(-1), p, seed, bf16=True)
+
+    @staticmethod
+    def attention_backward(dout, q, k, v, out, lse, mask, p, seed, dq, dk, dv):
+        bias, scale = _attention_bias(q, k, mask)
+        q, k, v, dout = (_fast.round_bf16(t) for t in (q, k, v, dout))
+        _fast.attention_backward_into(dq, dk, dv, dout, out, lse.reshape(-1), q, k, v, bias,
+                                      mask.key_bias, mask.causal, scale, p, seed, bf16=True)
+        return dq, dk, dv
+
+
+class ReferenceBf16Ops(ReferenceOps):
+    """ReferenceOps with bf16 mixed-precision training: the twin's compute_type="bfloat16"
+    (the same rounding points as FastBf16Ops, sums in float64)."""
+
+    precision = "bf16"
+    compute_type = "bfloat16"
+
+
+# weight -> its bf16-rounded copy, remade when the weight's version moves (an optimizer step,
+# an edit): keyed by the parameter's write counter (shared by its slices) and the slice
+_BF16_COPIES = weakref.WeakKeyDictionary()
+
+
+def bf16_weight(w):
+    """w (a parameter or a slice of one) rounded to bf16 as float32 values, made once per
+    version of the parameter; a plain array is rounded at every call."""
+    if not isinstance(w, Parameter):
+        return _fast.round_bf16(w)
+    box = w.version_box
+    key = (w.__array_interface__["data"][0], w.shape, w.strides)
+    copies = _BF16_COPIES.setdefault(box, {})
+    hit = copies.get(key)
+    if hit is not None and hit[0] == box.n:
+        return hit[1]
+    copy = _fast.round_bf16(w)
+    copies[key] = (box.n, copy)
+    return copy
+
+
 def _compute(bf16):
     """The attention op's compute_type for the model layer's bf16 flag."""
     return "bfloat16" if bf16 else "float32"
@@ -368,12 +467,14 @@ def _mix64(z):
     return z ^ (z >> 31)
 
 
-def backend_ops(name):
-    """The op table of backend `name` ("fast" or "reference")."""
+def backend_ops(name, precision="fp32"):
+    """The op table of backend `name` ("fast" or "reference") training in `precision`
+    ("fp32" or "bf16")."""
+    bf16 = precision_name(precision) == "bf16"
     if name == "fast":
-        return FastOps
+        return FastBf16Ops if bf16 else FastOps
     if name == "reference":
-        return ReferenceOps
+        return ReferenceBf16Ops if bf16 else ReferenceOps
     raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
 
 

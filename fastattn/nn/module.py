@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import _convert, ops
 from . import activations
-from .backends import Buffers, FastOps, Workspace, backend_ops
+from .backends import Buffers, FastOps, Workspace, backend_ops, precision_name
 from .parameter import Parameter, note_write
 
 GRAD_ALIGN = 16          # flat_grads(): each gradient starts at a multiple of 64 bytes
@@ -54,6 +54,7 @@ class Module(metaclass=_Built):
 
     def __init__(self, backend="fast"):
         self.backend = backend
+        self.precision = "fp32"      # of the training GEMMs (set_precision)
         self._ops = backend_ops(backend)
         self._derived = {}           # (name, rows) -> (parameter, version, ops table, kind)
         self.training = False        # train() / eval()
@@ -452,11 +453,30 @@ class Module(metaclass=_Built):
     # -- backends ------------------------------------------------------------------------------
     def to_backend(self, backend):
         """Switch every submodule to `backend` ("fast" or "reference"); returns self."""
-        ops_ = backend_ops(backend)
+        ops_ = backend_ops(backend, self.precision)
         for m in self.modules():
             m.backend, m._ops, m._buffers = backend, ops_, None
             m._derived.clear()                  # packed for (or refused by) the old backend
         note_write()                            # decode plans are made again
+        return self
+
+    def set_precision(self, precision):
+        """The precision of training on every submodule: "fp32" (default) or "bf16" (also
+        "float32" / "bfloat16"); returns self.
+
+        "bf16" is mixed precision with torch autocast's meaning: the products of every
+        training forward and backward (the linear layers' x W^T, dY W and dY^T x, the FFN's,
+        attention's Q K^T, P V and their gradients) take operands rounded to bf16 and sum in
+        float32. The parameters, their gradients, the optimizer and its update stay float32
+        (the master weights); each weight's bf16 copy is made once per optimizer step. Layer
+        norm, softmax, dropout, the residual stream, the embeddings and the loss stay float32.
+        Inference (eval() forwards, generate) is not changed: that is quantize()'s compute
+        type. A loop of your own: ``model.set_precision("bf16")`` once, then train as in
+        float32 (see docs/training.md)."""
+        name = precision_name(precision)
+        ops_ = backend_ops(self.backend, name)
+        for m in self.modules():
+            m.precision, m._ops = name, ops_
         return self
 
 

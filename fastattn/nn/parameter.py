@@ -49,7 +49,7 @@ def _plain_all(seq):
 
 
 class _Version:
-    __slots__ = ("n",)
+    __slots__ = ("n", "__weakref__")     # (weakly keyed by what is derived from a parameter)
 
     def __init__(self):
         self.n = 0
@@ -72,6 +72,12 @@ class Parameter(np.ndarray):
     @property
     def version(self):
         return self._box.n
+
+    @property
+    def version_box(self):
+        """The write counter this parameter shares with its views (what derived copies key
+        on: one for a parameter and all its slices)."""
+        return self._box
 
     def _touch(self):
         self._box.n += 1

@@ -27,7 +27,7 @@ TRAIN_DEFAULTS = dict(model="tiny", tokenizer="bpe", batch_tokens=4096, schedule
                       clip_norm=1.0, dropout=0.1, label_smoothing=0.1, valid=0.05, seed=0,
                       eval_every=DEFAULT_EVAL_EVERY, exact_sample=EXACT_SAMPLE, patience=None,
                       checkpoint_every=DEFAULT_CHECKPOINT_EVERY,
-                      checkpoint_minutes=DEFAULT_CHECKPOINT_MINUTES)
+                      checkpoint_minutes=DEFAULT_CHECKPOINT_MINUTES, precision="fp32")
 
 
 def default_warmup(total):

@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from .. import optim
+from ..nn.backends import precision_name
 from . import batching, distributed
 from .checkpoint import (latest_checkpoint, load_best, load_checkpoint,
                          remove_temporaries, save_best, save_checkpoint)
@@ -185,12 +186,14 @@ class _Run:
                  max_steps, epochs, batch_tokens, optimizer, lr, schedule, warmup,
                  label_smoothing, clip_norm, seed, checkpoint_dir, checkpoint_every,
                  checkpoint_minutes, keep_checkpoints, eval_every, resume, progress, callbacks,
-                 keep_best, patience, exact_sample, comm=None, comm_timeout=COMM_TIMEOUT):
+                 keep_best, patience, exact_sample, comm=None, comm_timeout=COMM_TIMEOUT,
+                 precision="fp32"):
         for attr in ("loss", "manual_seed", "train", "eval", "config", "max_len"):
             if not hasattr(model, attr):
                 raise TypeError(f"fit: model must be a fastattn.nn.Seq2SeqTransformer, got "
                                 f"{type(model).__name__}")
         self.model = model
+        self.precision = precision_name(precision, "fit: precision")
         cfg = model.config
         _check_tokenizer(src_tokenizer, "src_tokenizer", cfg["src_vocab_size"], model.pad_id,
                          False)
@@ -268,7 +271,8 @@ class _Run:
                              label_smoothing=self.label_smoothing, clip_norm=self.clip_norm,
                              max_steps=self.max_steps, epochs=self.epochs,
                              schedule=repr(self.schedule), window=self.window,
-                             ranks=1 if self.group is None else self.group.size)
+                             ranks=1 if self.group is None else self.group.size,
+                             precision=self.precision)
         self.progress_arg = progress if self.lead else False
         self.flat = None                # the model's flat gradient buffer (several ranks)
         self.history = History(skipped={"train": self.data.skipped,
@@ -526,6 +530,7 @@ class _Run:
 
     def _run(self):
         model = self.model
+        model.set_precision(self.precision)
         resumed = self._start() if self.group is None else self.start_ranks()
         self.scheduler = optim.LRScheduler(self.optimizer, self.schedule)
         self.progress = make_progress(self.progress_arg, self.total, self.step)
@@ -637,7 +642,7 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
         checkpoint_dir=None, checkpoint_every=None, checkpoint_minutes=None,
         keep_checkpoints=3, eval_every=None,
         resume=False, progress=True, callbacks=(), keep_best=True, patience=None,
-        exact_sample=EXACT_SAMPLE, comm=None, comm_timeout=COMM_TIMEOUT):
+        exact_sample=EXACT_SAMPLE, comm=None, comm_timeout=COMM_TIMEOUT, precision="fp32"):
     """Train `model` (a fastattn.nn.Seq2SeqTransformer) on text pairs; returns a History.
 
     Data. train_pairs and valid_pairs are lists of (source, target) str pairs (read_pairs,
@@ -664,6 +669,16 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
     lr must be None). lr defaults to 1e-3 for "cosine" and "constant". Loss: model.loss
     with label_smoothing; gradients clipped to a global norm of clip_norm (None: no
     clipping).
+
+    Precision. "fp32" (the default) or "bf16": mixed precision with torch autocast's
+    meaning (model.set_precision, which fit calls; the model keeps it after): the products of
+    the training forward and backward take bf16-rounded operands and sum in float32; the
+    weights, gradients, AdamW state and update, layer norm, softmax, the residual stream and
+    the loss stay float32. Evaluations run the float32 weights as inference does. The
+    precision is recorded in checkpoints (state.json's "fit"); a run resumes exactly in the
+    precision it was saved in, and may resume in the other one (weights, optimiser state and
+    data order continue exactly; the steps after are computed in the new precision, so the
+    losses follow that precision's run, not the saved one's; the resume reports the change).
 
     Randomness. A new run calls model.manual_seed(seed) (dropout masks) and draws the data
     order from seed; two runs with one seed, one model initialisation and one data set give
@@ -737,5 +752,5 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
                epochs, batch_tokens, optimizer, lr, schedule, warmup, label_smoothing,
                clip_norm, seed, checkpoint_dir, checkpoint_every, checkpoint_minutes,
                keep_checkpoints, eval_every, resume, progress, callbacks, keep_best, patience,
-               exact_sample, comm, comm_timeout)
+               exact_sample, comm, comm_timeout, precision)
     return run.run()

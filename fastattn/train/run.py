@@ -20,6 +20,7 @@ import random
 
 from .. import io, tokenizers
 from ..nn import Seq2SeqTransformer
+from ..nn.backends import precision_name
 from . import distributed
 from ..tokenizers.files import read_regular_file, short
 from .defaults import (COMM_TIMEOUT, DEFAULT_STEPS, PRESET_LR, SCHEDULES, TRAIN_DEFAULTS,
@@ -53,7 +54,7 @@ FILES = {"config": "config.json", "src_tokenizer": "src_tokenizer.json",
 FIXED = ("model", "tokenizer", "vocab_size", "seed", "valid", "batch_tokens", "dropout",
          "label_smoothing", "schedule", "lr", "warmup", "clip_norm")
 ADJUSTABLE = ("steps", "epochs", "eval_every", "exact_sample", "patience", "checkpoint_every",
-              "checkpoint_minutes")
+              "checkpoint_minutes", "precision")
 
 
 # ---- config.json: written by train_run, read back as input that may be wrong -------------------
@@ -108,6 +109,7 @@ CONFIG_KEYS = {
     "checkpoint_every": (_int_at_least(1, none=True), TRAIN_DEFAULTS["checkpoint_every"]),
     "checkpoint_minutes": (_number(0, above=True, none=True),
                            TRAIN_DEFAULTS["checkpoint_minutes"]),
+    "precision": (_one_of(("fp32", "bf16")), "fp32"),
     "data": (_optional_text(), None),
     "train_pairs": (_int_at_least(0, none=True), None),
     "valid_pairs": (_int_at_least(0, none=True), None),
@@ -304,7 +306,8 @@ def _resume_settings(path, config, given):
     if "steps" in given or "epochs" in given:           # a longer (or shorter) run
         settings["steps"], settings["epochs"] = given.get("steps"), given.get("epochs")
     settings.update((k, given[k]) for k in ("eval_every", "exact_sample", "patience",
-                                              "checkpoint_every", "checkpoint_minutes")
+                                              "checkpoint_every", "checkpoint_minutes",
+                                              "precision")
                     if k in given)
     return settings
 
@@ -336,7 +339,7 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
               clip_norm=None, dropout=None, label_smoothing=None, valid=None, seed=None,
               resume=False, progress=True, keep_in_train=(), data=None, eval_every=None,
               exact_sample=None, patience=None, checkpoint_every=None, checkpoint_minutes=None,
-              comm=None, **fit_kwargs):
+              precision=None, comm=None, **fit_kwargs):
     """Train a run from (source, target) text pairs into the directory `out` -> (Run,
     History). What ``fastattn train`` does: split off `valid` of the pairs, train one
     tokenizer on both sides, build the preset model, fit() with checkpoints in
@@ -350,7 +353,7 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
     continues with its own settings, tokenizers and data split, from the latest checkpoint
     (from step 0 when there is none): a setting given again is applied when it may change
     (ADJUSTABLE: steps or epochs, eval_every, exact_sample, patience, checkpoint_every,
-    checkpoint_minutes; they are written back to config.json) and must equal the run's
+    checkpoint_minutes, precision ("fp32" or "bf16", fit's); they are written back to config.json) and must equal the run's
     otherwise (FIXED: ValueError naming each that differs). Without a config.json,
     resume=True starts a new run. A run (new or resumed) starts by removing the temporary
     files and directories that a killed run left in `out` and its checkpoints.
@@ -372,7 +375,8 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
         batch_tokens=batch_tokens, schedule=schedule, lr=lr, warmup=warmup,
         clip_norm=clip_norm, dropout=dropout, label_smoothing=label_smoothing, valid=valid,
         seed=seed, eval_every=eval_every, exact_sample=exact_sample, patience=patience,
-        checkpoint_every=checkpoint_every, checkpoint_minutes=checkpoint_minutes).items()
+        checkpoint_every=checkpoint_every, checkpoint_minutes=checkpoint_minutes,
+        precision=None if precision is None else precision_name(precision)).items()
         if v is not None}
     if steps is not None and epochs is not None:
         raise ValueError(f"give steps or epochs, not both (got {steps!r}, {epochs!r})")
@@ -396,6 +400,7 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
               eval_every=settings["eval_every"] if valid_pairs else None,
               exact_sample=settings["exact_sample"],
               patience=settings["patience"], resume=resume,
+              precision=settings["precision"],
               progress=progress if group is None or group.lead else False, comm=comm)
     kw.update(fit_kwargs)
     history = fit(net, train_pairs, **kw)
