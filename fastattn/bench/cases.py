@@ -60,16 +60,21 @@ class Case:
               quantization), so their differing rows are reported, not flagged
     float32_impl  quantized model cases: a factory like impls' of the float32 model, timed
               between the case's own calls (the row's float32_fastattn_ms), or None
+    float32_torch_impl  mixed-precision training cases (torch column: autocast bf16): a
+              factory like impls' of torch in float32, timed between the case's own calls
+              (the row's float32_torch_ms), or None
     """
 
     def __init__(self, name, title, build, impls, *, flops=0, nbytes=0, kind="time",
                  slow=("numpy",), seed=0, repeats=None, warm=True, timed_first=(), tokens=0,
-                 numpy_label="numpy twin", exact=None, float32_impl=None):
+                 numpy_label="numpy twin", exact=None, float32_impl=None,
+                 float32_torch_impl=None):
         self.name, self.title, self.kind = name, title, kind
         self.flops, self.nbytes, self.slow, self.seed = flops, nbytes, tuple(slow), seed
         self.repeats, self.warm = dict(repeats or {}), warm
         self.timed_first, self.tokens = tuple(timed_first), tokens
         self.numpy_label, self.exact, self.float32_impl = numpy_label, exact, float32_impl
+        self.float32_torch_impl = float32_torch_impl
         self._build, self._impls, self._inputs = build, dict(impls), None
 
     def __repr__(self):

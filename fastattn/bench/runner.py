@@ -72,6 +72,8 @@ def finish_row(case, row):
     for other in ("torch", "numpy", "ctranslate2"):
         ms = row[f"{other}_ms"]
         row[f"speedup_vs_{other}"] = ms / fast if ms and fast else None
+    if row.get("float32_torch_ms") and fast:
+        row["speedup_vs_float32_torch"] = row["float32_torch_ms"] / fast
     if case.nbytes and fast:
         row["fastattn_gbps"] = case.nbytes / (fast * 1e6)
         row["notes"].append(f"{row['fastattn_gbps']:.1f} GB/s")
@@ -81,6 +83,11 @@ def finish_row(case, row):
                  if row[f"{impl}_ms"]}
         for impl, v in rates.items():
             row[f"{impl}_tokens_per_s"] = v
+        for impl in ("fastattn", "torch"):   # the float32 runs of a mixed-precision case
+            ms = row.get(f"float32_{impl}_ms")
+            if ms:
+                row[f"float32_{impl}_tokens_per_s"] = rates[f"float32 {impl}"] = \
+                    case.tokens / (ms / 1e3)
         if rates:
             row["notes"].insert(0, "tokens/s: " + ", ".join(
                 f"{impl} {fmt_ms(v)}" for impl, v in rates.items()))
@@ -162,6 +169,12 @@ def _run_time_case(case, threads, repeat, numpy_repeat):
         timed["float32"] = case.float32_impl(case.inputs())
         timed_counts["float32"], warm["float32"] = timed_counts["fastattn"], warm["fastattn"]
         timed["float32"]()                                       # weights packed, warm
+    if case.float32_torch_impl is not None and "torch" in timed:
+        # torch in float32 (mixed-precision cases, whose torch column is autocast bf16)
+        timed["float32_torch"] = case.float32_torch_impl(case.inputs())
+        timed_counts["float32_torch"] = timed_counts["torch"]
+        warm["float32_torch"] = warm["torch"]
+        timed["float32_torch"]()                                 # warm
     copy = None
     if getattr(case, "copy_probe", False) and "fastattn" in fns:
         # a memory copy on as many threads, timed interleaved with the implementations
@@ -182,6 +195,13 @@ def _run_time_case(case, threads, repeat, numpy_repeat):
         row["float32_times_ms"] = [t * 1e3 for t in f32]
         row["float32_ratio"] = paired_ratio(f32, times["fastattn"])
         row["notes"].append(f"float32 {fmt_ms(row['float32_fastattn_ms'])} ms (interleaved)")
+    if "float32_torch" in times:
+        f32 = times.pop("float32_torch")
+        row["float32_torch_ms"] = statistics.median(f32) * 1e3
+        row["float32_torch_times_ms"] = [t * 1e3 for t in f32]
+        row["float32_torch_ratio"] = paired_ratio(f32, times["torch"])
+        row["notes"].append(f"torch float32 {fmt_ms(row['float32_torch_ms'])} ms "
+                            "(interleaved)")
     for impl in fns:
         ts = ([first[impl]] if impl in first else []) + times.get(impl, [])
         row[f"{impl}_times_ms"] = [t * 1e3 for t in ts]
@@ -336,6 +356,10 @@ def run(cases=None, repeat=DEFAULT_REPEAT, threads=None, *, numpy_repeat=DEFAULT
     <impl>_tokens_per_s, rows_differ ({impl: rows whose tokens differ from those of
     rows_compared_with}); decode case: step_ms (also its fastattn_ms), weight_mb, weight_gbps,
     copy_gbps, share_of_copy, generate_ms, prefill_ms, copy_ms, copy_threads; a case with
+    float32_impl: float32_fastattn_ms, float32_times_ms, float32_ratio (paired, float32 over
+    fastattn); with float32_torch_impl: float32_torch_ms, float32_torch_times_ms,
+    float32_torch_ratio (paired, over torch), speedup_vs_float32_torch; either with tokens:
+    float32_<impl>_tokens_per_s; a case with
     copy_probe (adamw): copy_ms, copy_gbps, copy_runs and share_of_copy (fastattn GB/s over a
     memory copy's, timed interleaved with the implementations).
     """
