@@ -13,30 +13,38 @@ def _row(rows, name):
     return next((r for r in rows if r["case"] == name), None)
 
 
-def _speedup_target(case, other, threshold, field="ms", unit="ms"):
-    """fastattn at least `threshold` times faster than `other` (times in ms, or tokens/s)."""
+def _speedup_target(case, other, threshold, field="ms", unit="ms", label=None):
+    """fastattn at least `threshold` times faster than `other` (times in ms, or tokens/s);
+    label: what the text calls `other`'s column (the mixed-precision cases' "torch autocast
+    bf16"), `other` by default."""
+    label = label or other
+
     def measure(rows):
         r = _row(rows, case)
         if r is None:
             return None, "not run"
         v = r.get(f"speedup_vs_{other}")
         if v is None:
-            return None, f"{other} not measured ({r[f'{other}_status']})"
-        return v, f"{v:.2f}x {other} (fastattn {fmt_ms(r[f'fastattn_{field}'])} {unit}, " \
-                  f"{other} {fmt_ms(r[f'{other}_{field}'])} {unit})"
-    text = f"speedup vs {other} >= {threshold}x" if field == "ms" else \
-        f"{unit} >= {threshold}x {other}"
+            return None, f"{label} not measured ({r[f'{other}_status']})"
+        return v, f"{v:.2f}x {label} (fastattn {fmt_ms(r[f'fastattn_{field}'])} {unit}, " \
+                  f"{label} {fmt_ms(r[f'{other}_{field}'])} {unit})"
+    text = f"speedup vs {label} >= {threshold}x" if field == "ms" else \
+        f"{unit} >= {threshold}x {label}"
     return (case, text, measure, lambda v: v >= threshold)
 
 
-def _train_memory_target(rows):
-    r = _row(rows, "train_memory_base")
-    if r is None:
-        return None, "not run"
-    if r.get("torch_peak_mib") is None:
-        return None, f"torch not measured ({r['torch_status']})"
-    ours, theirs = r["fastattn_peak_mib"], r["torch_peak_mib"]
-    return ours / max(theirs, 1e-9), f"fastattn {ours:.0f} MiB, torch {theirs:.0f} MiB"
+def _train_memory_target(case, label="torch"):
+    """The peak memory growth of fastattn's training step over torch's (label: what the
+    detail calls torch's column)."""
+    def measure(rows):
+        r = _row(rows, case)
+        if r is None:
+            return None, "not run"
+        if r.get("torch_peak_mib") is None:
+            return None, f"{label} not measured ({r['torch_status']})"
+        ours, theirs = r["fastattn_peak_mib"], r["torch_peak_mib"]
+        return ours / max(theirs, 1e-9), f"fastattn {ours:.0f} MiB, {label} {theirs:.0f} MiB"
+    return measure
 
 
 def _memory_target(rows):
@@ -123,7 +131,15 @@ TARGETS = (
      lambda v: v >= 0.85),
     _speedup_target("train_small", "torch", 1.3, field="tokens_per_s", unit="tokens/s"),
     _speedup_target("train_base", "torch", 1.3, field="tokens_per_s", unit="tokens/s"),
-    ("train_memory_base", "peak memory growth of a step < torch's", _train_memory_target,
+    ("train_memory_base", "peak memory growth of a step < torch's",
+     _train_memory_target("train_memory_base"), lambda v: v < 1.0),
+    # bf16 mixed precision: the torch column is torch under autocast bf16
+    _speedup_target("train_small_bf16", "torch", 1.3, field="tokens_per_s", unit="tokens/s",
+                    label="torch autocast bf16"),
+    _speedup_target("train_base_bf16", "torch", 1.3, field="tokens_per_s", unit="tokens/s",
+                    label="torch autocast bf16"),
+    ("train_memory_base_bf16", "peak memory growth of a step < torch autocast bf16's",
+     _train_memory_target("train_memory_base_bf16", "torch autocast bf16"),
      lambda v: v < 1.0),
 )
 

@@ -13,10 +13,19 @@ same model, weights and batch, with dropout 0.1 and label smoothing 0.1 in both.
                   gradients and optimiser moments exist; fastattn's training buffers (kept
                   from step to step) are freed first, so the measured step counts them
 
+bf16 mixed precision, the same three with the suffix _bf16: fastattn's model in precision
+"bf16" (``set_precision``; fit's ``precision="bf16"``) against the same torch loop with
+``torch.autocast("cpu", dtype=torch.bfloat16)`` around its forward and loss (the backward and
+the optimiser outside, as torch recommends; no gradient scaler: bf16 needs none). Both keep
+float32 weights, gradients and AdamW. The time cases also time the float32 step of each,
+fastattn's and torch's, between their own calls (the row's float32_fastattn_ms and
+float32_torch_ms), so one run shows all four; the memory case measures the bf16 step of each.
+
 Each call is one optimiser step, so the weights move between calls (by a small learning rate);
 the two implementations start from the same weights, and their losses are not compared (their
 dropout masks come from different generators). tokens/s counts target tokens per step.
 """
+import contextlib
 import functools
 
 import numpy as np
@@ -34,11 +43,21 @@ FIT_STEPS, FIT_WORDS = 6, 30       # steps per timed fit() call; words per text 
 
 
 @functools.lru_cache(maxsize=None)
-def _model(name):
+def _model(name, precision="fp32"):
+    """The preset's model (seeded: the same weights in every precision), training in
+    `precision`; one model per precision, so no case changes another's."""
     cfg = SMALL if name == "small" else BASE
     return nn.Seq2SeqTransformer(cfg["num_encoder_layers"], cfg["num_decoder_layers"],
                                  cfg["emb_size"], cfg["nhead"], cfg["vocab"], cfg["vocab"],
-                                 cfg["dim_feedforward"], DROPOUT, pad_id=PAD, seed=0)
+                                 cfg["dim_feedforward"], DROPOUT, pad_id=PAD,
+                                 seed=0).set_precision(precision)
+
+
+def _autocast(torch, bf16):
+    """torch's bf16 autocast context (forward and loss), or a context that does nothing."""
+    if bf16:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def _batch(cfg):
@@ -60,9 +79,9 @@ def _warmed(factory):
     return warmed
 
 
-def _fastattn_step(name):
+def _fastattn_step(name, precision="fp32"):
     def factory(inputs):
-        m = _model(name).train()
+        m = _model(name, precision).train()
         opt = optim.AdamW(m, lr=LR)
 
         def step():
@@ -76,7 +95,8 @@ def _fastattn_step(name):
     return factory
 
 
-def _torch_step(name):
+def _torch_step(name, bf16=False):
+    """torch's step; bf16: forward and loss under autocast bf16, backward and AdamW outside."""
     def factory(inputs):
         torch = require_torch()
         torch.set_num_threads(get_num_threads())
@@ -88,8 +108,9 @@ def _torch_step(name):
 
         def step():
             opt.zero_grad()
-            logits = tm(src, tgt[:, :-1])
-            loss = loss_fn(logits.reshape(-1, V), tgt[:, 1:].reshape(-1))
+            with _autocast(torch, bf16):
+                logits = tm(src, tgt[:, :-1])
+                loss = loss_fn(logits.reshape(-1, V), tgt[:, 1:].reshape(-1))
             loss.backward()
             opt.step()
             return loss.item()
@@ -127,64 +148,91 @@ def _fit_build(rng):
     return {"batches": batches}
 
 
-def _fit_fastattn(inputs):
-    from ..train import fit
+def _fit_fastattn(precision="fp32"):
+    def factory(inputs):
+        from ..train import fit
 
-    pairs, tok, _, budget = _fit_data()
-    m = _model("small").train()
-    calls = []
+        pairs, tok, _, budget = _fit_data()
+        m = _model("small", precision).train()
+        calls = []
 
-    def run():
-        calls.append(None)
-        h = fit(m, pairs, src_tokenizer=tok, tgt_tokenizer=tok, max_steps=FIT_STEPS,
-                batch_tokens=budget, schedule="constant", lr=LR,
-                label_smoothing=LABEL_SMOOTHING, clip_norm=1.0, seed=len(calls),
-                progress=False)
-        return h.steps[-1]["loss"]
-    return run
-
-
-def _fit_torch(inputs):
-    torch = require_torch()
-    torch.set_num_threads(get_num_threads())
-    tm = torch_seq2seq(_model("small"), dropout=DROPOUT).train()
-    loss_fn = torch.nn.CrossEntropyLoss(ignore_index=PAD, label_smoothing=LABEL_SMOOTHING)
-    batches = [(torch.from_numpy(s), torch.from_numpy(t)) for s, t in inputs["batches"]]
-    V = tm.generator.out_features
-
-    def run():
-        # fit's defaults: AdamW betas (0.9, 0.98), eps 1e-9, weight decay 0.01; clipping at 1
-        opt = torch.optim.AdamW(tm.parameters(), lr=LR, betas=(0.9, 0.98), eps=1e-9,
-                                weight_decay=0.01)
-        for src, tgt in batches[:FIT_STEPS]:
-            opt.zero_grad()
-            logits = tm(src, tgt[:, :-1])
-            loss = loss_fn(logits.reshape(-1, V), tgt[:, 1:].reshape(-1))
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(tm.parameters(), 1.0)
-            opt.step()
-        return loss.item()
-    return run
+        def run():
+            calls.append(None)
+            h = fit(m, pairs, src_tokenizer=tok, tgt_tokenizer=tok, max_steps=FIT_STEPS,
+                    batch_tokens=budget, schedule="constant", lr=LR,
+                    label_smoothing=LABEL_SMOOTHING, clip_norm=1.0, seed=len(calls),
+                    progress=False, precision=precision)
+            return h.steps[-1]["loss"]
+        return run
+    return factory
 
 
-def _fit_case():
-    case = Case("train_small", "training with fit(), dialogue model d256 3+3 V4000 B32 S=T=32 "
-                f"({FIT_STEPS} steps a call), dropout 0.1, label smoothing 0.1, AdamW",
-                _fit_build, {"fastattn": _fit_fastattn, "torch": _fit_torch}, kind="time",
-                slow=(), repeats={"fastattn": 5, "torch": 5}, warm=False,
-                tokens=FIT_STEPS * SMALL["B"] * (FIT_WORDS + 1))
+def _fit_torch(bf16=False):
+    """The equivalent torch loop; bf16: forward and loss under autocast bf16, the rest
+    outside."""
+    def factory(inputs):
+        torch = require_torch()
+        torch.set_num_threads(get_num_threads())
+        tm = torch_seq2seq(_model("small"), dropout=DROPOUT).train()
+        loss_fn = torch.nn.CrossEntropyLoss(ignore_index=PAD, label_smoothing=LABEL_SMOOTHING)
+        batches = [(torch.from_numpy(s), torch.from_numpy(t)) for s, t in inputs["batches"]]
+        V = tm.generator.out_features
+
+        def run():
+            # fit's defaults: AdamW betas (0.9, 0.98), eps 1e-9, weight decay 0.01; clipping 1
+            opt = torch.optim.AdamW(tm.parameters(), lr=LR, betas=(0.9, 0.98), eps=1e-9,
+                                    weight_decay=0.01)
+            for src, tgt in batches[:FIT_STEPS]:
+                opt.zero_grad()
+                with _autocast(torch, bf16):
+                    logits = tm(src, tgt[:, :-1])
+                    loss = loss_fn(logits.reshape(-1, V), tgt[:, 1:].reshape(-1))
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(tm.parameters(), 1.0)
+                opt.step()
+            return loss.item()
+        return run
+    return factory
+
+
+def _suffix(precision):
+    return "" if precision == "fp32" else f"_{precision}"
+
+
+def _fit_case(precision="fp32"):
+    """train_small (fp32) or train_small_bf16: fit() in `precision` against the torch loop
+    (bf16: under autocast, with fit() and the torch loop in float32 timed between their
+    calls)."""
+    bf16 = precision == "bf16"
+    what = ", bf16 mixed precision (torch: autocast bf16; float32 of both interleaved)" \
+        if bf16 else ""
+    case = Case(f"train_small{_suffix(precision)}",
+                "training with fit(), dialogue model d256 3+3 V4000 B32 S=T=32 "
+                f"({FIT_STEPS} steps a call), dropout 0.1, label smoothing 0.1, AdamW{what}",
+                _fit_build, {"fastattn": _fit_fastattn(precision), "torch": _fit_torch(bf16)},
+                kind="time", slow=(), repeats={"fastattn": 5, "torch": 5}, warm=False,
+                tokens=FIT_STEPS * SMALL["B"] * (FIT_WORDS + 1),
+                float32_impl=_fit_fastattn() if bf16 else None,
+                float32_torch_impl=_fit_torch() if bf16 else None)
     case.check = False            # losses differ (different dropout generators): not compared
     return case
 
 
-def _train_case(name, cfg, title, kind="time"):
-    impls = {"fastattn": _fastattn_step(name), "torch": _torch_step(name)}
+def _train_case(name, cfg, title, kind="time", precision="fp32"):
+    """train_<name> or train_memory_<name> (fp32), with the suffix _bf16 in bf16: fastattn's
+    step in `precision` against torch's (bf16: under autocast); a bf16 time case also times
+    both steps in float32 between its calls."""
+    bf16 = precision == "bf16"
+    impls = {"fastattn": _fastattn_step(name, precision), "torch": _torch_step(name, bf16)}
+    f32 = {}
     if kind == "memory":
         impls = {impl: _warmed(f) for impl, f in impls.items()}
-    case = Case(f"train_{name}" if kind == "time" else f"train_memory_{name}", title,
-                _batch(cfg), impls,
+    elif bf16:
+        f32 = dict(float32_impl=_fastattn_step(name), float32_torch_impl=_torch_step(name))
+    stem = f"train_{name}" if kind == "time" else f"train_memory_{name}"
+    case = Case(stem + _suffix(precision), title, _batch(cfg), impls,
                 kind=kind, slow=(), repeats={"fastattn": 5, "torch": 5}, warm=False,
-                tokens=cfg["B"] * cfg["T"] if kind == "time" else 0)
+                tokens=cfg["B"] * cfg["T"] if kind == "time" else 0, **f32)
     case.check = False            # losses differ (different dropout generators): not compared
     return case
 
@@ -195,4 +243,11 @@ TRAIN_CASES = (
                               "label smoothing 0.1, AdamW"),
     _train_case("base", BASE, "training step memory, Transformer-base V8000 B8 S=T=128",
                 kind="memory"),
+    _fit_case("bf16"),
+    _train_case("base", BASE, "training step, Transformer-base V8000 B8 S=T=128, dropout 0.1, "
+                              "label smoothing 0.1, AdamW, bf16 mixed precision (torch: "
+                              "autocast bf16; float32 of both interleaved)", precision="bf16"),
+    _train_case("base", BASE, "training step memory, Transformer-base V8000 B8 S=T=128, bf16 "
+                              "mixed precision (torch: autocast bf16)", kind="memory",
+                precision="bf16"),
 )
