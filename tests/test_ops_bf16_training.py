@@ -1,0 +1,183 @@
+"""bf16 mixed-precision training's products (compute_type="bfloat16" of linear_forward /
+linear_backward, ffn_forward / ffn_backward, attention_forward / attention_backward): the
+kernels against the twin's emulation, which rounds at the same points (reference docstrings),
+and against float32.
+
+Bounds, as norms relative to the twin's result (rel_err):
+- kernels vs twin: the kernels sum in float32 where the twin sums in float64, so a value about
+  to be rounded to bf16 may differ from the twin's by a float32 ulp and round to the
+  neighbouring bf16 (2^-8 relative) in rare elements; BF16_TWIN bounds that. Attention whose
+  keys come in several blocks rounds P relative to the running maximum of the blocks seen so
+  far (the twin: relative to the row's maximum), a difference of up to a bf16 ulp in P where
+  the maximum moved: BF16_TWIN_BLOCKS.
+- bf16 vs float32: each product rounds both operands to 8 significant bits (relative error
+  <= 2^-9 each), so a result moves by about 2^-8 of its size; BF16_VS_FP32 bounds it from
+  above, and it must move at all (a bf16 mode that silently ran float32 fails).
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fastattn import ops, reference
+from conftest import child_isa_tests
+
+BF16 = dict(compute_type="bfloat16")
+BF16_TWIN = 1e-4
+BF16_TWIN_BLOCKS = 4e-3
+BF16_VS_FP32 = 2.0 ** -5
+BF16_MOVES = 2.0 ** -12
+
+
+def rel_err(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def rand(rng, shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def check_pair(got, twin, fp32, bound=BF16_TWIN, names=()):
+    for i, (g, t, f) in enumerate(zip(got, twin, fp32)):
+        name = names[i] if i < len(names) else str(i)
+        if t is None:
+            assert g is None and f is None, name
+            continue
+        assert g.shape == t.shape and g.dtype == np.float32, name
+        assert rel_err(g, t) <= bound, (name, rel_err(g, t))
+        moved = rel_err(t, f)
+        assert BF16_MOVES < moved <= BF16_VS_FP32, (name, moved)
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("shape", [(37, 29, 23), (1, 64, 48), (300, 65, 130), (5, 1, 7)])
+def test_linear_bf16_against_twin_and_fp32(rng, activation, shape):
+    N, K, M = shape
+    x, w, b = rand(rng, (N, K)), rand(rng, (M, K)), rand(rng, M)
+    got, gc = ops.linear_forward(x, w, b, activation=activation, **BF16)
+    twin, tc = reference.linear_forward(x, w, b, activation=activation, **BF16)
+    fp32, _ = reference.linear_forward(x, w, b, activation=activation)
+    if K > 1:
+        check_pair([got], [twin], [fp32], names=["y"])
+    dy = rand(rng, got.shape)
+    g = ops.linear_backward(dy, x, w, pre=gc["pre"], activation=activation, **BF16)
+    t = reference.linear_backward(dy, x, w, pre=tc["pre"], activation=activation, **BF16)
+    f = reference.linear_backward(dy, x, w, pre=tc["pre"], activation=activation)
+    check_pair(g, t, f, names=["dx", "dweight", "dbias"])
+
+
+def test_linear_bf16_rounds_at_the_stated_points(rng):
+    """Operands exactly representable in bf16, a gradient that is not: the forward equals
+    float32's, the backward equals float32's on the rounded gradient."""
+    x = reference.round_bfloat16(rand(rng, (16, 24)))
+    w = reference.round_bfloat16(rand(rng, (8, 24)))
+    y, _ = ops.linear_forward(x, w, None, **BF16)
+    assert np.allclose(y, ops.linear_forward(x, w, None)[0], rtol=1e-6, atol=1e-6)
+    dy = rand(rng, (16, 8))
+    dyr = reference.round_bfloat16(dy)
+    for a, b in zip(ops.linear_backward(dy, x, w, **BF16), ops.linear_backward(dyr, x, w)):
+        assert np.allclose(a, b, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(ops.linear_backward(dy, x, w, **BF16)[0],
+                           ops.linear_backward(dy, x, w)[0], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+@pytest.mark.parametrize("shape", [(37, 24, 40), (3, 16, 33), (200, 48, 96)])
+def test_ffn_bf16_against_twin_and_fp32(rng, dropout_p, shape):
+    N, C, F = shape
+    x = rand(rng, (N, C))
+    w1, b1, w2, b2 = rand(rng, (F, C), 0.2), rand(rng, F), rand(rng, (C, F), 0.2), rand(rng, C)
+    kw = dict(activation="gelu", dropout_p=dropout_p, seed=5 if dropout_p else None)
+    got, gc = ops.ffn_forward(x, w1, b1, w2, b2, **kw, **BF16)
+    twin, tc = reference.ffn_forward(x, w1, b1, w2, b2, **kw, **BF16)
+    fp32, _ = reference.ffn_forward(x, w1, b1, w2, b2, **kw)
+    check_pair([got], [twin], [fp32], names=["y"])
+    assert np.array_equal(gc["pre"], ops.linear_forward(x, w1, b1, **BF16)[0])  # pre unrounded
+    dy = rand(rng, got.shape)
+    g = ops.ffn_backward(dy, x, w1, b1, w2, b2, gc["pre"], **kw, **BF16)
+    t = reference.ffn_backward(dy, x, w1, b1, w2, b2, tc["pre"], **kw, **BF16)
+    f = reference.ffn_backward(dy, x, w1, b1, w2, b2, tc["pre"], **kw)
+    check_pair(g, t, f, names=["dx", "dw1", "db1", "dw2", "db2"])
+
+
+def _attention_case(rng, B, H, Lq, Lk, D, Dv, causal, dropout_p, masked_row=False):
+    q, k, v = rand(rng, (B, H, Lq, D)), rand(rng, (B, H, Lk, D)), rand(rng, (B, H, Lk, Dv))
+    kpm = None
+    if masked_row:                              # batch 0 sees no key: zero output and grads
+        kpm = np.zeros((B, Lk), bool)
+        kpm[0] = True
+    kw = dict(causal=causal, dropout_p=dropout_p, seed=3 if dropout_p else None,
+              key_padding_mask=kpm)
+    got, gc = ops.attention_forward(q, k, v, **kw, **BF16)
+    twin, tc = reference.attention_forward(q, k, v, **kw, **BF16)
+    fp32, fc = reference.attention_forward(q, k, v, **kw)
+    dout = rand(rng, got.shape)
+    # the backward from the twin's forward, so that it is compared alone
+    g = ops.attention_backward(dout, q, k, v, twin, tc["lse"], **kw, **BF16)
+    t = reference.attention_backward(dout, q, k, v, twin, tc["lse"], **kw, **BF16)
+    f = reference.attention_backward(dout, q, k, v, fp32, fc["lse"], **kw)
+    return (got, twin, fp32), (g, t, f), kpm
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.2])
+@pytest.mark.parametrize("dims", [(2, 3, 19, 23, 16, 16), (1, 2, 40, 40, 32, 24),
+                                  (2, 1, 1, 7, 9, 5), (1, 2, 150, 150, 64, 64)])
+def test_attention_bf16_training_against_twin_and_fp32(rng, causal, dropout_p, dims):
+    (got, twin, fp32), (g, t, f), _ = _attention_case(rng, *dims, causal, dropout_p)
+    blocks = dims[3] > 16          # keys in several blocks: P rounded at the running maximum
+    check_pair([got], [twin], [fp32], BF16_TWIN_BLOCKS if blocks else BF16_TWIN, ["out"])
+    check_pair(g, t, f, BF16_TWIN_BLOCKS if blocks else BF16_TWIN, ["dq", "dk", "dv"])
+
+
+@settings(deadline=None)
+@given(B=st.integers(1, 2), H=st.integers(1, 2), Lq=st.integers(1, 33), Lk=st.integers(1, 33),
+       D=st.integers(1, 20), Dv=st.integers(1, 20), causal=st.booleans(),
+       dropout=st.sampled_from([0.0, 0.25]), masked_row=st.booleans(),
+       scale=st.sampled_from([1e-3, 1.0, 30.0]), seed=st.integers(0, 2 ** 16))
+def test_attention_bf16_backward_any_shape(B, H, Lq, Lk, D, Dv, causal, dropout, masked_row,
+                                           scale, seed):
+    """L = 1, odd head dims, Lq != Lk, fully masked rows (zero gradients, never NaN), scores
+    from tiny to huge: the kernels follow the twin within the stated bound."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rand(rng, s, scale) for s in ((B, H, Lq, D), (B, H, Lk, D), (B, H, Lk, Dv)))
+    kpm = None
+    if masked_row:
+        kpm = np.zeros((B, Lk), bool)
+        kpm[0] = True
+    kw = dict(causal=causal, dropout_p=dropout, seed=7 if dropout else None,
+              key_padding_mask=kpm)
+    out, c = reference.attention_forward(q, k, v, **kw, **BF16)
+    dout = rand(rng, out.shape)
+    g = ops.attention_backward(dout, q, k, v, out, c["lse"], **kw, **BF16)
+    t = reference.attention_backward(dout, q, k, v, out, c["lse"], **kw, **BF16)
+    for a, b in zip(g, t):
+        assert np.all(np.isfinite(a))
+        assert rel_err(a, b) <= BF16_TWIN_BLOCKS, rel_err(a, b)
+    if masked_row:
+        assert not np.any(g[0][0])
+    if masked_row and not causal:
+        assert not np.any(g[1][0]) and not np.any(g[2][0])
+
+
+def test_compute_type_is_checked():
+    x, w = np.ones((2, 3), np.float32), np.ones((4, 3), np.float32)
+    for F in (ops, reference):
+        for fn, args in ((F.linear_forward, (x, w)), (F.linear_backward, (np.ones((2, 4)), x, w))):
+            with pytest.raises(ValueError, match="compute_type must be one of"):
+                fn(*args, compute_type="bf16")
+
+
+def isa_checks():
+    """Run in a child under each SIMD level (FASTATTN_CPU_ISA) and with fewer OpenMP threads."""
+    rng = np.random.default_rng(1)
+    test_linear_bf16_against_twin_and_fp32(rng, "relu", (300, 65, 130))
+    test_ffn_bf16_against_twin_and_fp32(rng, 0.3, (200, 48, 96))
+    for causal in (False, True):
+        test_attention_bf16_training_against_twin_and_fp32(rng, causal, 0.2,
+                                                           (1, 2, 150, 150, 64, 64))
+
+
+test_every_simd_level, test_correct_when_openmp_starts_fewer_threads = \
+    child_isa_tests("test_ops_bf16_training")

@@ -1,0 +1,188 @@
+"""bf16 mixed-precision training (set_precision / fit(precision=) / fastattn train
+--precision): the model's gradients against the twin's bf16 emulation and against float32, the
+weights' bf16 copies made once per optimizer step, learning level with float32, checkpoints
+that record the precision and resume exactly in it (or continue in the other one)."""
+import json
+
+import numpy as np
+import pytest
+
+import fastattn
+from fastattn.cli import main
+from fastattn.nn import Seq2SeqTransformer
+from fastattn.nn.backends import bf16_weight
+from fastattn.tokenizers import WordTokenizer
+from fastattn.train import fit
+from fastattn.train.evaluate import Evaluator
+from test_learning import reverse_pairs
+from train_util import char_tokenizer, tiny_model, untimed, words
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+# Whole-model gradients, all parameters' together (norm of the difference over the norm):
+# - bf16 kernels vs the twin's bf16 (MODEL_TWIN): each product rounds at the same points (the
+#   op tests hold the kernels to the twin within 1e-4), but an input that differs by a float32
+#   ulp between the two, or attention's P rounded at the running maximum of its key blocks
+#   (the twin: at the row's maximum; tests/test_ops_bf16_training.py), may round to the
+#   neighbouring bf16 (2^-8 apart), and every layer after carries that on. The block sizes
+#   depend on the SIMD level, and so does this distance (about 1e-3 to 2.5e-2 on this model).
+# - bf16 vs float32 (BF16_FROM_FP32): every product's operands rounded to 8 significant bits.
+MODEL_TWIN = 0.05
+BF16_FROM_FP32 = (0.005, 0.1)
+
+
+def grads_of(precision, backend="fast", dropout=0.0):
+    m = Seq2SeqTransformer(2, 2, 64, 4, 50, 50, dim_feedforward=128, dropout=dropout, seed=0)
+    m.to_backend(backend).set_precision(precision).train()
+    m.manual_seed(3)
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(1, 50, (4, 9)), rng.integers(1, 50, (4, 8))
+    loss = m.loss(src, tgt, label_smoothing=0.1, backward=True)
+    return loss, {k: v.copy() for k, v in m.named_grads()}
+
+
+def rel(a, b):
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def flat(grads):
+    return np.concatenate([grads[k].ravel() for k in sorted(grads)])
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_model_gradients_against_the_twin_and_fp32(dropout):
+    loss, fast = grads_of("bf16", dropout=dropout)
+    twin_loss, twin = grads_of("bf16", "reference", dropout=dropout)
+    fp32_loss, fp32 = grads_of("fp32", dropout=dropout)
+    _, fp32_twin = grads_of("fp32", "reference", dropout=dropout)
+    assert abs(loss - twin_loss) <= 1e-3 * abs(twin_loss)
+    assert 1e-6 < abs(loss - fp32_loss) <= 1e-2 * abs(fp32_loss)
+    assert rel(flat(fp32), flat(fp32_twin)) <= 1e-5          # float32: the twin to rounding
+    assert rel(flat(fast), flat(twin)) <= MODEL_TWIN
+    lo, hi = BF16_FROM_FP32
+    assert lo <= rel(flat(twin), flat(fp32)) <= hi
+    # every GEMM weight's gradient moved from float32's: every product ran in bf16
+    for k in twin:
+        if k.endswith("weight") and "norm" not in k and "emb" not in k:
+            assert rel(fast[k], fp32[k]) > 1e-4, k
+
+
+def test_precision_is_checked_and_kept():
+    tok = char_tokenizer()
+    m = tiny_model(tok)
+    assert m.precision == "fp32"
+    for bad in ("bf8", "float16", None, 16):
+        with pytest.raises(ValueError, match="precision must be 'fp32' or 'bf16'"):
+            m.set_precision(bad)
+    assert m.set_precision("bfloat16") is m
+    assert all(sub.precision == "bf16" for sub in m.modules())
+    m.to_backend("reference")                      # a backend switch keeps the precision
+    assert all(sub._ops.precision == "bf16" for sub in m.modules())
+    m.set_precision("float32")
+    assert all(sub._ops.precision == "fp32" for sub in m.modules())
+    with pytest.raises(ValueError, match="fit: precision must be"):
+        fit(m, [("ab", "ba")], src_tokenizer=tok, tgt_tokenizer=tok, max_steps=1,
+            precision="half", progress=False)
+
+
+def test_weight_copies_are_made_once_per_version():
+    tok = char_tokenizer()
+    m = tiny_model(tok)
+    w = m.transformer.encoder.layers[0].linear1.weight
+    first = bf16_weight(w)
+    assert bf16_weight(w) is first                       # a second use: the same copy
+    assert np.array_equal(first, fastattn.reference.round_bfloat16(w))
+    sliced = m.transformer.encoder.layers[0].self_attn.in_proj_weight[32:64]
+    assert bf16_weight(sliced) is bf16_weight(sliced)   # slices are cached too
+    w *= 2.0                                              # a write: a new version
+    second = bf16_weight(w)
+    assert second is not first and np.array_equal(second, 2.0 * first)
+    plain = np.asarray(w).copy()
+    assert bf16_weight(plain) is not bf16_weight(plain)  # not a parameter: rounded per call
+
+
+def _learn(precision):
+    """The reversal task of test_learning, 400 held-out pairs, a cosine schedule (its rate
+    decays to 0, so the run settles instead of stopping at an arbitrary point of its
+    oscillations, which would compare noise)."""
+    pairs = reverse_pairs(1900, seed=0)
+    train, test = pairs[:1500], pairs[1500:]
+    tok = WordTokenizer().train([t for p in train for t in p])
+    model = Seq2SeqTransformer(2, 2, 64, 4, tok.vocab_size, tok.vocab_size, 128, 0.0,
+                               pad_id=tok.pad_id, max_len=16, seed=0)
+    history = fit(model, train, src_tokenizer=tok, tgt_tokenizer=tok, max_steps=500,
+                  batch_tokens=512, lr=2e-3, warmup=40, schedule="cosine", progress=False,
+                  seed=0, precision=precision)
+    final = float(np.mean(history.losses[-50:]))
+    exact = Evaluator(test, src_tokenizer=tok, tgt_tokenizer=tok, max_len=16,
+                      exact_sample=None)(model)["valid_exact"]
+    return final, exact
+
+
+@pytest.mark.long
+def test_bf16_learns_as_fp32_does():
+    """The same model, data and budget in both precisions: the final loss (mean of the last 50
+    steps) within 2% and the held-out exact match within 2 points."""
+    loss32, exact32 = _learn("fp32")
+    loss16, exact16 = _learn("bf16")
+    assert exact32 >= 0.9
+    assert abs(loss16 - loss32) <= 0.02 * loss32, (loss16, loss32)
+    assert abs(exact16 - exact32) <= 0.02, (exact16, exact32)
+
+
+def _run(tok, pairs, ckpt, precision, **kw):
+    args = dict(src_tokenizer=tok, tgt_tokenizer=tok, valid_pairs=pairs[:8], max_steps=12,
+                batch_tokens=96, lr=1e-2, warmup=3, eval_every=6, seed=7, progress=False,
+                checkpoint_dir=ckpt, precision=precision)
+    args.update(kw)
+    return fit(tiny_model(tok, dropout=0.1, seed=1), pairs, **args)
+
+
+def _stop_after(k):
+    def callback(record, model):
+        if record["step"] == k:
+            raise StopIteration
+    return callback
+
+
+def test_checkpoints_record_the_precision_and_resume_exactly_in_bf16(tmp_path):
+    tok = char_tokenizer()
+    pairs = [(w, w[::-1]) for w in words(60)]
+    whole = _run(tok, pairs, None, "bf16")
+    fp32 = _run(tok, pairs, None, "fp32")
+    assert whole.losses != fp32.losses
+    first = _run(tok, pairs, tmp_path, "bf16", callbacks=[_stop_after(5)])
+    assert len(first.steps) == 5
+    state = json.loads((tmp_path / "step-00000005" / "state.json").read_text())
+    assert state["fit"]["precision"] == "bf16"
+    resumed = _run(tok, pairs, tmp_path, "bf16", resume=True)
+    assert resumed.losses == whole.losses                  # bit for bit
+    assert untimed(resumed)[-1] == untimed(whole)[-1]
+
+
+def test_a_run_resumes_in_the_other_precision(tmp_path, capsys):
+    """fp32 for 5 steps, then bf16: the first 5 losses are the fp32 run's, the steps after
+    are computed in bf16 (close to, not equal to, the fp32 run's), and the resume says so."""
+    tok = char_tokenizer()
+    pairs = [(w, w[::-1]) for w in words(60)]
+    fp32 = _run(tok, pairs, None, "fp32")
+    _run(tok, pairs, tmp_path, "fp32", callbacks=[_stop_after(5)])
+    mixed = _run(tok, pairs, tmp_path, "bf16", resume=True, progress="json")
+    assert mixed.losses[:5] == fp32.losses[:5]
+    assert mixed.losses[5:] != fp32.losses[5:]
+    assert np.allclose(mixed.losses[5:], fp32.losses[5:], rtol=0.05)
+    assert "settings changed: precision" in capsys.readouterr().err
+
+
+def test_fastattn_train_precision_flag(tmp_path):
+    data = tmp_path / "pairs.tsv"
+    data.write_text("".join(f"{w}\t{w[::-1]}\n" for w in words(60, lo=2, hi=6)))
+    out = tmp_path / "run"
+    args = ["train", str(data), "--out", str(out), "--model", "tiny", "--tokenizer", "char",
+            "--batch-tokens", "128", "--valid", "0.1", "--steps", "3", "--quiet"]
+    assert main(args + ["--precision", "bf16"]) == 0
+    assert json.loads((out / "config.json").read_text())["precision"] == "bf16"
+    assert main(args + ["--steps", "4", "--resume", "--precision", "fp32"]) == 0
+    assert json.loads((out / "config.json").read_text())["precision"] == "fp32"
+    with pytest.raises(SystemExit):
+        main(args + ["--precision", "fp16"])
