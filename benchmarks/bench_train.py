@@ -1,6 +1,7 @@
 """pytest-benchmark: the training cases of ``fastattn bench`` (``TRAIN_CASE_NAMES``): fit() on
 the small preset against the equivalent PyTorch loop, a Transformer-base training step, and the
-working memory of that step, fastattn against torch. Run with
+working memory of that step, fastattn against torch; each in float32 and in bf16 mixed
+precision (the ``_bf16`` cases: torch under autocast bf16). Run with
 
     pytest benchmarks/bench_train.py --benchmark-only
 

@@ -57,7 +57,7 @@ def run_case(benchmark):
             _, mib, _, method = benchmark.pedantic(lambda: bench.peak_memory_growth(fn),
                                                    rounds=MEMORY_ROUNDS, iterations=1)
             benchmark.extra_info.update(peak_rss_growth_mib=mib, method=method,
-                                        matrix_mib=case.matrix_mib)
+                                        matrix_mib=getattr(case, "matrix_mib", None))
             return
         if case.kind == "learning":        # minutes a call: one round, exact match kept
             results = benchmark.pedantic(fn, rounds=1, iterations=1, warmup_rounds=0)
