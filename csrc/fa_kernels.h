@@ -158,9 +158,29 @@ typedef struct {
      * fa_linear_bfloat16_forward, on fa_bfloat16_pack's layout */
     int (*bfloat16_forward)(float *y, const float *x, const uint16_t *wp, const float *bias,
                             int64_t N, int64_t K, int64_t M, int activation, int nthreads);
+    /* bf16 training's products on this path's units (NULL: none): op(B) packed once
+     * (aligned_alloc'd, NULL: out of memory), then any number of products with it */
+    uint32_t *(*bf16_pack_b)(int trans_b, int64_t K, int64_t N, const float *B, int64_t ldb);
+    int (*bf16_gemm_packed)(int trans_a, int64_t M, int64_t N, int64_t K, const float *A,
+                            int64_t lda, const uint32_t *bq, float beta, float *C, int64_t ldc);
 } fa_q8_kernels;
 
 extern const fa_q8_kernels fa_q8_generic, fa_q8_avx2, fa_q8_avx512bw, fa_q8_avx512vnni,
     fa_q8_amx, fa_q8_amx_emulated;
+
+/* The products of bf16 training (linear.c, with its bf16 flag): every value of A and B a bf16
+ * held in a float32, so that any float32 GEMM gives exact products. fa_bf16_b_make packs
+ * op(B) (K, N) once for the AMX tiles when the bfloat16 compute type's path for products of
+ * `rows` rows is amx (or amx-emulated), and returns NULL otherwise (or out of memory: then
+ * BLAS runs them); fa_bf16_b_gemm then gives C (M, N) = beta C + op(A) op(B) (op(A) (M, K),
+ * row stride lda, transposed with trans_a; beta 0 or 1), on the tiles with a packed B,
+ * through BLAS with NULL. */
+typedef struct fa_bf16_b fa_bf16_b;
+fa_bf16_b *fa_bf16_b_make(int trans_b, int64_t rows, int64_t K, int64_t N, const float *B,
+                          int64_t ldb);
+void fa_bf16_b_gemm(const fa_bf16_b *bp, int trans_a, int trans_b, int64_t M, int64_t N,
+                    int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
+                    float beta, float *C, int64_t ldc);
+void fa_bf16_b_free(fa_bf16_b *bp);
 
 #endif /* FA_KERNELS_H */

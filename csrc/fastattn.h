@@ -298,11 +298,14 @@ enum { FA_ACT_NONE = 0, FA_ACT_RELU = 1, FA_ACT_GELU = 2, FA_ACT_GELU_TANH = 3 }
  *   Row blocks start on multiples of 12 rows, so every team size that splits by rows gives the
  *   same bits; a split of the features may round differently in BLAS (OpenBLAS's Haswell
  *   kernels do).
+ *   bf16     1: x and weight hold bf16 values (bf16 training's rounded operands): the products
+ *            go through fa_bf16_gemm_rowmajor (the AMX tiles where the bfloat16 compute type
+ *            runs on them, exact products summed in float32; BLAS otherwise)
  *   Twin: fastattn.reference.linear / linear_forward
  */
 void fa_linear_forward(float *y, float *pre, const float *x, const float *weight,
                        const float *bias, int64_t N, int64_t K, int64_t M, int activation,
-                       int nthreads);
+                       int bf16, int nthreads);
 
 /* fa_linear_forward_t -- the same with the weight given transposed: wt (K, ldt), ldt >= M
  * (columns past M unused), no pre. Always split by row blocks (starting on multiples of 12
@@ -682,11 +685,15 @@ int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const f
 typedef enum {
     FA_BF16_FMA = 0, FA_BF16_AVX512BF16 = 1, FA_BF16_AMX = 2, FA_BF16_AMX_EMULATED = 3
 } fa_bf16_path_t;
-/* -1: the best of fma / avx512bf16; returns -1 if `forced` is unsupported, -2 if it is amx and
- * Linux refused the tile data */
+/* -1: the best path (amx where the CPU has AMX-BF16, its tile permission asked for at the
+ * first product, else the faster of fma / avx512bf16); returns -1 if `forced` is unsupported,
+ * -2 if it is amx and Linux refused the tile data */
 int fa_bfloat16_init(int forced);
 int fa_bfloat16_supports(int path);
 int fa_bfloat16_path(void);
+/* the path a product of N rows runs on: the chosen one, but a default amx hands fewer than 16
+ * rows (a decode step's) to the best vector path */
+int fa_bfloat16_path_rows(int64_t N);
 int fa_bfloat16_cpu_has_avx512bf16(void);   /* CPUID: the CPU has AVX512_BF16 (any level) */
 
 /* fa_bfloat16_pack -- bf16 weight bits (M, K) laid out for fa_linear_bfloat16_forward (every

@@ -19,6 +19,20 @@
  * features are split instead, in slices starting on multiples of COL_ALIGN; up to SKINNY_ROWS
  * rows, the skinny kernel replaces BLAS. */
 
+/* One product by rows, A not transposed: with bp (bf16 training, its B packed once per call
+ * for the bf16 tiles, fa_bf16_b_make) on the tiles, else float32 BLAS. bf16 training's
+ * operands are bf16 values held in float32s, so BLAS gives the same exact products; the
+ * products that split the features (few rows) or transpose A (the weight gradients) run on
+ * BLAS. */
+static void gemm(const fa_bf16_b *bp, int tb, int64_t M, int64_t N, int64_t K, const float *A,
+                 int64_t lda, const float *B, int64_t ldb, float *C, int64_t ldc)
+{
+    if (bp)
+        fa_bf16_b_gemm(bp, 0, tb, M, N, K, A, lda, B, ldb, 0.0f, C, ldc);
+    else
+        fa_sgemm_rowmajor(0, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+}
+
 /* Number of row blocks: about N / ROW_BLOCK, rounded up to a multiple of the team size so that
  * every thread gets the same number of (equal) blocks. */
 static int64_t row_blocks(int64_t N, int nt)
@@ -95,7 +109,7 @@ static float *skinny_rows(const float *x, int64_t N, int64_t K)
 /* fa_linear_forward, with the weight (M, K), or with ldt > 0 its transpose (K, ldt) */
 static void linear_forward(float *y, float *pre, const float *x, const float *weight, int64_t ldt,
                            const float *bias, int64_t N, int64_t K, int64_t M, int activation,
-                           int nthreads)
+                           int bf16, int nthreads)
 {
     if (N <= 0 || M <= 0) return;
     const int nt = fa_team_size(nthreads, 2.0 * (double)N * (double)K * (double)M, 2e6);
@@ -104,6 +118,9 @@ static void linear_forward(float *y, float *pre, const float *x, const float *we
     const int by_rows = ldt > 0 || N >= (int64_t)nt * MIN_ROWS;
     const int64_t nblk = row_blocks(N, nt), per = block_rows(N, nblk);
     float *xp = by_rows ? NULL : skinny_rows(x, N, K);
+    fa_bf16_b *bp = bf16 && by_rows ? fa_bf16_b_make(ldt > 0 ? 0 : 1, per, K, M, weight,
+                                                     ldt > 0 ? ldt : K)
+                                    : NULL;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         if (by_rows) {
@@ -112,8 +129,8 @@ static void linear_forward(float *y, float *pre, const float *x, const float *we
                 const int64_t r0 = blk * per, rows = N - r0 < per ? N - r0 : per;
                 if (rows <= 0) continue;
                 float *p_r = pre ? pre + r0 * M : NULL;
-                fa_sgemm_rowmajor(0, ldt > 0 ? 0 : 1, rows, M, K, 1.0f, x + r0 * K, K, weight,
-                                  ldt > 0 ? ldt : K, 0.0f, p_r ? p_r : y + r0 * M, M);
+                gemm(bp, ldt > 0 ? 0 : 1, rows, M, K, x + r0 * K, K, weight, ldt > 0 ? ldt : K,
+                     p_r ? p_r : y + r0 * M, M);
                 fa_k->bias_act_rows(y + r0 * M, p_r, bias, rows, M, M, activation, r0, 0, NULL);
             }
         } else {
@@ -121,20 +138,21 @@ static void linear_forward(float *y, float *pre, const float *x, const float *we
         }
     }
     free(xp);
+    fa_bf16_b_free(bp);
 }
 
 void fa_linear_forward(float *y, float *pre, const float *x, const float *weight,
                        const float *bias, int64_t N, int64_t K, int64_t M, int activation,
-                       int nthreads)
+                       int bf16, int nthreads)
 {
-    linear_forward(y, pre, x, weight, 0, bias, N, K, M, activation, nthreads);
+    linear_forward(y, pre, x, weight, 0, bias, N, K, M, activation, bf16, nthreads);
 }
 
 void fa_linear_forward_t(float *y, const float *x, const float *wt, int64_t ldt,
                          const float *bias, int64_t N, int64_t K, int64_t M, int activation,
                          int nthreads)
 {
-    linear_forward(y, NULL, x, wt, ldt, bias, N, K, M, activation, nthreads);
+    linear_forward(y, NULL, x, wt, ldt, bias, N, K, M, activation, 0, nthreads);
 }
 
 /* ---- backward helpers ------------------------------------------------------------------------- */
@@ -168,20 +186,25 @@ static void col_sums(float *out, const float *z, int64_t N, int64_t ld, int64_t 
 
 /* This thread's slice of c (M, P) = a^T b (+ c with accumulate): a (R, M) row stride lda,
  * b (R, P) row stride ldb. The larger of M and P is split (fa_split), and each slice is one
- * single-threaded BLAS call. */
+ * single-threaded product: BLAS, or with bf16 (bf16 training's operands) the bf16 tiles where
+ * the CPU has them, this thread's slice of b packed for them. */
 static void gemm_tn_slice(float *c, const float *a, int64_t lda, const float *b, int64_t ldb,
-                          int64_t R, int64_t M, int64_t P, int accumulate)
+                          int64_t R, int64_t M, int64_t P, int accumulate, int bf16)
 {
     const float beta = accumulate ? 1.0f : 0.0f;
     int64_t lo, hi;
     if (M >= P) {
         fa_split(M, COL_ALIGN, &lo, &hi);
-        if (lo < hi)
-            fa_sgemm_rowmajor(1, 0, hi - lo, P, R, 1.0f, a + lo, lda, b, ldb, beta, c + lo * P, P);
+        if (lo >= hi) return;
+        fa_bf16_b *bp = bf16 ? fa_bf16_b_make(0, hi - lo, R, P, b, ldb) : NULL;
+        fa_bf16_b_gemm(bp, 1, 0, hi - lo, P, R, a + lo, lda, b, ldb, beta, c + lo * P, P);
+        fa_bf16_b_free(bp);
     } else {
         fa_split(P, COL_ALIGN, &lo, &hi);
-        if (lo < hi)
-            fa_sgemm_rowmajor(1, 0, M, hi - lo, R, 1.0f, a, lda, b + lo, ldb, beta, c + lo, P);
+        if (lo >= hi) return;
+        fa_bf16_b *bp = bf16 ? fa_bf16_b_make(0, M, R, hi - lo, b + lo, ldb) : NULL;
+        fa_bf16_b_gemm(bp, 1, 0, M, hi - lo, R, a, lda, b + lo, ldb, beta, c + lo, P);
+        fa_bf16_b_free(bp);
     }
 }
 
@@ -213,6 +236,7 @@ void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
                                               + (double)N * (double)M, 2e6);
     const int by_rows = N >= (int64_t)nt * MIN_ROWS;
     const int64_t nblk = row_blocks(N, nt), per = block_rows(N, nblk);
+    fa_bf16_b *bp = bf16 && by_rows && dx ? fa_bf16_b_make(0, per, M, K, weight, K) : NULL;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         /* dz = dy * act'(pre), then dx = dz w */
@@ -227,9 +251,7 @@ void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
                 if (bf16)
                     fa_round_bf16(dz + r0 * M, act != FA_ACT_NONE ? dz + r0 * M : dy + r0 * M,
                                   rows * M);
-                if (dx)
-                    fa_sgemm_rowmajor(0, 0, rows, K, M, 1.0f, g + r0 * M, M, weight, K, 0.0f,
-                                      dx + r0 * K, K);
+                if (dx) gemm(bp, 0, rows, K, M, g + r0 * M, M, weight, K, dx + r0 * K, K);
             }
         } else {
             int64_t lo, hi;
@@ -255,13 +277,14 @@ void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
         }
 #pragma omp barrier
         /* dweight = dz^T x, dbias = column sums of dz: slices of the outputs */
-        if (dweight) gemm_tn_slice(dweight, g, M, x, K, N, M, K, accumulate);
+        if (dweight) gemm_tn_slice(dweight, g, M, x, K, N, M, K, accumulate, bf16);
         if (dbias) {
             int64_t m0, m1;
             fa_split(M, COL_ALIGN, &m0, &m1);
             col_sums(dbias, g, N, M, m0, m1, accumulate);
         }
     }
+    fa_bf16_b_free(bp);
 }
 
 int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const float *b1,
@@ -282,6 +305,8 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
     float *hidden = malloc((size_t)(by_rows ? per * F * nt : (N + 3) / 4 * 4 * F) * sizeof(float));
     if (!hidden) return -1;
     float *xp = by_rows ? NULL : skinny_rows(x, N, C);
+    fa_bf16_b *bp1 = bf16 && by_rows ? fa_bf16_b_make(1, per, C, F, w1, C) : NULL;
+    fa_bf16_b *bp2 = bf16 && by_rows ? fa_bf16_b_make(1, per, F, C, w2, F) : NULL;
     /* skinny: the hidden doubles as the padded input of the second GEMM (pad rows zeroed) */
     if (xp) memset(hidden + N * F, 0, (size_t)(((N + 3) / 4 * 4 - N) * F) * sizeof(float));
 #pragma omp parallel num_threads(nt) if (nt > 1)
@@ -293,11 +318,10 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
                 const int64_t r0 = blk * per, rows = N - r0 < per ? N - r0 : per;
                 if (rows <= 0) continue;
                 float *p_r = pre ? pre + r0 * F : NULL;
-                fa_sgemm_rowmajor(0, 1, rows, F, C, 1.0f, x + r0 * C, C, w1, C, 0.0f,
-                                  p_r ? p_r : h, F);
+                gemm(bp1, 1, rows, F, C, x + r0 * C, C, w1, C, p_r ? p_r : h, F);
                 fa_k->bias_act_rows(h, p_r, b1, rows, F, F, activation, r0, 0, &drop);
                 if (bf16) fa_round_bf16(h, h, rows * F);
-                fa_sgemm_rowmajor(0, 1, rows, C, F, 1.0f, h, F, w2, F, 0.0f, y + r0 * C, C);
+                gemm(bp2, 1, rows, C, F, h, F, w2, F, y + r0 * C, C);
                 fa_k->bias_act_rows(y + r0 * C, NULL, b2, rows, C, C, FA_ACT_NONE, r0, 0, NULL);
             }
         } else {
@@ -315,6 +339,8 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
     }
     free(xp);
     free(hidden);
+    fa_bf16_b_free(bp1);
+    fa_bf16_b_free(bp2);
     return 0;
 }
 
@@ -342,6 +368,8 @@ void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
     const int nt = fa_team_size(nthreads, 8.0 * (double)N * (double)C * (double)F, 2e6);
     const int by_rows = N >= (int64_t)nt * MIN_ROWS;
     const int64_t nblk = row_blocks(N, nt), per = block_rows(N, nblk);
+    fa_bf16_b *bp2 = bf16 && by_rows ? fa_bf16_b_make(0, per, C, F, w2, F) : NULL;
+    fa_bf16_b *bp1 = bf16 && by_rows && dx ? fa_bf16_b_make(0, per, F, C, w1, C) : NULL;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         /* dh = dy w2 (into h); then h = drop(act(pre)) and dpre = dh * drop' * act'(pre) in one
@@ -352,16 +380,14 @@ void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
                 const int64_t r0 = blk * per, rows = N - r0 < per ? N - r0 : per;
                 if (rows <= 0) continue;
                 float *h_r = h + r0 * F, *d_r = dpre + r0 * F;
-                fa_sgemm_rowmajor(0, 0, rows, F, C, 1.0f, dy + r0 * C, C, w2, F, 0.0f, h_r, F);
+                gemm(bp2, 0, rows, F, C, dy + r0 * C, C, w2, F, h_r, F);
                 fa_k->grad_act_rows(d_r, h_r, h_r, pre + r0 * F, rows, F, F, activation, r0, 0,
                                     &drop);
                 if (bf16) {
                     fa_round_bf16(h_r, h_r, rows * F);
                     fa_round_bf16(d_r, d_r, rows * F);
                 }
-                if (dx)
-                    fa_sgemm_rowmajor(0, 0, rows, C, F, 1.0f, d_r, F, w1, C, 0.0f, dx + r0 * C,
-                                      C);
+                if (dx) gemm(bp1, 0, rows, C, F, d_r, F, w1, C, dx + r0 * C, C);
             }
         } else {
             int64_t lo, hi;                                 /* few rows: feature slices */
@@ -385,8 +411,8 @@ void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
         }
 #pragma omp barrier
         /* parameter gradients: slices of the outputs */
-        if (dw2) gemm_tn_slice(dw2, dy, C, h, F, N, C, F, accumulate);     /* dy^T h */
-        if (dw1) gemm_tn_slice(dw1, dpre, F, x, C, N, F, C, accumulate);   /* dpre^T x */
+        if (dw2) gemm_tn_slice(dw2, dy, C, h, F, N, C, F, accumulate, bf16);    /* dy^T h */
+        if (dw1) gemm_tn_slice(dw1, dpre, F, x, C, N, F, C, accumulate, bf16);  /* dpre^T x */
         int64_t lo, hi;
         if (db2) {
             fa_split(C, COL_ALIGN, &lo, &hi);
@@ -397,6 +423,8 @@ void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
             col_sums(db1, dpre, N, F, lo, hi, accumulate);
         }
     }
+    fa_bf16_b_free(bp1);
+    fa_bf16_b_free(bp2);
 }
 
 int64_t fa_packed_size(int64_t M, int64_t K)

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "fa_blas.h"
 #include "fa_kernels.h"
 #include "fa_tiles.h"
 
@@ -474,20 +475,109 @@ static int dp_beats_fma(void)
     return dp < 0.9 * fma;
 }
 
+/* The default path when the tiles are wanted but Linux refuses them (bfc_path) */
+static fa_bf16_path_t g_bfc_fallback = FA_BF16_FMA;
+/* Below this many rows a default amx hands the product to the vector path (g_bfc_fallback):
+ * a tile holds 16 rows, and a decode step's few rows leave most of it empty, where the vector
+ * paths' few-row kernels stream the weight at the memory's speed. A forced amx runs every
+ * size on the tiles. */
+#define BFC_AMX_MIN_ROWS 16
+static int g_bfc_forced = 0;
+static int g_bfc_pending = 0; /* 1: amx chosen by default, the tile permission not asked yet */
+
+/* The bfloat16 kernels' path, resolved: a default amx asks Linux for the tile data at the
+ * first bf16 product (not at import: once granted, the kernel refuses any later sigaltstack
+ * too small for the tile state, so a process that never multiplies in bf16 is not changed),
+ * and falls back to the best vector path if refused. Concurrent first calls may both ask;
+ * the request is idempotent. */
+static fa_bf16_path_t bfc_path(void)
+{
+    if (__atomic_load_n(&g_bfc_pending, __ATOMIC_ACQUIRE)) {
+        if (!amx_permitted() && !amx_request())
+            __atomic_store_n(&g_bfc, g_bfc_fallback, __ATOMIC_RELAXED);
+        __atomic_store_n(&g_bfc_pending, 0, __ATOMIC_RELEASE);
+    }
+    return __atomic_load_n(&g_bfc, __ATOMIC_RELAXED);
+}
+
 int fa_bfloat16_init(int forced)
 {
+    g_bfc_pending = 0;
+    g_bfc_forced = forced >= 0;
     if (forced >= 0) {
         if (!fa_bfloat16_supports(forced)) return -1;
         if (forced == FA_BF16_AMX && !amx_permitted() && !amx_request()) return -2;
         g_bfc = (fa_bf16_path_t)forced;
         return 0;
     }
-    g_bfc = fa_bfloat16_supports(FA_BF16_AVX512BF16) && dp_beats_fma() ? FA_BF16_AVX512BF16
-                                                                        : FA_BF16_FMA;
+    g_bfc_fallback = fa_bfloat16_supports(FA_BF16_AVX512BF16) && dp_beats_fma()
+                         ? FA_BF16_AVX512BF16
+                         : FA_BF16_FMA;
+    g_bfc = g_bfc_fallback;
+    /* the tiles where the CPU has them: several times either vector path on many rows, and
+     * ahead of the vector paths' few-row kernels on a decode step's rows as well */
+    if (fa_bfloat16_supports(FA_BF16_AMX)) {
+        g_bfc = FA_BF16_AMX;
+        g_bfc_pending = 1;
+    }
     return 0;
 }
 
-int fa_bfloat16_path(void) { return g_bfc; }
+int fa_bfloat16_path(void) { return bfc_path(); }
+
+int fa_bfloat16_path_rows(int64_t N)
+{
+    const fa_bf16_path_t path = bfc_path();
+    return path == FA_BF16_AMX && !g_bfc_forced && N < BFC_AMX_MIN_ROWS ? g_bfc_fallback : path;
+}
+
+struct fa_bf16_b {
+    const fa_q8_kernels *q8; /* the tiles' path (real or emulated) */
+    uint32_t *bq;
+};
+
+fa_bf16_b *fa_bf16_b_make(int trans_b, int64_t rows, int64_t K, int64_t N, const float *B,
+                          int64_t ldb)
+{
+    if (rows <= 0 || K <= 0 || N <= 0) return NULL;
+    const fa_q8_kernels *q8 = NULL;
+    const fa_bf16_path_t path = (fa_bf16_path_t)fa_bfloat16_path_rows(rows);
+#if defined(FA_HAVE_V4)
+    if (path == FA_BF16_AMX_EMULATED) q8 = &fa_q8_amx_emulated;
+#endif
+#if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX)
+    if (path == FA_BF16_AMX) q8 = &fa_q8_amx;
+#endif
+    if (!q8 || !q8->bf16_pack_b) return NULL;
+    fa_bf16_b *bp = malloc(sizeof *bp);
+    if (!bp) return NULL;
+    bp->q8 = q8;
+    bp->bq = q8->bf16_pack_b(trans_b, K, N, B, ldb);
+    if (!bp->bq) {
+        free(bp);
+        return NULL;
+    }
+    return bp;
+}
+
+void fa_bf16_b_gemm(const fa_bf16_b *bp, int trans_a, int trans_b, int64_t M, int64_t N,
+                    int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
+                    float beta, float *C, int64_t ldc)
+{
+    /* (a transposed A is gathered with int32 offsets of up to 31 lda per call) */
+    const int fits = !trans_a || 32 * lda < (int64_t)1 << 30;
+    if (bp && M > 0 && fits &&
+        bp->q8->bf16_gemm_packed(trans_a, M, N, K, A, lda, bp->bq, beta, C, ldc) == 0)
+        return;
+    fa_sgemm_rowmajor(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
+
+void fa_bf16_b_free(fa_bf16_b *bp)
+{
+    if (!bp) return;
+    free(bp->bq);
+    free(bp);
+}
 
 static inline uint16_t bfc_round(uint16_t bits)          /* a bf16 weight, as bfr would */
 {
@@ -556,15 +646,16 @@ int fa_linear_bfloat16_forward(float *y, const float *x, const uint16_t *wp, con
         empty_product(y, bias, N, M, activation, isa);
         return 0;
     }
+    const fa_bf16_path_t path = (fa_bf16_path_t)fa_bfloat16_path_rows(N);
 #if defined(FA_HAVE_V4)
-    if (g_bfc == FA_BF16_AMX_EMULATED)
+    if (path == FA_BF16_AMX_EMULATED)
         return fa_q8_amx_emulated.bfloat16_forward(y, x, wp, bias, N, K, M, activation, nthreads);
 #endif
 #if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX)
-    if (g_bfc == FA_BF16_AMX)
+    if (path == FA_BF16_AMX)
         return fa_q8_amx.bfloat16_forward(y, x, wp, bias, N, K, M, activation, nthreads);
 #endif
-    const int dp = g_bfc == FA_BF16_AVX512BF16;
+    const int dp = path == FA_BF16_AVX512BF16;
     const int64_t Kp = round_up(K, 2), P = (M + BFC_NP - 1) / BFC_NP;
     const int64_t esize = dp ? 2 : 4;                   /* bytes per rounded element */
     const uint32_t *w32 = (const uint32_t *)wp;

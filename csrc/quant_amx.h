@@ -376,7 +376,152 @@ static int bfloat16_forward_amx(float *y, const float *x, const uint16_t *wp, co
     return 0;
 }
 
+/* ---- bf16 training's products on the tiles (fa_bf16_gemm_rowmajor, quant.c) ----------------
+ * C (M, N) = beta C + A op(B), row-major, every value of A and B a bf16 held in a float32 (the
+ * rounded operands of bf16 training: the low 16 bits are zero, the bf16 is the top half): the
+ * products exact, float32 sums in TDPBF16PS's order per block of 16 pairs of k (as
+ * bfc_rows_amx). A (M, K) row stride lda; op(B) (K, N): B[k ldb + n], or with tb B[n ldb + k].
+ * beta 0 or 1. One thread (the caller's OpenMP block); the packed operands are allocated per
+ * call:
+ *   bq  op(B) in panels of 32 columns and pairs of k: word bq[p][kk][c] holds B(2kk, 32p + c)
+ *       in its low half, B(2kk + 1, 32p + c) in its high half; zero past K and N
+ *   aq  32 rows of A, pairs along k: aq[r][kk] likewise; zero past K and M
+ * (Kh pairs per row: K / 2 rounded up to whole tiles of 16 pairs.)
+ * Tiles: 0-3 C (rows 0-15 / 16-31 x columns 0-15 / 16-31), 4, 5 A (the two row halves), 6, 7 B
+ * (the two column halves): four TDPBF16PS per four tile loads. */
+
+/* 32 floats at x (k < n of them; zero past) -> 16 words of bf16 pairs (the top halves) */
+static __m512i amx_pairs32(const float *x, int64_t n)
+{
+    const __mmask16 m0 = n >= 16 ? 0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1u);
+    const __mmask16 m1 = n >= 32 ? 0xffff : n <= 16 ? 0 : (__mmask16)((1u << (n - 16)) - 1u);
+    const __m512i v0 = _mm512_srli_epi32(_mm512_maskz_loadu_epi32(m0, x), 16);
+    const __m512i v1 = _mm512_srli_epi32(_mm512_maskz_loadu_epi32(m1, x + 16), 16);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(v0)),
+                              _mm512_cvtepi32_epi16(v1), 1);
+}
+
+/* op(B) (K, N) packed as bq above (aligned_alloc'd; NULL: out of memory) */
+static uint32_t *bf16_pack_b_amx(int tb, int64_t K, int64_t N, const float *B, int64_t ldb)
+{
+    const int64_t Kh = (K + 31) / 32 * 16, P = (N + 31) / 32;
+    uint32_t *bq = aligned_alloc(64, (size_t)(P * Kh * 32 * 4));
+    if (!bq) return NULL;
+    if (!tb) { /* rows 2kk and 2kk + 1 of B merged 16 columns at a time */
+        memset(bq, 0, (size_t)(P * Kh * 32 * 4));
+        const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+        for (int64_t kk = 0; 2 * kk < K; kk++) {
+            const float *r0 = B + 2 * kk * ldb, *r1 = 2 * kk + 1 < K ? r0 + ldb : NULL;
+            for (int64_t n0 = 0; n0 < N; n0 += 16) {
+                const __mmask16 m = N - n0 >= 16 ? 0xffff : (__mmask16)((1u << (N - n0)) - 1u);
+                const __m512i v0 = _mm512_maskz_loadu_epi32(m, r0 + n0);
+                const __m512i v1 = r1 ? _mm512_maskz_loadu_epi32(m, r1 + n0)
+                                      : _mm512_setzero_si512();
+                const __m512i w =
+                    _mm512_or_si512(_mm512_and_si512(v1, hi), _mm512_srli_epi32(v0, 16));
+                _mm512_mask_storeu_epi32(bq + ((n0 / 32) * Kh + kk) * 32 + n0 % 32, m, w);
+            }
+        }
+    } else { /* row n of B holds column n of op(B): its pairs scattered down the panel */
+        if (N % 32) memset(bq + (P - 1) * Kh * 32, 0, (size_t)(Kh * 32 * 4));
+        const __m512i idx = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(32));
+        for (int64_t n = 0; n < N; n++) {
+            uint32_t *col = bq + (n / 32) * Kh * 32 + n % 32;
+            for (int64_t k0 = 0; k0 < 2 * Kh; k0 += 32)
+                _mm512_i32scatter_epi32(col + (k0 / 2) * 32, idx,
+                                        amx_pairs32(B + n * ldb + k0, K - k0), 4);
+        }
+    }
+    return bq;
+}
+
+/* 32 floats of column m (k < n of them; zero past): x[k lda], gathered -> 16 words of bf16
+ * pairs, as amx_pairs32 (the caller keeps 31 lda within int32 range) */
+static __m512i amx_pairs32_strided(const float *x, int64_t lda, int64_t n)
+{
+    const __mmask16 m0 = n >= 16 ? 0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1u);
+    const __mmask16 m1 = n >= 32 ? 0xffff : n <= 16 ? 0 : (__mmask16)((1u << (n - 16)) - 1u);
+    const __m512i idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32((int)lda));
+    const __m512i v0 = _mm512_srli_epi32(
+        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m0, idx, x, 4), 16);
+    const __m512i v1 = _mm512_srli_epi32(
+        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m1, idx, x + 16 * lda, 4), 16);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(v0)),
+                              _mm512_cvtepi32_epi16(v1), 1);
+}
+
+/* C (M, N) = beta C + op(A) op(B), op(B) packed by bf16_pack_b_amx, op(A) (M, K): A[m lda + k]
+ * or, with ta, A[k lda + m] (gathered down its columns); 0, or -1: out of memory */
+static int bf16_gemm_packed_amx(int ta, int64_t M, int64_t N, int64_t K, const float *A,
+                                int64_t lda, const uint32_t *bq, float beta, float *C,
+                                int64_t ldc)
+{
+    const int64_t Kh = (K + 31) / 32 * 16, P = (N + 31) / 32, nkb = Kh / 16;
+    uint32_t *aq = aligned_alloc(64, (size_t)(32 * Kh * 4));
+    if (!aq) return -1;
+    amx_tilecfg_t cfg;
+    amx_config(&cfg);
+    AMX_CONFIG(&cfg);
+    float c[32][32] __attribute__((aligned(64)));
+    for (int64_t m0 = 0; m0 < M; m0 += 32) {
+        const int64_t mr = M - m0 < 32 ? M - m0 : 32;
+        for (int64_t r = 0; r < 32; r++) {
+            uint32_t *a_r = aq + r * Kh;
+            if (r < mr && ta) {
+                for (int64_t k0 = 0; k0 < 2 * Kh; k0 += 32)
+                    _mm512_store_si512((void *)(a_r + k0 / 2),
+                                       amx_pairs32_strided(A + (k0 < K ? k0 : 0) * lda + m0 + r,
+                                                           lda, K - k0));
+            } else if (r < mr) {
+                for (int64_t k0 = 0; k0 < 2 * Kh; k0 += 32)
+                    _mm512_store_si512((void *)(a_r + k0 / 2),
+                                       amx_pairs32(A + (m0 + r) * lda + k0, K - k0));
+            } else {
+                memset(a_r, 0, (size_t)(Kh * 4));
+            }
+        }
+        for (int64_t p = 0; p < P; p++) {
+            const uint32_t *b_p = bq + p * Kh * 32;
+            AMX_ZERO(0);
+            AMX_ZERO(1);
+            AMX_ZERO(2);
+            AMX_ZERO(3);
+            for (int64_t kb = 0; kb < nkb; kb++) {
+                AMX_LOAD(4, aq + kb * 16, Kh * 4);
+                AMX_LOAD(5, aq + 16 * Kh + kb * 16, Kh * 4);
+                AMX_LOAD(6, b_p + kb * 16 * 32, 128);
+                AMX_LOAD(7, b_p + kb * 16 * 32 + 16, 128);
+                AMX_DPBF16PS(0, 4, 6);
+                AMX_DPBF16PS(1, 4, 7);
+                AMX_DPBF16PS(2, 5, 6);
+                AMX_DPBF16PS(3, 5, 7);
+            }
+            AMX_STORE(0, &c[0][0], 128);
+            AMX_STORE(1, &c[0][16], 128);
+            AMX_STORE(2, &c[16][0], 128);
+            AMX_STORE(3, &c[16][16], 128);
+            const int64_t n0 = p * 32, nc = N - n0 < 32 ? N - n0 : 32;
+            for (int64_t r = 0; r < mr; r++) {
+                float *c_r = C + (m0 + r) * ldc + n0;
+                if (beta != 0.0f)
+                    for (int64_t j = 0; j < nc; j++) c_r[j] += c[r][j];
+                else
+                    memcpy(c_r, c[r], (size_t)nc * sizeof(float));
+            }
+        }
+    }
+    AMX_RELEASE();
+    free(aq);
+    return 0;
+}
+
 const fa_q8_kernels AMX_KERNELS = {.np = AMX_NP, .g = AMX_G, .mr = AMX_MR,
                                    .isa = &fa_kernels_avx512, .fmt = Q8_FMT_HILO,
                                    .panel = q8_panel_amx, .bf16_forward = bf16_forward_amx,
-                                   .bfloat16_forward = bfloat16_forward_amx};
+                                   .bfloat16_forward = bfloat16_forward_amx,
+                                   .bf16_pack_b = bf16_pack_b_amx,
+                                   .bf16_gemm_packed = bf16_gemm_packed_amx};

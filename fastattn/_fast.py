@@ -20,10 +20,11 @@ from ._runtime import get_num_threads, tiles
 from .quant import QuantizedWeight
 
 
-def linear_into(y, x, weight, bias, act, pre=None):
+def linear_into(y, x, weight, bias, act, pre=None, bf16=False):
     """y (N, M) = act(x (N, K) @ weight (M, K).T + bias); act is an FA_ACT code. pre (N, M), if
-    given, receives x @ weight.T + bias (training, with an activation)."""
-    _kernels.linear_forward(y, pre, x, weight, bias, act, get_num_threads())
+    given, receives x @ weight.T + bias (training, with an activation). bf16: x and weight hold
+    bf16 values (bf16 training's rounded operands)."""
+    _kernels.linear_forward(y, pre, x, weight, bias, act, get_num_threads(), bool(bf16))
     return y
 
 

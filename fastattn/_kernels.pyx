@@ -76,7 +76,7 @@ cdef extern from "fastattn.h" nogil:
                                int64_t N, int64_t C, int accumulate, int nthreads)
     void fa_linear_forward(float *y, float *pre, const float *x, const float *weight,
                            const float *bias, int64_t N, int64_t K, int64_t M, int activation,
-                           int nthreads)
+                           int bf16, int nthreads)
     void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
                             const float *dy, const float *pre, const float *x,
                             const float *weight, int64_t N, int64_t K, int64_t M,
@@ -123,6 +123,7 @@ cdef extern from "fastattn.h" nogil:
     int fa_bfloat16_init(int forced)
     int fa_bfloat16_supports(int path)
     int fa_bfloat16_path()
+    int fa_bfloat16_path_rows(int64_t N)
     int fa_bfloat16_cpu_has_avx512bf16()
     int64_t fa_bfloat16_packed_size(int64_t M, int64_t K)
     void fa_bfloat16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nthreads)
@@ -465,8 +466,9 @@ def layer_norm_backward(float[:, ::1] dx, float[::1] dweight, float[::1] dbias,
 
 def linear_forward(float[:, ::1] y not None, float[:, ::1] pre, const float[:, ::1] x not None,
                    const float[:, ::1] weight not None,
-                   const float[::1] bias, int activation, int nthreads):
-    """y (N, M), pre (N, M) or None, x (N, K), weight (M, K), bias (M) or None."""
+                   const float[::1] bias, int activation, int nthreads, bint bf16=False):
+    """y (N, M), pre (N, M) or None, x (N, K), weight (M, K), bias (M) or None. bf16: x and
+    weight hold bf16 values (bf16 training): the product may run on the bf16 tiles."""
     cdef float *yp = _p2(y)
     cdef float *pp = _p2(pre)
     cdef const float *xp = _cp2(x)
@@ -474,7 +476,7 @@ def linear_forward(float[:, ::1] y not None, float[:, ::1] pre, const float[:, :
     cdef const float *bp = _cp1(bias)
     with nogil:
         fa_linear_forward(yp, pp, xp, wp, bp, x.shape[0], x.shape[1], weight.shape[0],
-                          activation, nthreads)
+                          activation, bf16, nthreads)
 
 
 def linear_backward(float[:, ::1] dx, float[:, ::1] dweight, float[::1] dbias,
@@ -866,6 +868,10 @@ def bfloat16_supports(int path):
 
 def bfloat16_path():
     return fa_bfloat16_path()
+
+
+def bfloat16_path_rows(int64_t N):
+    return fa_bfloat16_path_rows(N)
 
 
 def bfloat16_cpu_has_avx512bf16():

@@ -35,8 +35,9 @@ INT8_PATHS = ("generic", "avx2", "avx512bw", "avx512vnni", "amx", "amx-emulated"
 ATTENTION_BF16_PATHS = ("fma", "avx512bf16", "avx512bf16-decode")
 # index = fa_bf16_path_t (fastattn.h): the bfloat16 compute type's kernels, FMA tiles on rounded
 # inputs (any level) or vdpbf16ps (AVX-512 level on a CPU with AVX512_BF16; the default there
-# when faster), or, only when forced, the AMX tiles (another summation order,
-# reference._linear_bfloat16(order="amx")) and their emulation (tests)
+# when faster), or the AMX tiles (the default on a CPU with AMX-BF16 where Linux grants them,
+# for 16 rows or more; another summation order, reference._linear_bfloat16(order="amx")) and
+# their emulation (tests)
 BF16_PATHS = ("fma", "avx512bf16", "amx", "amx-emulated")
 _state = {"threads": 1}
 
@@ -245,6 +246,8 @@ def build_info():
         "bf16_dot_products": {"avx512_bf16": bool(_kernels.bfloat16_cpu_has_avx512bf16()),
                               "amx_bf16": bool(_kernels.amx_status() & 2)},
         "bf16_path": BF16_PATHS[_kernels.bfloat16_path()],  # FASTATTN_BF16_PATH
+        # a decode step's rows (fewer than 16): a default amx hands them to a vector path
+        "bf16_path_few_rows": BF16_PATHS[_kernels.bfloat16_path_rows(1)],
         "bf16_paths_available": available_bf16_paths(),
         "amx": amx_info(),
         "quant_tiles": quant_tiles(),                      # of the int8 path in use

@@ -262,14 +262,15 @@ def linear_forward(x, weight, bias=None, *, activation=None, compute_type="float
     the GEMM's epilogue) when there is an activation. compute_type="bfloat16": x and weight
     rounded to bf16 first (bf16 training). See reference.linear_forward."""
     x, weight, bias, act, N, M, K = _check_linear(x, weight, bias, activation)
-    if _checks.compute_type(compute_type, "linear_forward"):
+    bf16 = _checks.compute_type(compute_type, "linear_forward")
+    if bf16:
         x, weight = _fast.round_bf16(x), _fast.round_bf16(weight)
     if not (N and M and K):  # nothing to multiply: the twin is exact
         return reference.linear_forward(x, weight, bias, activation=activation)
     y = np.empty(x.shape[:-1] + (M,), np.float32)
     pre = None if act == 0 else np.empty((N, M), np.float32)
     _kernels.linear_forward(y.reshape(N, M), pre, x.reshape(N, K), weight, bias, act,
-                            get_num_threads())
+                            get_num_threads(), bf16)
     return y, {"pre": pre}
 
 

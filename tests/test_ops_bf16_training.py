@@ -19,8 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import fastattn
 from fastattn import ops, reference
-from conftest import child_isa_tests
+from conftest import child_isa_tests, run_checks
 
 BF16 = dict(compute_type="bfloat16")
 BF16_TWIN = 1e-4
@@ -51,7 +52,8 @@ def check_pair(got, twin, fp32, bound=BF16_TWIN, names=()):
 
 
 @pytest.mark.parametrize("activation", [None, "relu", "gelu"])
-@pytest.mark.parametrize("shape", [(37, 29, 23), (1, 64, 48), (300, 65, 130), (5, 1, 7)])
+@pytest.mark.parametrize("shape", [(37, 29, 23), (1, 64, 48), (300, 65, 130), (5, 1, 7),
+                                   (50, 33, 47), (16, 64, 32), (97, 130, 65)])
 def test_linear_bf16_against_twin_and_fp32(rng, activation, shape):
     N, K, M = shape
     x, w, b = rand(rng, (N, K)), rand(rng, (M, K)), rand(rng, M)
@@ -83,7 +85,7 @@ def test_linear_bf16_rounds_at_the_stated_points(rng):
 
 
 @pytest.mark.parametrize("dropout_p", [0.0, 0.3])
-@pytest.mark.parametrize("shape", [(37, 24, 40), (3, 16, 33), (200, 48, 96)])
+@pytest.mark.parametrize("shape", [(37, 24, 40), (3, 16, 33), (200, 48, 96), (300, 33, 70)])
 def test_ffn_bf16_against_twin_and_fp32(rng, dropout_p, shape):
     N, C, F = shape
     x = rand(rng, (N, C))
@@ -93,7 +95,9 @@ def test_ffn_bf16_against_twin_and_fp32(rng, dropout_p, shape):
     twin, tc = reference.ffn_forward(x, w1, b1, w2, b2, **kw, **BF16)
     fp32, _ = reference.ffn_forward(x, w1, b1, w2, b2, **kw)
     check_pair([got], [twin], [fp32], names=["y"])
-    assert np.array_equal(gc["pre"], ops.linear_forward(x, w1, b1, **BF16)[0])  # pre unrounded
+    pre = ops.linear_forward(x, w1, b1, **BF16)[0]       # the same product (another order)
+    assert np.allclose(gc["pre"], pre, rtol=1e-5, atol=1e-5 * np.abs(pre).max())
+    assert not np.array_equal(gc["pre"], reference.round_bfloat16(gc["pre"]))   # kept float32
     dy = rand(rng, got.shape)
     g = ops.ffn_backward(dy, x, w1, b1, w2, b2, gc["pre"], **kw, **BF16)
     t = reference.ffn_backward(dy, x, w1, b1, w2, b2, tc["pre"], **kw, **BF16)
@@ -173,7 +177,9 @@ def isa_checks():
     """Run in a child under each SIMD level (FASTATTN_CPU_ISA) and with fewer OpenMP threads."""
     rng = np.random.default_rng(1)
     test_linear_bf16_against_twin_and_fp32(rng, "relu", (300, 65, 130))
+    test_linear_bf16_against_twin_and_fp32(rng, None, (50, 33, 47))
     test_ffn_bf16_against_twin_and_fp32(rng, 0.3, (200, 48, 96))
+    test_ffn_bf16_against_twin_and_fp32(rng, 0.0, (300, 33, 70))
     for causal in (False, True):
         test_attention_bf16_training_against_twin_and_fp32(rng, causal, 0.2,
                                                            (1, 2, 150, 150, 64, 64))
@@ -181,3 +187,13 @@ def isa_checks():
 
 test_every_simd_level, test_correct_when_openmp_starts_fewer_threads = \
     child_isa_tests("test_ops_bf16_training")
+
+
+@pytest.mark.parametrize("path", ["fma", "avx512bf16", "amx", "amx-emulated"])
+def test_every_bf16_path(path):
+    """The products of 16 rows or more run on the bfloat16 compute type's path: the AMX tiles
+    (real, or emulated in C on any AVX-512 CPU) or BLAS on the rounded operands."""
+    info = fastattn.build_info()
+    if path not in info["bf16_paths_available"]:
+        pytest.skip(f"the {path} path is not available here ({info['bf16_paths_available']})")
+    run_checks("test_ops_bf16_training", env={"FASTATTN_BF16_PATH": path})

@@ -20,7 +20,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fastattn
-from fastattn import ops, reference
+from fastattn import _kernels, ops, reference
+from fastattn._runtime import BF16_PATHS
 from conftest import run_checks
 from strategies import features, rand, seeds
 
@@ -31,9 +32,10 @@ PATHS = fastattn.build_info()["bf16_paths_available"]
 
 
 def twin(x, qw, b=None, activation=None):
-    """The twin in the order of the path in use: the AMX paths sum per block of 16 pairs
-    (reference._linear_bfloat16's order="amx"), every other path as reference.linear."""
-    if fastattn.build_info()["bf16_path"].startswith("amx"):
+    """The twin in the order of the path in use for x's rows: the AMX paths sum per block of 16
+    pairs (reference._linear_bfloat16's order="amx"), every other path as reference.linear."""
+    rows = int(np.prod(np.shape(x)[:-1]))
+    if BF16_PATHS[_kernels.bfloat16_path_rows(rows)].startswith("amx"):
         return reference._linear_bfloat16(x, qw, b, activation, order="amx")
     return reference.linear(x, qw, b, activation=activation)
 
@@ -223,12 +225,17 @@ def test_every_path(isa, path):
 
 
 def test_default_path_and_forcing_errors():
-    """Unforced, the faster of fma and avx512bf16 (timed once at import: both give the same
-    bits), never amx; an unknown or unavailable path is refused at import."""
+    """Unforced: amx where the CPU has AMX-BF16 and Linux grants the tiles (decode-sized
+    products, under 16 rows, on a vector path), else the faster of fma and avx512bf16 (timed
+    once at import: both give the same bits); an unknown or unavailable path is refused at
+    import."""
     info = fastattn.build_info()
     assert info["bf16_path"] in PATHS
     if "FASTATTN_BF16_PATH" not in os.environ:
-        assert info["bf16_path"] in ("fma", "avx512bf16")
+        amx = info["amx"]
+        want_amx = bool(amx["bf16"] and amx["os_enabled"])
+        assert (info["bf16_path"] == "amx") == want_amx
+        assert info["bf16_path_few_rows"] in ("fma", "avx512bf16")
     assert ("avx512bf16" in PATHS) == (info["simd"] == "avx512" and
                                        info["bf16_dot_products"]["avx512_bf16"])
     cases = [({"FASTATTN_BF16_PATH": "sse9"}, "expected one of fma, avx512bf16"),

@@ -367,7 +367,7 @@ class FastBf16Ops(FastOps):
     @staticmethod
     def linear_train(x, weight, bias, activation, y, pre):
         return _fast.linear_into(y, _fast.round_bf16(x), bf16_weight(weight), bias,
-                                 ACTIVATIONS[activation], pre if activation else None)
+                                 ACTIVATIONS[activation], pre if activation else None, bf16=True)
 
     @staticmethod
     def linear_backward(dy, x, weight, pre, activation, dw, db, dx):
