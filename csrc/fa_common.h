@@ -56,34 +56,6 @@ FA_INLINE void fa_split(int64_t n, int64_t align, int64_t *lo, int64_t *hi)
     *hi = *lo + per < n ? *lo + per : n;
 }
 
-/* ---- bf16 rounding (the bf16 compute type's operand rounding, as vcvtneps2bf16) ------------
- * dst[i] = x[i] rounded to bfloat16 and widened back to float32: nearest even; a zero or
- * subnormal to a zero of its sign; NaN a quiet NaN; past the largest bf16, +-inf. Branch-free
- * so the compiler vectorizes the loop. dst may be src.
- *   scalar math:  b = bits(x);  NaN: (b | 0x400000) & 0xffff0000;  |x| < 2^-126: b & sign;
- *                 else (b + 0x7fff + bit 16 of b) & 0xffff0000 */
-FA_INLINE void fa_round_bf16(float *dst, const float *src, int64_t n)
-{
-    const uint32_t *s = (const uint32_t *)src;
-    uint32_t *d = (uint32_t *)dst;
-    for (int64_t i = 0; i < n; i++) {
-        const uint32_t b = s[i], mag = b & 0x7fffffffu;
-        const uint32_t nan = 0u - (uint32_t)(mag > 0x7f800000u);
-        const uint32_t sub = 0u - (uint32_t)(mag < 0x00800000u);
-        const uint32_t r = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
-        const uint32_t q = (b | 0x00400000u) & 0xffff0000u;
-        d[i] = (r & ~(nan | sub)) | (q & nan) | (b & 0x80000000u & sub);
-    }
-}
-
-/* rows [0, n) of dst (row stride ld) = src rounded (fa_round_bf16), columns [c0, c1) */
-FA_INLINE void fa_round_bf16_cols(float *dst, const float *src, int64_t n, int64_t ld, int64_t c0,
-                                  int64_t c1)
-{
-    for (int64_t r = 0; r < n; r++)
-        if (c1 > c0) fa_round_bf16(dst + r * ld + c0, src + r * ld + c0, c1 - c0);
-}
-
 /* ---- ISA levels (user names: generic / avx2 / avx512; FA_ISA_LEVEL in fa_tiles.h). -------- */
 typedef enum { FA_ISA_GENERIC = 0, FA_ISA_AVX2 = 1, FA_ISA_AVX512 = 2 } fa_isa_t;
 

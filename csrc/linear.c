@@ -19,6 +19,13 @@
  * features are split instead, in slices starting on multiples of COL_ALIGN; up to SKINNY_ROWS
  * rows, the skinny kernel replaces BLAS. */
 
+/* dst[i] = src[i] rounded to bf16, as float32 values (the bfloat16 compute type's rounding:
+ * fa_round_bfloat16), for i < n; dst may be src */
+static void round_bf16(float *dst, const float *src, int64_t n)
+{
+    if (n > 0) fa_k->bfc_round_row(dst, src, n, n, 1);
+}
+
 /* One product by rows, A not transposed: with bp (bf16 training, its B packed once per call
  * for the bf16 tiles, fa_bf16_b_make) on the tiles, else float32 BLAS. bf16 training's
  * operands are bf16 values held in float32s, so BLAS gives the same exact products; the
@@ -249,7 +256,7 @@ void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
                     fa_k->grad_act_rows(dz + r0 * M, NULL, dy + r0 * M, pre + r0 * M, rows, M, M,
                                         act, r0, 0, NULL);
                 if (bf16)
-                    fa_round_bf16(dz + r0 * M, act != FA_ACT_NONE ? dz + r0 * M : dy + r0 * M,
+                    round_bf16(dz + r0 * M, act != FA_ACT_NONE ? dz + r0 * M : dy + r0 * M,
                                   rows * M);
                 if (dx) gemm(bp, 0, rows, K, M, g + r0 * M, M, weight, K, dx + r0 * K, K);
             }
@@ -264,7 +271,7 @@ void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
             if (bf16) {
                 fa_split(N, 1, &lo, &hi);
                 if (lo < hi)
-                    fa_round_bf16(dz + lo * M, act != FA_ACT_NONE ? dz + lo * M : dy + lo * M,
+                    round_bf16(dz + lo * M, act != FA_ACT_NONE ? dz + lo * M : dy + lo * M,
                                   (hi - lo) * M);
             }
 #pragma omp barrier
@@ -320,7 +327,7 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
                 float *p_r = pre ? pre + r0 * F : NULL;
                 gemm(bp1, 1, rows, F, C, x + r0 * C, C, w1, C, p_r ? p_r : h, F);
                 fa_k->bias_act_rows(h, p_r, b1, rows, F, F, activation, r0, 0, &drop);
-                if (bf16) fa_round_bf16(h, h, rows * F);
+                if (bf16) round_bf16(h, h, rows * F);
                 gemm(bp2, 1, rows, C, F, h, F, w2, F, y + r0 * C, C);
                 fa_k->bias_act_rows(y + r0 * C, NULL, b2, rows, C, C, FA_ACT_NONE, r0, 0, NULL);
             }
@@ -331,7 +338,7 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
 #pragma omp barrier
                 int64_t lo, hi;
                 fa_split(N, 1, &lo, &hi);
-                if (lo < hi) fa_round_bf16(hidden + lo * F, hidden + lo * F, (hi - lo) * F);
+                if (lo < hi) round_bf16(hidden + lo * F, hidden + lo * F, (hi - lo) * F);
             }
 #pragma omp barrier
             linear_cols(y, NULL, hidden, xp ? hidden : NULL, w2, b2, N, F, C, FA_ACT_NONE, NULL);
@@ -384,8 +391,8 @@ void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
                 fa_k->grad_act_rows(d_r, h_r, h_r, pre + r0 * F, rows, F, F, activation, r0, 0,
                                     &drop);
                 if (bf16) {
-                    fa_round_bf16(h_r, h_r, rows * F);
-                    fa_round_bf16(d_r, d_r, rows * F);
+                    round_bf16(h_r, h_r, rows * F);
+                    round_bf16(d_r, d_r, rows * F);
                 }
                 if (dx) gemm(bp1, 0, rows, C, F, d_r, F, w1, C, dx + r0 * C, C);
             }
@@ -397,8 +404,10 @@ void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
                 fa_k->grad_act_rows(dpre + lo, h + lo, h + lo, pre + lo, N, hi - lo, F, activation,
                                     0, lo, &drop);
                 if (bf16) {
-                    fa_round_bf16_cols(h, h, N, F, lo, hi);
-                    fa_round_bf16_cols(dpre, dpre, N, F, lo, hi);
+                    for (int64_t n = 0; n < N; n++) {
+                        round_bf16(h + n * F + lo, h + n * F + lo, hi - lo);
+                        round_bf16(dpre + n * F + lo, dpre + n * F + lo, hi - lo);
+                    }
                 }
             }
 #pragma omp barrier

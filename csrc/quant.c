@@ -343,7 +343,7 @@ void fa_round_bfloat16(float *dst, const float *src, int64_t n, int nthreads)
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t c = 0; c < nchunks; c++) {
         const int64_t lo = c * chunk, len = n - lo < chunk ? n - lo : chunk;
-        fa_round_bf16(dst + lo, src + lo, len);
+        fa_k->bfc_round_row(dst + lo, src + lo, len, len, 1);
     }
 }
 
@@ -564,9 +564,7 @@ void fa_bf16_b_gemm(const fa_bf16_b *bp, int trans_a, int trans_b, int64_t M, in
                     int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
                     float beta, float *C, int64_t ldc)
 {
-    /* (a transposed A is gathered with int32 offsets of up to 31 lda per call) */
-    const int fits = !trans_a || 32 * lda < (int64_t)1 << 30;
-    if (bp && M > 0 && fits &&
+    if (bp && M > 0 &&
         bp->q8->bf16_gemm_packed(trans_a, M, N, K, A, lda, bp->bq, beta, C, ldc) == 0)
         return;
     fa_sgemm_rowmajor(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);

@@ -437,25 +437,60 @@ static uint32_t *bf16_pack_b_amx(int tb, int64_t K, int64_t N, const float *B, i
     return bq;
 }
 
-/* 32 floats of column m (k < n of them; zero past): x[k lda], gathered -> 16 words of bf16
- * pairs, as amx_pairs32 (the caller keeps 31 lda within int32 range) */
-static __m512i amx_pairs32_strided(const float *x, int64_t lda, int64_t n)
+/* r[i][j] = r[j][i]: a 16 x 16 transpose of 32-bit words in registers */
+static void amx_transpose16(__m512i r[16])
 {
-    const __mmask16 m0 = n >= 16 ? 0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1u);
-    const __mmask16 m1 = n >= 32 ? 0xffff : n <= 16 ? 0 : (__mmask16)((1u << (n - 16)) - 1u);
-    const __m512i idx = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32((int)lda));
-    const __m512i v0 = _mm512_srli_epi32(
-        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m0, idx, x, 4), 16);
-    const __m512i v1 = _mm512_srli_epi32(
-        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m1, idx, x + 16 * lda, 4), 16);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(v0)),
-                              _mm512_cvtepi32_epi16(v1), 1);
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 16; i += 8)
+        for (int j = 0; j < 4; j++) {
+            t[i + j] = _mm512_shuffle_i32x4(u[i + j], u[i + j + 4], 0x88);
+            t[i + j + 4] = _mm512_shuffle_i32x4(u[i + j], u[i + j + 4], 0xdd);
+        }
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
+    }
+}
+
+/* Rows m0 .. m0 + 31 of op(A) = A^T (op(A)[m][k] = A[k lda + m]; M, K its sizes) in pairs of k:
+ * aq[r][kk] as bf16_gemm_packed_amx packs them, zero past M and K. Per 16 rows and 16 pairs:
+ * rows 2kk and 2kk + 1 of A merged into words (as bf16_pack_b_amx), then transposed. */
+static void amx_pack_at(uint32_t *aq, int64_t Kh, const float *A, int64_t lda, int64_t m0,
+                        int64_t M, int64_t K)
+{
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    for (int half = 0; half < 2; half++) {
+        const int64_t ms = m0 + 16 * half, nm = M - ms < 16 ? (M - ms > 0 ? M - ms : 0) : 16;
+        const __mmask16 mk = (__mmask16)((1u << nm) - 1u);
+        for (int64_t kk0 = 0; kk0 < Kh; kk0 += 16) {
+            __m512i r[16];
+            for (int j = 0; j < 16; j++) {
+                const int64_t k = 2 * (kk0 + j);
+                const __m512i v0 = k < K ? _mm512_maskz_loadu_epi32(mk, A + k * lda + ms)
+                                         : _mm512_setzero_si512();
+                const __m512i v1 = k + 1 < K ? _mm512_maskz_loadu_epi32(mk, A + (k + 1) * lda + ms)
+                                             : _mm512_setzero_si512();
+                r[j] = _mm512_or_si512(_mm512_and_si512(v1, hi), _mm512_srli_epi32(v0, 16));
+            }
+            amx_transpose16(r);
+            for (int i = 0; i < 16; i++)
+                _mm512_store_si512((void *)(aq + (16 * half + i) * Kh + kk0), r[i]);
+        }
+    }
 }
 
 /* C (M, N) = beta C + op(A) op(B), op(B) packed by bf16_pack_b_amx, op(A) (M, K): A[m lda + k]
- * or, with ta, A[k lda + m] (gathered down its columns); 0, or -1: out of memory */
+ * or, with ta, A[k lda + m] (amx_pack_at); 0, or -1: out of memory */
 static int bf16_gemm_packed_amx(int ta, int64_t M, int64_t N, int64_t K, const float *A,
                                 int64_t lda, const uint32_t *bq, float beta, float *C,
                                 int64_t ldc)
@@ -469,14 +504,10 @@ static int bf16_gemm_packed_amx(int ta, int64_t M, int64_t N, int64_t K, const f
     float c[32][32] __attribute__((aligned(64)));
     for (int64_t m0 = 0; m0 < M; m0 += 32) {
         const int64_t mr = M - m0 < 32 ? M - m0 : 32;
-        for (int64_t r = 0; r < 32; r++) {
+        if (ta) amx_pack_at(aq, Kh, A, lda, m0, M, K);
+        for (int64_t r = 0; r < 32 && !ta; r++) {
             uint32_t *a_r = aq + r * Kh;
-            if (r < mr && ta) {
-                for (int64_t k0 = 0; k0 < 2 * Kh; k0 += 32)
-                    _mm512_store_si512((void *)(a_r + k0 / 2),
-                                       amx_pairs32_strided(A + (k0 < K ? k0 : 0) * lda + m0 + r,
-                                                           lda, K - k0));
-            } else if (r < mr) {
+            if (r < mr) {
                 for (int64_t k0 = 0; k0 < 2 * Kh; k0 += 32)
                     _mm512_store_si512((void *)(a_r + k0 / 2),
                                        amx_pairs32(A + (m0 + r) * lda + k0, K - k0));

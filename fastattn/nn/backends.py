@@ -10,6 +10,7 @@ Arrays reaching these ops are already validated by the module boundary: float32,
 consistent, attention operands with a contiguous last axis.
 """
 import math
+import threading
 import weakref
 
 import numpy as np
@@ -366,25 +367,25 @@ class FastBf16Ops(FastOps):
 
     @staticmethod
     def linear_train(x, weight, bias, activation, y, pre):
-        return _fast.linear_into(y, _fast.round_bf16(x), bf16_weight(weight), bias,
+        return _fast.linear_into(y, rounded(x, "x"), bf16_weight(weight), bias,
                                  ACTIVATIONS[activation], pre if activation else None, bf16=True)
 
     @staticmethod
     def linear_backward(dy, x, weight, pre, activation, dw, db, dx):
-        _fast.linear_backward_into(dx, dw, db, dy, _fast.round_bf16(x), bf16_weight(weight),
+        _fast.linear_backward_into(dx, dw, db, dy, rounded(x, "x"), bf16_weight(weight),
                                    pre, ACTIVATIONS[activation], True,
                                    dz=pre if activation else None, bf16=True)
         return dx
 
     @staticmethod
     def ffn_train(x, w1, b1, w2, b2, activation, p, seed, y, pre):
-        return _fast.ffn_forward_into(y, pre, _fast.round_bf16(x), bf16_weight(w1), b1,
+        return _fast.ffn_forward_into(y, pre, rounded(x, "x"), bf16_weight(w1), b1,
                                       bf16_weight(w2), b2, ACTIVATIONS[activation], p, seed,
                                       bf16=True)
 
     @staticmethod
     def ffn_backward(dy, x, w1, b1, w2, b2, pre, activation, p, seed, grads, dx, h):
-        _fast.ffn_backward_into(dx, *grads, _fast.round_bf16(dy), _fast.round_bf16(x),
+        _fast.ffn_backward_into(dx, *grads, rounded(dy, "dy"), rounded(x, "x"),
                                 bf16_weight(w1), bf16_weight(w2), pre, ACTIVATIONS[activation],
                                 p, seed, True, h=h, dpre=pre, bf16=True)
         return dx
@@ -398,7 +399,8 @@ class FastBf16Ops(FastOps):
     @staticmethod
     def attention_backward(dout, q, k, v, out, lse, mask, p, seed, dq, dk, dv):
         bias, scale = _attention_bias(q, k, mask)
-        q, k, v, dout = (_fast.round_bf16(t) for t in (q, k, v, dout))
+        q, k, v, dout = (rounded(t, slot) for t, slot in ((q, "q"), (k, "k"), (v, "v"),
+                                                          (dout, "dy")))
         _fast.attention_backward_into(dq, dk, dv, dout, out, lse.reshape(-1), q, k, v, bias,
                                       mask.key_bias, mask.causal, scale, p, seed, bf16=True)
         return dq, dk, dv
@@ -415,6 +417,22 @@ class ReferenceBf16Ops(ReferenceOps):
 # weight -> its bf16-rounded copy, remade when the weight's version moves (an optimizer step,
 # an edit): keyed by the parameter's write counter (shared by its slices) and the slice
 _BF16_COPIES = weakref.WeakKeyDictionary()
+
+
+_SCRATCH = threading.local()     # this thread's buffers for rounded activations, by slot
+
+
+def rounded(x, slot):
+    """x rounded to bf16 (as float32 values) into this thread's scratch buffer `slot`, reused
+    from call to call: the result is valid until the next call with that slot on this thread
+    (an op rounds what it multiplies, uses it and returns)."""
+    bufs = getattr(_SCRATCH, "bufs", None)
+    if bufs is None:
+        bufs = _SCRATCH.bufs = {}
+    buf = bufs.get(slot)
+    if buf is None or buf.size < x.size:
+        buf = bufs[slot] = np.empty(x.size, np.float32)
+    return _fast.round_bf16(x, buf[:x.size].reshape(x.shape))
 
 
 def bf16_weight(w):
