@@ -328,9 +328,10 @@ void fa_linear_forward_t(float *y, const float *x, const float *wt, int64_t ldt,
  *   accumulate  0: dweight, dbias are overwritten; 1: added to (BLAS beta = 1), as the model's
  *               layers accumulate parameter gradients across calls
  *   bf16     1: bf16 mixed-precision training: dz (required, (N, M)) = dy * act'(pre), or dy,
- *            rounded to bf16 (fa_round_bf16) before both products and the bias sums (as
- *            torch's bf16 gradient tensors); the caller passes x and weight already rounded, so
- *            every product is of two bf16 values (exact in float32), summed in float32
+ *            rounded to bf16 (fa_round_bfloat16's rule) before both products and the bias
+ *            sums (as torch's bf16 gradient tensors); the caller passes x and weight already
+ *            rounded, so every product is of two bf16 values (exact in float32), summed in
+ *            float32, on the AMX tiles where the bfloat16 compute type runs on them
  *   act'(pre): relu [pre > 0] (a select: dz = 0 where pre <= 0 or NaN); gelu Phi + pre * phi
  *   (exact), 0 * inf terms taken as 0 at +-inf.
  *   Threads: dz and dx by row blocks (few rows: dz by rows, then dx by slices of K); after a
@@ -359,8 +360,9 @@ void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
  *   dropout_p  in [0, 1): hidden element (n, f) is kept iff fa_rng_keep(fa_rng_row_key(seed,
  *              n), f, fa_rng_threshold(dropout_p)) and then scaled by 1 / (1 - dropout_p);
  *              0 = no dropout (seed unused, nothing computed for it)
- *   bf16       1: the hidden drop(act(pre)) is rounded to bf16 (fa_round_bf16) before the second
- *              product; the caller passes x, w1 and w2 already rounded (bf16 training)
+ *   bf16       1: the hidden drop(act(pre)) is rounded to bf16 (fa_round_bfloat16's rule)
+ *              before the second product; the caller passes x, w1 and w2 already rounded (bf16
+ *              training; the products as in fa_linear_backward)
  *   Many rows: the hidden (N, F) never exists whole; each thread owns one (<= 512, F) block and
  *   runs both GEMMs and epilogues on it. Few rows (N < 128 per thread): the small (N, F) hidden
  *   is split by features across threads, then the second GEMM by output features.
@@ -385,8 +387,9 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
  *   w1    (F, C)  in     w2 (C, F)  in
  *   dropout_p, seed   as in the forward: the mask is regenerated, never stored
  *   accumulate  0: dw1, db1, dw2, db2 are overwritten; 1: added to
- *   bf16  1: the recomputed h and dpre are rounded to bf16 (fa_round_bf16) before the products
- *         and sums that read them; the caller passes dy, x, w1 and w2 already rounded
+ *   bf16  1: the recomputed h and dpre are rounded to bf16 (fa_round_bfloat16's rule) before
+ *         the products and sums that read them; the caller passes dy, x, w1 and w2 already
+ *         rounded
  *   Four GEMMs (8 N C F flops). Threads: dh, h, dpre and dx by row blocks (few rows: by feature
  *   slices, a barrier, dx by slices of C); after a barrier, dw2 and dw1 by slices of their
  *   larger dimension, db1 and db2 by feature slices (column sums as in fa_linear_backward:
@@ -642,8 +645,9 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const flo
 
 /* fa_to_bfloat16 -- bits[i] = bf16(x[i]) (the rounding above).   bits, x  (n) */
 void fa_to_bfloat16(uint16_t *bits, const float *x, int64_t n, int nthreads);
-/* fa_round_bfloat16 -- dst[i] = x[i] rounded to bf16 as vcvtneps2bf16 (fa_round_bf16: subnormals
- * to +-0), widened back to float32; dst may be src. The bf16 training's operand rounding.
+/* fa_round_bfloat16 -- dst[i] = x[i] rounded to bf16 as vcvtneps2bf16 (nearest even; subnormals
+ * to +-0; NaN stays NaN), widened back to float32; dst may be src. The bf16 training's operand
+ * rounding.
  *   dst, src  (n) */
 void fa_round_bfloat16(float *dst, const float *src, int64_t n, int nthreads);
 

@@ -514,8 +514,8 @@ int fa_bfloat16_init(int forced)
                          ? FA_BF16_AVX512BF16
                          : FA_BF16_FMA;
     g_bfc = g_bfc_fallback;
-    /* the tiles where the CPU has them: several times either vector path on many rows, and
-     * ahead of the vector paths' few-row kernels on a decode step's rows as well */
+    /* the tiles where the CPU has them: several times either vector path on many rows (fewer
+     * than BFC_AMX_MIN_ROWS rows stay on the vector path) */
     if (fa_bfloat16_supports(FA_BF16_AMX)) {
         g_bfc = FA_BF16_AMX;
         g_bfc_pending = 1;
