@@ -19,9 +19,12 @@ Generation cases (``generate_*``) run Transformer-base Seq2SeqTransformer.genera
 (the same work every run): ``fastattn`` is the fast backend (KV cache), ``torch`` the translation
 tutorial's loop on nn.Transformer holding the same weights (encode once, re-run the decoder on the
 whole prefix each step) searched by fastattn.generate's own greedy and beam loops, ``numpy`` the
-reference backend (the same decode steps with the NumPy twin's ops; greedy only). Their calls take
-seconds, so each implementation gets a few timed calls (``Case.repeats``), torch's and numpy's
-single one being the checking call itself; outputs are token ids, which must agree exactly, and the
+reference backend (the same decode steps with the NumPy twin's ops; greedy only); in the bfloat16
+greedy cases ``torch`` is that model converted with ``.to(torch.bfloat16)`` decoding with a
+key/value cache of its own (``TorchCachedDecoder``: as many timed calls as fastattn's, its tokens
+reported, not required to match). Their calls take seconds, so each implementation gets a few
+timed calls (``Case.repeats``), the uncached torch loop's and numpy's single one being the
+checking call itself; outputs are token ids, which must agree exactly, and the
 notes give tokens/s (B * new tokens / median). The ``decode_step`` case derives the time of one
 decode step (generate minus its prefill, the model's ``init_cache``: encoder and cross-attention
 K/V projections, over the new tokens) and the bandwidth of the decoder's and generator's weight
@@ -38,7 +41,8 @@ from .runner import (DEFAULT_NUMPY_REPEAT, DEFAULT_REPEAT, QUICK_NUMPY_REPEAT, Q
                      decode_probes, run)
 from .targets import TARGETS, check_targets, format_targets
 from .timing import memory_copy, peak_memory_growth, same_threads, settle
-from .torch_models import TorchDecoder, torch_generate, torch_seq2seq, torch_version
+from .torch_models import (TorchCachedDecoder, TorchDecoder, torch_generate, torch_seq2seq,
+                           torch_version)
 
 __all__ = [
     "CASES", "DEFAULT_CASES", "OP_CASES", "MODEL_CASES", "IMPLEMENTATIONS", "TARGETS", "BASE",
@@ -47,4 +51,5 @@ __all__ = [
     "format_targets", "describe_environment", "cpu_model", "result_filename", "torch_version", "peak_memory_growth",
     "memory_copy", "same_threads", "settle", "decode_metrics", "decode_probes",
     "decoder_weight_bytes", "seq2seq_model", "torch_seq2seq", "torch_generate", "TorchDecoder",
+    "TorchCachedDecoder",
 ]

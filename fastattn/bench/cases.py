@@ -5,7 +5,9 @@
   the model on the reference backend;
 - ``torch``: the equivalent ``torch.nn.functional`` ops on ``torch.from_numpy`` tensors, or the
   torch twins of torch_models, under ``torch.inference_mode()`` with
-  ``torch.set_num_threads(fastattn.get_num_threads())``.
+  ``torch.set_num_threads(fastattn.get_num_threads())`` (the bfloat16 compute type's rows:
+  torch's model converted with ``.to(torch.bfloat16)``; its greedy generation with a KV cache
+  of its own).
 
 Op cases (OP_CASES): attention (causal, full, and the memory of a long causal call), layer norm
 with the residual add, the FFN (relu, and the tanh GELU: ffn_gelu_tanh), and the sgemm
@@ -437,6 +439,13 @@ def _torch_seq2seq_base():
     return torch_seq2seq(seq2seq_model("fast"))
 
 
+@functools.lru_cache(maxsize=None)
+def _torch_seq2seq_base_bf16():
+    """_torch_seq2seq_base's weights in a model converted with .to(torch.bfloat16)."""
+    torch = require_torch()
+    return torch_seq2seq(seq2seq_model("fast")).to(torch.bfloat16)
+
+
 def _source_ids(B):
     def build(rng):
         return {"src": rng.integers(4, GEN["vocab"], size=(B, GEN["src_len"]))}
@@ -452,9 +461,16 @@ def _generate_case(name, B, method, compute_type="float32"):
     CTranslate2 holding the same weights (ct2_models; when installed).
 
     Quantized weights (compute_type int8 / bf16): fastattn against CTranslate2's own int8
-    quantization of the same float32 weights (CPU CTranslate2 has no bf16); torch and the
-    reference backend only run float32. CTranslate2's int8 rounds differently, so its tokens
-    are reported, not required to match."""
+    quantization of the same float32 weights (CPU CTranslate2 has no bf16); torch (but for the
+    bfloat16 greedy rows, below) and the reference backend only run float32. CTranslate2's int8 rounds differently, so its tokens
+    are reported, not required to match.
+
+    The bfloat16 compute type, greedy: the torch column is torch's model in bf16
+    (model.to(torch.bfloat16), the same weights) decoding with a key/value cache of its own
+    (torch_models.TorchCachedDecoder: encoder and cross-attention keys and values once, one
+    position per step), the peer of fastattn's cached decoding; its tokens come from another
+    rounding, so they are reported, not required to match. Its calls take seconds, as
+    fastattn's: as many timed calls, after an untimed checking call."""
     n, k = GEN["new_tokens"], GEN["beam_size"]
     kw = dict(max_new_tokens=n, start_id=GEN["start_id"])
     if method == "beam":
@@ -467,26 +483,38 @@ def _generate_case(name, B, method, compute_type="float32"):
     def torch_body(F, t):
         return functools.partial(torch_generate, _torch_seq2seq_base(), t["src"], **kw)
 
+    def torch_bf16_body(F, t):
+        return functools.partial(torch_generate, _torch_seq2seq_base_bf16(), t["src"],
+                                 kv_cache=True, **kw)
+
     def ct2_impl(i):
         from .ct2_models import ct2_generate, ct2_translator
         translator = ct2_translator(seq2seq_model("fast"), ct2_type)
         return functools.partial(ct2_generate, translator, i["src"], **kw)
 
     impls = {"fastattn": impl("fast")}
+    repeats, timed_first = GEN_REPEATS, ("torch", "numpy")
+    exact = None if compute_type == "float32" else ("fastattn", "numpy", "torch")
     if compute_type == "float32":
         impls["torch"] = _torch_impl(torch_body)
         if method == "greedy":
             impls["numpy"] = impl("reference")
+    elif compute_type == "bfloat16" and method == "greedy":
+        # the peer: torch's model in bf16 with its own KV cache (same weights and sources)
+        impls["torch"] = _torch_impl(torch_bf16_body)
+        repeats = dict(GEN_REPEATS, torch=GEN_REPEATS["fastattn"])
+        timed_first, exact = ("numpy",), ("fastattn", "numpy")
     ct2_type = {"float32": "float32", "int8": "int8"}.get(compute_type)
     if ct2_type is not None:
         impls["ctranslate2"] = ct2_impl
     what = "greedy" if method == "greedy" else f"beam {k}"
     weights = "" if compute_type == "float32" else f", {compute_type} weights"
+    if "torch" in impls and compute_type == "bfloat16":
+        weights += " (torch: model.to(torch.bfloat16), KV cache)"
     return Case(name, f"Transformer-base generate {what} B={B} S={GEN['src_len']} +{n} tokens "
-                      f"V={GEN['vocab']}{weights}", _source_ids(B), impls, repeats=GEN_REPEATS,
-                warm=False, timed_first=("torch", "numpy"), tokens=B * n,
-                numpy_label="reference backend",
-                exact=None if compute_type == "float32" else ("fastattn", "numpy", "torch"))
+                      f"V={GEN['vocab']}{weights}", _source_ids(B), impls, repeats=repeats,
+                warm=False, timed_first=timed_first, tokens=B * n,
+                numpy_label="reference backend", exact=exact)
 
 
 def decoder_weight_bytes(model):

@@ -132,8 +132,8 @@ def _compare_tokens(row, outs, exact=None):
             f"{i} {n} of {len(want)} rows" for i, n in bad.items()))
     other = {i: n for i, n in differ.items() if exact is not None and i not in exact}
     if other:
-        row["notes"].append(f"tokens differing from {ref}'s (another quantization, not "
-                            "required to match): " + ", ".join(
+        row["notes"].append(f"tokens differing from {ref}'s (another quantization or "
+                            "rounding, not required to match): " + ", ".join(
                                 f"{i} {n} of {len(want)} rows" for i, n in other.items()))
 
 
