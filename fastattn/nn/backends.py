@@ -20,7 +20,6 @@ from ..ops import ACTIVATIONS
 from .parameter import Parameter
 
 BACKENDS = ("fast", "reference")
-PRECISIONS = ("fp32", "bf16")
 _PRECISION_NAMES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16"}
 
 
@@ -374,7 +373,7 @@ class FastBf16Ops(FastOps):
     def linear_backward(dy, x, weight, pre, activation, dw, db, dx):
         _fast.linear_backward_into(dx, dw, db, dy, rounded(x, "x"), bf16_weight(weight),
                                    pre, ACTIVATIONS[activation], True,
-                                   dz=pre if activation else None, bf16=True)
+                                   dz=pre if activation else scratch(dy.shape, "dz"), bf16=True)
         return dx
 
     @staticmethod
@@ -422,17 +421,23 @@ _BF16_COPIES = weakref.WeakKeyDictionary()
 _SCRATCH = threading.local()     # this thread's buffers for rounded activations, by slot
 
 
-def rounded(x, slot):
-    """x rounded to bf16 (as float32 values) into this thread's scratch buffer `slot`, reused
-    from call to call: the result is valid until the next call with that slot on this thread
-    (an op rounds what it multiplies, uses it and returns)."""
+def scratch(shape, slot):
+    """A float32 array of `shape` in this thread's scratch buffer `slot`, reused from call to
+    call: valid until the next call with that slot on this thread (an op fills it, uses it and
+    returns)."""
     bufs = getattr(_SCRATCH, "bufs", None)
     if bufs is None:
         bufs = _SCRATCH.bufs = {}
+    n = math.prod(shape)
     buf = bufs.get(slot)
-    if buf is None or buf.size < x.size:
-        buf = bufs[slot] = np.empty(x.size, np.float32)
-    return _fast.round_bf16(x, buf[:x.size].reshape(x.shape))
+    if buf is None or buf.size < n:
+        buf = bufs[slot] = np.empty(n, np.float32)
+    return buf[:n].reshape(shape)
+
+
+def rounded(x, slot):
+    """x rounded to bf16 (as float32 values) into this thread's scratch buffer `slot`."""
+    return _fast.round_bf16(x, scratch(x.shape, slot))
 
 
 def bf16_weight(w):
