@@ -283,112 +283,38 @@ static int bf16_forward_amx(float *y, const float *x, const uint16_t *wp, const 
     return 0;
 }
 
-/* ---- the bfloat16 compute type on the tiles (fastattn.h; FASTATTN_BF16_PATH=amx) ------------
- * One bf16 term per input (the operands rounded as every bfloat16 path rounds them), one
- * TDPBF16PS per 16 pairs of k. Its order (the SDM's, checked on the instruction): for each
- * block of 16 pairs, the even elements' products summed in one float32 sum and the odd ones'
- * in another, both from zero, then c = fl(c + fl(s_even + s_odd)):
- *   scalar math:  acc = 0;  for each block b:  acc = fl(acc + fl(s_even(b) + s_odd(b)))
- * (reference._linear_bfloat16 with order="amx" computes it so; subnormal products and sums
- * flush to zero, as on the vdpbf16ps path).
- *   weights  fa_bfloat16_pack's panels ([p][kk][64] pairs) read in place: a B tile is 16 pair
- *            rows of 16 features (row stride 256 bytes); the last block of a panel, if short,
- *            from a zero-padded copy
- *   inputs   per 16-row tile, the rows' bf16 bits, K padded with zeros to 32 k (Kh16 pairs)
- * Tiles: 0-3  C of features 0-15 .. 48-63;  4  A (16 rows x 16 pairs);  5  B. */
-static void bfc_rows_amx(float *y, const float *x, int64_t r0, int64_t r1, const uint32_t *wp,
-                         uint16_t *h, int64_t K, int64_t Kh, int64_t M)
-{
-    const int64_t Kh16 = (Kh + 15) / 16 * 16, nkb = Kh16 / 16, P = (M + BFC_NP - 1) / BFC_NP;
-    const int64_t lda = 4 * Kh16;                        /* bytes per row of h */
-    uint32_t tail[16][BFC_NP] __attribute__((aligned(64)));
-    float c[AMX_MR][BFC_NP] __attribute__((aligned(64)));
-    amx_tilecfg_t cfg;
-    amx_config(&cfg);
-    AMX_CONFIG(&cfg);
-    for (int64_t t0 = r0; t0 < r1; t0 += AMX_MR) {
-        const int64_t mr = r1 - t0 < AMX_MR ? r1 - t0 : AMX_MR;
-        for (int64_t r = 0; r < AMX_MR; r++) {
-            if (r < mr)
-                fa_kernels_avx512.bfc_round_row(h + r * 2 * Kh16, x + (t0 + r) * K, K, 2 * Kh16,
-                                                0);
-            else
-                memset(h + r * 2 * Kh16, 0, (size_t)lda);
-        }
-        for (int64_t p = 0; p < P; p++) {
-            const uint32_t *w_p = wp + p * BFC_NP * Kh;
-            AMX_ZERO(0);
-            AMX_ZERO(1);
-            AMX_ZERO(2);
-            AMX_ZERO(3);
-            for (int64_t kb = 0; kb < nkb; kb++) {
-                const uint32_t *b_k = w_p + kb * 16 * BFC_NP;
-                if ((kb + 1) * 16 > Kh) {                 /* a short last block: zero-padded */
-                    memset(tail, 0, sizeof tail);
-                    memcpy(tail, b_k, (size_t)((Kh - kb * 16) * BFC_NP) * 4);
-                    b_k = &tail[0][0];
-                }
-                AMX_LOAD(4, (const uint8_t *)h + 64 * kb, lda);
-                AMX_LOAD(5, b_k, 4 * BFC_NP);
-                AMX_DPBF16PS(0, 4, 5);
-                AMX_LOAD(5, b_k + 16, 4 * BFC_NP);
-                AMX_DPBF16PS(1, 4, 5);
-                AMX_LOAD(5, b_k + 32, 4 * BFC_NP);
-                AMX_DPBF16PS(2, 4, 5);
-                AMX_LOAD(5, b_k + 48, 4 * BFC_NP);
-                AMX_DPBF16PS(3, 4, 5);
-            }
-            AMX_STORE(0, &c[0][0], 4 * BFC_NP);
-            AMX_STORE(1, &c[0][16], 4 * BFC_NP);
-            AMX_STORE(2, &c[0][32], 4 * BFC_NP);
-            AMX_STORE(3, &c[0][48], 4 * BFC_NP);
-            const int64_t m0 = p * BFC_NP, nf = M - m0 < BFC_NP ? M - m0 : BFC_NP;
-            for (int64_t r = 0; r < mr; r++)
-                memcpy(y + (t0 + r) * M + m0, c[r], (size_t)nf * sizeof(float));
-        }
-    }
-    AMX_RELEASE();
-}
+/* ---- the bf16 tile GEMM: the bfloat16 compute type and bf16 training share it --------------
+ * C (rows, N) = C0 + A B, A's values rounded to bf16 (or already bf16), B packed in pairs of k.
+ * One bf16 term per input, one TDPBF16PS per 16 pairs of k. Its order (the SDM's, checked on
+ * the instruction): for each block of 16 pairs, the even elements' products summed in one
+ * float32 sum and the odd ones' in another, both from zero, then c = fl(c + fl(s_even + s_odd)):
+ *   scalar math:  acc = C0;  for each block b in order:  acc = fl(acc + fl(s_even(b) + s_odd(b)))
+ * with C0 = 0 for the bfloat16 compute type (reference._linear_bfloat16 with order="amx"
+ * computes it so); subnormal products and sums flush to zero, as on the vdpbf16ps path. Where
+ * K is cut into chunks, each chunk's sums are stored and loaded back exactly: the order above
+ * holds whatever the chunking.
+ *   B     panels of `pw` (32 or 64) columns: pair row kk of panel p at b + p pstride + kk ldb
+ *         bytes (ldb = 4 pw), its word c holding B(2kk, pw p + c) in the low half and
+ *         B(2kk + 1, pw p + c) in the high half; kh pair rows per panel, a short last block of
+ *         16 read from a zero-padded copy, columns past N multiplied but not stored
+ *   A     per chunk of AMX_RB rows and AMX_KB blocks of 16 pairs: the rows' bf16 pairs, zero
+ *         past K and past the rows, packed once per chunk and met by every panel
+ * Blocking: 2 x 2 tiles of C (32 rows x 32 columns) per pass over the K chunk: tiles 0-3 C,
+ * 4, 5 A (rows 0-15, 16-31), 6, 7 B (columns 0-15, 16-31): four TDPBF16PS per four loads
+ * (amx_tiles_run). Measured against panels outside the rows (B in L1, A from L2) and against
+ * 16 x 64 tiles (one A, four B loads per four products): this order was the fastest of the
+ * three, and a K chunk of 16 blocks as fast as 8. */
+#define AMX_RB 256 /* rows per chunk of A (packed once per K chunk: 256 KB) */
+#define AMX_KB 16  /* blocks of 16 pairs (32 k) per chunk of K (a 32-row group's A: 32 KB) */
 
-/* Any number of rows (fa_q8_kernels.bfloat16_forward): 16-row tiles split over the threads,
- * each thread's rows finished by the epilogue (bias, activation). */
-static int bfloat16_forward_amx(float *y, const float *x, const uint16_t *wp, const float *bias,
-                                int64_t N, int64_t K, int64_t M, int activation, int nthreads)
-{
-    const int64_t Kh = (K + 1) / 2, Kh16 = (Kh + 15) / 16 * 16;
-    const int64_t ntile = (N + AMX_MR - 1) / AMX_MR, hsize = AMX_MR * 2 * Kh16;
-    const int nt = fa_team_size(nthreads < ntile ? nthreads : (int)ntile,
-                                2.0 * (double)N * (double)K * (double)M, 2e5);
-    uint16_t *h = aligned_alloc(64, (size_t)(hsize * 2 * nt));
-    if (!h) return -1;
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        int64_t t0, t1;
-        fa_split(ntile, 1, &t0, &t1);
-        if (t0 < t1) {
-            const int64_t r0 = t0 * AMX_MR, r1 = t1 * AMX_MR < N ? t1 * AMX_MR : N;
-            bfc_rows_amx(y, x, r0, r1, (const uint32_t *)wp, h + hsize * fa_thread_id(), K, Kh,
-                         M);
-            fa_k->bias_act_rows(y + r0 * M, NULL, bias, r1 - r0, M, M, activation, 0, 0, NULL);
-        }
-    }
-    free(h);
-    return 0;
-}
+typedef struct {
+    const uint8_t *b;
+    int64_t ldb, pstride, pw, kh;
+} amx_bpanels;
 
-/* ---- bf16 training's products on the tiles (fa_bf16_gemm_rowmajor, quant.c) ----------------
- * C (M, N) = beta C + A op(B), row-major, every value of A and B a bf16 held in a float32 (the
- * rounded operands of bf16 training: the low 16 bits are zero, the bf16 is the top half): the
- * products exact, float32 sums in TDPBF16PS's order per block of 16 pairs of k (as
- * bfc_rows_amx). A (M, K) row stride lda; op(B) (K, N): B[k ldb + n], or with tb B[n ldb + k].
- * beta 0 or 1. One thread (the caller's OpenMP block); the packed operands are allocated per
- * call:
- *   bq  op(B) in panels of 32 columns and pairs of k: word bq[p][kk][c] holds B(2kk, 32p + c)
- *       in its low half, B(2kk + 1, 32p + c) in its high half; zero past K and N
- *   aq  32 rows of A, pairs along k: aq[r][kk] likewise; zero past K and M
- * (Kh pairs per row: K / 2 rounded up to whole tiles of 16 pairs.)
- * Tiles: 0-3 C (rows 0-15 / 16-31 x columns 0-15 / 16-31), 4, 5 A (the two row halves), 6, 7 B
- * (the two column halves): four TDPBF16PS per four tile loads. */
+/* how A is read: rounded to bf16 (the bfloat16 compute type), or holding bf16 values already
+ * (bf16 training: the top halves) by rows, or transposed (A[k lda + m]) */
+enum { AMX_A_ROUND, AMX_A_BF16, AMX_A_BF16_T };
 
 /* 32 floats at x (k < n of them; zero past) -> 16 words of bf16 pairs (the top halves) */
 static __m512i amx_pairs32(const float *x, int64_t n)
@@ -401,7 +327,213 @@ static __m512i amx_pairs32(const float *x, int64_t n)
                               _mm512_cvtepi32_epi16(v1), 1);
 }
 
-/* op(B) (K, N) packed as bq above (aligned_alloc'd; NULL: out of memory) */
+/* r[i][j] = r[j][i]: a 16 x 16 transpose of 32-bit words in registers */
+static void amx_transpose16(__m512i r[16])
+{
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 16; i += 8)
+        for (int j = 0; j < 4; j++) {
+            t[i + j] = _mm512_shuffle_i32x4(u[i + j], u[i + j + 4], 0x88);
+            t[i + j + 4] = _mm512_shuffle_i32x4(u[i + j], u[i + j + 4], 0xdd);
+        }
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
+    }
+}
+
+/* Rows m0 .. m0 + 15 of op(A) = A^T (op(A)[m][k] = A[k lda + m]; M, K its sizes), pairs kk0 ..
+ * kk0 + nkk - 1 (nkk a multiple of 16) into aq (row stride ldq words), zero past M and K. Per
+ * 16 pairs: rows 2kk and 2kk + 1 of A merged into words (as bf16_pack_b_amx), then transposed. */
+static void amx_pack_at(uint32_t *aq, int64_t ldq, const float *A, int64_t lda, int64_t m0,
+                        int64_t M, int64_t K, int64_t kk0, int64_t nkk)
+{
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    const int64_t nm = M - m0 < 16 ? (M - m0 > 0 ? M - m0 : 0) : 16;
+    const __mmask16 mk = (__mmask16)((1u << nm) - 1u);
+    for (int64_t j0 = 0; j0 < nkk; j0 += 16) {
+        __m512i r[16];
+        for (int j = 0; j < 16; j++) {
+            const int64_t k = 2 * (kk0 + j0 + j);
+            const __m512i v0 = k < K ? _mm512_maskz_loadu_epi32(mk, A + k * lda + m0)
+                                     : _mm512_setzero_si512();
+            const __m512i v1 = k + 1 < K ? _mm512_maskz_loadu_epi32(mk, A + (k + 1) * lda + m0)
+                                         : _mm512_setzero_si512();
+            r[j] = _mm512_or_si512(_mm512_and_si512(v1, hi), _mm512_srli_epi32(v0, 16));
+        }
+        amx_transpose16(r);
+        for (int i = 0; i < 16; i++)
+            _mm512_store_si512((void *)(aq + i * ldq + j0), r[i]);
+    }
+}
+
+/* rows [m0, m0 + 32) of op(A), k from 32 kb0 for nkb blocks, into aq (row stride 16 nkb words) */
+static void amx_pack_a32(uint32_t *aq, int mode, const float *A, int64_t lda, int64_t m0,
+                         int64_t M, int64_t K, int64_t kb0, int64_t nkb)
+{
+    const int64_t ldq = 16 * nkb, k0 = 32 * kb0;
+    if (mode == AMX_A_BF16_T) {
+        amx_pack_at(aq, ldq, A, lda, m0, M, K, 16 * kb0, ldq);
+        amx_pack_at(aq + 16 * ldq, ldq, A, lda, m0 + 16, M, K, 16 * kb0, ldq);
+        return;
+    }
+    for (int64_t r = 0; r < 32; r++) {
+        uint32_t *a_r = aq + r * ldq;
+        const float *x = A + (m0 + r) * lda + k0;
+        if (m0 + r >= M)
+            memset(a_r, 0, (size_t)(ldq * 4));
+        else if (mode == AMX_A_ROUND)
+            fa_kernels_avx512.bfc_round_row(a_r, x, K - k0 < 2 * ldq ? K - k0 : 2 * ldq, 2 * ldq,
+                                            0);
+        else
+            for (int64_t j = 0; j < ldq; j += 16)
+                _mm512_store_si512((void *)(a_r + j), amx_pairs32(x + 2 * j, K - k0 - 2 * j));
+    }
+}
+
+/* C (rows [0, M) x columns [0, N), row stride ldc) = (load_c ? C : 0) + aq (32-row groups,
+ * row stride 64 nkb bytes) B (blocks kb0 .. kb0 + nkb - 1). The rows outside: a group's A
+ * (at most 32 x AMX_KB x 64 bytes) stays in L1 while B streams past it, the next block's B
+ * rows prefetched during this block's products. */
+static void amx_tiles_run(const uint32_t *aq, int64_t M, const amx_bpanels *bp, int64_t kb0,
+                          int64_t nkb, int64_t N, float *C, int64_t ldc, int load_c)
+{
+    const int64_t lda = 64 * nkb;
+    const int short_last = (kb0 + nkb) * 16 > bp->kh;    /* the panel's last block is short */
+    const int64_t nfull = short_last ? nkb - 1 : nkb;
+    float c[32][32] __attribute__((aligned(64)));
+    uint32_t tail[16][32] __attribute__((aligned(64)));
+    for (int64_t m0 = 0; m0 < M; m0 += 32) {
+        const int64_t mr = M - m0 < 32 ? M - m0 : 32;
+        const uint8_t *a = (const uint8_t *)aq + m0 * lda;
+        for (int64_t n0 = 0; n0 < N; n0 += 32) {
+            const int64_t nc = N - n0 < 32 ? N - n0 : 32;
+            const uint8_t *b = bp->b + (n0 / bp->pw) * bp->pstride + (n0 % bp->pw) * 4 +
+                               kb0 * 16 * bp->ldb;
+            if (short_last) {           /* its pair rows below kh, then zeros */
+                memset(tail, 0, sizeof tail);
+                for (int64_t i = 0; i < bp->kh - (kb0 + nfull) * 16; i++)
+                    memcpy(tail[i], b + (nfull * 16 + i) * bp->ldb, 128);
+            }
+            const int full = mr == 32 && nc == 32;  /* the tiles load and store C in place */
+            float *cb = full ? C + m0 * ldc + n0 : &c[0][0];
+            const int64_t ldcb = full ? 4 * ldc : 128;
+            if (load_c && !full)
+                for (int64_t r = 0; r < 32; r++)
+                    for (int64_t j = 0; j < 32; j++)
+                        c[r][j] = r < mr && j < nc ? C[(m0 + r) * ldc + n0 + j] : 0.0f;
+            if (load_c) {
+                AMX_LOAD(0, cb, ldcb);
+                AMX_LOAD(1, cb + 16, ldcb);
+                AMX_LOAD(2, (const uint8_t *)cb + 16 * ldcb, ldcb);
+                AMX_LOAD(3, (const uint8_t *)cb + 16 * ldcb + 64, ldcb);
+            } else {
+                AMX_ZERO(0);
+                AMX_ZERO(1);
+                AMX_ZERO(2);
+                AMX_ZERO(3);
+            }
+            for (int64_t kb = 0; kb < nkb; kb++) {
+                const uint8_t *bk = kb < nfull ? b + kb * 16 * bp->ldb : (const uint8_t *)tail;
+                const int64_t ldk = kb < nfull ? bp->ldb : 128;
+                if (kb + 1 < nfull)
+                    for (int r = 0; r < 16; r++) {
+                        _mm_prefetch((const char *)(bk + (16 + r) * ldk), _MM_HINT_T0);
+                        _mm_prefetch((const char *)(bk + (16 + r) * ldk + 64), _MM_HINT_T0);
+                    }
+                AMX_LOAD(4, a + kb * 64, lda);
+                AMX_LOAD(6, bk, ldk);
+                AMX_DPBF16PS(0, 4, 6);
+                AMX_LOAD(7, bk + 64, ldk);
+                AMX_DPBF16PS(1, 4, 7);
+                AMX_LOAD(5, a + 16 * lda + kb * 64, lda);
+                AMX_DPBF16PS(2, 5, 6);
+                AMX_DPBF16PS(3, 5, 7);
+            }
+            AMX_STORE(0, cb, ldcb);
+            AMX_STORE(1, cb + 16, ldcb);
+            AMX_STORE(2, (uint8_t *)cb + 16 * ldcb, ldcb);
+            AMX_STORE(3, (uint8_t *)cb + 16 * ldcb + 64, ldcb);
+            if (!full)
+                for (int64_t r = 0; r < mr; r++)
+                    memcpy(C + (m0 + r) * ldc + n0, c[r], (size_t)nc * sizeof(float));
+        }
+    }
+}
+
+/* C (M, N) = (beta ? C : 0) + op(A) B on the tiles, one thread; op(A) (M, K): A[m lda + k], or
+ * A[k lda + m] (AMX_A_BF16_T); 0, or -1: out of memory */
+static int amx_bf16_gemm(int mode, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                         const amx_bpanels *bp, int beta, float *C, int64_t ldc)
+{
+    if (M <= 0 || N <= 0) return 0;
+    const int64_t nkb = (K + 31) / 32;
+    uint32_t *aq = aligned_alloc(64, (size_t)(AMX_RB * AMX_KB * 64));
+    if (!aq) return -1;
+    amx_tilecfg_t cfg;
+    amx_config(&cfg);
+    AMX_CONFIG(&cfg);
+    for (int64_t mc = 0; mc < M; mc += AMX_RB) {
+        const int64_t mr = M - mc < AMX_RB ? M - mc : AMX_RB;
+        for (int64_t kc = 0; kc < nkb; kc += AMX_KB) {
+            const int64_t nk = nkb - kc < AMX_KB ? nkb - kc : AMX_KB;
+            for (int64_t m0 = 0; m0 < mr; m0 += 32)
+                amx_pack_a32(aq + m0 * 16 * nk, mode, A, lda, mc + m0, M, K, kc, nk);
+            amx_tiles_run(aq, mr, bp, kc, nk, N, C + mc * ldc, ldc, beta || kc > 0);
+        }
+    }
+    AMX_RELEASE();
+    free(aq);
+    return 0;
+}
+
+/* ---- the bfloat16 compute type on the tiles (fastattn.h; FASTATTN_BF16_PATH=amx) ------------
+ * Any number of rows (fa_q8_kernels.bfloat16_forward): the inputs rounded as every bfloat16
+ * path rounds them, fa_bfloat16_pack's panels ([p][kk][64] pairs) read in place as B; row
+ * blocks of 32 split over the threads, each thread's rows finished by the epilogue (bias,
+ * activation). */
+static int bfloat16_forward_amx(float *y, const float *x, const uint16_t *wp, const float *bias,
+                                int64_t N, int64_t K, int64_t M, int activation, int nthreads)
+{
+    const int64_t Kh = (K + 1) / 2, nblk = (N + 31) / 32;
+    const amx_bpanels bp = {.b = (const uint8_t *)wp, .ldb = 4 * BFC_NP,
+                            .pstride = 4 * BFC_NP * Kh, .pw = BFC_NP, .kh = Kh};
+    const int nt = fa_team_size(nthreads < nblk ? nthreads : (int)nblk,
+                                2.0 * (double)N * (double)K * (double)M, 2e5);
+    int failed = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : failed)
+    {
+        int64_t b0, b1;
+        fa_split(nblk, 1, &b0, &b1);
+        if (b0 < b1) {
+            const int64_t r0 = b0 * 32, r1 = b1 * 32 < N ? b1 * 32 : N;
+            failed |= amx_bf16_gemm(AMX_A_ROUND, r1 - r0, M, K, x + r0 * K, K, &bp, 0,
+                                    y + r0 * M, M) != 0;
+            fa_k->bias_act_rows(y + r0 * M, NULL, bias, r1 - r0, M, M, activation, 0, 0, NULL);
+        }
+    }
+    return failed ? -1 : 0;
+}
+
+/* ---- bf16 training's products on the tiles (fa_bf16_gemm_rowmajor, quant.c) ----------------
+ * C (M, N) = beta C + A op(B), row-major, every value of A and B a bf16 held in a float32 (the
+ * rounded operands of bf16 training: the low 16 bits are zero, the bf16 is the top half): the
+ * products exact, float32 sums in TDPBF16PS's order above from C0 = beta C. A (M, K) row
+ * stride lda; op(B) (K, N): B[k ldb + n], or with tb B[n ldb + k], packed once per call by
+ * bf16_pack_b_amx in panels of 32 columns (Kh pair rows, K / 2 rounded up to whole blocks of
+ * 16, zero past K and N) and shared by the threads' row blocks. */
+
+/* op(B) (K, N) packed as above (aligned_alloc'd; NULL: out of memory) */
 static uint32_t *bf16_pack_b_amx(int tb, int64_t K, int64_t N, const float *B, int64_t ldb)
 {
     const int64_t Kh = (K + 31) / 32 * 16, P = (N + 31) / 32;
@@ -437,117 +569,17 @@ static uint32_t *bf16_pack_b_amx(int tb, int64_t K, int64_t N, const float *B, i
     return bq;
 }
 
-/* r[i][j] = r[j][i]: a 16 x 16 transpose of 32-bit words in registers */
-static void amx_transpose16(__m512i r[16])
-{
-    __m512i t[16], u[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    for (int i = 0; i < 16; i += 8)
-        for (int j = 0; j < 4; j++) {
-            t[i + j] = _mm512_shuffle_i32x4(u[i + j], u[i + j + 4], 0x88);
-            t[i + j + 4] = _mm512_shuffle_i32x4(u[i + j], u[i + j + 4], 0xdd);
-        }
-    for (int j = 0; j < 8; j++) {
-        r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
-        r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
-    }
-}
-
-/* Rows m0 .. m0 + 31 of op(A) = A^T (op(A)[m][k] = A[k lda + m]; M, K its sizes) in pairs of k:
- * aq[r][kk] as bf16_gemm_packed_amx packs them, zero past M and K. Per 16 rows and 16 pairs:
- * rows 2kk and 2kk + 1 of A merged into words (as bf16_pack_b_amx), then transposed. */
-static void amx_pack_at(uint32_t *aq, int64_t Kh, const float *A, int64_t lda, int64_t m0,
-                        int64_t M, int64_t K)
-{
-    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
-    for (int half = 0; half < 2; half++) {
-        const int64_t ms = m0 + 16 * half, nm = M - ms < 16 ? (M - ms > 0 ? M - ms : 0) : 16;
-        const __mmask16 mk = (__mmask16)((1u << nm) - 1u);
-        for (int64_t kk0 = 0; kk0 < Kh; kk0 += 16) {
-            __m512i r[16];
-            for (int j = 0; j < 16; j++) {
-                const int64_t k = 2 * (kk0 + j);
-                const __m512i v0 = k < K ? _mm512_maskz_loadu_epi32(mk, A + k * lda + ms)
-                                         : _mm512_setzero_si512();
-                const __m512i v1 = k + 1 < K ? _mm512_maskz_loadu_epi32(mk, A + (k + 1) * lda + ms)
-                                             : _mm512_setzero_si512();
-                r[j] = _mm512_or_si512(_mm512_and_si512(v1, hi), _mm512_srli_epi32(v0, 16));
-            }
-            amx_transpose16(r);
-            for (int i = 0; i < 16; i++)
-                _mm512_store_si512((void *)(aq + (16 * half + i) * Kh + kk0), r[i]);
-        }
-    }
-}
-
 /* C (M, N) = beta C + op(A) op(B), op(B) packed by bf16_pack_b_amx, op(A) (M, K): A[m lda + k]
- * or, with ta, A[k lda + m] (amx_pack_at); 0, or -1: out of memory */
+ * or, with ta, A[k lda + m]; 0, or -1: out of memory */
 static int bf16_gemm_packed_amx(int ta, int64_t M, int64_t N, int64_t K, const float *A,
                                 int64_t lda, const uint32_t *bq, float beta, float *C,
                                 int64_t ldc)
 {
-    const int64_t Kh = (K + 31) / 32 * 16, P = (N + 31) / 32, nkb = Kh / 16;
-    uint32_t *aq = aligned_alloc(64, (size_t)(32 * Kh * 4));
-    if (!aq) return -1;
-    amx_tilecfg_t cfg;
-    amx_config(&cfg);
-    AMX_CONFIG(&cfg);
-    float c[32][32] __attribute__((aligned(64)));
-    for (int64_t m0 = 0; m0 < M; m0 += 32) {
-        const int64_t mr = M - m0 < 32 ? M - m0 : 32;
-        if (ta) amx_pack_at(aq, Kh, A, lda, m0, M, K);
-        for (int64_t r = 0; r < 32 && !ta; r++) {
-            uint32_t *a_r = aq + r * Kh;
-            if (r < mr) {
-                for (int64_t k0 = 0; k0 < 2 * Kh; k0 += 32)
-                    _mm512_store_si512((void *)(a_r + k0 / 2),
-                                       amx_pairs32(A + (m0 + r) * lda + k0, K - k0));
-            } else {
-                memset(a_r, 0, (size_t)(Kh * 4));
-            }
-        }
-        for (int64_t p = 0; p < P; p++) {
-            const uint32_t *b_p = bq + p * Kh * 32;
-            AMX_ZERO(0);
-            AMX_ZERO(1);
-            AMX_ZERO(2);
-            AMX_ZERO(3);
-            for (int64_t kb = 0; kb < nkb; kb++) {
-                AMX_LOAD(4, aq + kb * 16, Kh * 4);
-                AMX_LOAD(5, aq + 16 * Kh + kb * 16, Kh * 4);
-                AMX_LOAD(6, b_p + kb * 16 * 32, 128);
-                AMX_LOAD(7, b_p + kb * 16 * 32 + 16, 128);
-                AMX_DPBF16PS(0, 4, 6);
-                AMX_DPBF16PS(1, 4, 7);
-                AMX_DPBF16PS(2, 5, 6);
-                AMX_DPBF16PS(3, 5, 7);
-            }
-            AMX_STORE(0, &c[0][0], 128);
-            AMX_STORE(1, &c[0][16], 128);
-            AMX_STORE(2, &c[16][0], 128);
-            AMX_STORE(3, &c[16][16], 128);
-            const int64_t n0 = p * 32, nc = N - n0 < 32 ? N - n0 : 32;
-            for (int64_t r = 0; r < mr; r++) {
-                float *c_r = C + (m0 + r) * ldc + n0;
-                if (beta != 0.0f)
-                    for (int64_t j = 0; j < nc; j++) c_r[j] += c[r][j];
-                else
-                    memcpy(c_r, c[r], (size_t)nc * sizeof(float));
-            }
-        }
-    }
-    AMX_RELEASE();
-    free(aq);
-    return 0;
+    const int64_t Kh = (K + 31) / 32 * 16;
+    const amx_bpanels bp = {.b = (const uint8_t *)bq, .ldb = 128, .pstride = 128 * Kh, .pw = 32,
+                            .kh = Kh};
+    return amx_bf16_gemm(ta ? AMX_A_BF16_T : AMX_A_BF16, M, N, K, A, lda, &bp, beta != 0.0f, C,
+                         ldc);
 }
 
 const fa_q8_kernels AMX_KERNELS = {.np = AMX_NP, .g = AMX_G, .mr = AMX_MR,
