@@ -306,6 +306,7 @@ static int bf16_forward_amx(float *y, const float *x, const uint16_t *wp, const 
  * three, and a K chunk of 16 blocks as fast as 8. */
 #define AMX_RB 256 /* rows per chunk of A (packed once per K chunk: 256 KB) */
 #define AMX_KB 16  /* blocks of 16 pairs (32 k) per chunk of K (a 32-row group's A: 32 KB) */
+#define AMX_NB 128 /* columns of B met by every row group of a chunk in turn (128 KB: in L2) */
 
 typedef struct {
     const uint8_t *b;
@@ -402,9 +403,10 @@ static void amx_pack_a32(uint32_t *aq, int mode, const float *A, int64_t lda, in
 }
 
 /* C (rows [0, M) x columns [0, N), row stride ldc) = (load_c ? C : 0) + aq (32-row groups,
- * row stride 64 nkb bytes) B (blocks kb0 .. kb0 + nkb - 1). The rows outside: a group's A
- * (at most 32 x AMX_KB x 64 bytes) stays in L1 while B streams past it, the next block's B
- * rows prefetched during this block's products. */
+ * row stride 64 nkb bytes) B (blocks kb0 .. kb0 + nkb - 1). Per AMX_NB columns of B (kept in
+ * L2), the row groups in turn: a group's A (at most 32 x AMX_KB x 64 bytes) stays in L1 while
+ * those columns stream past it, the next block's B rows prefetched during this block's
+ * products. */
 static void amx_tiles_run(const uint32_t *aq, int64_t M, const amx_bpanels *bp, int64_t kb0,
                           int64_t nkb, int64_t N, float *C, int64_t ldc, int load_c)
 {
@@ -413,60 +415,63 @@ static void amx_tiles_run(const uint32_t *aq, int64_t M, const amx_bpanels *bp, 
     const int64_t nfull = short_last ? nkb - 1 : nkb;
     float c[32][32] __attribute__((aligned(64)));
     uint32_t tail[16][32] __attribute__((aligned(64)));
-    for (int64_t m0 = 0; m0 < M; m0 += 32) {
-        const int64_t mr = M - m0 < 32 ? M - m0 : 32;
-        const uint8_t *a = (const uint8_t *)aq + m0 * lda;
-        for (int64_t n0 = 0; n0 < N; n0 += 32) {
-            const int64_t nc = N - n0 < 32 ? N - n0 : 32;
-            const uint8_t *b = bp->b + (n0 / bp->pw) * bp->pstride + (n0 % bp->pw) * 4 +
-                               kb0 * 16 * bp->ldb;
-            if (short_last) {           /* its pair rows below kh, then zeros */
-                memset(tail, 0, sizeof tail);
-                for (int64_t i = 0; i < bp->kh - (kb0 + nfull) * 16; i++)
-                    memcpy(tail[i], b + (nfull * 16 + i) * bp->ldb, 128);
+    for (int64_t nb = 0; nb < N; nb += AMX_NB) {
+        for (int64_t m0 = 0; m0 < M; m0 += 32) {
+            const int64_t mr = M - m0 < 32 ? M - m0 : 32;
+            const uint8_t *a = (const uint8_t *)aq + m0 * lda;
+            for (int64_t n0 = nb; n0 < N && n0 < nb + AMX_NB; n0 += 32) {
+                const int64_t nc = N - n0 < 32 ? N - n0 : 32;
+                const uint8_t *b = bp->b + (n0 / bp->pw) * bp->pstride + (n0 % bp->pw) * 4 +
+                                   kb0 * 16 * bp->ldb;
+                if (short_last) {           /* its pair rows below kh, then zeros */
+                    memset(tail, 0, sizeof tail);
+                    for (int64_t i = 0; i < bp->kh - (kb0 + nfull) * 16; i++)
+                        memcpy(tail[i], b + (nfull * 16 + i) * bp->ldb, 128);
+                }
+                const int full = mr == 32 && nc == 32;  /* the tiles load and store C in place */
+                float *cb = full ? C + m0 * ldc + n0 : &c[0][0];
+                const int64_t ldcb = full ? 4 * ldc : 128;
+                if (load_c && !full)
+                    for (int64_t r = 0; r < 32; r++)
+                        for (int64_t j = 0; j < 32; j++)
+                            c[r][j] = r < mr && j < nc ? C[(m0 + r) * ldc + n0 + j] : 0.0f;
+                if (load_c) {
+                    AMX_LOAD(0, cb, ldcb);
+                    AMX_LOAD(1, cb + 16, ldcb);
+                    AMX_LOAD(2, (const uint8_t *)cb + 16 * ldcb, ldcb);
+                    AMX_LOAD(3, (const uint8_t *)cb + 16 * ldcb + 64, ldcb);
+                } else {
+                    AMX_ZERO(0);
+                    AMX_ZERO(1);
+                    AMX_ZERO(2);
+                    AMX_ZERO(3);
+                }
+                for (int64_t kb = 0; kb < nkb; kb++) {
+                    const uint8_t *bk = kb < nfull ? b + kb * 16 * bp->ldb : (const uint8_t *)tail;
+                    const int64_t ldk = kb < nfull ? bp->ldb : 128;
+                    if (kb + 1 < nfull)
+                        for (int r = 0; r < 16; r++) {
+                            const char *next = (const char *)bk + (16 + r) * ldk;
+                            _mm_prefetch(next, _MM_HINT_T0);
+                            _mm_prefetch(next + 64, _MM_HINT_T0);
+                        }
+                    AMX_LOAD(4, a + kb * 64, lda);
+                    AMX_LOAD(6, bk, ldk);
+                    AMX_DPBF16PS(0, 4, 6);
+                    AMX_LOAD(7, bk + 64, ldk);
+                    AMX_DPBF16PS(1, 4, 7);
+                    AMX_LOAD(5, a + 16 * lda + kb * 64, lda);
+                    AMX_DPBF16PS(2, 5, 6);
+                    AMX_DPBF16PS(3, 5, 7);
+                }
+                AMX_STORE(0, cb, ldcb);
+                AMX_STORE(1, cb + 16, ldcb);
+                AMX_STORE(2, (uint8_t *)cb + 16 * ldcb, ldcb);
+                AMX_STORE(3, (uint8_t *)cb + 16 * ldcb + 64, ldcb);
+                if (!full)
+                    for (int64_t r = 0; r < mr; r++)
+                        memcpy(C + (m0 + r) * ldc + n0, c[r], (size_t)nc * sizeof(float));
             }
-            const int full = mr == 32 && nc == 32;  /* the tiles load and store C in place */
-            float *cb = full ? C + m0 * ldc + n0 : &c[0][0];
-            const int64_t ldcb = full ? 4 * ldc : 128;
-            if (load_c && !full)
-                for (int64_t r = 0; r < 32; r++)
-                    for (int64_t j = 0; j < 32; j++)
-                        c[r][j] = r < mr && j < nc ? C[(m0 + r) * ldc + n0 + j] : 0.0f;
-            if (load_c) {
-                AMX_LOAD(0, cb, ldcb);
-                AMX_LOAD(1, cb + 16, ldcb);
-                AMX_LOAD(2, (const uint8_t *)cb + 16 * ldcb, ldcb);
-                AMX_LOAD(3, (const uint8_t *)cb + 16 * ldcb + 64, ldcb);
-            } else {
-                AMX_ZERO(0);
-                AMX_ZERO(1);
-                AMX_ZERO(2);
-                AMX_ZERO(3);
-            }
-            for (int64_t kb = 0; kb < nkb; kb++) {
-                const uint8_t *bk = kb < nfull ? b + kb * 16 * bp->ldb : (const uint8_t *)tail;
-                const int64_t ldk = kb < nfull ? bp->ldb : 128;
-                if (kb + 1 < nfull)
-                    for (int r = 0; r < 16; r++) {
-                        _mm_prefetch((const char *)(bk + (16 + r) * ldk), _MM_HINT_T0);
-                        _mm_prefetch((const char *)(bk + (16 + r) * ldk + 64), _MM_HINT_T0);
-                    }
-                AMX_LOAD(4, a + kb * 64, lda);
-                AMX_LOAD(6, bk, ldk);
-                AMX_DPBF16PS(0, 4, 6);
-                AMX_LOAD(7, bk + 64, ldk);
-                AMX_DPBF16PS(1, 4, 7);
-                AMX_LOAD(5, a + 16 * lda + kb * 64, lda);
-                AMX_DPBF16PS(2, 5, 6);
-                AMX_DPBF16PS(3, 5, 7);
-            }
-            AMX_STORE(0, cb, ldcb);
-            AMX_STORE(1, cb + 16, ldcb);
-            AMX_STORE(2, (uint8_t *)cb + 16 * ldcb, ldcb);
-            AMX_STORE(3, (uint8_t *)cb + 16 * ldcb + 64, ldcb);
-            if (!full)
-                for (int64_t r = 0; r < mr; r++)
-                    memcpy(C + (m0 + r) * ldc + n0, c[r], (size_t)nc * sizeof(float));
         }
     }
 }
