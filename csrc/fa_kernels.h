@@ -175,12 +175,16 @@ extern const fa_q8_kernels fa_q8_generic, fa_q8_avx2, fa_q8_avx512bw, fa_q8_avx5
  * BLAS runs them); fa_bf16_b_gemm then gives C (M, N) = beta C + op(A) op(B) (op(A) (M, K),
  * row stride lda, transposed with trans_a; beta 0 or 1), on the tiles with a packed B,
  * through BLAS with NULL. */
-typedef struct fa_bf16_b fa_bf16_b;
 fa_bf16_b *fa_bf16_b_make(int trans_b, int64_t rows, int64_t K, int64_t N, const float *B,
                           int64_t ldb);
 void fa_bf16_b_gemm(const fa_bf16_b *bp, int trans_a, int trans_b, int64_t M, int64_t N,
                     int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
                     float beta, float *C, int64_t ldc);
 void fa_bf16_b_free(fa_bf16_b *bp);
+/* B for a product of `rows` rows: `given` (fa_bf16_weight_pack's, packed once per step) where
+ * the tiles take such a product, NULL where they do not; with no `given`, fa_bf16_b_make's,
+ * left in *own for the caller to free */
+const fa_bf16_b *fa_bf16_b_for(const fa_bf16_b *given, int trans_b, int64_t rows, int64_t K,
+                               int64_t N, const float *B, int64_t ldb, fa_bf16_b **own);
 
 #endif /* FA_KERNELS_H */

@@ -284,6 +284,17 @@ int fa_layer_norm_backward(float *dx, float *dweight, float *dbias,
 /* gelu: exact, erf form; gelu_tanh: its tanh approximation (torch's approximate="tanh") */
 enum { FA_ACT_NONE = 0, FA_ACT_RELU = 1, FA_ACT_GELU = 2, FA_ACT_GELU_TANH = 3 };
 
+/* fa_bf16_weight_pack -- a bf16 training weight w (M, K) (bf16 values held in float32s)
+ * packed for the products that read it on the bf16 tiles, made once per optimizer step by the
+ * caller (the model layer caches it by the parameter's version) and passed to the products
+ * below: trans 1, op(B) = w^T (the forwards' x w^T); trans 0, op(B) = w (the input gradients'
+ * dz w). NULL where the bfloat16 compute type's path for many rows is not the tiles, or out of
+ * memory: the products then pack B themselves or run on BLAS. The caller owns it
+ * (fa_bf16_weight_free) and passes it only with the very values it was packed from. */
+typedef struct fa_bf16_b fa_bf16_b;
+fa_bf16_b *fa_bf16_weight_pack(const float *w, int64_t M, int64_t K, int trans);
+void fa_bf16_weight_free(fa_bf16_b *packed);
+
 /* fa_linear_forward -- y = act(x weight^T + bias).
  *
  *   y       (N, M)  out
@@ -301,11 +312,12 @@ enum { FA_ACT_NONE = 0, FA_ACT_RELU = 1, FA_ACT_GELU = 2, FA_ACT_GELU_TANH = 3 }
  *   bf16     1: x and weight hold bf16 values (bf16 training's rounded operands): the products
  *            go through fa_bf16_gemm_rowmajor (the AMX tiles where the bfloat16 compute type
  *            runs on them, exact products summed in float32; BLAS otherwise)
+ *   wpack    NULL, or with bf16 fa_bf16_weight_pack(weight, M, K, 1): op(B) not packed per call
  *   Twin: fastattn.reference.linear / linear_forward
  */
 void fa_linear_forward(float *y, float *pre, const float *x, const float *weight,
                        const float *bias, int64_t N, int64_t K, int64_t M, int activation,
-                       int bf16, int nthreads);
+                       int bf16, const fa_bf16_b *wpack, int nthreads);
 
 /* fa_linear_forward_t -- the same with the weight given transposed: wt (K, ldt), ldt >= M
  * (columns past M unused), no pre. Always split by row blocks (starting on multiples of 12
@@ -332,6 +344,7 @@ void fa_linear_forward_t(float *y, const float *x, const float *wt, int64_t ldt,
  *            sums (as torch's bf16 gradient tensors); the caller passes x and weight already
  *            rounded, so every product is of two bf16 values (exact in float32), summed in
  *            float32, on the AMX tiles where the bfloat16 compute type runs on them
+ *   wpack    NULL, or with bf16 fa_bf16_weight_pack(weight, M, K, 0), for dx
  *   act'(pre): relu [pre > 0] (a select: dz = 0 where pre <= 0 or NaN); gelu Phi + pre * phi
  *   (exact), 0 * inf terms taken as 0 at +-inf.
  *   Threads: dz and dx by row blocks (few rows: dz by rows, then dx by slices of K); after a
@@ -345,7 +358,7 @@ void fa_linear_forward_t(float *y, const float *x, const float *wt, int64_t ldt,
 void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
                         const float *dy, const float *pre, const float *x, const float *weight,
                         int64_t N, int64_t K, int64_t M, int activation, int accumulate,
-                        int bf16, int nthreads);
+                        int bf16, const fa_bf16_b *wpack, int nthreads);
 
 /* fa_ffn_forward -- y = drop(act(x w1^T + b1)) w2^T + b2, in row blocks (torch's
  * linear2(dropout(activation(linear1(x))))).
@@ -363,6 +376,7 @@ void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
  *   bf16       1: the hidden drop(act(pre)) is rounded to bf16 (fa_round_bfloat16's rule)
  *              before the second product; the caller passes x, w1 and w2 already rounded (bf16
  *              training; the products as in fa_linear_backward)
+ *   pack1, pack2  NULL, or with bf16 fa_bf16_weight_pack(w1, F, C, 1) and (w2, C, F, 1)
  *   Many rows: the hidden (N, F) never exists whole; each thread owns one (<= 512, F) block and
  *   runs both GEMMs and epilogues on it. Few rows (N < 128 per thread): the small (N, F) hidden
  *   is split by features across threads, then the second GEMM by output features.
@@ -371,6 +385,7 @@ void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
 int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const float *b1,
                    const float *w2, const float *b2, int64_t N, int64_t C, int64_t F,
                    int activation, double dropout_p, uint64_t seed, int bf16,
+                   const fa_bf16_b *pack1, const fa_bf16_b *pack2,
                    int nthreads);  /* 0, or -1: out of memory */
 
 /* fa_ffn_backward -- gradients of y = drop(act(x w1^T + b1)) w2^T + b2.
@@ -390,6 +405,7 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
  *   bf16  1: the recomputed h and dpre are rounded to bf16 (fa_round_bfloat16's rule) before
  *         the products and sums that read them; the caller passes dy, x, w1 and w2 already
  *         rounded
+ *   pack1, pack2  NULL, or with bf16 fa_bf16_weight_pack(w1, F, C, 0) and (w2, C, F, 0)
  *   Four GEMMs (8 N C F flops). Threads: dh, h, dpre and dx by row blocks (few rows: by feature
  *   slices, a barrier, dx by slices of C); after a barrier, dw2 and dw1 by slices of their
  *   larger dimension, db1 and db2 by feature slices (column sums as in fa_linear_backward:
@@ -402,7 +418,7 @@ void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
                      const float *dy, const float *pre, const float *x,
                      const float *w1, const float *w2, int64_t N, int64_t C, int64_t F,
                      int activation, double dropout_p, uint64_t seed, int accumulate,
-                     int bf16, int nthreads);
+                     int bf16, const fa_bf16_b *pack1, const fa_bf16_b *pack2, int nthreads);
 
 /* fa_pack_panels -- weights laid out for fa_linear_packed_forward (done once per model).
  *

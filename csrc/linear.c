@@ -116,7 +116,7 @@ static float *skinny_rows(const float *x, int64_t N, int64_t K)
 /* fa_linear_forward, with the weight (M, K), or with ldt > 0 its transpose (K, ldt) */
 static void linear_forward(float *y, float *pre, const float *x, const float *weight, int64_t ldt,
                            const float *bias, int64_t N, int64_t K, int64_t M, int activation,
-                           int bf16, int nthreads)
+                           int bf16, const fa_bf16_b *wpack, int nthreads)
 {
     if (N <= 0 || M <= 0) return;
     const int nt = fa_team_size(nthreads, 2.0 * (double)N * (double)K * (double)M, 2e6);
@@ -125,9 +125,10 @@ static void linear_forward(float *y, float *pre, const float *x, const float *we
     const int by_rows = ldt > 0 || N >= (int64_t)nt * MIN_ROWS;
     const int64_t nblk = row_blocks(N, nt), per = block_rows(N, nblk);
     float *xp = by_rows ? NULL : skinny_rows(x, N, K);
-    fa_bf16_b *bp = bf16 && by_rows ? fa_bf16_b_make(ldt > 0 ? 0 : 1, per, K, M, weight,
-                                                     ldt > 0 ? ldt : K)
-                                    : NULL;
+    fa_bf16_b *own = NULL;
+    const fa_bf16_b *bp = bf16 && by_rows ? fa_bf16_b_for(wpack, ldt > 0 ? 0 : 1, per, K, M,
+                                                          weight, ldt > 0 ? ldt : K, &own)
+                                          : NULL;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         if (by_rows) {
@@ -145,21 +146,21 @@ static void linear_forward(float *y, float *pre, const float *x, const float *we
         }
     }
     free(xp);
-    fa_bf16_b_free(bp);
+    fa_bf16_b_free(own);
 }
 
 void fa_linear_forward(float *y, float *pre, const float *x, const float *weight,
                        const float *bias, int64_t N, int64_t K, int64_t M, int activation,
-                       int bf16, int nthreads)
+                       int bf16, const fa_bf16_b *wpack, int nthreads)
 {
-    linear_forward(y, pre, x, weight, 0, bias, N, K, M, activation, bf16, nthreads);
+    linear_forward(y, pre, x, weight, 0, bias, N, K, M, activation, bf16, wpack, nthreads);
 }
 
 void fa_linear_forward_t(float *y, const float *x, const float *wt, int64_t ldt,
                          const float *bias, int64_t N, int64_t K, int64_t M, int activation,
                          int nthreads)
 {
-    linear_forward(y, NULL, x, wt, ldt, bias, N, K, M, activation, 0, nthreads);
+    linear_forward(y, NULL, x, wt, ldt, bias, N, K, M, activation, 0, NULL, nthreads);
 }
 
 /* ---- backward helpers ------------------------------------------------------------------------- */
@@ -223,7 +224,7 @@ static void zero(float *p, int64_t n)
 void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
                         const float *dy, const float *pre, const float *x, const float *weight,
                         int64_t N, int64_t K, int64_t M, int activation, int accumulate,
-                        int bf16, int nthreads)
+                        int bf16, const fa_bf16_b *wpack, int nthreads)
 {
     if (M <= 0) { /* no outputs: dx is an empty sum */
         if (N > 0 && K > 0) zero(dx, N * K);
@@ -243,7 +244,10 @@ void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
                                               + (double)N * (double)M, 2e6);
     const int by_rows = N >= (int64_t)nt * MIN_ROWS;
     const int64_t nblk = row_blocks(N, nt), per = block_rows(N, nblk);
-    fa_bf16_b *bp = bf16 && by_rows && dx ? fa_bf16_b_make(0, per, M, K, weight, K) : NULL;
+    fa_bf16_b *own = NULL;
+    const fa_bf16_b *bp = bf16 && by_rows && dx ? fa_bf16_b_for(wpack, 0, per, M, K, weight, K,
+                                                                &own)
+                                                : NULL;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         /* dz = dy * act'(pre), then dx = dz w */
@@ -291,12 +295,13 @@ void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
             col_sums(dbias, g, N, M, m0, m1, accumulate);
         }
     }
-    fa_bf16_b_free(bp);
+    fa_bf16_b_free(own);
 }
 
 int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const float *b1,
                    const float *w2, const float *b2, int64_t N, int64_t C, int64_t F,
-                   int activation, double dropout_p, uint64_t seed, int bf16, int nthreads)
+                   int activation, double dropout_p, uint64_t seed, int bf16,
+                   const fa_bf16_b *pack1, const fa_bf16_b *pack2, int nthreads)
 {
     if (N <= 0 || C <= 0) return 0;
     if (F <= 0) { /* an empty hidden layer: y = b2 */
@@ -312,8 +317,11 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
     float *hidden = malloc((size_t)(by_rows ? per * F * nt : (N + 3) / 4 * 4 * F) * sizeof(float));
     if (!hidden) return -1;
     float *xp = by_rows ? NULL : skinny_rows(x, N, C);
-    fa_bf16_b *bp1 = bf16 && by_rows ? fa_bf16_b_make(1, per, C, F, w1, C) : NULL;
-    fa_bf16_b *bp2 = bf16 && by_rows ? fa_bf16_b_make(1, per, F, C, w2, F) : NULL;
+    fa_bf16_b *own1 = NULL, *own2 = NULL;
+    const fa_bf16_b *bp1 = bf16 && by_rows ? fa_bf16_b_for(pack1, 1, per, C, F, w1, C, &own1)
+                                           : NULL;
+    const fa_bf16_b *bp2 = bf16 && by_rows ? fa_bf16_b_for(pack2, 1, per, F, C, w2, F, &own2)
+                                           : NULL;
     /* skinny: the hidden doubles as the padded input of the second GEMM (pad rows zeroed) */
     if (xp) memset(hidden + N * F, 0, (size_t)(((N + 3) / 4 * 4 - N) * F) * sizeof(float));
 #pragma omp parallel num_threads(nt) if (nt > 1)
@@ -346,8 +354,8 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
     }
     free(xp);
     free(hidden);
-    fa_bf16_b_free(bp1);
-    fa_bf16_b_free(bp2);
+    fa_bf16_b_free(own1);
+    fa_bf16_b_free(own2);
     return 0;
 }
 
@@ -356,7 +364,7 @@ void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
                      const float *dy, const float *pre, const float *x,
                      const float *w1, const float *w2, int64_t N, int64_t C, int64_t F,
                      int activation, double dropout_p, uint64_t seed, int accumulate,
-                     int bf16, int nthreads)
+                     int bf16, const fa_bf16_b *pack1, const fa_bf16_b *pack2, int nthreads)
 {
     if (N <= 0 || C <= 0 || F <= 0) { /* empty sums (F = 0: y = b2, so only db2 remains) */
         if (!accumulate) {
@@ -375,8 +383,12 @@ void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
     const int nt = fa_team_size(nthreads, 8.0 * (double)N * (double)C * (double)F, 2e6);
     const int by_rows = N >= (int64_t)nt * MIN_ROWS;
     const int64_t nblk = row_blocks(N, nt), per = block_rows(N, nblk);
-    fa_bf16_b *bp2 = bf16 && by_rows ? fa_bf16_b_make(0, per, C, F, w2, F) : NULL;
-    fa_bf16_b *bp1 = bf16 && by_rows && dx ? fa_bf16_b_make(0, per, F, C, w1, C) : NULL;
+    fa_bf16_b *own1 = NULL, *own2 = NULL;
+    const fa_bf16_b *bp2 = bf16 && by_rows ? fa_bf16_b_for(pack2, 0, per, C, F, w2, F, &own2)
+                                           : NULL;
+    const fa_bf16_b *bp1 = bf16 && by_rows && dx
+                               ? fa_bf16_b_for(pack1, 0, per, F, C, w1, C, &own1)
+                               : NULL;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         /* dh = dy w2 (into h); then h = drop(act(pre)) and dpre = dh * drop' * act'(pre) in one
@@ -432,8 +444,8 @@ void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
             col_sums(db1, dpre, N, F, lo, hi, accumulate);
         }
     }
-    fa_bf16_b_free(bp1);
-    fa_bf16_b_free(bp2);
+    fa_bf16_b_free(own1);
+    fa_bf16_b_free(own2);
 }
 
 int64_t fa_packed_size(int64_t M, int64_t K)

@@ -577,6 +577,24 @@ void fa_bf16_b_free(fa_bf16_b *bp)
     free(bp);
 }
 
+const fa_bf16_b *fa_bf16_b_for(const fa_bf16_b *given, int trans_b, int64_t rows, int64_t K,
+                               int64_t N, const float *B, int64_t ldb, fa_bf16_b **own)
+{
+    *own = NULL;
+    if (!given) return *own = fa_bf16_b_make(trans_b, rows, K, N, B, ldb);
+    const fa_bf16_path_t path = (fa_bf16_path_t)fa_bfloat16_path_rows(rows);
+    return path == FA_BF16_AMX || path == FA_BF16_AMX_EMULATED ? given : NULL;
+}
+
+fa_bf16_b *fa_bf16_weight_pack(const float *w, int64_t M, int64_t K, int trans)
+{
+    /* as many rows as the tiles' path ever takes */
+    return trans ? fa_bf16_b_make(1, INT64_MAX, K, M, w, K)
+                 : fa_bf16_b_make(0, INT64_MAX, M, K, w, K);
+}
+
+void fa_bf16_weight_free(fa_bf16_b *packed) { fa_bf16_b_free(packed); }
+
 static inline uint16_t bfc_round(uint16_t bits)          /* a bf16 weight, as bfr would */
 {
     return (bits & 0x7f80u) == 0 ? (uint16_t)(bits & 0x8000u) : bits;

@@ -20,11 +20,12 @@ from ._runtime import get_num_threads, tiles
 from .quant import QuantizedWeight
 
 
-def linear_into(y, x, weight, bias, act, pre=None, bf16=False):
+def linear_into(y, x, weight, bias, act, pre=None, bf16=False, packed=None):
     """y (N, M) = act(x (N, K) @ weight (M, K).T + bias); act is an FA_ACT code. pre (N, M), if
     given, receives x @ weight.T + bias (training, with an activation). bf16: x and weight hold
-    bf16 values (bf16 training's rounded operands)."""
-    _kernels.linear_forward(y, pre, x, weight, bias, act, get_num_threads(), bool(bf16))
+    bf16 values (bf16 training's rounded operands); packed: _kernels.bf16_weight_pack(weight,
+    1) of these very values, or None."""
+    _kernels.linear_forward(y, pre, x, weight, bias, act, get_num_threads(), bool(bf16), packed)
     return y
 
 
@@ -38,20 +39,28 @@ def round_bf16(x, out=None):
     return out
 
 
+def bf16_weight_pack(w, trans):
+    """w (M, K), bf16 values held in float32s (C-contiguous): its form packed for the bf16
+    tiles' products (trans 1: the forwards' w.T; 0: the input gradients' w), to pass as
+    `packed` below with these very values; None where the tiles are not the bf16 path."""
+    return _kernels.bf16_weight_pack(w, trans)
+
+
 def linear_backward_into(dx, dweight, dbias, dy, x, weight, pre, act, accumulate, dz=None,
-                         bf16=False):
+                         bf16=False, packed=None):
     """Gradients of y = act(x @ weight.T + b) into caller-owned buffers: dx (N, K) (None: not
     wanted, a first layer) is overwritten; dweight (M, K) and dbias (M,) (either may be None)
     are overwritten, or added to when accumulate is True (parameter gradients summed across
     calls, as torch's .grad). pre (N, M): the forward's, with an activation (act != 0). dz (N,
     M): scratch for dy * act'(pre), allocated when None; it may be pre or dy themselves, which
     are then overwritten. bf16: dz (dy without an activation) rounded to bf16 before the
-    products and sums; x and weight must come rounded (bf16 training)."""
+    products and sums; x and weight must come rounded (bf16 training); packed:
+    _kernels.bf16_weight_pack(weight, 0) of these very values, or None."""
     if (act or bf16) and dz is None:
         dz = np.empty(dy.shape, np.float32)
     _kernels.linear_backward(dx, dweight, dbias, dz if act or bf16 else None, dy,
                              pre if act else None, x, weight, act, bool(accumulate),
-                             get_num_threads(), bool(bf16))
+                             get_num_threads(), bool(bf16), packed)
 
 
 def ffn_into(y, x, w1, b1, w2, b2, act):
@@ -60,23 +69,25 @@ def ffn_into(y, x, w1, b1, w2, b2, act):
     return y
 
 
-def ffn_forward_into(y, pre, x, w1, b1, w2, b2, act, dropout_p=0.0, seed=0, bf16=False):
+def ffn_forward_into(y, pre, x, w1, b1, w2, b2, act, dropout_p=0.0, seed=0, bf16=False,
+                     packed=(None, None)):
     """y (N, C) = drop(act(x @ w1.T + b1)) @ w2.T + b2, pre (N, F) = x @ w1.T + b1 (training;
     pre may be None). dropout_p in [0, 1), seed an int in [0, 2**64) (checked by the caller).
-    bf16: the hidden rounded to bf16 before the second product; x, w1, w2 must come rounded."""
+    bf16: the hidden rounded to bf16 before the second product; x, w1, w2 must come rounded;
+    packed: w1's and w2's _kernels.bf16_weight_pack(w, 1) (either may be None)."""
     _kernels.ffn_forward(y, pre, x, w1, b1, w2, b2, act, float(dropout_p), int(seed or 0),
-                         get_num_threads(), bool(bf16))
+                         get_num_threads(), bool(bf16), *packed)
     return y
 
 
 def ffn_backward_into(dx, dw1, db1, dw2, db2, dy, x, w1, w2, pre, act, dropout_p, seed,
-                       accumulate, h=None, dpre=None, bf16=False):
+                       accumulate, h=None, dpre=None, bf16=False, packed=(None, None)):
     """Gradients of the FFN into caller-owned buffers: dx (N, C) overwritten (None: not
     wanted); dw1 (F, C), db1 (F,), dw2 (C, F), db2 (C,) (each may be None) overwritten, or
     added to when accumulate is True. pre (N, F): the forward's. h, dpre (N, F): scratch,
     allocated when None; dpre may be pre itself (then overwritten: pre is not needed after).
     bf16: h and dpre rounded to bf16 before the products that read them; dy, x, w1, w2 must
-    come rounded."""
+    come rounded; packed: w1's and w2's _kernels.bf16_weight_pack(w, 0) (either may be None)."""
     N, F = pre.shape
     if h is None:
         h = np.empty((N, F), np.float32)
@@ -84,7 +95,7 @@ def ffn_backward_into(dx, dw1, db1, dw2, db2, dy, x, w1, w2, pre, act, dropout_p
         dpre = np.empty((N, F), np.float32)
     _kernels.ffn_backward(dx, dw1, db1, dw2, db2, h, dpre, dy, pre, x, w1, w2, act,
                           float(dropout_p), int(seed or 0), bool(accumulate), get_num_threads(),
-                          bool(bf16))
+                          bool(bf16), *packed)
 
 
 def layer_norm_backward_into(dx, dweight, dbias, dy, x, mean, rstd, weight, residual=None,

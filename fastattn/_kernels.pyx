@@ -74,22 +74,28 @@ cdef extern from "fastattn.h" nogil:
                                const float *dy, const float *mean, const float *rstd,
                                const float *x, const float *residual, const float *weight,
                                int64_t N, int64_t C, int accumulate, int nthreads)
+    ctypedef struct fa_bf16_b:
+        pass
+    fa_bf16_b *fa_bf16_weight_pack(const float *w, int64_t M, int64_t K, int trans)
+    void fa_bf16_weight_free(fa_bf16_b *packed)
     void fa_linear_forward(float *y, float *pre, const float *x, const float *weight,
                            const float *bias, int64_t N, int64_t K, int64_t M, int activation,
-                           int bf16, int nthreads)
+                           int bf16, const fa_bf16_b *wpack, int nthreads)
     void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
                             const float *dy, const float *pre, const float *x,
                             const float *weight, int64_t N, int64_t K, int64_t M,
-                            int activation, int accumulate, int bf16, int nthreads)
+                            int activation, int accumulate, int bf16, const fa_bf16_b *wpack,
+                            int nthreads)
     int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const float *b1,
                        const float *w2, const float *b2, int64_t N, int64_t C, int64_t F,
                        int activation, double dropout_p, uint64_t seed, int bf16,
-                       int nthreads)
+                       const fa_bf16_b *pack1, const fa_bf16_b *pack2, int nthreads)
     void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
                          float *h, float *dpre, const float *dy, const float *pre,
                          const float *x, const float *w1, const float *w2, int64_t N,
                          int64_t C, int64_t F, int activation, double dropout_p, uint64_t seed,
-                         int accumulate, int bf16, int nthreads)
+                         int accumulate, int bf16, const fa_bf16_b *pack1,
+                         const fa_bf16_b *pack2, int nthreads)
     int64_t fa_packed_size(int64_t M, int64_t K)
     void fa_pack_panels(float *wp, const float *w, int64_t M, int64_t K, int nthreads)
     void fa_linear_packed_forward(float *y, const float *x, const float *wp, const float *bias,
@@ -464,11 +470,55 @@ def layer_norm_backward(float[:, ::1] dx, float[::1] dweight, float[::1] dbias,
         raise MemoryError("layer_norm_backward: could not allocate the partial sums")
 
 
+cdef class Bf16WeightPack:
+    """A bf16 training weight (M, K) packed for the bf16 tiles' products (bf16_weight_pack): the
+    forward's w^T (trans 1) or the input gradient's w (trans 0). Holds no reference to the
+    weight: the caller passes it only with the values it was packed from."""
+    cdef fa_bf16_b *p
+    cdef readonly int64_t M, K
+    cdef readonly int trans
+
+    def __dealloc__(self):
+        fa_bf16_weight_free(self.p)
+
+
+def bf16_weight_pack(const float[:, ::1] w not None, int trans):
+    """w (M, K), bf16 values held in float32s: a Bf16WeightPack for the products with bf16=True
+    (trans 1: linear/ffn forwards; 0: their backwards), or None where the bf16 tiles are not
+    the bfloat16 compute type's path (the products then need none)."""
+    cdef fa_bf16_b *p
+    if w.shape[0] == 0 or w.shape[1] == 0:
+        return None
+    with nogil:
+        p = fa_bf16_weight_pack(&w[0, 0], w.shape[0], w.shape[1], trans != 0)
+    if p == NULL:
+        return None
+    cdef Bf16WeightPack out = Bf16WeightPack.__new__(Bf16WeightPack)
+    out.p, out.M, out.K, out.trans = p, w.shape[0], w.shape[1], trans != 0
+    return out
+
+
+cdef const fa_bf16_b *_packed(Bf16WeightPack packed, bint bf16, const float[:, ::1] w, int trans,
+                              str what) except? NULL:
+    """packed's handle after checking it was made for w's shape and this product (NULL for
+    None)."""
+    if packed is None:
+        return NULL
+    if not bf16 or packed.trans != trans or packed.M != w.shape[0] or packed.K != w.shape[1]:
+        raise ValueError(f"{what}: a Bf16WeightPack of ({packed.M}, {packed.K}) trans "
+                         f"{packed.trans} does not fit a bf16={bool(bf16)} product with a "
+                         f"({w.shape[0]}, {w.shape[1]}) weight (trans {trans} wanted)")
+    return packed.p
+
+
 def linear_forward(float[:, ::1] y not None, float[:, ::1] pre, const float[:, ::1] x not None,
                    const float[:, ::1] weight not None,
-                   const float[::1] bias, int activation, int nthreads, bint bf16=False):
+                   const float[::1] bias, int activation, int nthreads, bint bf16=False,
+                   Bf16WeightPack packed=None):
     """y (N, M), pre (N, M) or None, x (N, K), weight (M, K), bias (M) or None. bf16: x and
-    weight hold bf16 values (bf16 training): the product may run on the bf16 tiles."""
+    weight hold bf16 values (bf16 training): the product may run on the bf16 tiles, with the
+    weight's bf16_weight_pack(weight, 1) when given."""
+    cdef const fa_bf16_b *pk = _packed(packed, bf16, weight, 1, "linear_forward")
     cdef float *yp = _p2(y)
     cdef float *pp = _p2(pre)
     cdef const float *xp = _cp2(x)
@@ -476,18 +526,21 @@ def linear_forward(float[:, ::1] y not None, float[:, ::1] pre, const float[:, :
     cdef const float *bp = _cp1(bias)
     with nogil:
         fa_linear_forward(yp, pp, xp, wp, bp, x.shape[0], x.shape[1], weight.shape[0],
-                          activation, bf16, nthreads)
+                          activation, bf16, pk, nthreads)
 
 
 def linear_backward(float[:, ::1] dx, float[:, ::1] dweight, float[::1] dbias,
                     float[:, ::1] dz, const float[:, ::1] dy not None, const float[:, ::1] pre,
                     const float[:, ::1] x not None, const float[:, ::1] weight not None,
-                    int activation, bint accumulate, int nthreads, bint bf16=False):
+                    int activation, bint accumulate, int nthreads, bint bf16=False,
+                    Bf16WeightPack packed=None):
     """dx (N, K) or None, dweight (M, K) or None, dbias (M) or None, dz (N, M) scratch (None
     without an activation and without bf16), dy (N, M), pre (N, M) or None, x (N, K), weight
-    (M, K). bf16: dz rounded to bf16 before the products (x and weight come rounded)."""
+    (M, K). bf16: dz rounded to bf16 before the products (x and weight come rounded), with
+    the weight's bf16_weight_pack(weight, 0) when given."""
     if bf16 and dz is None and x.shape[0] > 0 and weight.shape[0] > 0:
         raise ValueError("linear_backward: bf16 needs the dz scratch")
+    cdef const fa_bf16_b *pk = _packed(packed, bf16, weight, 0, "linear_backward")
     cdef float *dxp = _p2(dx)
     cdef float *dwp = _p2(dweight)
     cdef float *dbp = _p1(dbias)
@@ -498,15 +551,19 @@ def linear_backward(float[:, ::1] dx, float[:, ::1] dweight, float[::1] dbias,
     cdef const float *wp = _cp2(weight)
     with nogil:
         fa_linear_backward(dxp, dwp, dbp, dzp, dyp, pp, xp, wp, x.shape[0], x.shape[1],
-                           weight.shape[0], activation, accumulate, bf16, nthreads)
+                           weight.shape[0], activation, accumulate, bf16, pk, nthreads)
 
 
 def ffn_forward(float[:, ::1] y not None, float[:, ::1] pre, const float[:, ::1] x not None,
                 const float[:, ::1] w1 not None, const float[::1] b1,
                 const float[:, ::1] w2 not None, const float[::1] b2,
-                int activation, double dropout_p, uint64_t seed, int nthreads, bint bf16=False):
+                int activation, double dropout_p, uint64_t seed, int nthreads, bint bf16=False,
+                Bf16WeightPack packed1=None, Bf16WeightPack packed2=None):
     """y (N, C), pre (N, F) or None, x (N, C), w1 (F, C), w2 (C, F). bf16: the hidden rounded
-    to bf16 before the second product (x, w1, w2 come rounded)."""
+    to bf16 before the second product (x, w1, w2 come rounded); packed1, packed2: bf16_weight_pack(w1,
+    1), bf16_weight_pack(w2, 1) or None."""
+    cdef const fa_bf16_b *pk1 = _packed(packed1, bf16, w1, 1, "ffn_forward")
+    cdef const fa_bf16_b *pk2 = _packed(packed2, bf16, w2, 1, "ffn_forward")
     cdef float *yp = _p2(y)
     cdef float *pp = _p2(pre)
     cdef const float *xp = _cp2(x)
@@ -517,7 +574,7 @@ def ffn_forward(float[:, ::1] y not None, float[:, ::1] pre, const float[:, ::1]
     cdef int rc
     with nogil:
         rc = fa_ffn_forward(yp, pp, xp, w1p, b1p, w2p, b2p, x.shape[0], x.shape[1], w1.shape[0],
-                            activation, dropout_p, seed, bf16, nthreads)
+                            activation, dropout_p, seed, bf16, pk1, pk2, nthreads)
     if rc != 0:
         raise MemoryError("ffn: could not allocate the hidden row blocks")
 
@@ -527,9 +584,13 @@ def ffn_backward(float[:, ::1] dx, float[:, ::1] dw1, float[::1] db1, float[:, :
                  const float[:, ::1] dy not None, const float[:, ::1] pre not None,
                  const float[:, ::1] x not None, const float[:, ::1] w1 not None,
                  const float[:, ::1] w2 not None, int activation, double dropout_p,
-                 uint64_t seed, bint accumulate, int nthreads, bint bf16=False):
+                 uint64_t seed, bint accumulate, int nthreads, bint bf16=False,
+                 Bf16WeightPack packed1=None, Bf16WeightPack packed2=None):
     """dx (N, C), dw1 (F, C), db1 (F), dw2 (C, F), db2 (C): each may be None; h, dpre (N, F)
-    scratch (dpre may be pre); dy, x (N, C); pre (N, F); w1 (F, C); w2 (C, F)."""
+    scratch (dpre may be pre); dy, x (N, C); pre (N, F); w1 (F, C); w2 (C, F); packed1,
+    packed2: bf16_weight_pack(w1, 0), bf16_weight_pack(w2, 0) or None (bf16)."""
+    cdef const fa_bf16_b *pk1 = _packed(packed1, bf16, w1, 0, "ffn_backward")
+    cdef const fa_bf16_b *pk2 = _packed(packed2, bf16, w2, 0, "ffn_backward")
     cdef float *dxp = _p2(dx)
     cdef float *dw1p = _p2(dw1)
     cdef float *db1p = _p1(db1)
@@ -545,7 +606,7 @@ def ffn_backward(float[:, ::1] dx, float[:, ::1] dw1, float[::1] db1, float[:, :
     with nogil:
         fa_ffn_backward(dxp, dw1p, db1p, dw2p, db2p, hp, dpp, dyp, pp, xp, w1p, w2p, x.shape[0],
                         x.shape[1], w1.shape[0], activation, dropout_p, seed, accumulate,
-                        bf16, nthreads)
+                        bf16, pk1, pk2, nthreads)
 
 
 def packed_size(int64_t M, int64_t K):

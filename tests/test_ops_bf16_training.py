@@ -173,9 +173,63 @@ def test_compute_type_is_checked():
                 fn(*args, compute_type="bf16")
 
 
+def weight_pack_checks(rng=None):
+    """A weight packed once (the model layer's per-step cache: _fast.bf16_weight_pack) gives the
+    very bits of the per-call packing in all four kinds of product that read it, with row
+    counts on both sides of the tiles' minimum and K past one chunk of the tiles (512)."""
+    from fastattn import _fast
+    rng = np.random.default_rng(5) if rng is None else rng
+    r = lambda shape: reference.round_bfloat16(rand(rng, shape))   # noqa: E731
+    for N, C, F in ((300, 65, 130), (40, 600, 33), (7, 48, 96)):
+        x, w1, w2, b1 = r((N, C)), r((F, C)), r((C, F)), rand(rng, (F,))
+        dy, dyf = r((N, F)), r((N, C))
+        packs = {t: (_fast.bf16_weight_pack(w1, t), _fast.bf16_weight_pack(w2, t))
+                 for t in (0, 1)}
+        if fastattn.build_info()["bf16_path"] not in ("amx", "amx-emulated"):
+            assert all(p is None for pair in packs.values() for p in pair)
+        outs = []
+        for use in (False, True):
+            p0, p1 = packs[0] if use else (None, None), packs[1] if use else (None, None)
+            y, pre = np.empty((N, F), np.float32), np.empty((N, F), np.float32)
+            _fast.linear_into(y, x, w1, b1, 1, pre, bf16=True, packed=p1[0])
+            dx, dw, db = np.empty_like(x), np.empty_like(w1), np.empty_like(b1)
+            _fast.linear_backward_into(dx, dw, db, dy, x, w1, pre.copy(), 1, False, bf16=True,
+                                       packed=p0[0])
+            yf, pref = np.empty((N, C), np.float32), np.empty((N, F), np.float32)
+            _fast.ffn_forward_into(yf, pref, x, w1, b1, w2, None, 1, bf16=True, packed=p1)
+            g = [np.empty_like(a) for a in (x, w1, b1, w2)]
+            _fast.ffn_backward_into(g[0], g[1], g[2], g[3], None, dyf, x, w1, w2, pref, 1, 0.0,
+                                    0, False, bf16=True, packed=p0)
+            outs.append([y, pre, dx, dw, db, yf, pref, *g])
+        for got, want in zip(outs[1], outs[0]):
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_weight_packed_once_gives_the_same_bits():
+    weight_pack_checks()
+
+
+def test_weight_pack_that_does_not_fit_is_refused(rng):
+    from fastattn import _fast
+    if fastattn.build_info()["bf16_path"] not in ("amx", "amx-emulated"):
+        pytest.skip("no bf16 tiles here: nothing is packed")
+    w = reference.round_bfloat16(rand(rng, (40, 24)))
+    x, y = reference.round_bfloat16(rand(rng, (32, 24))), np.empty((32, 40), np.float32)
+    with pytest.raises(ValueError, match=r"linear_forward: a Bf16WeightPack of \(40, 24\) "
+                                         r"trans 0 .*trans 1 wanted"):
+        _fast.linear_into(y, x, w, None, 0, bf16=True, packed=_fast.bf16_weight_pack(w, 0))
+    w2 = reference.round_bfloat16(rand(rng, (40, 25)))
+    with pytest.raises(ValueError, match=r"\(40, 25\) weight"):
+        _fast.linear_into(y, np.zeros((32, 25), np.float32), w2, None, 0, bf16=True,
+                          packed=_fast.bf16_weight_pack(w, 1))
+    with pytest.raises(ValueError, match="bf16=False product"):
+        _fast.linear_into(y, x, w, None, 0, packed=_fast.bf16_weight_pack(w, 1))
+
+
 def isa_checks():
     """Run in a child under each SIMD level (FASTATTN_CPU_ISA) and with fewer OpenMP threads."""
     rng = np.random.default_rng(1)
+    weight_pack_checks(rng)
     test_linear_bf16_against_twin_and_fp32(rng, "relu", (300, 65, 130))
     test_linear_bf16_against_twin_and_fp32(rng, None, (50, 33, 47))
     test_ffn_bf16_against_twin_and_fp32(rng, 0.3, (200, 48, 96))

@@ -355,7 +355,8 @@ class FastBf16Ops(FastOps):
     meaning): every training GEMM (the linear layers' three products, the FFN's, attention's
     forward and backward) multiplies operands rounded to bf16 and sums in float32
     (compute_type "bfloat16" of ops.linear_forward and friends, which the twin emulates).
-    Weights are rounded once per version (bf16_weight: once per optimizer step, not per use);
+    Weights are rounded, and packed for the bf16 tiles where the CPU has them, once per version
+    (bf16_weight: once per optimizer step, not per use);
     activations and gradients are rounded where a product reads them. Layer norm, softmax,
     dropout, the residual stream, embeddings and the loss stay float32, as do the parameters,
     their gradients and the optimizer. Inference (eval) ops are FastOps' own."""
@@ -366,27 +367,33 @@ class FastBf16Ops(FastOps):
 
     @staticmethod
     def linear_train(x, weight, bias, activation, y, pre):
-        return _fast.linear_into(y, rounded(x, "x"), bf16_weight(weight), bias,
-                                 ACTIVATIONS[activation], pre if activation else None, bf16=True)
+        w, packed = bf16_weight(weight, 1)
+        return _fast.linear_into(y, rounded(x, "x"), w, bias, ACTIVATIONS[activation],
+                                 pre if activation else None, bf16=True, packed=packed)
 
     @staticmethod
     def linear_backward(dy, x, weight, pre, activation, dw, db, dx):
-        _fast.linear_backward_into(dx, dw, db, dy, rounded(x, "x"), bf16_weight(weight),
-                                   pre, ACTIVATIONS[activation], True,
-                                   dz=pre if activation else scratch(dy.shape, "dz"), bf16=True)
+        w, packed = bf16_weight(weight, 0 if dx is not None else None)
+        _fast.linear_backward_into(dx, dw, db, dy, rounded(x, "x"), w, pre,
+                                   ACTIVATIONS[activation], True,
+                                   dz=pre if activation else scratch(dy.shape, "dz"), bf16=True,
+                                   packed=packed)
         return dx
 
     @staticmethod
     def ffn_train(x, w1, b1, w2, b2, activation, p, seed, y, pre):
-        return _fast.ffn_forward_into(y, pre, rounded(x, "x"), bf16_weight(w1), b1,
-                                      bf16_weight(w2), b2, ACTIVATIONS[activation], p, seed,
-                                      bf16=True)
+        (w1, p1), (w2, p2) = bf16_weight(w1, 1), bf16_weight(w2, 1)
+        return _fast.ffn_forward_into(y, pre, rounded(x, "x"), w1, b1, w2, b2,
+                                      ACTIVATIONS[activation], p, seed, bf16=True,
+                                      packed=(p1, p2))
 
     @staticmethod
     def ffn_backward(dy, x, w1, b1, w2, b2, pre, activation, p, seed, grads, dx, h):
-        _fast.ffn_backward_into(dx, *grads, rounded(dy, "dy"), rounded(x, "x"),
-                                bf16_weight(w1), bf16_weight(w2), pre, ACTIVATIONS[activation],
-                                p, seed, True, h=h, dpre=pre, bf16=True)
+        (w1, p1) = bf16_weight(w1, 0 if dx is not None else None)
+        (w2, p2) = bf16_weight(w2, 0)
+        _fast.ffn_backward_into(dx, *grads, rounded(dy, "dy"), rounded(x, "x"), w1, w2, pre,
+                                ACTIVATIONS[activation], p, seed, True, h=h, dpre=pre,
+                                bf16=True, packed=(p1, p2))
         return dx
 
     @staticmethod
@@ -413,8 +420,9 @@ class ReferenceBf16Ops(ReferenceOps):
     compute_type = "bfloat16"
 
 
-# weight -> its bf16-rounded copy, remade when the weight's version moves (an optimizer step,
-# an edit): keyed by the parameter's write counter (shared by its slices) and the slice
+# weight -> its bf16-rounded copy and that copy's packed forms for the tiles, remade when the
+# weight's version moves (an optimizer step, an edit): keyed by the parameter's write counter
+# (shared by its slices) and the slice
 _BF16_COPIES = weakref.WeakKeyDictionary()
 
 
@@ -440,20 +448,25 @@ def rounded(x, slot):
     return _fast.round_bf16(x, scratch(x.shape, slot))
 
 
-def bf16_weight(w):
-    """w (a parameter or a slice of one) rounded to bf16 as float32 values, made once per
-    version of the parameter; a plain array is rounded at every call."""
+def bf16_weight(w, trans=None):
+    """(w rounded to bf16 as float32 values, its _kernels.bf16_weight_pack(rounded, trans) or
+    None) for w a parameter or a slice of one, each made once per version of the parameter
+    (trans None: no packed form wanted; the pack is None where the CPU's bf16 path is not the
+    tiles). A plain array is rounded at every call and not packed."""
     if not isinstance(w, Parameter):
-        return _fast.round_bf16(w)
+        return _fast.round_bf16(w), None
     box = w.version_box
     key = (w.__array_interface__["data"][0], w.shape, w.strides)
     copies = _BF16_COPIES.setdefault(box, {})
     hit = copies.get(key)
-    if hit is not None and hit[0] == box.n:
-        return hit[1]
-    copy = _fast.round_bf16(w)
-    copies[key] = (box.n, copy)
-    return copy
+    if hit is None or hit[0] != box.n:
+        hit = copies[key] = (box.n, _fast.round_bf16(w), {})
+    _, copy, packs = hit
+    if trans is None:
+        return copy, None
+    if trans not in packs:
+        packs[trans] = _fast.bf16_weight_pack(copy, trans)
+    return copy, packs[trans]
 
 
 def _compute(bf16):

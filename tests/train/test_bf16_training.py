@@ -89,16 +89,35 @@ def test_weight_copies_are_made_once_per_version():
     tok = char_tokenizer()
     m = tiny_model(tok)
     w = m.transformer.encoder.layers[0].linear1.weight
-    first = bf16_weight(w)
-    assert bf16_weight(w) is first                       # a second use: the same copy
+    first, _ = bf16_weight(w)
+    assert bf16_weight(w)[0] is first                    # a second use: the same copy
     assert np.array_equal(first, fastattn.reference.round_bfloat16(w))
     sliced = m.transformer.encoder.layers[0].self_attn.in_proj_weight[32:64]
-    assert bf16_weight(sliced) is bf16_weight(sliced)   # slices are cached too
+    assert bf16_weight(sliced)[0] is bf16_weight(sliced)[0]   # slices are cached too
     w *= 2.0                                              # a write: a new version
-    second = bf16_weight(w)
+    second, _ = bf16_weight(w)
     assert second is not first and np.array_equal(second, 2.0 * first)
     plain = np.asarray(w).copy()
-    assert bf16_weight(plain) is not bf16_weight(plain)  # not a parameter: rounded per call
+    assert bf16_weight(plain)[0] is not bf16_weight(plain)[0]  # not a parameter: per call
+    assert bf16_weight(plain, 1)[1] is None                    # ... and never packed
+
+
+def test_packed_forms_are_made_once_per_version():
+    """On the bf16 tiles (real or emulated) each weight's packed forms, like its rounded copy,
+    are made once per version: a second use gets the same object, a write a new one."""
+    info = fastattn.build_info()
+    tiles = info["bf16_path"] in ("amx", "amx-emulated")
+    tok = char_tokenizer()
+    m = tiny_model(tok)
+    w = m.transformer.encoder.layers[0].linear1.weight
+    fwd, bwd = bf16_weight(w, 1)[1], bf16_weight(w, 0)[1]
+    if not tiles:
+        assert fwd is None and bwd is None
+        return
+    assert (fwd.M, fwd.K, fwd.trans) == (*w.shape, 1) and (bwd.trans == 0)
+    assert bf16_weight(w, 1)[1] is fwd and bf16_weight(w, 0)[1] is bwd
+    w += 1.0
+    assert bf16_weight(w, 1)[1] is not fwd
 
 
 def _learn(precision):
