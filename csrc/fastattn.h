@@ -666,6 +666,11 @@ void fa_to_bfloat16(uint16_t *bits, const float *x, int64_t n, int nthreads);
  * rounding.
  *   dst, src  (n) */
 void fa_round_bfloat16(float *dst, const float *src, int64_t n, int nthreads);
+/* fa_round_bfloat16_bits -- the same rounding kept as bits (bf16 training keeps the operands
+ * its backward products read so, at half the memory); fa_widen_bfloat16 -- dst[i] = the float32
+ * value of bits[i] (exact).   dst, src, bits  (n) */
+void fa_round_bfloat16_bits(uint16_t *bits, const float *src, int64_t n, int nthreads);
+void fa_widen_bfloat16(float *dst, const uint16_t *bits, int64_t n, int nthreads);
 
 /* fa_bf16_pack -- a bf16 weight (M, K) laid out for fa_linear_bf16_forward.
  *   wp  (fa_bf16_packed_size(M, K))  out, uint16; panels of features, zero past M

@@ -347,6 +347,26 @@ void fa_round_bfloat16(float *dst, const float *src, int64_t n, int nthreads)
     }
 }
 
+void fa_round_bfloat16_bits(uint16_t *bits, const float *src, int64_t n, int nthreads)
+{
+    const int64_t chunk = 16384;
+    const int64_t nchunks = (n + chunk - 1) / chunk;
+    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)n, 1e6);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t c = 0; c < nchunks; c++) {
+        const int64_t lo = c * chunk, len = n - lo < chunk ? n - lo : chunk;
+        fa_k->bfc_round_row(bits + lo, src + lo, len, len, 0);
+    }
+}
+
+void fa_widen_bfloat16(float *dst, const uint16_t *bits, int64_t n, int nthreads)
+{
+    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)n, 1e6);
+    uint32_t *d = (uint32_t *)(void *)dst;
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t i = 0; i < n; i++) d[i] = (uint32_t)bits[i] << 16;
+}
+
 int64_t fa_bf16_packed_size(int64_t M, int64_t K) { return round_up(M, BF_PANEL) * K; }
 
 void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nthreads)

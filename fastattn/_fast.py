@@ -46,6 +46,19 @@ def bf16_weight_pack(w, trans):
     return _kernels.bf16_weight_pack(w, trans)
 
 
+def round_bf16_bits(x, out):
+    """x (C-contiguous float32) rounded to bf16 as round_bf16 rounds it, into the bits `out`
+    (uint16, x's shape, C-contiguous) -> out."""
+    _kernels.round_bfloat16_bits(out.reshape(-1), x.reshape(-1), get_num_threads())
+    return out
+
+
+def widen_bf16(bits, out):
+    """The float32 values of bf16 bits (C-contiguous) into `out` (x's shape) -> out."""
+    _kernels.widen_bfloat16(out.reshape(-1), bits.reshape(-1), get_num_threads())
+    return out
+
+
 def linear_backward_into(dx, dweight, dbias, dy, x, weight, pre, act, accumulate, dz=None,
                          bf16=False, packed=None):
     """Gradients of y = act(x @ weight.T + b) into caller-owned buffers: dx (N, K) (None: not

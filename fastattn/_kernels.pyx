@@ -121,6 +121,8 @@ cdef extern from "fastattn.h" nogil:
                                int activation, int nthreads)
     void fa_to_bfloat16(uint16_t *bits, const float *x, int64_t n, int nthreads)
     void fa_round_bfloat16(float *dst, const float *src, int64_t n, int nthreads)
+    void fa_round_bfloat16_bits(uint16_t *bits, const float *src, int64_t n, int nthreads)
+    void fa_widen_bfloat16(float *dst, const uint16_t *bits, int64_t n, int nthreads)
     int64_t fa_bf16_packed_size(int64_t M, int64_t K)
     void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nthreads)
     int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
@@ -859,6 +861,31 @@ def round_bfloat16(float[::1] dst not None, const float[::1] src not None, int n
     cdef const float *sp = &src[0]
     with nogil:
         fa_round_bfloat16(dp, sp, src.shape[0], nthreads)
+
+
+def round_bfloat16_bits(uint16_t[::1] bits not None, const float[::1] src not None,
+                        int nthreads):
+    """bits = src rounded to bf16 as round_bfloat16 rounds it, kept as bits."""
+    if bits.shape[0] != src.shape[0]:
+        raise ValueError("round_bfloat16_bits: bits and src differ in size")
+    if src.shape[0] == 0:
+        return
+    cdef uint16_t *bp = &bits[0]
+    cdef const float *sp = &src[0]
+    with nogil:
+        fa_round_bfloat16_bits(bp, sp, src.shape[0], nthreads)
+
+
+def widen_bfloat16(float[::1] dst not None, const uint16_t[::1] bits not None, int nthreads):
+    """dst = the float32 values of bf16 bits."""
+    if bits.shape[0] != dst.shape[0]:
+        raise ValueError("widen_bfloat16: dst and bits differ in size")
+    if dst.shape[0] == 0:
+        return
+    cdef float *dp = &dst[0]
+    cdef const uint16_t *bp = &bits[0]
+    with nogil:
+        fa_widen_bfloat16(dp, bp, dst.shape[0], nthreads)
 
 
 def to_bfloat16(uint16_t[::1] bits not None, const float[::1] x not None, int nthreads):

@@ -287,28 +287,38 @@ class MultiheadAttention(Module):
         dropout on its weights) writes the context straight into out_proj's input layout, and
         everything the backward needs is kept, in this module's buffers."""
         C, H, D = self.embed_dim, self.num_heads, self.head_dim
-        bufs = self._bufs()
-        proj, heads = [], {}
+        bufs, ops_ = self._bufs(), self._ops
+        proj, projected, heads = [], [], {}
         for x, part in inputs:
             B, L, K = x.shape
             x2 = x.reshape(B * L, K)
             w, b = self._in_proj(part)
-            y = self._ops.linear_train(x2, w, b, None, bufs.get(part, (B * L, len(part) * C)),
-                                       None)
+            y = ops_.linear_train(x2, w, b, None,
+                                  ops_.head_buffer(bufs, part, (B * L, len(part) * C)), None)
             proj.append((x2, part))
             if part in ("k", "v") and self._extra_keys:     # bias_k / zero key appended
                 y = self._with_extra_keys(
                     y.reshape(B, L, C), part,
-                    bufs.get("ext." + part, (B, L + self._extra_keys, C))).reshape(-1, C)
+                    ops_.head_buffer(bufs, "ext." + part,
+                                     (B, L + self._extra_keys, C))).reshape(-1, C)
+            projected.append((y, part))
             heads.update(self._part_heads(y, part, B))
         q, k, v = heads["q"], heads["k"], heads["v"]
         B, _, Lq, _ = q.shape
         ctx = bufs.get("ctx", (B, Lq, H, D))
         out, lse = ctx.transpose(0, 2, 1, 3), bufs.get("lse", (B, H, Lq))
         seed = ws.seed() if self.dropout > 0 else None
-        self._ops.attention_train(q, k, v, mask, self.dropout, seed, out, lse)
+        ops_.attention_train(q, k, v, mask, self.dropout, seed, out, lse)
+        kept = [(ops_.keep_heads(y, bufs, part), part) for y, part in projected]
         y, out_saved = self.out_proj._forward_train(ctx.reshape(B * Lq, C))
-        return y, AttentionSaved(proj, q, k, v, out, lse, mask, seed, out_saved)
+        return y, AttentionSaved(proj, kept, out, lse, mask, seed, out_saved)
+
+    def _kept_heads(self, saved):
+        """The record's q, k, v as float32 (B, H, L, D) views (ops.kept_heads)."""
+        heads, B = {}, saved.out.shape[0]
+        for kept, part in saved.kept:
+            heads.update(self._part_heads(self._ops.kept_heads(kept, "kept." + part), part, B))
+        return heads["q"], heads["k"], heads["v"]
 
     def _part_heads(self, y, part, B):
         """{name: (B, H, L, D) view} of the heads of y (B*L, len(part)*C), one per letter."""
@@ -321,7 +331,7 @@ class MultiheadAttention(Module):
         inputs, written into dxs (one (B*L, C) buffer per input, in order); accumulates
         in_proj_* and out_proj.* gradients. Scratch comes from `bufs` (the backward's shared
         buffers)."""
-        proj, q, k, v = saved.inputs, saved.q, saved.k, saved.v
+        proj, (q, k, v) = saved.inputs, self._kept_heads(saved)
         out, lse, mask, seed = saved.out, saved.lse, saved.mask, saved.seed
         B, H, Lq, D = q.shape
         C = H * D
@@ -437,7 +447,7 @@ class MultiheadAttention(Module):
             self._saved = PublicSaved(saved, (q.shape, k.shape, v.shape), layout)
             if not need_weights:
                 return out, None
-            heads = (saved.q, saved.k, saved.v)
+            heads = self._kept_heads(saved)
             _, w = self._ops.F.attention(*heads, mask=mask.bias,
                                          key_padding_mask=mask.key_padding(*heads[:2]),
                                          causal=mask.causal, return_weights=True,

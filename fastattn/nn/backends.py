@@ -44,6 +44,25 @@ class _TrainingOps:
     precision = "fp32"
     compute_type = "float32"     # of the training GEMMs: "bfloat16" in the bf16 tables
 
+    # Attention's projected q, k, v: what a training forward writes them into, what its record
+    # keeps of them, and the float32 heads its backward reads back (bf16 training keeps them
+    # as bf16 bits: the backward's products read them rounded anyway).
+    @staticmethod
+    def head_buffer(bufs, key, shape):
+        """The (N, n*C) array a projection writes its heads into."""
+        return bufs.get(key, shape)
+
+    @staticmethod
+    def keep_heads(y, bufs, key):
+        """What the record keeps of y (N, n*C), a head_buffer, after the attention read it."""
+        return y
+
+    @staticmethod
+    def kept_heads(kept, slot):
+        """keep_heads' result -> float32 (N, n*C) for the backward (valid until this thread
+        asks for `slot` again)."""
+        return kept
+
     @classmethod
     def linear_train(cls, x, weight, bias, activation, y, pre):
         """y (N, M) = act(x weight^T + bias); pre (N, M) keeps the pre-activation (None
@@ -356,7 +375,8 @@ class FastBf16Ops(FastOps):
     forward and backward) multiplies operands rounded to bf16 and sums in float32
     (compute_type "bfloat16" of ops.linear_forward and friends, which the twin emulates).
     Weights are rounded, and packed for the bf16 tiles where the CPU has them, once per version
-    (bf16_weight: once per optimizer step, not per use);
+    (bf16_weight: once per optimizer step, not per use); attention's q, k and v are kept for
+    the backward as bf16 bits (keep_heads), which is all its products read of them;
     activations and gradients are rounded where a product reads them. Layer norm, softmax,
     dropout, the residual stream, embeddings and the loss stay float32, as do the parameters,
     their gradients and the optimizer. Inference (eval) ops are FastOps' own."""
@@ -404,12 +424,27 @@ class FastBf16Ops(FastOps):
 
     @staticmethod
     def attention_backward(dout, q, k, v, out, lse, mask, p, seed, dq, dk, dv):
+        """q, k, v hold bf16 values (kept_heads' widened bits); dout is rounded here."""
         bias, scale = _attention_bias(q, k, mask)
-        q, k, v, dout = (rounded(t, slot) for t, slot in ((q, "q"), (k, "k"), (v, "v"),
-                                                          (dout, "dy")))
-        _fast.attention_backward_into(dq, dk, dv, dout, out, lse.reshape(-1), q, k, v, bias,
-                                      mask.key_bias, mask.causal, scale, p, seed, bf16=True)
+        _fast.attention_backward_into(dq, dk, dv, rounded(dout, "dy"), out, lse.reshape(-1), q,
+                                      k, v, bias, mask.key_bias, mask.causal, scale, p, seed,
+                                      bf16=True)
         return dq, dk, dv
+
+    @staticmethod
+    def head_buffer(bufs, key, shape):
+        """A per-thread scratch array: only the bits are kept (keep_heads)."""
+        return scratch(shape, "heads." + key)
+
+    @staticmethod
+    def keep_heads(y, bufs, key):
+        """y rounded to bf16 as the attention's products round it, kept as bits (half of
+        float32's memory)."""
+        return _fast.round_bf16_bits(y, bufs.get("bf16." + key, y.shape, np.uint16))
+
+    @staticmethod
+    def kept_heads(kept, slot):
+        return _fast.widen_bf16(kept, scratch(kept.shape, slot))
 
 
 class ReferenceBf16Ops(ReferenceOps):

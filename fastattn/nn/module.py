@@ -424,7 +424,7 @@ class Module(metaclass=_Built):
         """This module's training buffers (backends.Buffers): on the fast backend in training
         mode they are kept from step to step (a warmed-up step allocates no arrays; eval()
         frees them); otherwise every request is a new array."""
-        if not self.training or self._ops is not FastOps:
+        if not self.training or not issubclass(self._ops, FastOps):
             return _FRESH
         if self._buffers is None:
             self._buffers = Buffers(reuse=True)

@@ -44,9 +44,9 @@ class NormSaved(_Record):
 class AttentionSaved(_Record):
     """MultiheadAttention: the projections, the attention, out_proj."""
     __slots__ = ("inputs",      # [(x (N_i, K_i), part)]: each input and its in_proj rows
-                 "q",           # (B, H, Lq, D) view of the projection's buffer
-                 "k",           # (B, H, Lk, D) (extra keys of add_bias_kv / add_zero_attn in)
-                 "v",           # (B, H, Lk, D)
+                 "kept",        # [(y (N_i', n*C), part)]: the projections' q, k, v as the
+                                # ops keep them (keep_heads: float32, or bf16 bits in bf16
+                                # training), extra keys of add_bias_kv / add_zero_attn in
                  "out",         # (B, H, Lq, D) the attention's output (view of out_proj's x)
                  "lse",         # (B, H, Lq) log-sum-exp of each query's scores
                  "mask",        # masks.Mask

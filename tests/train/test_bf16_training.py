@@ -120,6 +120,37 @@ def test_packed_forms_are_made_once_per_version():
     assert bf16_weight(w, 1)[1] is not fwd
 
 
+@pytest.mark.parametrize("extra", [{}, {"add_bias_kv": True, "add_zero_attn": True},
+                                   {"kdim": 24, "vdim": 40}])
+def test_attention_keeps_its_heads_as_bf16_bits(extra):
+    """In bf16 training a MultiheadAttention keeps q, k and v for its backward as bf16 bits
+    (half the memory; the backward's products read them rounded), with the extra keys of
+    add_bias_kv / add_zero_attn and separate key / value projections too; its gradients stay
+    the twin's, and the weights a need_weights call returns are those of the rounded heads."""
+    from fastattn.nn import MultiheadAttention
+    rng = np.random.default_rng(2)
+    C, H, B, L, S = 32, 4, 3, 7, 9
+    q = rng.standard_normal((B, L, C)).astype(np.float32)
+    k = rng.standard_normal((B, S, extra.get("kdim", C))).astype(np.float32)
+    v = rng.standard_normal((B, S, extra.get("vdim", C))).astype(np.float32)
+    dy = rng.standard_normal((B, L, C)).astype(np.float32)
+    got = {}
+    for backend in ("fast", "reference"):
+        m = MultiheadAttention(C, H, batch_first=True, seed=1, **extra)
+        m.to_backend(backend).set_precision("bf16").train()
+        out, w = m(q, k, v, need_weights=True)
+        kept = m._saved.record.kept
+        if backend == "fast":
+            assert all(y.dtype == np.uint16 for y, _ in kept)
+        grads = m.backward(dy)
+        got[backend] = (out, w, grads, {n: g.copy() for n, g in m.named_grads()})
+    (out, w, grads, pg), (t_out, t_w, t_grads, t_pg) = got["fast"], got["reference"]
+    assert rel(out, t_out) <= 1e-3 and rel(w, t_w) <= 1e-2
+    for a, b in zip(grads, t_grads):
+        assert rel(a, b) <= MODEL_TWIN
+    assert rel(flat(pg), flat(t_pg)) <= MODEL_TWIN
+
+
 def _learn(precision):
     """The reversal task of test_learning, 400 held-out pairs, a cosine schedule (its rate
     decays to 0, so the run settles instead of stopping at an arbitrary point of its
