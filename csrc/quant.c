@@ -335,11 +335,15 @@ void fa_to_bfloat16(uint16_t *bits, const float *x, int64_t n, int nthreads)
     for (int64_t i = 0; i < n; i++) bits[i] = bf16_round(x[i]);
 }
 
+/* the bf16 training's passes over activations (a few hundred thousand values a call) split
+ * over the threads from this many values: their fork costs a few microseconds */
+#define BF16_PASS_GRAIN 65536.0
+
 void fa_round_bfloat16(float *dst, const float *src, int64_t n, int nthreads)
 {
     const int64_t chunk = 16384;
     const int64_t nchunks = (n + chunk - 1) / chunk;
-    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)n, 1e6);
+    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)n, BF16_PASS_GRAIN);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t c = 0; c < nchunks; c++) {
         const int64_t lo = c * chunk, len = n - lo < chunk ? n - lo : chunk;
@@ -351,7 +355,7 @@ void fa_round_bfloat16_bits(uint16_t *bits, const float *src, int64_t n, int nth
 {
     const int64_t chunk = 16384;
     const int64_t nchunks = (n + chunk - 1) / chunk;
-    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)n, 1e6);
+    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)n, BF16_PASS_GRAIN);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t c = 0; c < nchunks; c++) {
         const int64_t lo = c * chunk, len = n - lo < chunk ? n - lo : chunk;
@@ -361,7 +365,7 @@ void fa_round_bfloat16_bits(uint16_t *bits, const float *src, int64_t n, int nth
 
 void fa_widen_bfloat16(float *dst, const uint16_t *bits, int64_t n, int nthreads)
 {
-    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)n, 1e6);
+    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)n, BF16_PASS_GRAIN);
     uint32_t *d = (uint32_t *)(void *)dst;
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t i = 0; i < n; i++) d[i] = (uint32_t)bits[i] << 16;

@@ -495,7 +495,8 @@ def bf16_weight(w, trans=None):
     copies = _BF16_COPIES.setdefault(box, {})
     hit = copies.get(key)
     if hit is None or hit[0] != box.n:
-        hit = copies[key] = (box.n, _fast.round_bf16(w), {})
+        # a new version rounds into the old one's array: no fresh pages every step
+        hit = copies[key] = (box.n, _fast.round_bf16(w, None if hit is None else hit[1]), {})
     _, copy, packs = hit
     if trans is None:
         return copy, None
