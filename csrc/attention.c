@@ -53,6 +53,9 @@ float att_lse(float m, float l)
 /* ---- bf16 attention's path ----------------------------------------------------------------- */
 
 int fa_att_bf16_dot = 0, fa_att_bf16_dot_rows = 0, fa_att_bf16_cvt = 0;
+const fa_q8_kernels *fa_att_tiles = NULL;
+static int g_att_path = FA_ATT_BF16_FMA;
+static int g_att_pending = 0;   /* 1: amx chosen by default, the tile permission not asked yet */
 
 int fa_attention_bf16_supports(int path)
 {
@@ -64,6 +67,18 @@ int fa_attention_bf16_supports(int path)
 #if defined(FA_HAVE_V4) && defined(ATT_HAVE_BF16_DOT)
         __builtin_cpu_init();
         return fa_cpu_level() >= FA_ISA_AVX512 && __builtin_cpu_supports("avx512bf16");
+#else
+        return 0;
+#endif
+    case FA_ATT_BF16_AMX:
+#if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX) && defined(ATT_HAVE_BF16_DOT)
+        return fa_cpu_level() >= FA_ISA_AVX512 && fa_amx_bf16_usable();
+#else
+        return 0;
+#endif
+    case FA_ATT_BF16_AMX_EMULATED:
+#if defined(FA_HAVE_V4) && defined(ATT_HAVE_BF16_DOT)
+        return fa_cpu_level() >= FA_ISA_AVX512;
 #else
         return 0;
 #endif
@@ -89,32 +104,66 @@ static int cpu_has_amx_bf16(void)
 #endif
 }
 
-/* Default: vdpbf16ps everywhere where it outruns FMA (AVX512_BF16 without AMX), in the
- * one-row pass only on AMX CPUs, nowhere without AVX512_BF16. */
+static void att_set_path(int path)
+{
+    g_att_path = path;
+    fa_att_bf16_dot = path == FA_ATT_BF16_DOT;
+    /* the one-row pass and the rounding use the AVX512_BF16 instructions wherever the CPU has
+     * them (the emulated tiles' path also runs on CPUs without) */
+    fa_att_bf16_dot_rows = path == FA_ATT_BF16_DOT || path == FA_ATT_BF16_DOT_ROWS ||
+                           ((path == FA_ATT_BF16_AMX || path == FA_ATT_BF16_AMX_EMULATED) &&
+                            fa_attention_bf16_supports(FA_ATT_BF16_DOT));
+    fa_att_bf16_cvt = fa_att_bf16_dot_rows;
+    const fa_q8_kernels *tiles = NULL;
+#if defined(FA_HAVE_V4) && defined(ATT_HAVE_BF16_DOT)
+    if (path == FA_ATT_BF16_AMX_EMULATED) tiles = &fa_q8_amx_emulated;
+#endif
+#if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX) && defined(ATT_HAVE_BF16_DOT)
+    if (path == FA_ATT_BF16_AMX) tiles = &fa_q8_amx;
+#endif
+    fa_att_tiles = tiles;
+}
+
+/* Default: the AMX tiles where the CPU has them (the permission asked for at the first use:
+ * fa_att_tiles_ready), else vdpbf16ps everywhere where it outruns FMA (AVX512_BF16 without
+ * AMX), FMA without AVX512_BF16. */
 int fa_attention_bf16_init(int forced)
 {
-    int path = forced;
-    if (path >= 0) {
-        if (!fa_attention_bf16_supports(path)) return -1;
-    } else {
-        path = !fa_attention_bf16_supports(FA_ATT_BF16_DOT) ? FA_ATT_BF16_FMA
-               : cpu_has_amx_bf16()                         ? FA_ATT_BF16_DOT_ROWS
-                                                            : FA_ATT_BF16_DOT;
+    g_att_pending = 0;
+    if (forced >= 0) {
+        if (!fa_attention_bf16_supports(forced)) return -1;
+        if (forced == FA_ATT_BF16_AMX && !fa_amx_grant()) return -2;
+        att_set_path(forced);
+        return 0;
     }
-    fa_att_bf16_dot = path == FA_ATT_BF16_DOT;
-    fa_att_bf16_dot_rows = path != FA_ATT_BF16_FMA;
-    fa_att_bf16_cvt = path != FA_ATT_BF16_FMA;
+    if (fa_attention_bf16_supports(FA_ATT_BF16_AMX)) {
+        att_set_path(FA_ATT_BF16_AMX);
+        g_att_pending = 1;
+        return 0;
+    }
+    att_set_path(!fa_attention_bf16_supports(FA_ATT_BF16_DOT) ? FA_ATT_BF16_FMA
+                 : cpu_has_amx_bf16()                         ? FA_ATT_BF16_DOT_ROWS
+                                                              : FA_ATT_BF16_DOT);
     return 0;
 }
 
-int fa_attention_bf16_path(void)
+/* A default amx asks Linux for the tile data here, at the first bf16 attention of many
+ * queries (not at import: a process that never uses it is not changed), and falls back to
+ * DOT_ROWS if refused. Concurrent first calls may both ask; the request is idempotent. */
+const fa_q8_kernels *fa_att_tiles_ready(void)
 {
-    return fa_att_bf16_dot ? FA_ATT_BF16_DOT
-           : fa_att_bf16_dot_rows ? FA_ATT_BF16_DOT_ROWS : FA_ATT_BF16_FMA;
+    if (__atomic_load_n(&g_att_pending, __ATOMIC_ACQUIRE)) {
+        if (!fa_amx_grant()) att_set_path(FA_ATT_BF16_DOT_ROWS);
+        __atomic_store_n(&g_att_pending, 0, __ATOMIC_RELEASE);
+    }
+    return fa_att_tiles;
 }
+
+int fa_attention_bf16_path(void) { return g_att_path; }
 
 int fa_attention_forward(const fa_attention_args *a, int nthreads)
 {
+    if (a->bf16) fa_att_tiles_ready();    /* before the threads read fa_att_tiles */
     return fa_k->attention_forward(a, nthreads);
 }
 

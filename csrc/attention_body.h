@@ -116,10 +116,13 @@ static void att_bf16_row(float *FA_RESTRICT dst, const float *FA_RESTRICT src, i
     for (; e < n; e++) dst[e] = att_bf16s(src[e]);
 }
 
+/* rows of qt: D, at least 16 in bf16 (the tiles read the queries' pairs in blocks of 16) */
+static int64_t att_qt_rows(int64_t D, int bf16) { return bf16 && D < 16 ? 16 : D; }
+
 static int64_t attention_scratch(int64_t D, int64_t Dv, int bf16)
 {
     const int64_t extra = bf16 ? ATT_BK * (D + 32) + (ATT_BK + 2) * (Dv + 16) + (ATT_BK / 2 + 1) * BQ : 0;
-    return D * BQ + ATT_BK * BQ + Dv * BQ + 2 * BQ + extra;
+    return att_qt_rows(D, bf16) * BQ + ATT_BK * BQ + Dv * BQ + 2 * BQ + extra;
 }
 
 /* The rows left over after whole register tiles of MR rows (MR <= 8): a tile of 4, of 2, of 1,
@@ -394,6 +397,50 @@ ATT_DOT static void att_bf16_row_cvt(float *dst, const float *src, int64_t n)
 #undef D2P
 #endif /* the dot path */
 
+#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
+/* ---- the amx paths: the many-query pass's two products on the tiles (fa_att_tiles,
+ * quant_amx.h), the queries in the dot path's pairs (dot_pack_q), the rest as above */
+_Static_assert(BQ % 32 == 0, "the tiles' attention products take pairs of 16 queries");
+
+/* qt in pairs (dot_pack_q): its pair rows past ceil(D / 2), up to a whole block of 16, zeroed */
+static void amx_pad_q(float *qt, int64_t D)
+{
+    const int64_t d2s = (D + 1) / 2;
+    for (int64_t d2 = d2s; d2 < (d2s + 15) / 16 * 16; d2++)
+        for (int64_t i = 0; i < BQ; i++) qt[d2 * BQ + i] = 0.0f;
+}
+
+static void amx_scores(const fa_attention_args *a, const float *k, float *st, VF *mx,
+                       const float *qt, float *kb, int64_t nb)
+{
+    const float sc = a->scale * FA_LOG2E;
+    fa_att_tiles->att_scores(st, BQ, k, a->k_st[2], nb, a->D, (const uint32_t *)qt,
+                             (uint32_t *)kb);
+    for (int64_t j = 0; j < nb; j++)
+        for (int c = 0; c < NR; c++) {
+            const VF x = vload(st + j * BQ + c * FA_VL) * vsplat(sc);
+            vstore(st + j * BQ + c * FA_VL, x);
+            mx[c] = vmax(mx[c], x);
+        }
+}
+
+/* pp[t][:] = the pairs (P^[2t][:], P^[2t + 1][:]), zero past nb, for whole blocks of 16 t */
+static void amx_pv(const fa_attention_args *a, int64_t nb, const float *st, float *ot,
+                   const float *v, float *vb, float *pp)
+{
+    const int64_t n16 = ((nb + 1) / 2 + 15) / 16 * 16;
+    for (int64_t t = 0; t < n16; t++)
+        for (int c = 0; c < NR; c++) {
+            VF lo = vsplat(0.0f), hi = vsplat(0.0f);
+            if (2 * t < nb) lo = vload(st + 2 * t * BQ + c * FA_VL);
+            if (2 * t + 1 < nb) hi = vload(st + (2 * t + 1) * BQ + c * FA_VL);
+            *(VU *)(pp + t * BQ + c * FA_VL) = att_pair(lo, hi);
+        }
+    fa_att_tiles->att_pv(ot, BQ, a->Dv, v, a->v_st[2], nb, (const uint32_t *)pp,
+                         (uint32_t *)vb);
+}
+#endif /* the amx paths */
+
 /* dst[e] = bf16(src[e]) for e < n, widened (the instruction where the CPU has it: fa_att_bf16_cvt);
  * dst may be src */
 static void att_round(float *dst, const float *src, int64_t n)
@@ -419,6 +466,10 @@ static void bf16_scores(const fa_attention_args *a, const float *k, float *st, V
     const float sc = a->scale * FA_LOG2E;
     for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
 #if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
+    if (fa_att_tiles) {
+        amx_scores(a, k, st, mx, qt, kb, nb);
+        return;
+    }
     if (fa_att_bf16_dot) {
         dot_pack_k((uint32_t *)kb, k, ksl, nb, D);
         dot_score_tile(st, mx, qt, (const uint32_t *)kb, nb, D, sc);
@@ -511,6 +562,10 @@ static void bf16_pv(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0
 {
     const int64_t Dv = a->Dv, vsl = a->v_st[2];
 #if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
+    if (fa_att_tiles && !care) {
+        amx_pv(a, nb, st, ot, v, vb, pp);
+        return;
+    }
     if (fa_att_bf16_dot && !care) {
         dot_pv_tile(ot, st, v, vsl, nb, Dv, (uint32_t *)vb, (uint32_t *)pp);
         return;
@@ -573,7 +628,7 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
 {
     const int64_t D = a->D, Dv = a->Dv, Lq = a->Lq, Lk = a->Lk, off = Lk - Lq;
     const int64_t i0 = qb * BQ, nq = Lq - i0 < BQ ? Lq - i0 : BQ;
-    float *qt = scratch, *st = qt + D * BQ, *ot = st + ATT_BK * BQ;
+    float *qt = scratch, *st = qt + att_qt_rows(D, a->bf16) * BQ, *ot = st + ATT_BK * BQ;
     float *m = ot + Dv * BQ, *l = m + BQ;
     float *kb = NULL, *vb = NULL, *pp = NULL;                           /* bf16 only */
     if (a->bf16) {
@@ -612,7 +667,8 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
         transpose(qt, BQ, q_bh + i0 * a->q_st[2], a->q_st[2], nq, D, 1.0f, NULL);
         att_round(qt, qt, D * BQ);
 #if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-        if (fa_att_bf16_dot) dot_pack_q(qt, D);
+        if (fa_att_bf16_dot || fa_att_tiles) dot_pack_q(qt, D);
+        if (fa_att_tiles) amx_pad_q(qt, D);
 #endif
     }
     for (int64_t i = 0; i < Dv * BQ; i++) ot[i] = 0.0f;

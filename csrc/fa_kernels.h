@@ -163,7 +163,23 @@ typedef struct {
     uint32_t *(*bf16_pack_b)(int trans_b, int64_t K, int64_t N, const float *B, int64_t ldb);
     int (*bf16_gemm_packed)(int trans_a, int64_t M, int64_t N, int64_t K, const float *A,
                             int64_t lda, const uint32_t *bq, float beta, float *C, int64_t ldc);
+    /* bf16 attention's scores and P.V of a block of 32 queries on this path's tiles (NULL:
+     * none; quant_amx.h says the layouts) */
+    void (*att_scores)(float *st, int64_t bq, const float *k, int64_t ksl, int64_t nb,
+                       int64_t D, const uint32_t *qp, uint32_t *work);
+    void (*att_pv)(float *ot, int64_t bq, int64_t Dv, const float *v, int64_t vsl, int64_t nb,
+                   const uint32_t *pp, uint32_t *work);
 } fa_q8_kernels;
+
+/* The tiles bf16 attention's many-query pass runs its products on (attention.c: the amx and
+ * amx-emulated paths; fa_att_tiles_ready() resolves a default amx's tile permission first), or
+ * NULL */
+extern const fa_q8_kernels *fa_att_tiles;
+const fa_q8_kernels *fa_att_tiles_ready(void);
+/* quant.c: Linux grants this process the tile data (asking if need be); the CPU has AMX-BF16
+ * and the OS enables the tile state */
+int fa_amx_grant(void);
+int fa_amx_bf16_usable(void);
 
 extern const fa_q8_kernels fa_q8_generic, fa_q8_avx2, fa_q8_avx512bw, fa_q8_avx512vnni,
     fa_q8_amx, fa_q8_amx_emulated;

@@ -155,12 +155,18 @@ int fa_attention_forward(const fa_attention_args *a, int nthreads); /* 0, or -1:
 
 /* bf16 attention's code path: FA_ATT_BF16_FMA (round, widen to float32, FMA: every level, no
  * AVX512_BF16 instruction), FA_ATT_BF16_DOT (vdpbf16ps in both passes: the avx512 level on a CPU
- * with AVX512_BF16) or FA_ATT_BF16_DOT_ROWS (vdpbf16ps in the one-row pass of decode steps, the
- * tiles on the fma path with vcvtneps2bf16 rounding). Chosen by fa_attention_bf16_init
- * (forced >= 0, or -1 for the fastest: DOT on an AVX512_BF16 CPU without AMX, where vdpbf16ps
- * outruns FMA, DOT_ROWS on one with AMX, where it does not, WIDEN elsewhere; -1 returned when
- * forced is refused), which runs after fa_cpu_init. */
-enum { FA_ATT_BF16_FMA = 0, FA_ATT_BF16_DOT = 1, FA_ATT_BF16_DOT_ROWS = 2 };
+ * with AVX512_BF16), FA_ATT_BF16_DOT_ROWS (vdpbf16ps in the one-row pass of decode steps, the
+ * tiles on the fma path with vcvtneps2bf16 rounding), FA_ATT_BF16_AMX (the many-query pass's
+ * products on the AMX tiles, the one-row pass as DOT_ROWS: the avx512 level on a CPU with
+ * AMX-BF16 where Linux grants the tiles) or FA_ATT_BF16_AMX_EMULATED (the same tile code with
+ * the tiles emulated in C, any avx512 level: tests). Chosen by fa_attention_bf16_init
+ * (forced >= 0, or -1 for the fastest: AMX on a CPU with AMX-BF16, the tile permission asked
+ * for at the first bf16 attention of many queries and DOT_ROWS if refused; DOT on an
+ * AVX512_BF16 CPU without AMX, where vdpbf16ps outruns FMA; FMA elsewhere; -1 returned when
+ * forced is refused, -2 when a forced AMX is refused the tiles by Linux), which runs after
+ * fa_cpu_init. */
+enum { FA_ATT_BF16_FMA = 0, FA_ATT_BF16_DOT = 1, FA_ATT_BF16_DOT_ROWS = 2, FA_ATT_BF16_AMX = 3,
+       FA_ATT_BF16_AMX_EMULATED = 4 };
 int fa_attention_bf16_supports(int path);
 int fa_attention_bf16_init(int forced);
 int fa_attention_bf16_path(void);

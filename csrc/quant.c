@@ -124,6 +124,12 @@ static int amx_request(void) { return 0; }
 static int amx_probe(void) { return 0; }
 #endif
 
+static int amx_status(void);
+
+int fa_amx_grant(void) { return amx_permitted() || amx_request(); }
+
+int fa_amx_bf16_usable(void) { return (amx_status() & 6) == 6; }
+
 /* bits 0-2 of fa_amx_status, probed once (fa_int8_supports may run before fa_int8_init) */
 static int amx_status(void)
 {

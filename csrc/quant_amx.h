@@ -587,9 +587,144 @@ static int bf16_gemm_packed_amx(int ta, int64_t M, int64_t N, int64_t K, const f
                          ldc);
 }
 
+/* ---- bf16 attention's two products on the tiles (attention_body.h: paths amx, amx-emulated) --
+ * A block of bq queries (a multiple of 32: the avx512 level's block) against a block of nb keys:
+ * the keys and values rounded here (the bfloat16 compute type's rule) and paired, float32 sums
+ * in TDPBF16PS's order per block of 16 pairs (above). Per 32 queries and 32 keys (or
+ * features): tiles 0-3 C (2 x 2 of 16 x 16), 4, 5 A, 6, 7 B (queries 0-15, 16-31).
+ *   scores  st[j][i] = sum_t kp[j][t] qp[t][i] for j < nb rounded up to 16 (st's row stride bq
+ *           floats): kp the keys' pairs along D (built in work: rows up to nb rounded up to 16,
+ *           ldk words each, zero past D and past nb), qp the queries' pairs (nkb blocks of 16
+ *           pair rows of bq words, zero past D)
+ *   P.V     ot[e][i] += sum_t vt[e][t] pp[t][i] for e < Dv (ot's row stride bq floats): pp P^'s
+ *           pairs of keys (ntb blocks of 16 pair rows of bq words, zero past nb), vt the values'
+ *           pairs of keys transposed (built in work: the rounded rows, then 16 x 16 register
+ *           transposes of the merged pairs; rows up to Dv rounded up to 16, zero past nb)
+ * work: at least (nb rounded up to 16) x (D / 2 + 16) words for the scores, 2 x (Dv + 16) x
+ * (nb / 2 rounded up to 16) for P.V. */
+
+static void att_scores_amx(float *st, int64_t bq, const float *k, int64_t ksl, int64_t nb,
+                           int64_t D, const uint32_t *qp, uint32_t *work)
+{
+    const int64_t nkb = ((D + 1) / 2 + 15) / 16, ldk = 16 * nkb, nb16 = (nb + 15) / 16 * 16;
+    uint32_t *kp = work;
+    for (int64_t j = 0; j < nb16; j++) {
+        if (j < nb)
+            fa_kernels_avx512.bfc_round_row(kp + j * ldk, k + j * ksl, D, 2 * ldk, 0);
+        else
+            memset(kp + j * ldk, 0, (size_t)ldk * 4);
+    }
+    amx_tilecfg_t cfg;
+    amx_config(&cfg);
+    AMX_CONFIG(&cfg);
+    for (int64_t j0 = 0; j0 < nb; j0 += 32) {
+        const int two = j0 + 16 < nb;                     /* a second group of 16 keys */
+        const uint32_t *k0 = kp + j0 * ldk, *k1 = k0 + 16 * ldk;
+        for (int64_t i0 = 0; i0 < bq; i0 += 32) {
+            float *s0 = st + j0 * bq + i0, *s1 = s0 + 16 * bq;
+            AMX_ZERO(0);
+            AMX_ZERO(1);
+            AMX_ZERO(2);
+            AMX_ZERO(3);
+            for (int64_t kb = 0; kb < nkb; kb++) {
+                const uint32_t *q = qp + kb * 16 * bq + i0;
+                AMX_LOAD(4, k0 + kb * 16, 4 * ldk);
+                AMX_LOAD(6, q, 4 * bq);
+                AMX_DPBF16PS(0, 4, 6);
+                AMX_LOAD(7, q + 16, 4 * bq);
+                AMX_DPBF16PS(1, 4, 7);
+                if (two) {
+                    AMX_LOAD(5, k1 + kb * 16, 4 * ldk);
+                    AMX_DPBF16PS(2, 5, 6);
+                    AMX_DPBF16PS(3, 5, 7);
+                }
+            }
+            AMX_STORE(0, s0, 4 * bq);
+            AMX_STORE(1, s0 + 16, 4 * bq);
+            if (two) {
+                AMX_STORE(2, s1, 4 * bq);
+                AMX_STORE(3, s1 + 16, 4 * bq);
+            }
+        }
+    }
+    AMX_RELEASE();
+}
+
+static void att_pv_amx(float *ot, int64_t bq, int64_t Dv, const float *v, int64_t vsl,
+                       int64_t nb, const uint32_t *pp, uint32_t *work)
+{
+    const int64_t ntb = ((nb + 1) / 2 + 15) / 16, ldv = 16 * ntb, Dv16 = (Dv + 15) / 16 * 16;
+    uint32_t *vt = work;
+    uint16_t *vr = (uint16_t *)(work + Dv16 * ldv);      /* 2 ldv rows of Dv16 bf16 */
+    for (int64_t j = 0; j < 2 * ldv; j++) {
+        if (j < nb)
+            fa_kernels_avx512.bfc_round_row(vr + j * Dv16, v + j * vsl, Dv, Dv16, 0);
+        else
+            memset(vr + j * Dv16, 0, (size_t)Dv16 * 2);
+    }
+    for (int64_t e0 = 0; e0 < Dv16; e0 += 16)
+        for (int64_t t0 = 0; t0 < ldv; t0 += 16) {
+            __m512i r[16];                                /* r[tt][e]: keys 2t, 2t + 1 */
+            for (int tt = 0; tt < 16; tt++) {
+                const uint16_t *r0 = vr + 2 * (t0 + tt) * Dv16 + e0;
+                const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)r0));
+                const __m512i hi =
+                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(r0 + Dv16)));
+                r[tt] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+            }
+            amx_transpose16(r);
+            for (int ee = 0; ee < 16; ee++)
+                _mm512_storeu_si512((void *)(vt + (e0 + ee) * ldv + t0), r[ee]);
+        }
+    float c[32][32] __attribute__((aligned(64)));       /* a block past Dv: its rows copied */
+    amx_tilecfg_t cfg;
+    amx_config(&cfg);
+    AMX_CONFIG(&cfg);
+    for (int64_t e0 = 0; e0 < Dv; e0 += 32) {
+        const int64_t ne = Dv - e0 < 32 ? Dv - e0 : 32;
+        const int two = ne > 16;                          /* a second group of 16 features */
+        const uint32_t *v0 = vt + e0 * ldv, *v1 = v0 + 16 * ldv;
+        for (int64_t i0 = 0; i0 < bq; i0 += 32) {
+            float *cb = ne == 32 ? ot + e0 * bq + i0 : &c[0][0];
+            const int64_t ldc = ne == 32 ? 4 * bq : 128;
+            if (ne < 32) {
+                memset(c, 0, sizeof c);
+                for (int64_t r = 0; r < ne; r++)
+                    memcpy(c[r], ot + (e0 + r) * bq + i0, sizeof c[r]);
+            }
+            AMX_LOAD(0, cb, ldc);
+            AMX_LOAD(1, cb + 16, ldc);
+            AMX_LOAD(2, (const uint8_t *)cb + 16 * ldc, ldc);
+            AMX_LOAD(3, (const uint8_t *)cb + 16 * ldc + 64, ldc);
+            for (int64_t tb = 0; tb < ntb; tb++) {
+                const uint32_t *p = pp + tb * 16 * bq + i0;
+                AMX_LOAD(4, v0 + tb * 16, 4 * ldv);
+                AMX_LOAD(6, p, 4 * bq);
+                AMX_DPBF16PS(0, 4, 6);
+                AMX_LOAD(7, p + 16, 4 * bq);
+                AMX_DPBF16PS(1, 4, 7);
+                if (two) {
+                    AMX_LOAD(5, v1 + tb * 16, 4 * ldv);
+                    AMX_DPBF16PS(2, 5, 6);
+                    AMX_DPBF16PS(3, 5, 7);
+                }
+            }
+            AMX_STORE(0, cb, ldc);
+            AMX_STORE(1, cb + 16, ldc);
+            AMX_STORE(2, (uint8_t *)cb + 16 * ldc, ldc);
+            AMX_STORE(3, (uint8_t *)cb + 16 * ldc + 64, ldc);
+            if (ne < 32)
+                for (int64_t r = 0; r < ne; r++)
+                    memcpy(ot + (e0 + r) * bq + i0, c[r], sizeof c[r]);
+        }
+    }
+    AMX_RELEASE();
+}
+
 const fa_q8_kernels AMX_KERNELS = {.np = AMX_NP, .g = AMX_G, .mr = AMX_MR,
                                    .isa = &fa_kernels_avx512, .fmt = Q8_FMT_HILO,
                                    .panel = q8_panel_amx, .bf16_forward = bf16_forward_amx,
                                    .bfloat16_forward = bfloat16_forward_amx,
                                    .bf16_pack_b = bf16_pack_b_amx,
-                                   .bf16_gemm_packed = bf16_gemm_packed_amx};
+                                   .bf16_gemm_packed = bf16_gemm_packed_amx,
+                                   .att_scores = att_scores_amx, .att_pv = att_pv_amx};

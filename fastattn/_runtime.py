@@ -31,8 +31,10 @@ INT8_PATHS = ("generic", "avx2", "avx512bw", "avx512vnni", "amx", "amx-emulated"
 # bf16 attention's code paths (csrc/fastattn.h, fa_attention_bf16_path): bf16 rounded, widened
 # to float32 and multiplied with FMA (every level); vdpbf16ps in both passes (avx512 level,
 # AVX512_BF16 CPU); vdpbf16ps in the decode steps' one-row pass only (the default on CPUs with
-# AMX, whose vdpbf16ps is slower than their FMA in the tiles)
-ATTENTION_BF16_PATHS = ("fma", "avx512bf16", "avx512bf16-decode")
+# AMX, whose vdpbf16ps is slower than their FMA in the tiles); the AMX tiles in the many-query
+# pass (the default on CPUs with AMX-BF16 where Linux grants them, decode steps as
+# avx512bf16-decode) and their emulation (tests)
+ATTENTION_BF16_PATHS = ("fma", "avx512bf16", "avx512bf16-decode", "amx", "amx-emulated")
 # index = fa_bf16_path_t (fastattn.h): the bfloat16 compute type's kernels, FMA tiles on rounded
 # inputs (any level) or vdpbf16ps (AVX-512 level on a CPU with AVX512_BF16; the default there
 # when faster), or the AMX tiles (the default on a CPU with AMX-BF16 where Linux grants them,
@@ -212,7 +214,9 @@ def tiles(isa=None):
 
 def init():
     _kernels.cpu_init(_isa_from_env())
-    _kernels.attention_bf16_init(_attention_bf16_path_from_env())
+    if _kernels.attention_bf16_init(_attention_bf16_path_from_env()) == -2:
+        raise RuntimeError("FASTATTN_ATTENTION_BF16_PATH=amx: Linux refused this process the "
+                           "AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM); unset it")
     if _kernels.int8_init(_int8_path_from_env()) == -2:
         raise RuntimeError("FASTATTN_INT8_PATH=amx: Linux refused this process the AMX tile "
                            "data (arch_prctl ARCH_REQ_XCOMP_PERM); unset it to use the VNNI path")

@@ -279,7 +279,7 @@ CHILD = textwrap.dedent(r"""
 
 def _paths():
     for isa in ("generic", "avx2", "avx512"):
-        for path in ("fma", "avx512bf16", "avx512bf16-decode"):
+        for path in ("fma", "avx512bf16", "avx512bf16-decode", "amx", "amx-emulated"):
             if path != "fma" and isa != "avx512":
                 continue
             yield isa, path
@@ -289,13 +289,7 @@ def _paths():
 def test_each_path_matches_reference(tmp_path, isa, path):
     if isa not in AVAILABLE or (isa == "avx512" and path not in BF16_PATHS):
         pytest.skip(f"{isa}/{path} is not available on this CPU/build")
-    env = child_env({"FASTATTN_CPU_ISA": isa, "FASTATTN_ATTENTION_BF16_PATH": path})
-    out_file = tmp_path / "res.npz"
-    proc = subprocess.run([sys.executable, "-c", CHILD, isa, path, str(out_file),
-                           os.path.dirname(os.path.abspath(__file__))], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = np.load(out_file)
+    res = _child_results(tmp_path, isa, path)
     kinds = ("none", "bool_full", "additive", "key_padding")
     shapes = [(1, 1, 7, 3), (3, 200, 64, 64), (100, 130, 33, 17), (65, 65, 16, 9),
               (1, 500, 64, 64), (129, 250, 80, 80)]
@@ -313,11 +307,42 @@ def test_each_path_matches_reference(tmp_path, isa, path):
             assert np.array_equal(res[f"1_{s}_{c}_w"], res[f"2_{s}_{c}_w"]), name
 
 
+def _child_results(tmp_path, isa, path):
+    env = child_env({"FASTATTN_CPU_ISA": isa, "FASTATTN_ATTENTION_BF16_PATH": path})
+    out_file = tmp_path / f"{path}.npz"
+    proc = subprocess.run([sys.executable, "-c", CHILD, isa, path, str(out_file),
+                           os.path.dirname(os.path.abspath(__file__))], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return np.load(out_file)
+
+
+def test_amx_tiles_match_their_emulation(tmp_path):
+    """The amx path and its C emulation (which CI runs on any AVX-512 CPU) give the same bits."""
+    if "amx" not in BF16_PATHS:
+        pytest.skip("no AMX tiles granted here")
+    real, emulated = (_child_results(tmp_path, "avx512", p) for p in ("amx", "amx-emulated"))
+    assert sorted(real.files) == sorted(emulated.files)
+    for name in real.files:
+        assert np.array_equal(real[name], emulated[name], equal_nan=True), name
+
+
 def test_forcing_an_unknown_path_fails():
-    env = child_env({"FASTATTN_ATTENTION_BF16_PATH": "amx"})
+    env = child_env({"FASTATTN_ATTENTION_BF16_PATH": "tiles"})
     proc = subprocess.run([sys.executable, "-c", "import fastattn"], env=env,
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and "FASTATTN_ATTENTION_BF16_PATH='amx'" in proc.stderr
+    assert proc.returncode != 0 and "FASTATTN_ATTENTION_BF16_PATH='tiles'" in proc.stderr
+
+
+def test_forcing_a_path_the_cpu_lacks_fails():
+    """amx on a CPU or SIMD level without the tiles is refused by name, with what is there."""
+    env = child_env({"FASTATTN_CPU_ISA": "avx2", "FASTATTN_ATTENTION_BF16_PATH": "amx"})
+    proc = subprocess.run([sys.executable, "-c", "import fastattn"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    if "avx2" not in AVAILABLE:
+        pytest.skip("no avx2 level here")
+    assert proc.returncode != 0
+    assert "FASTATTN_ATTENTION_BF16_PATH=amx" in proc.stderr and "available: fma" in proc.stderr
 
 
 # ----------------------------------------------------------------------------------------------
