@@ -508,10 +508,11 @@ static int dp_beats_fma(void)
 /* The default path when the tiles are wanted but Linux refuses them (bfc_path) */
 static fa_bf16_path_t g_bfc_fallback = FA_BF16_FMA;
 /* Below this many rows a default amx hands the product to the vector path (g_bfc_fallback):
- * a tile holds 16 rows, and a decode step's few rows leave most of it empty, where the vector
- * paths' few-row kernels stream the weight at the memory's speed. A forced amx runs every
- * size on the tiles. */
-#define BFC_AMX_MIN_ROWS 16
+ * one or two rows (a greedy step of one sequence) on its few-row kernel stream the weight at
+ * the memory's speed, while from 3 rows on (a batch's or a beam's decode step) its tiles are
+ * bound by the FMA rate, and the AMX tiles, with the threads splitting the weight's panels,
+ * stream it faster. A forced amx runs every size on the tiles. */
+#define BFC_AMX_MIN_ROWS (BFC_FEW_ROWS + 1)
 static int g_bfc_forced = 0;
 static int g_bfc_pending = 0; /* 1: amx chosen by default, the tile permission not asked yet */
 

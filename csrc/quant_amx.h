@@ -455,6 +455,7 @@ static void amx_tiles_run(const uint32_t *aq, int64_t M, const amx_bpanels *bp, 
                             _mm_prefetch(next, _MM_HINT_T0);
                             _mm_prefetch(next + 64, _MM_HINT_T0);
                         }
+
                     AMX_LOAD(4, a + kb * 64, lda);
                     AMX_LOAD(6, bk, ldk);
                     AMX_DPBF16PS(0, 4, 6);
@@ -510,21 +511,31 @@ static int amx_bf16_gemm(int mode, int64_t M, int64_t N, int64_t K, const float 
 static int bfloat16_forward_amx(float *y, const float *x, const uint16_t *wp, const float *bias,
                                 int64_t N, int64_t K, int64_t M, int activation, int nthreads)
 {
-    const int64_t Kh = (K + 1) / 2, nblk = (N + 31) / 32;
+    const int64_t Kh = (K + 1) / 2, nblk = (N + 31) / 32, P = (M + BFC_NP - 1) / BFC_NP;
     const amx_bpanels bp = {.b = (const uint8_t *)wp, .ldb = 4 * BFC_NP,
                             .pstride = 4 * BFC_NP * Kh, .pw = BFC_NP, .kh = Kh};
-    const int nt = fa_team_size(nthreads < nblk ? nthreads : (int)nblk,
+    /* fewer row blocks than threads (a decode step's rows): the threads split the panels */
+    const int by_rows = nblk >= nthreads;
+    const int64_t parts = by_rows ? nblk : P;
+    const int nt = fa_team_size(nthreads < parts ? nthreads : (int)parts,
                                 2.0 * (double)N * (double)K * (double)M, 2e5);
     int failed = 0;
 #pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : failed)
     {
         int64_t b0, b1;
-        fa_split(nblk, 1, &b0, &b1);
-        if (b0 < b1) {
+        fa_split(parts, 1, &b0, &b1);
+        if (b0 < b1 && by_rows) {
             const int64_t r0 = b0 * 32, r1 = b1 * 32 < N ? b1 * 32 : N;
             failed |= amx_bf16_gemm(AMX_A_ROUND, r1 - r0, M, K, x + r0 * K, K, &bp, 0,
                                     y + r0 * M, M) != 0;
             fa_k->bias_act_rows(y + r0 * M, NULL, bias, r1 - r0, M, M, activation, 0, 0, NULL);
+        } else if (b0 < b1) {
+            const int64_t m0 = b0 * BFC_NP, m1 = b1 * BFC_NP < M ? b1 * BFC_NP : M;
+            amx_bpanels part = bp;
+            part.b += b0 * bp.pstride;
+            failed |= amx_bf16_gemm(AMX_A_ROUND, N, m1 - m0, K, x, K, &part, 0, y + m0, M) != 0;
+            fa_k->bias_act_rows(y + m0, NULL, bias ? bias + m0 : NULL, N, m1 - m0, M,
+                                activation, 0, m0, NULL);
         }
     }
     return failed ? -1 : 0;

@@ -38,7 +38,7 @@ ATTENTION_BF16_PATHS = ("fma", "avx512bf16", "avx512bf16-decode", "amx", "amx-em
 # index = fa_bf16_path_t (fastattn.h): the bfloat16 compute type's kernels, FMA tiles on rounded
 # inputs (any level) or vdpbf16ps (AVX-512 level on a CPU with AVX512_BF16; the default there
 # when faster), or the AMX tiles (the default on a CPU with AMX-BF16 where Linux grants them,
-# for 16 rows or more; another summation order, reference._linear_bfloat16(order="amx")) and
+# for 3 rows or more; another summation order, reference._linear_bfloat16(order="amx")) and
 # their emulation (tests)
 BF16_PATHS = ("fma", "avx512bf16", "amx", "amx-emulated")
 _state = {"threads": 1}

@@ -226,7 +226,7 @@ def test_every_path(isa, path):
 
 def test_default_path_and_forcing_errors():
     """Unforced: amx where the CPU has AMX-BF16 and Linux grants the tiles (decode-sized
-    products, under 16 rows, on a vector path), else the faster of fma and avx512bf16 (timed
+    products of one or two rows on a vector path), else the faster of fma and avx512bf16 (timed
     once at import: both give the same bits); an unknown or unavailable path is refused at
     import."""
     info = fastattn.build_info()
