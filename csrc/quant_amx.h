@@ -484,7 +484,8 @@ static int amx_bf16_gemm(int mode, int64_t M, int64_t N, int64_t K, const float 
 {
     if (M <= 0 || N <= 0) return 0;
     const int64_t nkb = (K + 31) / 32;
-    uint32_t *aq = aligned_alloc(64, (size_t)(AMX_RB * AMX_KB * 64));
+    const int64_t rb = M < AMX_RB ? (M + 31) / 32 * 32 : AMX_RB, kb = nkb < AMX_KB ? nkb : AMX_KB;
+    uint32_t *aq = aligned_alloc(64, (size_t)(rb * kb * 64));   /* a decode step's: 32 KB */
     if (!aq) return -1;
     amx_tilecfg_t cfg;
     amx_config(&cfg);
