@@ -56,14 +56,16 @@ def load_results(directory=RESULTS):
 
 
 def latest(directory=RESULTS):
-    """(path, data) of the newest results file that has a headline case (a run of one case
-    alone, such as ``--case learning``, leaves the README's table to the last full run);
+    """(path, data) of the newest results file that has every headline case (a full run: a
+    run of a few cases, such as ``--case learning`` or another machine's bf16 rows, leaves
+    the README's table to the last full run), else of the newest with any headline case;
     LookupError when there is none."""
     results = [(p, d) for p, d in load_results(directory)
                if any(r["case"] in HEADLINE for r in d["rows"])]
     if not results:
         raise LookupError(f"no results file with a headline case in {directory}")
-    return results[-1]
+    full = [(p, d) for p, d in results if set(HEADLINE) <= {r["case"] for r in d["rows"]}]
+    return (full or results)[-1]
 
 
 # ---- formatting --------------------------------------------------------------------------------
