@@ -5,9 +5,6 @@
  * scalar helpers every level shares. */
 #include <float.h>
 #include <math.h>
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <cpuid.h>
-#endif
 
 #include "fa_kernels.h"
 
@@ -93,16 +90,7 @@ int fa_attention_bf16_supports(int path)
  * Zen 5 run it near twice the FMA rate. A decode step's one-row pass still gains from it: its
  * fma form rounds every k and v element as it reads them, the dot form converts them with
  * one instruction per 32. */
-static int cpu_has_amx_bf16(void)
-{
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    return (d >> 22) & 1;
-#else
-    return 0;
-#endif
-}
+static int cpu_has_amx_bf16(void) { return (fa_amx_status() & 2) != 0; }
 
 static void att_set_path(int path)
 {
@@ -124,8 +112,8 @@ static void att_set_path(int path)
     fa_att_tiles = tiles;
 }
 
-/* Default: the AMX tiles where the CPU has them (the permission asked for at the first use:
- * fa_att_tiles_ready), else vdpbf16ps everywhere where it outruns FMA (AVX512_BF16 without
+/* Default: the AMX tiles where the CPU has them (the permission asked for at the first bf16
+ * attention: fa_att_tiles_ready), else vdpbf16ps everywhere where it outruns FMA (AVX512_BF16 without
  * AMX), FMA without AVX512_BF16. */
 int fa_attention_bf16_init(int forced)
 {
@@ -147,19 +135,26 @@ int fa_attention_bf16_init(int forced)
     return 0;
 }
 
-/* A default amx asks Linux for the tile data here, at the first bf16 attention of many
- * queries (not at import: a process that never uses it is not changed), and falls back to
- * DOT_ROWS if refused. Concurrent first calls may both ask; the request is idempotent. */
+/* A default amx asks Linux for the tile data here, at the first bf16 attention (not at
+ * import: a process that never uses it is not changed), and falls back to DOT_ROWS (FMA on a
+ * CPU without AVX512_BF16) if refused. Concurrent first calls may both ask; the request is
+ * idempotent. */
 const fa_q8_kernels *fa_att_tiles_ready(void)
 {
     if (__atomic_load_n(&g_att_pending, __ATOMIC_ACQUIRE)) {
-        if (!fa_amx_grant()) att_set_path(FA_ATT_BF16_DOT_ROWS);
+        if (!fa_amx_grant())
+            att_set_path(fa_attention_bf16_supports(FA_ATT_BF16_DOT) ? FA_ATT_BF16_DOT_ROWS
+                                                                     : FA_ATT_BF16_FMA);
         __atomic_store_n(&g_att_pending, 0, __ATOMIC_RELEASE);
     }
     return fa_att_tiles;
 }
 
-int fa_attention_bf16_path(void) { return g_att_path; }
+int fa_attention_bf16_path(void)
+{
+    fa_att_tiles_ready();                   /* a default amx settled, as fa_bfloat16_path */
+    return g_att_path;
+}
 
 int fa_attention_forward(const fa_attention_args *a, int nthreads)
 {

@@ -401,6 +401,7 @@ ATT_DOT static void att_bf16_row_cvt(float *dst, const float *src, int64_t n)
 /* ---- the amx paths: the many-query pass's two products on the tiles (fa_att_tiles,
  * quant_amx.h), the queries in the dot path's pairs (dot_pack_q), the rest as above */
 _Static_assert(BQ % 32 == 0, "the tiles' attention products take pairs of 16 queries");
+_Static_assert(ATT_BK % 32 == 0, "the tiles' scratch (st, pp, vb) holds whole pairs of 16 keys");
 
 /* qt in pairs (dot_pack_q): its pair rows past ceil(D / 2), up to a whole block of 16, zeroed */
 static void amx_pad_q(float *qt, int64_t D)

@@ -161,7 +161,7 @@ int fa_attention_forward(const fa_attention_args *a, int nthreads); /* 0, or -1:
  * AMX-BF16 where Linux grants the tiles) or FA_ATT_BF16_AMX_EMULATED (the same tile code with
  * the tiles emulated in C, any avx512 level: tests). Chosen by fa_attention_bf16_init
  * (forced >= 0, or -1 for the fastest: AMX on a CPU with AMX-BF16, the tile permission asked
- * for at the first bf16 attention of many queries and DOT_ROWS if refused; DOT on an
+ * for at the first bf16 attention and DOT_ROWS if refused; DOT on an
  * AVX512_BF16 CPU without AMX, where vdpbf16ps outruns FMA; FMA elsewhere; -1 returned when
  * forced is refused, -2 when a forced AMX is refused the tiles by Linux), which runs after
  * fa_cpu_init. */

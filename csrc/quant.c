@@ -148,7 +148,7 @@ int fa_int8_init(int forced)
 {
     if (forced >= 0) {
         if (!fa_int8_supports(forced)) return -1;
-        if (forced == FA_INT8_AMX && !amx_permitted() && !amx_request()) return -2;
+        if (forced == FA_INT8_AMX && !fa_amx_grant()) return -2;
         g_path = (fa_int8_path_t)forced;
         g_q8 = q8_of(g_path);
         return 0;
@@ -345,7 +345,8 @@ void fa_to_bfloat16(uint16_t *bits, const float *x, int64_t n, int nthreads)
  * over the threads from this many values: their fork costs a few microseconds */
 #define BF16_PASS_GRAIN 65536.0
 
-void fa_round_bfloat16(float *dst, const float *src, int64_t n, int nthreads)
+/* src (n) rounded by bfc_round_row in chunks over the threads: float32 values (wide) or bits */
+static void round_chunks(void *dst, const float *src, int64_t n, int wide, int nthreads)
 {
     const int64_t chunk = 16384;
     const int64_t nchunks = (n + chunk - 1) / chunk;
@@ -353,28 +354,29 @@ void fa_round_bfloat16(float *dst, const float *src, int64_t n, int nthreads)
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t c = 0; c < nchunks; c++) {
         const int64_t lo = c * chunk, len = n - lo < chunk ? n - lo : chunk;
-        fa_k->bfc_round_row(dst + lo, src + lo, len, len, 1);
+        void *d = wide ? (void *)((float *)dst + lo) : (void *)((uint16_t *)dst + lo);
+        fa_k->bfc_round_row(d, src + lo, len, len, wide);
     }
+}
+
+void fa_round_bfloat16(float *dst, const float *src, int64_t n, int nthreads)
+{
+    round_chunks(dst, src, n, 1, nthreads);
 }
 
 void fa_round_bfloat16_bits(uint16_t *bits, const float *src, int64_t n, int nthreads)
 {
-    const int64_t chunk = 16384;
-    const int64_t nchunks = (n + chunk - 1) / chunk;
-    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)n, BF16_PASS_GRAIN);
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-    for (int64_t c = 0; c < nchunks; c++) {
-        const int64_t lo = c * chunk, len = n - lo < chunk ? n - lo : chunk;
-        fa_k->bfc_round_row(bits + lo, src + lo, len, len, 0);
-    }
+    round_chunks(bits, src, n, 0, nthreads);
 }
 
 void fa_widen_bfloat16(float *dst, const uint16_t *bits, int64_t n, int nthreads)
 {
     const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)n, BF16_PASS_GRAIN);
-    uint32_t *d = (uint32_t *)(void *)dst;
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-    for (int64_t i = 0; i < n; i++) d[i] = (uint32_t)bits[i] << 16;
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t w = (uint32_t)bits[i] << 16;
+        memcpy(dst + i, &w, sizeof w);
+    }
 }
 
 int64_t fa_bf16_packed_size(int64_t M, int64_t K) { return round_up(M, BF_PANEL) * K; }
@@ -508,10 +510,11 @@ static int dp_beats_fma(void)
 /* The default path when the tiles are wanted but Linux refuses them (bfc_path) */
 static fa_bf16_path_t g_bfc_fallback = FA_BF16_FMA;
 /* Below this many rows a default amx hands the product to the vector path (g_bfc_fallback):
- * one or two rows (a greedy step of one sequence) on its few-row kernel stream the weight at
- * the memory's speed, while from 3 rows on (a batch's or a beam's decode step) its tiles are
- * bound by the FMA rate, and the AMX tiles, with the threads splitting the weight's panels,
- * stream it faster. A forced amx runs every size on the tiles. */
+ * one or two rows (a greedy step of one sequence) stream the weight there at about the
+ * memory's speed (the fma path's few-row kernel), while from 3 rows on (a batch's or a beam's
+ * decode step) the vector tiles are bound by the FMA rate, and the AMX tiles, with the
+ * threads splitting the weight's panels, stream it faster. A forced amx runs every size on
+ * the tiles. */
 #define BFC_AMX_MIN_ROWS (BFC_FEW_ROWS + 1)
 static int g_bfc_forced = 0;
 static int g_bfc_pending = 0; /* 1: amx chosen by default, the tile permission not asked yet */
@@ -524,7 +527,7 @@ static int g_bfc_pending = 0; /* 1: amx chosen by default, the tile permission n
 static fa_bf16_path_t bfc_path(void)
 {
     if (__atomic_load_n(&g_bfc_pending, __ATOMIC_ACQUIRE)) {
-        if (!amx_permitted() && !amx_request())
+        if (!fa_amx_grant())
             __atomic_store_n(&g_bfc, g_bfc_fallback, __ATOMIC_RELAXED);
         __atomic_store_n(&g_bfc_pending, 0, __ATOMIC_RELEASE);
     }
@@ -537,7 +540,7 @@ int fa_bfloat16_init(int forced)
     g_bfc_forced = forced >= 0;
     if (forced >= 0) {
         if (!fa_bfloat16_supports(forced)) return -1;
-        if (forced == FA_BF16_AMX && !amx_permitted() && !amx_request()) return -2;
+        if (forced == FA_BF16_AMX && !fa_amx_grant()) return -2;
         g_bfc = (fa_bf16_path_t)forced;
         return 0;
     }

@@ -507,8 +507,8 @@ static int amx_bf16_gemm(int mode, int64_t M, int64_t N, int64_t K, const float 
 /* ---- the bfloat16 compute type on the tiles (fastattn.h; FASTATTN_BF16_PATH=amx) ------------
  * Any number of rows (fa_q8_kernels.bfloat16_forward): the inputs rounded as every bfloat16
  * path rounds them, fa_bfloat16_pack's panels ([p][kk][64] pairs) read in place as B; row
- * blocks of 32 split over the threads, each thread's rows finished by the epilogue (bias,
- * activation). */
+ * blocks of 32 split over the threads, or with fewer blocks than threads the weight's panels,
+ * each thread's part finished by the epilogue (bias, activation). */
 static int bfloat16_forward_amx(float *y, const float *x, const uint16_t *wp, const float *bias,
                                 int64_t N, int64_t K, int64_t M, int activation, int nthreads)
 {
@@ -546,9 +546,10 @@ static int bfloat16_forward_amx(float *y, const float *x, const uint16_t *wp, co
  * C (M, N) = beta C + A op(B), row-major, every value of A and B a bf16 held in a float32 (the
  * rounded operands of bf16 training: the low 16 bits are zero, the bf16 is the top half): the
  * products exact, float32 sums in TDPBF16PS's order above from C0 = beta C. A (M, K) row
- * stride lda; op(B) (K, N): B[k ldb + n], or with tb B[n ldb + k], packed once per call by
- * bf16_pack_b_amx in panels of 32 columns (Kh pair rows, K / 2 rounded up to whole blocks of
- * 16, zero past K and N) and shared by the threads' row blocks. */
+ * stride lda; op(B) (K, N): B[k ldb + n], or with tb B[n ldb + k], packed by bf16_pack_b_amx
+ * in panels of 32 columns (Kh pair rows, K / 2 rounded up to whole blocks of 16, zero past K
+ * and N), once per call or, for a weight, once per optimizer step (fa_bf16_weight_pack), and
+ * shared by the threads' row blocks. */
 
 /* op(B) (K, N) packed as above (aligned_alloc'd; NULL: out of memory) */
 static uint32_t *bf16_pack_b_amx(int tb, int64_t K, int64_t N, const float *B, int64_t ldb)
@@ -613,7 +614,7 @@ static int bf16_gemm_packed_amx(int ta, int64_t M, int64_t N, int64_t K, const f
  *           pairs of keys transposed (built in work: the rounded rows, then 16 x 16 register
  *           transposes of the merged pairs; rows up to Dv rounded up to 16, zero past nb)
  * work: at least (nb rounded up to 16) x (D / 2 + 16) words for the scores, 2 x (Dv + 16) x
- * (nb / 2 rounded up to 16) for P.V. */
+ * (ceil(nb / 2) rounded up to 16) for P.V. */
 
 static void att_scores_amx(float *st, int64_t bq, const float *k, int64_t ksl, int64_t nb,
                            int64_t D, const uint32_t *qp, uint32_t *work)

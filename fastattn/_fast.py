@@ -49,12 +49,17 @@ def bf16_weight_pack(w, trans):
 def round_bf16_bits(x, out):
     """x (C-contiguous float32) rounded to bf16 as round_bf16 rounds it, into the bits `out`
     (uint16, x's shape, C-contiguous) -> out."""
+    if not out.flags.c_contiguous:
+        raise ValueError(f"round_bf16_bits: out must be C-contiguous, got strides {out.strides}")
     _kernels.round_bfloat16_bits(out.reshape(-1), x.reshape(-1), get_num_threads())
     return out
 
 
 def widen_bf16(bits, out):
-    """The float32 values of bf16 bits (C-contiguous) into `out` (x's shape) -> out."""
+    """The float32 values of bf16 bits (C-contiguous) into `out` (their shape, C-contiguous)
+    -> out."""
+    if not out.flags.c_contiguous:
+        raise ValueError(f"widen_bf16: out must be C-contiguous, got strides {out.strides}")
     _kernels.widen_bfloat16(out.reshape(-1), bits.reshape(-1), get_num_threads())
     return out
 

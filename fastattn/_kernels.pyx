@@ -491,11 +491,11 @@ def bf16_weight_pack(const float[:, ::1] w not None, int trans):
     cdef fa_bf16_b *p
     if w.shape[0] == 0 or w.shape[1] == 0:
         return None
+    cdef Bf16WeightPack out = Bf16WeightPack.__new__(Bf16WeightPack)    # before: nothing leaks
     with nogil:
         p = fa_bf16_weight_pack(&w[0, 0], w.shape[0], w.shape[1], trans != 0)
     if p == NULL:
         return None
-    cdef Bf16WeightPack out = Bf16WeightPack.__new__(Bf16WeightPack)
     out.p, out.M, out.K, out.trans = p, w.shape[0], w.shape[1], trans != 0
     return out
 

@@ -205,6 +205,23 @@ def weight_pack_checks(rng=None):
             np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+def test_kept_bits_widen_to_the_rounded_values(rng):
+    """What bf16 training keeps of attention's q, k, v (round_bf16_bits) widens back to the
+    very values round_bf16 gives, specials included; an output array that is not C-contiguous
+    is refused, not written to a copy."""
+    from fastattn import _fast
+    x = rand(rng, (300, 70), 3.0)
+    x.flat[:6] = [np.nan, np.inf, -np.inf, 1e-40, -1e-42, 3.4e38]
+    bits = _fast.round_bf16_bits(x, np.empty(x.shape, np.uint16))
+    wide = _fast.widen_bf16(bits, np.empty(x.shape, np.float32))
+    want = reference.round_bfloat16(x)
+    np.testing.assert_array_equal(wide.view(np.uint32), want.view(np.uint32))
+    with pytest.raises(ValueError, match="widen_bf16: out must be C-contiguous"):
+        _fast.widen_bf16(bits[:, :35], np.empty((300, 70), np.float32)[:, ::2])
+    with pytest.raises(ValueError, match="round_bf16_bits: out must be C-contiguous"):
+        _fast.round_bf16_bits(x[:, :35].copy(), np.empty((300, 70), np.uint16)[:, ::2])
+
+
 def test_weight_packed_once_gives_the_same_bits():
     weight_pack_checks()
 

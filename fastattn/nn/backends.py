@@ -487,7 +487,11 @@ def bf16_weight(w, trans=None):
     """(w rounded to bf16 as float32 values, its _kernels.bf16_weight_pack(rounded, trans) or
     None) for w a parameter or a slice of one, each made once per version of the parameter
     (trans None: no packed form wanted; the pack is None where the CPU's bf16 path is not the
-    tiles). A plain array is rounded at every call and not packed."""
+    tiles). A plain array is rounded at every call and not packed. A new version is rounded
+    into the previous copy's array: a thread that updates parameters while another runs a
+    product with them (not a pattern the model layer has) would change that product's input.
+    The copies and packs (about two bytes per weight element each) live as long as their
+    parameter."""
     if not isinstance(w, Parameter):
         return _fast.round_bf16(w), None
     box = w.version_box
