@@ -23,6 +23,8 @@
 #define MR_S ATT_MR_S
 #define MR_P ATT_MR_P
 #define vsplatu(x) ((VU){0} + (uint32_t)(x))  /* broadcast a uint32 */
+/* fa_attention_args.bf16 inside a call: k and v hold bf16 values already (att_round_kv) */
+#define ATT_BF16_KV_ROUNDED 2
 
 static const uint32_t att_lane_ids[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
@@ -477,6 +479,10 @@ static void bf16_scores(const fa_attention_args *a, const float *k, float *st, V
         return;
     }
 #endif
+    if (a->bf16 == ATT_BF16_KV_ROUNDED) { /* the keys rounded once (attention_forward) */
+        score_tile(st, mx, qt, k, ksl, nb, D, sc);
+        return;
+    }
     for (int64_t j = 0; j < nb; j++) att_round(kb + j * D, k + j * ksl, D);
     score_tile(st, mx, qt, kb, D, nb, D, sc);
 }
@@ -561,7 +567,8 @@ static void bf16_pv(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0
                     int64_t jb, int64_t nb, float *st, float *ot, const float *v, float *vb,
                     float *pp, int care)
 {
-    const int64_t Dv = a->Dv, vsl = a->v_st[2];
+    const int64_t Dv = a->Dv;
+    int64_t vsl = a->v_st[2];
 #if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
     if (fa_att_tiles && !care) {
         amx_pv(a, nb, st, ot, v, vb, pp);
@@ -574,11 +581,15 @@ static void bf16_pv(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0
 #else
     (void)pp;
 #endif
-    for (int64_t j = 0; j < nb; j++) att_round(vb + j * Dv, v + j * vsl, Dv);
+    if (a->bf16 != ATT_BF16_KV_ROUNDED) { /* else the values rounded once (attention_forward) */
+        for (int64_t j = 0; j < nb; j++) att_round(vb + j * Dv, v + j * vsl, Dv);
+        v = vb;
+        vsl = Dv;
+    }
     if (care)
-        pv_visible(a, b, h, i0, nq, jb, nb, st, ot, vb, Dv);
+        pv_visible(a, b, h, i0, nq, jb, nb, st, ot, v, vsl);
     else
-        pv_tile(ot, st, vb, Dv, nb, Dv);
+        pv_tile(ot, st, v, vsl, nb, Dv);
 }
 
 /* dst[c][r] = src[r][c] * scale * (cscale ? cscale[c] : 1) for r < rows, c < cols: the q block
@@ -771,6 +782,43 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
             }
         }
     }
+}
+
+/* bf16 on the fma path (the paths that pack k and v their own way excepted) with more than one
+ * query block per head: every block would round the same keys and values again (their
+ * rounding costs about as much as the block's products on AVX2), so they are rounded once
+ * here, over the threads, into copies (B, H, Lk, D) and (B, H, Lk, Dv) that the tasks read in
+ * place (*r: the call's arguments on the copies, bf16 = ATT_BF16_KV_ROUNDED). The same bits:
+ * rounding is per value. Returns the copies' buffer (the caller frees it), or NULL where this
+ * does not apply or the memory is not there (the blocks then round as they go). */
+static float *att_round_kv(const fa_attention_args *a, int rows, int64_t nqb, int nthreads,
+                           fa_attention_args *r)
+{
+#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
+    if (fa_att_bf16_dot || fa_att_tiles) return NULL;
+#endif
+    if (a->bf16 != 1 || rows || nqb < 2) return NULL;
+    const int64_t BH = a->B * a->H, Lk = a->Lk, D = a->D, Dv = a->Dv;
+    float *kv = malloc((size_t)(BH * Lk * (D + Dv)) * sizeof(float) + 1);
+    if (!kv) return NULL;
+    *r = *a;
+    float *kr = kv, *vr = kv + BH * Lk * D;
+    const int64_t kst[3] = {a->H * Lk * D, Lk * D, D}, vst[3] = {a->H * Lk * Dv, Lk * Dv, Dv};
+    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)(BH * Lk * (D + Dv)), 1.3e5);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t t = 0; t < BH * Lk; t++) {
+        const int64_t b = t / (a->H * Lk), h = t / Lk % a->H, j = t % Lk;
+        att_round(kr + t * D, a->k + b * a->k_st[0] + h * a->k_st[1] + j * a->k_st[2], D);
+        att_round(vr + t * Dv, a->v + b * a->v_st[0] + h * a->v_st[1] + j * a->v_st[2], Dv);
+    }
+    r->k = kr;
+    r->v = vr;
+    for (int i = 0; i < 3; i++) {
+        r->k_st[i] = kst[i];
+        r->v_st[i] = vst[i];
+    }
+    r->bf16 = ATT_BF16_KV_ROUNDED;
+    return kv;
 }
 
 /* Few queries (a decode step, a handful of beams): one query row at a time, vectors along the
@@ -1588,6 +1636,9 @@ static int attention_forward(const fa_attention_args *a, int nthreads)
 
     float *buf = malloc((size_t)(scratch * nt) * sizeof(float));
     if (!buf) return -1;
+    fa_attention_args rounded;
+    float *kv = att_round_kv(a, rows, nqb, nthreads, &rounded);
+    if (kv) a = &rounded;
 
     /* Causal tasks grow with the query block: hand out the heavy (late) blocks first. A team
      * of one runs them without an OpenMP region (see fa_team_size). */
@@ -1603,6 +1654,7 @@ static int attention_forward(const fa_attention_args *a, int nthreads)
         }
     }
     free(buf);
+    free(kv);
     return 0;
 }
 
@@ -1673,3 +1725,4 @@ static int attention_backward(const fa_attention_grads *g, const fa_attention_ar
 #undef MR_S
 #undef MR_P
 #undef vsplatu
+#undef ATT_BF16_KV_ROUNDED
