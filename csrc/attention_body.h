@@ -798,13 +798,13 @@ static float *att_round_kv(const fa_attention_args *a, int rows, int64_t nqb, in
     if (fa_att_bf16_dot || fa_att_tiles) return NULL;
 #endif
     if (a->bf16 != 1 || rows || nqb < 2) return NULL;
-    const int64_t BH = a->B * a->H, Lk = a->Lk, D = a->D, Dv = a->Dv;
-    float *kv = malloc((size_t)(BH * Lk * (D + Dv)) * sizeof(float) + 1);
+    const int64_t BH = a->B * a->H, Lk = a->Lk, D = a->D, Dv = a->Dv, n = BH * Lk * (D + Dv);
+    float *kv = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
     if (!kv) return NULL;
     *r = *a;
     float *kr = kv, *vr = kv + BH * Lk * D;
     const int64_t kst[3] = {a->H * Lk * D, Lk * D, D}, vst[3] = {a->H * Lk * Dv, Lk * Dv, Dv};
-    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)(BH * Lk * (D + Dv)), 1.3e5);
+    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)n, 1.3e5);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t t = 0; t < BH * Lk; t++) {
         const int64_t b = t / (a->H * Lk), h = t / Lk % a->H, j = t % Lk;
