@@ -113,7 +113,8 @@ typedef struct {
     int causal;
     double dropout_p;
     uint64_t seed;
-    int bf16;      /* 1: bf16 compute (forward only, dropout_p = 0); 0: float32 */
+    int bf16;      /* 1: bf16 compute (forward only, dropout_p = 0); 0: float32 (callers pass
+                    * only these: 2 is attention_body.h's own, inside a call) */
 } fa_attention_args;
 
 /* fa_attention_forward -- out = softmax(q k^T * scale + masks) v, fused and tiled; writes a's
