@@ -470,8 +470,10 @@ int fa_bfloat16_supports(int path)
         return fa_cpu_level() >= FA_ISA_AVX512;
 #endif
 #if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX)
-    case FA_BF16_AMX:                       /* the CPU's bf16 tiles, enabled by the OS */
-        return fa_cpu_level() >= FA_ISA_AVX512 && (amx_status() & 6) == 6;
+    case FA_BF16_AMX:   /* the CPU's bf16 tiles, enabled by the OS; the unit's rounding is
+                         * vcvtneps2bf16 (quant_amx.h: amx_round_row) */
+        return fa_cpu_level() >= FA_ISA_AVX512 && (amx_status() & 6) == 6 &&
+               cpu_has_avx512bf16();
 #endif
     default:
         return 0;

@@ -94,6 +94,31 @@ static uint32_t amx_float_bits(float f)
 #define AMX_RELEASE() _tile_release()
 #endif
 
+/* One row of x (K floats) rounded to bf16 bits (bfc_round_row's rule: vcvtneps2bf16's), zero
+ * from K to Kp: the tiles' A operands and attention's keys and values. The real tiles' unit
+ * (AMX_ROUND_CVT: the amx path, chosen only on CPUs with AVX512_BF16 too, as every CPU with
+ * AMX-BF16 has) converts 32 floats per instruction; the emulated unit, which runs on any
+ * AVX-512 CPU, rounds in integer vector arithmetic: the same bits. */
+static void amx_round_row(uint16_t *dst, const float *x, int64_t K, int64_t Kp)
+{
+#if defined(AMX_ROUND_CVT)
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32)
+        _mm512_storeu_si512((void *)(dst + k), (__m512i)_mm512_cvtne2ps_pbh(
+                                                   _mm512_loadu_ps(x + k + 16),
+                                                   _mm512_loadu_ps(x + k)));
+    for (; k < Kp; k += 16) {
+        const int64_t n = K - k >= 16 ? 16 : K - k > 0 ? K - k : 0;
+        const __m256i r = (__m256i)_mm512_cvtneps_pbh(
+            _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), x + k));
+        const int64_t m = Kp - k >= 16 ? 16 : Kp - k;
+        _mm256_mask_storeu_epi16(dst + k, (__mmask16)((1u << m) - 1u), r);
+    }
+#else
+    fa_kernels_avx512.bfc_round_row(dst, x, K, Kp, 0);
+#endif
+}
+
 /* x (K) -> its three bf16 terms h[0][k], h[ld + k], h[2 ld + k] (scalar math above), zero for
  * K <= k < Kb; an inf is its own first term, a NaN's first term a quiet NaN of its sign (its
  * top 16 bits alone may read as inf) */
@@ -313,6 +338,14 @@ typedef struct {
     int64_t ldb, pstride, pw, kh;
 } amx_bpanels;
 
+/* the bfloat16 compute type's epilogue, done on each 32 x 32 block of C as the last K chunk's
+ * tiles store it (still in L1), not in a pass over C afterwards: C's columns' bias (NULL:
+ * none) and the activation, by the level's bias_act_rows */
+typedef struct {
+    const float *bias;
+    int act;
+} amx_epilogue;
+
 /* how A is read: rounded to bf16 (the bfloat16 compute type), or holding bf16 values already
  * (bf16 training: the top halves) by rows, or transposed (A[k lda + m]) */
 enum { AMX_A_ROUND, AMX_A_BF16, AMX_A_BF16_T };
@@ -394,8 +427,7 @@ static void amx_pack_a32(uint32_t *aq, int mode, const float *A, int64_t lda, in
         if (m0 + r >= M)
             memset(a_r, 0, (size_t)(ldq * 4));
         else if (mode == AMX_A_ROUND)
-            fa_kernels_avx512.bfc_round_row(a_r, x, K - k0 < 2 * ldq ? K - k0 : 2 * ldq, 2 * ldq,
-                                            0);
+            amx_round_row((uint16_t *)a_r, x, K - k0 < 2 * ldq ? K - k0 : 2 * ldq, 2 * ldq);
         else
             for (int64_t j = 0; j < ldq; j += 16)
                 _mm512_store_si512((void *)(a_r + j), amx_pairs32(x + 2 * j, K - k0 - 2 * j));
@@ -408,7 +440,8 @@ static void amx_pack_a32(uint32_t *aq, int mode, const float *A, int64_t lda, in
  * those columns stream past it, the next block's B rows prefetched during this block's
  * products. */
 static void amx_tiles_run(const uint32_t *aq, int64_t M, const amx_bpanels *bp, int64_t kb0,
-                          int64_t nkb, int64_t N, float *C, int64_t ldc, int load_c)
+                          int64_t nkb, int64_t N, float *C, int64_t ldc, int load_c,
+                          const amx_epilogue *ep)
 {
     const int64_t lda = 64 * nkb;
     const int short_last = (kb0 + nkb) * 16 > bp->kh;    /* the panel's last block is short */
@@ -473,14 +506,23 @@ static void amx_tiles_run(const uint32_t *aq, int64_t M, const amx_bpanels *bp, 
                     for (int64_t r = 0; r < mr; r++)
                         memcpy(C + (m0 + r) * ldc + n0, c[r], (size_t)nc * sizeof(float));
             }
+            /* the group's columns of this pass (32 x AMX_NB floats, 16 KB: still in L1), once
+             * their tiles' stores have drained (the bias read right after a tile store waits
+             * for it) */
+            if (ep) {
+                const int64_t ncols = N - nb < AMX_NB ? N - nb : AMX_NB;
+                fa_k->bias_act_rows(C + m0 * ldc + nb, NULL, ep->bias ? ep->bias + nb : NULL,
+                                    mr, ncols, ldc, ep->act, 0, 0, NULL);
+            }
         }
     }
 }
 
-/* C (M, N) = (beta ? C : 0) + op(A) B on the tiles, one thread; op(A) (M, K): A[m lda + k], or
- * A[k lda + m] (AMX_A_BF16_T); 0, or -1: out of memory */
+/* C (M, N) = (beta ? C : 0) + op(A) B on the tiles, one thread, then the epilogue ep if any;
+ * op(A) (M, K): A[m lda + k], or A[k lda + m] (AMX_A_BF16_T); 0, or -1: out of memory */
 static int amx_bf16_gemm(int mode, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
-                         const amx_bpanels *bp, int beta, float *C, int64_t ldc)
+                         const amx_bpanels *bp, int beta, float *C, int64_t ldc,
+                         const amx_epilogue *ep)
 {
     if (M <= 0 || N <= 0) return 0;
     const int64_t nkb = (K + 31) / 32;
@@ -496,7 +538,8 @@ static int amx_bf16_gemm(int mode, int64_t M, int64_t N, int64_t K, const float 
             const int64_t nk = nkb - kc < AMX_KB ? nkb - kc : AMX_KB;
             for (int64_t m0 = 0; m0 < mr; m0 += 32)
                 amx_pack_a32(aq + m0 * 16 * nk, mode, A, lda, mc + m0, M, K, kc, nk);
-            amx_tiles_run(aq, mr, bp, kc, nk, N, C + mc * ldc, ldc, beta || kc > 0);
+            amx_tiles_run(aq, mr, bp, kc, nk, N, C + mc * ldc, ldc, beta || kc > 0,
+                          kc + nk == nkb ? ep : NULL);
         }
     }
     AMX_RELEASE();
@@ -507,8 +550,8 @@ static int amx_bf16_gemm(int mode, int64_t M, int64_t N, int64_t K, const float 
 /* ---- the bfloat16 compute type on the tiles (fastattn.h; FASTATTN_BF16_PATH=amx) ------------
  * Any number of rows (fa_q8_kernels.bfloat16_forward): the inputs rounded as every bfloat16
  * path rounds them, fa_bfloat16_pack's panels ([p][kk][64] pairs) read in place as B; row
- * blocks of 32 split over the threads, or with fewer blocks than threads the weight's panels,
- * each thread's part finished by the epilogue (bias, activation). */
+ * blocks of 32 split over the threads, or with fewer blocks than threads the weight's panels;
+ * the epilogue (bias, activation) done on each block of the output as its tiles store it. */
 static int bfloat16_forward_amx(float *y, const float *x, const uint16_t *wp, const float *bias,
                                 int64_t N, int64_t K, int64_t M, int activation, int nthreads)
 {
@@ -527,16 +570,16 @@ static int bfloat16_forward_amx(float *y, const float *x, const uint16_t *wp, co
         fa_split(parts, 1, &b0, &b1);
         if (b0 < b1 && by_rows) {
             const int64_t r0 = b0 * 32, r1 = b1 * 32 < N ? b1 * 32 : N;
+            const amx_epilogue ep = {.bias = bias, .act = activation};
             failed |= amx_bf16_gemm(AMX_A_ROUND, r1 - r0, M, K, x + r0 * K, K, &bp, 0,
-                                    y + r0 * M, M) != 0;
-            fa_k->bias_act_rows(y + r0 * M, NULL, bias, r1 - r0, M, M, activation, 0, 0, NULL);
+                                    y + r0 * M, M, &ep) != 0;
         } else if (b0 < b1) {
             const int64_t m0 = b0 * BFC_NP, m1 = b1 * BFC_NP < M ? b1 * BFC_NP : M;
             amx_bpanels part = bp;
             part.b += b0 * bp.pstride;
-            failed |= amx_bf16_gemm(AMX_A_ROUND, N, m1 - m0, K, x, K, &part, 0, y + m0, M) != 0;
-            fa_k->bias_act_rows(y + m0, NULL, bias ? bias + m0 : NULL, N, m1 - m0, M,
-                                activation, 0, m0, NULL);
+            const amx_epilogue ep = {.bias = bias ? bias + m0 : NULL, .act = activation};
+            failed |= amx_bf16_gemm(AMX_A_ROUND, N, m1 - m0, K, x, K, &part, 0, y + m0, M,
+                                    &ep) != 0;
         }
     }
     return failed ? -1 : 0;
@@ -597,7 +640,7 @@ static int bf16_gemm_packed_amx(int ta, int64_t M, int64_t N, int64_t K, const f
     const amx_bpanels bp = {.b = (const uint8_t *)bq, .ldb = 128, .pstride = 128 * Kh, .pw = 32,
                             .kh = Kh};
     return amx_bf16_gemm(ta ? AMX_A_BF16_T : AMX_A_BF16, M, N, K, A, lda, &bp, beta != 0.0f, C,
-                         ldc);
+                         ldc, NULL);
 }
 
 /* ---- bf16 attention's two products on the tiles (attention_body.h: paths amx, amx-emulated) --
@@ -623,7 +666,7 @@ static void att_scores_amx(float *st, int64_t bq, const float *k, int64_t ksl, i
     uint32_t *kp = work;
     for (int64_t j = 0; j < nb16; j++) {
         if (j < nb)
-            fa_kernels_avx512.bfc_round_row(kp + j * ldk, k + j * ksl, D, 2 * ldk, 0);
+            amx_round_row((uint16_t *)(kp + j * ldk), k + j * ksl, D, 2 * ldk);
         else
             memset(kp + j * ldk, 0, (size_t)ldk * 4);
     }
@@ -671,7 +714,7 @@ static void att_pv_amx(float *ot, int64_t bq, int64_t Dv, const float *v, int64_
     uint16_t *vr = (uint16_t *)(work + Dv16 * ldv);      /* 2 ldv rows of Dv16 bf16 */
     for (int64_t j = 0; j < 2 * ldv; j++) {
         if (j < nb)
-            fa_kernels_avx512.bfc_round_row(vr + j * Dv16, v + j * vsl, Dv, Dv16, 0);
+            amx_round_row(vr + j * Dv16, v + j * vsl, Dv, Dv16);
         else
             memset(vr + j * Dv16, 0, (size_t)Dv16 * 2);
     }

@@ -4,10 +4,11 @@ Both operands of every product are rounded to bf16 (reference.round_bfloat16, vc
 rule), each product is exact in float32 and the sums run in one defined order
 (reference.linear's docstring), so ops and reference agree bit for bit for activation None
 and relu, on every path (the FMA tiles at each SIMD level, the vdpbf16ps tiles), any row
-count and any thread count; gelu differs by its kernel's accuracy only. The AMX tiles (forced
-only) sum in TDPBF16PS's order instead, and match the twin computed in that order bit for bit. The one documented
-departure: products or partial sums below 2^-126 in magnitude (not exact in float32; the
-vdpbf16ps path flushes them to zero), at most 2^-126 per step.
+count and any thread count; gelu differs by its kernel's accuracy only. The AMX tiles (the
+default on an AMX CPU) sum in TDPBF16PS's order instead, and match the twin computed in that
+order bit for bit. The one documented departure: products or partial sums below 2^-126 in
+magnitude (not exact in float32; the vdpbf16ps path flushes them to zero), at most 2^-126 per
+step.
 """
 import math
 import os
@@ -57,6 +58,18 @@ def test_linear_matches_twin(N, K, M, activation, with_bias, seed):
     rng = np.random.default_rng(seed)
     x, w = rand(rng, (N, K)), rand(rng, (M, K), 1.0 / math.sqrt(K))
     check(x, w, rand(rng, (M,)) if with_bias else None, activation)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_many_rows_and_long_k_with_the_epilogue(activation):
+    """Sizes past every blocking of the many-row paths: rows beyond one chunk of the tiles'
+    A (256) and not a multiple of 32, K over three chunks (the tiles' bias and activation are
+    done once, on the last), features past a pass of 128 columns and not a multiple of 32;
+    with and without a bias."""
+    rng = np.random.default_rng(5)
+    x, w = rand(rng, (300, 1100)), rand(rng, (290, 1100), 1.0 / math.sqrt(1100))
+    check(x, w, rand(rng, (290,)), activation)
+    check(x, w, None, activation)
 
 
 def edge_checks():
@@ -217,8 +230,9 @@ def test_every_path(isa, path):
     if path == "avx512bf16" and not fastattn.build_info()["bf16_dot_products"]["avx512_bf16"]:
         pytest.skip("this CPU has no AVX512_BF16")
     amx = fastattn.build_info()["amx"]
-    if path == "amx" and not (amx["bf16"] and amx["os_enabled"]):
-        pytest.skip("this CPU (or its OS) has no AMX-BF16 tiles")
+    if path == "amx" and not (amx["bf16"] and amx["os_enabled"] and
+                              fastattn.build_info()["bf16_dot_products"]["avx512_bf16"]):
+        pytest.skip("this CPU (or its OS) has no AMX-BF16 tiles (with AVX512_BF16)")
     report = run_checks("test_ops_bfloat16", "path_checks",
                         {"FASTATTN_CPU_ISA": isa, "FASTATTN_BF16_PATH": path})
     assert report["simd"] == isa
@@ -234,7 +248,10 @@ def test_default_path_and_forcing_errors():
     if "FASTATTN_BF16_PATH" not in os.environ:
         amx = info["amx"]
         # the tiles run from the AVX-512 level (a level forced lower keeps them out)
-        want_amx = bool(amx["bf16"] and amx["os_enabled"]) and info["simd"] == "avx512"
+        # (and only with AVX512_BF16 too, whose conversion rounds the tiles' inputs: every
+        # CPU with AMX-BF16 has it)
+        want_amx = (bool(amx["bf16"] and amx["os_enabled"]) and info["simd"] == "avx512" and
+                    info["bf16_dot_products"]["avx512_bf16"])
         assert (info["bf16_path"] == "amx") == want_amx
         assert info["bf16_path_few_rows"] in ("fma", "avx512bf16")
     assert ("avx512bf16" in PATHS) == (info["simd"] == "avx512" and
