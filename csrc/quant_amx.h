@@ -549,8 +549,9 @@ static int amx_bf16_gemm(int mode, int64_t M, int64_t N, int64_t K, const float 
 
 /* ---- the bfloat16 compute type on the tiles (fastattn.h; FASTATTN_BF16_PATH=amx) ------------
  * Any number of rows (fa_q8_kernels.bfloat16_forward): the inputs rounded as every bfloat16
- * path rounds them, fa_bfloat16_pack's panels ([p][kk][64] pairs) read in place as B; row
- * blocks of 32 split over the threads, or with fewer blocks than threads the weight's panels;
+ * path rounds them, fa_bfloat16_pack's panels ([p][kk][64] pairs) read in place as B; chunks
+ * of rows shared out to the threads as they come free, or with fewer blocks of 32 rows than
+ * threads the weight's panels split over them;
  * the epilogue (bias, activation) done on each block of the output as its tiles store it. */
 static int bfloat16_forward_amx(float *y, const float *x, const uint16_t *wp, const float *bias,
                                 int64_t N, int64_t K, int64_t M, int activation, int nthreads)
@@ -564,16 +565,26 @@ static int bfloat16_forward_amx(float *y, const float *x, const uint16_t *wp, co
     const int nt = fa_team_size(nthreads < parts ? nthreads : (int)parts,
                                 2.0 * (double)N * (double)K * (double)M, 2e5);
     int failed = 0;
+    if (by_rows) {
+        /* rows in chunks of about a quarter of a thread's share (at least 64), taken in turn
+         * by whichever thread is free: a core slowed by a neighbour leaves its part to the
+         * other instead of holding the team at the end; each chunk streams the weight once */
+        const amx_epilogue ep = {.bias = bias, .act = activation};
+        const int64_t cb = nblk / (4 * nt) > 2 ? nblk / (4 * nt) : 2;
+        const int64_t nchunks = (nblk + cb - 1) / cb;
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(dynamic, 1) reduction(| : failed)
+        for (int64_t c = 0; c < nchunks; c++) {
+            const int64_t r0 = c * cb * 32, r1 = (c + 1) * cb * 32 < N ? (c + 1) * cb * 32 : N;
+            failed |= amx_bf16_gemm(AMX_A_ROUND, r1 - r0, M, K, x + r0 * K, K, &bp, 0,
+                                    y + r0 * M, M, &ep) != 0;
+        }
+        return failed ? -1 : 0;
+    }
 #pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : failed)
     {
         int64_t b0, b1;
         fa_split(parts, 1, &b0, &b1);
-        if (b0 < b1 && by_rows) {
-            const int64_t r0 = b0 * 32, r1 = b1 * 32 < N ? b1 * 32 : N;
-            const amx_epilogue ep = {.bias = bias, .act = activation};
-            failed |= amx_bf16_gemm(AMX_A_ROUND, r1 - r0, M, K, x + r0 * K, K, &bp, 0,
-                                    y + r0 * M, M, &ep) != 0;
-        } else if (b0 < b1) {
+        if (b0 < b1) {
             const int64_t m0 = b0 * BFC_NP, m1 = b1 * BFC_NP < M ? b1 * BFC_NP : M;
             amx_bpanels part = bp;
             part.b += b0 * bp.pstride;
