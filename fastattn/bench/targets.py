@@ -221,6 +221,7 @@ TARGETS += (
     _speedup_target("generate_greedy_b8_int8", "ctranslate2", 1.2, field="tokens_per_s",
                     unit="tokens/s"),
     _speedup_target("encoder_bfloat16", "torch", 1.15),
+    _speedup_target("transformer_bfloat16", "torch", 1.15),
     # torch's model in bf16 decoding with a KV cache of its own (TorchCachedDecoder)
     _speedup_target("generate_greedy_b8_bfloat16", "torch", 1.3, field="tokens_per_s",
                     unit="tokens/s", label="torch bf16"),
