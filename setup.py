@@ -12,6 +12,7 @@ from setuptools import Extension, setup
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from build_tools import blas, cpu, openmp  # noqa: E402
+from build_tools.parallel import BuildExt  # noqa: E402
 
 omp = openmp.configure()
 blas_cfg = blas.configure()
@@ -29,6 +30,7 @@ ext = Extension(
 )
 
 setup(
+    cmdclass={"build_ext": BuildExt},
     ext_modules=cythonize(
         [ext],
         compiler_directives={

@@ -2,6 +2,7 @@
 build_info() reports the build kind and the kernels' tile sizes."""
 
 import numpy as np
+import pytest
 
 import fastattn
 from fastattn import _fast, ops
@@ -75,3 +76,25 @@ def test_tiles_match_what_the_kernels_do():
         packed = _fast.PackedWeight(np.zeros((M, K), np.float32))
         assert packed.data.size == -(-M // panel) * panel * K
     assert _fast.PACKED_MAX_ROWS == t["packed_max_rows"]
+
+
+def test_build_jobs_setting(monkeypatch):
+    """FASTATTN_BUILD_JOBS (build_tools/parallel.py): a whole number >= 1, else the build stops
+    naming the variable; unset, the CPUs the build may use."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "build_tools" / "parallel.py"
+    if not path.exists():  # an installed copy without the source tree
+        pytest.skip("build_tools/ is not beside the tests")
+    spec = importlib.util.spec_from_file_location("_fa_build_parallel", path)
+    parallel = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(parallel)
+    monkeypatch.setenv("FASTATTN_BUILD_JOBS", "3")
+    assert parallel._jobs() == 3
+    for bad in ("0", "-1", "two", "1.5"):
+        monkeypatch.setenv("FASTATTN_BUILD_JOBS", bad)
+        with pytest.raises(SystemExit, match="FASTATTN_BUILD_JOBS"):
+            parallel._jobs()
+    monkeypatch.delenv("FASTATTN_BUILD_JOBS")
+    assert parallel._jobs() >= 1
