@@ -19,6 +19,16 @@ typedef struct {
 
 static _Thread_local amx_emu_t amx_emu;
 
+/* The tile arithmetic below touches only the emulator's own registers, at indices bounded by
+ * the checked shapes: a sanitizer build leaves it uninstrumented (it would run the emulated
+ * paths' tests several times slower for nothing), while the loads and stores, which read and
+ * write the kernel's memory, stay checked. */
+#if defined(FA_SANITIZE_BUILD) && (defined(__GNUC__) || defined(__clang__))
+#define AMX_EMU_ARITH __attribute__((no_sanitize("address", "undefined")))
+#else
+#define AMX_EMU_ARITH
+#endif
+
 static void amx_emu_fail(const char *what)
 {
     fprintf(stderr, "fastattn: AMX emulator: %s\n", what);
@@ -95,7 +105,7 @@ static void amx_emu_operands(int c, int a, int b, int *M, int *N, int *K)
 /* TDPBSSD (a_signed) / TDPBUSD: for m < rows(c), n < colsb(c) / 4:
  *   c[m][n] += sum_{k < colsb(a) / 4} sum_{i < 4} a[m][4k + i] * b[k][4n + i]
  * a's bytes signed or unsigned, b's signed, the int32 sums wrapping (no saturation) */
-static void amx_emu_dp(int c, int a, int b, int a_signed)
+AMX_EMU_ARITH static void amx_emu_dp(int c, int a, int b, int a_signed)
 {
     int M, N, K;
     amx_emu_operands(c, a, b, &M, &N, &K);
@@ -116,7 +126,7 @@ static void amx_emu_dp(int c, int a, int b, int a_signed)
 
 
 /* a float32's subnormals to (signed) zero: the tiles' DAZ on bf16 inputs, FTZ on results */
-static float amx_flush(float f)
+AMX_EMU_ARITH static float amx_flush(float f)
 {
     const uint32_t u = amx_float_bits(f);
     return (u & 0x7f800000u) ? f : amx_bits_float(u & 0x80000000u);
@@ -126,7 +136,7 @@ static float amx_flush(float f)
  * over k < colsb(a) / 4, one per element of the pairs (i = 0, 1),
  *   s_i = flush(s_i + flush(a[m][2k + i]) * flush(b[k][2n + i]))     (FMA, RNE; each product
  * of two bf16 values is exact in float32), then c[m][n] = flush(c[m][n] + flush(s_0 + s_1)) */
-static void amx_emu_dpbf16(int c, int a, int b)
+AMX_EMU_ARITH static void amx_emu_dpbf16(int c, int a, int b)
 {
     int M, N, K;
     amx_emu_operands(c, a, b, &M, &N, &K);
