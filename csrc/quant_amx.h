@@ -338,9 +338,9 @@ typedef struct {
     int64_t ldb, pstride, pw, kh;
 } amx_bpanels;
 
-/* the bfloat16 compute type's epilogue, done on each 32 x 32 block of C as the last K chunk's
- * tiles store it (still in L1), not in a pass over C afterwards: C's columns' bias (NULL:
- * none) and the activation, by the level's bias_act_rows */
+/* the bfloat16 compute type's epilogue, done in the last K chunk's pass on each 32-row group's
+ * AMX_NB columns once its tiles have stored them (still in L1), not in a pass over C
+ * afterwards: C's columns' bias (NULL: none) and the activation, by the level's bias_act_rows */
 typedef struct {
     const float *bias;
     int act;
@@ -551,8 +551,8 @@ static int amx_bf16_gemm(int mode, int64_t M, int64_t N, int64_t K, const float 
  * Any number of rows (fa_q8_kernels.bfloat16_forward): the inputs rounded as every bfloat16
  * path rounds them, fa_bfloat16_pack's panels ([p][kk][64] pairs) read in place as B; chunks
  * of rows shared out to the threads as they come free, or with fewer blocks of 32 rows than
- * threads the weight's panels split over them;
- * the epilogue (bias, activation) done on each block of the output as its tiles store it. */
+ * threads the weight's panels split over them; the epilogue (bias, activation) done by the
+ * tiles' passes (amx_epilogue). */
 static int bfloat16_forward_amx(float *y, const float *x, const uint16_t *wp, const float *bias,
                                 int64_t N, int64_t K, int64_t M, int activation, int nthreads)
 {
