@@ -69,8 +69,7 @@ int fa_attention_bf16_supports(int path)
 #endif
     case FA_ATT_BF16_AMX:
 #if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX) && defined(ATT_HAVE_BF16_DOT)
-        return fa_cpu_level() >= FA_ISA_AVX512 && fa_amx_bf16_usable() &&
-               fa_bfloat16_cpu_has_avx512bf16();     /* the tiles' unit rounds by vcvtneps2bf16 */
+        return fa_cpu_level() >= FA_ISA_AVX512 && fa_amx_bf16_usable();
 #else
         return 0;
 #endif

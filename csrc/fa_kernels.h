@@ -177,7 +177,7 @@ typedef struct {
 extern const fa_q8_kernels *fa_att_tiles;
 const fa_q8_kernels *fa_att_tiles_ready(void);
 /* quant.c: Linux grants this process the tile data (asking if need be); the CPU has AMX-BF16
- * and the OS enables the tile state */
+ * (and AVX512_BF16, which rounds the tiles' inputs) and the OS enables the tile state */
 int fa_amx_grant(void);
 int fa_amx_bf16_usable(void);
 

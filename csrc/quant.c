@@ -125,10 +125,13 @@ static int amx_probe(void) { return 0; }
 #endif
 
 static int amx_status(void);
+static int cpu_has_avx512bf16(void);
 
 int fa_amx_grant(void) { return amx_permitted() || amx_request(); }
 
-int fa_amx_bf16_usable(void) { return (amx_status() & 6) == 6; }
+/* the bf16 tiles can run: AMX-BF16 enabled by the OS, and AVX512_BF16, whose vcvtneps2bf16
+ * rounds the tiles' inputs (quant_amx.h: amx_round_row; every AMX-BF16 CPU has it) */
+int fa_amx_bf16_usable(void) { return (amx_status() & 6) == 6 && cpu_has_avx512bf16(); }
 
 /* bits 0-2 of fa_amx_status, probed once (fa_int8_supports may run before fa_int8_init) */
 static int amx_status(void)
@@ -443,7 +446,6 @@ int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const f
 /* ---- bfloat16 compute (the rule in fastattn.h; tiles in quant_body.h) ------------------------ */
 
 static fa_bf16_path_t g_bfc = FA_BF16_FMA;
-static int cpu_has_avx512bf16(void);
 
 int fa_bfloat16_cpu_has_avx512bf16(void) { return cpu_has_avx512bf16(); }
 
@@ -470,10 +472,8 @@ int fa_bfloat16_supports(int path)
         return fa_cpu_level() >= FA_ISA_AVX512;
 #endif
 #if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX)
-    case FA_BF16_AMX:   /* the CPU's bf16 tiles, enabled by the OS; the unit's rounding is
-                         * vcvtneps2bf16 (quant_amx.h: amx_round_row) */
-        return fa_cpu_level() >= FA_ISA_AVX512 && (amx_status() & 6) == 6 &&
-               cpu_has_avx512bf16();
+    case FA_BF16_AMX:
+        return fa_cpu_level() >= FA_ISA_AVX512 && fa_amx_bf16_usable();
 #endif
     default:
         return 0;
