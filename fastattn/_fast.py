@@ -6,18 +6,13 @@ These functions write into caller-owned buffers so a forward pass reuses its act
 take activation codes (fastattn._checks.ACTIVATIONS) rather than names. The public, validating
 API is fastattn.ops; nothing here checks its arguments (the C kernels trust them too).
 
-Linear products by weight kind (one dispatch, ``linear_fn``): a float32 weight runs the BLAS
-GEMM with a fused epilogue, or, packed (PackedWeight) and for at most PACKED_MAX_ROWS rows, the
-few-row kernel that streams the packed panels once; a QuantizedWeight (int8 or bf16) runs its
-own kernels, which choose between many and few rows themselves: int8, bf16 (bf16 weights,
-float32 compute) or bfloat16 (the bf16 compute type: both operands rounded to bf16).
+The linear and feed-forward products are made by the weight's kind (fastattn.kinds), which
+calls the product functions here; this module imports nothing above the binding.
 """
 import numpy as np
 
-from . import _checks, _convert, _kernels, reference
-from ._checks import ACTIVATIONS
+from . import _checks, _kernels
 from ._runtime import get_num_threads, tiles
-from .quant import QuantizedWeight
 
 
 def linear_into(y, x, weight, bias, act, pre=None, bf16=False, packed=None):
@@ -190,23 +185,10 @@ def attention_backward_into(dq, dk, dv, dout, out, lse, q, k, v, bias, key_bias,
 PACKED_MAX_ROWS = tiles()["packed_max_rows"]
 
 
-class PackedWeight:
-    """A linear layer's (M, K) weight repacked for decode-sized products (a few rows): the
-    kernel streams it once, in order, with vectors along the output features."""
-
-    __slots__ = ("data", "shape")
-
-    def __init__(self, weight):
-        w = _convert.contig(weight, "weight", "PackedWeight")
-        _checks.ndim(w, 2, "weight", "PackedWeight", "(out_features, in_features)")
-        self.shape = w.shape
-        self.data = np.empty(_kernels.packed_size(*w.shape), np.float32)
-        _kernels.pack_panels(self.data, w, get_num_threads())
-
-
-def linear_packed_into(y, x, packed, bias, act):
-    """y (N, M) = act(x (N, K) @ weight.T + bias) with the weight as a PackedWeight."""
-    _kernels.linear_packed_forward(y, x, packed.data, bias, act, get_num_threads())
+def linear_packed_into(y, x, panels, bias, act):
+    """y (N, M) = act(x (N, K) @ weight.T + bias) with the weight's panels
+    (kinds.pack_panels(weight))."""
+    _kernels.linear_packed_forward(y, x, panels, bias, act, get_num_threads())
     return y
 
 
@@ -240,112 +222,3 @@ def cross_entropy_into(dlogits, losses, logits, targets, *, ignore_index=-100,
     _kernels.cross_entropy_forward(losses, dlogits, logits, t, ignore_index, eps,
                                    ce_grad_scale(count, reduction), get_num_threads())
     return reduce_losses(losses, count, reduction)
-
-
-# ---- linear products by weight kind --------------------------------------------------------------
-
-class Float32Weight:
-    """A float32 (M, K) weight with its panels packed for few-row products (decode steps):
-    products of at most PACKED_MAX_ROWS rows stream the panels once (the weight in order, with
-    vectors along the output features); more rows run the BLAS GEMM on ``data``. Made by the
-    model layer where decode steps will run (eval()), from a parameter of a known version."""
-
-    __slots__ = ("data", "panels", "shape", "version")
-
-    def __init__(self, data, version=0):
-        self.data, self.shape, self.version = data, data.shape, version
-        self.panels = PackedWeight(data) if data.size else None
-
-
-def product(weight, bias, act, rows=0):
-    """The product y (rows, M) = act(x (rows, K) @ weight.T + bias) for x of `rows` rows (0: any
-    number), chosen now: f(x, y) -> y. The one dispatch of the linear and FFN products, by the
-    weight's kind: a float32 array (the BLAS GEMM with a fused epilogue), a Float32Weight (its
-    packed panels for 1..PACKED_MAX_ROWS rows, else the GEMM) or a QuantizedWeight (int8 or
-    bf16: its kernels take any number of rows). Arguments trusted as for the _into functions;
-    act is an FA_ACT code."""
-    M, K = weight.shape
-    if isinstance(weight, QuantizedWeight):
-        if rows <= 0 or M == 0 or K == 0:
-            return lambda x, y: _linear_quantized_into(y, x, weight, bias, act)
-        return _quantized_kernel(weight, bias, act)
-    if isinstance(weight, Float32Weight):
-        if weight.panels is None or not 0 < rows <= PACKED_MAX_ROWS:
-            weight = weight.data
-        else:
-            wp, kernel = weight.panels.data, _kernels.linear_packed_forward
-
-            def packed(x, y):
-                kernel(y, x, wp, bias, act, get_num_threads())
-                return y
-            return packed
-    return lambda x, y: linear_into(y, x, weight, bias, act)
-
-
-def ffn_product(w1, b1, w2, b2, act, rows=0):
-    """The FFN y (rows, C) = act(x @ w1.T + b1) @ w2.T + b2 for x of `rows` rows, chosen now:
-    f(x, y) -> y. Float32 weights that no few-row product would stream packed run the fused
-    kernel (the hidden (N, F) produced in row blocks, never whole); otherwise two products
-    (``product``), the activation in the first one's epilogue, through a hidden buffer of
-    `rows` rows kept by the function (or made per call when rows is 0)."""
-    def fused(w):
-        return not isinstance(w, QuantizedWeight) and not (
-            isinstance(w, Float32Weight) and w.panels is not None and
-            0 < rows <= PACKED_MAX_ROWS)
-    if fused(w1) and fused(w2):
-        d1 = getattr(w1, "data", w1)
-        d2 = getattr(w2, "data", w2)
-        return lambda x, y: ffn_into(y, x, d1, b1, d2, b2, act)
-    first, second = product(w1, b1, act, rows), product(w2, b2, 0, rows)
-    F = w1.shape[0]
-    hidden = np.empty((rows, F), np.float32) if rows > 0 else None
-
-    def two(x, y):
-        h = hidden if hidden is not None else np.empty((x.shape[0], F), np.float32)
-        return second(first(x, h), y)
-    return two
-
-
-def linear_any_into(y, x, weight, bias, act):
-    """y = act(x @ weight.T + bias) for a weight of any kind (``product``)."""
-    return product(weight, bias, act)(x, y)
-
-
-def ffn_any_into(y, x, w1, b1, w2, b2, act):
-    """The FFN for weights of any kind (``ffn_product``)."""
-    return ffn_product(w1, b1, w2, b2, act)(x, y)
-
-
-def _linear_quantized_into(y, x, qweight, bias, act):
-    """y (N, M) with a QuantizedWeight, any N (the kernel splits few rows by panels and runs
-    the blocked GEMM for many); an empty sum (K = 0) leaves the bias and activation."""
-    N, K = x.shape
-    if N == 0 or y.shape[1] == 0:
-        return y
-    if K == 0:
-        y[...] = reference.linear(x, qweight, bias, activation=_ACT_NAMES[act])
-        return y
-    return _quantized_kernel(qweight, bias, act)(x, y)
-
-
-def _quantized_kernel(qweight, bias, act):
-    """The kernel call of a QuantizedWeight's product for x of at least one row and a weight
-    with elements, its packed copy looked up now: f(x, y) -> y."""
-    wp = qweight._kernel_arrays()[1]
-    if qweight.dtype == "int8":
-        scale, kernel = qweight.scale, _kernels.linear_int8_forward
-
-        def product(x, y):
-            kernel(y, x, wp, scale, bias, act, get_num_threads())
-            return y
-        return product
-    kernel = _kernels.linear_bfloat16_forward if qweight.dtype == "bfloat16" else \
-        _kernels.linear_bf16_forward
-
-    def product(x, y):
-        kernel(y, x, wp, bias, act, get_num_threads())
-        return y
-    return product
-
-
-_ACT_NAMES = {code: name for name, code in ACTIVATIONS.items()}

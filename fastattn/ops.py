@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from . import _checks, _convert, _fast, _kernels, reference
+from . import _checks, _convert, _fast, _kernels, kinds, reference
 from ._checks import ACTIVATIONS
 from ._runtime import get_num_threads
 from .quant import (INT8_MAX_K, QuantizedWeight, dequantize_int8, from_bfloat16,  # noqa: F401
@@ -244,16 +244,22 @@ def _check_linear(x, weight, bias, activation):
 
 def linear(x, weight, bias=None, *, activation=None):
     """act(x @ weight.T + bias), GEMM through BLAS with a fused epilogue; see reference.linear.
-    weight may be a QuantizedWeight (int8 or bf16): the quantised kernels, any number of rows."""
-    if isinstance(weight, QuantizedWeight):
-        return _linear_quantized(x, weight, bias, activation, "linear")
-    x, weight, bias, act, N, M, K = _check_linear(x, weight, bias, activation)
+    weight may be a QuantizedWeight (int8 or bf16): the quantised kernels, any number of rows.
+    The product is the weight kind's (fastattn.kinds)."""
+    quantized = isinstance(weight, QuantizedWeight)
+    x, weight, bias, activation = _checks.linear(x, weight, bias, activation, "linear",
+                                                 quantized_ok=True)
+    x, bias = _convert.f32c(x), _convert.f32c(bias)
+    if not quantized:
+        weight = _convert.f32c(weight)
+    M, K = weight.shape
+    N = math.prod(x.shape[:-1])
     y = np.empty(x.shape[:-1] + (M,), np.float32)
-    if N and M and K:
-        _kernels.linear_forward(y.reshape(N, M), None, x.reshape(N, K), weight, bias, act,
-                                get_num_threads())
-    elif N and M:  # K == 0: an empty sum, only the bias and activation remain
-        return reference.linear(x, weight, bias, activation=activation)
+    if not quantized and not (N and M and K):
+        if N and M:  # K == 0: an empty sum, only the bias and activation remain
+            return reference.linear(x, weight, bias, activation=activation)
+        return y
+    kinds.of(weight).product(bias, ACTIVATIONS[activation])(x.reshape(N, K), y.reshape(N, M))
     return y
 
 
@@ -299,18 +305,19 @@ def linear_backward(dy, x, weight, *, pre=None, activation=None, compute_type="f
 def ffn(x, w1, b1, w2, b2, *, activation="relu"):
     """linear(act(linear(x, w1, b1)), w2, b2) in row blocks; see reference.ffn. w1 and w2 may
     be QuantizedWeights: then two products (the activation fused in the first one's
-    epilogue) with a float32 hidden in between."""
-    if isinstance(w1, QuantizedWeight) or isinstance(w2, QuantizedWeight):
-        return _ffn_quantized(x, w1, b1, w2, b2, activation)
-    x, w1, b1, w2, b2, act = _check_ffn(x, w1, b1, w2, b2, activation, "ffn")
+    epilogue) with a float32 hidden in between. The products are the weight kinds'
+    (fastattn.kinds.ffn_product)."""
+    quantized = isinstance(w1, QuantizedWeight) or isinstance(w2, QuantizedWeight)
+    x, w1, b1, w2, b2, act = _check_ffn(x, w1, b1, w2, b2, activation, "ffn",
+                                        quantized_ok=quantized)
     C, F = x.shape[-1], w1.shape[0]
     N = x.size // C if C else int(np.prod(x.shape[:-1]))
     y = np.empty(x.shape, np.float32)
-    if N and C and F:
-        _kernels.ffn_forward(y.reshape(N, C), None, x.reshape(N, C), w1, b1, w2, b2, act, 0.0,
-                             0, get_num_threads())
-    elif N and C:  # F == 0: the hidden layer is empty, y = b2
-        return reference.ffn(x, w1, b1, w2, b2, activation=activation)
+    if not quantized and not (N and C and F):
+        if N and C:  # F == 0: the hidden layer is empty, y = b2
+            return reference.ffn(x, w1, b1, w2, b2, activation=activation)
+        return y
+    kinds.ffn_product(kinds.of(w1), b1, kinds.of(w2), b2, act)(x.reshape(N, C), y.reshape(N, C))
     return y
 
 
@@ -515,25 +522,3 @@ def clip_grads(grads, max_norm):
     if not total <= max_norm:                 # also NaN, as torch
         _kernels.scale_inplace(flat, max_norm / (total + 1e-6), get_num_threads())
     return total
-
-
-def _linear_quantized(x, weight, bias, activation, op):
-    x, weight, bias, activation = _checks.linear(x, weight, bias, activation, op,
-                                                 quantized_ok=True)
-    x, bias = _convert.f32c(x), _convert.f32c(bias)
-    act = ACTIVATIONS[activation]
-    M, K = weight.shape
-    N = math.prod(x.shape[:-1])
-    y = np.empty(x.shape[:-1] + (M,), np.float32)
-    _fast.linear_any_into(y.reshape(N, M), x.reshape(N, K), weight, bias, act)
-    return y
-
-
-def _ffn_quantized(x, w1, b1, w2, b2, activation):
-    x, w1, b1, w2, b2, act = _check_ffn(x, w1, b1, w2, b2, activation, "ffn",
-                                        quantized_ok=True)
-    C = x.shape[-1]
-    N = math.prod(x.shape[:-1])
-    y = np.empty(x.shape, np.float32)
-    _fast.ffn_any_into(y.reshape(N, C), x.reshape(N, C), w1, b1, w2, b2, act)
-    return y

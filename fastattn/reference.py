@@ -57,11 +57,13 @@ Conventions:
 """
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import _checks
+# QuantizedWeight is one class family (fastattn.kinds): containers of arrays that both twins
+# compute with; this module reads their .dtype, .data and .scale, never their packed copies
+from .kinds import QuantizedWeight  # noqa: F401
 
 __all__ = [
     "attention",
@@ -1108,19 +1110,6 @@ def _act_levels(K):
     """The levels L of a product's activations over K (fastattn.h, fa_int8_act_levels): the
     most that keep |sum_k xq q| <= 127 L K within an int32, at most 32767 (int16 lanes)."""
     return min(32767, (2**31 - 1) // (127 * max(K, 1)))
-
-
-if TYPE_CHECKING:   # at run time, __getattr__ below (ops imports this module)
-    from .ops import QuantizedWeight  # noqa: F401
-
-
-def __getattr__(name):
-    # QuantizedWeight is one class, fastattn.ops.QuantizedWeight: a container of arrays that
-    # both twins compute with (this module reads its .data and .scale, never its packed copy).
-    if name == "QuantizedWeight":
-        from .ops import QuantizedWeight
-        return QuantizedWeight
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _is_quantized(w):

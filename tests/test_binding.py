@@ -6,7 +6,7 @@ would catch a pointer taken to an empty view or a read through NULL.)
 import numpy as np
 import pytest
 
-from fastattn import _fast, _kernels, ops, reference
+from fastattn import _fast, _kernels, kinds, ops, reference
 from strategies import rand
 
 RELU = ops.ACTIVATIONS["relu"]
@@ -49,7 +49,7 @@ def test_layer_norm_and_softmax_into_empty(rng, shape):
 def test_packed_linear_empty_sizes(rng, N, K, M):
     x, w, b = rand(rng, (N, K)), rand(rng, (M, K)), rand(rng, (M,))
     y = np.full((N, M), np.nan, np.float32)
-    _fast.linear_packed_into(y, x, _fast.PackedWeight(w), b, RELU)
+    _fast.linear_packed_into(y, x, kinds.pack_panels(w), b, RELU)
     np.testing.assert_array_equal(y, reference.linear(x, w, b, activation="relu"))
 
 
@@ -79,14 +79,14 @@ def _linear_args(rng, N=2, K=8, M=4):
     x, w, b = rand(rng, (N, K)), rand(rng, (M, K)), rand(rng, (M,))
     q = ops.QuantizedWeight.from_float(w, "int8")
     h = ops.QuantizedWeight.from_float(w, "bf16")
-    p = _fast.PackedWeight(w)
+    p = kinds.pack_panels(w)
     y = np.empty((N, M), np.float32)
     calls = {
         "int8": lambda y=y, x=x, b=b, s=q.scale: _kernels.linear_int8_forward(
             y, x, q._kernel_arrays()[1], s, b, 0, 1),
         "bf16": lambda y=y, x=x, b=b: _kernels.linear_bf16_forward(
             y, x, h._kernel_arrays()[1], b, 0, 1),
-        "packed": lambda y=y, x=x, b=b: _kernels.linear_packed_forward(y, x, p.data, b, 0, 1),
+        "packed": lambda y=y, x=x, b=b: _kernels.linear_packed_forward(y, x, p, b, 0, 1),
     }
     return x, w, b, y, calls
 

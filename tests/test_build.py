@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import fastattn
-from fastattn import _fast, ops
+from fastattn import _fast, kinds, ops
 
 
 def test_openmp_enabled():
@@ -73,8 +73,8 @@ def test_tiles_match_what_the_kernels_do():
     t = fastattn.build_info()["tiles"]
     panel = t["packed_panel"]
     for M, K in ((1, 3), (panel, 5), (panel + 1, 7)):
-        packed = _fast.PackedWeight(np.zeros((M, K), np.float32))
-        assert packed.data.size == -(-M // panel) * panel * K
+        packed = kinds.pack_panels(np.zeros((M, K), np.float32))
+        assert packed.size == -(-M // panel) * panel * K
     assert _fast.PACKED_MAX_ROWS == t["packed_max_rows"]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 import fastattn
 from conftest import SIMD_LEVELS, assert_close, child_report, run_child, run_isa_checks
-from fastattn import _fast, ops, reference
+from fastattn import _fast, kinds, ops, reference
 from tolerances import (TOL, attention_grad_atol, attention_grad_magnitudes, attention_tols,
                         dot_atol, ffn_atol, layer_norm_atol, max_score)
 
@@ -141,7 +141,7 @@ def isa_checks():
             check(f"linear.rows{n_rows}.{act}", ops.linear(x, w, b, activation=act), expect,
                   t["rtol"], dot_atol(x, w, bias=b))
             y = np.empty((n_rows, M), np.float32)
-            _fast.linear_packed_into(y, x, _fast.PackedWeight(w), b, ops.ACTIVATIONS[act])
+            _fast.linear_packed_into(y, x, kinds.pack_panels(w), b, ops.ACTIVATIONS[act])
             check(f"linear_packed.rows{n_rows}.{act}", y, expect, t["rtol"],
                   dot_atol(x, w, bias=b))
 

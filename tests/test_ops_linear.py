@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import fastattn
 from conftest import TILES, assert_close, requires_torch, to_torch, torch_activation
-from fastattn import _fast, ops, reference
+from fastattn import _fast, kinds, ops, reference
 from strategies import features, rand, rows, seeds
 from tolerances import TOL, dot_atol, ffn_atol
 
@@ -227,7 +227,7 @@ def test_packed_linear_matches_reference(n_rows, shape, activation):
     w = rng.standard_normal((M, K), dtype=np.float32) / np.float32(np.sqrt(K))
     b = rng.standard_normal(M, dtype=np.float32)
     y = np.full((n_rows, M), np.nan, np.float32)
-    _fast.linear_packed_into(y, x, _fast.PackedWeight(w), b, ops.ACTIVATIONS[activation])
+    _fast.linear_packed_into(y, x, kinds.pack_panels(w), b, ops.ACTIVATIONS[activation])
     expect = reference.linear(x, w, b, activation=activation)
     np.testing.assert_allclose(y, expect, rtol=1e-5, atol=1e-5 * np.sqrt(K))
 
@@ -236,7 +236,7 @@ def test_packed_linear_rows_are_batch_invariant():
     """Each output row is the same sum in the same order whatever the number of rows."""
     rng = np.random.default_rng(7)
     x = rng.standard_normal((13, 96), dtype=np.float32)
-    pw = _fast.PackedWeight(rng.standard_normal((130, 96), dtype=np.float32))
+    pw = kinds.pack_panels(rng.standard_normal((130, 96), dtype=np.float32))
     full = np.empty((13, 130), np.float32)
     _fast.linear_packed_into(full, x, pw, None, 0)
     for r in range(13):

@@ -15,7 +15,7 @@ import pytest
 
 import fastattn
 from conftest import TILES, assert_close, fewer_threads, run_checks, run_child, run_in_threads
-from fastattn import _fast, ops, reference
+from fastattn import _fast, kinds, ops, reference
 from strategies import rand
 from tolerances import TOL, dot_atol, ffn_atol, scaled
 
@@ -232,7 +232,7 @@ def small_team_checks():
 
     x, w, b = normal(3, 512), normal(2048, 512, scale=0.05), normal(2048)
     y = nan(3, 2048)
-    _fast.linear_packed_into(y, x, _fast.PackedWeight(w), b, ops.ACTIVATIONS["relu"])
+    _fast.linear_packed_into(y, x, kinds.pack_panels(w), b, ops.ACTIVATIONS["relu"])
     check("linear_packed", y, reference.linear(x, w, b, activation="relu"), 1e-4)
 
     for Lq in (1, tiles["attention_rows_max_q"] + 1):   # one row at a time; query blocks

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fastattn
-from fastattn import _convert, _fast, ops
+from fastattn import _convert, _fast, kinds, ops
 
 
 def arr(*shape):
@@ -343,7 +343,7 @@ def test_misaligned_inputs_are_copied_to_aligned_memory():
         assert helper(misaligned(np.ones((3, 4))), "x", "t").flags.aligned
     assert _convert.strided(misaligned(np.ones((3, 4)))).flags.aligned
     assert ops._mask_bias(misaligned(np.ones((3, 4))), "mask", "t").flags.aligned
-    assert _fast.PackedWeight(misaligned(np.ones((3, 4)))).data.flags.aligned
+    assert kinds.pack_panels(misaligned(np.ones((3, 4)))).flags.aligned
 
     q, k, v = (rng.standard_normal((2, 2, n, 8)).astype(np.float32) for n in (5, 7, 7))
     mask = rng.standard_normal((5, 7)).astype(np.float32)

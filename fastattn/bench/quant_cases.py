@@ -24,7 +24,7 @@ inputs (before timing), as a model does on its first call.
 """
 import numpy as np
 
-from .. import _fast, _kernels, build_info, get_num_threads, ops, reference
+from .. import _fast, _kernels, build_info, get_num_threads, kinds, ops, reference
 from .cases import Case, _normal, _torch_impl
 from .torch_models import Unavailable
 
@@ -37,20 +37,26 @@ PEAK_ITERS = 200_000         # steps of 24 independent instructions per thread
 
 
 def _weight(w, dtype):
-    """The weight as the fast backend would hold it, its kernel copy built (first call)."""
+    """The weight as the fast backend would hold it (a QuantizedWeight packs when made)."""
     if dtype == "fp32":
         return w
-    qw = ops.QuantizedWeight.from_float(w, dtype)
-    qw._kernel_arrays()
-    return qw
+    return ops.QuantizedWeight.from_float(w, dtype)
+
+
+class _Stored:
+    """The twin's quantised weight as a prototype holds it: the stored arrays themselves
+    (reference.linear reads dtype, data and scale; a QuantizedWeight would unpack its data
+    from the packed copy on every call)."""
+
+    _fastattn_quantized = True
+
+    def __init__(self, w):
+        self.dtype, self.data, self.scale, self.shape = w.dtype, w.data, w.scale, w.shape
 
 
 def _unpacked(w):
-    """The twin's weight: the same values in a QuantizedWeight never packed, holding its data
-    as a prototype does (a packed one would unpack it on every call)."""
-    if isinstance(w, ops.QuantizedWeight):
-        return ops.QuantizedWeight.from_stored(w.dtype, w.data, w.scale)
-    return w
+    """The twin's weight: the same values, held unpacked (_Stored)."""
+    return _Stored(w) if isinstance(w, ops.QuantizedWeight) else w
 
 
 def _linear_case(dtype, N, K, M):
@@ -82,7 +88,7 @@ def _decode_linear_case(dtype, N, K, M, count=DECODE_WEIGHTS):
         ws = [_normal(rng, (M, K), K ** -0.5) for _ in range(count)]
         inputs = {"x": _normal(rng, (N, K)), "ws": [_weight(w, dtype) for w in ws]}
         if dtype == "fp32":
-            inputs["packed"] = [_fast.PackedWeight(w) for w in ws]
+            inputs["packed"] = [kinds.pack_panels(w) for w in ws]
         return inputs
 
     def fast(i):

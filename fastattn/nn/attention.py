@@ -259,15 +259,16 @@ class MultiheadAttention(Module):
 
     # -- training: the forward that keeps what the backward needs, and the backward -----------
     def _in_proj(self, part):
-        """(weight rows, bias rows) of in_proj for `part` ("qkv", "q", "kv", "k" or "v"); with
-        separate projection weights (kdim / vdim) part is one letter, and its weight whole."""
+        """(the weight kind of in_proj's rows, bias rows) for `part` ("qkv", "q", "kv", "k" or
+        "v"); with separate projection weights (kdim / vdim) part is one letter, and its weight
+        whole."""
         C = self.embed_dim
         lo, hi = _PARTS[part]
         b = self.in_proj_bias
         b = None if b is None else b[lo * C:hi * C]
         if self.in_proj_weight is None:
-            return getattr(self, part + "_proj_weight"), b
-        return self.in_proj_weight[lo * C:hi * C], b
+            return self._kind(part + "_proj_weight"), b
+        return self._kind("in_proj_weight", lo * C, hi * C), b
 
     def _in_proj_grads(self, part):
         """The gradient buffers (weight, bias or None) matching _in_proj(part)."""
@@ -288,19 +289,21 @@ class MultiheadAttention(Module):
         everything the backward needs is kept, in this module's buffers."""
         C, H, D = self.embed_dim, self.num_heads, self.head_dim
         bufs, ops_ = self._bufs(), self._ops
+        bf16 = self.precision == "bf16"       # bf16 training: the attention's products too
         proj, projected, heads = [], [], {}
         for x, part in inputs:
             B, L, K = x.shape
             x2 = x.reshape(B * L, K)
             w, b = self._in_proj(part)
             y = ops_.linear_train(x2, w, b, None,
-                                  ops_.head_buffer(bufs, part, (B * L, len(part) * C)), None)
+                                  ops_.head_buffer(bufs, part, (B * L, len(part) * C), bf16),
+                                  None)
             proj.append((x2, part))
             if part in ("k", "v") and self._extra_keys:     # bias_k / zero key appended
                 y = self._with_extra_keys(
                     y.reshape(B, L, C), part,
                     ops_.head_buffer(bufs, "ext." + part,
-                                     (B, L + self._extra_keys, C))).reshape(-1, C)
+                                     (B, L + self._extra_keys, C), bf16)).reshape(-1, C)
             projected.append((y, part))
             heads.update(self._part_heads(y, part, B))
         q, k, v = heads["q"], heads["k"], heads["v"]
@@ -308,8 +311,8 @@ class MultiheadAttention(Module):
         ctx = bufs.get("ctx", (B, Lq, H, D))
         out, lse = ctx.transpose(0, 2, 1, 3), bufs.get("lse", (B, H, Lq))
         seed = ws.seed() if self.dropout > 0 else None
-        ops_.attention_train(q, k, v, mask, self.dropout, seed, out, lse)
-        kept = [(ops_.keep_heads(y, bufs, part), part) for y, part in projected]
+        ops_.attention_train(q, k, v, mask, self.dropout, seed, out, lse, bf16)
+        kept = [(ops_.keep_heads(y, bufs, part, bf16), part) for y, part in projected]
         y, out_saved = self.out_proj._forward_train(ctx.reshape(B * Lq, C))
         return y, AttentionSaved(proj, kept, out, lse, mask, seed, out_saved)
 
@@ -345,7 +348,8 @@ class MultiheadAttention(Module):
             dproj.append(d)
             dheads.update(self._part_heads(d, part, B))
         self._ops.attention_backward(dout, q, k, v, out, lse, mask, self.dropout, seed,
-                                     dheads["q"], dheads["k"], dheads["v"])
+                                     dheads["q"], dheads["k"], dheads["v"],
+                                     self.precision == "bf16")
         for (x2, part), d, dx in zip(proj, dproj, dxs):
             if d.shape[0] != x2.shape[0]:     # the extra keys' rows: bias_k / bias_v's grads
                 d = self._extra_keys_backward(d.reshape(B, -1, C), part, bufs)

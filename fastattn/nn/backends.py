@@ -1,23 +1,25 @@
 """The two backends as op tables: one model code path, two sets of ops.
 
-Every module holds ``self._ops``, one of the tables below, chosen in one place
-(``backend_ops``). Model code calls only ``self._ops.<op>(...)``; it never asks which backend
-it runs on. Each op takes caller-owned ``out`` buffers (the fast table writes into them; the
-reference table computes new arrays, as a prototype would, and copies them in when a buffer is
-given).
+Every module holds ``self._ops``, one of the two tables below (FastOps, ReferenceOps), chosen
+in one place (``backend_ops``). Model code calls only ``self._ops.<op>(...)``; it never asks
+which backend it runs on. Each op takes caller-owned ``out`` buffers (the fast table writes into
+them; the reference table computes new arrays, as a prototype would, and copies them in when a
+buffer is given).
+
+The linear and feed-forward products take weight *kinds* (fastattn.kinds), which the table
+makes (``weight_kind``, ``decode_kind``) and the module owning the parameter keeps: precision
+is a setting that installs kinds (float32 or bf16 training's copies), not a table of its own.
+The attention's own products take the precision as a flag (``bf16``).
 
 Arrays reaching these ops are already validated by the module boundary: float32, shapes
 consistent, attention operands with a contiguous last axis.
 """
 import math
-import threading
-import weakref
 
 import numpy as np
 
-from .. import _fast, ops, reference
+from .. import _fast, kinds, ops, reference
 from ..ops import ACTIVATIONS
-from .parameter import Parameter
 
 BACKENDS = ("fast", "reference")
 _PRECISION_NAMES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16"}
@@ -31,6 +33,22 @@ def precision_name(value, what="precision"):
     raise ValueError(f"{what} must be 'fp32' or 'bf16' (or 'float32', 'bfloat16'), got {value!r}")
 
 
+class TwinWeight(kinds.WeightKind):
+    """The reference backend's kind: the weight as the twin takes it (a float32 array or a
+    QuantizedWeight) and, in training, the compute type of its products ("bfloat16" for bf16
+    training: the twin rounds the operands itself)."""
+
+    __slots__ = ("data", "shape", "compute_type")
+    kind = "twin"
+    trains = True
+
+    def __init__(self, data, compute_type="float32"):
+        self.data, self.shape, self.compute_type = data, data.shape, compute_type
+
+    def rows(self, lo, hi):
+        return TwinWeight(self.data[lo:hi], self.compute_type)
+
+
 class _TrainingOps:
     """The training ops (forwards that keep what the backward needs, and the backwards), over
     a functional module F: fastattn.ops or fastattn.reference, which share names, signatures
@@ -38,22 +56,23 @@ class _TrainingOps:
     step to step on the fast backend; new arrays on the reference one), and parameter
     gradients are accumulated into the arrays given (dw, db), as a model accumulates them over
     backward() calls. This generic version computes new arrays with F and copies them in (the
-    twin, as a prototype computes); FastOps writes in place with the kernels."""
+    twin, as a prototype computes); FastOps writes in place with the kernels.
+
+    Weights come as the table's kinds (``weight_kind``): their compute type is the precision of
+    their products; ``bf16`` flags the attention's (bf16 training)."""
 
     F = None
-    precision = "fp32"
-    compute_type = "float32"     # of the training GEMMs: "bfloat16" in the bf16 tables
 
     # Attention's projected q, k, v: what a training forward writes them into, what its record
     # keeps of them, and the float32 heads its backward reads back (bf16 training keeps them
     # as bf16 bits: the backward's products read them rounded anyway).
     @staticmethod
-    def head_buffer(bufs, key, shape):
+    def head_buffer(bufs, key, shape, bf16=False):
         """The (N, n*C) array a projection writes its heads into."""
         return bufs.get(key, shape)
 
     @staticmethod
-    def keep_heads(y, bufs, key):
+    def keep_heads(y, bufs, key, bf16=False):
         """What the record keeps of y (N, n*C), a head_buffer, after the attention read it."""
         return y
 
@@ -67,8 +86,8 @@ class _TrainingOps:
     def linear_train(cls, x, weight, bias, activation, y, pre):
         """y (N, M) = act(x weight^T + bias); pre (N, M) keeps the pre-activation (None
         without an activation). Returns y."""
-        out, cache = cls.F.linear_forward(x, weight, bias, activation=activation,
-                                          compute_type=cls.compute_type)
+        out, cache = cls.F.linear_forward(x, weight.data, bias, activation=activation,
+                                          compute_type=weight.compute_type)
         if pre is not None:
             pre[...] = cache["pre"]
         return _put(y, out)
@@ -77,8 +96,8 @@ class _TrainingOps:
     def linear_backward(cls, dy, x, weight, pre, activation, dw, db, dx):
         """dy (N, M) -> dx (N, K) (overwritten); dw (M, K) += dZ^T x, db (M,) += column sums
         (db may be None). `pre` may be overwritten (it is not needed after)."""
-        g, gw, gb = cls.F.linear_backward(dy, x, weight, pre=pre, activation=activation,
-                                          compute_type=cls.compute_type)
+        g, gw, gb = cls.F.linear_backward(dy, x, weight.data, pre=pre, activation=activation,
+                                          compute_type=weight.compute_type)
         dw += gw
         if db is not None:
             db += gb
@@ -87,8 +106,8 @@ class _TrainingOps:
     @classmethod
     def ffn_train(cls, x, w1, b1, w2, b2, activation, p, seed, y, pre):
         """y (N, C) = linear2(dropout(act(linear1(x)))), pre (N, F) the pre-activation."""
-        out, cache = cls.F.ffn_forward(x, w1, b1, w2, b2, activation=activation, dropout_p=p,
-                                       seed=seed, compute_type=cls.compute_type)
+        out, cache = cls.F.ffn_forward(x, w1.data, b1, w2.data, b2, activation=activation,
+                                       dropout_p=p, seed=seed, compute_type=w1.compute_type)
         pre[...] = cache["pre"]
         return _put(y, out)
 
@@ -96,8 +115,8 @@ class _TrainingOps:
     def ffn_backward(cls, dy, x, w1, b1, w2, b2, pre, activation, p, seed, grads, dx, h):
         """dy (N, C) -> dx (N, C); grads = (dw1, db1, dw2, db2) accumulated (db None: none);
         h (N, F) scratch; pre is overwritten (not needed after)."""
-        out = cls.F.ffn_backward(dy, x, w1, b1, w2, b2, pre, activation=activation,
-                                 dropout_p=p, seed=seed, compute_type=cls.compute_type)
+        out = cls.F.ffn_backward(dy, x, w1.data, b1, w2.data, b2, pre, activation=activation,
+                                 dropout_p=p, seed=seed, compute_type=w1.compute_type)
         for acc, g in zip(grads, out[1:]):
             if acc is not None:
                 acc += g
@@ -127,20 +146,21 @@ class _TrainingOps:
         return _put(dx, g)
 
     @classmethod
-    def attention_train(cls, q, k, v, mask, p, seed, out, lse):
-        """out (B, H, Lq, Dv) view, lse (B, H, Lq): attention with dropout p on the weights."""
+    def attention_train(cls, q, k, v, mask, p, seed, out, lse, bf16=False):
+        """out (B, H, Lq, Dv) view, lse (B, H, Lq): attention with dropout p on the weights;
+        bf16: bf16 training's products."""
         o, cache = cls.F.attention_forward(
             q, k, v, mask=mask.bias, key_padding_mask=mask.key_padding(q, k),
-            causal=mask.causal, dropout_p=p, seed=seed, compute_type=cls.compute_type)
+            causal=mask.causal, dropout_p=p, seed=seed, compute_type=_compute(bf16))
         lse[...] = cache["lse"]
         return _put(out, o)
 
     @classmethod
-    def attention_backward(cls, dout, q, k, v, out, lse, mask, p, seed, dq, dk, dv):
+    def attention_backward(cls, dout, q, k, v, out, lse, mask, p, seed, dq, dk, dv, bf16=False):
         """(dq, dk, dv) into the views given."""
         grads = cls.F.attention_backward(
             dout, q, k, v, out, lse, mask=mask.bias, key_padding_mask=mask.key_padding(q, k),
-            causal=mask.causal, dropout_p=p, seed=seed, compute_type=cls.compute_type)
+            causal=mask.causal, dropout_p=p, seed=seed, compute_type=_compute(bf16))
         for buf, g in zip((dq, dk, dv), grads):
             buf[...] = g
         return dq, dk, dv
@@ -180,30 +200,48 @@ class FastOps(_TrainingOps):
 
     name = "fast"
     F = ops
+    reuses_buffers = True        # inference passes reuse a workspace, the stream in place
+
+    # -- weight kinds (fastattn.kinds) ----------------------------------------------------------
+    @staticmethod
+    def weight_kind(weight, precision=None):
+        """The kind of parameter `weight` for this module's products: in training (precision
+        "fp32" or "bf16"), a Float32Weight or a Bf16TrainingWeight (its bf16 copy and packs,
+        made now); in inference (None), a Float32Weight, or the QuantizedWeight itself."""
+        if isinstance(weight, kinds.WeightKind):
+            return weight
+        if precision == "bf16":
+            return kinds.Bf16TrainingWeight(weight)
+        return kinds.Float32Weight(weight)
+
+    @staticmethod
+    def decode_kind(weight, version=0):
+        """The kind of `weight` its decode steps multiply by: a float32 array gets its panels
+        packed for few-row products (PackedFloat32Weight); a QuantizedWeight is its kind."""
+        if isinstance(weight, kinds.WeightKind):
+            return weight
+        return kinds.PackedFloat32Weight(weight, version)
 
     # Training: every result written by the kernels into the caller's buffers, parameter
-    # gradients accumulated in the kernels (no temporary arrays, no second pass to add them).
+    # gradients accumulated in the kernels (no temporary arrays, no second pass to add them);
+    # the products are the weight kinds' (float32, or bf16 training's rounded operands).
 
     @staticmethod
     def linear_train(x, weight, bias, activation, y, pre):
-        return _fast.linear_into(y, x, weight, bias, ACTIVATIONS[activation],
-                                pre if activation else None)
+        return weight.train_forward(x, bias, ACTIVATIONS[activation], y, pre)
 
     @staticmethod
     def linear_backward(dy, x, weight, pre, activation, dw, db, dx):
-        _fast.linear_backward_into(dx, dw, db, dy, x, weight, pre, ACTIVATIONS[activation], True,
-                                  dz=pre)
-        return dx
+        return weight.train_backward(dy, x, pre, ACTIVATIONS[activation], dw, db, dx)
 
     @staticmethod
     def ffn_train(x, w1, b1, w2, b2, activation, p, seed, y, pre):
-        return _fast.ffn_forward_into(y, pre, x, w1, b1, w2, b2, ACTIVATIONS[activation], p, seed)
+        return kinds.ffn_train(x, w1, b1, w2, b2, ACTIVATIONS[activation], p, seed, y, pre)
 
     @staticmethod
     def ffn_backward(dy, x, w1, b1, w2, b2, pre, activation, p, seed, grads, dx, h):
-        _fast.ffn_backward_into(dx, *grads, dy, x, w1, w2, pre, ACTIVATIONS[activation], p, seed,
-                               True, h=h, dpre=pre)
-        return dx
+        return kinds.ffn_backward(dy, x, w1, w2, pre, ACTIVATIONS[activation], p, seed, grads,
+                                  dx, h)
 
     @staticmethod
     def add_norm_train(x, residual, weight, bias, eps, y, s, mean, rstd):
@@ -217,17 +255,39 @@ class FastOps(_TrainingOps):
         return dx
 
     @staticmethod
-    def attention_train(q, k, v, mask, p, seed, out, lse):
+    def attention_train(q, k, v, mask, p, seed, out, lse, bf16=False):
         bias, scale = _attention_bias(q, k, mask)
         return _fast.attention_into(out, q, k, v, bias, mask.key_bias, mask.causal, scale,
-                                   lse.reshape(-1), p, seed)
+                                   lse.reshape(-1), p, seed, bf16=bf16)
 
     @staticmethod
-    def attention_backward(dout, q, k, v, out, lse, mask, p, seed, dq, dk, dv):
+    def attention_backward(dout, q, k, v, out, lse, mask, p, seed, dq, dk, dv, bf16=False):
+        """bf16: q, k, v hold bf16 values (kept_heads' widened bits); dout is rounded here."""
         bias, scale = _attention_bias(q, k, mask)
+        if bf16:
+            dout = kinds.rounded(dout, "dy")
         _fast.attention_backward_into(dq, dk, dv, dout, out, lse.reshape(-1), q, k, v, bias,
-                                     mask.key_bias, mask.causal, scale, p, seed)
+                                     mask.key_bias, mask.causal, scale, p, seed, bf16=bf16)
         return dq, dk, dv
+
+    @staticmethod
+    def head_buffer(bufs, key, shape, bf16=False):
+        """bf16: a per-thread scratch array (only the bits are kept: keep_heads)."""
+        return kinds.scratch(shape, "heads." + key) if bf16 else bufs.get(key, shape)
+
+    @staticmethod
+    def keep_heads(y, bufs, key, bf16=False):
+        """bf16: y rounded to bf16 as the attention's products round it, kept as bits (half of
+        float32's memory)."""
+        if not bf16:
+            return y
+        return _fast.round_bf16_bits(y, bufs.get("bf16." + key, y.shape, np.uint16))
+
+    @staticmethod
+    def kept_heads(kept, slot):
+        if kept.dtype != np.uint16:
+            return kept
+        return _fast.widen_bf16(kept, kinds.scratch(kept.shape, slot))
 
     @staticmethod
     def dropout(x, p, seed, out):
@@ -246,34 +306,25 @@ class FastOps(_TrainingOps):
                                        label_smoothing=label_smoothing)
         return float(loss), (logits if grad else None)
 
-    @staticmethod
-    def decode_weight(weight, version=0):
-        """The kind of `weight` its decode steps multiply by: a float32 array gets its panels
-        packed for few-row products (_fast.Float32Weight); a QuantizedWeight keeps its own
-        layouts (it is its kind)."""
-        if isinstance(weight, _fast.QuantizedWeight):
-            return weight
-        return _fast.Float32Weight(weight, version)
-
+    # -- inference ------------------------------------------------------------------------------
     @staticmethod
     def linear(x, weight, bias, activation=None, out=None):
-        """act(x (N, K) @ weight (M, K).T + bias) -> (N, M), for a weight of any kind (a
-        float32 array, a Float32Weight, a QuantizedWeight: _fast.product)."""
+        """act(x (N, K) @ weight (M, K).T + bias) -> (N, M), by the weight's kind."""
         if out is None:
             out = np.empty((x.shape[0], weight.shape[0]), np.float32)
-        return _fast.product(weight, bias, ACTIVATIONS[activation])(x, out)
+        return weight.product(bias, ACTIVATIONS[activation])(x, out)
 
     @staticmethod
     def linear_fn(weight, bias, activation, rows):
         """``linear`` for x of `rows` rows, its kernel and arguments chosen now (a decode step
         makes the same products every step): f(x, out) -> out."""
-        return _fast.product(weight, bias, ACTIVATIONS[activation], rows)
+        return weight.product(bias, ACTIVATIONS[activation], rows)
 
     @staticmethod
     def ffn_fn(w1, b1, w2, b2, activation, rows):
-        """``ffn`` for x of `rows` rows, its products chosen now (_fast.ffn_product): f(x, out)
+        """``ffn`` for x of `rows` rows, its products chosen now (kinds.ffn_product): f(x, out)
         -> out."""
-        return _fast.ffn_product(w1, b1, w2, b2, ACTIVATIONS[activation], rows)
+        return kinds.ffn_product(w1, b1, w2, b2, ACTIVATIONS[activation], rows)
 
     @staticmethod
     def attention_fn(head_dim, bf16=False):
@@ -284,10 +335,10 @@ class FastOps(_TrainingOps):
 
     @staticmethod
     def ffn(x, w1, b1, w2, b2, activation, out=None):
-        """linear2(act(linear1(x))) (N, C) -> (N, C), for weights of any kind."""
+        """linear2(act(linear1(x))) (N, C) -> (N, C), by the weights' kinds."""
         if out is None:
             out = np.empty(x.shape, np.float32)
-        return _fast.ffn_product(w1, b1, w2, b2, ACTIVATIONS[activation])(x, out)
+        return kinds.ffn_product(w1, b1, w2, b2, ACTIVATIONS[activation])(x, out)
 
     @staticmethod
     def add_norm(x, residual, weight, bias, eps, out=None):
@@ -319,23 +370,30 @@ class ReferenceOps(_TrainingOps):
 
     name = "reference"
     F = reference
+    reuses_buffers = False
 
     @staticmethod
-    def decode_weight(weight, version=0):
-        return weight                                 # a prototype multiplies the weight itself
+    def weight_kind(weight, precision=None):
+        """The weight as the twin takes it, with its products' compute type."""
+        return TwinWeight(weight, _compute(precision == "bf16"))
+
+    @staticmethod
+    def decode_kind(weight, version=0):
+        return TwinWeight(weight)                 # a prototype multiplies the weight itself
 
     @staticmethod
     def linear(x, weight, bias, activation=None, out=None):
-        return _put(out, reference.linear(x, weight, bias, activation=activation))
+        return _put(out, reference.linear(x, weight.data, bias, activation=activation))
 
     @staticmethod
     def linear_fn(weight, bias, activation, rows):
-        return lambda x, out: _put(out, reference.linear(x, weight, bias,
+        return lambda x, out: _put(out, reference.linear(x, weight.data, bias,
                                                          activation=activation))
 
     @staticmethod
     def ffn(x, w1, b1, w2, b2, activation, out=None):
-        if isinstance(w1, _fast.QuantizedWeight) or isinstance(w2, _fast.QuantizedWeight):
+        w1, w2 = w1.data, w2.data
+        if isinstance(w1, kinds.QuantizedWeight) or isinstance(w2, kinds.QuantizedWeight):
             hidden = reference.linear(x, w1, b1, activation=activation)
             return _put(out, reference.linear(hidden, w2, b2))
         return _put(out, reference.ffn(x, w1, b1, w2, b2, activation=activation))
@@ -367,146 +425,6 @@ class ReferenceOps(_TrainingOps):
         return reference.attention(q, k, v, mask=mask.bias,
                                    key_padding_mask=mask.key_padding(q, k), causal=mask.causal,
                                    return_weights=True, compute_type=_compute(bf16))
-
-
-class FastBf16Ops(FastOps):
-    """FastOps with bf16 mixed-precision training (precision "bf16", torch autocast's
-    meaning): every training GEMM (the linear layers' three products, the FFN's, attention's
-    forward and backward) multiplies operands rounded to bf16 and sums in float32
-    (compute_type "bfloat16" of ops.linear_forward and friends, which the twin emulates).
-    Weights are rounded, and packed for the bf16 tiles where the CPU has them, once per version
-    (bf16_weight: once per optimizer step, not per use); attention's q, k and v are kept for
-    the backward as bf16 bits (keep_heads), which is all its products read of them;
-    activations and gradients are rounded where a product reads them. Layer norm, softmax,
-    dropout, the residual stream, embeddings and the loss stay float32, as do the parameters,
-    their gradients and the optimizer. Inference (eval) ops are FastOps' own."""
-
-    name = "fast"
-    precision = "bf16"
-    compute_type = "bfloat16"
-
-    @staticmethod
-    def linear_train(x, weight, bias, activation, y, pre):
-        w, packed = bf16_weight(weight, 1)
-        return _fast.linear_into(y, rounded(x, "x"), w, bias, ACTIVATIONS[activation],
-                                 pre if activation else None, bf16=True, packed=packed)
-
-    @staticmethod
-    def linear_backward(dy, x, weight, pre, activation, dw, db, dx):
-        w, packed = bf16_weight(weight, 0 if dx is not None else None)
-        _fast.linear_backward_into(dx, dw, db, dy, rounded(x, "x"), w, pre,
-                                   ACTIVATIONS[activation], True,
-                                   dz=pre if activation else scratch(dy.shape, "dz"), bf16=True,
-                                   packed=packed)
-        return dx
-
-    @staticmethod
-    def ffn_train(x, w1, b1, w2, b2, activation, p, seed, y, pre):
-        (w1, p1), (w2, p2) = bf16_weight(w1, 1), bf16_weight(w2, 1)
-        return _fast.ffn_forward_into(y, pre, rounded(x, "x"), w1, b1, w2, b2,
-                                      ACTIVATIONS[activation], p, seed, bf16=True,
-                                      packed=(p1, p2))
-
-    @staticmethod
-    def ffn_backward(dy, x, w1, b1, w2, b2, pre, activation, p, seed, grads, dx, h):
-        (w1, p1) = bf16_weight(w1, 0 if dx is not None else None)
-        (w2, p2) = bf16_weight(w2, 0)
-        _fast.ffn_backward_into(dx, *grads, rounded(dy, "dy"), rounded(x, "x"), w1, w2, pre,
-                                ACTIVATIONS[activation], p, seed, True, h=h, dpre=pre,
-                                bf16=True, packed=(p1, p2))
-        return dx
-
-    @staticmethod
-    def attention_train(q, k, v, mask, p, seed, out, lse):
-        bias, scale = _attention_bias(q, k, mask)
-        return _fast.attention_into(out, q, k, v, bias, mask.key_bias, mask.causal, scale,
-                                    lse.reshape(-1), p, seed, bf16=True)
-
-    @staticmethod
-    def attention_backward(dout, q, k, v, out, lse, mask, p, seed, dq, dk, dv):
-        """q, k, v hold bf16 values (kept_heads' widened bits); dout is rounded here."""
-        bias, scale = _attention_bias(q, k, mask)
-        _fast.attention_backward_into(dq, dk, dv, rounded(dout, "dy"), out, lse.reshape(-1), q,
-                                      k, v, bias, mask.key_bias, mask.causal, scale, p, seed,
-                                      bf16=True)
-        return dq, dk, dv
-
-    @staticmethod
-    def head_buffer(bufs, key, shape):
-        """A per-thread scratch array: only the bits are kept (keep_heads)."""
-        return scratch(shape, "heads." + key)
-
-    @staticmethod
-    def keep_heads(y, bufs, key):
-        """y rounded to bf16 as the attention's products round it, kept as bits (half of
-        float32's memory)."""
-        return _fast.round_bf16_bits(y, bufs.get("bf16." + key, y.shape, np.uint16))
-
-    @staticmethod
-    def kept_heads(kept, slot):
-        return _fast.widen_bf16(kept, scratch(kept.shape, slot))
-
-
-class ReferenceBf16Ops(ReferenceOps):
-    """ReferenceOps with bf16 mixed-precision training: the twin's compute_type="bfloat16"
-    (the same rounding points as FastBf16Ops, sums in float64)."""
-
-    precision = "bf16"
-    compute_type = "bfloat16"
-
-
-# weight -> its bf16-rounded copy and that copy's packed forms for the tiles, remade when the
-# weight's version moves (an optimizer step, an edit): keyed by the parameter's write counter
-# (shared by its slices) and the slice
-_BF16_COPIES = weakref.WeakKeyDictionary()
-
-
-_SCRATCH = threading.local()     # this thread's buffers for rounded activations, by slot
-
-
-def scratch(shape, slot):
-    """A float32 array of `shape` in this thread's scratch buffer `slot`, reused from call to
-    call: valid until the next call with that slot on this thread (an op fills it, uses it and
-    returns)."""
-    bufs = getattr(_SCRATCH, "bufs", None)
-    if bufs is None:
-        bufs = _SCRATCH.bufs = {}
-    n = math.prod(shape)
-    buf = bufs.get(slot)
-    if buf is None or buf.size < n:
-        buf = bufs[slot] = np.empty(n, np.float32)
-    return buf[:n].reshape(shape)
-
-
-def rounded(x, slot):
-    """x rounded to bf16 (as float32 values) into this thread's scratch buffer `slot`."""
-    return _fast.round_bf16(x, scratch(x.shape, slot))
-
-
-def bf16_weight(w, trans=None):
-    """(w rounded to bf16 as float32 values, its _kernels.bf16_weight_pack(rounded, trans) or
-    None) for w a parameter or a slice of one, each made once per version of the parameter
-    (trans None: no packed form wanted; the pack is None where the CPU's bf16 path is not the
-    tiles). A plain array is rounded at every call and not packed. A new version is rounded
-    into the previous copy's array: a thread that updates parameters while another runs a
-    product with them (not a pattern the model layer has) would change that product's input.
-    The copies and packs (about two bytes per weight element each) live as long as their
-    parameter."""
-    if not isinstance(w, Parameter):
-        return _fast.round_bf16(w), None
-    box = w.version_box
-    key = (w.__array_interface__["data"][0], w.shape, w.strides)
-    copies = _BF16_COPIES.setdefault(box, {})
-    hit = copies.get(key)
-    if hit is None or hit[0] != box.n:
-        # a new version rounds into the old one's array: no fresh pages every step
-        hit = copies[key] = (box.n, _fast.round_bf16(w, None if hit is None else hit[1]), {})
-    _, copy, packs = hit
-    if trans is None:
-        return copy, None
-    if trans not in packs:
-        packs[trans] = _fast.bf16_weight_pack(copy, trans)
-    return copy, packs[trans]
 
 
 def _compute(bf16):
@@ -543,14 +461,12 @@ def _mix64(z):
     return z ^ (z >> 31)
 
 
-def backend_ops(name, precision="fp32"):
-    """The op table of backend `name` ("fast" or "reference") training in `precision`
-    ("fp32" or "bf16")."""
-    bf16 = precision_name(precision) == "bf16"
+def backend_ops(name):
+    """The op table of backend `name` ("fast" or "reference")."""
     if name == "fast":
-        return FastBf16Ops if bf16 else FastOps
+        return FastOps
     if name == "reference":
-        return ReferenceBf16Ops if bf16 else ReferenceOps
+        return ReferenceOps
     raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
 
 
@@ -570,7 +486,7 @@ class Workspace:
         self.training = training
         self.weights = weights
         self.ops = ops_
-        self.fast = ops_ is FastOps and not training   # buffers reused, stream updated in place
+        self.fast = ops_.reuses_buffers and not training  # buffers reused, stream in place
         self.bufs = {}
         self._views = {}              # (key, shape) -> the view get() hands out (decode steps
                                       # ask for the same ones every step)

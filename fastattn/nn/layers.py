@@ -59,20 +59,20 @@ class Linear(Module):
         b = self._bufs()
         shape = (x.shape[0], self.out_features)
         pre = b.get("pre", shape) if activation else None
-        y = self._ops.linear_train(x, self.weight, self.bias, activation, b.get("y", shape), pre)
+        y = self._ops.linear_train(x, self._kind("weight"), self.bias, activation, b.get("y", shape), pre)
         return y, LinearSaved(x, pre, activation)
 
     def _apply(self, x, ws, key=None, activation=None):
         """x (N, in) -> (N, out) inside an inference pass: into workspace buffer `key` when
         given."""
-        return self._ops.linear(x, self.weight, self.bias, activation,
+        return self._ops.linear(x, self._kind("weight"), self.bias, activation,
                                 out=None if key is None else ws.get(key, (x.shape[0],
                                                                           self.out_features)))
 
     def _backward(self, dy, saved, dx):
         """dy (N, out) and the forward's LinearSaved -> dx (N, in) (the buffer given),
         accumulating the parameter gradients."""
-        return self._ops.linear_backward(dy, saved.x, self.weight, saved.pre, saved.activation,
+        return self._ops.linear_backward(dy, saved.x, self._kind("weight"), saved.pre, saved.activation,
                                          self._grad("weight"),
                                          None if self.bias is None else self._grad("bias"), dx)
 

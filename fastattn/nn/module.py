@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import _convert, ops
 from . import activations
-from .backends import Buffers, FastOps, Workspace, backend_ops, precision_name
+from .backends import Buffers, Workspace, backend_ops, precision_name
 from .parameter import Parameter, note_write
 
 GRAD_ALIGN = 16          # flat_grads(): each gradient starts at a multiple of 64 bytes
@@ -56,7 +56,7 @@ class Module(metaclass=_Built):
         self.backend = backend
         self.precision = "fp32"      # of the training GEMMs (set_precision)
         self._ops = backend_ops(backend)
-        self._derived = {}           # (name, rows) -> (parameter, version, ops table, kind)
+        self._kinds = {}             # weight kinds of the parameters (_kind, _decode_weight)
         self.training = False        # train() / eval()
         self._grads = {}             # parameter name -> accumulated gradient (same shape)
         self._saved = None           # what a training-mode forward keeps for backward()
@@ -187,17 +187,19 @@ class Module(metaclass=_Built):
         return missing, unexpected
 
     def invalidate_caches(self):
-        """Count every parameter of this module and its submodules as written and drop what was
-        derived from them (made again at next use). Needed only after a write the parameters
-        cannot see: through a plain ndarray view (np.asarray(p), p.view(np.ndarray)), a buffer
-        or foreign C code. Returns self."""
+        """Count every parameter of this module and its submodules as written and make what
+        was derived from them again, now (the weight kinds: bf16 training's copies are
+        rounded again into their arrays, decode weights packed again). Needed only after a
+        write the parameters cannot see: through a plain ndarray view (np.asarray(p),
+        p.view(np.ndarray)), a buffer or foreign C code; the optimizers call it after each
+        step (a known point for the kinds). Returns self."""
         for m in self.modules():
-            m._derived.clear()
             for name in m._params:
                 p = getattr(m, name)
                 if isinstance(p, Parameter):
                     p._touch()
         note_write()
+        self._install_kinds()
         return self
 
     # -- quantized inference -----------------------------------------------------------------
@@ -279,34 +281,61 @@ class Module(metaclass=_Built):
             m._compute_type = w.dtype
         return self._prepared()
 
+    def _kind(self, name, lo=0, hi=None):
+        """Parameter `name` (its rows lo:hi when hi is given) as the weight kind this module's
+        products take now (fastattn.kinds): in training, the kind of the precision (float32,
+        or bf16 training's rounded copy and packs); in inference, the float32 weight or the
+        QuantizedWeight. Made at the known points (train(), eval(), set_precision(), load,
+        quantize(): _install_kinds) and owned here; a parameter rebound since is made again,
+        one whose version moved since (an optimizer step, an edit) refreshed."""
+        param = getattr(self, name)
+        hit = self._kinds.get(name)
+        if hit is None or hit[0] is not param:
+            precision = self.precision if self.training else None
+            hit = self._kinds[name] = [param, getattr(param, "version", 0),
+                                       self._ops.weight_kind(param, precision), {}]
+        elif hit[1] != getattr(param, "version", 0):
+            hit[2].refresh()
+            hit[1] = param.version
+        if hi is None:
+            return hit[2]
+        sub = hit[3].get((lo, hi))
+        if sub is None:
+            sub = hit[3][(lo, hi)] = hit[2][lo:hi]
+        return sub
+
     def _decode_weight(self, name, rows=None):
         """Parameter `name` (its first `rows` rows when given) in the kind decode steps multiply
-        by (the ops table's decode_weight: packed panels for a float32 weight on the fast
+        by (the ops table's decode_kind: packed panels for a float32 weight on the fast
         backend). Made when the model goes to eval mode (_prepare_decode) and kept while the
-        parameter is the same array at the same version on the same backend; a weight changed
-        since is made again here, at the next plan of a decode step."""
+        parameter is the same array at the same version; a weight changed since is made again
+        here, at the next plan of a decode step."""
         param = getattr(self, name)
         version = getattr(param, "version", 0)
-        hit = self._derived.get((name, rows))
-        if hit is not None and hit[0] is param and hit[1] == version and hit[2] is self._ops:
-            return hit[3]
-        kind = self._ops.decode_weight(param if rows is None else param[:rows], version)
-        self._derived[(name, rows)] = (param, version, self._ops, kind)
+        hit = self._kinds.get(("decode", name, rows))
+        if hit is not None and hit[0] is param and hit[1] == version:
+            return hit[2]
+        kind = self._ops.decode_kind(param if rows is None else param[:rows], version)
+        self._kinds[("decode", name, rows)] = (param, version, kind)
         return kind
 
-    def _prepared(self):
-        """After the weights were converted (quantize, load): what was derived from the old ones
-        dropped, the quantized weights packed for their kernels and the decode kinds made (in
-        eval mode) now, at this known point rather than on first use. Returns self."""
-        self.invalidate_caches()
+    def _install_kinds(self):
+        """Make the kinds of this module's and its submodules' linear weights for the current
+        mode, precision and backend now (a known point), and, in inference, those decode steps
+        stream. Returns self."""
         for m in self.modules():
             for name in m._quantizable:
-                w = getattr(m, name)
-                if isinstance(w, ops.QuantizedWeight) and w.shape[0] and w.shape[1]:
-                    w._kernel_arrays()
+                if getattr(m, name) is not None:
+                    m._kind(name)
             if not m.training:
                 m._prepare_decode()
         return self
+
+    def _prepared(self):
+        """After the weights were converted (quantize, load): the kinds of the new weights and,
+        in eval mode, the decode kinds made now, at this known point rather than on first use
+        (invalidate_caches). Returns self."""
+        return self.invalidate_caches()
 
     def _prepare_decode(self):
         """Make the decode kinds of the weights this module's decode steps use (eval()); a
@@ -327,15 +356,11 @@ class Module(metaclass=_Built):
                 m._check_trainable()
         for m in self.modules():
             m.training = bool(mode)
-            if mode:
-                m._derived.clear()            # derived weights are for inference
-            else:
+            m._kinds.clear()                  # the other mode's kinds: not needed now
+            if not mode:
                 m._saved = None
                 m._buffers = None
-        if not mode:
-            for m in self.modules():
-                m._prepare_decode()
-        return self
+        return self._install_kinds()
 
     def _check_trainable(self):
         """Raise (RuntimeError naming the argument) when this module cannot run a training
@@ -424,7 +449,7 @@ class Module(metaclass=_Built):
         """This module's training buffers (backends.Buffers): on the fast backend in training
         mode they are kept from step to step (a warmed-up step allocates no arrays; eval()
         frees them); otherwise every request is a new array."""
-        if not self.training or not issubclass(self._ops, FastOps):
+        if not self.training or not self._ops.reuses_buffers:
             return _FRESH
         if self._buffers is None:
             self._buffers = Buffers(reuse=True)
@@ -453,12 +478,12 @@ class Module(metaclass=_Built):
     # -- backends ------------------------------------------------------------------------------
     def to_backend(self, backend):
         """Switch every submodule to `backend` ("fast" or "reference"); returns self."""
-        ops_ = backend_ops(backend, self.precision)
+        ops_ = backend_ops(backend)
         for m in self.modules():
             m.backend, m._ops, m._buffers = backend, ops_, None
-            m._derived.clear()                  # packed for (or refused by) the old backend
+            m._kinds.clear()                    # made by (or refused by) the old backend
         note_write()                            # decode plans are made again
-        return self
+        return self._install_kinds()
 
     def set_precision(self, precision):
         """The precision of training on every submodule: "fp32" (default) or "bf16" (also
@@ -474,10 +499,11 @@ class Module(metaclass=_Built):
         type. A loop of your own: ``model.set_precision("bf16")`` once, then train as in
         float32 (see docs/training.md)."""
         name = precision_name(precision)
-        ops_ = backend_ops(self.backend, name)
         for m in self.modules():
-            m.precision, m._ops = name, ops_
-        return self
+            if m.precision != name:
+                m.precision = name
+                m._kinds.clear()              # the other precision's kinds: dropped now
+        return self._install_kinds()
 
 
 _FRESH = Buffers(reuse=False)     # the buffers of inference and of the reference backend

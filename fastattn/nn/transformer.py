@@ -287,10 +287,12 @@ class TransformerEncoderLayer(Module):
             seed = ws.seed() if self.dropout > 0 else None
             bufs = self._bufs()
             pre = bufs.get("ffn.pre", (h.shape[0], l1.out_features))
-            y = self._ops.ffn_train(h, l1.weight, l1.bias, l2.weight, l2.bias, self.activation,
+            y = self._ops.ffn_train(h, l1._kind("weight"), l1.bias, l2._kind("weight"), l2.bias,
+                                    self.activation,
                                     self.dropout, seed, bufs.get("ffn.y", h.shape), pre)
             return y, FFNSaved(h, pre, seed)
-        return self._ops.ffn(h, l1.weight, l1.bias, l2.weight, l2.bias, self.activation,
+        return self._ops.ffn(h, l1._kind("weight"), l1.bias, l2._kind("weight"), l2.bias,
+                             self.activation,
                              out=ws.get("ff", h.shape)), None
 
     def _ffn_step(self, R):
@@ -322,7 +324,8 @@ class TransformerEncoderLayer(Module):
         l1, l2 = self.linear1, self.linear2
         grads = tuple(None if getattr(lin, name) is None else lin._grad(name)
                       for lin in (l1, l2) for name in ("weight", "bias"))
-        return self._ops.ffn_backward(dy, h, l1.weight, l1.bias, l2.weight, l2.bias, pre,
+        return self._ops.ffn_backward(dy, h, l1._kind("weight"), l1.bias, l2._kind("weight"),
+                                      l2.bias, pre,
                                       self.activation, self.dropout, seed, grads,
                                       bufs.get("fdx", h.shape), bufs.get("ffn.h", pre.shape))
 

@@ -10,7 +10,7 @@ import pytest
 import fastattn
 from fastattn.cli import main
 from fastattn.nn import Seq2SeqTransformer
-from fastattn.nn.backends import bf16_weight
+from fastattn.kinds import Bf16TrainingWeight
 from fastattn.tokenizers import WordTokenizer
 from fastattn.train import fit
 from fastattn.train.evaluate import Evaluator
@@ -77,30 +77,38 @@ def test_precision_is_checked_and_kept():
     assert m.set_precision("bfloat16") is m
     assert all(sub.precision == "bf16" for sub in m.modules())
     m.to_backend("reference")                      # a backend switch keeps the precision
-    assert all(sub._ops.precision == "bf16" for sub in m.modules())
+    assert all(sub.precision == "bf16" for sub in m.modules())
     m.set_precision("float32")
-    assert all(sub._ops.precision == "fp32" for sub in m.modules())
+    assert all(sub.precision == "fp32" for sub in m.modules())
     with pytest.raises(ValueError, match="fit: precision must be"):
         fit(m, [("ab", "ba")], src_tokenizer=tok, tgt_tokenizer=tok, max_steps=1,
             precision="half", progress=False)
 
 
 def test_weight_copies_are_made_once_per_version():
+    """bf16 training's copies are kinds the module owns: made at set_precision / train(), the
+    same object at every use, rounded again into the same array after a write, and dropped by
+    eval() (no bf16 copy outlives training)."""
     tok = char_tokenizer()
-    m = tiny_model(tok)
-    w = m.transformer.encoder.layers[0].linear1.weight
-    first, _ = bf16_weight(w)
-    assert bf16_weight(w)[0] is first                    # a second use: the same copy
-    assert np.array_equal(first, fastattn.reference.round_bfloat16(w))
-    sliced = m.transformer.encoder.layers[0].self_attn.in_proj_weight[32:64]
-    assert bf16_weight(sliced)[0] is bf16_weight(sliced)[0]   # slices are cached too
+    m = tiny_model(tok).train().set_precision("bf16")
+    lin = m.transformer.encoder.layers[0].linear1
+    kind = lin._kinds["weight"][2]                       # made by set_precision, not on use
+    assert isinstance(kind, Bf16TrainingWeight)
+    first = kind.data
+    assert lin._kind("weight") is kind and kind.data is first   # a second use: the same copy
+    assert np.array_equal(first, fastattn.reference.round_bfloat16(lin.weight))
+    attn = m.transformer.encoder.layers[0].self_attn
+    sliced = attn._kind("in_proj_weight", 32, 64)
+    assert attn._kind("in_proj_weight", 32, 64) is sliced     # slices are kept too
+    assert np.shares_memory(sliced.data, attn._kind("in_proj_weight").data)
     before = first.copy()
+    w = lin.weight
     w *= 2.0                                              # a write: a new version
-    second, _ = bf16_weight(w)                            # rounded again, into the same array
-    assert np.array_equal(second, 2.0 * before)
-    plain = np.asarray(w).copy()
-    assert bf16_weight(plain)[0] is not bf16_weight(plain)[0]  # not a parameter: per call
-    assert bf16_weight(plain, 1)[1] is None                    # ... and never packed
+    second = lin._kind("weight").data                     # rounded again, into the same array
+    assert second is first and np.array_equal(second, 2.0 * before)
+    m.eval()
+    assert not any(isinstance(k[2], Bf16TrainingWeight) for sub in m.modules()
+                   for k in sub._kinds.values())
 
 
 def test_packed_forms_are_made_once_per_version():
@@ -109,16 +117,18 @@ def test_packed_forms_are_made_once_per_version():
     info = fastattn.build_info()
     tiles = info["bf16_path"] in ("amx", "amx-emulated")
     tok = char_tokenizer()
-    m = tiny_model(tok)
-    w = m.transformer.encoder.layers[0].linear1.weight
-    fwd, bwd = bf16_weight(w, 1)[1], bf16_weight(w, 0)[1]
+    m = tiny_model(tok).train().set_precision("bf16")
+    lin = m.transformer.encoder.layers[0].linear1
+    w = lin.weight
+    fwd, bwd = lin._kind("weight").train_operand(1)[1], lin._kind("weight").train_operand(0)[1]
     if not tiles:
         assert fwd is None and bwd is None
         return
     assert (fwd.M, fwd.K, fwd.trans) == (*w.shape, 1) and (bwd.trans == 0)
-    assert bf16_weight(w, 1)[1] is fwd and bf16_weight(w, 0)[1] is bwd
+    assert lin._kind("weight").train_operand(1)[1] is fwd
+    assert lin._kind("weight").train_operand(0)[1] is bwd
     w += 1.0
-    assert bf16_weight(w, 1)[1] is not fwd
+    assert lin._kind("weight").train_operand(1)[1] is not fwd
 
 
 @pytest.mark.parametrize("extra", [{}, {"add_bias_kv": True, "add_zero_attn": True},
