@@ -27,8 +27,10 @@ Int8Weight, Bf16Weight and Bfloat16Weight are the public ``QuantizedWeight``
 ``shape``, ``rows(lo, hi)`` (the kind of a row slice, sharing what can be shared) and
 ``product(bias, act, rows=0) -> f(x, y)``: the product for x of ``rows`` rows (0: any),
 chosen now. The kinds that train (Float32Weight, Bf16TrainingWeight) also have
-``train_forward`` and ``train_backward``; ``ffn_product``, ``ffn_train`` and
-``ffn_backward`` take two kinds. Every derived form is made when its kind is made (nothing is
+``train_forward`` and ``train_backward``; the feed-forward is its first weight's
+``ffn_product``, ``ffn_train`` and ``ffn_backward`` (the functions of the same names below,
+over two kinds). The reference backend's kind (fastattn.nn.backends.TwinWeight) answers the
+same calls with the NumPy twin, so the model layer calls the kinds alone. Every derived form is made when its kind is made (nothing is
 packed on first use); the modules of fastattn.nn make the kinds at known points (eval(),
 quantize(), set_precision(), train(), load, and the first use after a weight's version
 moved: an optimizer step, an edit) and drop them when the mode that needs them ends.
@@ -98,6 +100,16 @@ class WeightKind:
         """The float32 (M, K) array the fused FFN kernel reads for x of `rows` rows, or None
         where this kind's own product is the one to run (see ffn_product)."""
         return None
+
+    # the feed-forward, as this kind (its first weight's) makes it: see the functions below
+    def ffn_product(self, b1, w2, b2, act, rows=0):
+        return ffn_product(self, b1, w2, b2, act, rows)
+
+    def ffn_train(self, x, b1, w2, b2, act, dropout_p, seed, y, pre):
+        return ffn_train(x, self, b1, w2, b2, act, dropout_p, seed, y, pre)
+
+    def ffn_backward(self, dy, x, b1, w2, b2, pre, act, dropout_p, seed, grads, dx, h):
+        return ffn_backward(dy, x, self, w2, pre, act, dropout_p, seed, grads, dx, h)
 
 
 def of(weight):

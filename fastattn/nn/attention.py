@@ -71,10 +71,10 @@ class _AttentionStep:
     (and again when the rows or the model change; see transformer.DecoderCache.plan):
     `part` "qkv" is self-attention (q, k and v of the new position, k and v written into the
     cache), "q" queries against a memory (a source's beams are its queries). The products are
-    the ops table's for R rows (``linear_fn``, by weight kind), the attention its
+    the decode kinds' for R rows (``product(bias, act, R)``), the attention the ops table's
     ``attention_fn``; the buffers and the views of them the attention reads and writes are
-    made here. One path for both backends (the reference table computes new arrays and copies
-    them into the buffers)."""
+    made here. One path for both backends (the reference's kinds and table compute new arrays
+    and copy them into the buffers)."""
 
     __slots__ = ("y", "q", "k_new", "v_new", "ctx", "flat", "proj", "project", "out_proj",
                  "attend")
@@ -97,7 +97,7 @@ class _AttentionStep:
         ops_, o = mha._ops, mha.out_proj
         hi = _PARTS[part][1] * C            # the parts decoded start at row 0 of in_proj
         b = None if mha.in_proj_bias is None else mha.in_proj_bias[:hi]
-        self.project = ops_.linear_fn(mha._decode_weight("in_proj_weight", hi), b, None, R)
+        self.project = mha._decode_weight("in_proj_weight", hi).product(b, 0, R)
         self.out_proj = o._step_fn(R)
         self.attend = ops_.attention_fn(D, bf16=mha.attention_compute_type == "bfloat16")
 
@@ -184,7 +184,7 @@ class MultiheadAttention(Module):
         C = self.embed_dim
         lo, hi = (C * i for i in _PARTS[part])
         w, b = self._in_proj(part)
-        return self._ops.linear(x, w, b, out=ws.get(key, (x.shape[0], hi - lo)))
+        return self._linear(w, x, b, out=ws.get(key, (x.shape[0], hi - lo)))
 
     def _with_extra_keys(self, y, part, out=None):
         """y (B, S, C), projected keys (part "k") or values ("v") -> (B, S + extra, C): the
@@ -295,9 +295,8 @@ class MultiheadAttention(Module):
             B, L, K = x.shape
             x2 = x.reshape(B * L, K)
             w, b = self._in_proj(part)
-            y = ops_.linear_train(x2, w, b, None,
-                                  ops_.head_buffer(bufs, part, (B * L, len(part) * C), bf16),
-                                  None)
+            y = w.train_forward(x2, b, 0, ops_.head_buffer(bufs, part, (B * L, len(part) * C),
+                                                           bf16), None)
             proj.append((x2, part))
             if part in ("k", "v") and self._extra_keys:     # bias_k / zero key appended
                 y = self._with_extra_keys(
@@ -355,7 +354,7 @@ class MultiheadAttention(Module):
                 d = self._extra_keys_backward(d.reshape(B, -1, C), part, bufs)
             w, _ = self._in_proj(part)
             gw, gb = self._in_proj_grads(part)
-            self._ops.linear_backward(d, x2, w, None, None, gw, gb, dx)
+            w.train_backward(d, x2, None, 0, gw, gb, dx)
         return dxs
 
     def _extra_keys_backward(self, d, part, bufs):

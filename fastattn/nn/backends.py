@@ -6,10 +6,11 @@ which backend it runs on. Each op takes caller-owned ``out`` buffers (the fast t
 them; the reference table computes new arrays, as a prototype would, and copies them in when a
 buffer is given).
 
-The linear and feed-forward products take weight *kinds* (fastattn.kinds), which the table
-makes (``weight_kind``, ``decode_kind``) and the module owning the parameter keeps: precision
-is a setting that installs kinds (float32 or bf16 training's copies), not a table of its own.
-The attention's own products take the precision as a flag (``bf16``).
+The linear and feed-forward products are not in the tables: they are the weight *kinds'*
+(fastattn.kinds; TwinWeight below for the reference backend), which the table makes
+(``weight_kind``, ``decode_kind``) and the module owning the parameter keeps. Precision is a
+setting that installs kinds (float32, or bf16 training's copies), not a table of its own; the
+attention's own products take it as a flag (``bf16``).
 
 Arrays reaching these ops are already validated by the module boundary: float32, shapes
 consistent, attention operands with a contiguous last axis.
@@ -36,7 +37,8 @@ def precision_name(value, what="precision"):
 class TwinWeight(kinds.WeightKind):
     """The reference backend's kind: the weight as the twin takes it (a float32 array or a
     QuantizedWeight) and, in training, the compute type of its products ("bfloat16" for bf16
-    training: the twin rounds the operands itself)."""
+    training: the twin rounds the operands itself). Its products are the twin's (new arrays,
+    copied into the buffers given), with the signatures of fastattn.kinds'."""
 
     __slots__ = ("data", "shape", "compute_type")
     kind = "twin"
@@ -48,6 +50,52 @@ class TwinWeight(kinds.WeightKind):
     def rows(self, lo, hi):
         return TwinWeight(self.data[lo:hi], self.compute_type)
 
+    def product(self, bias, act, rows=0):
+        w, name = self.data, _ACT_NAMES[act]
+        return lambda x, y: _put(y, reference.linear(x, w, bias, activation=name))
+
+    def ffn_product(self, b1, w2, b2, act, rows=0):
+        w1, w2, name = self.data, w2.data, _ACT_NAMES[act]
+        if isinstance(w1, kinds.QuantizedWeight) or isinstance(w2, kinds.QuantizedWeight):
+            return lambda x, y: _put(y, reference.linear(
+                reference.linear(x, w1, b1, activation=name), w2, b2))
+        return lambda x, y: _put(y, reference.ffn(x, w1, b1, w2, b2, activation=name))
+
+    def train_forward(self, x, bias, act, y, pre):
+        out, cache = reference.linear_forward(x, self.data, bias, activation=_ACT_NAMES[act],
+                                              compute_type=self.compute_type)
+        if pre is not None:
+            pre[...] = cache["pre"]
+        return _put(y, out)
+
+    def train_backward(self, dy, x, pre, act, dw, db, dx):
+        g, gw, gb = reference.linear_backward(dy, x, self.data, pre=pre,
+                                              activation=_ACT_NAMES[act],
+                                              compute_type=self.compute_type)
+        dw += gw
+        if db is not None:
+            db += gb
+        return _put(dx, g)
+
+    def ffn_train(self, x, b1, w2, b2, act, dropout_p, seed, y, pre):
+        out, cache = reference.ffn_forward(x, self.data, b1, w2.data, b2,
+                                           activation=_ACT_NAMES[act], dropout_p=dropout_p,
+                                           seed=seed, compute_type=self.compute_type)
+        pre[...] = cache["pre"]
+        return _put(y, out)
+
+    def ffn_backward(self, dy, x, b1, w2, b2, pre, act, dropout_p, seed, grads, dx, h):
+        out = reference.ffn_backward(dy, x, self.data, b1, w2.data, b2, pre,
+                                     activation=_ACT_NAMES[act], dropout_p=dropout_p, seed=seed,
+                                     compute_type=self.compute_type)
+        for acc, g in zip(grads, out[1:]):
+            if acc is not None:
+                acc += g
+        return _put(dx, out[0])
+
+
+_ACT_NAMES = {code: name for name, code in ACTIVATIONS.items()}
+
 
 class _TrainingOps:
     """The training ops (forwards that keep what the backward needs, and the backwards), over
@@ -56,10 +104,8 @@ class _TrainingOps:
     step to step on the fast backend; new arrays on the reference one), and parameter
     gradients are accumulated into the arrays given (dw, db), as a model accumulates them over
     backward() calls. This generic version computes new arrays with F and copies them in (the
-    twin, as a prototype computes); FastOps writes in place with the kernels.
-
-    Weights come as the table's kinds (``weight_kind``): their compute type is the precision of
-    their products; ``bf16`` flags the attention's (bf16 training)."""
+    twin, as a prototype computes); FastOps writes in place with the kernels. ``bf16`` flags bf16
+    training's attention products (the linear ones are the weight kinds')."""
 
     F = None
 
@@ -81,46 +127,6 @@ class _TrainingOps:
         """keep_heads' result -> float32 (N, n*C) for the backward (valid until this thread
         asks for `slot` again)."""
         return kept
-
-    @classmethod
-    def linear_train(cls, x, weight, bias, activation, y, pre):
-        """y (N, M) = act(x weight^T + bias); pre (N, M) keeps the pre-activation (None
-        without an activation). Returns y."""
-        out, cache = cls.F.linear_forward(x, weight.data, bias, activation=activation,
-                                          compute_type=weight.compute_type)
-        if pre is not None:
-            pre[...] = cache["pre"]
-        return _put(y, out)
-
-    @classmethod
-    def linear_backward(cls, dy, x, weight, pre, activation, dw, db, dx):
-        """dy (N, M) -> dx (N, K) (overwritten); dw (M, K) += dZ^T x, db (M,) += column sums
-        (db may be None). `pre` may be overwritten (it is not needed after)."""
-        g, gw, gb = cls.F.linear_backward(dy, x, weight.data, pre=pre, activation=activation,
-                                          compute_type=weight.compute_type)
-        dw += gw
-        if db is not None:
-            db += gb
-        return _put(dx, g)
-
-    @classmethod
-    def ffn_train(cls, x, w1, b1, w2, b2, activation, p, seed, y, pre):
-        """y (N, C) = linear2(dropout(act(linear1(x)))), pre (N, F) the pre-activation."""
-        out, cache = cls.F.ffn_forward(x, w1.data, b1, w2.data, b2, activation=activation,
-                                       dropout_p=p, seed=seed, compute_type=w1.compute_type)
-        pre[...] = cache["pre"]
-        return _put(y, out)
-
-    @classmethod
-    def ffn_backward(cls, dy, x, w1, b1, w2, b2, pre, activation, p, seed, grads, dx, h):
-        """dy (N, C) -> dx (N, C); grads = (dw1, db1, dw2, db2) accumulated (db None: none);
-        h (N, F) scratch; pre is overwritten (not needed after)."""
-        out = cls.F.ffn_backward(dy, x, w1.data, b1, w2.data, b2, pre, activation=activation,
-                                 dropout_p=p, seed=seed, compute_type=w1.compute_type)
-        for acc, g in zip(grads, out[1:]):
-            if acc is not None:
-                acc += g
-        return _put(dx, out[0])
 
     @classmethod
     def add_norm_train(cls, x, residual, weight, bias, eps, y, s, mean, rstd):
@@ -223,25 +229,7 @@ class FastOps(_TrainingOps):
         return kinds.PackedFloat32Weight(weight, version)
 
     # Training: every result written by the kernels into the caller's buffers, parameter
-    # gradients accumulated in the kernels (no temporary arrays, no second pass to add them);
-    # the products are the weight kinds' (float32, or bf16 training's rounded operands).
-
-    @staticmethod
-    def linear_train(x, weight, bias, activation, y, pre):
-        return weight.train_forward(x, bias, ACTIVATIONS[activation], y, pre)
-
-    @staticmethod
-    def linear_backward(dy, x, weight, pre, activation, dw, db, dx):
-        return weight.train_backward(dy, x, pre, ACTIVATIONS[activation], dw, db, dx)
-
-    @staticmethod
-    def ffn_train(x, w1, b1, w2, b2, activation, p, seed, y, pre):
-        return kinds.ffn_train(x, w1, b1, w2, b2, ACTIVATIONS[activation], p, seed, y, pre)
-
-    @staticmethod
-    def ffn_backward(dy, x, w1, b1, w2, b2, pre, activation, p, seed, grads, dx, h):
-        return kinds.ffn_backward(dy, x, w1, w2, pre, ACTIVATIONS[activation], p, seed, grads,
-                                  dx, h)
+    # gradients accumulated in the kernels (no temporary arrays, no second pass to add them).
 
     @staticmethod
     def add_norm_train(x, residual, weight, bias, eps, y, s, mean, rstd):
@@ -308,37 +296,11 @@ class FastOps(_TrainingOps):
 
     # -- inference ------------------------------------------------------------------------------
     @staticmethod
-    def linear(x, weight, bias, activation=None, out=None):
-        """act(x (N, K) @ weight (M, K).T + bias) -> (N, M), by the weight's kind."""
-        if out is None:
-            out = np.empty((x.shape[0], weight.shape[0]), np.float32)
-        return weight.product(bias, ACTIVATIONS[activation])(x, out)
-
-    @staticmethod
-    def linear_fn(weight, bias, activation, rows):
-        """``linear`` for x of `rows` rows, its kernel and arguments chosen now (a decode step
-        makes the same products every step): f(x, out) -> out."""
-        return weight.product(bias, ACTIVATIONS[activation], rows)
-
-    @staticmethod
-    def ffn_fn(w1, b1, w2, b2, activation, rows):
-        """``ffn`` for x of `rows` rows, its products chosen now (kinds.ffn_product): f(x, out)
-        -> out."""
-        return kinds.ffn_product(w1, b1, w2, b2, ACTIVATIONS[activation], rows)
-
-    @staticmethod
     def attention_fn(head_dim, bf16=False):
         """``attention`` with no mask but a key padding bias, for heads of head_dim, chosen
         now (a decode step's): f(q, k, v, key_bias, out) -> out. bf16: bf16 products (the
         bfloat16 compute type, inference only)."""
         return _fast.attention_fn(_scale(head_dim), bf16=bf16)
-
-    @staticmethod
-    def ffn(x, w1, b1, w2, b2, activation, out=None):
-        """linear2(act(linear1(x))) (N, C) -> (N, C), by the weights' kinds."""
-        if out is None:
-            out = np.empty(x.shape, np.float32)
-        return kinds.ffn_product(w1, b1, w2, b2, ACTIVATIONS[activation])(x, out)
 
     @staticmethod
     def add_norm(x, residual, weight, bias, eps, out=None):
@@ -380,27 +342,6 @@ class ReferenceOps(_TrainingOps):
     @staticmethod
     def decode_kind(weight, version=0):
         return TwinWeight(weight)                 # a prototype multiplies the weight itself
-
-    @staticmethod
-    def linear(x, weight, bias, activation=None, out=None):
-        return _put(out, reference.linear(x, weight.data, bias, activation=activation))
-
-    @staticmethod
-    def linear_fn(weight, bias, activation, rows):
-        return lambda x, out: _put(out, reference.linear(x, weight.data, bias,
-                                                         activation=activation))
-
-    @staticmethod
-    def ffn(x, w1, b1, w2, b2, activation, out=None):
-        w1, w2 = w1.data, w2.data
-        if isinstance(w1, kinds.QuantizedWeight) or isinstance(w2, kinds.QuantizedWeight):
-            hidden = reference.linear(x, w1, b1, activation=activation)
-            return _put(out, reference.linear(hidden, w2, b2))
-        return _put(out, reference.ffn(x, w1, b1, w2, b2, activation=activation))
-
-    @classmethod
-    def ffn_fn(cls, w1, b1, w2, b2, activation, rows):
-        return lambda x, out: cls.ffn(x, w1, b1, w2, b2, activation, out)
 
     @staticmethod
     def attention_fn(head_dim, bf16=False):

@@ -5,6 +5,7 @@ import numbers
 import numpy as np
 
 from .. import _convert, ops
+from ..ops import ACTIVATIONS
 from .backends import Workspace, _put
 from .saved import LinearSaved, NormSaved, PositionsSaved, PublicSaved
 from .module import (Module, check_dropout, check_positive, contiguous, rng_from, token_ids,
@@ -59,22 +60,22 @@ class Linear(Module):
         b = self._bufs()
         shape = (x.shape[0], self.out_features)
         pre = b.get("pre", shape) if activation else None
-        y = self._ops.linear_train(x, self._kind("weight"), self.bias, activation, b.get("y", shape), pre)
+        y = self._kind("weight").train_forward(x, self.bias, ACTIVATIONS[activation],
+                                               b.get("y", shape), pre)
         return y, LinearSaved(x, pre, activation)
 
     def _apply(self, x, ws, key=None, activation=None):
         """x (N, in) -> (N, out) inside an inference pass: into workspace buffer `key` when
         given."""
-        return self._ops.linear(x, self._kind("weight"), self.bias, activation,
-                                out=None if key is None else ws.get(key, (x.shape[0],
-                                                                          self.out_features)))
+        out = None if key is None else ws.get(key, (x.shape[0], self.out_features))
+        return self._linear(self._kind("weight"), x, self.bias, activation, out)
 
     def _backward(self, dy, saved, dx):
         """dy (N, out) and the forward's LinearSaved -> dx (N, in) (the buffer given),
         accumulating the parameter gradients."""
-        return self._ops.linear_backward(dy, saved.x, self._kind("weight"), saved.pre, saved.activation,
-                                         self._grad("weight"),
-                                         None if self.bias is None else self._grad("bias"), dx)
+        return self._kind("weight").train_backward(
+            dy, saved.x, saved.pre, ACTIVATIONS[saved.activation], self._grad("weight"),
+            None if self.bias is None else self._grad("bias"), dx)
 
     def _step_fn(self, rows, activation=None):
         """This layer's product for a decode step of `rows` rows, planned: f(x, y) -> y, with
@@ -82,7 +83,7 @@ class Linear(Module):
         subclass that overrides _apply gets its _apply called instead."""
         if type(self)._apply is not Linear._apply:
             return lambda x, y: _put(y, self._apply(x, Workspace(self._ops), None, activation))
-        return self._ops.linear_fn(self._decode_weight("weight"), self.bias, activation, rows)
+        return self._decode_weight("weight").product(self.bias, ACTIVATIONS[activation], rows)
 
 
 class Embedding(Module):

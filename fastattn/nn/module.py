@@ -6,6 +6,7 @@ import numbers
 import numpy as np
 
 from .. import _convert, ops
+from ..ops import ACTIVATIONS
 from . import activations
 from .backends import Buffers, Workspace, backend_ops, precision_name
 from .parameter import Parameter, note_write
@@ -303,6 +304,14 @@ class Module(metaclass=_Built):
         if sub is None:
             sub = hit[3][(lo, hi)] = hit[2][lo:hi]
         return sub
+
+    @staticmethod
+    def _linear(kind, x, bias, activation=None, out=None):
+        """act(x (N, K) @ w.T + bias) -> (N, M), the product of the weight's kind, into `out`
+        (a new array when None)."""
+        if out is None:
+            out = np.empty((x.shape[0], kind.shape[0]), np.float32)
+        return kind.product(bias, ACTIVATIONS[activation])(x, out)
 
     def _decode_weight(self, name, rows=None):
         """Parameter `name` (its first `rows` rows when given) in the kind decode steps multiply

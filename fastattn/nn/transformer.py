@@ -9,6 +9,7 @@ import copy
 
 import numpy as np
 
+from ..ops import ACTIVATIONS
 from . import activations
 from .attention import MultiheadAttention
 from .backends import Workspace
@@ -287,18 +288,20 @@ class TransformerEncoderLayer(Module):
             seed = ws.seed() if self.dropout > 0 else None
             bufs = self._bufs()
             pre = bufs.get("ffn.pre", (h.shape[0], l1.out_features))
-            y = self._ops.ffn_train(h, l1._kind("weight"), l1.bias, l2._kind("weight"), l2.bias,
-                                    self.activation,
-                                    self.dropout, seed, bufs.get("ffn.y", h.shape), pre)
+            y = l1._kind("weight").ffn_train(h, l1.bias, l2._kind("weight"), l2.bias,
+                                             ACTIVATIONS[self.activation], self.dropout, seed,
+                                             bufs.get("ffn.y", h.shape), pre)
             return y, FFNSaved(h, pre, seed)
-        return self._ops.ffn(h, l1._kind("weight"), l1.bias, l2._kind("weight"), l2.bias,
-                             self.activation,
-                             out=ws.get("ff", h.shape)), None
+        out = ws.get("ff", h.shape)
+        if out is None:
+            out = np.empty(h.shape, np.float32)
+        return l1._kind("weight").ffn_product(l1.bias, l2._kind("weight"), l2.bias,
+                                              ACTIVATIONS[self.activation])(h, out), None
 
     def _ffn_step(self, R):
         """The FFN of a decode step of R rows, planned: f(h (R, C)) -> (R, C), the weights in
-        their decode kind (ops.ffn_fn; an unfused activation: two planned products around
-        it), into a buffer of the plan's."""
+        their decode kind (its ffn_product for R rows; an unfused activation: two planned
+        products around it), into a buffer of the plan's."""
         l1, l2 = self.linear1, self.linear2
         out = np.empty((R, self.d_model), np.float32)
         if not activations.fused(self.activation):
@@ -306,8 +309,8 @@ class TransformerEncoderLayer(Module):
             pre = np.empty((R, l1.out_features), np.float32)
             act = self.activation
             return lambda h: second(activations.apply(act, first(h, pre)), out)
-        ffn = self._ops.ffn_fn(l1._decode_weight("weight"), l1.bias,
-                               l2._decode_weight("weight"), l2.bias, self.activation, R)
+        ffn = l1._decode_weight("weight").ffn_product(l1.bias, l2._decode_weight("weight"),
+                                                      l2.bias, ACTIVATIONS[self.activation], R)
         return lambda h: ffn(h, out)
 
     def _ffn_unfused(self, h, ws):
@@ -324,10 +327,9 @@ class TransformerEncoderLayer(Module):
         l1, l2 = self.linear1, self.linear2
         grads = tuple(None if getattr(lin, name) is None else lin._grad(name)
                       for lin in (l1, l2) for name in ("weight", "bias"))
-        return self._ops.ffn_backward(dy, h, l1._kind("weight"), l1.bias, l2._kind("weight"),
-                                      l2.bias, pre,
-                                      self.activation, self.dropout, seed, grads,
-                                      bufs.get("fdx", h.shape), bufs.get("ffn.h", pre.shape))
+        return l1._kind("weight").ffn_backward(
+            dy, h, l1.bias, l2._kind("weight"), l2.bias, pre, ACTIVATIONS[self.activation],
+            self.dropout, seed, grads, bufs.get("fdx", h.shape), bufs.get("ffn.h", pre.shape))
 
     def _block(self, x, sublayers, ws):
         """The layer on the (N, C) stream x (owned by the caller; overwritten when fast): its
