@@ -77,7 +77,7 @@ FA_INLINE VF att_exp2(VF x)
 /* ==== bf16 compute (a->bf16; fastattn.h says what it computes) ==================================
  * The fma path (every level) rounds q, k, v and P to bf16 in float32 registers and runs the
  * float32 tiles on them: products of two bf16 are exact in float32. The dot path (avx512 level,
- * AVX512_BF16 CPU, fa_att_bf16_dot) packs the same rounded values in pairs of bf16 and multiplies
+ * AVX512_BF16 CPU, the units' dot) packs the same rounded values in pairs of bf16 and multiplies
  * them with vdpbf16ps. Extra per-thread scratch of the tiled pass (floats):
  *   kb  (BK, D + 32)      the key block, rounded (fma) or in pairs along D (dot; rows of
  *                         ceil(D / 2) pairs padded with zeros to whole vectors)
@@ -400,8 +400,8 @@ ATT_DOT static void att_bf16_row_cvt(float *dst, const float *src, int64_t n)
 #endif /* the dot path */
 
 #if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-/* ---- the amx paths: the many-query pass's two products on the tiles (fa_att_tiles,
- * quant_amx.h), the queries in the dot path's pairs (dot_pack_q), the rest as above */
+/* ---- the amx paths: the many-query pass's two products on the tiles (fa_att_units.tiles,
+ * bf16_amx.h), the queries in the dot path's pairs (dot_pack_q), the rest as above */
 _Static_assert(BQ % 32 == 0, "the tiles' attention products take pairs of 16 queries");
 _Static_assert(ATT_BK % 32 == 0, "the tiles' scratch (st, pp, vb) holds whole pairs of 16 keys");
 
@@ -414,11 +414,10 @@ static void amx_pad_q(float *qt, int64_t D)
 }
 
 static void amx_scores(const fa_attention_args *a, const float *k, float *st, VF *mx,
-                       const float *qt, float *kb, int64_t nb)
+                       const float *qt, float *kb, int64_t nb, const fa_amx_kernels *tiles)
 {
     const float sc = a->scale * FA_LOG2E;
-    fa_att_tiles->att_scores(st, BQ, k, a->k_st[2], nb, a->D, (const uint32_t *)qt,
-                             (uint32_t *)kb);
+    tiles->att_scores(st, BQ, k, a->k_st[2], nb, a->D, (const uint32_t *)qt, (uint32_t *)kb);
     for (int64_t j = 0; j < nb; j++)
         for (int c = 0; c < NR; c++) {
             const VF x = vload(st + j * BQ + c * FA_VL) * vsplat(sc);
@@ -429,7 +428,7 @@ static void amx_scores(const fa_attention_args *a, const float *k, float *st, VF
 
 /* pp[t][:] = the pairs (P^[2t][:], P^[2t + 1][:]), zero past nb, for whole blocks of 16 t */
 static void amx_pv(const fa_attention_args *a, int64_t nb, const float *st, float *ot,
-                   const float *v, float *vb, float *pp)
+                   const float *v, float *vb, float *pp, const fa_amx_kernels *tiles)
 {
     const int64_t n16 = ((nb + 1) / 2 + 15) / 16 * 16;
     for (int64_t t = 0; t < n16; t++)
@@ -439,17 +438,16 @@ static void amx_pv(const fa_attention_args *a, int64_t nb, const float *st, floa
             if (2 * t + 1 < nb) hi = vload(st + (2 * t + 1) * BQ + c * FA_VL);
             *(VU *)(pp + t * BQ + c * FA_VL) = att_pair(lo, hi);
         }
-    fa_att_tiles->att_pv(ot, BQ, a->Dv, v, a->v_st[2], nb, (const uint32_t *)pp,
-                         (uint32_t *)vb);
+    tiles->att_pv(ot, BQ, a->Dv, v, a->v_st[2], nb, (const uint32_t *)pp, (uint32_t *)vb);
 }
 #endif /* the amx paths */
 
-/* dst[e] = bf16(src[e]) for e < n, widened (the instruction where the CPU has it: fa_att_bf16_cvt);
- * dst may be src */
-static void att_round(float *dst, const float *src, int64_t n)
+/* dst[e] = bf16(src[e]) for e < n, widened (with cvt, the instruction: the CPU has it); dst
+ * may be src */
+static void att_round(float *dst, const float *src, int64_t n, int cvt)
 {
 #if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-    if (fa_att_bf16_cvt) {
+    if (cvt) {
         att_bf16_row_cvt(dst, src, n);
         return;
     }
@@ -463,17 +461,17 @@ static void att_round(float *dst, const float *src, int64_t n)
  * st[j][:] = (k^_j . q^) * scale * log2 e, mx their lane-wise max. qt holds q^ (transposed, not
  * scaled; in pairs on the dot path); kb receives the block's rounded (or paired) keys. */
 static void bf16_scores(const fa_attention_args *a, const float *k, float *st, VF *mx,
-                        const float *qt, float *kb, int64_t nb)
+                        const float *qt, float *kb, int64_t nb, const fa_att_units *u)
 {
     const int64_t D = a->D, ksl = a->k_st[2];
     const float sc = a->scale * FA_LOG2E;
     for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
 #if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-    if (fa_att_tiles) {
-        amx_scores(a, k, st, mx, qt, kb, nb);
+    if (u->tiles) {
+        amx_scores(a, k, st, mx, qt, kb, nb, u->tiles);
         return;
     }
-    if (fa_att_bf16_dot) {
+    if (u->dot) {
         dot_pack_k((uint32_t *)kb, k, ksl, nb, D);
         dot_score_tile(st, mx, qt, (const uint32_t *)kb, nb, D, sc);
         return;
@@ -483,7 +481,7 @@ static void bf16_scores(const fa_attention_args *a, const float *k, float *st, V
         score_tile(st, mx, qt, k, ksl, nb, D, sc);
         return;
     }
-    for (int64_t j = 0; j < nb; j++) att_round(kb + j * D, k + j * ksl, D);
+    for (int64_t j = 0; j < nb; j++) att_round(kb + j * D, k + j * ksl, D, u->cvt);
     score_tile(st, mx, qt, kb, D, nb, D, sc);
 }
 
@@ -492,13 +490,14 @@ static void bf16_scores(const fa_attention_args *a, const float *k, float *st, V
  * when a key that some query of the block cannot see has a value row holding inf or NaN (the
  * block's P.V must then leave it out explicitly: 0 * NaN is NaN), else 0. */
 static int masked_scores(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t nq,
-                         int64_t jb, int64_t nb, const float *qt, float *st, VF *mx, float *kb)
+                         int64_t jb, int64_t nb, const float *qt, float *st, VF *mx, float *kb,
+                         const fa_att_units *u)
 {
     const float *k_bh = a->k + b * a->k_st[0] + h * a->k_st[1];
     const int64_t off = a->Lk - a->Lq;
     for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
     if (a->bf16)
-        bf16_scores(a, k_bh + jb * a->k_st[2], st, mx, qt, kb, nb);
+        bf16_scores(a, k_bh + jb * a->k_st[2], st, mx, qt, kb, nb, u);
     else
         score_tile(st, mx, qt, k_bh + jb * a->k_st[2], a->k_st[2], nb, a->D, 1.0f);
 
@@ -565,16 +564,16 @@ static void pv_visible(const fa_attention_args *a, int64_t b, int64_t h, int64_t
  * fma path's scalar loop. */
 static void bf16_pv(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t nq,
                     int64_t jb, int64_t nb, float *st, float *ot, const float *v, float *vb,
-                    float *pp, int care)
+                    float *pp, int care, const fa_att_units *u)
 {
     const int64_t Dv = a->Dv;
     int64_t vsl = a->v_st[2];
 #if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-    if (fa_att_tiles && !care) {
-        amx_pv(a, nb, st, ot, v, vb, pp);
+    if (u->tiles && !care) {
+        amx_pv(a, nb, st, ot, v, vb, pp, u->tiles);
         return;
     }
-    if (fa_att_bf16_dot && !care) {
+    if (u->dot && !care) {
         dot_pv_tile(ot, st, v, vsl, nb, Dv, (uint32_t *)vb, (uint32_t *)pp);
         return;
     }
@@ -582,7 +581,7 @@ static void bf16_pv(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0
     (void)pp;
 #endif
     if (a->bf16 != ATT_BF16_KV_ROUNDED) { /* else the values rounded once (attention_forward) */
-        for (int64_t j = 0; j < nb; j++) att_round(vb + j * Dv, v + j * vsl, Dv);
+        for (int64_t j = 0; j < nb; j++) att_round(vb + j * Dv, v + j * vsl, Dv, u->cvt);
         v = vb;
         vsl = Dv;
     }
@@ -635,8 +634,9 @@ static int64_t key_block(int64_t jb, int64_t jend, int64_t jdiag)
     return nb;
 }
 
-static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop, int64_t b,
-                           int64_t h, int64_t qb, float *scratch)
+static void attention_task(const fa_attention_args *a, const fa_att_units *u,
+                           const fa_dropout_t *drop, int64_t b, int64_t h, int64_t qb,
+                           float *scratch)
 {
     const int64_t D = a->D, Dv = a->Dv, Lq = a->Lq, Lk = a->Lk, off = Lk - Lq;
     const int64_t i0 = qb * BQ, nq = Lq - i0 < BQ ? Lq - i0 : BQ;
@@ -677,10 +677,10 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
         transpose(qt, BQ, q_bh + i0 * a->q_st[2], a->q_st[2], nq, D, qscale, NULL);
     } else { /* q rounded, not scaled (bf16_scores scales the sums) */
         transpose(qt, BQ, q_bh + i0 * a->q_st[2], a->q_st[2], nq, D, 1.0f, NULL);
-        att_round(qt, qt, D * BQ);
+        att_round(qt, qt, D * BQ, u->cvt);
 #if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-        if (fa_att_bf16_dot || fa_att_tiles) dot_pack_q(qt, D);
-        if (fa_att_tiles) amx_pad_q(qt, D);
+        if (u->dot || u->tiles) dot_pack_q(qt, D);
+        if (u->tiles) amx_pad_q(qt, D);
 #endif
     }
     for (int64_t i = 0; i < Dv * BQ; i++) ot[i] = 0.0f;
@@ -696,7 +696,7 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
     for (int64_t jb = 0, nb; jb < jend; jb += nb) {
         nb = key_block(jb, jend, jdiag);
         VF mx[NR], muse[NR], alpha[NR], lsum[NR];
-        const int care = masked_scores(a, b, h, i0, nq, jb, nb, qt, st, mx, kb);
+        const int care = masked_scores(a, b, h, i0, nq, jb, nb, qt, st, mx, kb, u);
         /* online softmax: m_new = max(m, block max); rescale old sums by 2^(m - m_new).
          * A lane still at -inf uses 0 as its reference so 2^(-inf - 0) = 0, never NaN. */
         int rescale = 0;
@@ -745,7 +745,7 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
                     vstore(ot + e * BQ + c * FA_VL, vload(ot + e * BQ + c * FA_VL) * alpha[c]);
         }
         if (a->bf16)
-            bf16_pv(a, b, h, i0, nq, jb, nb, st, ot, v_bh + jb * a->v_st[2], vb, pp, care);
+            bf16_pv(a, b, h, i0, nq, jb, nb, st, ot, v_bh + jb * a->v_st[2], vb, pp, care, u);
         else if (care)
             pv_visible(a, b, h, i0, nq, jb, nb, st, ot, v_bh + jb * a->v_st[2], a->v_st[2]);
         else
@@ -769,7 +769,7 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
     for (int64_t jb = 0, nb; jb < jend; jb += nb) {
         nb = key_block(jb, jend, jdiag);
         VF mx[NR];
-        masked_scores(a, b, h, i0, nq, jb, nb, qt, st, mx, kb);
+        masked_scores(a, b, h, i0, nq, jb, nb, qt, st, mx, kb, u);
         for (int64_t i = 0; i < nq; i++) {
             if (l[i] == 0.0f) continue;
             for (int64_t jj = 0; jj < nb; jj++) {
@@ -791,11 +791,11 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
  * place (*r: the call's arguments on the copies, bf16 = ATT_BF16_KV_ROUNDED). The same bits:
  * rounding is per value. Returns the copies' buffer (the caller frees it), or NULL where this
  * does not apply or the memory is not there (the blocks then round as they go). */
-static float *att_round_kv(const fa_attention_args *a, int rows, int64_t nqb, int nthreads,
-                           fa_attention_args *r)
+static float *att_round_kv(const fa_attention_args *a, const fa_att_units *u, int rows,
+                           int64_t nqb, int nthreads, fa_attention_args *r)
 {
 #if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-    if (fa_att_bf16_dot || fa_att_tiles) return NULL;
+    if (u->dot || u->tiles) return NULL;
 #endif
     if (a->bf16 != 1 || rows || nqb < 2) return NULL;
     const int64_t BH = a->B * a->H, Lk = a->Lk, D = a->D, Dv = a->Dv, n = BH * Lk * (D + Dv);
@@ -808,8 +808,10 @@ static float *att_round_kv(const fa_attention_args *a, int rows, int64_t nqb, in
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t t = 0; t < BH * Lk; t++) {
         const int64_t b = t / (a->H * Lk), h = t / Lk % a->H, j = t % Lk;
-        att_round(kr + t * D, a->k + b * a->k_st[0] + h * a->k_st[1] + j * a->k_st[2], D);
-        att_round(vr + t * Dv, a->v + b * a->v_st[0] + h * a->v_st[1] + j * a->v_st[2], Dv);
+        att_round(kr + t * D, a->k + b * a->k_st[0] + h * a->k_st[1] + j * a->k_st[2], D,
+                  u->cvt);
+        att_round(vr + t * Dv, a->v + b * a->v_st[0] + h * a->v_st[1] + j * a->v_st[2], Dv,
+                  u->cvt);
     }
     r->k = kr;
     r->v = vr;
@@ -989,8 +991,8 @@ ATT_DOT static void dot_rows_pv(float *o_i, const float *s, const float *v, int6
 }
 #endif
 
-static void attention_rows(const fa_attention_args *a, const fa_dropout_t *drop, int64_t b,
-                           int64_t h, int64_t i, float *s)
+static void attention_rows(const fa_attention_args *a, const fa_att_units *u,
+                           const fa_dropout_t *drop, int64_t b, int64_t h, int64_t i, float *s)
 {
     const int64_t D = a->D, Dv = a->Dv, Lk = a->Lk, off = Lk - a->Lq;
     const float *q_i = a->q + b * a->q_st[0] + h * a->q_st[1] + i * a->q_st[2];
@@ -1013,7 +1015,7 @@ static void attention_rows(const fa_attention_args *a, const fa_dropout_t *drop,
     } else {
         float *qr = s + Lk + FA_VL + 4; /* q rounded, or its pairs (dot path) */
 #if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-        if (fa_att_bf16_dot_rows) {
+        if (u->dot_rows) {
             dot_rows_scores(s, q_i, k_bh, ksl, jend, D, (uint32_t *)qr);
         } else
 #endif
@@ -1111,7 +1113,7 @@ static void attention_rows(const fa_attention_args *a, const fa_dropout_t *drop,
     }
     for (int64_t j = 0; j < jpad; j += FA_VL) vstore(s + j, att_bf16(vload(s + j))); /* P^ */
 #if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-    if (fa_att_bf16_dot_rows && !care) {
+    if (u->dot_rows && !care) {
         dot_rows_pv(o_i, s, v_bh, vsl, jend, Dv, inv);
         return;
     }
@@ -1610,17 +1612,19 @@ static void attention_bwd_queries(const fa_att_bwd_args *a, int64_t b,
 
 /* Forward task t of B * H * nqb (head by head, each head's query blocks last first): one query
  * row (rows) or one block of queries. */
-static void attention_forward_task(const fa_attention_args *a, const fa_dropout_t *drop,
-                                   int rows, int64_t nqb, int64_t t, float *scratch)
+static void attention_forward_task(const fa_attention_args *a, const fa_att_units *u,
+                                   const fa_dropout_t *drop, int rows, int64_t nqb, int64_t t,
+                                   float *scratch)
 {
     const int64_t qb = nqb - 1 - t % nqb, bh = t / nqb;
     if (rows)
-        attention_rows(a, drop, bh / a->H, bh % a->H, qb, scratch);
+        attention_rows(a, u, drop, bh / a->H, bh % a->H, qb, scratch);
     else
-        attention_task(a, drop, bh / a->H, bh % a->H, qb, scratch);
+        attention_task(a, u, drop, bh / a->H, bh % a->H, qb, scratch);
 }
 
-static int attention_forward(const fa_attention_args *a, int nthreads)
+/* u: the units a bf16 call runs on (fa_att_units; all zero for float32) */
+static int attention_forward(const fa_attention_args *a, const fa_att_units *u, int nthreads)
 {
     const int64_t B = a->B, H = a->H, Lq = a->Lq, Lk = a->Lk;
     if (B <= 0 || H <= 0 || Lq <= 0) return 0;
@@ -1637,20 +1641,21 @@ static int attention_forward(const fa_attention_args *a, int nthreads)
     float *buf = malloc((size_t)(scratch * nt) * sizeof(float));
     if (!buf) return -1;
     fa_attention_args rounded;
-    float *kv = att_round_kv(a, rows, nqb, nthreads, &rounded);
+    float *kv = att_round_kv(a, u, rows, nqb, nthreads, &rounded);
     if (kv) a = &rounded;
 
     /* Causal tasks grow with the query block: hand out the heavy (late) blocks first. A team
      * of one runs them without an OpenMP region (see fa_team_size). */
     if (nt <= 1) {
-        for (int64_t t = 0; t < ntasks; t++) attention_forward_task(a, &drop, rows, nqb, t, buf);
+        for (int64_t t = 0; t < ntasks; t++)
+            attention_forward_task(a, u, &drop, rows, nqb, t, buf);
     } else {
 #pragma omp parallel num_threads(nt)
         {
             float *mine = buf + scratch * fa_thread_id(); /* id < team <= nt buffers */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < ntasks; t++)
-                attention_forward_task(a, &drop, rows, nqb, t, mine);
+                attention_forward_task(a, u, &drop, rows, nqb, t, mine);
         }
     }
     free(buf);
