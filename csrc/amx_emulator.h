@@ -1,10 +1,12 @@
-/* amx_emulator.h -- the AMX tile instructions in C, for quant_amx_emulated.c: a test aid.
+/* amx_emulator.h -- the AMX tile instructions in C, for quant_amx_emulated.c and
+ * bf16_amx_emulated.c (through amx_tiles.h): a test aid.
  *
- * It is kept in every AVX-512 build, and selectable only when forced (FASTATTN_INT8_PATH=
- * amx-emulated): the AMX path's layout and arithmetic are then checked bit for bit against the
- * twin by the test suite on any AVX-512 CPU, where the tiles themselves are missing or not
- * granted by the OS (the CI machines); it costs code size only. The AMX_* operations that
- * quant_amx.h is written in become calls of the functions below.
+ * It is kept in every AVX-512 build, and selectable only when forced (the amx-emulated paths
+ * of FASTATTN_INT8_PATH, FASTATTN_BF16_PATH and FASTATTN_ATTENTION_BF16_PATH): the AMX paths'
+ * layout and arithmetic are then checked bit for bit against the twin by the test suite on any
+ * AVX-512 CPU, where the tiles themselves are missing or not granted by the OS (the CI
+ * machines); it costs code size only. The AMX_* operations that quant_amx.h and bf16_amx.h are
+ * written in become calls of the functions below; each unit has its own emulated tiles.
  */
 /* ---- the emulator: what each instruction does to the tiles (Intel SDM's pseudo-code) --------
  * Per thread, like the tile registers. A use the hardware would fault on (no configuration,

@@ -1,12 +1,13 @@
 /* attention.c -- fused, tiled attention forward (flash style: blocks of queries against blocks
  * of keys with an online softmax; the (Lq, Lk) score matrix is never stored) and its backward
  * (the probabilities recomputed block by block from the saved lse). The passes are in
- * attention_body.h, compiled for each ISA level; this file holds the entry points and the
- * scalar helpers every level shares. */
+ * attention_body.h, compiled for each ISA level; this file holds the entry points (a bf16
+ * call's units from paths.c handed to the level's pass) and the scalar helpers every level
+ * shares. */
 #include <float.h>
 #include <math.h>
 
-#include "fa_kernels.h"
+#include "fa_paths.h"
 
 /* ---- masks, scores and the float32 range ----------------------------------------------------
  * A key is hidden from a query by the causal rule, by a bool True (a -inf bias) in either mask,
@@ -47,119 +48,14 @@ float att_lse(float m, float l)
     return lse > FLT_MAX ? FLT_MAX : lse < -FLT_MAX ? -FLT_MAX : (float)lse;
 }
 
-/* ---- bf16 attention's path ----------------------------------------------------------------- */
-
-int fa_att_bf16_dot = 0, fa_att_bf16_dot_rows = 0, fa_att_bf16_cvt = 0;
-const fa_q8_kernels *fa_att_tiles = NULL;
-static int g_att_path = FA_ATT_BF16_FMA;
-static int g_att_pending = 0;   /* 1: amx chosen by default, the tile permission not asked yet */
-
-int fa_attention_bf16_supports(int path)
-{
-    switch (path) {
-    case FA_ATT_BF16_FMA:
-        return 1;
-    case FA_ATT_BF16_DOT:
-    case FA_ATT_BF16_DOT_ROWS:
-#if defined(FA_HAVE_V4) && defined(ATT_HAVE_BF16_DOT)
-        __builtin_cpu_init();
-        return fa_cpu_level() >= FA_ISA_AVX512 && __builtin_cpu_supports("avx512bf16");
-#else
-        return 0;
-#endif
-    case FA_ATT_BF16_AMX:
-#if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX) && defined(ATT_HAVE_BF16_DOT)
-        return fa_cpu_level() >= FA_ISA_AVX512 && fa_amx_bf16_usable();
-#else
-        return 0;
-#endif
-    case FA_ATT_BF16_AMX_EMULATED:
-#if defined(FA_HAVE_V4) && defined(ATT_HAVE_BF16_DOT)
-        return fa_cpu_level() >= FA_ISA_AVX512;
-#else
-        return 0;
-#endif
-    default:
-        return 0;
-    }
-}
-
-/* Does the CPU have AMX-BF16 tiles (CPUID 7.0 EDX bit 22)? Its cores (Sapphire Rapids and
- * later) run vdpbf16ps below their float32 FMA rate in flops (profiled: the dot path's score
- * and P.V tiles took longer than the fma path's twice as many FMAs), while AMD's Zen 4 and
- * Zen 5 run it near twice the FMA rate. A decode step's one-row pass still gains from it: its
- * fma form rounds every k and v element as it reads them, the dot form converts them with
- * one instruction per 32. */
-static int cpu_has_amx_bf16(void) { return (fa_amx_status() & 2) != 0; }
-
-static void att_set_path(int path)
-{
-    g_att_path = path;
-    fa_att_bf16_dot = path == FA_ATT_BF16_DOT;
-    /* the one-row pass and the rounding use the AVX512_BF16 instructions wherever the CPU has
-     * them (the emulated tiles' path also runs on CPUs without) */
-    fa_att_bf16_dot_rows = path == FA_ATT_BF16_DOT || path == FA_ATT_BF16_DOT_ROWS ||
-                           ((path == FA_ATT_BF16_AMX || path == FA_ATT_BF16_AMX_EMULATED) &&
-                            fa_attention_bf16_supports(FA_ATT_BF16_DOT));
-    fa_att_bf16_cvt = fa_att_bf16_dot_rows;
-    const fa_q8_kernels *tiles = NULL;
-#if defined(FA_HAVE_V4) && defined(ATT_HAVE_BF16_DOT)
-    if (path == FA_ATT_BF16_AMX_EMULATED) tiles = &fa_q8_amx_emulated;
-#endif
-#if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX) && defined(ATT_HAVE_BF16_DOT)
-    if (path == FA_ATT_BF16_AMX) tiles = &fa_q8_amx;
-#endif
-    fa_att_tiles = tiles;
-}
-
-/* Default: the AMX tiles where the CPU has them (the permission asked for at the first bf16
- * attention: fa_att_tiles_ready), else vdpbf16ps everywhere where it outruns FMA (AVX512_BF16 without
- * AMX), FMA without AVX512_BF16. */
-int fa_attention_bf16_init(int forced)
-{
-    g_att_pending = 0;
-    if (forced >= 0) {
-        if (!fa_attention_bf16_supports(forced)) return -1;
-        if (forced == FA_ATT_BF16_AMX && !fa_amx_grant()) return -2;
-        att_set_path(forced);
-        return 0;
-    }
-    if (fa_attention_bf16_supports(FA_ATT_BF16_AMX)) {
-        att_set_path(FA_ATT_BF16_AMX);
-        g_att_pending = 1;
-        return 0;
-    }
-    att_set_path(!fa_attention_bf16_supports(FA_ATT_BF16_DOT) ? FA_ATT_BF16_FMA
-                 : cpu_has_amx_bf16()                         ? FA_ATT_BF16_DOT_ROWS
-                                                              : FA_ATT_BF16_DOT);
-    return 0;
-}
-
-/* A default amx asks Linux for the tile data here, at the first bf16 attention (not at
- * import: a process that never uses it is not changed), and falls back to DOT_ROWS (FMA on a
- * CPU without AVX512_BF16) if refused. Concurrent first calls may both ask; the request is
- * idempotent. */
-const fa_q8_kernels *fa_att_tiles_ready(void)
-{
-    if (__atomic_load_n(&g_att_pending, __ATOMIC_ACQUIRE)) {
-        if (!fa_amx_grant())
-            att_set_path(fa_attention_bf16_supports(FA_ATT_BF16_DOT) ? FA_ATT_BF16_DOT_ROWS
-                                                                     : FA_ATT_BF16_FMA);
-        __atomic_store_n(&g_att_pending, 0, __ATOMIC_RELEASE);
-    }
-    return fa_att_tiles;
-}
-
-int fa_attention_bf16_path(void)
-{
-    fa_att_tiles_ready();                   /* a default amx settled, as fa_bfloat16_path */
-    return g_att_path;
-}
+/* ---- entry points --------------------------------------------------------------------------- */
 
 int fa_attention_forward(const fa_attention_args *a, int nthreads)
 {
-    if (a->bf16) fa_att_tiles_ready();    /* before the threads read fa_att_tiles */
-    return fa_k->attention_forward(a, nthreads);
+    /* a bf16 call's units (paths.c), its path settled before the threads start */
+    static const fa_att_units none = {0, 0, 0, NULL};
+    const fa_att_units u = a->bf16 ? fa_paths_attention_bf16() : none;
+    return fa_k->attention_forward(a, &u, nthreads);
 }
 
 int fa_attention_backward(const fa_attention_grads *g, const fa_attention_args *a, int nthreads)

@@ -1,5 +1,9 @@
 /* attention_body.h -- fused attention, forward and backward, for one ISA level (compiled by
- * each kernels_<level>.c; attention.c calls them through the kernel table).
+ * each kernels_<level>.c; attention.c calls them through the kernel table): the float32 passes
+ * and their structure (query blocks, one-row decode steps, the backward). bf16 attention's
+ * rounding and paths are in attention_bf16_body.h (which includes the dot path,
+ * attention_dot_body.h, and the tile pass, attention_amx_body.h); the passes here call it
+ * where a->bf16 is set.
  *
  * The block works "transposed": queries run along vector lanes, so the online softmax's
  * per-query max and sum are plain element-wise vector ops and no horizontal reduction is needed.
@@ -72,50 +76,6 @@ FA_INLINE VF att_exp2(VF x)
     const VF p = vexp2_poly(f);
     const VF two_n = (VF)(((VU)t << 23) + vsplatu(127u << 23));   /* 2^n, n >= -126 */
     return (VF)((VI)(p * two_n) & ~(VI)(x < vsplat(-126.0f)));
-}
-
-/* ==== bf16 compute (a->bf16; fastattn.h says what it computes) ==================================
- * The fma path (every level) rounds q, k, v and P to bf16 in float32 registers and runs the
- * float32 tiles on them: products of two bf16 are exact in float32. The dot path (avx512 level,
- * AVX512_BF16 CPU, fa_att_bf16_dot) packs the same rounded values in pairs of bf16 and multiplies
- * them with vdpbf16ps. Extra per-thread scratch of the tiled pass (floats):
- *   kb  (BK, D + 32)      the key block, rounded (fma) or in pairs along D (dot; rows of
- *                         ceil(D / 2) pairs padded with zeros to whole vectors)
- *   vb  (BK + 2, Dv + 16) the value block, rounded (fma) or in pairs of keys (dot; rows of
- *                         Dv pairs padded to whole vectors)
- *   pp  (BK / 2 + 1, BQ)  P in pairs of keys (dot)
- * Rounding as vcvtneps2bf16: nearest even; subnormal inputs to +-0 (so every path gives the
- * same bits: the instruction treats them as zero); NaN stays NaN (quiet); past the largest bf16
- * (3.39e38), +-inf.
- *   scalar math:  b = bits(x);  NaN: (b | 0x400000) & 0xffff0000;  |x| < 2^-126: b & sign;
- *                 else (b + 0x7fff + bit 16 of b) & 0xffff0000 */
-FA_INLINE VF att_bf16(VF x)
-{
-    const VU b = (VU)x, mag = b & vsplatu(0x7fffffffu);
-    const VU nan = (VU)(mag > vsplatu(0x7f800000u)), sub = (VU)(mag < vsplatu(0x00800000u));
-    const VU r = (b + vsplatu(0x7fffu) + ((b >> 16) & vsplatu(1u))) & vsplatu(0xffff0000u);
-    const VU q = (b | vsplatu(0x00400000u)) & vsplatu(0xffff0000u);
-    return (VF)((r & ~(nan | sub)) | (q & nan) | (b & vsplatu(0x80000000u) & sub));
-}
-
-static float att_bf16s(float x)
-{
-    uint32_t b;
-    memcpy(&b, &x, 4);
-    const uint32_t mag = b & 0x7fffffffu;
-    if (mag > 0x7f800000u) b = (b | 0x00400000u) & 0xffff0000u;
-    else if (mag < 0x00800000u) b &= 0x80000000u;
-    else b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&x, &b, 4);
-    return x;
-}
-
-/* dst[e] = bf16(src[e]) for e < n, widened */
-static void att_bf16_row(float *FA_RESTRICT dst, const float *FA_RESTRICT src, int64_t n)
-{
-    int64_t e = 0;
-    for (; e + FA_VL <= n; e += FA_VL) vstore(dst + e, att_bf16(vload(src + e)));
-    for (; e < n; e++) dst[e] = att_bf16s(src[e]);
 }
 
 /* rows of qt: D, at least 16 in bf16 (the tiles read the queries' pairs in blocks of 16) */
@@ -241,264 +201,39 @@ FA_INLINE void add_key_bias(float *s, float kb, float kb2)
     }
 }
 
-#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-/* ---- the dot path: vdpbf16ps on pairs of bf16 (lane i of a pair vector: element 2i in the low
- * half, 2i + 1 in the high half). Each instruction adds the odd element's product, then the
- * even one's, to the float32 sum. */
-#define ATT_DOT __attribute__((target("avx512bf16")))
-#define D2 ((D + 1) / 2)          /* pairs per q or k row */
-#define D2P ((D2 + 15) / 16 * 16) /* the packed key rows' stride, whole vectors */
-
-/* 16 pairs (lo[u], hi[u]) of rounded floats: the high halves of their bits */
-FA_INLINE VU att_pair(VF lo, VF hi) { return ((VU)lo >> 16) | ((VU)hi & vsplatu(0xffff0000u)); }
-
-/* The low n (<= 16) of 16 floats, the rest 0 */
-ATT_DOT FA_INLINE __m512 att_load16(const float *p, int64_t n)
+/* ot[e][i] += sum_{j<nb} st[j][i] * v_j[e] over the keys query i0+i can see (v_j = v + j vsl):
+ * P.V of a block where a hidden key's value row holds inf or NaN (rare: scalar). */
+static void pv_visible(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t nq,
+                       int64_t jb, int64_t nb, const float *st, float *ot, const float *v,
+                       int64_t vsl)
 {
-    return n >= 16 ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
-}
-
-/* qt (D, BQ), rounded, becomes its pairs in place: row d2 = (qt[2 d2], qt[2 d2 + 1]) */
-static void dot_pack_q(float *qt, int64_t D)
-{
-    for (int64_t d2 = 0; d2 < D2; d2++)
-        for (int64_t i = 0; i < BQ; i += FA_VL) {
-            const VF lo = vload(qt + 2 * d2 * BQ + i);
-            VF hi = vsplat(0.0f);
-            if (2 * d2 + 1 < D) hi = vload(qt + (2 * d2 + 1) * BQ + i);
-            *(VU *)(qt + d2 * BQ + i) = att_pair(lo, hi);
-        }
-}
-
-/* kp[j][d2] = the pair (k_j[2 d2], k_j[2 d2 + 1]) rounded, for j < nb; row stride D2P */
-ATT_DOT static void dot_pack_k(uint32_t *kp, const float *k, int64_t ksl, int64_t nb, int64_t D)
-{
-    for (int64_t j = 0; j < nb; j++)
-        for (int64_t d = 0; d < 2 * D2P; d += 32) {
-            const __m512 lo = att_load16(k + j * ksl + d, D - d > 0 ? D - d : 0);
-            const __m512 hi = att_load16(k + j * ksl + d + 16, D - d - 16 > 0 ? D - d - 16 : 0);
-            _mm512_storeu_si512(kp + j * D2P + d / 2, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-        }
-}
-
-/* st[r][:] = sum_d2 pairs of k_r times pairs of q, for r < ROWS keys, BQ queries on the lanes
- *   scalar math:  st[r][i] = sum_d2 (k[r][2d2+1] q[2d2+1][i]) + (k[r][2d2] q[2d2][i])       */
-ATT_DOT FA_INLINE void dot_score_rows(float *FA_RESTRICT st, VF *FA_RESTRICT mx,
-                                      const uint32_t *FA_RESTRICT qp,
-                                      const uint32_t *FA_RESTRICT kp, int64_t D, float sc,
-                                      const int ROWS)
-{
-    __m512 acc[MR_S][NR];
-    for (int r = 0; r < ROWS; r++)
-        for (int c = 0; c < NR; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int64_t d2 = 0; d2 < D2; d2++) {
-        __m512i qv[NR];
-        for (int c = 0; c < NR; c++) qv[c] = _mm512_loadu_si512(qp + d2 * BQ + c * FA_VL);
-        for (int r = 0; r < ROWS; r++) {
-            const __m512i kk = _mm512_set1_epi32((int)kp[r * D2P + d2]);
-            for (int c = 0; c < NR; c++)
-                acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)qv[c], (__m512bh)kk);
-        }
-    }
-    for (int r = 0; r < ROWS; r++)
-        for (int c = 0; c < NR; c++) {
-            const VF x = (VF)acc[r][c] * vsplat(sc);
-            vstore(st + r * BQ + c * FA_VL, x);
-            mx[c] = vmax(mx[c], x);
-        }
-}
-
-ATT_DOT static void dot_score_tile(float *st, VF *mx, const float *qt, const uint32_t *kp,
-                                   int64_t nb, int64_t D, float sc)
-{
-    int64_t j = 0;
-#define TILE(rows) dot_score_rows(st + j * BQ, mx, (const uint32_t *)qt, kp + j * D2P, D, sc, rows)
-    for (; j + MR_S <= nb; j += MR_S) TILE(MR_S);
-    ATT_TAIL(j, nb, MR_S, TILE);
-#undef TILE
-}
-
-/* pp[j2][:] = the pairs (P[2 j2][:], P[2 j2 + 1][:]) rounded, vp[j2][e] = the pairs
- * (v_2j2[e], v_2j2+1[e]) rounded (row stride Dvp, whole vectors), for 2 j2 < nb (an odd last
- * key paired with 0) */
-ATT_DOT static void dot_pack_pv(uint32_t *pp, uint32_t *vp, const float *st, const float *v,
-                                int64_t vsl, int64_t nb, int64_t Dv, int64_t Dvp)
-{
-    for (int64_t j = 0; j < nb; j += 2) {
-        const int two = j + 1 < nb;
-        for (int64_t i = 0; i < BQ; i += 16) {
-            const __m512i lo = _mm512_cvtepu16_epi32(
-                (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(st + j * BQ + i)));
-            const __m512i hi = two ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(
-                                         _mm512_loadu_ps(st + (j + 1) * BQ + i)))
-                                   : _mm512_setzero_si512();
-            _mm512_storeu_si512(pp + j / 2 * BQ + i, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-        }
-        for (int64_t e = 0; e < Dvp; e += 16) {
-            const int64_t n = Dv - e < 16 ? Dv - e : 16;
-            const __m512i lo = _mm512_cvtepu16_epi32(
-                (__m256i)_mm512_cvtneps_pbh(att_load16(v + j * vsl + e, n)));
-            const __m512i hi = two ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(
-                                         att_load16(v + (j + 1) * vsl + e, n)))
-                                   : _mm512_setzero_si512();
-            _mm512_storeu_si512(vp + j / 2 * Dvp + e, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    for (int64_t jj = 0; jj < nb; jj++) {
+        const float *v_j = v + jj * vsl;
+        for (int64_t i = 0; i < nq; i++) {
+            if (att_hidden(a, b, h, i0 + i, jb + jj)) continue;
+            const float p = st[jj * BQ + i];
+            for (int64_t e = 0; e < a->Dv; e++) ot[e * BQ + i] += p * v_j[e];
         }
     }
 }
 
-/* ot[r][:] += sum_j2 pairs of P times pairs of v (feature r), r < ROWS features
- *   scalar math:  ot[r][i] += sum_j2 (P[2j2+1][i] v[2j2+1][r]) + (P[2j2][i] v[2j2][r])      */
-ATT_DOT FA_INLINE void dot_pv_rows(float *FA_RESTRICT ot, const uint32_t *FA_RESTRICT pp,
-                                   const uint32_t *FA_RESTRICT vp, int64_t Dvp, int64_t n2,
-                                   const int ROWS)
-{
-    __m512 acc[MR_P][NR];
-    for (int r = 0; r < ROWS; r++)
-        for (int c = 0; c < NR; c++) acc[r][c] = _mm512_loadu_ps(ot + r * BQ + c * FA_VL);
-    for (int64_t j2 = 0; j2 < n2; j2++) {
-        __m512i pv[NR];
-        for (int c = 0; c < NR; c++) pv[c] = _mm512_loadu_si512(pp + j2 * BQ + c * FA_VL);
-        for (int r = 0; r < ROWS; r++) {
-            const __m512i vv = _mm512_set1_epi32((int)vp[j2 * Dvp + r]);
-            for (int c = 0; c < NR; c++)
-                acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)pv[c], (__m512bh)vv);
-        }
-    }
-    for (int r = 0; r < ROWS; r++)
-        for (int c = 0; c < NR; c++) _mm512_storeu_ps(ot + r * BQ + c * FA_VL, acc[r][c]);
-}
-
-ATT_DOT static void dot_pv_tile(float *ot, const float *st, const float *v, int64_t vsl,
-                                int64_t nb, int64_t Dv, uint32_t *vp, uint32_t *pp)
-{
-    const int64_t Dvp = (Dv + 15) / 16 * 16, n2 = (nb + 1) / 2;
-    dot_pack_pv(pp, vp, st, v, vsl, nb, Dv, Dvp);
-    int64_t e = 0;
-#define TILE(rows) dot_pv_rows(ot + e * BQ, pp, vp + e, Dvp, n2, rows)
-    for (; e + MR_P <= Dv; e += MR_P) TILE(MR_P);
-    ATT_TAIL(e, Dv, MR_P, TILE);
-#undef TILE
-}
-
-/* dst[e] = bf16(src[e]) for e < n, widened, by vcvtneps2bf16 (the same bits as att_bf16, in
- * fewer instructions); dst may be src */
-ATT_DOT static void att_bf16_row_cvt(float *dst, const float *src, int64_t n)
-{
-    int64_t e = 0;
-    for (; e + 16 <= n; e += 16)
-        _mm512_storeu_si512(dst + e, _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)
-                                         _mm512_cvtneps_pbh(_mm512_loadu_ps(src + e))), 16));
-    for (; e < n; e += 16) {
-        const int64_t m = n - e < 16 ? n - e : 16;
-        const __m512i w = _mm512_slli_epi32(
-            _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(att_load16(src + e, m))), 16);
-        _mm512_mask_storeu_ps(dst + e, (__mmask16)((1u << m) - 1u), (__m512)w);
-    }
-}
-#undef D2
-#undef D2P
-#endif /* the dot path */
-
-#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-/* ---- the amx paths: the many-query pass's two products on the tiles (fa_att_tiles,
- * quant_amx.h), the queries in the dot path's pairs (dot_pack_q), the rest as above */
-_Static_assert(BQ % 32 == 0, "the tiles' attention products take pairs of 16 queries");
-_Static_assert(ATT_BK % 32 == 0, "the tiles' scratch (st, pp, vb) holds whole pairs of 16 keys");
-
-/* qt in pairs (dot_pack_q): its pair rows past ceil(D / 2), up to a whole block of 16, zeroed */
-static void amx_pad_q(float *qt, int64_t D)
-{
-    const int64_t d2s = (D + 1) / 2;
-    for (int64_t d2 = d2s; d2 < (d2s + 15) / 16 * 16; d2++)
-        for (int64_t i = 0; i < BQ; i++) qt[d2 * BQ + i] = 0.0f;
-}
-
-static void amx_scores(const fa_attention_args *a, const float *k, float *st, VF *mx,
-                       const float *qt, float *kb, int64_t nb)
-{
-    const float sc = a->scale * FA_LOG2E;
-    fa_att_tiles->att_scores(st, BQ, k, a->k_st[2], nb, a->D, (const uint32_t *)qt,
-                             (uint32_t *)kb);
-    for (int64_t j = 0; j < nb; j++)
-        for (int c = 0; c < NR; c++) {
-            const VF x = vload(st + j * BQ + c * FA_VL) * vsplat(sc);
-            vstore(st + j * BQ + c * FA_VL, x);
-            mx[c] = vmax(mx[c], x);
-        }
-}
-
-/* pp[t][:] = the pairs (P^[2t][:], P^[2t + 1][:]), zero past nb, for whole blocks of 16 t */
-static void amx_pv(const fa_attention_args *a, int64_t nb, const float *st, float *ot,
-                   const float *v, float *vb, float *pp)
-{
-    const int64_t n16 = ((nb + 1) / 2 + 15) / 16 * 16;
-    for (int64_t t = 0; t < n16; t++)
-        for (int c = 0; c < NR; c++) {
-            VF lo = vsplat(0.0f), hi = vsplat(0.0f);
-            if (2 * t < nb) lo = vload(st + 2 * t * BQ + c * FA_VL);
-            if (2 * t + 1 < nb) hi = vload(st + (2 * t + 1) * BQ + c * FA_VL);
-            *(VU *)(pp + t * BQ + c * FA_VL) = att_pair(lo, hi);
-        }
-    fa_att_tiles->att_pv(ot, BQ, a->Dv, v, a->v_st[2], nb, (const uint32_t *)pp,
-                         (uint32_t *)vb);
-}
-#endif /* the amx paths */
-
-/* dst[e] = bf16(src[e]) for e < n, widened (the instruction where the CPU has it: fa_att_bf16_cvt);
- * dst may be src */
-static void att_round(float *dst, const float *src, int64_t n)
-{
-#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-    if (fa_att_bf16_cvt) {
-        att_bf16_row_cvt(dst, src, n);
-        return;
-    }
-#endif
-    int64_t e = 0;
-    for (; e + FA_VL <= n; e += FA_VL) vstore(dst + e, att_bf16(vload(src + e)));
-    for (; e < n; e++) dst[e] = att_bf16s(src[e]);
-}
-
-/* bf16 scores of key block k (nb rows, row stride ksl), masks not yet applied:
- * st[j][:] = (k^_j . q^) * scale * log2 e, mx their lane-wise max. qt holds q^ (transposed, not
- * scaled; in pairs on the dot path); kb receives the block's rounded (or paired) keys. */
-static void bf16_scores(const fa_attention_args *a, const float *k, float *st, VF *mx,
-                        const float *qt, float *kb, int64_t nb)
-{
-    const int64_t D = a->D, ksl = a->k_st[2];
-    const float sc = a->scale * FA_LOG2E;
-    for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
-#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-    if (fa_att_tiles) {
-        amx_scores(a, k, st, mx, qt, kb, nb);
-        return;
-    }
-    if (fa_att_bf16_dot) {
-        dot_pack_k((uint32_t *)kb, k, ksl, nb, D);
-        dot_score_tile(st, mx, qt, (const uint32_t *)kb, nb, D, sc);
-        return;
-    }
-#endif
-    if (a->bf16 == ATT_BF16_KV_ROUNDED) { /* the keys rounded once (attention_forward) */
-        score_tile(st, mx, qt, k, ksl, nb, D, sc);
-        return;
-    }
-    for (int64_t j = 0; j < nb; j++) att_round(kb + j * D, k + j * ksl, D);
-    score_tile(st, mx, qt, kb, D, nb, D, sc);
-}
+/* bf16 attention: rounding, its paths and its units (att_round, bf16_scores, bf16_pv,
+ * att_round_kv) */
+#include "attention_bf16_body.h"
 
 /* Scores of key block [jb, jb+nb) for query block [i0, i0+nq), masks applied, into st;
  * mx receives the lane-wise max. Shared by the forward pass and the weights pass. Returns 1
  * when a key that some query of the block cannot see has a value row holding inf or NaN (the
  * block's P.V must then leave it out explicitly: 0 * NaN is NaN), else 0. */
 static int masked_scores(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t nq,
-                         int64_t jb, int64_t nb, const float *qt, float *st, VF *mx, float *kb)
+                         int64_t jb, int64_t nb, const float *qt, float *st, VF *mx, float *kb,
+                         const fa_att_units *u)
 {
     const float *k_bh = a->k + b * a->k_st[0] + h * a->k_st[1];
     const int64_t off = a->Lk - a->Lq;
     for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
     if (a->bf16)
-        bf16_scores(a, k_bh + jb * a->k_st[2], st, mx, qt, kb, nb);
+        bf16_scores(a, k_bh + jb * a->k_st[2], st, mx, qt, kb, nb, u);
     else
         score_tile(st, mx, qt, k_bh + jb * a->k_st[2], a->k_st[2], nb, a->D, 1.0f);
 
@@ -544,54 +279,6 @@ static int masked_scores(const fa_attention_args *a, int64_t b, int64_t h, int64
     return care;
 }
 
-/* ot[e][i] += sum_{j<nb} st[j][i] * v_j[e] over the keys query i0+i can see (v_j = v + j vsl):
- * P.V of a block where a hidden key's value row holds inf or NaN (rare: scalar). */
-static void pv_visible(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t nq,
-                       int64_t jb, int64_t nb, const float *st, float *ot, const float *v,
-                       int64_t vsl)
-{
-    for (int64_t jj = 0; jj < nb; jj++) {
-        const float *v_j = v + jj * vsl;
-        for (int64_t i = 0; i < nq; i++) {
-            if (att_hidden(a, b, h, i0 + i, jb + jj)) continue;
-            const float p = st[jj * BQ + i];
-            for (int64_t e = 0; e < a->Dv; e++) ot[e * BQ + i] += p * v_j[e];
-        }
-    }
-}
-
-/* bf16 P.V of key block [jb, jb+nb) (v: its first value row; st holds P^, rounded), v rounded:
- * ot[e][:] += sum_j P^_j v^_j[e]; a block whose hidden keys hold inf or NaN in v (care) on the
- * fma path's scalar loop. */
-static void bf16_pv(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t nq,
-                    int64_t jb, int64_t nb, float *st, float *ot, const float *v, float *vb,
-                    float *pp, int care)
-{
-    const int64_t Dv = a->Dv;
-    int64_t vsl = a->v_st[2];
-#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-    if (fa_att_tiles && !care) {
-        amx_pv(a, nb, st, ot, v, vb, pp);
-        return;
-    }
-    if (fa_att_bf16_dot && !care) {
-        dot_pv_tile(ot, st, v, vsl, nb, Dv, (uint32_t *)vb, (uint32_t *)pp);
-        return;
-    }
-#else
-    (void)pp;
-#endif
-    if (a->bf16 != ATT_BF16_KV_ROUNDED) { /* else the values rounded once (attention_forward) */
-        for (int64_t j = 0; j < nb; j++) att_round(vb + j * Dv, v + j * vsl, Dv);
-        v = vb;
-        vsl = Dv;
-    }
-    if (care)
-        pv_visible(a, b, h, i0, nq, jb, nb, st, ot, v, vsl);
-    else
-        pv_tile(ot, st, v, vsl, nb, Dv);
-}
-
 /* dst[c][r] = src[r][c] * scale * (cscale ? cscale[c] : 1) for r < rows, c < cols: the q block
  * packing and the output write-back, in 4x4 register transposes with a scalar rim. */
 static void transpose(float *FA_RESTRICT dst, int64_t ldd, const float *FA_RESTRICT src,
@@ -635,8 +322,9 @@ static int64_t key_block(int64_t jb, int64_t jend, int64_t jdiag)
     return nb;
 }
 
-static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop, int64_t b,
-                           int64_t h, int64_t qb, float *scratch)
+static void attention_task(const fa_attention_args *a, const fa_att_units *u,
+                           const fa_dropout_t *drop, int64_t b, int64_t h, int64_t qb,
+                           float *scratch)
 {
     const int64_t D = a->D, Dv = a->Dv, Lq = a->Lq, Lk = a->Lk, off = Lk - Lq;
     const int64_t i0 = qb * BQ, nq = Lq - i0 < BQ ? Lq - i0 : BQ;
@@ -677,11 +365,9 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
         transpose(qt, BQ, q_bh + i0 * a->q_st[2], a->q_st[2], nq, D, qscale, NULL);
     } else { /* q rounded, not scaled (bf16_scores scales the sums) */
         transpose(qt, BQ, q_bh + i0 * a->q_st[2], a->q_st[2], nq, D, 1.0f, NULL);
-        att_round(qt, qt, D * BQ);
-#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-        if (fa_att_bf16_dot || fa_att_tiles) dot_pack_q(qt, D);
-        if (fa_att_tiles) amx_pad_q(qt, D);
-#endif
+        att_round(qt, qt, D * BQ, u->cvt);
+        if (ATT_BF16_UNITS && (u->dot || u->tiles)) dot_pack_q(qt, D);
+        if (ATT_BF16_UNITS && u->tiles) amx_pad_q(qt, D);
     }
     for (int64_t i = 0; i < Dv * BQ; i++) ot[i] = 0.0f;
     for (int64_t i = 0; i < BQ; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
@@ -696,7 +382,7 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
     for (int64_t jb = 0, nb; jb < jend; jb += nb) {
         nb = key_block(jb, jend, jdiag);
         VF mx[NR], muse[NR], alpha[NR], lsum[NR];
-        const int care = masked_scores(a, b, h, i0, nq, jb, nb, qt, st, mx, kb);
+        const int care = masked_scores(a, b, h, i0, nq, jb, nb, qt, st, mx, kb, u);
         /* online softmax: m_new = max(m, block max); rescale old sums by 2^(m - m_new).
          * A lane still at -inf uses 0 as its reference so 2^(-inf - 0) = 0, never NaN. */
         int rescale = 0;
@@ -745,7 +431,7 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
                     vstore(ot + e * BQ + c * FA_VL, vload(ot + e * BQ + c * FA_VL) * alpha[c]);
         }
         if (a->bf16)
-            bf16_pv(a, b, h, i0, nq, jb, nb, st, ot, v_bh + jb * a->v_st[2], vb, pp, care);
+            bf16_pv(a, b, h, i0, nq, jb, nb, st, ot, v_bh + jb * a->v_st[2], vb, pp, care, u);
         else if (care)
             pv_visible(a, b, h, i0, nq, jb, nb, st, ot, v_bh + jb * a->v_st[2], a->v_st[2]);
         else
@@ -769,7 +455,7 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
     for (int64_t jb = 0, nb; jb < jend; jb += nb) {
         nb = key_block(jb, jend, jdiag);
         VF mx[NR];
-        masked_scores(a, b, h, i0, nq, jb, nb, qt, st, mx, kb);
+        masked_scores(a, b, h, i0, nq, jb, nb, qt, st, mx, kb, u);
         for (int64_t i = 0; i < nq; i++) {
             if (l[i] == 0.0f) continue;
             for (int64_t jj = 0; jj < nb; jj++) {
@@ -782,43 +468,6 @@ static void attention_task(const fa_attention_args *a, const fa_dropout_t *drop,
             }
         }
     }
-}
-
-/* bf16 on the fma path (the paths that pack k and v their own way excepted) with more than one
- * query block per head: every block would round the same keys and values again (their
- * rounding costs about as much as the block's products on AVX2), so they are rounded once
- * here, over the threads, into copies (B, H, Lk, D) and (B, H, Lk, Dv) that the tasks read in
- * place (*r: the call's arguments on the copies, bf16 = ATT_BF16_KV_ROUNDED). The same bits:
- * rounding is per value. Returns the copies' buffer (the caller frees it), or NULL where this
- * does not apply or the memory is not there (the blocks then round as they go). */
-static float *att_round_kv(const fa_attention_args *a, int rows, int64_t nqb, int nthreads,
-                           fa_attention_args *r)
-{
-#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-    if (fa_att_bf16_dot || fa_att_tiles) return NULL;
-#endif
-    if (a->bf16 != 1 || rows || nqb < 2) return NULL;
-    const int64_t BH = a->B * a->H, Lk = a->Lk, D = a->D, Dv = a->Dv, n = BH * Lk * (D + Dv);
-    float *kv = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    if (!kv) return NULL;
-    *r = *a;
-    float *kr = kv, *vr = kv + BH * Lk * D;
-    const int64_t kst[3] = {a->H * Lk * D, Lk * D, D}, vst[3] = {a->H * Lk * Dv, Lk * Dv, Dv};
-    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)n, 1.3e5);
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-    for (int64_t t = 0; t < BH * Lk; t++) {
-        const int64_t b = t / (a->H * Lk), h = t / Lk % a->H, j = t % Lk;
-        att_round(kr + t * D, a->k + b * a->k_st[0] + h * a->k_st[1] + j * a->k_st[2], D);
-        att_round(vr + t * Dv, a->v + b * a->v_st[0] + h * a->v_st[1] + j * a->v_st[2], Dv);
-    }
-    r->k = kr;
-    r->v = vr;
-    for (int i = 0; i < 3; i++) {
-        r->k_st[i] = kst[i];
-        r->v_st[i] = vst[i];
-    }
-    r->bf16 = ATT_BF16_KV_ROUNDED;
-    return kv;
 }
 
 /* Few queries (a decode step, a handful of beams): one query row at a time, vectors along the
@@ -919,78 +568,9 @@ FA_INLINE void rows_pv(float *o_i, const float *s, const float *v, int64_t vsl, 
 #undef VAL
 }
 
-#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-/* The dot path, one query row (q_i) against keys j < jend (k_j = k + j ksl): qp receives the
- * row's pairs, padded with zeros to whole vectors; s[j] = sum of the pair products, the
- * vector's lanes summed by _mm512_reduce_add_ps. Four keys at a time (independent chains). */
-ATT_DOT static void dot_rows_scores(float *s, const float *q_i, const float *k, int64_t ksl,
-                                    int64_t jend, int64_t D, uint32_t *qp)
-{
-    const int64_t nv = (D + 31) / 32; /* vectors of 16 pairs */
-#define REST(d) (D - (d) > 0 ? D - (d) : 0)
-    for (int64_t t = 0; t < nv; t++)
-        _mm512_storeu_si512(qp + 16 * t, (__m512i)_mm512_cvtne2ps_pbh(
-                                             att_load16(q_i + 32 * t + 16, REST(32 * t + 16)),
-                                             att_load16(q_i + 32 * t, REST(32 * t))));
-    for (int64_t j = 0; j < jend; j += 4) {
-        const int nk = jend - j < 4 ? (int)(jend - j) : 4;
-        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                         _mm512_setzero_ps()};
-        for (int64_t t = 0; t < nv; t++) {
-            const __m512bh qv = (__m512bh)_mm512_loadu_si512(qp + 16 * t);
-            for (int u = 0; u < 4; u++)
-                if (u < nk) {
-                    const float *k_u = k + (j + u) * ksl + 32 * t;
-                    const __m512bh kv = _mm512_cvtne2ps_pbh(att_load16(k_u + 16, REST(32 * t + 16)),
-                                                            att_load16(k_u, REST(32 * t)));
-                    acc[u] = _mm512_dpbf16_ps(acc[u], qv, kv);
-                }
-        }
-        for (int u = 0; u < nk; u++) s[j + u] = _mm512_reduce_add_ps(acc[u]);
-    }
-#undef REST
-}
 
-/* out_i = sum_j P^_j v_j^ * inv over keys in pairs (s holds P^, rounded): v_j and v_j+1
- * rounded and interleaved into pairs, 64 features at a time. */
-ATT_DOT static void dot_rows_pv(float *o_i, const float *s, const float *v, int64_t vsl,
-                               int64_t jend, int64_t Dv, float inv)
-{
-    /* word 2u <- word u (v_j), word 2u + 1 <- word 16 + u (v_j+1) */
-    static const uint16_t inter[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
-                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    const __m512i idx = _mm512_loadu_si512(inter);
-    for (int64_t e = 0; e < Dv; e += 64) {
-        const int nv = Dv - e >= 64 ? 4 : (int)((Dv - e + 15) / 16);
-        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                         _mm512_setzero_ps()};
-        for (int64_t j = 0; j < jend; j += 2) {
-            const int two = j + 1 < jend;
-            uint32_t lo, hi = 0;
-            memcpy(&lo, s + j, 4);
-            if (two) memcpy(&hi, s + j + 1, 4);
-            const __m512bh pv = (__m512bh)_mm512_set1_epi32((int)((lo >> 16) | (hi & 0xffff0000u)));
-            for (int c = 0; c < 4; c++)
-                if (c < nv) {
-                    const int64_t f = e + 16 * c, n = Dv - f < 16 ? Dv - f : 16;
-                    const __m512 v0 = att_load16(v + j * vsl + f, n);
-                    const __m512 v1 = two ? att_load16(v + (j + 1) * vsl + f, n) : _mm512_setzero_ps();
-                    const __m512i vv =
-                        _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
-                    acc[c] = _mm512_dpbf16_ps(acc[c], (__m512bh)vv, pv);
-                }
-        }
-        for (int c = 0; c < nv; c++) {
-            const int64_t f = e + 16 * c, n = Dv - f < 16 ? Dv - f : 16;
-            _mm512_mask_storeu_ps(o_i + f, (__mmask16)((1u << n) - 1u),
-                                  _mm512_mul_ps(acc[c], _mm512_set1_ps(inv)));
-        }
-    }
-}
-#endif
-
-static void attention_rows(const fa_attention_args *a, const fa_dropout_t *drop, int64_t b,
-                           int64_t h, int64_t i, float *s)
+static void attention_rows(const fa_attention_args *a, const fa_att_units *u,
+                           const fa_dropout_t *drop, int64_t b, int64_t h, int64_t i, float *s)
 {
     const int64_t D = a->D, Dv = a->Dv, Lk = a->Lk, off = Lk - a->Lq;
     const float *q_i = a->q + b * a->q_st[0] + h * a->q_st[1] + i * a->q_st[2];
@@ -1012,12 +592,9 @@ static void attention_rows(const fa_attention_args *a, const fa_dropout_t *drop,
         DOTS(q_i, 0);
     } else {
         float *qr = s + Lk + FA_VL + 4; /* q rounded, or its pairs (dot path) */
-#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-        if (fa_att_bf16_dot_rows) {
+        if (ATT_BF16_UNITS && u->dot_rows) {
             dot_rows_scores(s, q_i, k_bh, ksl, jend, D, (uint32_t *)qr);
-        } else
-#endif
-        {
+        } else {
             att_bf16_row(qr, q_i, D);
             DOTS(qr, 1);
         }
@@ -1110,12 +687,10 @@ static void attention_rows(const fa_attention_args *a, const fa_dropout_t *drop,
         return;
     }
     for (int64_t j = 0; j < jpad; j += FA_VL) vstore(s + j, att_bf16(vload(s + j))); /* P^ */
-#if FA_ISA_LEVEL == 2 && defined(ATT_HAVE_BF16_DOT)
-    if (fa_att_bf16_dot_rows && !care) {
+    if (ATT_BF16_UNITS && u->dot_rows && !care) {
         dot_rows_pv(o_i, s, v_bh, vsl, jend, Dv, inv);
         return;
     }
-#endif
     rows_pv(o_i, s, v_bh, vsl, jend, Dv, inv, care ? a : NULL, b, h, i, 1);
 }
 
@@ -1610,17 +1185,19 @@ static void attention_bwd_queries(const fa_att_bwd_args *a, int64_t b,
 
 /* Forward task t of B * H * nqb (head by head, each head's query blocks last first): one query
  * row (rows) or one block of queries. */
-static void attention_forward_task(const fa_attention_args *a, const fa_dropout_t *drop,
-                                   int rows, int64_t nqb, int64_t t, float *scratch)
+static void attention_forward_task(const fa_attention_args *a, const fa_att_units *u,
+                                   const fa_dropout_t *drop, int rows, int64_t nqb, int64_t t,
+                                   float *scratch)
 {
     const int64_t qb = nqb - 1 - t % nqb, bh = t / nqb;
     if (rows)
-        attention_rows(a, drop, bh / a->H, bh % a->H, qb, scratch);
+        attention_rows(a, u, drop, bh / a->H, bh % a->H, qb, scratch);
     else
-        attention_task(a, drop, bh / a->H, bh % a->H, qb, scratch);
+        attention_task(a, u, drop, bh / a->H, bh % a->H, qb, scratch);
 }
 
-static int attention_forward(const fa_attention_args *a, int nthreads)
+/* u: the units a bf16 call runs on (fa_att_units; all zero for float32) */
+static int attention_forward(const fa_attention_args *a, const fa_att_units *u, int nthreads)
 {
     const int64_t B = a->B, H = a->H, Lq = a->Lq, Lk = a->Lk;
     if (B <= 0 || H <= 0 || Lq <= 0) return 0;
@@ -1637,20 +1214,21 @@ static int attention_forward(const fa_attention_args *a, int nthreads)
     float *buf = malloc((size_t)(scratch * nt) * sizeof(float));
     if (!buf) return -1;
     fa_attention_args rounded;
-    float *kv = att_round_kv(a, rows, nqb, nthreads, &rounded);
+    float *kv = att_round_kv(a, u, rows, nqb, nthreads, &rounded);
     if (kv) a = &rounded;
 
     /* Causal tasks grow with the query block: hand out the heavy (late) blocks first. A team
      * of one runs them without an OpenMP region (see fa_team_size). */
     if (nt <= 1) {
-        for (int64_t t = 0; t < ntasks; t++) attention_forward_task(a, &drop, rows, nqb, t, buf);
+        for (int64_t t = 0; t < ntasks; t++)
+            attention_forward_task(a, u, &drop, rows, nqb, t, buf);
     } else {
 #pragma omp parallel num_threads(nt)
         {
             float *mine = buf + scratch * fa_thread_id(); /* id < team <= nt buffers */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < ntasks; t++)
-                attention_forward_task(a, &drop, rows, nqb, t, mine);
+                attention_forward_task(a, u, &drop, rows, nqb, t, mine);
         }
     }
     free(buf);

@@ -1,64 +1,7 @@
-/* cpu.c -- runtime ISA choice (once, at import: the kernel table fa_k), OpenMP facts and tile
- * sizes for build_info(). */
+/* cpu.c -- what build_info() reports of the build: compiler, OpenMP, build knobs and each
+ * level's tile sizes (the runtime choice of level and paths is in paths.c). */
 #include "fa_kernels.h"
 #include "fa_tiles.h"
-
-static fa_isa_t g_level = FA_ISA_GENERIC;
-const fa_kernels *fa_k = &fa_kernels_generic;
-
-fa_isa_t fa_cpu_level(void) { return g_level; }
-
-const fa_kernels *fa_kernels_of(int level)
-{
-    switch (level) {
-    case FA_ISA_GENERIC:
-        return &fa_kernels_generic;
-#if defined(FA_HAVE_V3)
-    case FA_ISA_AVX2:
-        return &fa_kernels_avx2;
-#endif
-#if defined(FA_HAVE_V4)
-    case FA_ISA_AVX512:
-        return &fa_kernels_avx512;
-#endif
-    default:
-        return NULL;
-    }
-}
-
-int fa_cpu_supports(int level)
-{
-    switch (level) {
-    case FA_ISA_GENERIC:
-        return 1;
-#if defined(FA_HAVE_V3)
-    case FA_ISA_AVX2:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("x86-64-v3") != 0;
-#endif
-#if defined(FA_HAVE_V4)
-    case FA_ISA_AVX512:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("x86-64-v4") != 0;
-#endif
-    default:
-        return 0;
-    }
-}
-
-int fa_cpu_init(int forced)
-{
-    if (forced >= 0) {
-        if (!fa_cpu_supports(forced)) return -1;
-        g_level = (fa_isa_t)forced;
-    } else {
-        g_level = fa_cpu_supports(FA_ISA_AVX512) ? FA_ISA_AVX512
-                : fa_cpu_supports(FA_ISA_AVX2)   ? FA_ISA_AVX2
-                                                 : FA_ISA_GENERIC;
-    }
-    fa_k = fa_kernels_of(g_level);
-    return 0;
-}
 
 int fa_openmp_enabled(void) { return FA_OMP; }
 

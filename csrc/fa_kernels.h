@@ -1,11 +1,14 @@
-/* fa_kernels.h -- the kernel tables: what each ISA level (and each int8 path) compiles, and
- * the argument bundles their entries take. Internal to csrc/ (the binding sees fastattn.h).
+/* fa_kernels.h -- the kernel tables: what each ISA level, each int8 path and the AMX tiles of
+ * the bf16 family compile, and the argument bundles their entries take. Internal to csrc/ (the
+ * binding sees fastattn.h).
  *
  * One translation unit per level compiles every *_body.h for that level and exports its table
  * (kernels_generic.c, kernels_avx2.c, kernels_avx512.c, through fa_kernels_isa.h); fa_cpu_init
- * points fa_k at the level in use. The family .c files are compiled once, at the baseline:
- * they split the work over the OpenMP team and call the level's kernels through fa_k. Likewise
- * one translation unit per int8 architecture (quant_<arch>.c) exports its path's table.
+ * (paths.c) points fa_k at the level in use. The family .c files are compiled once, at the
+ * baseline: they split the work over the OpenMP team and call the level's kernels through
+ * fa_k. Likewise one translation unit per int8 architecture (quant_<arch>.c) exports its
+ * path's table, and bf16_amx.c / bf16_amx_emulated.c the bf16 family's tiles (fa_amx_kernels).
+ * Which int8 table and which tiles a call uses, paths.c says (fa_paths.h).
  */
 #ifndef FA_KERNELS_H
 #define FA_KERNELS_H
@@ -48,10 +51,6 @@ typedef struct {
  * -1e4 on every key, or -3e38) have their max and sum recomputed. */
 #define ATT_LSE_MAX 64.0f
 float att_wide_score(float s, float kb, float mk);
-/* bf16 attention on the avx512 level (fa_attention_bf16_init): its tiled pass multiplies with
- * vdpbf16ps (dot), its one-row pass (decode steps) likewise (dot_rows), its fma path rounds
- * with vcvtneps2bf16 (cvt) */
-extern int fa_att_bf16_dot, fa_att_bf16_dot_rows, fa_att_bf16_cvt;
 /* The compiler can build vdpbf16ps code (GCC 10, clang 9 on) */
 #if (defined(__x86_64__) || defined(__i386__)) && \
     ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10))
@@ -76,9 +75,45 @@ typedef struct {
         softmax_chunk;
 } fa_isa_tiles;
 
+/* ---- the AMX tiles of the bf16 family ---------------------------------------------------------
+ * bf16 storage's and the bfloat16 compute type's many-row products, bf16 training's products
+ * and bf16 attention's two products, on the tiles (bf16_amx.c: fa_amx) or on the same code with
+ * every tile instruction emulated in C (bf16_amx_emulated.c: fa_amx_emulated); bf16_amx.h says
+ * the layouts. fa_paths_* (paths.c) says which, if any, a call runs on. */
+typedef struct {
+    /* bf16 storage, more than FA_BF16_PACKED_MAX_ROWS rows; as fa_linear_bf16_forward */
+    int (*bf16_forward)(float *y, const float *x, const uint16_t *wp, const float *bias,
+                        int64_t N, int64_t K, int64_t M, int activation, int nthreads);
+    /* the bfloat16 compute type; as fa_linear_bfloat16_forward, on fa_bfloat16_pack's layout */
+    int (*bfloat16_forward)(float *y, const float *x, const uint16_t *wp, const float *bias,
+                            int64_t N, int64_t K, int64_t M, int activation, int nthreads);
+    /* bf16 training's products: op(B) packed once (aligned_alloc'd, NULL: out of memory), then
+     * any number of products with it */
+    uint32_t *(*bf16_pack_b)(int trans_b, int64_t K, int64_t N, const float *B, int64_t ldb);
+    int (*bf16_gemm_packed)(int trans_a, int64_t M, int64_t N, int64_t K, const float *A,
+                            int64_t lda, const uint32_t *bq, float beta, float *C, int64_t ldc);
+    /* bf16 attention's scores and P.V of a block of 32 queries */
+    void (*att_scores)(float *st, int64_t bq, const float *k, int64_t ksl, int64_t nb,
+                       int64_t D, const uint32_t *qp, uint32_t *work);
+    void (*att_pv)(float *ot, int64_t bq, int64_t Dv, const float *v, int64_t vsl, int64_t nb,
+                   const uint32_t *pp, uint32_t *work);
+} fa_amx_kernels;
+
+extern const fa_amx_kernels fa_amx, fa_amx_emulated;
+
+/* The units a bf16 attention runs on (fa_paths_attention_bf16, from its path), handed by
+ * fa_attention_forward to the level's passes; all zero for a float32 attention. The dot and
+ * tile fields are set only where the avx512 level can run them. */
+typedef struct {
+    int dot;        /* the tiled pass multiplies with vdpbf16ps (attention_bf16_body.h) */
+    int dot_rows;   /* the one-row pass (decode steps) likewise */
+    int cvt;        /* rounding with vcvtneps2bf16 */
+    const fa_amx_kernels *tiles; /* the tiled pass's two products on these tiles, or NULL */
+} fa_att_units;
+
 typedef struct {
     /* attention: whole passes (their tiles, scratch and thread loops follow the level's BQ) */
-    int (*attention_forward)(const fa_attention_args *a, int nthreads);
+    int (*attention_forward)(const fa_attention_args *a, const fa_att_units *u, int nthreads);
     int (*attention_backward)(const fa_attention_grads *g, const fa_attention_args *a,
                               int nthreads);
     void (*layer_norm_rows)(float *y, float *sum_out, float *mean, float *rstd, const float *x,
@@ -134,6 +169,17 @@ typedef struct {
 } fa_kernels;
 
 extern const fa_kernels fa_kernels_generic, fa_kernels_avx2, fa_kernels_avx512;
+
+/* y (N, M) = act(0 + bias): a product over K = 0 (empty sums: nothing of the weight is read),
+ * for every weight type (quant.c, bf16.c); 0 + bias as the twin computes it (a -0 bias gives
+ * +0), the activation by the level isa */
+static inline void fa_empty_product(float *y, const float *bias, int64_t N, int64_t M,
+                                    int activation, const fa_kernels *isa)
+{
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t m = 0; m < M; m++) y[n * M + m] = 0.0f + (bias ? bias[m] : 0.0f);
+    isa->bias_act_rows(y, NULL, NULL, N, M, M, activation, 0, 0, NULL);
+}
 extern const fa_kernels *fa_k;             /* the level in use (fa_cpu_init) */
 const fa_kernels *fa_kernels_of(int level); /* NULL: a level this build lacks */
 
@@ -150,42 +196,13 @@ typedef struct {
     const fa_kernels *isa; /* the level whose quantiser and epilogue (bias_act_rows) it uses */
     int fmt;    /* Q8_FMT_I16, or Q8_FMT_HILO (rows past the last zero up to a multiple of mr) */
     fa_q8_panel_fn panel;  /* one panel of features for a block of rows: y = act(x w^T + b) */
-    /* bf16, more than FA_BF16_PACKED_MAX_ROWS rows, on this path's units (NULL: the shared
-     * path of quant.c); as fa_linear_bf16_forward */
-    int (*bf16_forward)(float *y, const float *x, const uint16_t *wp, const float *bias,
-                        int64_t N, int64_t K, int64_t M, int activation, int nthreads);
-    /* the bfloat16 compute type on this path's units (NULL: none); as
-     * fa_linear_bfloat16_forward, on fa_bfloat16_pack's layout */
-    int (*bfloat16_forward)(float *y, const float *x, const uint16_t *wp, const float *bias,
-                            int64_t N, int64_t K, int64_t M, int activation, int nthreads);
-    /* bf16 training's products on this path's units (NULL: none): op(B) packed once
-     * (aligned_alloc'd, NULL: out of memory), then any number of products with it */
-    uint32_t *(*bf16_pack_b)(int trans_b, int64_t K, int64_t N, const float *B, int64_t ldb);
-    int (*bf16_gemm_packed)(int trans_a, int64_t M, int64_t N, int64_t K, const float *A,
-                            int64_t lda, const uint32_t *bq, float beta, float *C, int64_t ldc);
-    /* bf16 attention's scores and P.V of a block of 32 queries on this path's tiles (NULL:
-     * none; quant_amx.h says the layouts) */
-    void (*att_scores)(float *st, int64_t bq, const float *k, int64_t ksl, int64_t nb,
-                       int64_t D, const uint32_t *qp, uint32_t *work);
-    void (*att_pv)(float *ot, int64_t bq, int64_t Dv, const float *v, int64_t vsl, int64_t nb,
-                   const uint32_t *pp, uint32_t *work);
 } fa_q8_kernels;
-
-/* The tiles bf16 attention's many-query pass runs its products on (attention.c: the amx and
- * amx-emulated paths; fa_att_tiles_ready() resolves a default amx's tile permission first), or
- * NULL */
-extern const fa_q8_kernels *fa_att_tiles;
-const fa_q8_kernels *fa_att_tiles_ready(void);
-/* quant.c: Linux grants this process the tile data (asking if need be); the CPU has AMX-BF16
- * (and AVX512_BF16, which rounds the tiles' inputs) and the OS enables the tile state */
-int fa_amx_grant(void);
-int fa_amx_bf16_usable(void);
 
 extern const fa_q8_kernels fa_q8_generic, fa_q8_avx2, fa_q8_avx512bw, fa_q8_avx512vnni,
     fa_q8_amx, fa_q8_amx_emulated;
 
-/* The products of bf16 training (linear.c, with its bf16 flag): every value of A and B a bf16
- * held in a float32, so that any float32 GEMM gives exact products. fa_bf16_b_make packs
+/* The products of bf16 training (bf16_gemm.c, for linear.c with its bf16 flag): every value
+ * of A and B a bf16 held in a float32, so that any float32 GEMM gives exact products. fa_bf16_b_make packs
  * op(B) (K, N) once for the AMX tiles when the bfloat16 compute type's path for products of
  * `rows` rows is amx (or amx-emulated), and returns NULL otherwise (or out of memory: then
  * BLAS runs them); fa_bf16_b_gemm then gives C (M, N) = beta C + op(A) op(B) (op(A) (M, K),

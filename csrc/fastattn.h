@@ -612,7 +612,7 @@ static inline int32_t fa_int8_act_levels(int64_t K)
 /* int8 code paths (user names generic / avx2 / avx512bw / avx512vnni / amx / amx-emulated), at
  * most the ISA level. amx: the AMX tiles, int8 and, for many rows, bf16 (a CPU with AMX-TILE,
  * AMX-INT8 and AMX-BF16, its tile state enabled by the OS and granted to this process; never
- * chosen unless forced, see quant.c);
+ * chosen unless forced, see paths.c);
  * amx-emulated: the same tile code with each tile instruction emulated in C (any AVX-512 CPU;
  * slow: a check of the AMX path's layout and arithmetic on CPUs without AMX). */
 typedef enum {
@@ -690,7 +690,7 @@ void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nth
  *   wp  the packed weight (fa_bf16_pack): the only copy of it the kernels need
  *   Up to FA_BF16_PACKED_MAX_ROWS rows: panels split over threads, the weight streamed once and
  *   widened in registers. More: the panels widened (exact) into a float32 copy of weight^T,
- *   then fa_linear_forward_t (BLAS); on the amx int8 paths, the AMX tiles (quant_amx.h).
+ *   then fa_linear_forward_t (BLAS); on the amx int8 paths, the AMX tiles (bf16_amx.h).
  *   Returns 0, or -1: out of memory.
  *   Twin: fastattn.reference.linear with a QuantizedWeight */
 int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,

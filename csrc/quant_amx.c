@@ -1,9 +1,7 @@
-/* quant_amx.c -- the int8 path "amx": quant_amx.h on the AMX tiles (and the bf16 products of
- * many rows), when the compiler knows the tile instructions (FA_HAVE_AMX). Chosen only when
- * forced (quant.c: fa_int8_init). */
+/* quant_amx.c -- the int8 path "amx": quant_amx.h on the AMX tiles, when the compiler knows the
+ * tile instructions (FA_HAVE_AMX). Chosen only when forced (paths.c: fa_int8_init). */
 #if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX)
 #define FA_TARGET "arch=x86-64-v4,amx-tile,amx-int8,amx-bf16,avx512bf16"
-#define AMX_ROUND_CVT 1
 #include "fa_target.h"
 #define AMX_KERNELS fa_q8_amx
 #include "quant_amx.h"

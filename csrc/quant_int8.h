@@ -1,5 +1,5 @@
 /* quant_int8.h -- what the int8 paths (quant_generic.c, quant_avx2.c, quant_avx512.c and the
- * AMX units) share: the layout, the tile conventions and the panel loop. quant.c chooses the
+ * AMX units) share: the layout, the tile conventions and the panel loop. paths.c chooses the
  * path at import and calls its table (fa_q8_kernels); a unit of AVX-512 code defines Q8_AVX512
  * first for the AVX-512 epilogue.
  *
