@@ -140,8 +140,15 @@ static void settle(void)
 static void set_pending(int bit) { g.pending |= bit; }
 static void clear_pending(int bit) { g.pending &= ~bit; }
 
-/* A forced path that needs the tiles: 0, or -2 where Linux refuses them */
-static int grant_forced(void) { return amx_grant() ? 0 : -2; }
+/* A forced path's check, the same for every path: 0 where it can run (a path needing the
+ * tiles, amx, asks for them now), -1 where supports() refuses it, -2 where Linux refuses the
+ * tiles */
+static int forced_ok(int forced, int (*supports)(int), int amx)
+{
+    if (!supports(forced)) return -1;
+    if (forced == amx && !amx_grant()) return -2;
+    return 0;
+}
 
 /* ---- the ISA level --------------------------------------------------------------------------- */
 
@@ -188,7 +195,8 @@ int fa_cpu_supports(int level)
 int fa_cpu_init(int forced)
 {
     if (forced >= 0) {
-        if (!fa_cpu_supports(forced)) return -1;
+        const int ok = forced_ok(forced, fa_cpu_supports, -1);
+        if (ok != 0) return ok;
         g.level = (fa_isa_t)forced;
     } else {
         g.level = fa_cpu_supports(FA_ISA_AVX512) ? FA_ISA_AVX512
@@ -254,8 +262,8 @@ int fa_int8_supports(int path)
 int fa_int8_init(int forced)
 {
     if (forced >= 0) {
-        if (!fa_int8_supports(forced)) return -1;
-        if (forced == FA_INT8_AMX && grant_forced() != 0) return -2;
+        const int ok = forced_ok(forced, fa_int8_supports, FA_INT8_AMX);
+        if (ok != 0) return ok;
         g.int8 = (fa_int8_path_t)forced;
         g.q8 = q8_of(g.int8);
         return 0;
@@ -351,8 +359,8 @@ int fa_bfloat16_init(int forced)
     clear_pending(PENDING_BF16);
     g.bf16_forced = forced >= 0;
     if (forced >= 0) {
-        if (!fa_bfloat16_supports(forced)) return -1;
-        if (forced == FA_BF16_AMX && grant_forced() != 0) return -2;
+        const int ok = forced_ok(forced, fa_bfloat16_supports, FA_BF16_AMX);
+        if (ok != 0) return ok;
         g.bf16 = (fa_bf16_path_t)forced;
         return 0;
     }
@@ -442,8 +450,8 @@ int fa_attention_bf16_init(int forced)
     clear_pending(PENDING_ATT);
     g.att_dot = fa_attention_bf16_supports(FA_ATT_BF16_DOT);
     if (forced >= 0) {
-        if (!fa_attention_bf16_supports(forced)) return -1;
-        if (forced == FA_ATT_BF16_AMX && grant_forced() != 0) return -2;
+        const int ok = forced_ok(forced, fa_attention_bf16_supports, FA_ATT_BF16_AMX);
+        if (ok != 0) return ok;
         g.att = forced;
         return 0;
     }

@@ -119,39 +119,10 @@ def _forced_from_env(var, names, supports, cannot, available):
     return index
 
 
-def _isa_from_env():
-    return _forced_from_env("FASTATTN_CPU_ISA", ISA_NAMES, _kernels.cpu_supports,
-                            "this CPU or this build", available_isas)
-
-
-def _int8_path_from_env():
-    """FASTATTN_INT8_PATH: the int8 kernels' code path, at most the SIMD level in use (so
-    FASTATTN_CPU_ISA=avx2 alone already keeps them on AVX2 code); unset = the best one."""
-    return _forced_from_env("FASTATTN_INT8_PATH", INT8_PATHS, _kernels.int8_supports,
-                            f"this CPU, this build or the SIMD level in use "
-                            f"({ISA_NAMES[_kernels.cpu_level()]})", available_int8_paths)
-
-
-def _attention_bf16_path_from_env():
-    """FASTATTN_ATTENTION_BF16_PATH: bf16 attention's code path; unset = the best one."""
-    return _forced_from_env("FASTATTN_ATTENTION_BF16_PATH", ATTENTION_BF16_PATHS,
-                            _kernels.attention_bf16_supports,
-                            f"this CPU, this build or the SIMD level in use "
-                            f"({ISA_NAMES[_kernels.cpu_level()]})",
-                            available_attention_bf16_paths)
-
-
 def available_attention_bf16_paths():
     """bf16 attention's code paths this CPU, this build and the SIMD level in use can run."""
     return [name for i, name in enumerate(ATTENTION_BF16_PATHS)
             if _kernels.attention_bf16_supports(i)]
-def _bf16_path_from_env():
-    """FASTATTN_BF16_PATH: the bfloat16 compute kernels' path; unset = the best one."""
-    return _forced_from_env("FASTATTN_BF16_PATH", BF16_PATHS, _kernels.bfloat16_supports,
-                            f"this CPU, this build or the SIMD level in use "
-                            f"({ISA_NAMES[_kernels.cpu_level()]})", available_bf16_paths)
-
-
 def available_bf16_paths():
     """bfloat16 compute paths this CPU, this build and the SIMD level in use can run."""
     return [name for i, name in enumerate(BF16_PATHS) if _kernels.bfloat16_supports(i)]
@@ -212,17 +183,32 @@ def tiles(isa=None):
     return {name: int(size) for name, size in zip(TILE_NAMES, out)}
 
 
+def _paths():
+    """Every code path csrc/paths.c chooses at import, in the order it chooses them (each later
+    one at most the SIMD level chosen first): (environment variable that forces it, its names,
+    supports(index), init(forced index or -1) -> 0 or -2 when Linux refused the AMX tiles a
+    forced amx needs, available() names, what a refusal leaves)."""
+    def level():
+        return f"this CPU, this build or the SIMD level in use ({ISA_NAMES[_kernels.cpu_level()]})"
+    return (
+        ("FASTATTN_CPU_ISA", ISA_NAMES, _kernels.cpu_supports, _kernels.cpu_init,
+         available_isas, lambda: "this CPU or this build", ""),
+        ("FASTATTN_ATTENTION_BF16_PATH", ATTENTION_BF16_PATHS, _kernels.attention_bf16_supports,
+         _kernels.attention_bf16_init, available_attention_bf16_paths, level, ""),
+        ("FASTATTN_INT8_PATH", INT8_PATHS, _kernels.int8_supports, _kernels.int8_init,
+         available_int8_paths, level, " to use the VNNI path"),
+        ("FASTATTN_BF16_PATH", BF16_PATHS, _kernels.bfloat16_supports, _kernels.bfloat16_init,
+         available_bf16_paths, level, ""),
+    )
+
+
 def init():
-    _kernels.cpu_init(_isa_from_env())
-    if _kernels.attention_bf16_init(_attention_bf16_path_from_env()) == -2:
-        raise RuntimeError("FASTATTN_ATTENTION_BF16_PATH=amx: Linux refused this process the "
-                           "AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM); unset it")
-    if _kernels.int8_init(_int8_path_from_env()) == -2:
-        raise RuntimeError("FASTATTN_INT8_PATH=amx: Linux refused this process the AMX tile "
-                           "data (arch_prctl ARCH_REQ_XCOMP_PERM); unset it to use the VNNI path")
-    if _kernels.bfloat16_init(_bf16_path_from_env()) == -2:
-        raise RuntimeError("FASTATTN_BF16_PATH=amx: Linux refused this process the AMX tile "
-                           "data (arch_prctl ARCH_REQ_XCOMP_PERM); unset it")
+    """Choose every code path (one pass over _paths: the environment, then csrc/paths.c, which
+    asks the CPU and the OS), then the thread count."""
+    for var, names, supports, choose, available, cannot, instead in _paths():
+        if choose(_forced_from_env(var, names, supports, cannot(), available)) == -2:
+            raise RuntimeError(f"{var}=amx: Linux refused this process the AMX tile data "
+                               f"(arch_prctl ARCH_REQ_XCOMP_PERM); unset it{instead}")
     set_num_threads(_threads_from_env())
 
 
