@@ -72,8 +72,7 @@ class WeightKind:
     """The base of the kinds (see the module docstring): what every kind answers."""
 
     __slots__ = ()
-    kind = None           # its name, as build_info and the docs call it
-    trains = False        # has train_forward / train_backward
+    kind = None           # its name (the docs' table of kinds)
     bf16 = False          # its training products take bf16-rounded operands
 
     def rows(self, lo, hi):
@@ -125,7 +124,6 @@ class Float32Weight(WeightKind):
 
     __slots__ = ("data", "shape")
     kind = "float32"
-    trains = True
 
     def __init__(self, data):
         self.data, self.shape = data, data.shape
@@ -173,15 +171,13 @@ class PackedFloat32Weight(Float32Weight):
     """A float32 (M, K) weight with its panels packed for few-row products (decode steps):
     products of 1..PACKED_MAX_ROWS rows stream the panels once (the weight in order, vectors
     along the output features); more rows run the GEMM on ``data``. Made where decode steps
-    will run (eval()); ``version`` is the parameter's when it was packed."""
+    will run (eval())."""
 
-    __slots__ = ("panels", "version")
+    __slots__ = ("panels",)
     kind = "float32-packed"
-    trains = False
 
-    def __init__(self, data, version=0):
+    def __init__(self, data):
         super().__init__(data)
-        self.version = version
         self.panels = pack_panels(data) if data.size else None
 
     def product(self, bias, act, rows=0):
@@ -244,7 +240,7 @@ class Bf16TrainingWeight(Float32Weight):
     its row slices (``rows``) follow. About four bytes per weight element (the copy and its
     packs); the module that owns the parameter drops it when training in bf16 ends."""
 
-    __slots__ = ("source", "version", "_packs", "_slices")
+    __slots__ = ("source", "_packs", "_slices")
     kind = "bf16-training"
     bf16 = True
 
@@ -253,7 +249,6 @@ class Bf16TrainingWeight(Float32Weight):
         use (a row slice's: a view of its parent's)."""
         super().__init__(round_bf16(source) if data is None else data)
         self.source = source
-        self.version = getattr(source, "version", 0)
         self._slices = {}
         self._pack()
 
@@ -264,10 +259,8 @@ class Bf16TrainingWeight(Float32Weight):
         """The parameter's current values rounded into the same copy, packed again (and every
         row slice's packs)."""
         round_bf16(self.source, self.data)
-        self.version = getattr(self.source, "version", 0)
         self._pack()
         for sub in self._slices.values():
-            sub.version = self.version
             sub._pack()
 
     def rows(self, lo, hi):

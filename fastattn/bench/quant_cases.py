@@ -98,8 +98,8 @@ def _decode_linear_case(dtype, N, K, M, count=DECODE_WEIGHTS):
             for j in range(count):
                 if dtype == "fp32":     # the fp32 decode kernel, as the fast backend calls it
                     _fast.linear_packed_into(y[j], x, i["packed"][j], None, 0)
-                else:
-                    _fast._linear_quantized_into(y[j], x, i["ws"][j], None, 0)
+                else:                   # the weight kind's product (any rows)
+                    i["ws"][j].product(None, 0)(x, y[j])
             return y
         return run
 

@@ -42,7 +42,6 @@ class TwinWeight(kinds.WeightKind):
 
     __slots__ = ("data", "shape", "compute_type")
     kind = "twin"
-    trains = True
 
     def __init__(self, data, compute_type="float32"):
         self.data, self.shape, self.compute_type = data, data.shape, compute_type
@@ -221,12 +220,12 @@ class FastOps(_TrainingOps):
         return kinds.Float32Weight(weight)
 
     @staticmethod
-    def decode_kind(weight, version=0):
+    def decode_kind(weight):
         """The kind of `weight` its decode steps multiply by: a float32 array gets its panels
         packed for few-row products (PackedFloat32Weight); a QuantizedWeight is its kind."""
         if isinstance(weight, kinds.WeightKind):
             return weight
-        return kinds.PackedFloat32Weight(weight, version)
+        return kinds.PackedFloat32Weight(weight)
 
     # Training: every result written by the kernels into the caller's buffers, parameter
     # gradients accumulated in the kernels (no temporary arrays, no second pass to add them).
@@ -340,7 +339,7 @@ class ReferenceOps(_TrainingOps):
         return TwinWeight(weight, _compute(precision == "bf16"))
 
     @staticmethod
-    def decode_kind(weight, version=0):
+    def decode_kind(weight):
         return TwinWeight(weight)                 # a prototype multiplies the weight itself
 
     @staticmethod

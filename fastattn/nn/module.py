@@ -324,7 +324,7 @@ class Module(metaclass=_Built):
         hit = self._kinds.get(("decode", name, rows))
         if hit is not None and hit[0] is param and hit[1] == version:
             return hit[2]
-        kind = self._ops.decode_kind(param if rows is None else param[:rows], version)
+        kind = self._ops.decode_kind(param if rows is None else param[:rows])
         self._kinds[("decode", name, rows)] = (param, version, kind)
         return kind
 
