@@ -12,8 +12,6 @@ step.
 """
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -23,7 +21,7 @@ from hypothesis import strategies as st
 import fastattn
 from fastattn import _kernels, ops, reference
 from fastattn._runtime import BF16_PATHS
-from conftest import run_checks
+from conftest import run_checks, run_child
 from strategies import features, rand, seeds
 
 QW = ops.QuantizedWeight
@@ -262,6 +260,5 @@ def test_default_path_and_forcing_errors():
              ({"FASTATTN_BF16_PATH": "avx512bf16", "FASTATTN_CPU_ISA": "avx2"},
               "cannot run it")]
     for env, pattern in cases:
-        proc = subprocess.run([sys.executable, "-c", "import fastattn"], capture_output=True,
-                              text=True, env={**os.environ, **env}, timeout=120)
+        proc = run_child("import fastattn", env=env, timeout=120)
         assert proc.returncode != 0 and pattern in proc.stderr, proc.stderr
