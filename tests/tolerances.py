@@ -134,6 +134,51 @@ TOL = {
     # which weights are left out): the gradients' rows are summed in two parts, then across
     # the ranks, so losses, weights and logits move by float32 rounding only
     "data_parallel": dict(loss_rtol=1e-6, weight_atol=1e-6, logits_atol=1e-5),
+    # ---- single checks of the twins (test_reference) --------------------------------------
+    # the same values, bit for bit (-0.0 == 0.0, NaN where NaN is expected): one computation
+    # spelled two ways, or a value float32 holds exactly
+    "exact": dict(rtol=0.0, atol=0.0),
+    # a twin's float32 value against the same value worked out in float64 by hand (math.sin,
+    # math.erf): one float32 rounding of a value of size <= 1 is at most 6e-8
+    "reference_by_hand": dict(rtol=0.0, atol=1e-7),
+    # softmax weights against exp worked out by hand, relative to each weight (some are ~1e-12):
+    # one float32 rounding of each is 6e-8, relative
+    "reference_by_hand_rel": dict(rtol=1e-6, atol=0.0),
+    # gelu(-10) = -7.6e-23 in float64: what the twin gives there stays that small (no cancellation
+    # of 0.5 x (1 + erf) growing into float32's ulp at 1)
+    "gelu_far_tail": dict(rtol=0.0, atol=1e-20),
+    # softmax rows summing to 1: a float32 sum of <= 6 weights, each rounded once
+    "reference_row_sums": dict(rtol=1e-6, atol=1e-6),
+    # a twin against the same formula evaluated in float64 by numpy or torch (einsum, log-sum-exp,
+    # the tutorials' positional encoding), values of size ~1: the twin's one rounding to float32
+    "reference_float64": dict(rtol=1e-6, atol=1e-6),
+    # the ffn twin against two linear twins: the hidden layer rounds to float32 between them
+    "reference_ffn": dict(rtol=1e-5, atol=1e-6),
+    # the linear, ffn and layer-norm twins against torch's float32 (outputs summing K products of
+    # values ~1; torch rounds every partial sum)
+    "reference_torch_sums": dict(rtol=1e-5, atol=1e-5),
+    # ---- layer norm's single checks (test_ops_layernorm_scale, test_ops_layernorm) --------
+    # the mean of rows of size ~1 (no weight, a NaN row beside them): an absolute floor for
+    # means near 0
+    "layer_norm_mean_small": dict(rtol=1e-6, atol=1e-5),
+    # the backward on rows scaled to 1e36 (a residual of the same size): dx is ~1e-36, so its
+    # floor is far below that; dweight and dbias sum N rows: their atol is x N
+    "layer_norm_grad_at_scale": dict(dx=dict(rtol=1e-4, atol=1e-40),
+                                     dweight=dict(rtol=1e-4, atol=1e-5),
+                                     dbias=dict(rtol=1e-5, atol=1e-6)),
+    # the backward on rows of size ~1 (no weight), beside a row that is NaN throughout
+    "layer_norm_grad_small": dict(dx=dict(rtol=1e-4, atol=1e-5), dbias=dict(rtol=1e-5, atol=1e-5)),
+    # rows of one value (var = 0, x up to 1e4): y = bias and dweight = 0, up to the rounding
+    # of the float32 mean subtracted from each x
+    "layer_norm_constant_rows": dict(rtol=0.0, atol=1e-6),
+    # their rstd = 1 / sqrt(eps), relative
+    "layer_norm_constant_rstd": dict(rtol=1e-5, atol=0.0),
+    # weight None / bias None against explicit ones and zeros: the same normalised values,
+    # times 1 and plus 0 (or a path that skips them)
+    "layer_norm_none_weight": dict(rtol=1e-6, atol=1e-6),
+    # the fused residual add against the residual added first (forward and backward): the same
+    # float32 sum, then statistics in another order
+    "layer_norm_fused_residual": dict(rtol=1e-5, atol=1e-5),
 }
 
 
