@@ -179,6 +179,25 @@ TOL = {
     # the fused residual add against the residual added first (forward and backward): the same
     # float32 sum, then statistics in another order
     "layer_norm_fused_residual": dict(rtol=1e-5, atol=1e-5),
+    # ---- attention's and dropout's single checks ------------------------------------------
+    # dk, dv against the twin on problems of size ~1 with a NaN row or blind (fully masked) rows
+    # beside them, where attention_grad_atol's magnitudes are not worked out: rtol, and atol
+    # (x max|expected| where the check scales it)
+    "attention_grad_plain": dict(rtol=1e-4, atol=1e-5),
+    # the backward kernel on empty sizes (the elements that exist, of size ~1)
+    "attention_grad_empty_sizes": dict(rtol=1e-5, atol=1e-6),
+    # out with dropout against the twin's: atol x max|v| (kept weights scaled by 1 / (1 - p) <=
+    # 1 / 0.7 add to the forward's rounding)
+    "attention_dropout_out": dict(rtol=1e-4, atol=4e-5),
+    # out with dropout against torch autograd's float64 forward on the twin's keep mask
+    "attention_dropout_torch": dict(rtol=1e-4, atol=1e-5),
+    # the share of dropped (or kept) elements against p, over >= 60000 draws: its standard
+    # deviation is <= sqrt(0.25 / 60000) = 0.002, so 0.01 is 5 of them (fixed seeds: the check
+    # is deterministic)
+    "dropout_fraction": 0.01,
+    # kept values x * (1 / (1 - p)) in float32 against the float64 twin (or x / (1 - p) rounded
+    # once): within about an ulp, relative; dropped ones are 0 in both
+    "dropout_scale": dict(rtol=2.5e-7, atol=0.0),
 }
 
 
