@@ -21,12 +21,12 @@ from hypothesis import strategies as st
 import fastattn
 from fastattn import _kernels, ops, reference
 from fastattn._runtime import BF16_PATHS
-from conftest import run_checks, run_child
+from conftest import assert_close, run_checks, run_child
 from strategies import features, rand, seeds
+from tolerances import TOL
 
 QW = ops.QuantizedWeight
 ACTIVATIONS = [None, "relu", "gelu"]
-GELU_RTOL, GELU_ATOL = 2e-6, 1e-6       # the gelu kernel against float64 gelu (test_ops_linear)
 PATHS = fastattn.build_info()["bf16_paths_available"]
 
 
@@ -44,7 +44,7 @@ def check(x, w, b=None, activation=None, qw=None):
     got = ops.linear(x, qw, b, activation=activation)
     want = twin(x, qw, b, activation)
     if activation == "gelu":
-        np.testing.assert_allclose(got, want, rtol=GELU_RTOL, atol=GELU_ATOL)
+        assert_close(got, want, **TOL["quantized_gelu"], name="bfloat16 linear with gelu")
     else:
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     return got

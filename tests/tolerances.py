@@ -114,8 +114,8 @@ TOL = {
     # 1/32767 of the row's largest value at d_model 32), so int8 allows a few levels; bfloat16
     # the same across a bf16 rounding boundary of a product's input (2^-8 of one input)
     "quantized_same_math": {"int8": 2e-4, "bf16": 1e-5, "bfloat16": 5e-3},
-    # an int8 linear with gelu against the twin: the integer sums agree bit for bit, so only
-    # the gelu kernel's accuracy against float64 gelu is left
+    # an int8 or bfloat16 linear with gelu against the twin: the integer (or bf16) sums agree bit
+    # for bit, so only the gelu kernel's accuracy against float64 gelu is left
     "quantized_gelu": dict(rtol=2e-6, atol=1e-6),
     # ---- optimisers (rtol, and atol x max(1, max|expected|): scaled(entry, expected, 1.0)) ------
     # one float32 step against torch's float32 step: FMA contraction and the order of a few
@@ -198,6 +198,25 @@ TOL = {
     # kept values x * (1 / (1 - p)) in float32 against the float64 twin (or x / (1 - p) rounded
     # once): within about an ulp, relative; dropped ones are 0 in both
     "dropout_scale": dict(rtol=2.5e-7, atol=0.0),
+    # ---- linear's single checks (test_ops_linear, test_ops_linear_backward) ---------------
+    # an activation applied by the linear kernel (to x @ I) at its special values (0, +-inf,
+    # NaN, the extremes) against the float64 twin's
+    "activation_special_values": dict(rtol=1e-6, atol=1e-7),
+    # the activation kernels against float64 gelu over x in [-12, 12]: erf's polynomial is good to
+    # a few float32 ulps; the tanh form carries float32's relative error of u = k0 (x + k1 x^3)
+    # into e^(2|u|), so its left tail is good to ~1e-5 relative
+    "activation": {"gelu": dict(rtol=1e-6, atol=2e-7), "gelu_tanh": dict(rtol=1e-5, atol=2e-7)},
+    # the packed-weight linear against the twin, weights ~ N(0, 1 / K): atol x sqrt(K)
+    "linear_packed": dict(rtol=1e-5, atol=1e-5),
+    # linear and ffn against torch autograd (forward and gradients): twice linear_grad's factor,
+    # torch's float32 carrying rounding of its own; atol is chain_atol's factor
+    "linear_grad_torch": dict(rtol=1e-4, atol=8.0),
+    # linear and ffn backward on empty sizes against the twin: sums of no terms (zeros, or the
+    # bias-only values)
+    "linear_grad_empty_sizes": dict(rtol=1e-6, atol=1e-6),
+    # a gradient accumulated into a buffer (+=) against the gradient plus the buffer: one more
+    # float32 rounding of a value of size ~1
+    "linear_grad_accumulate": dict(rtol=1e-6, atol=1e-6),
 }
 
 
