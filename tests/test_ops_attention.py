@@ -287,7 +287,8 @@ def test_seed002_causal_mask_gives_lower_triangular_weights(how):
     assert_close(out[0, 0], w_ref[0, 0], name="out = weights (v = I)", **t_out)
     assert w[0, 0] == 1.0                                    # <start> sees only itself
     p_start = 1.0 / (1.0 + math.exp(34.0 - 7.6))             # row "I": softmax([7.6, 34.0])
-    assert_close(w[1, :2], [p_start, 1.0 - p_start], **TOL["attention_seed002_by_hand"], name="row I",
+    assert_close(w[1, :2], [p_start, 1.0 - p_start], **TOL["attention_seed002_by_hand"],
+                 name="row I",
                  dtype=None)
 
 

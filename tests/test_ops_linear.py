@@ -168,7 +168,8 @@ def test_ffn_leading_dims_none_biases_and_composition(rng):
     y = check_ffn(x, w1, None, w2, None, "gelu")
     assert y.shape == (2, 5, 33)
     composed = ops.linear(ops.linear(x, w1, activation="gelu"), w2)
-    assert_close(y, composed, rtol=TOL["ffn"]["rtol"], atol=ffn_atol(x, w1, None, w2, None, "gelu"),
+    assert_close(y, composed, rtol=TOL["ffn"]["rtol"],
+                 atol=ffn_atol(x, w1, None, w2, None, "gelu"),
                  name="ffn == linear(linear)")
 
 

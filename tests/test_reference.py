@@ -261,7 +261,8 @@ def test_linear_leading_dims_and_empty(rng):
     x, w, b = rand(rng, 2, 3, 4), rand(rng, 5, 4), rand(rng, 5)
     y = F.linear(x, w, b)
     assert y.shape == (2, 3, 5) and y.dtype == np.float32
-    assert_close(y, np.einsum("bli,oi->blo", x.astype(np.float64), w) + b, **TOL["reference_float64"])
+    assert_close(y, np.einsum("bli,oi->blo", x.astype(np.float64), w) + b,
+                 **TOL["reference_float64"])
     assert F.linear(np.zeros((0, 4)), w, b).shape == (0, 5)
 
 

@@ -237,6 +237,21 @@ TOL = {
     # the kernel's weights against seed 002's row "I" worked out by hand (a weight of 3.5e-12
     # beside 1 - 3.5e-12): relative, and a floor far below the small weight
     "attention_seed002_by_hand": dict(rtol=1e-5, atol=1e-12),
+    # ---- quantized and bf16 single checks (test_ops_quant, test_ops_bf16_training) --------
+    # an int8 linear whose inputs sit on the quantization levels against the float64 product:
+    # the integer sums are exact, the scales' product rounds once to float32
+    "quantized_on_levels": dict(rtol=1e-6, atol=1e-6),
+    # an ffn with quantized weights against its twin where they may differ (gelu, bf16): a
+    # hidden value may round to a neighbouring level, moved through the second product
+    "quantized_ffn": dict(rtol=1e-4, atol=1e-4),
+    # bf16 compute on operands bf16 holds exactly (and a gradient rounded beforehand) against
+    # float32's: the same products, summed in another order
+    "bf16_exact_operands": dict(rtol=1e-6, atol=1e-6),
+    # ... while the gradient's own rounding to bf16 moves some dx by more than this
+    "bf16_gradient_rounded": dict(rtol=1e-6, atol=0.0),
+    # the ffn's kept pre-activation against the same bf16 product by the linear kernel (another
+    # order of the float32 sums): rtol, and atol x max|pre|
+    "bf16_pre_two_orders": dict(rtol=1e-5, atol=1e-5),
 }
 
 
