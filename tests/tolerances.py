@@ -252,6 +252,20 @@ TOL = {
     # the ffn's kept pre-activation against the same bf16 product by the linear kernel (another
     # order of the float32 sums): rtol, and atol x max|pre|
     "bf16_pre_two_orders": dict(rtol=1e-5, atol=1e-5),
+    # ---- the seed walkthrough (test_examples), np.testing's default rtol of 1e-7 kept where only atol was given ---
+    # its float32 steps against the same values in float64 (the seed's embeddings, sin and cos,
+    # rows of weights summing to 1): one rounding, relative
+    "walkthrough_float32": dict(rtol=1e-6, atol=0.0),
+    # the attention output against its weights (v = I): float32 sums of 6 weights
+    "walkthrough_attention": dict(rtol=1e-7, atol=1e-5),
+    # against the seed's tables, printed to 2 decimals: half their last place, and float slack
+    "walkthrough_seed_table": dict(rtol=1e-7, atol=0.005 + 1e-6),
+    # the population's normalised values against ddof=1's times sqrt(5 / 4): eps in the
+    # variance keeps the ratio from being exact
+    "walkthrough_population": dict(rtol=1e-7, atol=2e-3),
+    # its layer norm's float32 output against float64's (and the row means of an output with
+    # weight 1 against 0)
+    "walkthrough_layer_norm": dict(rtol=1e-7, atol=1e-5),
 }
 
 
