@@ -266,6 +266,18 @@ TOL = {
     # its layer norm's float32 output against float64's (and the row means of an output with
     # weight 1 against 0)
     "walkthrough_layer_norm": dict(rtol=1e-7, atol=1e-5),
+    # ---- embedding and the model's layers -------------------------------------------------
+    # embedding's dweight against the twin: atol x max|dout| x the number of ids summed into the
+    # row (in another order than the twin's)
+    "embedding_grad": dict(rtol=1e-6, atol=4e-7),
+    # the same against torch autograd: atol x the number of ids (dout of size ~1)
+    "embedding_grad_torch": dict(rtol=1e-5, atol=1e-6),
+    # the float64 embedding twin's backward against central differences: the loss is linear in
+    # the weights, so the differences are exact to float64's cancellation
+    "finite_difference_embedding": dict(rtol=1e-7, atol=1e-8),
+    # the model's positional-encoding table (float32) against sin and cos in float64, positions
+    # up to 50: values of size <= 1 and the angles rounded once
+    "positional_encoding": dict(rtol=0.0, atol=1e-6),
 }
 
 
