@@ -288,8 +288,7 @@ def test_seed002_causal_mask_gives_lower_triangular_weights(how):
     assert w[0, 0] == 1.0                                    # <start> sees only itself
     p_start = 1.0 / (1.0 + math.exp(34.0 - 7.6))             # row "I": softmax([7.6, 34.0])
     assert_close(w[1, :2], [p_start, 1.0 - p_start], **TOL["attention_seed002_by_hand"],
-                 name="row I",
-                 dtype=None)
+                 name="row I", dtype=None)
 
 
 # ----------------------------------------------------------------------------------------------

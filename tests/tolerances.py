@@ -8,8 +8,9 @@ Where an entry says "atol x <magnitude>", its atol is that factor and a function
 one check using the entry) multiplies it by the magnitude named. rtol is relative to the
 expected value, element by element.
 
-Tolerances written at a single assertion (a hand-computed case, one corner) stay at that
-assertion.
+A number passed as a tolerance anywhere else in the suite needs a comment on its line or the
+line above saying where it comes from (test_tolerance_literals checks it); single checks get a
+named entry here like the shared ones, with what it bounds and why that size.
 """
 import math
 
