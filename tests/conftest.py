@@ -152,12 +152,16 @@ def _describe_mismatch(actual, expected, bad, rtol, atol, name, limit=8):
     return "\n".join(lines)
 
 
-def assert_close(actual, expected, rtol, atol, name="tensor", dtype=np.float32):
+def assert_close(actual, expected, rtol, atol, name="tensor", dtype=np.float32, *,
+                 equal_nan=True):
     """Shape, then dtype, then values: |actual - expected| <= atol + rtol * |expected|.
 
-    NaN must sit where NaN is expected and +-inf where the same inf is expected. On failure the
-    message shows the first mismatches and the max abs/rel diff (llm.c's check_tensor).
-    `expected` may have any float dtype; `actual` must have `dtype` (None: skip that check).
+    NaN must sit where NaN is expected (equal_nan=False: no NaN on either side, as np.allclose
+    has it) and +-inf where the same inf is expected. On failure the message shows the first
+    mismatches and the max abs/rel diff (llm.c's check_tensor). `expected` may have any float
+    dtype; `actual` must have `dtype` (None: skip that check: float64 arrays, Python numbers).
+    The one comparison of the suite: rtol and atol come from tolerances.TOL (TOL["exact"] for
+    bit-equal values).
     """
     actual = np.asarray(actual)
     expected = np.asarray(expected)
@@ -171,6 +175,8 @@ def assert_close(actual, expected, rtol, atol, name="tensor", dtype=np.float32):
     inf_a, inf_e = np.isinf(a64), np.isinf(e64)
     with np.errstate(invalid="ignore", over="ignore"):
         special_bad = (nan_a != nan_e) | (inf_a != inf_e) | (inf_e & (a64 != e64))
+        if not equal_nan:
+            special_bad |= nan_a | nan_e
         both_finite = ~(nan_a | nan_e | inf_a | inf_e)
         value_bad = both_finite & ~(np.abs(a64 - e64) <= atol + rtol * np.abs(e64))
     bad = special_bad | value_bad

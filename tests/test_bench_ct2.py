@@ -7,9 +7,11 @@ import time
 import numpy as np
 import pytest
 
+from conftest import assert_close
 from fastattn import nn as fnn
 from fastattn.bench import ct2_models
 from fastattn.bench.torch_models import Unavailable
+from tolerances import TOL
 
 V, S, N_NEW, START = 100, 13, 24, 2
 
@@ -68,7 +70,7 @@ def test_scores_match_float32(model, src):
     tgt = _random_targets(np.random.default_rng(2), len(src), 20)
     got = ct2_models.ct2_score(tr, src, tgt)
     assert got.shape == (len(src), 19) and got.dtype == np.float32
-    np.testing.assert_allclose(got, _log_probs(model, src, tgt), rtol=0, atol=1e-3)
+    assert_close(got, _log_probs(model, src, tgt), **TOL["ct2_scores"], name="scores")
 
 
 @pytest.mark.parametrize("kw", [dict(norm_first=True), dict(activation="gelu")])
@@ -77,8 +79,8 @@ def test_scores_match_other_layouts(kw, src):
     m = _model(seed=3, **kw)
     tr = ct2_models.ct2_translator(m, "float32")
     tgt = _random_targets(np.random.default_rng(4), len(src), 12)
-    np.testing.assert_allclose(ct2_models.ct2_score(tr, src, tgt), _log_probs(m, src, tgt),
-                               rtol=0, atol=1e-3)
+    assert_close(ct2_models.ct2_score(tr, src, tgt), _log_probs(m, src, tgt), **TOL["ct2_scores"],
+                 name="scores", dtype=None)
 
 
 def test_greedy_tokens_match_float32(model, src):
@@ -88,8 +90,8 @@ def test_greedy_tokens_match_float32(model, src):
     assert got.shape == want.shape == (len(src), 1 + N_NEW) and got.dtype == np.int64
     np.testing.assert_array_equal(got, want)
     # the tokens are scored alike too (the generated positions, not only random targets)
-    np.testing.assert_allclose(ct2_models.ct2_score(tr, src, got), _log_probs(model, src, got),
-                               rtol=0, atol=1e-3)
+    assert_close(ct2_models.ct2_score(tr, src, got), _log_probs(model, src, got),
+                 **TOL["ct2_scores"], name="scores of the greedy tokens", dtype=None)
 
 
 def test_beam_tokens_match_float32(model, src):

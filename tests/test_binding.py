@@ -6,8 +6,10 @@ would catch a pointer taken to an empty view or a read through NULL.)
 import numpy as np
 import pytest
 
+from conftest import assert_close
 from fastattn import _fast, _kernels, kinds, ops, reference
 from strategies import rand
+from tolerances import TOL
 
 RELU = ops.ACTIVATIONS["relu"]
 
@@ -60,8 +62,8 @@ def test_attention_into_empty_sizes(rng, B, H, Lq, Lk, D, Dv):
     q, k, v = rand(rng, (B, H, Lq, D)), rand(rng, (B, H, Lk, D)), rand(rng, (B, H, Lk, Dv))
     out = np.full((B, H, Lq, Dv), np.nan, np.float32)
     _fast.attention_into(out, q, k, v, None, None, False, 1.0)
-    np.testing.assert_allclose(out, reference.attention(q, k, v, scale=1.0), rtol=1e-6,
-                               atol=1e-6)
+    assert_close(out, reference.attention(q, k, v, scale=1.0), **TOL["empty_sizes"],
+                 name="out")
 
 
 # ---- the decode step's entries check their ndarrays by hand (no typed memoryviews) --------------
@@ -119,7 +121,8 @@ def test_layer_norm_entry_refuses_bad_arrays(rng):
         _kernels.layer_norm_forward(y, None, None, None, x, residual, weight, b, 1e-5, 1)
 
     call()
-    np.testing.assert_allclose(y, reference.layer_norm(x + r, w, b), rtol=1e-5, atol=1e-5)
+    assert_close(y, reference.layer_norm(x + r, w, b), **TOL["layer_norm_fused_residual"],
+                 name="y")
     for kw, name in [({"y": _readonly(y)}, "y"), ({"y": None}, "y"), ({"x": x.T}, "x"),
                      ({"x": x.astype(np.float16)}, "x"), ({"residual": r[:, :, None]},
                                                           "residual"),
@@ -138,16 +141,16 @@ def test_attention_entry_checks_views(rng):
 
     big = rand(rng, (1, 2, 9, 4))                 # a strided view: a cache's first positions
     call(k=big[:, :, :5], v=big[:, :, 4:])
-    np.testing.assert_allclose(out, reference.attention(q, big[:, :, :5], big[:, :, 4:],
-                                                        scale=0.5), rtol=1e-5, atol=1e-6)
+    assert_close(out, reference.attention(q, big[:, :, :5], big[:, :, 4:], scale=0.5),
+                 **TOL["attention_small"], name="strided k, v")
     bias = np.broadcast_to(rand(rng, (5,)), (1, 2, 3, 5))      # zero strides: allowed for mask
     call(mask=bias)
-    np.testing.assert_allclose(out, reference.attention(q, k, v, mask=bias, scale=0.5),
-                               rtol=1e-5, atol=1e-6)
+    assert_close(out, reference.attention(q, k, v, mask=bias, scale=0.5),
+                 **TOL["attention_small"], name="broadcast mask")
     one = np.lib.stride_tricks.as_strided(q, (1, 2, 3, 4), (3, 48, 16, 4))   # odd stride on
     call(q=one)                                                # an axis of one: never used
-    np.testing.assert_allclose(out, reference.attention(q, k, v, scale=0.5), rtol=1e-5,
-                               atol=1e-6)
+    assert_close(out, reference.attention(q, k, v, scale=0.5), **TOL["attention_small"],
+                 name="odd stride on an axis of one")
     for kw, name in [({"q": q[..., ::2]}, "q"), ({"k": k.astype(np.float64)}, "k"),
                      ({"v": v[0]}, "v"), ({"out": _readonly(out)}, "out"), ({"out": None}, "out"),
                      ({"q": _unaligned(q.shape)}, "q"),

@@ -10,6 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import assert_close
+from tolerances import TOL
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "seed_walkthrough.py"
 HEADINGS = [f"Step {i} - " for i in range(1, 8)] + ["Summary"]
@@ -56,10 +59,12 @@ def test_positional_encoding_row0(walk, checks, capsys):
     pe, x_pe = walk.step3_positional_encoding(walk.step2_embeddings(tok, ids))
     assert pe.shape == (7, 6)
     np.testing.assert_array_equal(pe[0], [0, 1, 0, 1, 0, 1])
-    np.testing.assert_allclose(x_pe[0], np.add(walk.WHEN_E1_000, [0, 1, 0, 1, 0, 1]), rtol=1e-6)
-    np.testing.assert_allclose(pe[1], [np.sin(1), np.cos(1), np.sin(1 / 10000 ** (2 / 6)),
-                                       np.cos(1 / 10000 ** (2 / 6)), np.sin(1 / 10000 ** (4 / 6)),
-                                       np.cos(1 / 10000 ** (4 / 6))], rtol=1e-6)
+    assert_close(x_pe[0], np.add(walk.WHEN_E1_000, [0, 1, 0, 1, 0, 1]),
+                 **TOL["walkthrough_float32"], name="x + pe, row 0", dtype=None)
+    assert_close(pe[1], [np.sin(1), np.cos(1), np.sin(1 / 10000 ** (2 / 6)),
+                         np.cos(1 / 10000 ** (2 / 6)), np.sin(1 / 10000 ** (4 / 6)),
+                         np.cos(1 / 10000 ** (4 / 6))], **TOL["walkthrough_float32"],
+                 name="pe, row 1", dtype=None)
 
 
 def test_causal_mask_and_masked_softmax(walk, checks, capsys):
@@ -70,8 +75,10 @@ def test_causal_mask_and_masked_softmax(walk, checks, capsys):
                                                                  np.float32))
     w = r["weights"]
     assert np.all(w[upper] == 0)                                       # exactly, no leakage
-    np.testing.assert_allclose(w.sum(axis=1), 1, rtol=1e-6)
-    np.testing.assert_allclose(r["attention"][0, 0], w, atol=1e-5)
+    assert_close(w.sum(axis=1), np.ones(len(w)), **TOL["walkthrough_float32"], name="row sums",
+                 dtype=None)
+    assert_close(r["attention"][0, 0], w, **TOL["walkthrough_attention"], name="out = weights",
+                 dtype=None)
     # The seed's table is illustrative: row "I" is softmax(7.6, 34.0) = (3.4e-12, 1), not 0.01/0.99.
     assert w[1, 0] < 1e-10 and walk.MASKED_SOFTMAX_002[1][0] == 0.01
 
@@ -84,14 +91,17 @@ def test_layer_norm_ddof1_vs_population(walk):
     quirk[0, 4] = True                                                 # the seed's -0.58
     assert diff[~quirk].max() <= 0.005 + 1e-6                          # ddof=1 rounds to the seed
     assert diff[0, 4] <= 0.015 + 1e-6
-    np.testing.assert_allclose(t["mean"], walk.LN_MEAN_002, atol=0.005 + 1e-6)
-    np.testing.assert_allclose(t["std_ddof1"], walk.LN_STD_002, atol=0.005 + 1e-6)
+    assert_close(t["mean"], walk.LN_MEAN_002, **TOL["walkthrough_seed_table"], name="mean",
+                 dtype=None)
+    assert_close(t["std_ddof1"], walk.LN_STD_002, **TOL["walkthrough_seed_table"], name="std",
+                 dtype=None)
     # fastattn (and torch) use the population variance: larger by about sqrt(5/4), not the seed.
     assert np.abs(t["pop"] - seed).max() > 0.15
-    np.testing.assert_allclose(t["pop"], t["ddof1"] * np.sqrt(5 / 4), atol=2e-3)
+    assert_close(t["pop"], t["ddof1"] * np.sqrt(5 / 4), **TOL["walkthrough_population"],
+                 name="population vs ddof=1", dtype=None)
     x = t["x"].astype(np.float64)
     ref = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + walk.LN_EPS_002)
-    np.testing.assert_allclose(t["pop"], ref, atol=1e-5)
+    assert_close(t["pop"], ref, **TOL["walkthrough_layer_norm"], name="layer norm", dtype=None)
 
 
 def test_walkthrough_steps_agree(walk, checks, capsys):
@@ -102,4 +112,5 @@ def test_walkthrough_steps_agree(walk, checks, capsys):
     attn["x"] = x_pe
     y1 = walk.step5_add_norm(x_pe, attn["out"])["y"]
     y2 = walk.step6_ffn(y1, attn)["y2"]
-    np.testing.assert_allclose(y2.mean(axis=1), 0, atol=1e-5)          # LN output, weight 1
+    assert_close(y2.mean(axis=1), np.zeros(len(y2)), **TOL["walkthrough_layer_norm"],
+                 name="row means of LN output, weight 1", dtype=None)

@@ -19,9 +19,6 @@ twin without the rounding of P (and test_inputs_are_rounded that the kernel roun
 pre-rounded inputs give the same bits).
 """
 import math
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -29,9 +26,8 @@ import pytest
 from hypothesis import given, settings
 
 import fastattn
-from conftest import assert_close, requires_torch
+from conftest import TESTS, assert_close, requires_torch, run_child
 from fastattn import _fast, ops, reference
-from conftest import child_env
 from strategies import AttentionProblem, attention_problems, build_attention, rand
 
 U = 2.0 ** -24
@@ -332,11 +328,9 @@ def _child_results(tmp_path, isa, path):
     tiles' run is the slowest here)."""
     key = (isa, path)
     if key not in _CHILD_RESULTS:
-        env = child_env({"FASTATTN_CPU_ISA": isa, "FASTATTN_ATTENTION_BF16_PATH": path})
         out_file = tmp_path / f"{isa}-{path}.npz"
-        proc = subprocess.run([sys.executable, "-c", CHILD, isa, path, str(out_file),
-                               os.path.dirname(os.path.abspath(__file__))], env=env,
-                              capture_output=True, text=True, timeout=300)
+        proc = run_child(CHILD, isa, path, out_file, TESTS, timeout=300,
+                         env={"FASTATTN_CPU_ISA": isa, "FASTATTN_ATTENTION_BF16_PATH": path})
         assert proc.returncode == 0, proc.stderr[-3000:]
         with np.load(out_file) as f:
             _CHILD_RESULTS[key] = {name: f[name] for name in f.files}
@@ -354,17 +348,15 @@ def test_amx_tiles_match_their_emulation(tmp_path):
 
 
 def test_forcing_an_unknown_path_fails():
-    env = child_env({"FASTATTN_ATTENTION_BF16_PATH": "tiles"})
-    proc = subprocess.run([sys.executable, "-c", "import fastattn"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = run_child("import fastattn", env={"FASTATTN_ATTENTION_BF16_PATH": "tiles"},
+                     timeout=120)
     assert proc.returncode != 0 and "FASTATTN_ATTENTION_BF16_PATH='tiles'" in proc.stderr
 
 
 def test_forcing_a_path_the_cpu_lacks_fails():
     """amx on a CPU or SIMD level without the tiles is refused by name, with what is there."""
-    env = child_env({"FASTATTN_CPU_ISA": "avx2", "FASTATTN_ATTENTION_BF16_PATH": "amx"})
-    proc = subprocess.run([sys.executable, "-c", "import fastattn"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = run_child("import fastattn", timeout=120,
+                     env={"FASTATTN_CPU_ISA": "avx2", "FASTATTN_ATTENTION_BF16_PATH": "amx"})
     if "avx2" not in AVAILABLE:
         pytest.skip("no avx2 level here")
     assert proc.returncode != 0

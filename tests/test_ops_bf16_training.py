@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 import fastattn
 from fastattn import ops, reference
-from conftest import child_isa_tests, run_checks
+from conftest import assert_close, child_isa_tests, run_checks
+from tolerances import TOL, scaled
 
 BF16 = dict(compute_type="bfloat16")
 BF16_TWIN = 1e-4
@@ -75,13 +76,16 @@ def test_linear_bf16_rounds_at_the_stated_points(rng):
     x = reference.round_bfloat16(rand(rng, (16, 24)))
     w = reference.round_bfloat16(rand(rng, (8, 24)))
     y, _ = ops.linear_forward(x, w, None, **BF16)
-    assert np.allclose(y, ops.linear_forward(x, w, None)[0], rtol=1e-6, atol=1e-6)
+    assert_close(y, ops.linear_forward(x, w, None)[0], **TOL["bf16_exact_operands"], name="y",
+                 equal_nan=False)
     dy = rand(rng, (16, 8))
     dyr = reference.round_bfloat16(dy)
-    for a, b in zip(ops.linear_backward(dy, x, w, **BF16), ops.linear_backward(dyr, x, w)):
-        assert np.allclose(a, b, rtol=1e-6, atol=1e-6)
-    assert not np.allclose(ops.linear_backward(dy, x, w, **BF16)[0],
-                           ops.linear_backward(dy, x, w)[0], rtol=1e-6, atol=0)
+    for a, b, name in zip(ops.linear_backward(dy, x, w, **BF16), ops.linear_backward(dyr, x, w),
+                          ("dx", "dweight", "dbias")):
+        assert_close(a, b, **TOL["bf16_exact_operands"], name=name, equal_nan=False)
+    with pytest.raises(AssertionError):      # the unrounded gradient gives another dx
+        assert_close(ops.linear_backward(dy, x, w, **BF16)[0], ops.linear_backward(dy, x, w)[0],
+                     **TOL["bf16_gradient_rounded"], equal_nan=False)
 
 
 @pytest.mark.parametrize("dropout_p", [0.0, 0.3])
@@ -96,7 +100,8 @@ def test_ffn_bf16_against_twin_and_fp32(rng, dropout_p, shape):
     fp32, _ = reference.ffn_forward(x, w1, b1, w2, b2, **kw)
     check_pair([got], [twin], [fp32], names=["y"])
     pre = ops.linear_forward(x, w1, b1, **BF16)[0]       # the same product (another order)
-    assert np.allclose(gc["pre"], pre, rtol=1e-5, atol=1e-5 * np.abs(pre).max())
+    assert_close(gc["pre"], pre, **scaled(TOL["bf16_pre_two_orders"], pre), name="pre",
+                 equal_nan=False)
     assert not np.array_equal(gc["pre"], reference.round_bfloat16(gc["pre"]))   # kept float32
     dy = rand(rng, got.shape)
     g = ops.ffn_backward(dy, x, w1, b1, w2, b2, gc["pre"], **kw, **BF16)

@@ -12,8 +12,6 @@ step.
 """
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -23,12 +21,12 @@ from hypothesis import strategies as st
 import fastattn
 from fastattn import _kernels, ops, reference
 from fastattn._runtime import BF16_PATHS
-from conftest import run_checks
+from conftest import assert_close, run_checks, run_child
 from strategies import features, rand, seeds
+from tolerances import TOL
 
 QW = ops.QuantizedWeight
 ACTIVATIONS = [None, "relu", "gelu"]
-GELU_RTOL, GELU_ATOL = 2e-6, 1e-6       # the gelu kernel against float64 gelu (test_ops_linear)
 PATHS = fastattn.build_info()["bf16_paths_available"]
 
 
@@ -46,7 +44,7 @@ def check(x, w, b=None, activation=None, qw=None):
     got = ops.linear(x, qw, b, activation=activation)
     want = twin(x, qw, b, activation)
     if activation == "gelu":
-        np.testing.assert_allclose(got, want, rtol=GELU_RTOL, atol=GELU_ATOL)
+        assert_close(got, want, **TOL["quantized_gelu"], name="bfloat16 linear with gelu")
     else:
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     return got
@@ -262,6 +260,5 @@ def test_default_path_and_forcing_errors():
              ({"FASTATTN_BF16_PATH": "avx512bf16", "FASTATTN_CPU_ISA": "avx2"},
               "cannot run it")]
     for env, pattern in cases:
-        proc = subprocess.run([sys.executable, "-c", "import fastattn"], capture_output=True,
-                              text=True, env={**os.environ, **env}, timeout=120)
+        proc = run_child("import fastattn", env=env, timeout=120)
         assert proc.returncode != 0 and pattern in proc.stderr, proc.stderr

@@ -12,6 +12,7 @@ from conftest import assert_close, child_isa_tests, requires_torch, to_torch
 from fastattn import _fast, ops, reference
 from grad_util import float64_twins, numeric_grad
 from strategies import features, rand, rows, seeds
+from tolerances import TOL
 
 
 
@@ -31,7 +32,9 @@ def check_embedding_backward(dout, ids, V):
     rdw = reference.embedding_backward(dout, ids, V)
     counts = np.bincount(np.asarray(ids).reshape(-1), minlength=V)[:, None]
     mag = np.abs(np.asarray(dout, np.float64)).max(initial=0.0)
-    assert_close(dw, rdw, rtol=1e-6, atol=4e-7 * mag * np.maximum(counts, 1), name="dweight")
+    tol = TOL["embedding_grad"]
+    assert_close(dw, rdw, rtol=tol["rtol"], atol=tol["atol"] * mag * np.maximum(counts, 1),
+                 name="dweight")
     return dw
 
 
@@ -91,8 +94,8 @@ def test_twin_matches_finite_differences():
         rng.standard_normal((2, 3, C))
     with float64_twins():
         got = reference.embedding_backward(dout, ids, V)
-        np.testing.assert_allclose(got, numeric_grad(lambda: float(np.sum(weight[ids] * dout)),
-                                                     weight), rtol=1e-7, atol=1e-8)
+        assert_close(got, numeric_grad(lambda: float(np.sum(weight[ids] * dout)), weight),
+                     **TOL["finite_difference_embedding"], name="dweight", dtype=None)
 
 
 @pytest.mark.parametrize("shape,V", [((2, 7), 11), ((8, 128), 1000), ((3000,), 50)])
@@ -104,8 +107,9 @@ def test_vs_torch_autograd(rng, shape, V):
     wt = to_torch(rand(rng, (V, C))).requires_grad_()
     torch.nn.functional.embedding(to_torch(ids), wt).backward(to_torch(dout))
     counts = np.bincount(ids.reshape(-1), minlength=V)[:, None]
-    assert_close(ops.embedding_backward(dout, ids, V), wt.grad.numpy(), rtol=1e-5,
-                 atol=1e-6 * np.maximum(counts, 1), name="dweight vs torch")
+    tol = TOL["embedding_grad_torch"]
+    assert_close(ops.embedding_backward(dout, ids, V), wt.grad.numpy(), rtol=tol["rtol"],
+                 atol=tol["atol"] * np.maximum(counts, 1), name="dweight vs torch")
 
 
 # ---- threads, teams and SIMD levels --------------------------------------------------------

@@ -90,8 +90,9 @@ def test_constant_rows_give_bias(rng):
                   np.full(C, -3.5, np.float32)])
     w, b = rand(rng, (C,)), rand(rng, (C,))
     y, cache = check_layer_norm(x, w, b, eps=1e-5)
-    assert_close(y, np.broadcast_to(b, (3, C)), rtol=0, atol=1e-6, name="y = bias")
-    assert_close(cache["rstd"], np.full(3, 1 / np.sqrt(1e-5)), rtol=1e-5, atol=0, name="rstd")
+    assert_close(y, np.broadcast_to(b, (3, C)), **TOL["layer_norm_constant_rows"], name="y = bias")
+    assert_close(cache["rstd"], np.full(3, 1 / np.sqrt(1e-5)), **TOL["layer_norm_constant_rstd"],
+                 name="rstd")
 
 
 @pytest.mark.parametrize("with_weight,with_bias", [(False, False), (True, False), (False, True)])
@@ -103,7 +104,7 @@ def test_weight_bias_none(rng, with_weight, with_bias):
     y, _ = check_layer_norm(x, w, b, residual=r)
     y_explicit = ops.layer_norm(x, np.ones(33, np.float32) if w is None else w,
                                 np.zeros(33, np.float32) if b is None else b, residual=r)
-    assert_close(y, y_explicit, rtol=1e-6, atol=1e-6, name="None == explicit 1 / 0")
+    assert_close(y, y_explicit, **TOL["layer_norm_none_weight"], name="None == explicit 1 / 0")
 
 
 def test_leading_dims_residual_and_cache(rng):
@@ -113,7 +114,7 @@ def test_leading_dims_residual_and_cache(rng):
     assert y.shape == (2, 3, 65) and cache["mean"].shape == (6,)
     # residual fused == residual added first
     y2 = ops.layer_norm(x + r, w, b, eps=1e-6)
-    assert_close(y, y2, rtol=1e-5, atol=1e-5, name="fused residual")
+    assert_close(y, y2, **TOL["layer_norm_fused_residual"], name="fused residual")
 
 
 def test_empty_and_noncontiguous(rng):

@@ -109,7 +109,7 @@ def test_linear_empty(rng):
     # K = 0: an empty sum; only the bias (and activation) remain
     y = ops.linear(np.zeros((3, 0), np.float32), np.zeros((5, 0), np.float32), b,
                    activation="relu")
-    assert_close(y, np.broadcast_to(np.maximum(b, 0), (3, 5)), rtol=0, atol=0, name="K=0")
+    assert_close(y, np.broadcast_to(np.maximum(b, 0), (3, 5)), **TOL["exact"], name="K=0")
 
 
 def test_activation_special_values():
@@ -119,19 +119,20 @@ def test_activation_special_values():
     for activation in ACTIVATIONS:
         y = ops.linear(x, eye, activation=activation)
         ref = reference.linear(x, eye, activation=activation)
-        assert_close(y, ref, rtol=1e-6, atol=1e-7, name=f"{activation} special values")
+        assert_close(y, ref, **TOL["activation_special_values"],
+                     name=f"{activation} special values")
 
 
 def test_gelu_accuracy_over_range():
     x = np.linspace(-12.0, 12.0, 4001, dtype=np.float32)[:, None]
     y = ops.linear(x, np.eye(1, dtype=np.float32), activation="gelu")
-    assert_close(y, reference.linear(x, np.eye(1), activation="gelu"), rtol=1e-6, atol=2e-7,
-                 name="gelu")
+    assert_close(y, reference.linear(x, np.eye(1), activation="gelu"),
+                 **TOL["activation"]["gelu"], name="gelu")
     # tanh form: u = k0 (x + k1 x^3) carries float32's relative error ~1e-7 into e^(2|u|),
     # so the left tail (where 1 + tanh(u) = 2 / (1 + e^(2|u|))) is good to ~1e-5 relative
     y = ops.linear(x, np.eye(1, dtype=np.float32), activation="gelu_tanh")
-    assert_close(y, reference.linear(x, np.eye(1), activation="gelu_tanh"), rtol=1e-5,
-                 atol=2e-7, name="gelu_tanh")
+    assert_close(y, reference.linear(x, np.eye(1), activation="gelu_tanh"),
+                 **TOL["activation"]["gelu_tanh"], name="gelu_tanh")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -167,7 +168,8 @@ def test_ffn_leading_dims_none_biases_and_composition(rng):
     y = check_ffn(x, w1, None, w2, None, "gelu")
     assert y.shape == (2, 5, 33)
     composed = ops.linear(ops.linear(x, w1, activation="gelu"), w2)
-    assert_close(y, composed, rtol=1e-5, atol=ffn_atol(x, w1, None, w2, None, "gelu"),
+    assert_close(y, composed, rtol=TOL["ffn"]["rtol"],
+                 atol=ffn_atol(x, w1, None, w2, None, "gelu"),
                  name="ffn == linear(linear)")
 
 
@@ -177,7 +179,7 @@ def test_ffn_empty(rng):
     # F = 0: the hidden layer is empty and y = b2
     y = ops.ffn(np.ones((3, 4), np.float32), np.zeros((0, 4), np.float32), None,
                 np.zeros((4, 0), np.float32), b2)
-    assert_close(y, np.broadcast_to(b2, (3, 4)), rtol=0, atol=0, name="F=0")
+    assert_close(y, np.broadcast_to(b2, (3, 4)), **TOL["exact"], name="F=0")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -229,7 +231,8 @@ def test_packed_linear_matches_reference(n_rows, shape, activation):
     y = np.full((n_rows, M), np.nan, np.float32)
     _fast.linear_packed_into(y, x, kinds.pack_panels(w), b, ops.ACTIVATIONS[activation])
     expect = reference.linear(x, w, b, activation=activation)
-    np.testing.assert_allclose(y, expect, rtol=1e-5, atol=1e-5 * np.sqrt(K))
+    assert_close(y, expect, rtol=TOL["linear_packed"]["rtol"],
+                 atol=TOL["linear_packed"]["atol"] * np.sqrt(K), name="packed linear")
 
 
 def test_packed_linear_rows_are_batch_invariant():

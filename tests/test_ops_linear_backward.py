@@ -21,7 +21,7 @@ from conftest import (TILES, assert_close, child_isa_tests, requires_torch, to_t
 from fastattn import _fast, ops, reference
 from grad_util import float64_twins, numeric_grad
 from strategies import features, rand, rows, seeds
-from tolerances import GELU_MAX_SLOPE, TOL, chain_atol
+from tolerances import GELU_MAX_SLOPE, TOL, chain_atol, scaled
 
 ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh"]
 SKINNY, MIN_ROWS, ROW_BLOCK = (TILES[k] for k in ("skinny_rows", "min_rows_per_thread",
@@ -120,7 +120,8 @@ def test_linear_leading_dims_and_empty(rng):
             got = ops.linear_backward(dy, x, w, pre=cache["pre"], activation=act)
             want = reference.linear_backward(dy, x, w, pre=cache["pre"], activation=act)
             for a, b, name in zip(got, want, ("dx", "dweight", "dbias")):
-                assert_close(a, b, rtol=1e-6, atol=1e-6, name=f"{name} {(N, K, M)} {act}")
+                assert_close(a, b, **TOL["empty_sizes"],
+                             name=f"{name} {(N, K, M)} {act}")
 
 
 def check_activation_gradient(pre, activation):
@@ -258,7 +259,7 @@ def test_ffn_leading_dims_none_biases_and_empty(rng):
         want = reference.ffn_backward(dy, x, w1, b1, w2, b2, cache["pre"])
         for a, b, name in zip(got, want, ("dx", "dw1", "db1", "dw2", "db2")):
             assert a.shape == b.shape, name
-            assert_close(a, b, rtol=1e-6, atol=1e-6, name=f"{name} {(N, C, F)}")
+            assert_close(a, b, **TOL["empty_sizes"], name=f"{name} {(N, C, F)}")
 
 
 # ---- finite differences of the float64 twins -----------------------------------------------
@@ -311,10 +312,12 @@ def test_linear_vs_torch_autograd(rng, activation, N, K, M):
     xt, wt, bt = (to_torch(a).requires_grad_() for a in (x, w, b))
     torch_activation(activation)(torch.nn.functional.linear(xt, wt, bt)).backward(to_torch(dy))
     dz = _abs(dy)
-    assert_close(dx, xt.grad.numpy(), rtol=1e-4, atol=2 * chain_atol(dz @ _abs(w), M), name="dx")
-    assert_close(dw, wt.grad.numpy(), rtol=1e-4, atol=2 * chain_atol(dz.T @ _abs(x), N),
+    rtol, factor = TOL["linear_grad_torch"]["rtol"], TOL["linear_grad_torch"]["atol"]
+    assert_close(dx, xt.grad.numpy(), rtol=rtol, atol=chain_atol(dz @ _abs(w), M, factor),
+                 name="dx")
+    assert_close(dw, wt.grad.numpy(), rtol=rtol, atol=chain_atol(dz.T @ _abs(x), N, factor),
                  name="dweight")
-    assert_close(db, bt.grad.numpy(), rtol=1e-4, atol=2 * chain_atol(dz.sum(axis=0), N),
+    assert_close(db, bt.grad.numpy(), rtol=rtol, atol=chain_atol(dz.sum(axis=0), N, factor),
                  name="dbias")
 
 
@@ -341,13 +344,14 @@ def test_ffn_vs_torch_autograd(rng, activation, dropout_p, N):
     yt = fl(torch_activation(activation)(fl(ts[0], ts[1], ts[2])) * mask, ts[3], ts[4])
     yt.backward(to_torch(dy))
     mag = ffn_chain(dy, x, w1, w2, cache["pre"], activation, dropout_p)
-    assert_close(y, yt.detach().numpy(), rtol=1e-4,
-                 atol=2 * chain_atol(_abs(x) @ _abs(w1).T @ _abs(w2).T / (1 - dropout_p),
-                                     C + F), name="y")
+    rtol, factor = TOL["linear_grad_torch"]["rtol"], TOL["linear_grad_torch"]["atol"]
+    assert_close(y, yt.detach().numpy(), rtol=rtol,
+                 atol=chain_atol(_abs(x) @ _abs(w1).T @ _abs(w2).T / (1 - dropout_p),
+                                 C + F, factor), name="y")
     inner = {"dx": C + F, "dw1": N + C, "db1": N + C, "dw2": N, "db2": N}
     for name, got, t in zip(("dx", "dw1", "db1", "dw2", "db2"), grads, ts):
-        assert_close(got, t.grad.numpy(), rtol=1e-4, atol=2 * chain_atol(mag[name], inner[name]),
-                     name=name)
+        assert_close(got, t.grad.numpy(), rtol=rtol,
+                     atol=chain_atol(mag[name], inner[name], factor), name=name)
 
 
 # ---- accumulation and aliasing (the model's entry points) -----------------------------------
@@ -361,7 +365,8 @@ def test_linear_backward_into_accumulates(rng):
     gelu = ops.ACTIVATIONS["gelu"]
     dw, db = np.full((M, K), 0.25, np.float32), np.full(M, -1.0, np.float32)
     _fast.linear_backward_into(None, dw, db, dy, x, w, cache["pre"], gelu, True)
-    assert_close(dw, dw_ref + np.float32(0.25), rtol=1e-6, atol=1e-6, name="dweight +=")
+    assert_close(dw, dw_ref + np.float32(0.25), **TOL["linear_grad_accumulate"],
+                 name="dweight +=")
     np.testing.assert_array_equal(db, db_ref + np.float32(-1.0))
     # dz in place over pre (the model's pre is not needed after its backward)
     dx, dw = np.full((N, K), np.nan, np.float32), np.full((M, K), np.nan, np.float32)
@@ -391,7 +396,7 @@ def test_ffn_forward_and_backward_into(rng):
     grads = [np.full(a.shape, 0.5, np.float32) for a in ref]
     _fast.ffn_backward_into(None, *grads[1:], dy, x, w1, w2, pre, relu, 0.3, 8, True, dpre=pre)
     for g, r, name in zip(grads[1:], ref[1:], ("dw1", "db1", "dw2", "db2")):
-        assert_close(g, r + np.float32(0.5), rtol=1e-6, atol=1e-6, name=f"{name} +=")
+        assert_close(g, r + np.float32(0.5), **TOL["linear_grad_accumulate"], name=f"{name} +=")
     dx = np.empty((N, C), np.float32)
     _fast.ffn_backward_into(dx, None, None, None, None, dy, x, w1, w2, cache["pre"].copy(), relu,
                            0.3, 8, False)
@@ -431,8 +436,7 @@ def test_threads(restore_threads, rng, n, N):
                                     (ffn1, ffnn, ffnn2, ("dx", "dw1", "db1", "dw2", "db2"))):
         for a, b, c, name in zip(one, many, again, names):
             np.testing.assert_array_equal(b, c, err_msg=f"{name}: run to run, {n} threads")
-            scale = float(np.abs(a).max())
-            assert_close(b, a, rtol=1e-6, atol=1e-6 * scale, name=f"{name}: {n} threads vs 1")
+            assert_close(b, a, **scaled(TOL["threads"], a), name=f"{name}: {n} threads vs 1")
 
 
 def isa_checks():

@@ -58,7 +58,7 @@ def check_bf16_linear(x, w, b=None, activation=None, qw=None):
     qw = qw if qw is not None else quantized(w, "bf16")
     y = ops.linear(x, qw, b, activation=activation)
     ref = reference.linear(x, qw, b, activation=activation)
-    assert_close(y, ref, rtol=1e-5, atol=dot_atol(x, qw.dequantize(), bias=b),
+    assert_close(y, ref, rtol=TOL["linear"]["rtol"], atol=dot_atol(x, qw.dequantize(), bias=b),
                  name=f"bf16 linear ({activation})")
     return y
 
@@ -256,13 +256,13 @@ def test_int8_activations_use_the_int32_headroom(K, levels):
     x[1] = -3.0
     y = check_int8_linear(x, w)
     want = x.astype(np.float64) @ w.T.astype(np.float64)
-    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
+    assert_close(y, want, **TOL["quantized_on_levels"], name="y")
     if K > 1:
         x = np.zeros((1, K), np.float32)
         steps = np.arange(K) % (2 * levels + 1) - levels     # every level -L .. L, in turn
         x[0] = steps.astype(np.float32) / np.float32(levels)
         y = check_int8_linear(x, w)
-        np.testing.assert_allclose(y, x.astype(np.float64) @ w.T, rtol=1e-6, atol=1e-6)
+        assert_close(y, x.astype(np.float64) @ w.T, **TOL["quantized_on_levels"], name="y")
 
 
 @pytest.mark.parametrize("K", [5, 516, 517, 2049])
@@ -436,7 +436,7 @@ def test_ffn_with_quantized_weights(rng, dtypes):
         if exact:
             np.testing.assert_array_equal(y, ref)
         else:
-            assert_close(y, ref, rtol=1e-4, atol=1e-4, name="ffn quantised")
+            assert_close(y, ref, **TOL["quantized_ffn"], name="ffn quantised")
 
 
 # ----------------------------------------------------------------------------------------------

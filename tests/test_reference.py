@@ -69,7 +69,7 @@ def causal_allowed(Lq, Lk):
 def test_positional_encoding_seed000_position0():
     # seed 000, step 5: d_model = 6, position 0 -> sin(0) = 0 on even features, cos(0) = 1 on odd
     pe = F.positional_encoding(1, 6)
-    assert_close(pe[0], [0, 1, 0, 1, 0, 1], rtol=0, atol=0)
+    assert_close(pe[0], [0, 1, 0, 1, 0, 1], **TOL["exact"])
 
 
 @pytest.mark.parametrize("pos", [1, 3, 7])
@@ -98,7 +98,7 @@ def test_positional_encoding_odd_d_model():
         for c in range(d):
             angle = p / 10000 ** (2 * (c // 2) / d)
             want = math.sin(angle) if c % 2 == 0 else math.cos(angle)
-            assert abs(pe[p, c] - want) < 1e-7
+            assert_close(pe[p, c], want, **TOL["reference_by_hand"])
     # last column (index 4, even) is a sin
     assert_close(pe[:, 4], np.sin(np.arange(4) / 10000 ** (4 / 5)), **REF)
 
@@ -124,14 +124,14 @@ def test_seed002_masked_softmax():
     w = F.softmax(SEED002_SCORES + SEED002_MASK)
     assert w.dtype == np.float32
     assert np.all(w[np.triu_indices(6, k=1)] == 0)              # lower triangular
-    assert_close(w.sum(axis=-1), np.ones(6), rtol=REF["rtol"], atol=1e-6)         # rows sum to 1
-    assert_close(w[0], [1, 0, 0, 0, 0, 0], rtol=0, atol=0)      # <start> sees only itself
+    assert_close(w.sum(axis=-1), np.ones(6), **TOL["reference_row_sums"])         # rows sum to 1
+    assert_close(w[0], [1, 0, 0, 0, 0, 0], **TOL["exact"])      # <start> sees only itself
     # row "I": softmax([7.6, 34.0]) by hand
     p_start = 1.0 / (1.0 + math.exp(34.0 - 7.6))
-    assert_close(w[1, :2], [p_start, 1.0 - p_start], rtol=1e-6, atol=0)
+    assert_close(w[1, :2], [p_start, 1.0 - p_start], **TOL["reference_by_hand_rel"])
     # row "am": softmax([15.5, 30.6, 35.9]) by hand
     e = [math.exp(s - 35.9) for s in (15.5, 30.6, 35.9)]
-    assert_close(w[2, :3], [x / sum(e) for x in e], rtol=1e-6, atol=0)
+    assert_close(w[2, :3], [x / sum(e) for x in e], **TOL["reference_by_hand_rel"])
 
 
 def test_seed002_attention_causal_equals_additive_mask():
@@ -149,7 +149,7 @@ def test_seed002_attention_causal_equals_additive_mask():
         assert_close(w[0, 0], expected, **REF)
         assert_close(out[0, 0], expected, **REF)
         assert np.all(np.triu(w[0, 0], k=1) == 0)
-        assert_close(w[0, 0].sum(axis=-1), np.ones(6), rtol=REF["rtol"], atol=1e-6)
+        assert_close(w[0, 0].sum(axis=-1), np.ones(6), **TOL["reference_row_sums"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -173,7 +173,7 @@ def test_softmax_masked_and_nan():
     x = np.array([[0.0, NEG_INF, 0.0], [NEG_INF, NEG_INF, NEG_INF], [0.0, np.nan, 1.0]])
     y = F.softmax(x)
     assert_close(y[0], [0.5, 0.0, 0.5], **REF)
-    assert_close(y[1], [0.0, 0.0, 0.0], rtol=0, atol=0)          # all -inf row -> zeros
+    assert_close(y[1], [0.0, 0.0, 0.0], **TOL["exact"])          # all -inf row -> zeros
     assert np.all(np.isnan(y[2]))                                 # NaN propagates
 
 
@@ -238,16 +238,17 @@ def test_linear_by_hand():
     assert_close(F.linear(x, w, b, activation="relu"), [[0.0, 1.0, 1.0]], **REF)
     gelu = lambda t: 0.5 * t * (1 + math.erf(t / math.sqrt(2)))   # noqa: E731
     assert_close(F.linear(x, w, b, activation="gelu"), [[gelu(-0.5), gelu(1.0), gelu(1.0)]], **REF)
-    assert abs(F.linear(x, w, b, activation="gelu")[0, 1] - 0.8413447460685429) < 1e-7
+    assert_close(F.linear(x, w, b, activation="gelu")[0, 1], 0.8413447460685429,
+                 **TOL["reference_by_hand"])
 
 
 def test_gelu_special_values():
     x = np.array([[0.0, 1.0, -1.0, 10.0, -10.0, np.inf, NEG_INF, np.nan]]).T   # (8, 1)
     y = F.linear(x, np.eye(1), activation="gelu")[:, 0]
     assert y[0] == 0.0
-    assert abs(y[1] - 0.8413447460685429) < 1e-7
-    assert abs(y[2] - (-0.15865525393145707)) < 1e-7
-    assert y[3] == 10.0 and abs(y[4]) < 1e-20
+    assert_close(y[1:3], [0.8413447460685429, -0.15865525393145707], **TOL["reference_by_hand"])
+    assert y[3] == 10.0
+    assert_close(y[4], 0.0, **TOL["gelu_far_tail"])
     assert y[5] == np.inf and y[6] == 0.0 and np.isnan(y[7])
 
 
@@ -260,7 +261,8 @@ def test_linear_leading_dims_and_empty(rng):
     x, w, b = rand(rng, 2, 3, 4), rand(rng, 5, 4), rand(rng, 5)
     y = F.linear(x, w, b)
     assert y.shape == (2, 3, 5) and y.dtype == np.float32
-    assert_close(y, np.einsum("bli,oi->blo", x.astype(np.float64), w) + b, rtol=1e-6, atol=1e-6)
+    assert_close(y, np.einsum("bli,oi->blo", x.astype(np.float64), w) + b,
+                 **TOL["reference_float64"])
     assert F.linear(np.zeros((0, 4)), w, b).shape == (0, 5)
 
 
@@ -271,7 +273,7 @@ def test_ffn_composition(rng, activation):
     y = F.ffn(x, w1, b1, w2, b2, activation=activation)
     expected = F.linear(F.linear(x, w1, b1, activation=activation), w2, b2)
     assert y.shape == (2, 3, 4) and y.dtype == np.float32
-    assert_close(y, expected, rtol=1e-5, atol=1e-6)
+    assert_close(y, expected, **TOL["reference_ffn"])
 
 
 def test_ffn_by_hand():
@@ -313,7 +315,7 @@ def test_fully_masked_row_gives_zeros_and_neg_inf_lse(rng):
     assert np.all(out[:, :, 1] == 0) and np.all(w[:, :, 1] == 0)
     assert np.all(cache["lse"][:, :, 1] == -np.inf)
     assert np.all(np.isfinite(cache["lse"][:, :, [0, 2]]))
-    assert_close(w[:, :, [0, 2]].sum(-1), np.ones((2, 2, 2)), rtol=REF["rtol"], atol=1e-6)
+    assert_close(w[:, :, [0, 2]].sum(-1), np.ones((2, 2, 2)), **TOL["reference_row_sums"])
 
     # a whole batch element padded out by key_padding_mask
     kpm = np.zeros((2, 5), dtype=bool)
@@ -361,8 +363,8 @@ def test_bool_mask_equals_float_mask(rng, mask_shape):
     out_b, w_b = F.attention(q, k, v, mask=bmask, return_weights=True)
     out_f, w_f = F.attention(q, k, v, mask=fmask, return_weights=True)
     assert out_b.shape == (2, 4, 3, 7) and w_b.shape == (2, 4, 3, 5)
-    assert_close(out_b, out_f, rtol=0, atol=0)
-    assert_close(w_b, w_f, rtol=0, atol=0)
+    assert_close(out_b, out_f, **TOL["exact"])
+    assert_close(w_b, w_f, **TOL["exact"])
     # and both agree with the loop oracle
     allowed = ~np.broadcast_to(bmask, (2, 4, 3, 5))
     out_n, w_n, lse_n = naive_attention(q, k, v, allowed, 1 / math.sqrt(6))
@@ -379,15 +381,15 @@ def test_key_padding_mask_equals_mask(rng):
     as_mask = kpm[:, None, None, :]                    # (B, 1, 1, Lk)
     out_k, w_k = F.attention(q, k, v, key_padding_mask=kpm, return_weights=True)
     out_m, w_m = F.attention(q, k, v, mask=as_mask, return_weights=True)
-    assert_close(out_k, out_m, rtol=0, atol=0)
-    assert_close(w_k, w_m, rtol=0, atol=0)
+    assert_close(out_k, out_m, **TOL["exact"])
+    assert_close(w_k, w_m, **TOL["exact"])
     # float key padding mask is added like a float mask
     fkpm = np.where(kpm, -np.inf, 0.0)
-    assert_close(F.attention(q, k, v, key_padding_mask=fkpm), out_m, rtol=0, atol=0)
+    assert_close(F.attention(q, k, v, key_padding_mask=fkpm), out_m, **TOL["exact"])
     # a finite float key padding mask is a bias on that key's score
     bias = rand(rng, B, Lk)
     assert_close(F.attention(q, k, v, key_padding_mask=bias),
-                 F.attention(q, k, v, mask=bias[:, None, None, :]), rtol=0, atol=0)
+                 F.attention(q, k, v, mask=bias[:, None, None, :]), **TOL["exact"])
 
 
 def test_masks_combine(rng):
@@ -425,7 +427,7 @@ def test_attention_vs_loop_oracle(rng, B, H, Lq, Lk, D, Dv, causal):
     out_n, w_n, lse_n = naive_attention(q, k, v, allowed, scale)
     assert_close(out, out_n, **LOOP)
     assert_close(w, w_n, **REF)
-    assert_close(out2, out, rtol=0, atol=0)
+    assert_close(out2, out, **TOL["exact"])
     assert_close(cache["lse"], lse_n, **LOOP)
 
 
@@ -457,7 +459,7 @@ def test_attention_lse_by_hand(rng):
     _, cache = F.attention_forward(q, k, v, mask=mask, scale=0.3)
     s = (q.astype(np.float64) @ k.astype(np.float64).transpose(0, 1, 3, 2)) * 0.3
     s = np.where(mask, -np.inf, s)
-    assert_close(cache["lse"], np.log(np.exp(s).sum(-1)), rtol=1e-6, atol=1e-6)
+    assert_close(cache["lse"], np.log(np.exp(s).sum(-1)), **TOL["reference_float64"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -515,7 +517,7 @@ def test_layer_norm_vs_torch(rng, shape, with_residual):
     y, cache = F.layer_norm_forward(x, w, b, residual=r)
     s = t(x) + t(r) if with_residual else t(x)
     ref = torch.nn.functional.layer_norm(s, (C,), t(w), t(b), eps=1e-5).numpy()
-    assert_close(y, ref, rtol=TORCH_RTOL, atol=1e-5)
+    assert_close(y, ref, **TOL["reference_torch_sums"])
     _, mean, rstd = torch.ops.aten.native_layer_norm(s, [C], t(w), t(b), 1e-5)
     assert_close(cache["mean"], mean.reshape(-1).numpy(), rtol=TORCH_RTOL, atol=TORCH_ATOL)
     assert_close(cache["rstd"], rstd.reshape(-1).numpy(), rtol=TORCH_RTOL, atol=TORCH_ATOL)
@@ -529,7 +531,7 @@ def test_linear_vs_torch(rng, activation, with_bias):
     y = F.linear(x, w, b if with_bias else None, activation=activation)
     ref = torch_activation(activation)(
         torch.nn.functional.linear(t(x), t(w), t(b) if with_bias else None))
-    assert_close(y, ref.numpy(), rtol=TORCH_RTOL, atol=1e-5)
+    assert_close(y, ref.numpy(), **TOL["reference_torch_sums"])
 
 
 def test_gelu_vs_torch():
@@ -548,7 +550,7 @@ def test_ffn_vs_torch(rng):
         y = F.ffn(x, w1, b1, w2, b2, activation=act)
         fl = torch.nn.functional.linear
         ref = fl(tact(fl(t(x), t(w1), t(b1))), t(w2), t(b2)).numpy()
-        assert_close(y, ref, rtol=TORCH_RTOL, atol=1e-5)
+        assert_close(y, ref, **TOL["reference_torch_sums"])
 
 
 @pytest.mark.parametrize("length,d_model", [(50, 16), (7, 6), (10, 1)])
@@ -562,4 +564,4 @@ def test_positional_encoding_vs_torch_formula(length, d_model):
     pe[:, 0::2] = torch.sin(pos * div)
     pe[:, 1::2] = torch.cos(pos * div)[:, : d_model // 2]
     assert_close(F.positional_encoding(length, d_model), pe.numpy().astype(np.float32),
-                 rtol=1e-6, atol=1e-6)
+                 **TOL["reference_float64"])

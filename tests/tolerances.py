@@ -8,8 +8,9 @@ Where an entry says "atol x <magnitude>", its atol is that factor and a function
 one check using the entry) multiplies it by the magnitude named. rtol is relative to the
 expected value, element by element.
 
-Tolerances written at a single assertion (a hand-computed case, one corner) stay at that
-assertion.
+A number passed as a tolerance anywhere else in the suite needs a comment on its line or the
+line above saying where it comes from (test_tolerance_literals checks it); single checks get a
+named entry here like the shared ones, with what it bounds and why that size.
 """
 import math
 
@@ -114,8 +115,8 @@ TOL = {
     # 1/32767 of the row's largest value at d_model 32), so int8 allows a few levels; bfloat16
     # the same across a bf16 rounding boundary of a product's input (2^-8 of one input)
     "quantized_same_math": {"int8": 2e-4, "bf16": 1e-5, "bfloat16": 5e-3},
-    # an int8 linear with gelu against the twin: the integer sums agree bit for bit, so only
-    # the gelu kernel's accuracy against float64 gelu is left
+    # an int8 or bfloat16 linear with gelu against the twin: the integer (or bf16) sums agree bit
+    # for bit, so only the gelu kernel's accuracy against float64 gelu is left
     "quantized_gelu": dict(rtol=2e-6, atol=1e-6),
     # ---- optimisers (rtol, and atol x max(1, max|expected|): scaled(entry, expected, 1.0)) ------
     # one float32 step against torch's float32 step: FMA contraction and the order of a few
@@ -134,6 +135,157 @@ TOL = {
     # which weights are left out): the gradients' rows are summed in two parts, then across
     # the ranks, so losses, weights and logits move by float32 rounding only
     "data_parallel": dict(loss_rtol=1e-6, weight_atol=1e-6, logits_atol=1e-5),
+    # ---- single checks of the twins (test_reference) --------------------------------------
+    # the same values, bit for bit (-0.0 == 0.0, NaN where NaN is expected): one computation
+    # spelled two ways, or a value float32 holds exactly
+    "exact": dict(rtol=0.0, atol=0.0),
+    # a twin's float32 value against the same value worked out in float64 by hand (math.sin,
+    # math.erf): one float32 rounding of a value of size <= 1 is at most 6e-8
+    "reference_by_hand": dict(rtol=0.0, atol=1e-7),
+    # softmax weights against exp worked out by hand, relative to each weight (some are ~1e-12):
+    # one float32 rounding of each is 6e-8, relative
+    "reference_by_hand_rel": dict(rtol=1e-6, atol=0.0),
+    # gelu(-10) = -7.6e-23 in float64: what the twin gives there stays that small (no cancellation
+    # of 0.5 x (1 + erf) growing into float32's ulp at 1)
+    "gelu_far_tail": dict(rtol=0.0, atol=1e-20),
+    # softmax rows summing to 1: a float32 sum of <= 6 weights, each rounded once
+    "reference_row_sums": dict(rtol=1e-6, atol=1e-6),
+    # a twin against the same formula evaluated in float64 by numpy or torch (einsum, log-sum-exp,
+    # the tutorials' positional encoding), values of size ~1: the twin's one rounding to float32
+    "reference_float64": dict(rtol=1e-6, atol=1e-6),
+    # the ffn twin against two linear twins: the hidden layer rounds to float32 between them
+    "reference_ffn": dict(rtol=1e-5, atol=1e-6),
+    # the linear, ffn and layer-norm twins against torch's float32 (outputs summing K products of
+    # values ~1; torch rounds every partial sum)
+    "reference_torch_sums": dict(rtol=1e-5, atol=1e-5),
+    # ---- layer norm's single checks (test_ops_layernorm_scale, test_ops_layernorm) --------
+    # the mean of rows of size ~1 (no weight, a NaN row beside them): an absolute floor for
+    # means near 0
+    "layer_norm_mean_small": dict(rtol=1e-6, atol=1e-5),
+    # the backward on rows scaled to 1e36 (a residual of the same size): dx is ~1e-36, so its
+    # floor is far below that; dweight and dbias sum N rows: their atol is x N
+    "layer_norm_grad_at_scale": dict(dx=dict(rtol=1e-4, atol=1e-40),
+                                     dweight=dict(rtol=1e-4, atol=1e-5),
+                                     dbias=dict(rtol=1e-5, atol=1e-6)),
+    # the backward on rows of size ~1 (no weight), beside a row that is NaN throughout
+    "layer_norm_grad_small": dict(dx=dict(rtol=1e-4, atol=1e-5), dbias=dict(rtol=1e-5, atol=1e-5)),
+    # rows of one value (var = 0, x up to 1e4): y = bias and dweight = 0, up to the rounding
+    # of the float32 mean subtracted from each x
+    "layer_norm_constant_rows": dict(rtol=0.0, atol=1e-6),
+    # their rstd = 1 / sqrt(eps), relative
+    "layer_norm_constant_rstd": dict(rtol=1e-5, atol=0.0),
+    # weight None / bias None against explicit ones and zeros: the same normalised values,
+    # times 1 and plus 0 (or a path that skips them)
+    "layer_norm_none_weight": dict(rtol=1e-6, atol=1e-6),
+    # the fused residual add against the residual added first (forward and backward): the same
+    # float32 sum, then statistics in another order
+    "layer_norm_fused_residual": dict(rtol=1e-5, atol=1e-5),
+    # ---- attention's and dropout's single checks ------------------------------------------
+    # dk, dv against the twin on problems of size ~1 with a NaN row or blind (fully masked) rows
+    # beside them, where attention_grad_atol's magnitudes are not worked out: rtol, and atol
+    # (x max|expected| where the check scales it)
+    "attention_grad_plain": dict(rtol=1e-4, atol=1e-5),
+    # the backward kernel on empty sizes (the elements that exist, of size ~1)
+    "attention_grad_empty_sizes": dict(rtol=1e-5, atol=1e-6),
+    # out with dropout against the twin's: atol x max|v| (kept weights scaled by 1 / (1 - p) <=
+    # 1 / 0.7 add to the forward's rounding)
+    "attention_dropout_out": dict(rtol=1e-4, atol=4e-5),
+    # out with dropout against torch autograd's float64 forward on the twin's keep mask
+    "attention_dropout_torch": dict(rtol=1e-4, atol=1e-5),
+    # the share of dropped (or kept) elements against p, over >= 60000 draws: its standard
+    # deviation is <= sqrt(0.25 / 60000) = 0.002, so 0.01 is 5 of them (fixed seeds: the check
+    # is deterministic)
+    "dropout_fraction": 0.01,
+    # kept values x * (1 / (1 - p)) in float32 against the float64 twin (or x / (1 - p) rounded
+    # once): within about an ulp, relative; dropped ones are 0 in both
+    "dropout_scale": dict(rtol=2.5e-7, atol=0.0),
+    # ---- linear's single checks (test_ops_linear, test_ops_linear_backward) ---------------
+    # an activation applied by the linear kernel (to x @ I) at its special values (0, +-inf,
+    # NaN, the extremes) against the float64 twin's
+    "activation_special_values": dict(rtol=1e-6, atol=1e-7),
+    # the activation kernels against float64 gelu over x in [-12, 12]: erf's polynomial is good to
+    # a few float32 ulps; the tanh form carries float32's relative error of u = k0 (x + k1 x^3)
+    # into e^(2|u|), so its left tail is good to ~1e-5 relative
+    "activation": {"gelu": dict(rtol=1e-6, atol=2e-7), "gelu_tanh": dict(rtol=1e-5, atol=2e-7)},
+    # the packed-weight linear against the twin, weights ~ N(0, 1 / K): atol x sqrt(K)
+    "linear_packed": dict(rtol=1e-5, atol=1e-5),
+    # linear and ffn against torch autograd (forward and gradients): twice linear_grad's factor,
+    # torch's float32 carrying rounding of its own; atol is chain_atol's factor
+    "linear_grad_torch": dict(rtol=1e-4, atol=8.0),
+    # a gradient accumulated into a buffer (+=) against the gradient plus the buffer: one more
+    # float32 rounding of a value of size ~1
+    "linear_grad_accumulate": dict(rtol=1e-6, atol=1e-6),
+    # ---- sizes and views (test_binding, test_validation) ----------------------------------
+    # the kernels on empty or degenerate sizes (a dimension of 0 or 1) against the twin: sums of
+    # no or few terms (zeros, the bias-only values)
+    "empty_sizes": dict(rtol=1e-6, atol=1e-6),
+    # attention on a small problem (a few keys, values of size ~1: strided views, broadcast
+    # masks, a masked NaN key) against the twin
+    "attention_small": dict(rtol=1e-5, atol=1e-6),
+    # ---- weights and softmax rows (test_ops_softmax, test_ops_attention, the model's weights) ---
+    # rows of float32 weights exp(s - lse) summing to 1: an lse up to ~37 carries an ulp of
+    # 3.8e-6 into every weight of its row
+    "row_sums": dict(rtol=0.0, atol=1e-5),
+    # softmax rows of small scores (half the columns masked) summing to 1
+    "softmax_row_sums": dict(rtol=0.0, atol=1e-6),
+    # rows of equal scores (and -inf) against 1 / C, relative
+    "softmax_uniform": dict(rtol=1e-6, atol=0.0),
+    # softmax(x) against softmax(x - 1e4) with x ~ 1e4: float32's ulp at 1e4 is 1e-3, an error
+    # x - max carries into exp relative
+    "softmax_shifted": dict(rtol=1e-3, atol=1e-7),
+    # causal attention against non-causal for one query row (it sees every key either way)
+    "attention_causal_one_row": dict(rtol=1e-6, atol=1e-6),
+    # the kernel's weights against seed 002's row "I" worked out by hand (a weight of 3.5e-12
+    # beside 1 - 3.5e-12): relative, and a floor far below the small weight
+    "attention_seed002_by_hand": dict(rtol=1e-5, atol=1e-12),
+    # ---- quantized and bf16 single checks (test_ops_quant, test_ops_bf16_training) --------
+    # an int8 linear whose inputs sit on the quantization levels against the float64 product:
+    # the integer sums are exact, the scales' product rounds once to float32
+    "quantized_on_levels": dict(rtol=1e-6, atol=1e-6),
+    # an ffn with quantized weights against its twin where they may differ (gelu, bf16): a
+    # hidden value may round to a neighbouring level, moved through the second product
+    "quantized_ffn": dict(rtol=1e-4, atol=1e-4),
+    # bf16 compute on operands bf16 holds exactly (and a gradient rounded beforehand) against
+    # float32's: the same products, summed in another order
+    "bf16_exact_operands": dict(rtol=1e-6, atol=1e-6),
+    # ... while the gradient's own rounding to bf16 moves some dx by more than this
+    "bf16_gradient_rounded": dict(rtol=1e-6, atol=0.0),
+    # the ffn's kept pre-activation against the same bf16 product by the linear kernel (another
+    # order of the float32 sums): rtol, and atol x max|pre|
+    "bf16_pre_two_orders": dict(rtol=1e-5, atol=1e-5),
+    # ---- the seed walkthrough (test_examples), np.testing's default rtol of 1e-7 kept where only atol was given ---
+    # its float32 steps against the same values in float64 (the seed's embeddings, sin and cos,
+    # rows of weights summing to 1): one rounding, relative
+    "walkthrough_float32": dict(rtol=1e-6, atol=0.0),
+    # the attention output against its weights (v = I): float32 sums of 6 weights
+    "walkthrough_attention": dict(rtol=1e-7, atol=1e-5),
+    # against the seed's tables, printed to 2 decimals: half their last place, and float slack
+    "walkthrough_seed_table": dict(rtol=1e-7, atol=0.005 + 1e-6),
+    # the population's normalised values against ddof=1's times sqrt(5 / 4): eps in the
+    # variance keeps the ratio from being exact
+    "walkthrough_population": dict(rtol=1e-7, atol=2e-3),
+    # its layer norm's float32 output against float64's (and the row means of an output with
+    # weight 1 against 0)
+    "walkthrough_layer_norm": dict(rtol=1e-7, atol=1e-5),
+    # ---- embedding and the model's layers -------------------------------------------------
+    # embedding's dweight against the twin: atol x max|dout| x the number of ids summed into the
+    # row (in another order than the twin's)
+    "embedding_grad": dict(rtol=1e-6, atol=4e-7),
+    # the same against torch autograd: atol x the number of ids (dout of size ~1)
+    "embedding_grad_torch": dict(rtol=1e-5, atol=1e-6),
+    # the float64 embedding twin's backward against central differences: the loss is linear in
+    # the weights, so the differences are exact to float64's cancellation
+    "finite_difference_embedding": dict(rtol=1e-7, atol=1e-8),
+    # the model's positional-encoding table (float32) against sin and cos in float64, positions
+    # up to 50: values of size <= 1 and the angles rounded once
+    "positional_encoding": dict(rtol=0.0, atol=1e-6),
+    # ---- the model and the benchmarks -----------------------------------------------------
+    # a fully masked (or blocked) query row through the attention module: zeros from attention,
+    # then out_proj adds its bias (a product of zeros plus the bias)
+    "masked_row_bias": dict(rtol=0.0, atol=1e-6),
+    # CTranslate2's float32 log-probabilities against the model's: another engine, with its own
+    # GEMMs and log-softmax, over up to 20 target tokens
+    "ct2_scores": dict(rtol=0.0, atol=1e-3),
 }
 
 

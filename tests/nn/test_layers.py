@@ -9,6 +9,7 @@ from conftest import assert_close, requires_torch
 from fastattn import nn as fnn
 from nn_util import *  # noqa: F401,F403  (helpers and constants)
 from nn_util import TORCH_WARNINGS
+from tolerances import TOL
 
 pytestmark = TORCH_WARNINGS
 
@@ -43,8 +44,10 @@ def test_positional_encoding_table():
     table[:, 0::2] = np.sin(pos * den)
     table[:, 1::2] = np.cos(pos * den)
     x = np.zeros((2, 9, C), np.float32)
-    assert_close(pe(x), np.broadcast_to(table[:9], (2, 9, C)), rtol=0, atol=1e-6, name="pe")
-    assert_close(pe(x, offset=40), np.broadcast_to(table[40:49], (2, 9, C)), rtol=0, atol=1e-6,
+    assert_close(pe(x), np.broadcast_to(table[:9], (2, 9, C)), **TOL["positional_encoding"],
+                 name="pe")
+    assert_close(pe(x, offset=40), np.broadcast_to(table[40:49], (2, 9, C)),
+                 **TOL["positional_encoding"],
                  name="pe offset")
     with pytest.raises(ValueError, match="max_len"):
         pe(np.zeros((1, 51, C), np.float32))

@@ -9,6 +9,7 @@ from conftest import assert_close, requires_torch
 from fastattn import _fast, nn as fnn
 from nn_util import *  # noqa: F401,F403  (helpers and constants)
 from nn_util import TORCH_WARNINGS
+from tolerances import TOL
 
 pytestmark = TORCH_WARNINGS
 
@@ -323,16 +324,16 @@ def test_mha_fully_masked_row_gives_zero_attention(rng, backend):
         out, w = m(q, k, k, key_padding_mask=kpm, need_weights=need)
         assert np.isfinite(out).all()
         # zeros from attention, then out_proj: the row is out_proj.bias exactly
-        assert_close(out[1], np.broadcast_to(m.out_proj.bias, (T, C)), rtol=0, atol=1e-6,
+        assert_close(out[1], np.broadcast_to(m.out_proj.bias, (T, C)), **TOL["masked_row_bias"],
                      name="fully masked row")
         if need:
             assert np.isfinite(w).all() and np.all(w[1] == 0)
-            assert_close(w[0].sum(-1), np.ones(T), rtol=0, atol=1e-5, name="weights sum")
+            assert_close(w[0].sum(-1), np.ones(T), **TOL["row_sums"], name="weights sum")
     mask = np.zeros((T, S), bool)
     mask[2] = True                                 # one query row blocked by the attn_mask
     out, _ = m(q, k, k, attn_mask=mask, need_weights=False)
     assert np.isfinite(out).all()
-    assert_close(out[:, 2], np.broadcast_to(m.out_proj.bias, (B, C)), rtol=0, atol=1e-6,
+    assert_close(out[:, 2], np.broadcast_to(m.out_proj.bias, (B, C)), **TOL["masked_row_bias"],
                  name="blocked row")
 
 
