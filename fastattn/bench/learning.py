@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 from ..train.defaults import DEFAULT_STEPS, PRESET_LR, default_warmup
-from .cases import Case
+from .base import Case
 from .report import fmt_ms
 from .torch_models import require_torch, torch_generate, tutorial_seq2seq
 
