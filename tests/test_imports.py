@@ -1,10 +1,17 @@
-"""The runtime never imports the benchmark harness (fastattn.bench) or torch.
+"""The runtime never imports the benchmark harness (fastattn.bench) or torch, and the harness
+and the command sit in layers: the CLI imports the harness (for ``fastattn bench``), the harness
+never imports the CLI, and neither is on an import cycle.
 
-Each check runs in a fresh interpreter (this test process has imported both by now) and lists
-the modules of interest left in sys.modules afterwards.
+The loading checks run in a fresh interpreter (this test process has imported both by now) and
+list the modules of interest left in sys.modules afterwards. The layering checks read the static
+import graph of the source (tests/import_graph.py: every import, lazy ones inside functions
+included), so an import that only runs on some path is caught too.
 """
+import textwrap
+
 import pytest
 
+import import_graph
 from conftest import modules_loaded_by
 
 
@@ -55,3 +62,53 @@ def test_the_check_sees_the_harness_when_it_is_loaded():
             assert cli.main(["bench", "--list"]) == 0
         """)
     assert "fastattn.bench" in loaded and "fastattn.bench.cases" in loaded
+
+
+# ---- layering, from the source ------------------------------------------------------------------
+
+HARNESS, COMMAND = "fastattn.bench", "fastattn.cli"
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph.import_graph()
+
+
+def test_the_harness_never_imports_the_command(graph):
+    """fastattn.bench sits above the CLI's building blocks (train_run, the runners), not above
+    the CLI: the learning case trains through train_run, not cli.main."""
+    offenders = {m: sorted(t for t in targets if import_graph.involves([t], COMMAND))
+                 for m, targets in graph.items() if import_graph.involves([m], HARNESS)}
+    assert {m: t for m, t in offenders.items() if t} == {}
+
+
+def test_only_the_command_imports_the_harness(graph):
+    importers = sorted(m for m, targets in graph.items()
+                       if not import_graph.involves([m], HARNESS)
+                       and any(import_graph.involves([t], HARNESS) for t in targets))
+    assert importers == [COMMAND]
+
+
+def test_no_import_cycle_holds_the_command_or_the_harness(graph):
+    cycles = [" -> ".join(c) for c in import_graph.shortest_cycles(graph)
+              if import_graph.involves(c, COMMAND, HARNESS)]
+    assert cycles == []
+
+
+def test_the_graph_sees_lazy_imports_and_their_cycles(graph, tmp_path):
+    """The checks above are not vacuous: the CLI's lazy import of the harness (inside a
+    function) is an edge, and a cycle closed by function-level relative imports is found."""
+    assert HARNESS in graph[COMMAND]
+    pkg = tmp_path / "fastattn"
+    (pkg / "bench").mkdir(parents=True)
+    files = {"__init__.py": "", "cli.py": "def main():\n    from . import bench\n",
+             "bench/__init__.py": "from .learning import run\n",
+             "bench/learning.py": "def run():\n    from .. import cli\n    import fastattn.cli\n"}
+    for name, text in files.items():
+        (pkg / name).write_text(textwrap.dedent(text))
+    small = import_graph.import_graph(str(pkg))
+    assert small["fastattn.bench.learning"] == {COMMAND}
+    assert import_graph.components(small) == [
+        ["fastattn.bench", "fastattn.bench.learning", "fastattn.cli"]]
+    assert import_graph.shortest_cycles(small) == [
+        ["fastattn.bench", "fastattn.bench.learning", "fastattn.cli", "fastattn.bench"]]

@@ -8,8 +8,11 @@ API, and runs torch through the same generation search loops as fastattn.
 
 Modules:
 
+- ``base``: ``Case`` and the helpers the case modules share (they import it, never ``cases``);
 - ``cases``: the Case objects (``CASES``; ``OP_CASES`` + ``MODEL_CASES`` = ``DEFAULT_CASES``),
-  each with its seeded inputs and one callable per implementation (fastattn, numpy, torch);
+  each with its seeded inputs and one callable per implementation (fastattn, numpy, torch),
+  gathered from the case modules (train_cases, runner_cases, learning, dp_cases, quant_cases,
+  attention_bf16_cases);
 - ``torch_models``: the torch twins of the model cases (torch optional and imported lazily);
 - ``timing``: thread control, idle waits, interleaved timing, peak memory, a memory copy;
 - ``runner``: ``run()``, which validates then times each case, one row per case;

@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from .. import _fast, ops, reference
-from .cases import Case, _normal, _torch_impl
+from .base import Case, _normal, _torch_impl
 
 ATTENTION = dict(B=8, H=8, L=128, D=64)
 DECODE = dict(B=8, H=8, Lk=128, D=64)

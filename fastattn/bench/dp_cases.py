@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import sys
 
-from .cases import Case
+from .base import Case
 from .report import fmt_ms
 
 __all__ = ["DP_CASES", "DP_TARGETS", "run_dp_case", "dp_configs"]

@@ -4,7 +4,8 @@ A position-sensitive task (``TASKS``: reverse, rotate or sort the words of short
 over a vocabulary of a few dozen words) is drawn from a seed: training pairs and held-out test
 pairs whose sources never occur in training. Then, for each seed:
 
-- ``fastattn``: ``fastattn train`` (the command, run in this process) on the training pairs
+- ``fastattn``: what ``fastattn train`` runs (fastattn.train.run.train_run, in this process,
+  with the settings of the command line ``LearningSetup.train_args``) on the training pairs
   written as a TSV, then greedy completion of the test sources through the run it wrote, as
   ``fastattn complete RUN_DIR`` does;
 - ``torch``: the model of PyTorch's translation tutorial (nn.Transformer, the tutorial's
@@ -31,7 +32,7 @@ import time
 import numpy as np
 
 from ..train.defaults import DEFAULT_STEPS, PRESET_LR, default_warmup
-from .cases import Case
+from .base import Case
 from .report import fmt_ms
 from .torch_models import require_torch, torch_generate, tutorial_seq2seq
 
@@ -96,14 +97,23 @@ class LearningSetup:
         self.dropout, self.label_smoothing, self.clip_norm = dropout, label_smoothing, clip_norm
         self.valid = valid
 
+    def train_settings(self):
+        """The settings train_run (fastattn.train.run) takes for this setup, as
+        ``fastattn train`` parses them from train_args (ints and floats as its options are)."""
+        return dict(model=self.model, tokenizer="word", steps=int(self.steps),
+                    batch_tokens=int(self.batch_tokens), lr=float(self.lr),
+                    warmup=int(self.warmup), schedule=self.schedule,
+                    dropout=float(self.dropout), label_smoothing=float(self.label_smoothing),
+                    clip_norm=float(self.clip_norm), valid=float(self.valid),
+                    seed=int(self.seed))
+
     def train_args(self, tsv, out):
-        """The ``fastattn train`` command line for this setup."""
-        return ["train", tsv, "--out", out, "--model", self.model, "--tokenizer", "word",
-                "--steps", str(self.steps), "--batch-tokens", str(self.batch_tokens),
-                "--lr", str(self.lr), "--warmup", str(self.warmup), "--schedule",
-                self.schedule, "--dropout", str(self.dropout), "--label-smoothing",
-                str(self.label_smoothing), "--clip-norm", str(self.clip_norm), "--valid",
-                str(self.valid), "--seed", str(self.seed), "--quiet"]
+        """The ``fastattn train`` command line for this setup: what fastattn_learning runs,
+        to rerun one by hand."""
+        args = ["train", tsv, "--out", out]
+        for name, value in self.train_settings().items():
+            args += ["--" + name.replace("_", "-"), str(value)]
+        return args + ["--quiet"]
 
 
 def exact_match(outputs, pairs):
@@ -112,10 +122,14 @@ def exact_match(outputs, pairs):
 
 
 def fastattn_learning(setup, work_dir=None):
-    """Train with ``fastattn train`` and complete the test sources -> dict(exact, seconds,
-    run_dir): seconds is training plus completion."""
-    from .. import cli
-    from ..train.run import load_run
+    """Train as ``fastattn train`` does (setup.train_args) and complete the test sources ->
+    dict(exact, seconds, run_dir): seconds is reading the pairs, training and completion.
+
+    The harness does not import the command's module (fastattn.cli): it calls what the
+    command's train runs in one process, train_run on the pairs read from the TSV, with the
+    settings the command line gives (train_settings) and --quiet's JSON-lines progress."""
+    from ..train import read_pairs
+    from ..train.run import load_run, train_run
 
     work = work_dir or tempfile.mkdtemp(prefix="fastattn-learning-")
     os.makedirs(work, exist_ok=True)
@@ -124,9 +138,7 @@ def fastattn_learning(setup, work_dir=None):
         f.writelines(f"{s}\t{t}\n" for s, t in setup.train)
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(_io.StringIO()), contextlib.redirect_stderr(_io.StringIO()):
-        status = cli.main(setup.train_args(tsv, out))
-    if status != 0:
-        raise RuntimeError(f"fastattn train exited with {status}")
+        train_run(read_pairs(tsv), out, progress="json", data=tsv, **setup.train_settings())
     run = load_run(out)
     outputs = []
     for i in range(0, len(setup.test), 64):

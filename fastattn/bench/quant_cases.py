@@ -25,7 +25,7 @@ inputs (before timing), as a model does on its first call.
 import numpy as np
 
 from .. import _fast, _kernels, build_info, get_num_threads, kinds, ops, reference
-from .cases import Case, _normal, _torch_impl
+from .base import Case, _normal, _torch_impl
 from .torch_models import Unavailable
 
 LINEAR = dict(N=1024, K=512, M=2048)

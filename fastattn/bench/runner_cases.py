@@ -30,7 +30,7 @@ import tempfile
 import numpy as np
 
 from .. import get_num_threads, set_num_threads
-from .cases import Case, Unavailable
+from .base import Case, Unavailable
 from .report import fmt_ms
 
 __all__ = ["RUNNER_CASES", "RUNNER_TARGETS", "RUNNER_LINES", "TRAIN_STEPS"]

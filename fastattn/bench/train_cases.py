@@ -31,7 +31,7 @@ import functools
 import numpy as np
 
 from .. import get_num_threads, nn, optim
-from .cases import Case
+from .base import Case
 from .torch_models import require_torch, torch_seq2seq
 
 SMALL = dict(num_encoder_layers=3, num_decoder_layers=3, emb_size=256, nhead=4, vocab=4000,
