@@ -21,7 +21,8 @@ PACKAGE = "fastattn"
 
 
 def module_files(root=ROOT, package=PACKAGE):
-    """{module name: path} of package/*.py and package/*/*.py (an __init__.py is the package)."""
+    """{module name: path} of package/*.py and package/*/*.py (an __init__.py is the package),
+    and of the compiled binding (its .pyx source)."""
     files = {}
     for dirpath, dirnames, filenames in os.walk(root):
         rel = os.path.relpath(dirpath, root)
@@ -31,9 +32,9 @@ def module_files(root=ROOT, package=PACKAGE):
         dirnames[:] = [d for d in dirnames if not d.startswith((".", "__"))]
         parts = [package] + ([] if rel == "." else rel.split(os.sep))
         for name in filenames:
-            if not name.endswith(".py"):
+            if not name.endswith((".py", ".pyx")):    # .pyx: the compiled binding, a leaf
                 continue
-            stem = name[:-3]
+            stem = name.rsplit(".", 1)[0]
             files[".".join(parts if stem == "__init__" else parts + [stem])] = \
                 os.path.join(dirpath, name)
     return files
@@ -80,6 +81,9 @@ def import_graph(root=ROOT, package=PACKAGE):
     files = module_files(root, package)
     graph = {}
     for module, path in files.items():
+        if path.endswith(".pyx"):                   # Cython: imports nothing of ours
+            graph[module] = set()
+            continue
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read(), path)
         is_package = os.path.basename(path) == "__init__.py"

@@ -112,3 +112,34 @@ def test_the_graph_sees_lazy_imports_and_their_cycles(graph, tmp_path):
         ["fastattn.bench", "fastattn.bench.learning", "fastattn.cli"]]
     assert import_graph.shortest_cycles(small) == [
         ["fastattn.bench", "fastattn.bench.learning", "fastattn.cli", "fastattn.bench"]]
+
+
+def test_no_import_cycle_at_all(graph):
+    """No module of fastattn imports one that imports it back, directly or through others
+    (the compiled binding is a leaf)."""
+    assert [" -> ".join(c) for c in import_graph.shortest_cycles(graph)] == []
+    assert graph["fastattn._kernels"] == set()
+
+
+# What the twin may reach: the shared checks, the weight kinds (QuantizedWeight is one class
+# for both twins) and what they stand on, the kernel calls and the binding, never the ops
+# above it nor the model layer.
+TWIN_BELOW = {"fastattn._checks", "fastattn.kinds", "fastattn._fast", "fastattn._kernels",
+              "fastattn._runtime", "fastattn._blas_core", "fastattn._convert"}
+
+
+def reachable(graph, module):
+    seen, todo = set(), [module]
+    while todo:
+        for t in graph.get(todo.pop(), ()):
+            if t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return seen
+
+
+def test_the_twin_depends_on_nothing_above_it(graph):
+    assert reachable(graph, "fastattn.reference") <= TWIN_BELOW
+    assert "fastattn.reference" not in reachable(graph, "fastattn.kinds")
+    assert not reachable(graph, "fastattn._fast") & {"fastattn.ops", "fastattn.reference",
+                                                     "fastattn.kinds", "fastattn.quant"}
