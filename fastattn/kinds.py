@@ -51,6 +51,7 @@ from ._runtime import get_num_threads, quant_tiles
 
 __all__ = ["WeightKind", "Float32Weight", "PackedFloat32Weight", "QuantizedWeight",
            "Int8Weight", "Bf16Weight", "Bfloat16Weight", "Bf16TrainingWeight", "of",
+           "weight_kind", "decode_kind",
            "ffn_product", "ffn_train", "ffn_backward", "PACKED_MAX_ROWS", "INT8_MAX_K"]
 
 INT8_MAX_K = _kernels.int8_max_k()    # = reference.INT8_MAX_K: K * 127 * 127 fits an int32
@@ -114,6 +115,27 @@ class WeightKind:
 def of(weight):
     """`weight` as a kind: a kind as it is, a float32 array wrapped in Float32Weight."""
     return weight if isinstance(weight, WeightKind) else Float32Weight(weight)
+
+
+# ---- which kind a weight takes: the one place that chooses (the model layer asks here) -------
+
+def weight_kind(weight, precision=None):
+    """The kind of parameter `weight` for a module's products: in training (precision "fp32"
+    or "bf16"), a Float32Weight or a Bf16TrainingWeight (its bf16 copy and packs, made now);
+    in inference (None), a Float32Weight, or the QuantizedWeight itself."""
+    if isinstance(weight, WeightKind):
+        return weight
+    if precision == "bf16":
+        return Bf16TrainingWeight(weight)
+    return Float32Weight(weight)
+
+
+def decode_kind(weight):
+    """The kind of `weight` decode steps multiply by: a float32 array gets its panels packed
+    for few-row products (PackedFloat32Weight); a QuantizedWeight is its kind."""
+    if isinstance(weight, WeightKind):
+        return weight
+    return PackedFloat32Weight(weight)
 
 
 # ---- float32 ---------------------------------------------------------------------------------

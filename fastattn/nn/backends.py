@@ -7,8 +7,9 @@ them; the reference table computes new arrays, as a prototype would, and copies 
 buffer is given).
 
 The linear and feed-forward products are not in the tables: they are the weight *kinds'*
-(fastattn.kinds; TwinWeight below for the reference backend), which the table makes
-(``weight_kind``, ``decode_kind``) and the module owning the parameter keeps. Precision is a
+(fastattn.kinds; TwinWeight below for the reference backend), which the table hands out
+(``weight_kind``, ``decode_kind``: on the fast backend fastattn.kinds chooses, so a new kind
+does not touch the model layer) and the module owning the parameter keeps. Precision is a
 setting that installs kinds (float32, or bf16 training's copies), not a table of its own; the
 attention's own products take it as a flag (``bf16``).
 
@@ -207,25 +208,9 @@ class FastOps(_TrainingOps):
     F = ops
     reuses_buffers = True        # inference passes reuse a workspace, the stream in place
 
-    # -- weight kinds (fastattn.kinds) ----------------------------------------------------------
-    @staticmethod
-    def weight_kind(weight, precision=None):
-        """The kind of parameter `weight` for this module's products: in training (precision
-        "fp32" or "bf16"), a Float32Weight or a Bf16TrainingWeight (its bf16 copy and packs,
-        made now); in inference (None), a Float32Weight, or the QuantizedWeight itself."""
-        if isinstance(weight, kinds.WeightKind):
-            return weight
-        if precision == "bf16":
-            return kinds.Bf16TrainingWeight(weight)
-        return kinds.Float32Weight(weight)
-
-    @staticmethod
-    def decode_kind(weight):
-        """The kind of `weight` its decode steps multiply by: a float32 array gets its panels
-        packed for few-row products (PackedFloat32Weight); a QuantizedWeight is its kind."""
-        if isinstance(weight, kinds.WeightKind):
-            return weight
-        return kinds.PackedFloat32Weight(weight)
+    # -- weight kinds: chosen by fastattn.kinds (a new kind does not touch the model layer) ----
+    weight_kind = staticmethod(kinds.weight_kind)
+    decode_kind = staticmethod(kinds.decode_kind)
 
     # Training: every result written by the kernels into the caller's buffers, parameter
     # gradients accumulated in the kernels (no temporary arrays, no second pass to add them).
