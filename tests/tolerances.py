@@ -134,7 +134,8 @@ TOL = {
     # 2 ranks against one process with the same global batches (test_distributed, which says
     # which weights are left out): the gradients' rows are summed in two parts, then across
     # the ranks, so losses, weights and logits move by float32 rounding only
-    "data_parallel": dict(loss_rtol=1e-6, weight_atol=1e-6, logits_atol=1e-5),
+    "data_parallel": dict(loss=dict(rtol=1e-6, atol=0.0), weight_atol=1e-6,
+                          logits=dict(rtol=0.0, atol=1e-5)),
     # ---- single checks of the twins (test_reference) --------------------------------------
     # the same values, bit for bit (-0.0 == 0.0, NaN where NaN is expected): one computation
     # spelled two ways, or a value float32 holds exactly
@@ -286,6 +287,76 @@ TOL = {
     # CTranslate2's float32 log-probabilities against the model's: another engine, with its own
     # GEMMs and log-softmax, over up to 20 target tokens
     "ct2_scores": dict(rtol=0.0, atol=1e-3),
+    # ---- the model layer's single checks (tests/nn) -----------------------------------------
+    # the model's forward taken apart (encode, decode, then generator) against the whole forward:
+    # the same kernels on the same values, in other calls that BLAS may block otherwise:
+    # max|diff| <= atol x max|whole forward's|
+    "nn_split_forward": dict(rtol=0.0, atol=1e-6),
+    # the fast backend's gradients against the reference backend's (loss with backward), relative
+    # to each gradient's largest value: max|diff| <= atol x max|reference's|; they sum dweight's
+    # rows in another order through a chain of layers
+    "nn_backends_grad": dict(rtol=0.0, atol=1e-4),
+    # ... and the two backends' losses, relative: a mean of log-probabilities of size ~1-10
+    "nn_backends_loss": dict(rtol=1e-5, atol=0.0),
+    # gradients accumulated over two identical backward passes against twice the first: the
+    # second pass adds into buffers that hold the first (another float32 rounding of every
+    # partial sum): max|diff| <= atol x max|2 x first|
+    "nn_grad_accumulate": dict(rtol=0.0, atol=1e-5),
+    # attention weights recorded by the model (rows with no masked key, or all but one) summing
+    # to 1: float32 weights of an lse of the scores' size, np.testing's default rtol of 1e-7 kept
+    "nn_weight_row_sums": dict(rtol=1e-7, atol=1e-5),
+    # the std of torch's N(0, 1) init of a 300 x 256 embedding against 1: the sample std's own
+    # spread is 1 / sqrt(2 x 76800) = 0.0026, so 0.05 is ~20 of them (seeded: deterministic)
+    "nn_init_std": dict(rtol=0.05, atol=0.0),
+    # ---- the torch decoders of the benchmarks (test_bench_torch_cache, test_cli) ------------
+    # a torch decoder's logits stepped over its cache (grown, or after a beam reorder) against
+    # the same steps taken another way (no cache growth, the source alone): torch's float32 GEMMs
+    # on other batch shapes round otherwise
+    "torch_decoder_steps": dict(rtol=1e-5, atol=1e-5),
+    # ---- attention masks and bf16 attention ------------------------------------------------
+    # rows of weights under finite biases down to finfo(float32).min (test_attention_masks)
+    # summing to 1: np.allclose's default rtol of 1e-5 kept beside its atol
+    "attention_masks_row_sums": dict(rtol=1e-5, atol=1e-5),
+    # bf16 attention against its twin (test_ops_attention_bf16): out's bound is the absolute one
+    # the module docstring derives (rtol 0); the weights' rtol is derived too, and their atol is
+    # only a floor for weights that underflow to ~0 (2^-120: far below any weight the derived
+    # rtol is about)
+    "attention_bf16": dict(out_rtol=0.0, weights_atol=2.0 ** -120),
+    # a decode step (one row over the KV cache) against the tiled pass's row, both bf16 against
+    # the same twin: each within the bound, so within twice it of each other
+    "attention_bf16_two_paths": 2.0,
+    # ---- cross entropy's single checks (test_ops_loss) -------------------------------------
+    # the float64 twin against torch.float64: loss to rtol and atol x loss_atol(x); dlogits to
+    # rtol and atol x the gradient's scale (1 / count for a mean): rounding of float64 sums
+    "cross_entropy_twin_torch64": dict(loss=dict(rtol=1e-6, atol=1e-6),
+                                      grad=dict(rtol=1e-5, atol=1e-7)),
+    # the kernel on logits up to ~5e4 (a row shifted by 5e4): atol x EPS32 x max|x|, lse - x_t
+    # of float32 terms of size max|x|
+    "cross_entropy_large": dict(rtol=1e-6, atol=8.0),
+    # ---- optimisers' and training's single checks -------------------------------------------
+    # Adam's first step (m_hat / sqrt(v_hat) = sign(g)) against lr, p ~ N(0, 1): p - lr rounded
+    # to float32 moves by half an ulp of p (6e-8 below |p| = 2), i.e. 6e-6 of lr = 0.01, relative
+    "adam_first_step": dict(rtol=1e-5, atol=0.0),
+    # the gradients' norm after clipping against min(max_norm, total): each clipped value is
+    # rounded to float32 once (~6e-8 relative); used with pytest.approx (rel=rtol, abs=atol),
+    # which takes the larger of rel x |expected| and abs
+    "clipped_norm": dict(rtol=1e-5, atol=1e-6),
+    # a learning-rate schedule against its formula, both in float64 (pytest.approx's rel, with
+    # its default abs of 1e-12 beside it): a few float64 ulps
+    "schedule_float64": dict(rtol=1e-15),
+    # the validation loss of a model evaluated again (the best kept, the last, a loaded run)
+    # against the figure recorded during training: the same pairs through the same kernels,
+    # float rounding only, relative
+    "valid_loss_again": dict(rtol=1e-6, atol=0.0),
+    # the validation loss (batched, padded) against one pair at a time without padding: other
+    # batch shapes in float32, relative
+    "valid_loss_unbatched": dict(rtol=1e-5, atol=0.0),
+    # ... and its exp, the perplexity, against exp of the same mean (pytest.approx's default rel)
+    "valid_ppl": dict(rtol=1e-6, atol=0.0),
+    # bf16 training's losses after a resume against fp32's (test_bf16_training): bf16 products
+    # move each step's loss by ~2^-8 relative and the runs drift apart over the steps; np.allclose's
+    # default atol of 1e-8 kept
+    "bf16_vs_fp32_losses": dict(rtol=0.05, atol=1e-8),
 }
 
 

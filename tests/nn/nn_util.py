@@ -45,6 +45,7 @@ BACKEND_RTOL = TOL["nn_backends"]["rtol"]     # fast vs reference backend
 
 def assert_rel(actual, expected, rel=TORCH_REL, name="output"):
     """max|actual - expected| <= rel * max|expected|, with assert_close's report on failure."""
+    # rtol 0: the whole bound is rel x max|expected| (the check's definition, any rel)
     assert_close(actual, expected, rtol=0.0, atol=rel_atol(expected, rel, floor=1e-30), name=name)
 
 

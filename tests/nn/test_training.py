@@ -9,10 +9,11 @@ path carries signal. Gradients are compared per tensor: max|diff| <= 1e-4 * max|
 import numpy as np
 import pytest
 
-from conftest import requires_torch
+from conftest import assert_close, requires_torch
 from fastattn import nn as fnn
 from nn_util import *  # noqa: F401,F403  (helpers and constants)
 from nn_util import TORCH_WARNINGS
+from tolerances import TOL
 
 pytestmark = TORCH_WARNINGS
 
@@ -188,10 +189,10 @@ def test_backends_give_the_same_gradients(rng):
     src = token_batch(rng, V_SRC, [S, 3, 5], S)
     tgt = token_batch(rng, V_TGT, [T, 3, 4], T)
     losses = [m.train().loss(src, tgt, label_smoothing=0.1, backward=True) for m in (fast, ref)]
-    assert abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[1])
+    assert_close(losses[0], losses[1], **TOL["nn_backends_loss"], name="loss", dtype=None)
     g_ref = dict(ref.named_grads())
     for k, g in fast.named_grads():
-        assert_rel(g, g_ref[k], rel=1e-4, name=k)
+        assert_rel(g, g_ref[k], rel=TOL["nn_backends_grad"]["atol"], name=k)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -223,10 +224,10 @@ def test_dropout_backward_equals_the_reference_backend(rng):
     tgt = token_batch(rng, V_TGT, [T, 3, 4], T)
     lf = fast.loss(src, tgt, backward=True)
     lr = ref.loss(src, tgt, backward=True)
-    assert abs(lf - lr) <= 1e-5 * abs(lr)
+    assert_close(lf, lr, **TOL["nn_backends_loss"], name="loss", dtype=None)
     g_ref = dict(ref.named_grads())
     for k, g in fast.named_grads():
-        assert_rel(g, g_ref[k], rel=1e-4, name=k)
+        assert_rel(g, g_ref[k], rel=TOL["nn_backends_grad"]["atol"], name=k)
 
 
 def test_dropout_averages_to_the_no_dropout_output(rng):
@@ -254,7 +255,7 @@ def test_named_grads_accumulate_and_zero_grad_keeps_the_arrays(rng):
     m(src, tgt)
     m.backward(dy)
     for k, g in m.named_grads():
-        assert_rel(g, 2 * first[k], rel=1e-5, name=k)
+        assert_rel(g, 2 * first[k], rel=TOL["nn_grad_accumulate"]["atol"], name=k)
     arrays = [g for _, g in m.named_grads()]
     m.zero_grad()
     assert all(g is h and not g.any() for (_, g), h in zip(m.named_grads(), arrays))
