@@ -8,6 +8,9 @@ import sys
 
 import pytest
 
+from conftest import assert_close
+from tolerances import TOL
+
 PAIRS = [("one two three", "three two one"), ("four five", "five four"),
          ("six seven eight", "eight seven six"), ("two four six", "six four two")]
 
@@ -170,7 +173,8 @@ def test_evaluate_prints_loss_perplexity_and_exact_match(tmp_path):
     want = Evaluator(read_pairs(held), src_tokenizer=r.src_tokenizer,
                      tgt_tokenizer=r.tgt_tokenizer, max_len=r.model.max_len,
                      exact_sample=2)(r.model)
-    assert got["valid_loss"] == pytest.approx(want["valid_loss"], rel=1e-6)
+    assert_close(got["valid_loss"], want["valid_loss"], **TOL["valid_loss_again"],
+                 name="valid_loss", dtype=None)
     assert got["valid_exact"] == want["valid_exact"] and got["exact_pairs"] == 2
     assert got["pairs"] == 4 and got["skipped"] == 0
     res = cli("evaluate", run, tmp_path / "missing.tsv")

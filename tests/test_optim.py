@@ -282,7 +282,7 @@ def test_inverse_sqrt_is_the_papers_schedule():
     assert optim.noam is optim.inverse_sqrt
     for step in (1, 10, 3999, 4000, 4001, 100000):
         assert s(step) == pytest.approx(512 ** -0.5 * min(step ** -0.5, step * 4000 ** -1.5),
-                                        rel=1e-15)
+                                        rel=TOL["schedule_float64"]["rtol"])
     assert s(4000) >= max(s(n) for n in range(1, 10000, 7))  # peak at the end of the warm-up
     assert optim.inverse_sqrt(512, 4000, factor=2.0)(10) == 2 * s(10)
     with pytest.raises(ValueError, match="1-based"):

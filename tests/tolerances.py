@@ -309,9 +309,9 @@ TOL = {
     # spread is 1 / sqrt(2 x 76800) = 0.0026, so 0.05 is ~20 of them (seeded: deterministic)
     "nn_init_std": dict(rtol=0.05, atol=0.0),
     # ---- the torch decoders of the benchmarks (test_bench_torch_cache, test_cli) ------------
-    # a torch decoder's logits stepped over its cache (grown, or after a beam reorder) against
-    # the same steps taken another way (no cache growth, the source alone): torch's float32 GEMMs
-    # on other batch shapes round otherwise
+    # a torch decoder's logits, stepped over a cache that grows or after a beam reorder, against
+    # the same steps taken another way (the uncached decoder, the source decoded alone): torch's
+    # float32 GEMMs on other shapes round otherwise
     "torch_decoder_steps": dict(rtol=1e-5, atol=1e-5),
     # ---- attention masks and bf16 attention ------------------------------------------------
     # rows of weights under finite biases down to finfo(float32).min (test_attention_masks)

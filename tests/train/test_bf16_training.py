@@ -14,7 +14,9 @@ from fastattn.kinds import Bf16TrainingWeight
 from fastattn.tokenizers import WordTokenizer
 from fastattn.train import fit
 from fastattn.train.evaluate import Evaluator
+from conftest import assert_close
 from test_learning import reverse_pairs
+from tolerances import TOL
 from train_util import char_tokenizer, tiny_model, untimed, words
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -231,7 +233,8 @@ def test_a_run_resumes_in_the_other_precision(tmp_path, capsys):
     mixed = _run(tok, pairs, tmp_path, "bf16", resume=True, progress="json")
     assert mixed.losses[:5] == fp32.losses[:5]
     assert mixed.losses[5:] != fp32.losses[5:]
-    assert np.allclose(mixed.losses[5:], fp32.losses[5:], rtol=0.05)
+    assert_close(mixed.losses[5:], fp32.losses[5:], **TOL["bf16_vs_fp32_losses"],
+                 name="losses after the resume", dtype=None, equal_nan=False)
     assert "settings changed: precision" in capsys.readouterr().err
 
 
