@@ -40,14 +40,6 @@ def torch_run(cls, params, grads_per_step, **kw):
     return [t.detach().numpy() for t in tp], opt
 
 
-def close_all(ours, theirs, name, tol=TOL["optim_torch"]):
-    """Each pair of tensors within the table entry `tol`, its atol relative to the tensor's
-    scale (max(1, max |p|))."""
-    for i, (a, b) in enumerate(zip(ours, theirs)):
-        assert_close(a, b, **scaled(tol, b, 1.0), name=f"{name}: tensor {i} {b.shape}",
-                     dtype=None)
-
-
 CONFIGS = [
     ("adamw", dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)),
     ("adamw", dict(lr=3e-3, betas=(0.3, 0.95), eps=1e-6, weight_decay=0.1)),   # lerp, w >= 0.5
@@ -78,12 +70,15 @@ def test_matches_torch_over_20_steps(rng, kind, hyper, torch_path):
     for step, g in enumerate(grads, start=1):
         step_fn(ours, g, m, v, step=step, **hyper)
         ref_fn(ref_p, g, ref_m, ref_v, step=step, **hyper)
-    close_all(ours, theirs, f"ops.{kind}_step vs torch {torch_path}")
-    close_all(ref_p, theirs, f"reference.{kind}_step vs torch {torch_path}")
-    # the moments too
+    # each tensor (and the moments too) within optim_torch, atol relative to max(1, max|p|)
     tstate = [opt.state[p] for p in opt.param_groups[0]["params"]]
-    close_all(m, [s["exp_avg"].numpy() for s in tstate], "exp_avg")
-    close_all(v, [s["exp_avg_sq"].numpy() for s in tstate], "exp_avg_sq")
+    for name, xs, ys in ((f"ops.{kind}_step vs torch {torch_path}", ours, theirs),
+                         (f"reference.{kind}_step vs torch {torch_path}", ref_p, theirs),
+                         ("exp_avg", m, [s["exp_avg"].numpy() for s in tstate]),
+                         ("exp_avg_sq", v, [s["exp_avg_sq"].numpy() for s in tstate])):
+        for i, (a, b) in enumerate(zip(xs, ys)):
+            assert_close(a, b, **scaled(TOL["optim_torch"], b, 1.0),
+                         name=f"{name}: tensor {i} {b.shape}", dtype=None)
 
 
 @pytest.mark.parametrize("fn", ["adamw_step", "adam_step"])
@@ -96,8 +91,10 @@ def test_one_step_matches_twin_closely(rng, fn):
     twin = [[a.copy() for a in xs] for xs in (params, m, v)]
     getattr(ops, fn)(params, g, m, v, step=7, lr=1e-2, weight_decay=0.02)
     getattr(reference, fn)(twin[0], g, twin[1], twin[2], step=7, lr=1e-2, weight_decay=0.02)
-    for name, a, b in zip(("params", "exp_avg", "exp_avg_sq"), (params, m, v), twin):
-        close_all(a, b, name, TOL["optim_twin"])
+    for name, xs, ys in zip(("params", "exp_avg", "exp_avg_sq"), (params, m, v), twin):
+        for i, (a, b) in enumerate(zip(xs, ys)):
+            assert_close(a, b, **scaled(TOL["optim_twin"], b, 1.0),
+                         name=f"{name}: tensor {i} {b.shape}", dtype=None)
 
 
 def test_single_arrays_and_lists_agree(rng):

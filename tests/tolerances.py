@@ -49,7 +49,8 @@ TOL = {
     # finite masks (test_attention_masks: values of size ~1, biases up to finfo(float32).min):
     # rtol and atol x max(1, max|expected|), for out and for dq, dk, dv, against the twin and
     # against torch's math backend
-    "attention_masks": dict(out=2e-5, grad=2e-4, out_torch=1e-5, grad_torch=1e-4),
+    "attention_masks": {k: dict(rtol=r, atol=r) for k, r in
+                        dict(out=2e-5, grad=2e-4, out_torch=1e-5, grad_torch=1e-4).items()},
     # a row that averages v (masked throughout by one finite value, or a decode step over a
     # padded source): a float32 sum of Lk values of size ~1
     "attention_mean_row": dict(rtol=1e-5, atol=1e-6),
@@ -377,6 +378,13 @@ def scaled(entry, expected, floor=0.0):
     """A table entry whose atol is relative to the largest value: dict(rtol=entry's rtol,
     atol=rel_atol(expected, entry's atol, floor)), for assert_close(actual, expected, **...)."""
     return dict(rtol=entry["rtol"], atol=rel_atol(expected, entry["atol"], floor))
+
+
+def max_rel(expected, rel=TOL["nn_torch"]["atol"]):
+    """dict(rtol=0, atol=rel x max|expected|) for assert_close: the model layer's relative check,
+    max|diff| <= rel x max|expected| (the scale at least 1e-30, so an all-zero expected is met
+    by zeros and values below 1e-30 x rel)."""
+    return dict(rtol=0.0, atol=rel_atol(expected, rel, floor=1e-30))
 
 
 def dot_atol(x, w, *, bias=None, factor=TOL["linear"]["atol"]):
