@@ -316,8 +316,14 @@ TOL = {
     "torch_decoder_steps": dict(rtol=1e-5, atol=1e-5),
     # ---- attention masks and bf16 attention ------------------------------------------------
     # rows of weights under finite biases down to finfo(float32).min (test_attention_masks)
-    # summing to 1: np.allclose's default rtol of 1e-5 kept beside its atol
+    # summing to 1: numpy allclose's default rtol of 1e-5 kept beside its atol
     "attention_masks_row_sums": dict(rtol=1e-5, atol=1e-5),
+    # the one key that wins its row by a bias near the float32 limit against a weight of 1:
+    # pytest.approx's default rel of 1e-6 kept (its abs of 1e-12 is far below 1e-6 x 1)
+    "attention_masks_winner": dict(rtol=1e-6, atol=0.0),
+    # rows whose keys are all masked by finfo.min, key 0 twice: weights 0 for key 0 and 1 / 4
+    # for the others; numpy allclose's defaults kept
+    "attention_masks_masked_alike": dict(rtol=1e-5, atol=1e-8),
     # bf16 attention against its twin (test_ops_attention_bf16): out's bound is the absolute one
     # the module docstring derives (rtol 0); the weights' rtol is derived too, and their atol is
     # only a floor for weights that underflow to ~0 (2^-120: far below any weight the derived
@@ -355,9 +361,20 @@ TOL = {
     # ... and its exp, the perplexity, against exp of the same mean (pytest.approx's default rel)
     "valid_ppl": dict(rtol=1e-6, atol=0.0),
     # bf16 training's losses after a resume against fp32's (test_bf16_training): bf16 products
-    # move each step's loss by ~2^-8 relative and the runs drift apart over the steps; np.allclose's
-    # default atol of 1e-8 kept
+    # move each step's loss by ~2^-8 relative and the runs drift apart over the steps; numpy
+    # allclose's default atol of 1e-8 kept
     "bf16_vs_fp32_losses": dict(rtol=0.05, atol=1e-8),
+    # ---- figures of the benchmarks and the training loop ------------------------------------
+    # a figure the code works out in float64 (a rate, a share, a ratio, a learning rate, a
+    # fraction) against the same arithmetic written in the test: pytest.approx's default rel of
+    # 1e-6 kept (its abs of 1e-12 never matters: every expected value here is above 1e-6)
+    "float64_figure": dict(rtol=1e-6, atol=0.0),
+    # a cell of the benchmark table, printed to about three significant digits (report.py),
+    # against the figure: the printing's rounding is at most 0.5% of it
+    "table_three_digits": dict(rtol=1e-2, atol=0.0),
+    # a test's hand-written table of next-token probabilities (generate/gen_util.table): its rows
+    # are float64 sums of a few decimals that should make 1; numpy allclose's defaults kept
+    "probability_table": dict(rtol=1e-5, atol=1e-8),
 }
 
 
