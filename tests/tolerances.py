@@ -255,6 +255,19 @@ TOL = {
     # the ffn's kept pre-activation against the same bf16 product by the linear kernel (another
     # order of the float32 sums): rtol, and atol x max|pre|
     "bf16_pre_two_orders": dict(rtol=1e-5, atol=1e-5),
+    # bf16 mixed-precision training's products (test_ops_bf16_training), as norms relative to
+    # the twin's result (|a - b| / |b|): twin: a value about to be rounded to bf16 may differ by
+    # a float32 ulp from the twin's and round to the neighbouring bf16 (2^-8) in rare elements;
+    # twin_blocks: attention over several key blocks rounds P at the running maximum (the twin:
+    # at the row's), up to a bf16 ulp of P where the maximum moved; vs_fp32: both operands of
+    # each product rounded to 8 significant bits (<= 2^-9 each) move a result by ~2^-8, bounded
+    # from above by 2^-5; moves: and it must move by more than 2^-12 (bf16 really ran)
+    "bf16_training": dict(twin=1e-4, twin_blocks=4e-3, vs_fp32=2.0 ** -5, moves=2.0 ** -12),
+    # the whole model's gradients (test_bf16_training, norms relative as above): bf16 kernels
+    # against the twin's bf16, a product's input a float32 ulp apart rounding to the neighbouring
+    # bf16 and every later layer carrying it on (about 1e-3 to 2.5e-2 on that model, by SIMD
+    # level); against float32: (at least, at most) moved
+    "bf16_training_model": dict(twin=0.05, vs_fp32=(0.005, 0.1)),
     # ---- the seed walkthrough (test_examples), np.testing's default rtol of 1e-7 kept where only atol was given ---
     # its float32 steps against the same values in float64 (the seed's embeddings, sin and cos,
     # rows of weights summing to 1): one rounding, relative

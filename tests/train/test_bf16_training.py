@@ -29,8 +29,8 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 #   neighbouring bf16 (2^-8 apart), and every layer after carries that on. The block sizes
 #   depend on the SIMD level, and so does this distance (about 1e-3 to 2.5e-2 on this model).
 # - bf16 vs float32 (BF16_FROM_FP32): every product's operands rounded to 8 significant bits.
-MODEL_TWIN = 0.05
-BF16_FROM_FP32 = (0.005, 0.1)
+MODEL_TWIN = TOL["bf16_training_model"]["twin"]
+BF16_FROM_FP32 = TOL["bf16_training_model"]["vs_fp32"]
 
 
 def grads_of(precision, backend="fast", dropout=0.0):
