@@ -14,7 +14,7 @@ import pytest
 from fastattn import bench
 from fastattn.bench import runner, timing
 from conftest import assert_close
-from tolerances import TOL
+from tolerances import TOL, max_rel
 
 
 def fastattn_cli(*args, timeout=60):
@@ -360,11 +360,11 @@ def test_torch_twins_of_the_model_cases_hold_our_weights():
     src, tgt = (rng.standard_normal((2, n, 16), dtype=np.float32) for n in (5, 4))
     with torch.inference_mode():
         ref = torch_transformer(m)(torch.from_numpy(src), torch.from_numpy(tgt)).numpy()
-    assert np.abs(m(src, tgt) - ref).max() <= 1e-4 * np.abs(ref).max()
+    assert_close(m(src, tgt), ref, **max_rel(ref), name="transformer vs torch", dtype=None)
 
     s2s = fnn.Seq2SeqTransformer(1, 1, 16, 2, 11, 13, 32, dropout=0.0, pad_id=0, seed=1)
     tm = torch_seq2seq(s2s)
     src_ids, tgt_ids = rng.integers(1, 11, (2, 5)), rng.integers(1, 13, (2, 4))
     with torch.inference_mode():
         ref = tm(torch.from_numpy(src_ids), torch.from_numpy(tgt_ids)).numpy()
-    assert np.abs(s2s(src_ids, tgt_ids) - ref).max() <= 1e-4 * np.abs(ref).max()
+    assert_close(s2s(src_ids, tgt_ids), ref, **max_rel(ref), name="seq2seq vs torch", dtype=None)
