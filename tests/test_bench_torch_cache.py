@@ -11,6 +11,8 @@ import pytest
 from fastattn import bench
 from fastattn import nn as fnn
 from fastattn.bench import runner, torch_models
+from conftest import assert_close
+from tolerances import TOL
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*nested tensor.*:UserWarning"),
               pytest.mark.filterwarnings("ignore:enable_nested_tensor is True.*:UserWarning")]
@@ -77,12 +79,13 @@ def test_cached_step_logits_match_the_uncached_decoder_through_growth_and_reorde
         ref = torch_models.TorchDecoder(tm, src, beams=2, src_pad_id=PAD)
         got = torch_models.TorchCachedDecoder(tm, src, beams=2, src_pad_id=PAD, max_len=1)
         for t, tok in enumerate(tokens):                  # capacity 1: grown at steps 1, 2
-            np.testing.assert_allclose(got.step(tok), ref.step(tok), rtol=1e-5, atol=1e-5)
+            assert_close(got.step(tok), ref.step(tok), **TOL["torch_decoder_steps"],
+                         name=f"step {t}", dtype=None)
         for d in (ref, got):
             d.reorder([5, 4], sources=[2])                # source 2 alone, its beams swapped
         a, b = got.step(np.array([7, 8])), ref.step(np.array([7, 8]))
     assert a.shape == (2, V_TGT) and a.dtype == np.float32
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert_close(a, b, **TOL["torch_decoder_steps"], name="after the reorder")
 
 
 def test_bfloat16_model_runs_with_float32_logits():

@@ -13,6 +13,8 @@ import pytest
 
 from fastattn import bench
 from fastattn.bench import runner, timing
+from conftest import assert_close
+from tolerances import TOL, max_rel
 
 
 def fastattn_cli(*args, timeout=60):
@@ -171,7 +173,8 @@ def test_format_table_is_markdown_with_na_for_missing_torch():
     assert set(lines[1]) <= set("|-:")
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
     assert cells[1:8] == ["10.0", "n/a", "500", "-", "-", "50.00x", "-"]   # - : ctranslate2
-    assert float(cells[8]) == pytest.approx(4 * 4 * 8 * 512 * 512 * 64 / 2 / 10e6, rel=1e-2)
+    assert_close(float(cells[8]), 4 * 4 * 8 * 512 * 512 * 64 / 2 / 10e6,
+                 **TOL["table_three_digits"], name="GFLOP/s cell", dtype=None)
 
 
 def test_interleaving_spreads_the_slow_runs():
@@ -190,8 +193,10 @@ def test_generation_targets():
         _row("decode_step", fast=5.0, share_of_copy=0.8, weight_gbps=16.0, copy_gbps=20.0,
              step_ms=5.0),
     ]
-    assert rows[0]["fastattn_tokens_per_s"] == pytest.approx(8 * 64 / 1.0)
-    assert rows[0]["torch_tokens_per_s"] == pytest.approx(8 * 64 / 12.0)
+    assert_close(rows[0]["fastattn_tokens_per_s"], 8 * 64 / 1.0, **TOL["float64_figure"],
+                 name="fastattn tokens/s", dtype=None)
+    assert_close(rows[0]["torch_tokens_per_s"], 8 * 64 / 12.0, **TOL["float64_figure"],
+                 name="torch tokens/s", dtype=None)
     assert rows[0]["notes"][0].startswith("tokens/s: fastattn 512, torch 42.7, numpy 17.1")
     results = {r["case"]: r for r in bench.check_targets(rows)}
     assert results["generate_greedy_b8"]["status"] == "PASS"
@@ -214,15 +219,18 @@ def test_quantized_decode_target_prefers_its_interleaved_float32_step():
         (t,) = [r for r in bench.check_targets(rows) if r["case"] == "decode_step_int8"]
         return t
     t = result([base, own])
-    assert t["status"] == "PASS" and t["value"] == pytest.approx(3.5)
+    assert t["status"] == "PASS"
+    assert_close(t["value"], 3.5, **TOL["float64_figure"], name="value", dtype=None)
     assert "interleaved" in t["detail"]
     paired = dict(own, float32_ratio=3.1)              # the median of paired calls' ratios
     t = result([base, paired])
-    assert t["status"] == "PASS" and t["value"] == pytest.approx(3.1)
+    assert t["status"] == "PASS"
+    assert_close(t["value"], 3.1, **TOL["float64_figure"], name="value", dtype=None)
     assert "paired" in t["detail"] and "3.50 ms" in t["detail"]
     alone = _row("decode_step_int8", fast=1.0, step_ms=1.0)
     t = result([base, alone])
-    assert t["status"] == "MISS" and t["value"] == pytest.approx(2.5)
+    assert t["status"] == "MISS"
+    assert_close(t["value"], 2.5, **TOL["float64_figure"], name="value", dtype=None)
     assert result([alone])["status"] == "SKIP"
 
 
@@ -246,7 +254,8 @@ def test_quantized_model_case_times_float32_interleaved(monkeypatch):
     f32 = row["float32_times_ms"]
     own = row["fastattn_times_ms"][-len(f32):]          # each timed right before its pair
     assert len(f32) == 3
-    assert t["value"] == pytest.approx(statistics.median(f / q for f, q in zip(f32, own)))
+    assert_close(t["value"], statistics.median(f / q for f, q in zip(f32, own)),
+                 **TOL["float64_figure"], name="median ratio", dtype=None)
     assert "interleaved" in t["detail"] and "paired" in t["detail"]
 
 
@@ -266,10 +275,9 @@ def test_decode_metrics_and_weight_bytes():
     assert bench.decoder_weight_bytes(m) == 4 * (2 * per_layer + V * C)
     got = bench.decode_metrics(generate_ms=330.0, prefill_ms=10.0, copy_ms=20.0,
                                weight_bytes=100e6, copy_bytes=500e6, steps=64)
-    assert got["step_ms"] == pytest.approx(5.0)
-    assert got["weight_gbps"] == pytest.approx(20.0)
-    assert got["copy_gbps"] == pytest.approx(25.0)
-    assert got["share_of_copy"] == pytest.approx(0.8)
+    for key, want in (("step_ms", 5.0), ("weight_gbps", 20.0), ("copy_gbps", 25.0),
+                      ("share_of_copy", 0.8)):
+        assert_close(got[key], want, **TOL["float64_figure"], name=key, dtype=None)
 
 
 def test_memory_copy_moves_read_plus_write_bytes():
@@ -329,7 +337,7 @@ def test_torch_decoder_reorder_keeps_the_kept_sources_memory():
         alone.reorder([1, 0])
         want = alone.step(np.array([7, 8]))
     assert got.shape == (2, 13) and got.dtype == np.float32
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert_close(got, want, **TOL["torch_decoder_steps"], name="reordered vs alone")
 
 
 def test_torch_generate_refuses_sampling():
@@ -352,11 +360,11 @@ def test_torch_twins_of_the_model_cases_hold_our_weights():
     src, tgt = (rng.standard_normal((2, n, 16), dtype=np.float32) for n in (5, 4))
     with torch.inference_mode():
         ref = torch_transformer(m)(torch.from_numpy(src), torch.from_numpy(tgt)).numpy()
-    assert np.abs(m(src, tgt) - ref).max() <= 1e-4 * np.abs(ref).max()
+    assert_close(m(src, tgt), ref, **max_rel(ref), name="transformer vs torch", dtype=None)
 
     s2s = fnn.Seq2SeqTransformer(1, 1, 16, 2, 11, 13, 32, dropout=0.0, pad_id=0, seed=1)
     tm = torch_seq2seq(s2s)
     src_ids, tgt_ids = rng.integers(1, 11, (2, 5)), rng.integers(1, 13, (2, 4))
     with torch.inference_mode():
         ref = tm(torch.from_numpy(src_ids), torch.from_numpy(tgt_ids)).numpy()
-    assert np.abs(s2s(src_ids, tgt_ids) - ref).max() <= 1e-4 * np.abs(ref).max()
+    assert_close(s2s(src_ids, tgt_ids), ref, **max_rel(ref), name="seq2seq vs torch", dtype=None)

@@ -35,17 +35,14 @@ R = TILES["attention_rows_max_q"]          # the forward's one-row-at-a-time lim
 # helpers
 
 
-def assert_grads_close(actual, expected, mags, terms, smax, tol=GRAD, names=("dq", "dk", "dv")):
-    """Each tensor within tol["atol"] * eps32 * (sqrt(terms) + smax) * max(its magnitudes)."""
-    for a, e, m, name in zip(actual, expected, mags, names):
+def compare(grads, expect, dout, q, k, v, out, tol=GRAD, **kwargs):
+    """dq, dk, dv each within tol["atol"] x eps32 x (sqrt(terms) + smax) x max(its magnitudes)."""
+    terms = max(q.shape[-1], v.shape[-1], q.shape[-2], k.shape[-2], 1)
+    smax = max_score(q, k, kwargs.get("scale"), finite_only=True)
+    mags = attention_grad_magnitudes(dout, q, k, v, out, **kwargs)
+    for a, e, m, name in zip(grads, expect, mags, ("dq", "dk", "dv")):
         assert_close(a, e, rtol=tol["rtol"], name=name,
                      atol=attention_grad_atol(m, terms, smax, tol["atol"]))
-
-
-def compare(grads, expect, dout, q, k, v, out, tol=GRAD, **kwargs):
-    terms = max(q.shape[-1], v.shape[-1], q.shape[-2], k.shape[-2], 1)
-    assert_grads_close(grads, expect, attention_grad_magnitudes(dout, q, k, v, out, **kwargs),
-                       terms, max_score(q, k, kwargs.get("scale"), finite_only=True), tol)
 
 
 def check_backward(q, k, v, dout=None, *, seed_dout=0, **kwargs):

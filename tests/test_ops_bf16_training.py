@@ -25,10 +25,10 @@ from conftest import assert_close, child_isa_tests, run_checks
 from tolerances import TOL, scaled
 
 BF16 = dict(compute_type="bfloat16")
-BF16_TWIN = 1e-4
-BF16_TWIN_BLOCKS = 4e-3
-BF16_VS_FP32 = 2.0 ** -5
-BF16_MOVES = 2.0 ** -12
+BF16_TWIN = TOL["bf16_training"]["twin"]
+BF16_TWIN_BLOCKS = TOL["bf16_training"]["twin_blocks"]
+BF16_VS_FP32 = TOL["bf16_training"]["vs_fp32"]
+BF16_MOVES = TOL["bf16_training"]["moves"]
 
 
 def rel_err(a, b):

@@ -131,10 +131,9 @@ def test_layer_norm_identical(restore_threads, rng, n, C):
     assert_identical(fn, n)
 
 
-def assert_close_relative(fn, n, name):
-    one = run_with(1, fn)
-    many = run_with(n, fn)
-    assert_close(many, one, **scaled(TOL["threads"], one), name=f"{name}: {n} threads vs 1")
+def one_and_n(fn, n):
+    """fn's result on one thread and on n."""
+    return run_with(1, fn), run_with(n, fn)
 
 
 @pytest.mark.parametrize("n", THREAD_COUNTS)
@@ -142,7 +141,8 @@ def assert_close_relative(fn, n, name):
 @pytest.mark.parametrize("activation", [None, "gelu"])
 def test_linear_close(restore_threads, rng, n, N, activation):
     x, w, b = rand(rng, (N, 96)), rand(rng, (257, 96), 0.1), rand(rng, (257,))
-    assert_close_relative(lambda: ops.linear(x, w, b, activation=activation), n, "linear")
+    one, many = one_and_n(lambda: ops.linear(x, w, b, activation=activation), n)
+    assert_close(many, one, **scaled(TOL["threads"], one), name=f"linear: {n} threads vs 1")
 
 
 @pytest.mark.parametrize("n", THREAD_COUNTS)
@@ -152,7 +152,8 @@ def test_ffn_close(restore_threads, rng, n, N):
     w1, b1, w2, b2 = rand(rng, (256, 64), 0.125), rand(rng, (256,)), \
         rand(rng, (64, 256), 0.0625), rand(rng, (64,))
     for act in ("relu", "gelu"):
-        assert_close_relative(lambda: ops.ffn(x, w1, b1, w2, b2, activation=act), n, f"ffn {act}")
+        one, many = one_and_n(lambda: ops.ffn(x, w1, b1, w2, b2, activation=act), n)
+        assert_close(many, one, **scaled(TOL["threads"], one), name=f"ffn {act}: {n} threads vs 1")
 
 
 # Teams with fewer than min_rows_per_thread rows per thread but room for two or more row groups
@@ -164,10 +165,12 @@ GRID_CASES = [(4, 2 * MIN_ROWS + 5), (8, 3 * MIN_ROWS + 7), (8, 7 * MIN_ROWS + 1
 @pytest.mark.parametrize("n, N", GRID_CASES)
 def test_linear_and_ffn_row_and_feature_grid(restore_threads, rng, n, N):
     x, w, b = rand(rng, (N, 96)), rand(rng, (257, 96), 0.1), rand(rng, (257,))
-    assert_close_relative(lambda: ops.linear(x, w, b, activation="gelu"), n, "linear")
+    one, many = one_and_n(lambda: ops.linear(x, w, b, activation="gelu"), n)
+    assert_close(many, one, **scaled(TOL["threads"], one), name=f"linear: {n} threads vs 1")
     w1, b1, w2, b2 = rand(rng, (258, 96), 0.1), rand(rng, (258,)), \
         rand(rng, (96, 258), 0.06), rand(rng, (96,))
-    assert_close_relative(lambda: ops.ffn(x, w1, b1, w2, b2), n, "ffn")
+    one, many = one_and_n(lambda: ops.ffn(x, w1, b1, w2, b2), n)
+    assert_close(many, one, **scaled(TOL["threads"], one), name=f"ffn: {n} threads vs 1")
     one, one_pre = run_with(1, lambda: ops.ffn_forward(x, w1, b1, w2, b2, activation="gelu",
                                                        dropout_p=0.25, seed=7))
     many, many_pre = run_with(n, lambda: ops.ffn_forward(x, w1, b1, w2, b2, activation="gelu",

@@ -49,7 +49,8 @@ TOL = {
     # finite masks (test_attention_masks: values of size ~1, biases up to finfo(float32).min):
     # rtol and atol x max(1, max|expected|), for out and for dq, dk, dv, against the twin and
     # against torch's math backend
-    "attention_masks": dict(out=2e-5, grad=2e-4, out_torch=1e-5, grad_torch=1e-4),
+    "attention_masks": {k: dict(rtol=r, atol=r) for k, r in
+                        dict(out=2e-5, grad=2e-4, out_torch=1e-5, grad_torch=1e-4).items()},
     # a row that averages v (masked throughout by one finite value, or a decode step over a
     # padded source): a float32 sum of Lk values of size ~1
     "attention_mean_row": dict(rtol=1e-5, atol=1e-6),
@@ -134,7 +135,8 @@ TOL = {
     # 2 ranks against one process with the same global batches (test_distributed, which says
     # which weights are left out): the gradients' rows are summed in two parts, then across
     # the ranks, so losses, weights and logits move by float32 rounding only
-    "data_parallel": dict(loss_rtol=1e-6, weight_atol=1e-6, logits_atol=1e-5),
+    "data_parallel": dict(loss=dict(rtol=1e-6, atol=0.0), weight_atol=1e-6,
+                          logits=dict(rtol=0.0, atol=1e-5)),
     # ---- single checks of the twins (test_reference) --------------------------------------
     # the same values, bit for bit (-0.0 == 0.0, NaN where NaN is expected): one computation
     # spelled two ways, or a value float32 holds exactly
@@ -253,6 +255,19 @@ TOL = {
     # the ffn's kept pre-activation against the same bf16 product by the linear kernel (another
     # order of the float32 sums): rtol, and atol x max|pre|
     "bf16_pre_two_orders": dict(rtol=1e-5, atol=1e-5),
+    # bf16 mixed-precision training's products (test_ops_bf16_training), as norms relative to
+    # the twin's result (|a - b| / |b|): twin: a value about to be rounded to bf16 may differ by
+    # a float32 ulp from the twin's and round to the neighbouring bf16 (2^-8) in rare elements;
+    # twin_blocks: attention over several key blocks rounds P at the running maximum (the twin:
+    # at the row's), up to a bf16 ulp of P where the maximum moved; vs_fp32: both operands of
+    # each product rounded to 8 significant bits (<= 2^-9 each) move a result by ~2^-8, bounded
+    # from above by 2^-5; moves: and it must move by more than 2^-12 (bf16 really ran)
+    "bf16_training": dict(twin=1e-4, twin_blocks=4e-3, vs_fp32=2.0 ** -5, moves=2.0 ** -12),
+    # the whole model's gradients (test_bf16_training, norms relative as above): bf16 kernels
+    # against the twin's bf16, a product's input a float32 ulp apart rounding to the neighbouring
+    # bf16 and every later layer carrying it on (about 1e-3 to 2.5e-2 on that model, by SIMD
+    # level); against float32: (at least, at most) moved
+    "bf16_training_model": dict(twin=0.05, vs_fp32=(0.005, 0.1)),
     # ---- the seed walkthrough (test_examples), np.testing's default rtol of 1e-7 kept where only atol was given ---
     # its float32 steps against the same values in float64 (the seed's embeddings, sin and cos,
     # rows of weights summing to 1): one rounding, relative
@@ -286,6 +301,99 @@ TOL = {
     # CTranslate2's float32 log-probabilities against the model's: another engine, with its own
     # GEMMs and log-softmax, over up to 20 target tokens
     "ct2_scores": dict(rtol=0.0, atol=1e-3),
+    # ---- the model layer's single checks (tests/nn) -----------------------------------------
+    # the model's forward taken apart (encode, decode, then generator) against the whole forward:
+    # the same kernels on the same values, in other calls that BLAS may block otherwise:
+    # max|diff| <= atol x max|whole forward's|
+    "nn_split_forward": dict(rtol=0.0, atol=1e-6),
+    # the fast backend's gradients against the reference backend's (loss with backward), relative
+    # to each gradient's largest value: max|diff| <= atol x max|reference's|; they sum dweight's
+    # rows in another order through a chain of layers
+    "nn_backends_grad": dict(rtol=0.0, atol=1e-4),
+    # ... and the two backends' losses, relative: a mean of log-probabilities of size ~1-10
+    "nn_backends_loss": dict(rtol=1e-5, atol=0.0),
+    # the model's loss against torch's CrossEntropyLoss on torch's twin of it (label smoothing,
+    # padding ignored), relative: both in float32, over logits of a small model
+    "nn_loss_torch": dict(rtol=1e-5, atol=0.0),
+    # ... and after some optimiser steps on both sides (test_training): the weights drift apart
+    # by float32 rounding step by step, so ten times the single step's
+    "nn_training_loss_torch": dict(rtol=1e-4, atol=0.0),
+    # gradients accumulated over two identical backward passes against twice the first: the
+    # second pass adds into buffers that hold the first (another float32 rounding of every
+    # partial sum): max|diff| <= atol x max|2 x first|
+    "nn_grad_accumulate": dict(rtol=0.0, atol=1e-5),
+    # attention weights recorded by the model (rows with no masked key, or all but one) summing
+    # to 1: float32 weights of an lse of the scores' size, np.testing's default rtol of 1e-7 kept
+    "nn_weight_row_sums": dict(rtol=1e-7, atol=1e-5),
+    # the std of torch's N(0, 1) init of a 300 x 256 embedding against 1: the sample std's own
+    # spread is 1 / sqrt(2 x 76800) = 0.0026, so 0.05 is ~20 of them (seeded: deterministic)
+    "nn_init_std": dict(rtol=0.05, atol=0.0),
+    # ---- the torch decoders of the benchmarks (test_bench_torch_cache, test_cli) ------------
+    # a torch decoder's logits, stepped over a cache that grows or after a beam reorder, against
+    # the same steps taken another way (the uncached decoder, the source decoded alone): torch's
+    # float32 GEMMs on other shapes round otherwise
+    "torch_decoder_steps": dict(rtol=1e-5, atol=1e-5),
+    # ---- attention masks and bf16 attention ------------------------------------------------
+    # rows of weights under finite biases down to finfo(float32).min (test_attention_masks)
+    # summing to 1: numpy allclose's default rtol of 1e-5 kept beside its atol
+    "attention_masks_row_sums": dict(rtol=1e-5, atol=1e-5),
+    # the one key that wins its row by a bias near the float32 limit against a weight of 1:
+    # pytest.approx's default rel of 1e-6 kept (its abs of 1e-12 is far below 1e-6 x 1)
+    "attention_masks_winner": dict(rtol=1e-6, atol=0.0),
+    # rows whose keys are all masked by finfo.min, key 0 twice: weights 0 for key 0 and 1 / 4
+    # for the others; numpy allclose's defaults kept
+    "attention_masks_masked_alike": dict(rtol=1e-5, atol=1e-8),
+    # bf16 attention against its twin (test_ops_attention_bf16): out's bound is the absolute one
+    # the module docstring derives (rtol 0); the weights' rtol is derived too, and their atol is
+    # only a floor for weights that underflow to ~0 (2^-120: far below any weight the derived
+    # rtol is about)
+    "attention_bf16": dict(out_rtol=0.0, weights_atol=2.0 ** -120),
+    # a decode step (one row over the KV cache) against the tiled pass's row, both bf16 against
+    # the same twin: each within the bound, so within twice it of each other
+    "attention_bf16_two_paths": 2.0,
+    # ---- cross entropy's single checks (test_ops_loss) -------------------------------------
+    # the float64 twin against torch.float64: loss to rtol and atol x loss_atol(x); dlogits to
+    # rtol and atol x the gradient's scale (1 / count for a mean): rounding of float64 sums
+    "cross_entropy_twin_torch64": dict(loss=dict(rtol=1e-6, atol=1e-6),
+                                      grad=dict(rtol=1e-5, atol=1e-7)),
+    # the kernel on logits up to ~5e4 (a row shifted by 5e4): atol x EPS32 x max|x|, lse - x_t
+    # of float32 terms of size max|x|
+    "cross_entropy_large": dict(rtol=1e-6, atol=8.0),
+    # ---- optimisers' and training's single checks -------------------------------------------
+    # Adam's first step (m_hat / sqrt(v_hat) = sign(g)) against lr, p ~ N(0, 1): p - lr rounded
+    # to float32 moves by half an ulp of p (6e-8 below |p| = 2), i.e. 6e-6 of lr = 0.01, relative
+    "adam_first_step": dict(rtol=1e-5, atol=0.0),
+    # the gradients' norm after clipping against min(max_norm, total): each clipped value is
+    # rounded to float32 once (~6e-8 relative); used with pytest.approx (rel=rtol, abs=atol),
+    # which takes the larger of rel x |expected| and abs
+    "clipped_norm": dict(rtol=1e-5, atol=1e-6),
+    # a learning-rate schedule against its formula, both in float64 (pytest.approx's rel, with
+    # its default abs of 1e-12 beside it): a few float64 ulps
+    "schedule_float64": dict(rtol=1e-15),
+    # the validation loss of a model evaluated again (the best kept, the last, a loaded run)
+    # against the figure recorded during training: the same pairs through the same kernels,
+    # float rounding only, relative
+    "valid_loss_again": dict(rtol=1e-6, atol=0.0),
+    # the validation loss (batched, padded) against one pair at a time without padding: other
+    # batch shapes in float32, relative
+    "valid_loss_unbatched": dict(rtol=1e-5, atol=0.0),
+    # ... and its exp, the perplexity, against exp of the same mean (pytest.approx's default rel)
+    "valid_ppl": dict(rtol=1e-6, atol=0.0),
+    # bf16 training's losses after a resume against fp32's (test_bf16_training): bf16 products
+    # move each step's loss by ~2^-8 relative and the runs drift apart over the steps; numpy
+    # allclose's default atol of 1e-8 kept
+    "bf16_vs_fp32_losses": dict(rtol=0.05, atol=1e-8),
+    # ---- figures of the benchmarks and the training loop ------------------------------------
+    # a figure the code works out in float64 (a rate, a share, a ratio, a learning rate, a
+    # fraction) against the same arithmetic written in the test: pytest.approx's default rel of
+    # 1e-6 kept (its abs of 1e-12 never matters: every expected value here is above 1e-6)
+    "float64_figure": dict(rtol=1e-6, atol=0.0),
+    # a cell of the benchmark table, printed to about three significant digits (report.py),
+    # against the figure: the printing's rounding is at most 0.5% of it
+    "table_three_digits": dict(rtol=1e-2, atol=0.0),
+    # a test's hand-written table of next-token probabilities (generate/gen_util.table): its rows
+    # are float64 sums of a few decimals that should make 1; numpy allclose's defaults kept
+    "probability_table": dict(rtol=1e-5, atol=1e-8),
 }
 
 
@@ -306,6 +414,13 @@ def scaled(entry, expected, floor=0.0):
     """A table entry whose atol is relative to the largest value: dict(rtol=entry's rtol,
     atol=rel_atol(expected, entry's atol, floor)), for assert_close(actual, expected, **...)."""
     return dict(rtol=entry["rtol"], atol=rel_atol(expected, entry["atol"], floor))
+
+
+def max_rel(expected, rel=TOL["nn_torch"]["atol"]):
+    """dict(rtol=0, atol=rel x max|expected|) for assert_close: the model layer's relative check,
+    max|diff| <= rel x max|expected| (the scale at least 1e-30, so an all-zero expected is met
+    by zeros and values below 1e-30 x rel)."""
+    return dict(rtol=0.0, atol=rel_atol(expected, rel, floor=1e-30))
 
 
 def dot_atol(x, w, *, bias=None, factor=TOL["linear"]["atol"]):

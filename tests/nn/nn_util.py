@@ -2,7 +2,7 @@
 
 Torch comparisons use small models (d_model 32, 4 heads, 2 + 2 layers, d_ff 64), eval(),
 inference_mode and dropout 0, and check the relative error max|diff| / max|ref| <= 1e-4
-(assert_close with rtol 0 and atol 1e-4 * max|ref|).
+(assert_close(..., **max_rel(ref)): rtol 0 and atol 1e-4 * max|ref|).
 
 Three torch behaviours shape what is compared:
 - torch's encoder fast path (nested tensors: inference, post-LN, src_key_padding_mask given)
@@ -25,7 +25,7 @@ import pytest
 
 from conftest import assert_close
 from fastattn import nn as fnn
-from tolerances import TOL, rel_atol
+from tolerances import TOL, max_rel
 
 TORCH_WARNINGS = [
     pytest.mark.filterwarnings("ignore:.*nested tensor.*:UserWarning"),
@@ -35,17 +35,10 @@ TORCH_WARNINGS = [
 
 B, S, T = 3, 7, 5                  # batch, source length, target length
 C, H, F = 32, 4, 64                # d_model, heads, d_ff
-TORCH_REL = TOL["nn_torch"]["atol"]          # max|diff| / max|ref| against torch
-BACKEND_RTOL = TOL["nn_backends"]["rtol"]     # fast vs reference backend
 
 
 # ----------------------------------------------------------------------------------------------
 # helpers
-
-
-def assert_rel(actual, expected, rel=TORCH_REL, name="output"):
-    """max|actual - expected| <= rel * max|expected|, with assert_close's report on failure."""
-    assert_close(actual, expected, rtol=0.0, atol=rel_atol(expected, rel, floor=1e-30), name=name)
 
 
 def perturb(torch, module, seed=0):
@@ -57,18 +50,14 @@ def perturb(torch, module, seed=0):
             p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
 
 
-def assert_grads(fm, tm, rel=TORCH_REL):
+def assert_grads(fm, tm, rel=TOL["nn_torch"]["atol"]):
     """named_grads() == torch's .grad for every parameter, keys and order included."""
     ours = dict(fm.named_grads())
     theirs = {k: p.grad for k, p in tm.named_parameters() if p.grad is not None}
     assert list(ours) == [k for k, _ in fm.named_parameters() if k in ours]
     assert set(ours) == set(theirs), (set(ours) ^ set(theirs))
     for k, g in ours.items():
-        assert_rel(g, theirs[k].numpy(), rel=rel, name=k)
-
-
-def assert_backends_close(fast, ref, name="output"):
-    assert_close(fast, ref, rtol=BACKEND_RTOL, atol=rel_atol(ref, BACKEND_RTOL), name=name)
+        assert_close(g, theirs[k].numpy(), **max_rel(theirs[k].numpy(), rel), name=k)
 
 
 def features(rng, batch, length, d=C):

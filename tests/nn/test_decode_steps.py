@@ -4,10 +4,11 @@ at every position (same block, both backends); beams, reorder, and bad use of a 
 import numpy as np
 import pytest
 
+from conftest import assert_close
 from fastattn import nn as fnn
 from nn_util import *  # noqa: F401,F403  (helpers and constants)
 from nn_util import TORCH_WARNINGS
-from tolerances import TOL
+from tolerances import TOL, max_rel, scaled
 
 pytestmark = TORCH_WARNINGS
 
@@ -41,7 +42,8 @@ def test_decoder_layer_and_stack_steps_equal_the_causal_forward(rng, backend, no
     kpm = padding(B, S, [S, 3, 5])
     for m in (layer, stack):
         want = m(tgt, mem, tgt_is_causal=True, memory_key_padding_mask=kpm)
-        assert_backends_close(stepped(m, tgt, mem, kpm, beams), want, name=type(m).__name__)
+        assert_close(stepped(m, tgt, mem, kpm, beams), want, **scaled(TOL["nn_backends"], want),
+                     name=type(m).__name__)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -52,7 +54,7 @@ def test_seq2seq_step_logits_equal_the_forward(rng, backend):
     want = m(src, tgt, tgt_key_padding_mask=np.zeros(tgt.shape, bool))
     cache = m.init_cache(src, beams=1, max_len=T)
     got = np.stack([m.step(tgt[:, t], cache) for t in range(T)], axis=1)
-    assert_backends_close(got, want, name="logits")
+    assert_close(got, want, **scaled(TOL["nn_backends"], want), name="logits")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -74,7 +76,8 @@ def test_reorder_continues_the_moved_rows(rng, backend):
     assert cache.rows == 4 and cache.sources == 2
     got = m.step(tgt[rows, 3], cache)                            # (4, V)
     full = m(np.repeat(src, 2, axis=0)[perm][rows], tgt[rows])   # the forward on each row
-    assert_backends_close(got, full[:, 3], name="logits after reorder")
+    assert_close(got, full[:, 3], **scaled(TOL["nn_backends"], full[:, 3]),
+                 name="logits after reorder")
 
 
 def test_bad_use_of_a_cache_is_a_clear_error(rng):
@@ -131,9 +134,10 @@ def test_planned_steps_give_the_reference_backends_steps(rng, compute_type, norm
     np.testing.assert_array_equal(again, got)               # a plan repeats bit for bit
     want, _ = _logits(m.to_backend("reference"), src, tokens, beams)
     if compute_type == "float32":
-        assert_backends_close(got, want, name="logits")
+        assert_close(got, want, **scaled(TOL["nn_backends"], want), name="logits")
     else:
-        assert_rel(got, want, TOL["quantized_same_math"][compute_type], name="logits")
+        assert_close(got, want, **max_rel(want, TOL["quantized_same_math"][compute_type]),
+                     name="logits")
 
 
 def _new(a):
@@ -181,7 +185,7 @@ def test_steps_follow_changed_weights(rng, edit):
         m = fnn.Seq2SeqTransformer(1, 2, C, H, V_SRC, V_TGT, F, seed=12, backend=backend)
         change = lambda m, t: EDITS[edit](m.transformer.decoder.layers[1]) if t == 2 else None
         runs.append(_logits(m, src, tokens, 1, change)[0])
-    assert_backends_close(runs[0], runs[1], name="logits")
+    assert_close(runs[0], runs[1], **scaled(TOL["nn_backends"], runs[1]), name="logits")
     assert not np.array_equal(runs[0][2:], _logits(
         fnn.Seq2SeqTransformer(1, 2, C, H, V_SRC, V_TGT, F, seed=12), src, tokens,
         1)[0][2:])                                              # the edit did change them
@@ -199,7 +203,7 @@ def test_steps_follow_a_backend_switch(rng):
     fast, _ = _logits(m.to_backend("fast"), src, tokens, 1)
     reference, _ = _logits(m.to_backend("reference"), src, tokens, 1)
     np.testing.assert_array_equal(got[0], fast[0])
-    assert_backends_close(got, reference, name="logits")
+    assert_close(got, reference, **scaled(TOL["nn_backends"], reference), name="logits")
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -221,6 +225,8 @@ def test_steps_add_a_finite_memory_padding_mask(rng, norm_first):
         want = layer(tgt, mem, tgt_is_causal=True, memory_key_padding_mask=kpm)
         got = stepped(layer, tgt, mem, kpm)
         assert np.isfinite(got).all()
-        assert_backends_close(got, want, name=f"{backend} steps vs forward")
+        assert_close(got, want, **scaled(TOL["nn_backends"], want),
+                     name=f"{backend} steps vs forward")
         outs[backend] = got
-    assert_backends_close(outs["fast"], outs["reference"], name="fast vs reference")
+    assert_close(outs["fast"], outs["reference"], **scaled(TOL["nn_backends"], outs["reference"]),
+                 name="fast vs reference")

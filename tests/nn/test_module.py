@@ -8,6 +8,7 @@ from conftest import assert_close, requires_torch
 from fastattn import nn as fnn
 from nn_util import *  # noqa: F401,F403  (helpers and constants)
 from nn_util import TORCH_WARNINGS
+from tolerances import TOL, scaled
 
 pytestmark = TORCH_WARNINGS
 
@@ -338,7 +339,7 @@ def test_seq2seq_repeated_calls_identical(rng):
     assert np.array_equal(src, sc) and np.array_equal(tgt, tc) and np.array_equal(mem, memc)
     assert np.array_equal(m(src, tgt), a)
     assert np.array_equal(m.decode(tgt, mem, memory_key_padding_mask=src == PAD), h)
-    assert_close(m.generator(h), a, rtol=0, atol=1e-6 * float(np.abs(a).max()),
+    assert_close(m.generator(h), a, **scaled(TOL["nn_split_forward"], a),
                  name="generator(decode(encode))")
 
 

@@ -12,13 +12,13 @@ import pytest
 import fastattn
 from fastattn import nn as fnn
 from fastattn import ops
-from conftest import run_in_threads
-from nn_util import C, F, H, assert_rel, features
-from tolerances import TOL
+from conftest import assert_close, run_in_threads
+from nn_util import C, F, H, features
+from tolerances import TOL, max_rel
 
 TYPES = ("int8", "bf16", "bfloat16")
-# relative errors (nn_util.assert_rel): against the float32 original, and the same quantized math
-# computed two ways; the reasons for their sizes are in tolerances.py
+# relative errors (max_rel: max|diff| <= rel x max|ref|): against the float32 original, and the
+# same quantized math computed two ways; the reasons for their sizes are in tolerances.py
 REL_ERROR = TOL["quantized_vs_float32"]
 SAME_MATH = TOL["quantized_same_math"]
 
@@ -57,7 +57,8 @@ def test_quantize_converts_the_linear_weights_and_nothing_else(kind):
     for k, v in m.named_parameters():
         if k in converted:
             assert v.dtype == kind and v.shape == floats[k].shape
-            assert_rel(v.dequantize(), floats[k], TOL["quantized_weight"][kind], name=k)
+            assert_close(v.dequantize(), floats[k],
+                         **max_rel(floats[k], TOL["quantized_weight"][kind]), name=k)
         else:                                     # embeddings, norms, biases: untouched
             assert v.dtype == np.float32 and np.array_equal(v, floats[k])
     nbytes = sum(floats[k].nbytes for k in converted)
@@ -134,9 +135,9 @@ def test_quantized_transformer_fast_and_reference_backends_agree(kind):
     ref = transformer().quantize(kind).to_backend("reference")
     out = fast(src, tgt, tgt_mask=mask)
     want = ref(src, tgt, tgt_mask=mask)
-    assert_rel(out, want, SAME_MATH[kind])
+    assert_close(out, want, **max_rel(want, SAME_MATH[kind]))
     f32 = transformer()(src, tgt, tgt_mask=mask)
-    assert_rel(out, f32, REL_ERROR[kind], name="against float32")
+    assert_close(out, f32, **max_rel(f32, REL_ERROR[kind]), name="against float32")
     assert not np.array_equal(out, f32)                # quantized: close, and not the same
 
 
@@ -151,7 +152,7 @@ def test_quantized_decode_steps_equal_the_full_forward(kind):
     full = m(src, tgt, tgt_mask=fnn.generate_square_subsequent_mask(5))
     cache = m.init_cache(src, max_len=5)
     steps = np.stack([m.step(tgt[:, t], cache) for t in range(5)], axis=1)
-    assert_rel(steps, full, SAME_MATH[kind], name="steps vs forward")
+    assert_close(steps, full, **max_rel(full, SAME_MATH[kind]), name="steps vs forward")
 
 
 @pytest.mark.parametrize("kind", TYPES)
@@ -205,7 +206,7 @@ def test_random_model_logits_error_is_bounded(kind):
     tgt = rng.integers(1, 23, size=(4, 9))
     f32 = m(src, tgt)
     q = m.quantize(kind)(src, tgt)
-    assert_rel(q, f32, REL_ERROR[kind])
+    assert_close(q, f32, **max_rel(f32, REL_ERROR[kind]))
 
 
 @pytest.fixture(scope="module")
@@ -292,6 +293,6 @@ def test_multihead_attention_with_separate_projections_quantizes_them(kind):
         "q_proj_weight", "k_proj_weight", "v_proj_weight", "out_proj.weight"}
     out = m(q, k, v, need_weights=False)[0]
     ref = mha().quantize(kind).to_backend("reference")(q, k, v, need_weights=False)[0]
-    assert_rel(out, ref, SAME_MATH[kind])
-    assert_rel(out, f32, REL_ERROR[kind], name="against float32")
+    assert_close(out, ref, **max_rel(ref, SAME_MATH[kind]))
+    assert_close(out, f32, **max_rel(f32, REL_ERROR[kind]), name="against float32")
     assert not np.array_equal(out, f32)

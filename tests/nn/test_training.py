@@ -9,10 +9,11 @@ path carries signal. Gradients are compared per tensor: max|diff| <= 1e-4 * max|
 import numpy as np
 import pytest
 
-from conftest import requires_torch
+from conftest import assert_close, requires_torch
 from fastattn import nn as fnn
 from nn_util import *  # noqa: F401,F403  (helpers and constants)
 from nn_util import TORCH_WARNINGS
+from tolerances import TOL, max_rel
 
 pytestmark = TORCH_WARNINGS
 
@@ -44,8 +45,8 @@ def test_linear_and_layer_norm_backward_vs_torch(rng, backend):
     x = features(rng, B, T)
     dy = rng.standard_normal((B, T, 24)).astype(np.float32)
     out, (dx,) = run_torch(torch, tl, [x], dy)
-    assert_rel(fl(x), out)
-    assert_rel(fl.backward(dy), dx, name="dx")
+    assert_close(fl(x), out, **max_rel(out))
+    assert_close(fl.backward(dy), dx, **max_rel(dx), name="dx")
     assert_grads(fl, tl)
 
     tn = torch.nn.LayerNorm(C).train()
@@ -53,8 +54,8 @@ def test_linear_and_layer_norm_backward_vs_torch(rng, backend):
     fn = twin(torch, tn, lambda: fnn.LayerNorm(C, backend=backend))
     dy = rng.standard_normal((B, T, C)).astype(np.float32)
     out, (dx,) = run_torch(torch, tn, [x], dy)
-    assert_rel(fn(x), out)
-    assert_rel(fn.backward(dy), dx, name="dx")
+    assert_close(fn(x), out, **max_rel(out))
+    assert_close(fn.backward(dy), dx, **max_rel(dx), name="dx")
     assert_grads(fn, tn)
 
 
@@ -77,13 +78,13 @@ def test_mha_backward_vs_torch(rng, backend, masking, kind):
     out.backward(torch.tensor(dy))
     ours, _ = fm(q, kv if kind == "cross" else q, kv if kind == "cross" else q,
                  need_weights=False, **kw)
-    assert_rel(ours, out.detach().numpy())
+    assert_close(ours, out.detach().numpy(), **max_rel(out.detach().numpy()))
     dq, dk, dv = fm.backward(dy)
     if kind == "self":
-        assert_rel(dq + dk + dv, tq.grad.numpy(), name="d_query")
+        assert_close(dq + dk + dv, tq.grad.numpy(), **max_rel(tq.grad.numpy()), name="d_query")
     else:
-        assert_rel(dq, tq.grad.numpy(), name="d_query")
-        assert_rel(dk + dv, tkv.grad.numpy(), name="d_key_value")
+        assert_close(dq, tq.grad.numpy(), **max_rel(tq.grad.numpy()), name="d_query")
+        assert_close(dk + dv, tkv.grad.numpy(), **max_rel(tkv.grad.numpy()), name="d_key_value")
     assert_grads(fm, tm)
 
 
@@ -102,8 +103,9 @@ def test_layers_backward_vs_torch(rng, backend, norm_first, activation):
     ts = torch.tensor(src, requires_grad=True)
     out = te(ts, src_key_padding_mask=torch.tensor(kpm))
     out.backward(torch.tensor(dy))
-    assert_rel(fe(src, src_key_padding_mask=kpm), out.detach().numpy())
-    assert_rel(fe.backward(dy), ts.grad.numpy(), name="d_src")
+    assert_close(fe(src, src_key_padding_mask=kpm), out.detach().numpy(),
+                 **max_rel(out.detach().numpy()))
+    assert_close(fe.backward(dy), ts.grad.numpy(), **max_rel(ts.grad.numpy()), name="d_src")
     assert_grads(fe, te)
 
     td = torch.nn.TransformerDecoderLayer(C, H, **kw).train()
@@ -114,10 +116,11 @@ def test_layers_backward_vs_torch(rng, backend, norm_first, activation):
     mask = fnn.generate_square_subsequent_mask(T)
     out = td(tt, tmem, tgt_mask=torch.tensor(mask), memory_key_padding_mask=torch.tensor(kpm))
     out.backward(torch.tensor(dy))
-    assert_rel(fd(tgt, src, tgt_mask=mask, memory_key_padding_mask=kpm), out.detach().numpy())
+    assert_close(fd(tgt, src, tgt_mask=mask, memory_key_padding_mask=kpm), out.detach().numpy(),
+                 **max_rel(out.detach().numpy()))
     d_tgt, d_mem = fd.backward(dy)
-    assert_rel(d_tgt, tt.grad.numpy(), name="d_tgt")
-    assert_rel(d_mem, tmem.grad.numpy(), name="d_memory")
+    assert_close(d_tgt, tt.grad.numpy(), **max_rel(tt.grad.numpy()), name="d_tgt")
+    assert_close(d_mem, tmem.grad.numpy(), **max_rel(tmem.grad.numpy()), name="d_memory")
     assert_grads(fd, td)
 
 
@@ -141,10 +144,10 @@ def test_transformer_backward_vs_torch(rng, backend, norm_first, activation):
     ts, tt = torch.tensor(src, requires_grad=True), torch.tensor(tgt, requires_grad=True)
     out = tm(ts, tt, **{k: torch.tensor(v) for k, v in kw.items()})
     out.backward(torch.tensor(dy))
-    assert_rel(fm(src, tgt, **kw), out.detach().numpy())
+    assert_close(fm(src, tgt, **kw), out.detach().numpy(), **max_rel(out.detach().numpy()))
     d_src, d_tgt = fm.backward(dy)
-    assert_rel(d_src, ts.grad.numpy(), name="d_src")
-    assert_rel(d_tgt, tt.grad.numpy(), name="d_tgt")
+    assert_close(d_src, ts.grad.numpy(), **max_rel(ts.grad.numpy()), name="d_src")
+    assert_close(d_tgt, tt.grad.numpy(), **max_rel(tt.grad.numpy()), name="d_tgt")
     assert_grads(fm, tm)
 
 
@@ -177,7 +180,7 @@ def test_seq2seq_loss_and_gradients_vs_tutorial(rng, backend, label_smoothing):
     ref = loss_fn(logits.reshape(-1, V_TGT), torch.tensor(tgt[:, 1:]).reshape(-1))
     ref.backward()
     loss = fm.loss(src, tgt, label_smoothing=label_smoothing, backward=True)
-    assert abs(loss - ref.item()) <= 1e-5 * abs(ref.item())
+    assert_close(loss, ref.item(), **TOL["nn_loss_torch"], name="loss vs torch", dtype=None)
     assert_grads(fm, tm)
 
 
@@ -188,10 +191,10 @@ def test_backends_give_the_same_gradients(rng):
     src = token_batch(rng, V_SRC, [S, 3, 5], S)
     tgt = token_batch(rng, V_TGT, [T, 3, 4], T)
     losses = [m.train().loss(src, tgt, label_smoothing=0.1, backward=True) for m in (fast, ref)]
-    assert abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[1])
+    assert_close(losses[0], losses[1], **TOL["nn_backends_loss"], name="loss", dtype=None)
     g_ref = dict(ref.named_grads())
     for k, g in fast.named_grads():
-        assert_rel(g, g_ref[k], rel=1e-4, name=k)
+        assert_close(g, g_ref[k], **max_rel(g_ref[k], TOL["nn_backends_grad"]["atol"]), name=k)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -223,10 +226,10 @@ def test_dropout_backward_equals_the_reference_backend(rng):
     tgt = token_batch(rng, V_TGT, [T, 3, 4], T)
     lf = fast.loss(src, tgt, backward=True)
     lr = ref.loss(src, tgt, backward=True)
-    assert abs(lf - lr) <= 1e-5 * abs(lr)
+    assert_close(lf, lr, **TOL["nn_backends_loss"], name="loss", dtype=None)
     g_ref = dict(ref.named_grads())
     for k, g in fast.named_grads():
-        assert_rel(g, g_ref[k], rel=1e-4, name=k)
+        assert_close(g, g_ref[k], **max_rel(g_ref[k], TOL["nn_backends_grad"]["atol"]), name=k)
 
 
 def test_dropout_averages_to_the_no_dropout_output(rng):
@@ -254,7 +257,8 @@ def test_named_grads_accumulate_and_zero_grad_keeps_the_arrays(rng):
     m(src, tgt)
     m.backward(dy)
     for k, g in m.named_grads():
-        assert_rel(g, 2 * first[k], rel=1e-5, name=k)
+        assert_close(g, 2 * first[k], **max_rel(2 * first[k], TOL["nn_grad_accumulate"]["atol"]),
+                     name=k)
     arrays = [g for _, g in m.named_grads()]
     m.zero_grad()
     assert all(g is h and not g.any() for (_, g), h in zip(m.named_grads(), arrays))
@@ -306,7 +310,8 @@ def test_training_in_lockstep_with_torch(rng, backend):
         f_opt.zero_grad()
         loss = fm.loss(src, tgt, label_smoothing=0.1, backward=True)
         f_opt.step()
-        assert abs(loss - ref.item()) <= 1e-4 * abs(ref.item()), (step, loss, ref.item())
+        assert_close(loss, ref.item(), **TOL["nn_training_loss_torch"], name=f"loss at step {step}",
+                     dtype=None)
 
 
 def test_optimizer_state_round_trips_through_a_file_and_training_continues(rng, tmp_path):

@@ -14,7 +14,9 @@ from fastattn.kinds import Bf16TrainingWeight
 from fastattn.tokenizers import WordTokenizer
 from fastattn.train import fit
 from fastattn.train.evaluate import Evaluator
+from conftest import assert_close
 from test_learning import reverse_pairs
+from tolerances import TOL
 from train_util import char_tokenizer, tiny_model, untimed, words
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -27,8 +29,8 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 #   neighbouring bf16 (2^-8 apart), and every layer after carries that on. The block sizes
 #   depend on the SIMD level, and so does this distance (about 1e-3 to 2.5e-2 on this model).
 # - bf16 vs float32 (BF16_FROM_FP32): every product's operands rounded to 8 significant bits.
-MODEL_TWIN = 0.05
-BF16_FROM_FP32 = (0.005, 0.1)
+MODEL_TWIN = TOL["bf16_training_model"]["twin"]
+BF16_FROM_FP32 = TOL["bf16_training_model"]["vs_fp32"]
 
 
 def grads_of(precision, backend="fast", dropout=0.0):
@@ -231,7 +233,8 @@ def test_a_run_resumes_in_the_other_precision(tmp_path, capsys):
     mixed = _run(tok, pairs, tmp_path, "bf16", resume=True, progress="json")
     assert mixed.losses[:5] == fp32.losses[:5]
     assert mixed.losses[5:] != fp32.losses[5:]
-    assert np.allclose(mixed.losses[5:], fp32.losses[5:], rtol=0.05)
+    assert_close(mixed.losses[5:], fp32.losses[5:], **TOL["bf16_vs_fp32_losses"],
+                 name="losses after the resume", dtype=None, equal_nan=False)
     assert "settings changed: precision" in capsys.readouterr().err
 
 

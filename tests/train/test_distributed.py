@@ -21,7 +21,7 @@ from fastattn import optim
 from fastattn.cli import main
 from fastattn.train import distributed, fit
 from fastattn.train.run import load_run
-from conftest import modules_loaded_by
+from conftest import assert_close, modules_loaded_by
 from mpi_worker import INJECTED, model_for, run_kwargs, task
 from tolerances import TOL
 from train_util import char_tokenizer, tiny_model, untimed, words
@@ -183,7 +183,7 @@ def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path, options):
     assert all(r["ranks"] == 2 and r["allreduce_seconds"] >= 0 for r in steps)
     ref_losses, ref_weights = one_process(options)
     assert len(losses) == len(ref_losses) == options["max_steps"]
-    np.testing.assert_allclose(losses, ref_losses, rtol=EQUAL_TOL["loss_rtol"], atol=0)
+    assert_close(losses, ref_losses, **EQUAL_TOL["loss"], name="losses", dtype=None)
     if "batch_tokens" not in options:
         assert losses[-1] < losses[0]                      # it trains
     C = model_for(run_kwargs({})).emb_size
@@ -202,7 +202,7 @@ def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path, options):
     src, _ = tok.encode_batch([s for s, _ in task()[:8]], add_start_end=True)
     tgt, _ = tok.encode_batch([t for _, t in task()[:8]], add_start_end=True)
     a, b = (m(src, tgt[:, :-1]) for m in models)
-    np.testing.assert_allclose(a, b, rtol=0, atol=EQUAL_TOL["logits_atol"])
+    assert_close(a, b, **EQUAL_TOL["logits"], name="logits")
     # the tokens of each step are the global batch's, as one process counts them
     ref_steps = fit(model_for(run_kwargs(options)), task(), **run_kwargs(options)).steps
     assert [r["tokens"] for r in steps] == [r["tokens"] for r in ref_steps]

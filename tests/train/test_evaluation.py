@@ -9,6 +9,8 @@ import pytest
 
 from fastattn.train import fit, latest_checkpoint, load_checkpoint
 from fastattn.train.evaluate import Evaluator
+from conftest import assert_close
+from tolerances import TOL
 from train_util import char_tokenizer, tiny_model, untimed, words  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -55,7 +57,8 @@ def test_evaluations_record_the_exact_match_and_the_model_ends_as_the_best(tok, 
     assert best["step"] < STEPS and evals[-1]["valid_loss"] > best["valid_loss"]
     # the model fit leaves is the best one: evaluating it gives that evaluation's figures
     again = evaluator(tok, pairs)(model)
-    assert again["valid_loss"] == pytest.approx(best["valid_loss"], rel=1e-6)
+    assert_close(again["valid_loss"], best["valid_loss"], **TOL["valid_loss_again"],
+                 name="valid_loss", dtype=None)
     assert again["valid_exact"] == best["valid_exact"]
     assert model.training
 
@@ -63,7 +66,8 @@ def test_evaluations_record_the_exact_match_and_the_model_ends_as_the_best(tok, 
 def test_keep_best_false_leaves_the_last_weights(tok, pairs):
     model, h = run(tok, pairs, keep_best=False)
     again = evaluator(tok, pairs)(model)
-    assert again["valid_loss"] == pytest.approx(h.evals[-1]["valid_loss"], rel=1e-6)
+    assert_close(again["valid_loss"], h.evals[-1]["valid_loss"], **TOL["valid_loss_again"],
+                 name="valid_loss", dtype=None)
 
 
 def test_the_best_is_written_beside_the_checkpoints_and_the_last_stays_latest(tok, pairs,
@@ -78,7 +82,8 @@ def test_the_best_is_written_beside_the_checkpoints_and_the_last_stays_latest(to
     assert ck.step == STEPS and ck.state["best"] == {"step": best["step"],
                                                       "valid_loss": best["valid_loss"]}
     last = evaluator(tok, pairs)(ck.model.train())
-    assert last["valid_loss"] == pytest.approx(h.evals[-1]["valid_loss"], rel=1e-6)
+    assert_close(last["valid_loss"], h.evals[-1]["valid_loss"], **TOL["valid_loss_again"],
+                 name="valid_loss", dtype=None)
     # only the best dirs a kept checkpoint names (and the newest) remain: a resume from any
     # kept checkpoint finds the best it knew
     named = {json.loads((tmp_path / c / "state.json").read_text())["best"]["step"]
@@ -170,9 +175,11 @@ def test_exact_match_compares_whole_outputs_to_the_targets(tok):
             enc["abcd"]: [S, *ids["dcba"], E]}                   # right
     model = FakeModel(rows)
     out = Evaluator(pairs, src_tokenizer=tok, tgt_tokenizer=tok, max_len=16)(model)
-    assert out["valid_exact"] == pytest.approx(2 / 3)
-    assert out["valid_loss"] == pytest.approx(0.5) and out["exact_pairs"] == 3
+    assert_close(out["valid_exact"], 2 / 3, **TOL["float64_figure"], name="valid_exact", dtype=None)
+    assert_close(out["valid_loss"], 0.5, **TOL["float64_figure"], name="valid_loss", dtype=None)
+    assert out["exact_pairs"] == 3
     assert model.training and model.modes == ["eval", "train"]
     rows[enc["ab"]] = [S, *ids["ba"], ids["ba"][0], E, P]      # a longer output: wrong
-    assert Evaluator(pairs, src_tokenizer=tok, tgt_tokenizer=tok,
-                     max_len=16)(model)["valid_exact"] == pytest.approx(1 / 3)
+    out = Evaluator(pairs, src_tokenizer=tok, tgt_tokenizer=tok, max_len=16)(model)
+    assert_close(out["valid_exact"], 1 / 3, **TOL["float64_figure"], name="valid_exact",
+                 dtype=None)
