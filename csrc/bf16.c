@@ -69,19 +69,36 @@ void fa_widen_bfloat16(float *dst, const uint16_t *bits, int64_t n, int nthreads
 
 int64_t fa_bf16_packed_size(int64_t M, int64_t K) { return round_up(M, BF_PANEL) * K; }
 
-void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nthreads)
+static inline uint16_t bfc_round(uint16_t bits)          /* a bf16 weight, as bfr would */
 {
-    const int64_t P = (M + BF_PANEL - 1) / BF_PANEL;
-    if (K <= 0) return;                 /* wp has no elements */
-    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)(P * BF_PANEL * K), 1e6);
+    return (bits & 0x7f80u) == 0 ? (uint16_t)(bits & 0x8000u) : bits;
+}
+
+/* w (M, K) bf16 bits into panels of NP features, K in groups of G (zero padded):
+ * wp[p][kg][f][j] = w[p NP + f][kg G + j]; flush: subnormal bits become a zero of their sign
+ * (bfloat16 compute's operand rounding, bfc_round) */
+static void pack_bits(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int64_t NP,
+                      int64_t G, int flush, int nthreads)
+{
+    const int64_t Kp = round_up(K, G), P = (M + NP - 1) / NP;
+    if (Kp == 0) return;                /* no weights: wp has no elements */
+    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)(P * NP * Kp), 1e6);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t p = 0; p < P; p++) {
-        uint16_t *w_p = wp + p * K * BF_PANEL;
-        for (int64_t f = 0; f < BF_PANEL; f++) {
-            const int64_t m = p * BF_PANEL + f;
-            for (int64_t k = 0; k < K; k++) w_p[k * BF_PANEL + f] = m < M ? w[m * K + k] : 0;
+        uint16_t *w_p = wp + p * NP * Kp;
+        for (int64_t f = 0; f < NP; f++) {
+            const int64_t m = p * NP + f;
+            for (int64_t k = 0; k < Kp; k++) {
+                const uint16_t b = m < M && k < K ? w[m * K + k] : 0;
+                w_p[(k / G) * NP * G + f * G + k % G] = flush ? bfc_round(b) : b;
+            }
         }
     }
+}
+
+void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nthreads)
+{
+    pack_bits(wp, w, M, K, BF_PANEL, 1, 0, nthreads);
 }
 
 int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
@@ -131,11 +148,6 @@ int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const f
 
 /* ---- bfloat16 compute (the rule in fastattn.h; tiles in quant_body.h) ------------------------ */
 
-static inline uint16_t bfc_round(uint16_t bits)          /* a bf16 weight, as bfr would */
-{
-    return (bits & 0x7f80u) == 0 ? (uint16_t)(bits & 0x8000u) : bits;
-}
-
 int64_t fa_bfloat16_packed_size(int64_t M, int64_t K)
 {
     return round_up(M, BFC_NP) * round_up(K, 2);
@@ -143,19 +155,7 @@ int64_t fa_bfloat16_packed_size(int64_t M, int64_t K)
 
 void fa_bfloat16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nthreads)
 {
-    const int64_t Kp = round_up(K, 2), P = (M + BFC_NP - 1) / BFC_NP;
-    if (Kp == 0) return;
-    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)(P * BFC_NP * Kp), 1e6);
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-    for (int64_t p = 0; p < P; p++) {
-        uint16_t *w_p = wp + p * BFC_NP * Kp;
-        for (int64_t f = 0; f < BFC_NP; f++) {
-            const int64_t m = p * BFC_NP + f;
-            for (int64_t k = 0; k < Kp; k++)
-                w_p[(k / 2) * BFC_NP * 2 + f * 2 + k % 2] =
-                    m < M && k < K ? bfc_round(w[m * K + k]) : 0;
-        }
-    }
+    pack_bits(wp, w, M, K, BFC_NP, 2, 1, nthreads);
 }
 
 /* Start of row block blk of nblk over N rows: multiples of the tile height (every block but
