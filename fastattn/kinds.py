@@ -30,10 +30,11 @@ chosen now. The kinds that train (Float32Weight, Bf16TrainingWeight) also have
 ``train_forward`` and ``train_backward``; the feed-forward is its first weight's
 ``ffn_product``, ``ffn_train`` and ``ffn_backward`` (the functions of the same names below,
 over two kinds). The reference backend's kind (fastattn.nn.backends.TwinWeight) answers the
-same calls with the NumPy twin, so the model layer calls the kinds alone. Every derived form is made when its kind is made (nothing is
-packed on first use); the modules of fastattn.nn make the kinds at known points (eval(),
-quantize(), set_precision(), train(), load, and the first use after a weight's version
-moved: an optimizer step, an edit) and drop them when the mode that needs them ends.
+same calls with the NumPy twin, so the model layer calls the kinds alone. Every derived form
+is made when its kind is made (nothing is packed on first use); the modules of fastattn.nn
+make the kinds at known points (train(), eval(), set_precision(), quantize(), load, an
+optimizer step; an edit is seen at the next use, by the parameter's version) and drop them
+when the mode that needs them ends.
 
 Arguments are trusted (float32, C-contiguous, shapes consistent): the callers check them.
 Activations are FA_ACT codes (fastattn._checks.ACTIVATIONS). This module sits below both
@@ -182,10 +183,9 @@ class Float32Weight(WeightKind):
         += column sums (db may be None). `pre` may be overwritten (it is not needed after).
         Returns dx."""
         w, packed = self.train_operand(0 if dx is not None else None)
+        dz = pre if act else (scratch(dy.shape, "dz") if self.bf16 else None)
         _fast.linear_backward_into(dx, dw, db, dy, self.train_input(x, "x"), w, pre, act, True,
-                                   dz=pre if act else (scratch(dy.shape, "dz") if self.bf16 else None),
-                                   bf16=self.bf16,
-                                   packed=packed)
+                                   dz=dz, bf16=self.bf16, packed=packed)
         return dx
 
 

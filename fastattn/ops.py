@@ -317,7 +317,7 @@ def ffn(x, w1, b1, w2, b2, *, activation="relu"):
         if N and C:  # F == 0: the hidden layer is empty, y = b2
             return reference.ffn(x, w1, b1, w2, b2, activation=activation)
         return y
-    kinds.ffn_product(kinds.of(w1), b1, kinds.of(w2), b2, act)(x.reshape(N, C), y.reshape(N, C))
+    kinds.ffn_product(w1, b1, w2, b2, act)(x.reshape(N, C), y.reshape(N, C))
     return y
 
 

@@ -265,7 +265,7 @@ class Module(metaclass=_Built):
             m._compute_type = compute_type
             m._grads.clear()
             m._saved, m._buffers = None, None
-        return self._prepared()
+        return self.invalidate_caches()     # the new weights' kinds, made now
 
     def _set_quantized(self, weights):
         """Install stored quantized weights {state_dict key: ops.QuantizedWeight} (all of one
@@ -280,7 +280,7 @@ class Module(metaclass=_Built):
                 raise ValueError(f"{key}: expected {getattr(m, name).shape}, got {w.shape}")
             setattr(m, name, w)
             m._compute_type = w.dtype
-        return self._prepared()
+        return self.invalidate_caches()     # the new weights' kinds, made now
 
     def _kind(self, name, lo=0, hi=None):
         """Parameter `name` (its rows lo:hi when hi is given) as the weight kind this module's
@@ -339,12 +339,6 @@ class Module(metaclass=_Built):
             if not m.training:
                 m._prepare_decode()
         return self
-
-    def _prepared(self):
-        """After the weights were converted (quantize, load): the kinds of the new weights and,
-        in eval mode, the decode kinds made now, at this known point rather than on first use
-        (invalidate_caches). Returns self."""
-        return self.invalidate_caches()
 
     def _prepare_decode(self):
         """Make the decode kinds of the weights this module's decode steps use (eval()); a
