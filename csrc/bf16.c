@@ -130,7 +130,7 @@ int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const f
         return 0;
     }
     /* many rows: the panels widened to float32 (exact) as weight^T (K, P BF_PANEL), each
-     * panel's row k a contiguous run of BF_PANEL features; then the fp32 linear (BLAS) */
+     * panel's row k a contiguous run of BF_PANEL features; then the fp32 linear (the engine) */
     const int64_t ldt = P * BF_PANEL;
     float *wide = malloc((size_t)(ldt * K) * sizeof(float));             /* K > 0 here */
     if (!wide) return -1;
@@ -141,9 +141,9 @@ int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const f
         fa_split(K, 1, &lo, &hi);
         if (lo < hi) fa_k->bf16_widen_t(wide, wp, lo, hi, K, P);
     }
-    fa_linear_forward_t(y, x, wide, ldt, bias, N, K, M, activation, nthreads);
+    const int rc = fa_linear_forward_t(y, x, wide, ldt, bias, N, K, M, activation, nthreads);
     free(wide);
-    return 0;
+    return rc;
 }
 
 /* ---- bfloat16 compute (the rule in fastattn.h; tiles in quant_body.h) ------------------------ */

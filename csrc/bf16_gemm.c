@@ -2,11 +2,12 @@
  * operands a bf16 held in a float32, so that any float32 GEMM gives exact products. Where the
  * bfloat16 compute type's path (paths.c) puts a product of that many rows on the AMX tiles,
  * op(B) is packed once for them (bf16_amx.h) and the products run there; elsewhere, and out
- * of memory, float32 BLAS runs them. Below linear.c: it calls only BLAS and the tiles. */
+ * of memory, the float32 GEMM engine runs them (fa_gemm_once). Below linear.c: it calls only
+ * the engine and the tiles. */
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "fa_blas.h"
+#include "fa_gemm.h"
 #include "fa_paths.h"
 
 struct fa_bf16_b {
@@ -39,7 +40,15 @@ void fa_bf16_b_gemm(const fa_bf16_b *bp, int trans_a, int trans_b, int64_t M, in
     if (bp && M > 0 &&
         bp->tiles->bf16_gemm_packed(trans_a, M, N, K, A, lda, bp->bq, beta, C, ldc) == 0)
         return;
-    fa_sgemm_rowmajor(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+    if (fa_gemm_once(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta != 0.0f, C, ldc) != 0)
+        for (int64_t i = 0; i < M; i++) /* out of memory: unpacked, one sum per element */
+            for (int64_t j = 0; j < N; j++) {
+                float acc = beta != 0.0f ? C[i * ldc + j] : 0.0f;
+                for (int64_t k = 0; k < K; k++)
+                    acc += (trans_a ? A[k * lda + i] : A[i * lda + k]) *
+                           (trans_b ? B[j * ldb + k] : B[k * ldb + j]);
+                C[i * ldc + j] = acc;
+            }
 }
 
 void fa_bf16_b_free(fa_bf16_b *bp)

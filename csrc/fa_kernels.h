@@ -111,6 +111,29 @@ typedef struct {
     const fa_amx_kernels *tiles; /* the tiled pass's two products on these tiles, or NULL */
 } fa_att_units;
 
+/* One float32 product of the GEMM engine (gemm.c, gemm_body.h):
+ *   C (M, N) = op(A) (M, K) x B (K, N) (each element one sum in k order from 0); then on each finished
+ *   tile the epilogue c = drop(act(product + bias)), the product kept in pre when pre is given
+ *   (bias_act_rows' two forms).
+ *   a, lda, trans_a  A (M, K) row stride lda, or transposed: A^T given as (K, M), row stride lda
+ *   bp               B packed (fa_gemm_pack): panels of FA_PANEL features, all of K
+ *   c, ldc           C; pre (may be NULL) has the same row stride
+ *   bias (N) may be NULL; act FA_ACT_*; drop may be NULL; row0, col0: the block's place in the
+ *   whole activation, for the dropout mask's coordinates. */
+typedef struct {
+    int64_t M, N, K;
+    const float *a;
+    int64_t lda;
+    int trans_a;
+    const float *bp;
+    float *c, *pre;
+    int64_t ldc;
+    const float *bias;
+    int act;
+    const fa_dropout_t *drop;
+    int64_t row0, col0;
+} fa_gemm_t;
+
 typedef struct {
     /* attention: whole passes (their tiles, scratch and thread loops follow the level's BQ) */
     int (*attention_forward)(const fa_attention_args *a, const fa_att_units *u, int nthreads);
@@ -138,8 +161,9 @@ typedef struct {
                           const fa_dropout_t *drop);
     void (*skinny_gemm)(float *y, int64_t ldy, const float *xp, int64_t N, const float *w,
                         int64_t M, int64_t K);
-    void (*packed_gemm)(float *y, int64_t ldy, const float *x, int64_t N, const float *wp,
-                        int64_t p0, int64_t p1, int64_t M, int64_t K);
+    /* the float32 GEMM engine's block on one thread (gemm_body.h; gemm.c drives it) */
+    void (*gemm_block)(const fa_gemm_t *g, int64_t r0, int64_t r1, int64_t p0, int64_t p1,
+                       int64_t kc);
     /* optimiser spans */
     void (*adam_span)(float *param, float *exp_avg, float *exp_avg_sq, const float *grad,
                       int64_t i0, int64_t i1, const adam_consts *k);

@@ -24,6 +24,7 @@
 #include "dropout_body.h"
 #include "layernorm_body.h"
 #include "linear_body.h"
+#include "gemm_body.h"
 #include "loss_body.h"
 #include "optim_body.h"
 #include "quant_body.h"
@@ -40,7 +41,7 @@ const fa_kernels FA_KERNELS = {
     .bias_act_rows = bias_act_rows,
     .grad_act_rows = grad_act_rows,
     .skinny_gemm = skinny_gemm,
-    .packed_gemm = packed_gemm,
+    .gemm_block = gemm_block,
     .adam_span = adam_span,
     .sum_squares = sum_squares,
     .scale_span = scale_span,

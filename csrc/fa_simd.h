@@ -29,6 +29,15 @@ typedef float float4_t __attribute__((vector_size(16)));
             }                                                                                  \
         }                                                                                      \
     } while (0)
+/* c + a * b rounded once (a fused multiply-add) where the level has FMA, else a multiply then
+ * an add: the float32 GEMM's one summation step (gemm_body.h) */
+#if FA_VL == 16
+#define vfma(a, b, c) ((VF)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
+#elif FA_VL == 8
+#define vfma(a, b, c) ((VF)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#else
+#define vfma(a, b, c) ((c) + (a) * (b))
+#endif
 /* broadcast: x + (-0.0) == x exactly, so the add folds away (x + 0.0 would not, for x = -0) */
 #define vsplat(s) (-(VF){0} + (float)(s))
 

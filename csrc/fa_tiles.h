@@ -28,8 +28,9 @@
                                                         (BQ = NR * VL queries) */
 #define ATT_MR_S       FA_LEVEL_PICK(6,    6,   6)   /* keys per score tile */
 #define ATT_MR_P       FA_LEVEL_PICK(4,    6,   6)   /* value features per P.V tile */
-#define SK_NV          FA_LEVEL_PICK(2,    2,   3)   /* weight vectors per packed-GEMM tile */
-#define SK_RB          FA_LEVEL_PICK(6,    6,   8)   /* rows of x per packed-GEMM tile */
+#define SK_NV          FA_LEVEL_PICK(2,    2,   3)   /* float32 GEMM engine: vectors of features
+                                                        per register tile */
+#define SK_RB          FA_LEVEL_PICK(6,    6,   8)   /* ... and rows per tile (gemm_body.h) */
 #define BF_RB          FA_LEVEL_PICK(2,    4,   12)  /* bf16 few-row GEMM: rows per tile */
 #define BF_NV          FA_LEVEL_PICK(4,    2,   2)   /* bf16 few-row GEMM: vectors per tile */
 #define BF_FEW         FA_LEVEL_PICK(0,    2,   0)   /* bf16: up to this many rows, the whole
@@ -50,18 +51,13 @@
                             wide, along the vector lanes): the P' and dS tiles (BR, BQ) stay in
                             L2 with the key block's packed K^T, V^T and accumulators */
 #define SM_CHUNK 4       /* softmax read pass: vectors per running-max update */
-#define FA_PANEL 48      /* features per packed weight panel: a multiple of every SK_NV * FA_VL */
-#define PACKED_MAX_ROWS 32 /* decode steps of up to this many rows use the packed kernel (the
-                              policy of fastattn.generate; the kernel itself takes any N) */
-#define ROW_BLOCK 512    /* linear/ffn rows per GEMM block: large enough for BLAS's peak */
-#define BLAS_ROW_ALIGN 12 /* row blocks handed to BLAS start on multiples of this: OpenBLAS's
-                            Haswell sgemm rounds a row the same way only at the same place in its
-                            12-row tile (its SkylakeX one anywhere), so aligned blocks give every
-                            team size the same rows */
-#define MIN_ROWS 128     /* below this many rows per thread, linear/ffn split the features */
+#define FA_PANEL 48      /* float32 GEMM engine: features per packed panel (the weight side,
+                            fa_gemm_pack_panels); a multiple of every SK_NV * FA_VL */
+#define ROW_BLOCK 512    /* bf16 training's products on the AMX tiles: rows per block, at most
+                            (the float32 engine's blocks: gemm.c) */
 #define COL_ALIGN 16     /* feature slices start on a 64-byte boundary */
-#define SKINNY_ROWS 8    /* up to this many rows, our skinny kernel instead of BLAS (BLAS is weak
-                            on such shapes: it packs the whole weight for a few dot products) */
+#define SKINNY_ROWS 8    /* up to this many rows times a weight as given (not packed), the
+                            skinny kernel: packing the weight would cost as much as the product */
 #define REDUCE_ROWS 32   /* parameter gradients (dweight, dbias): rows per partial sum, summed in
                             a fixed order, so the result does not depend on the thread count */
 #define REDUCE_MAX_BLOCKS 256 /* layer norm backward: at most this many partial sums (taller

@@ -52,15 +52,19 @@ typedef enum {
     FA_TILE_PACKED_PANEL,          /* features per packed weight panel */
     FA_TILE_PACKED_TILE_ROWS,      /* rows per packed-GEMM register tile */
     FA_TILE_PACKED_TILE_FEATURES,  /* features per packed-GEMM register tile */
-    FA_TILE_PACKED_MAX_ROWS,       /* decode steps of up to this many rows use the packed kernel */
-    FA_TILE_SKINNY_ROWS,           /* linear/ffn: up to this many rows, the skinny kernel */
-    FA_TILE_MIN_ROWS_PER_THREAD,   /* linear/ffn: fewer rows per thread -> split the features */
-    FA_TILE_ROW_BLOCK,             /* linear/ffn: rows per GEMM block */
-    FA_TILE_FEATURE_ALIGN,         /* linear/ffn: feature slices start on multiples of this */
+    FA_TILE_SKINNY_ROWS,           /* linear/ffn: up to this many rows times a weight as given,
+                                      the skinny kernel */
+    FA_TILE_ROW_BLOCK,             /* bf16 training on the tiles: rows per block, at most */
+    FA_TILE_FEATURE_ALIGN,         /* skinny kernel, bias sums: feature slices start on
+                                      multiples of this */
     FA_TILE_REDUCE_ROWS,           /* dweight/dbias: rows per partial sum (fixed-order total) */
     FA_TILE_COUNT
 } fa_tile_t;
 int fa_build_tiles(int isa, int64_t *out);
+/* The float32 GEMM engine's blocking at level isa (gemm.c): out[0..3] = the L1d, L2 and L3
+ * sizes it read (bytes), its K block; returns the count (4), or -1 for a level this build
+ * lacks */
+int fa_gemm_info(int isa, int64_t *out);
 
 /* ---- where the backward passes go --------------------------------------------------------------
  * Each family's backward kernel sits beside its forward (DESIGN: "a backward pass sits beside
@@ -310,28 +314,26 @@ void fa_bf16_weight_free(fa_bf16_b *packed);
  *   x       (N, K)  in
  *   weight  (M, K)  in (torch layout: out_features x in_features)
  *   bias    (M)     in, may be NULL
- *   GEMM through BLAS; bias + activation applied to each block right after its GEMM, while it
- *   is in cache. OpenMP splits the work (row blocks when there are many rows, slices of the M
- *   output features when there are few) and BLAS runs single-threaded inside every thread.
- *   Row blocks start on multiples of 12 rows, so every team size that splits by rows gives the
- *   same bits; a split of the features may round differently in BLAS (OpenBLAS's Haswell
- *   kernels do).
+ *   The product on the float32 GEMM engine (fa_gemm.h): the weight packed into panels by the
+ *   team, then blocks of rows x features handed to the threads as they come free, bias and
+ *   activation applied to each finished tile while it is in L1 (up to 8 rows: the skinny
+ *   kernel on the weight as given, by feature slices). Every element is one sum in k order:
+ *   bit-identical for every thread count.
  *   bf16     1: x and weight hold bf16 values (bf16 training's rounded operands): the products
- *            go through fa_bf16_gemm_rowmajor (the AMX tiles where the bfloat16 compute type
- *            runs on them, exact products summed in float32; BLAS otherwise)
+ *            run on the AMX tiles where the bfloat16 compute type runs on them (exact
+ *            products summed in float32), on the engine otherwise
  *   wpack    NULL, or with bf16 fa_bf16_weight_pack(weight, M, K, 1): op(B) not packed per call
  *   Twin: fastattn.reference.linear / linear_forward
  */
-void fa_linear_forward(float *y, float *pre, const float *x, const float *weight,
-                       const float *bias, int64_t N, int64_t K, int64_t M, int activation,
-                       int bf16, const fa_bf16_b *wpack, int nthreads);
+int fa_linear_forward(float *y, float *pre, const float *x, const float *weight,
+                      const float *bias, int64_t N, int64_t K, int64_t M, int activation,
+                      int bf16, const fa_bf16_b *wpack, int nthreads); /* 0, or -1: out of memory */
 
 /* fa_linear_forward_t -- the same with the weight given transposed: wt (K, ldt), ldt >= M
- * (columns past M unused), no pre. Always split by row blocks (starting on multiples of 12
- * rows): every team size gives the same bits, whichever kernels OpenBLAS runs. */
-void fa_linear_forward_t(float *y, const float *x, const float *wt, int64_t ldt,
-                         const float *bias, int64_t N, int64_t K, int64_t M, int activation,
-                         int nthreads);
+ * (columns past M unused), no pre. */
+int fa_linear_forward_t(float *y, const float *x, const float *wt, int64_t ldt,
+                        const float *bias, int64_t N, int64_t K, int64_t M, int activation,
+                        int nthreads);
 
 /* fa_linear_backward -- gradients of y = act(x weight^T + bias).
  *
@@ -344,8 +346,8 @@ void fa_linear_forward_t(float *y, const float *x, const float *wt, int64_t ldt,
  *   pre      (N, M)  in; saved by fa_linear_forward (NULL without an activation)
  *   x        (N, K)  in
  *   weight   (M, K)  in
- *   accumulate  0: dweight, dbias are overwritten; 1: added to (BLAS beta = 1), as the model's
- *               layers accumulate parameter gradients across calls
+ *   accumulate  0: dweight, dbias are overwritten; 1: added to (each sum starts at the old
+ *               value), as the model's layers accumulate parameter gradients across calls
  *   bf16     1: bf16 mixed-precision training: dz (required, (N, M)) = dy * act'(pre), or dy,
  *            rounded to bf16 (fa_round_bfloat16's rule) before both products and the bias
  *            sums (as torch's bf16 gradient tensors); the caller passes x and weight already
@@ -354,18 +356,16 @@ void fa_linear_forward_t(float *y, const float *x, const float *wt, int64_t ldt,
  *   wpack    NULL, or with bf16 fa_bf16_weight_pack(weight, M, K, 0), for dx
  *   act'(pre): relu [pre > 0] (a select: dz = 0 where pre <= 0 or NaN); gelu Phi + pre * phi
  *   (exact), 0 * inf terms taken as 0 at +-inf.
- *   Threads: dz and dx by row blocks (few rows: dz by rows, then dx by slices of K); after a
- *   barrier, dweight by slices of its larger dimension and dbias by slices of M. Every BLAS call
- *   is single-threaded on one thread's slice. dbias sums each column in row order, REDUCE_ROWS
- *   rows per float partial, partials in double -> bit-identical for every thread count; dx and
- *   dweight are deterministic for a given thread count (BLAS blocking may round them
- *   differently for another).
+ *   Threads: dz by row blocks, then dx and dweight each by the whole team on the engine
+ *   (operands packed by the team first), dbias by slices of M. dbias sums each column in row
+ *   order, REDUCE_ROWS rows per float partial, partials in double; every result is
+ *   bit-identical for every thread count.
  *   Twin: fastattn.reference.linear_backward
  */
-void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
-                        const float *dy, const float *pre, const float *x, const float *weight,
-                        int64_t N, int64_t K, int64_t M, int activation, int accumulate,
-                        int bf16, const fa_bf16_b *wpack, int nthreads);
+int fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
+                       const float *dy, const float *pre, const float *x, const float *weight,
+                       int64_t N, int64_t K, int64_t M, int activation, int accumulate,
+                       int bf16, const fa_bf16_b *wpack, int nthreads); /* 0, or -1: OOM */
 
 /* fa_ffn_forward -- y = drop(act(x w1^T + b1)) w2^T + b2, in row blocks (torch's
  * linear2(dropout(activation(linear1(x))))).
@@ -384,16 +384,18 @@ void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
  *              before the second product; the caller passes x, w1 and w2 already rounded (bf16
  *              training; the products as in fa_linear_backward)
  *   pack1, pack2  NULL, or with bf16 fa_bf16_weight_pack(w1, F, C, 1) and (w2, C, F, 1)
- *   Many rows: the hidden (N, F) never exists whole; each thread owns one (<= 512, F) block and
- *   runs both GEMMs and epilogues on it. Few rows (N < 128 per thread): the small (N, F) hidden
- *   is split by features across threads, then the second GEMM by output features.
+ *   wp1, wp2      NULL, or w1 and w2 packed (fa_pack_panels): no packing per call (inference)
+ *   Many rows: the hidden (N, F) never exists whole; blocks of rows (the hidden block in L2)
+ *   are handed to the threads as they come free, each running both products and epilogues on
+ *   its block. Fewer than two blocks per thread: each product by the whole team, the (N, F)
+ *   hidden between them; up to 8 rows with weights as given, the skinny kernel.
  *   Twin: fastattn.reference.ffn / ffn_forward
  */
 int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const float *b1,
                    const float *w2, const float *b2, int64_t N, int64_t C, int64_t F,
                    int activation, double dropout_p, uint64_t seed, int bf16,
-                   const fa_bf16_b *pack1, const fa_bf16_b *pack2,
-                   int nthreads);  /* 0, or -1: out of memory */
+                   const fa_bf16_b *pack1, const fa_bf16_b *pack2, const float *wp1,
+                   const float *wp2, int nthreads);  /* 0, or -1: out of memory */
 
 /* fa_ffn_backward -- gradients of y = drop(act(x w1^T + b1)) w2^T + b2.
  *
@@ -413,21 +415,21 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
  *         the products and sums that read them; the caller passes dy, x, w1 and w2 already
  *         rounded
  *   pack1, pack2  NULL, or with bf16 fa_bf16_weight_pack(w1, F, C, 0) and (w2, C, F, 0)
- *   Four GEMMs (8 N C F flops). Threads: dh, h, dpre and dx by row blocks (few rows: by feature
- *   slices, a barrier, dx by slices of C); after a barrier, dw2 and dw1 by slices of their
- *   larger dimension, db1 and db2 by feature slices (column sums as in fa_linear_backward:
- *   the same sums for every thread count; db2 is then bit-identical, while db1 sums dh = dy w2,
- *   which BLAS may round differently in its last bits when the threads split it differently).
+ *   Four products (8 N C F flops), each by the whole team on the engine; h and dpre by row
+ *   blocks between them; db1 and db2 by feature slices (column sums as in
+ *   fa_linear_backward). Every result is bit-identical for every thread count.
  *   Twin: fastattn.reference.ffn_backward
  */
-void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
-                     float *h, float *dpre,
-                     const float *dy, const float *pre, const float *x,
-                     const float *w1, const float *w2, int64_t N, int64_t C, int64_t F,
-                     int activation, double dropout_p, uint64_t seed, int accumulate,
-                     int bf16, const fa_bf16_b *pack1, const fa_bf16_b *pack2, int nthreads);
+int fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
+                    float *h, float *dpre,
+                    const float *dy, const float *pre, const float *x,
+                    const float *w1, const float *w2, int64_t N, int64_t C, int64_t F,
+                    int activation, double dropout_p, uint64_t seed, int accumulate,
+                    int bf16, const fa_bf16_b *pack1, const fa_bf16_b *pack2,
+                    int nthreads); /* 0, or -1: out of memory */
 
-/* fa_pack_panels -- weights laid out for fa_linear_packed_forward (done once per model).
+/* fa_pack_panels -- a weight laid out for the GEMM engine (fa_linear_packed_forward,
+ * fa_ffn_forward's wp1 / wp2): done once per weight, when a model enters eval().
  *
  *   wp  (ceil(M/48), K, 48)  out; fa_packed_size(M, K) floats; wp[p][k][f] = w[48p + f][k],
  *                            zero for features past M
@@ -436,12 +438,13 @@ void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
 int64_t fa_packed_size(int64_t M, int64_t K);
 void fa_pack_panels(float *wp, const float *w, int64_t M, int64_t K, int nthreads);
 
-/* fa_linear_packed_forward -- y = act(x weight^T + bias) for a few rows, weights packed.
+/* fa_linear_packed_forward -- y = act(x weight^T + bias), the weight packed (any N: the
+ * engine's tasks, blocks of rows x groups of panels, handed to the threads as they come free;
+ * a decode step's few rows stream each panel once). Each element is one sum in k order,
+ * whatever N or the team.
  *
  *   y     (N, M)  out        x  (N, K)  in        bias (M)  in, may be NULL
  *   wp    packed weight (fa_pack_panels)
- *   For decode steps (N = a handful of rows): bound by streaming wp once, in order; threads
- *   split the panels. Each element is computed the same way whatever N is.
  *   Twin: fastattn.reference.linear (on the unpacked weight)
  */
 void fa_linear_packed_forward(float *y, const float *x, const float *wp, const float *bias,

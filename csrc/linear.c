@@ -1,23 +1,27 @@
-/* linear.c -- GEMM-based linear and feed-forward layers with fused bias/activation epilogues:
- * forward and backward.
+/* linear.c -- linear and feed-forward layers, forward and backward: their float32 products on
+ * the GEMM engine (fa_gemm.h), the bias / activation / dropout epilogue applied to each
+ * finished tile while it is in L1; bf16 training's products on the bf16 tiles where its path
+ * runs there (bf16_gemm.c), else on the engine too (bf16 values held in float32s: exact
+ * products, summed in float32).
  *
- * One thread pool: OpenMP splits the work and every BLAS call runs single-threaded inside it
- * (OpenBLAS's own pool is kept at one thread for the whole process, see fa_blas.h), so OpenBLAS
- * never starts (or spins) threads of its own next to ours. Many rows: each thread takes blocks
- * of rows, runs the GEMM and then the epilogue while the block is in cache. Few rows (decode
- * steps): each thread takes a slice of the output features instead; in between (large teams),
- * groups of rows times slices of features (grid_tile). */
+ * One thread pool: each entry point opens one OpenMP region, in which the team packs the
+ * operand it multiplies by (unless the weight came packed: fa_linear_packed_forward) and then
+ * shares the product's tasks, each thread taking the next as it comes free. The feed-forward
+ * runs its two products per block of rows, the hidden block staying in cache between them.
+ * Every element of every product is one sum in k order (gemm_body.h), so the results are
+ * bit-identical for 1 and N threads. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fa_blas.h"
+#include "fa_gemm.h"
 #include "fa_kernels.h"
+#include "fa_paths.h"
 #include "fa_tiles.h"
 
-/* Sizes (fa_tiles.h): ROW_BLOCK rows per GEMM block; below MIN_ROWS rows per thread the
- * features are split instead, in slices starting on multiples of COL_ALIGN; up to SKINNY_ROWS
- * rows, the skinny kernel replaces BLAS. */
+/* Sizes (fa_tiles.h): up to SKINNY_ROWS rows times a weight as given (not packed), the skinny
+ * kernel (packing the weight would cost as much as the product); bf16 training's products on
+ * the tiles run in blocks of about ROW_BLOCK rows, the tiles' path chosen for that many. */
 
 /* dst[i] = src[i] rounded to bf16, as float32 values (the bfloat16 compute type's rounding:
  * fa_round_bfloat16), for i < n; dst may be src */
@@ -26,84 +30,49 @@ static void round_bf16(float *dst, const float *src, int64_t n)
     if (n > 0) fa_k->bfc_round_row(dst, src, n, n, 1);
 }
 
-/* One product by rows, A not transposed: with bp (bf16 training, its B packed once per call
- * for the bf16 tiles, fa_bf16_b_make) on the tiles, else float32 BLAS. bf16 training's
- * operands are bf16 values held in float32s, so BLAS gives the same exact products; the
- * products that split the features (few rows) or transpose A (the weight gradients) run on
- * BLAS. */
-static void gemm(const fa_bf16_b *bp, int tb, int64_t M, int64_t N, int64_t K, const float *A,
-                 int64_t lda, const float *B, int64_t ldb, float *C, int64_t ldc)
+static void zero(float *p, int64_t n)
 {
-    if (bp)
-        fa_bf16_b_gemm(bp, 0, tb, M, N, K, A, lda, B, ldb, 0.0f, C, ldc);
-    else
-        fa_sgemm_rowmajor(0, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+    if (p && n > 0) memset(p, 0, (size_t)n * sizeof(float));
 }
 
-/* Number of row blocks: about N / ROW_BLOCK, rounded up to a multiple of the team size so that
- * every thread gets the same number of (equal) blocks. */
-static int64_t row_blocks(int64_t N, int nt)
+/* ---- row blocks ------------------------------------------------------------------------------- */
+
+/* Rows per block for a team of nt: about 4 blocks per thread (handed out dynamically), a
+ * multiple of 48 (every tile height: the engine's 6 and 8, the bf16 tiles' 16 and 6), at most
+ * `cap`. No result depends on it. */
+static int64_t rows_per_block(int64_t N, int nt, int64_t cap)
 {
-    const int64_t nblk = (N + ROW_BLOCK - 1) / ROW_BLOCK;
-    return (nblk + nt - 1) / nt * nt;
+    int64_t per = (N + 4 * (int64_t)nt - 1) / (4 * (int64_t)nt);
+    per = (per + 47) / 48 * 48;
+    return per < cap ? per : cap;
 }
 
-/* Rows per block of nblk blocks: an even share rounded up to a multiple of BLAS_ROW_ALIGN, so
- * that BLAS computes each row the same way whatever the team size (the last blocks may be
- * short or empty). */
-static int64_t block_rows(int64_t N, int64_t nblk)
+/* bf16 training: B for the tiles, when its path puts blocks of `rows` rows there (NULL: the
+ * engine runs the products). *own: what the caller frees. */
+static const fa_bf16_b *tiles_b(int bf16, const fa_bf16_b *given, int trans_b, int64_t rows,
+                                int64_t K, int64_t N, const float *B, int64_t ldb,
+                                fa_bf16_b **own)
 {
-    const int64_t per = (N + nblk - 1) / nblk;
-    return (per + BLAS_ROW_ALIGN - 1) / BLAS_ROW_ALIGN * BLAS_ROW_ALIGN;
+    *own = NULL;
+    return bf16 ? fa_bf16_b_for(given, trans_b, rows, K, N, B, ldb, own) : NULL;
 }
 
-/* This thread's tile [r0, r1) x [m0, m1) of an (N, M) output that a team splits when it has
- * fewer than MIN_ROWS rows per thread: rg groups of at least MIN_ROWS rows times cg slices of
- * the features (starting on multiples of COL_ALIGN), thread t taking row group t / cg and slice
- * t % cg; threads past rg * cg (fewer than cg) get an empty tile. With fewer than 2 * MIN_ROWS
- * rows (or a team too small for two groups) that is the feature split alone. Rows grouped so,
- * each thread packs a share of the input rather than all of it: the Transformer-base encoder's
- * (1024, 512) -> 512 projection on 16 threads otherwise had every thread pack all 1024 rows for
- * a slice of 32 features. Groups are sized as row blocks are (block_rows). */
-static void grid_tile(int64_t N, int64_t M, int64_t *r0, int64_t *r1, int64_t *m0, int64_t *m1)
+/* ---- the engine's operands -------------------------------------------------------------------- */
+
+/* A packed B of (K, N) for the engine (malloc'd, the team fills it), or NULL for K = 0 (the
+ * engine reads nothing of it) ; *fail set when out of memory. */
+static float *packed_b(int64_t K, int64_t N, int *fail)
 {
-    const int64_t T = fa_team(), t = fa_thread_id();
-    const int64_t rg_max = N / MIN_ROWS > 1 ? N / MIN_ROWS : 1;
-    int64_t cg = (T + rg_max - 1) / rg_max, rg = T / cg;
-    if (rg <= 1) rg = 1, cg = T;
-    *r0 = *r1 = *m0 = *m1 = 0;
-    if (t >= rg * cg) return;
-    const int64_t rows = block_rows(N, rg);
-    const int64_t cols = ((M + cg - 1) / cg + COL_ALIGN - 1) / COL_ALIGN * COL_ALIGN;
-    *r0 = (t / cg) * rows < N ? (t / cg) * rows : N;
-    *r1 = *r0 + rows < N ? *r0 + rows : N;
-    *m0 = (t % cg) * cols < M ? (t % cg) * cols : M;
-    *m1 = *m0 + cols < M ? *m0 + cols : M;
+    if (K <= 0 || N <= 0) return NULL;
+    float *bp = malloc((size_t)fa_gemm_packed_size(K, N) * sizeof(float));
+    if (!bp) *fail = 1;
+    return bp;
 }
 
-/* y = drop(act(x w^T + b)) on this thread's tile (grid_tile); pre (if not NULL) keeps the
- * value before the activation. w is (M, K). xp: x with rows padded to a multiple of 4 for the
- * skinny kernel (N <= SKINNY_ROWS, one row group), or NULL to use BLAS. drop may be NULL. */
-static void linear_cols(float *y, float *pre, const float *x, const float *xp, const float *w,
-                        const float *b, int64_t N, int64_t K, int64_t M, int act,
-                        const fa_dropout_t *drop)
-{
-    int64_t r0, r1, m0, m1;
-    grid_tile(N, M, &r0, &r1, &m0, &m1);
-    if (r0 >= r1 || m0 >= m1) return;
-    float *z = pre ? pre : y;                             /* where the GEMM writes */
-    if (xp)
-        fa_k->skinny_gemm(z + m0, M, xp, N, w + m0 * K, m1 - m0, K);
-    else
-        fa_sgemm_rowmajor(0, 1, r1 - r0, m1 - m0, K, 1.0f, x + r0 * K, K, w + m0 * K, K, 0.0f,
-                          z + r0 * M + m0, M);
-    fa_k->bias_act_rows(y + r0 * M + m0, pre ? pre + r0 * M + m0 : NULL, b ? b + m0 : NULL,
-                        r1 - r0, m1 - m0, M, act, r0, m0, drop);
-}
+/* ---- forward ---------------------------------------------------------------------------------- */
 
 /* x (N, K) copied into rows padded with zeros to a multiple of 4, for the skinny kernel; NULL
- * when N is too large for it, for K = 0 (x may then be NULL) or out of memory: BLAS (the
- * wrapper, for K = 0) then takes the call. */
+ * when N is too large for it, for K = 0 or out of memory: the engine then takes the call. */
 static float *skinny_rows(const float *x, int64_t N, int64_t K)
 {
     if (N > SKINNY_ROWS || K <= 0) return NULL;
@@ -113,57 +82,83 @@ static float *skinny_rows(const float *x, int64_t N, int64_t K)
     return xp;
 }
 
-/* fa_linear_forward, with the weight (M, K), or with ldt > 0 its transpose (K, ldt) */
-static void linear_forward(float *y, float *pre, const float *x, const float *weight, int64_t ldt,
-                           const float *bias, int64_t N, int64_t K, int64_t M, int activation,
-                           int bf16, const fa_bf16_b *wpack, int nthreads)
+/* y = drop(act(x w^T + b)) for N <= SKINNY_ROWS rows (xp: skinny_rows(x)), w (M, K) as given:
+ * this thread's slice of the features; pre (if not NULL) keeps the value before the
+ * activation */
+static void skinny_cols(float *y, float *pre, const float *xp, const float *w, const float *b,
+                        int64_t N, int64_t K, int64_t M, int act, const fa_dropout_t *drop)
 {
-    if (N <= 0 || M <= 0) return;
-    const int nt = fa_team_size(nthreads, 2.0 * (double)N * (double)K * (double)M, 2e6);
-    /* the transposed weight (the bf16 path's widened copy) is always split by rows: its
-     * results must not depend on the team size (BLAS's may for another split of features) */
-    const int by_rows = ldt > 0 || N >= (int64_t)nt * MIN_ROWS;
-    const int64_t nblk = row_blocks(N, nt), per = block_rows(N, nblk);
-    float *xp = by_rows ? NULL : skinny_rows(x, N, K);
+    int64_t m0, m1;
+    fa_split(M, COL_ALIGN, &m0, &m1);
+    if (m0 >= m1) return;
+    float *z = pre ? pre : y;                             /* where the product goes */
+    fa_k->skinny_gemm(z + m0, M, xp, N, w + m0 * K, m1 - m0, K);
+    fa_k->bias_act_rows(y + m0, pre ? pre + m0 : NULL, b ? b + m0 : NULL, N, m1 - m0, M, act, 0,
+                        m0, drop);
+}
+
+/* fa_linear_forward, with the weight (M, K), or with ldt > 0 its transpose (K, ldt) */
+static int linear_forward(float *y, float *pre, const float *x, const float *weight, int64_t ldt,
+                          const float *bias, int64_t N, int64_t K, int64_t M, int activation,
+                          int bf16, const fa_bf16_b *wpack, int nthreads)
+{
+    if (N <= 0 || M <= 0) return 0;
+    const double flops = 2.0 * (double)N * (double)K * (double)M;
+    const int nt = fa_team_size(nthreads, flops, 2e5);
+    /* bf16 training on the tiles: blocks of rows, each product on them */
+    const int64_t per = rows_per_block(N, nt, ROW_BLOCK);
     fa_bf16_b *own = NULL;
-    const fa_bf16_b *bp = bf16 && by_rows ? fa_bf16_b_for(wpack, ldt > 0 ? 0 : 1, per, K, M,
-                                                          weight, ldt > 0 ? ldt : K, &own)
-                                          : NULL;
+    const fa_bf16_b *tb = ldt > 0 ? NULL : tiles_b(bf16, wpack, 1, per, K, M, weight, K, &own);
+    if (tb) {
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(dynamic, 1)
+        for (int64_t r0 = 0; r0 < N; r0 += per) {
+            const int64_t rows = N - r0 < per ? N - r0 : per;
+            float *z = pre ? pre + r0 * M : y + r0 * M;
+            fa_bf16_b_gemm(tb, 0, 1, rows, M, K, x + r0 * K, K, weight, K, 0.0f, z, M);
+            fa_k->bias_act_rows(y + r0 * M, pre ? z : NULL, bias, rows, M, M, activation, r0, 0,
+                                NULL);
+        }
+        fa_bf16_b_free(own);
+        return 0;
+    }
+    /* a few rows times the weight as given: the skinny kernel, by feature slices */
+    float *xp = ldt > 0 ? NULL : skinny_rows(x, N, K);
+    if (xp) {
+#pragma omp parallel num_threads(nt) if (nt > 1)
+        skinny_cols(y, pre, xp, weight, bias, N, K, M, activation, NULL);
+        free(xp);
+        return 0;
+    }
+    /* the engine: the weight packed by the team, then the product's tasks */
+    int fail = 0;
+    float *bp = packed_b(K, M, &fail);
+    if (fail) return -1;
+    const fa_gemm_t g = {.M = N, .N = M, .K = K, .a = x, .lda = K, .bp = bp, .c = y, .pre = pre,
+                         .ldc = M, .bias = bias, .act = activation};
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        if (by_rows) {
-#pragma omp for schedule(static)
-            for (int64_t blk = 0; blk < nblk; blk++) {
-                const int64_t r0 = blk * per, rows = N - r0 < per ? N - r0 : per;
-                if (rows <= 0) continue;
-                float *p_r = pre ? pre + r0 * M : NULL;
-                gemm(bp, ldt > 0 ? 0 : 1, rows, M, K, x + r0 * K, K, weight, ldt > 0 ? ldt : K,
-                     p_r ? p_r : y + r0 * M, M);
-                fa_k->bias_act_rows(y + r0 * M, p_r, bias, rows, M, M, activation, r0, 0, NULL);
-            }
-        } else {
-            linear_cols(y, pre, x, xp, weight, bias, N, K, M, activation, NULL);
-        }
+        if (bp) fa_gemm_pack_team(bp, ldt > 0 ? 0 : 1, K, M, weight, ldt > 0 ? ldt : K);
+        fa_gemm_team(&g);
     }
-    free(xp);
-    fa_bf16_b_free(own);
+    free(bp);
+    return 0;
 }
 
-void fa_linear_forward(float *y, float *pre, const float *x, const float *weight,
-                       const float *bias, int64_t N, int64_t K, int64_t M, int activation,
-                       int bf16, const fa_bf16_b *wpack, int nthreads)
+int fa_linear_forward(float *y, float *pre, const float *x, const float *weight,
+                      const float *bias, int64_t N, int64_t K, int64_t M, int activation,
+                      int bf16, const fa_bf16_b *wpack, int nthreads)
 {
-    linear_forward(y, pre, x, weight, 0, bias, N, K, M, activation, bf16, wpack, nthreads);
+    return linear_forward(y, pre, x, weight, 0, bias, N, K, M, activation, bf16, wpack,
+                          nthreads);
 }
 
-void fa_linear_forward_t(float *y, const float *x, const float *wt, int64_t ldt,
-                         const float *bias, int64_t N, int64_t K, int64_t M, int activation,
-                         int nthreads)
+int fa_linear_forward_t(float *y, const float *x, const float *wt, int64_t ldt, const float *bias,
+                        int64_t N, int64_t K, int64_t M, int activation, int nthreads)
 {
-    linear_forward(y, NULL, x, wt, ldt, bias, N, K, M, activation, 0, NULL, nthreads);
+    return linear_forward(y, NULL, x, wt, ldt, bias, N, K, M, activation, 0, NULL, nthreads);
 }
 
-/* ---- backward helpers ------------------------------------------------------------------------- */
+/* ---- backward ---------------------------------------------------------------------------------- */
 
 /* out[m0:m1] (= or, with accumulate, +=) the column sums of z (N rows, row stride ld): each
  * column summed in row order, REDUCE_ROWS rows per float partial, the partials added in double.
@@ -194,8 +189,8 @@ static void col_sums(float *out, const float *z, int64_t N, int64_t ld, int64_t 
 
 /* This thread's slice of c (M, P) = a^T b (+ c with accumulate): a (R, M) row stride lda,
  * b (R, P) row stride ldb. The larger of M and P is split (fa_split), and each slice is one
- * single-threaded product: BLAS, or with bf16 (bf16 training's operands) the bf16 tiles where
- * the CPU has them, this thread's slice of b packed for them. */
+ * single-threaded product on the bf16 tiles (bf16 training's operands; tn_on_tiles says where
+ * they run), this thread's slice of b packed for them. */
 static void gemm_tn_slice(float *c, const float *a, int64_t lda, const float *b, int64_t ldb,
                           int64_t R, int64_t M, int64_t P, int accumulate, int bf16)
 {
@@ -216,92 +211,150 @@ static void gemm_tn_slice(float *c, const float *a, int64_t lda, const float *b,
     }
 }
 
-static void zero(float *p, int64_t n)
+/* Whether bf16 training's weight gradient c (M, P) = a^T b runs on the bf16 tiles
+ * (gemm_tn_slice: slices of the larger of M and P per thread), not on the engine */
+static int tn_on_tiles(int bf16, int64_t M, int64_t P, int nt)
 {
-    if (p && n > 0) memset(p, 0, (size_t)n * sizeof(float));
+    if (!bf16) return 0;
+    fa_bf16_path_t path;
+    return fa_paths_bfloat16(M >= P ? (M + nt - 1) / nt : M, &path) != NULL;
 }
 
-void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
-                        const float *dy, const float *pre, const float *x, const float *weight,
-                        int64_t N, int64_t K, int64_t M, int activation, int accumulate,
-                        int bf16, const fa_bf16_b *wpack, int nthreads)
+/* c (M, P) = a^T b (+ c with accumulate), a (R, M) row stride lda, b (R, P) row stride ldb, by
+ * the calling team: on the tiles (tiles set: gemm_tn_slice), or on the engine with b packed
+ * into bp (fa_gemm_packed_size(R, P) floats; NULL for R = 0), the product into t (M, P) first
+ * when accumulating, then added (c + the sum, the twin's order) */
+static void gemm_tn_team(float *c, const float *a, int64_t lda, const float *b, int64_t ldb,
+                         float *bp, float *t, int64_t R, int64_t M, int64_t P, int accumulate,
+                         int tiles)
+{
+    if (tiles) {
+        gemm_tn_slice(c, a, lda, b, ldb, R, M, P, accumulate, 1);
+        return;
+    }
+    if (bp) fa_gemm_pack_team(bp, 0, R, P, b, ldb);
+    const fa_gemm_t g = {.M = M, .N = P, .K = R, .a = a, .lda = lda, .trans_a = 1, .bp = bp,
+                         .c = accumulate ? t : c, .ldc = P, .act = FA_ACT_NONE};
+    fa_gemm_team(&g);
+    if (accumulate) {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < M; r++) fa_gemm_add_rows(c, P, t, P, r, r + 1);
+    }
+}
+
+/* scratch for an accumulated weight gradient (M, P) on the engine, or NULL */
+static float *grad_scratch(int want, int64_t M, int64_t P, int *fail)
+{
+    if (!want || M <= 0 || P <= 0) return NULL;
+    float *t = malloc((size_t)(M * P) * sizeof(float));
+    if (!t) *fail = 1;
+    return t;
+}
+
+/* c (N, P) = a b, a (N, R), b (R, P) row strides R and P (the input gradients dz w), by the
+ * calling team: on the tiles in blocks of `per` rows (tb, bf16 training), else the engine with
+ * b packed into bp (NULL for R = 0) */
+static void gemm_nn_team(float *c, const float *a, const float *b, const fa_bf16_b *tb, float *bp,
+                         int64_t N, int64_t R, int64_t P, int64_t per)
+{
+    if (tb) {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t r0 = 0; r0 < N; r0 += per) {
+            const int64_t rows = N - r0 < per ? N - r0 : per;
+            fa_bf16_b_gemm(tb, 0, 0, rows, P, R, a + r0 * R, R, b, P, 0.0f, c + r0 * P, P);
+        }
+        return;
+    }
+    if (bp) fa_gemm_pack_team(bp, 0, R, P, b, P);
+    const fa_gemm_t g = {.M = N, .N = P, .K = R, .a = a, .lda = R, .bp = bp, .c = c, .ldc = P,
+                         .act = FA_ACT_NONE};
+    fa_gemm_team(&g);
+}
+
+int fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
+                       const float *dy, const float *pre, const float *x, const float *weight,
+                       int64_t N, int64_t K, int64_t M, int activation, int accumulate,
+                       int bf16, const fa_bf16_b *wpack, int nthreads)
 {
     if (M <= 0) { /* no outputs: dx is an empty sum */
         if (N > 0 && K > 0) zero(dx, N * K);
-        return;
+        return 0;
     }
     if (N <= 0) { /* no rows: the parameter gradients are empty sums */
         if (!accumulate) {
             zero(dweight, M * K);
             zero(dbias, M);
         }
-        return;
+        return 0;
     }
     const int act = activation;
     const float *g = act != FA_ACT_NONE || bf16 ? dz : dy;    /* dL/dz, z = x w^T + b */
     const double gemms = (dx != NULL) + (dweight != NULL);
     const int nt = fa_team_size(nthreads, 2.0 * gemms * (double)N * (double)K * (double)M
-                                              + (double)N * (double)M, 2e6);
-    const int by_rows = N >= (int64_t)nt * MIN_ROWS;
-    const int64_t nblk = row_blocks(N, nt), per = block_rows(N, nblk);
+                                              + (double)N * (double)M, 2e5);
+    const int64_t per = rows_per_block(N, nt, ROW_BLOCK);
     fa_bf16_b *own = NULL;
-    const fa_bf16_b *bp = bf16 && by_rows && dx ? fa_bf16_b_for(wpack, 0, per, M, K, weight, K,
-                                                                &own)
-                                                : NULL;
+    const fa_bf16_b *tb = dx ? tiles_b(bf16, wpack, 0, per, M, K, weight, K, &own) : NULL;
+    const int tn = dweight && tn_on_tiles(bf16, M, K, nt);
+    int fail = 0;
+    float *bw = dx && !tb ? packed_b(M, K, &fail) : NULL;       /* op(B) = weight (M, K) */
+    float *bx = dweight && !tn ? packed_b(N, K, &fail) : NULL;  /* x (N, K) */
+    float *tw = grad_scratch(dweight && !tn && accumulate, M, K, &fail);
+    if (fail) {
+        free(bw);
+        free(bx);
+        free(tw);
+        fa_bf16_b_free(own);
+        return -1;
+    }
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        /* dz = dy * act'(pre), then dx = dz w */
-        if (by_rows) {
-#pragma omp for schedule(static)
-            for (int64_t blk = 0; blk < nblk; blk++) {
-                const int64_t r0 = blk * per, rows = N - r0 < per ? N - r0 : per;
-                if (rows <= 0) continue;
+        /* dz = dy * act'(pre) (rounded to bf16 for bf16 training), by row blocks */
+        if (g == dz) {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t r0 = 0; r0 < N; r0 += per) {
+                const int64_t rows = N - r0 < per ? N - r0 : per;
                 if (act != FA_ACT_NONE)
                     fa_k->grad_act_rows(dz + r0 * M, NULL, dy + r0 * M, pre + r0 * M, rows, M, M,
                                         act, r0, 0, NULL);
                 if (bf16)
                     round_bf16(dz + r0 * M, act != FA_ACT_NONE ? dz + r0 * M : dy + r0 * M,
-                                  rows * M);
-                if (dx) gemm(bp, 0, rows, K, M, g + r0 * M, M, weight, K, dx + r0 * K, K);
-            }
-        } else {
-            int64_t lo, hi;
-            if (act != FA_ACT_NONE) {
-                fa_split(N, 1, &lo, &hi);
-                if (lo < hi)
-                    fa_k->grad_act_rows(dz + lo * M, NULL, dy + lo * M, pre + lo * M, hi - lo, M,
-                                        M, act, lo, 0, NULL);
-            }
-            if (bf16) {
-                fa_split(N, 1, &lo, &hi);
-                if (lo < hi)
-                    round_bf16(dz + lo * M, act != FA_ACT_NONE ? dz + lo * M : dy + lo * M,
-                                  (hi - lo) * M);
-            }
-#pragma omp barrier
-            if (dx) {                                       /* few rows: slices of K */
-                fa_split(K, COL_ALIGN, &lo, &hi);
-                if (lo < hi)
-                    fa_sgemm_rowmajor(0, 0, N, hi - lo, M, 1.0f, g, M, weight + lo, K, 0.0f,
-                                      dx + lo, K);
+                               rows * M);
             }
         }
-#pragma omp barrier
-        /* dweight = dz^T x, dbias = column sums of dz: slices of the outputs */
-        if (dweight) gemm_tn_slice(dweight, g, M, x, K, N, M, K, accumulate, bf16);
-        if (dbias) {
+        if (dx) gemm_nn_team(dx, g, weight, tb, bw, N, M, K, per);            /* dz w */
+        if (dweight) gemm_tn_team(dweight, g, M, x, K, bx, tw, N, M, K, accumulate, tn); /* dz^T x */
+        if (dbias) {                                                         /* sums of dz */
             int64_t m0, m1;
             fa_split(M, COL_ALIGN, &m0, &m1);
             col_sums(dbias, g, N, M, m0, m1, accumulate);
         }
     }
+    free(bw);
+    free(bx);
+    free(tw);
     fa_bf16_b_free(own);
+    return 0;
+}
+
+/* ---- feed-forward ------------------------------------------------------------------------------ */
+
+/* Rows per block of the feed-forward: its hidden block (rows, F) in half of L2 where that
+ * leaves at least 48 rows, and about 4 blocks per thread; a multiple of 48 */
+static int64_t ffn_rows(int64_t N, int64_t F, int nt)
+{
+    int64_t caches[3];
+    fa_gemm_caches(caches);
+    int64_t cap = caches[1] / 2 / (F * 4) / 48 * 48;
+    cap = cap < 48 ? 48 : cap > ROW_BLOCK ? ROW_BLOCK : cap;
+    return rows_per_block(N, nt, cap);
 }
 
 int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const float *b1,
                    const float *w2, const float *b2, int64_t N, int64_t C, int64_t F,
                    int activation, double dropout_p, uint64_t seed, int bf16,
-                   const fa_bf16_b *pack1, const fa_bf16_b *pack2, int nthreads)
+                   const fa_bf16_b *pack1, const fa_bf16_b *pack2, const float *wp1,
+                   const float *wp2, int nthreads)
 {
     if (N <= 0 || C <= 0) return 0;
     if (F <= 0) { /* an empty hidden layer: y = b2 */
@@ -310,38 +363,36 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
         return 0;
     }
     const fa_dropout_t drop = fa_dropout_make(dropout_p, seed);
-    const int nt = fa_team_size(nthreads, 4.0 * (double)N * (double)C * (double)F, 2e6);
-    const int by_rows = N >= (int64_t)nt * MIN_ROWS;
-    const int64_t nblk = row_blocks(N, nt), per = block_rows(N, nblk);
-    /* by rows: one (per, F) hidden block per thread; by features: the whole (N, F), N small */
-    float *hidden = malloc((size_t)(by_rows ? per * F * nt : (N + 3) / 4 * 4 * F) * sizeof(float));
-    if (!hidden) return -1;
-    float *xp = by_rows ? NULL : skinny_rows(x, N, C);
+    const int nt = fa_team_size(nthreads, 4.0 * (double)N * (double)C * (double)F, 2e5);
+    const int64_t per = ffn_rows(N, F, nt);
     fa_bf16_b *own1 = NULL, *own2 = NULL;
-    const fa_bf16_b *bp1 = bf16 && by_rows ? fa_bf16_b_for(pack1, 1, per, C, F, w1, C, &own1)
-                                           : NULL;
-    const fa_bf16_b *bp2 = bf16 && by_rows ? fa_bf16_b_for(pack2, 1, per, F, C, w2, F, &own2)
-                                           : NULL;
-    /* skinny: the hidden doubles as the padded input of the second GEMM (pad rows zeroed) */
-    if (xp) memset(hidden + N * F, 0, (size_t)(((N + 3) / 4 * 4 - N) * F) * sizeof(float));
+    const fa_bf16_b *tb1 = wp1 ? NULL : tiles_b(bf16, pack1, 1, per, C, F, w1, C, &own1);
+    const fa_bf16_b *tb2 = wp2 ? NULL : tiles_b(bf16, pack2, 1, per, F, C, w2, F, &own2);
+    /* few rows times weights as given: the skinny kernel, the whole (N, F) hidden split by
+     * features, then the output likewise (the hidden doubles as the padded second input) */
+    float *xp = wp1 || wp2 || tb1 || tb2 ? NULL : skinny_rows(x, N, C);
+    int fail = 0;
+    float *bp1 = wp1 || tb1 || xp ? NULL : packed_b(C, F, &fail);
+    float *bp2 = wp2 || tb2 || xp ? NULL : packed_b(F, C, &fail);
+    /* fewer than two blocks per thread (and no tiles): each product by the whole team, the
+     * (N, F) hidden between them */
+    const int whole = !xp && !tb1 && !tb2 && nt > 1 && (N + per - 1) / per < 2 * (int64_t)nt;
+    const int64_t hrows = xp ? (N + 3) / 4 * 4 : whole ? N : per * nt;
+    float *hidden = fail ? NULL : malloc((size_t)(hrows * F) * sizeof(float));
+    if (!hidden) {
+        free(xp);
+        free(bp1);
+        free(bp2);
+        fa_bf16_b_free(own1);
+        fa_bf16_b_free(own2);
+        return -1;
+    }
+    const float *p1 = wp1 ? wp1 : bp1, *p2 = wp2 ? wp2 : bp2;
+    if (xp) memset(hidden + N * F, 0, (size_t)((hrows - N) * F) * sizeof(float));
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        if (by_rows) {
-            float *h = hidden + per * F * fa_thread_id(); /* id < team <= nt blocks */
-#pragma omp for schedule(static)
-            for (int64_t blk = 0; blk < nblk; blk++) {
-                const int64_t r0 = blk * per, rows = N - r0 < per ? N - r0 : per;
-                if (rows <= 0) continue;
-                float *p_r = pre ? pre + r0 * F : NULL;
-                gemm(bp1, 1, rows, F, C, x + r0 * C, C, w1, C, p_r ? p_r : h, F);
-                fa_k->bias_act_rows(h, p_r, b1, rows, F, F, activation, r0, 0, &drop);
-                if (bf16) round_bf16(h, h, rows * F);
-                gemm(bp2, 1, rows, C, F, h, F, w2, F, y + r0 * C, C);
-                fa_k->bias_act_rows(y + r0 * C, NULL, b2, rows, C, C, FA_ACT_NONE, r0, 0, NULL);
-            }
-        } else {
-            /* the whole team writes the hidden, waits, then reads all of it */
-            linear_cols(hidden, pre, x, xp, w1, b1, N, C, F, activation, &drop);
+        if (xp) {
+            skinny_cols(hidden, pre, xp, w1, b1, N, C, F, activation, &drop);
             if (bf16) {
 #pragma omp barrier
                 int64_t lo, hi;
@@ -349,22 +400,69 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
                 if (lo < hi) round_bf16(hidden + lo * F, hidden + lo * F, (hi - lo) * F);
             }
 #pragma omp barrier
-            linear_cols(y, NULL, hidden, xp ? hidden : NULL, w2, b2, N, F, C, FA_ACT_NONE, NULL);
+            skinny_cols(y, NULL, hidden, w2, b2, N, F, C, FA_ACT_NONE, NULL);
+        } else if (whole) {
+            if (bp1) fa_gemm_pack_team(bp1, 1, C, F, w1, C);
+            if (bp2) fa_gemm_pack_team(bp2, 1, F, C, w2, F);
+            const fa_gemm_t g1 = {.M = N, .N = F, .K = C, .a = x, .lda = C, .bp = p1,
+                                  .c = hidden, .pre = pre, .ldc = F, .bias = b1,
+                                  .act = activation, .drop = &drop};
+            fa_gemm_team(&g1);
+            if (bf16) {
+                int64_t lo, hi;
+                fa_split(N, 1, &lo, &hi);
+                if (lo < hi) round_bf16(hidden + lo * F, hidden + lo * F, (hi - lo) * F);
+#pragma omp barrier
+            }
+            const fa_gemm_t g2 = {.M = N, .N = C, .K = F, .a = hidden, .lda = F, .bp = p2, .c = y,
+                                  .ldc = C, .bias = b2, .act = FA_ACT_NONE};
+            fa_gemm_team(&g2);
+        } else {
+            if (bp1) fa_gemm_pack_team(bp1, 1, C, F, w1, C);
+            if (bp2) fa_gemm_pack_team(bp2, 1, F, C, w2, F);
+            float *h = hidden + per * F * fa_thread_id(); /* id < team <= nt blocks */
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t r0 = 0; r0 < N; r0 += per) {
+                const int64_t rows = N - r0 < per ? N - r0 : per;
+                float *p_r = pre ? pre + r0 * F : NULL, *y_r = y + r0 * C;
+                if (tb1) {
+                    fa_bf16_b_gemm(tb1, 0, 1, rows, F, C, x + r0 * C, C, w1, C, 0.0f,
+                                   p_r ? p_r : h, F);
+                    fa_k->bias_act_rows(h, p_r, b1, rows, F, F, activation, r0, 0, &drop);
+                } else {
+                    const fa_gemm_t g1 = {.M = rows, .N = F, .K = C, .a = x + r0 * C, .lda = C,
+                                          .bp = p1, .c = h, .pre = p_r, .ldc = F, .bias = b1,
+                                          .act = activation, .drop = &drop, .row0 = r0};
+                    fa_gemm_rows(&g1, 0, rows);
+                }
+                if (bf16) round_bf16(h, h, rows * F);
+                if (tb2) {
+                    fa_bf16_b_gemm(tb2, 0, 1, rows, C, F, h, F, w2, F, 0.0f, y_r, C);
+                    fa_k->bias_act_rows(y_r, NULL, b2, rows, C, C, FA_ACT_NONE, r0, 0, NULL);
+                } else {
+                    const fa_gemm_t g2 = {.M = rows, .N = C, .K = F, .a = h, .lda = F, .bp = p2,
+                                          .c = y_r, .ldc = C, .bias = b2, .act = FA_ACT_NONE,
+                                          .row0 = r0};
+                    fa_gemm_rows(&g2, 0, rows);
+                }
+            }
         }
     }
     free(xp);
     free(hidden);
+    free(bp1);
+    free(bp2);
     fa_bf16_b_free(own1);
     fa_bf16_b_free(own2);
     return 0;
 }
 
-void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
-                     float *h, float *dpre,
-                     const float *dy, const float *pre, const float *x,
-                     const float *w1, const float *w2, int64_t N, int64_t C, int64_t F,
-                     int activation, double dropout_p, uint64_t seed, int accumulate,
-                     int bf16, const fa_bf16_b *pack1, const fa_bf16_b *pack2, int nthreads)
+int fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
+                    float *h, float *dpre,
+                    const float *dy, const float *pre, const float *x,
+                    const float *w1, const float *w2, int64_t N, int64_t C, int64_t F,
+                    int activation, double dropout_p, uint64_t seed, int accumulate,
+                    int bf16, const fa_bf16_b *pack1, const fa_bf16_b *pack2, int nthreads)
 {
     if (N <= 0 || C <= 0 || F <= 0) { /* empty sums (F = 0: y = b2, so only db2 remains) */
         if (!accumulate) {
@@ -377,63 +475,53 @@ void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
             zero(dx, N * C);
             if (db2) col_sums(db2, dy, N, C, 0, C, accumulate);
         }
-        return;
+        return 0;
     }
     const fa_dropout_t drop = fa_dropout_make(dropout_p, seed);
-    const int nt = fa_team_size(nthreads, 8.0 * (double)N * (double)C * (double)F, 2e6);
-    const int by_rows = N >= (int64_t)nt * MIN_ROWS;
-    const int64_t nblk = row_blocks(N, nt), per = block_rows(N, nblk);
+    const int nt = fa_team_size(nthreads, 8.0 * (double)N * (double)C * (double)F, 2e5);
+    const int64_t per = rows_per_block(N, nt, ROW_BLOCK);
     fa_bf16_b *own1 = NULL, *own2 = NULL;
-    const fa_bf16_b *bp2 = bf16 && by_rows ? fa_bf16_b_for(pack2, 0, per, C, F, w2, F, &own2)
-                                           : NULL;
-    const fa_bf16_b *bp1 = bf16 && by_rows && dx
-                               ? fa_bf16_b_for(pack1, 0, per, F, C, w1, C, &own1)
-                               : NULL;
+    const fa_bf16_b *tb2 = tiles_b(bf16, pack2, 0, per, C, F, w2, F, &own2);
+    const fa_bf16_b *tb1 = dx ? tiles_b(bf16, pack1, 0, per, F, C, w1, C, &own1) : NULL;
+    const int tn2 = dw2 && tn_on_tiles(bf16, C, F, nt), tn1 = dw1 && tn_on_tiles(bf16, F, C, nt);
+    int fail = 0;
+    float *bw2 = tb2 ? NULL : packed_b(C, F, &fail);             /* op(B) = w2 (C, F) */
+    float *bw1 = dx && !tb1 ? packed_b(F, C, &fail) : NULL;      /* op(B) = w1 (F, C) */
+    float *bh = dw2 && !tn2 ? packed_b(N, F, &fail) : NULL;      /* h (N, F) */
+    float *bx = dw1 && !tn1 ? packed_b(N, C, &fail) : NULL;      /* x (N, C) */
+    float *t2 = grad_scratch(dw2 && !tn2 && accumulate, C, F, &fail);
+    float *t1 = grad_scratch(dw1 && !tn1 && accumulate, F, C, &fail);
+    if (fail) {
+        free(t1);
+        free(t2);
+        free(bw2);
+        free(bw1);
+        free(bh);
+        free(bx);
+        fa_bf16_b_free(own1);
+        fa_bf16_b_free(own2);
+        return -1;
+    }
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         /* dh = dy w2 (into h); then h = drop(act(pre)) and dpre = dh * drop' * act'(pre) in one
-         * pass; then dx = dpre w1 */
-        if (by_rows) {
-#pragma omp for schedule(static)
-            for (int64_t blk = 0; blk < nblk; blk++) {
-                const int64_t r0 = blk * per, rows = N - r0 < per ? N - r0 : per;
-                if (rows <= 0) continue;
-                float *h_r = h + r0 * F, *d_r = dpre + r0 * F;
-                gemm(bp2, 0, rows, F, C, dy + r0 * C, C, w2, F, h_r, F);
-                fa_k->grad_act_rows(d_r, h_r, h_r, pre + r0 * F, rows, F, F, activation, r0, 0,
-                                    &drop);
-                if (bf16) {
-                    round_bf16(h_r, h_r, rows * F);
-                    round_bf16(d_r, d_r, rows * F);
-                }
-                if (dx) gemm(bp1, 0, rows, C, F, d_r, F, w1, C, dx + r0 * C, C);
-            }
-        } else {
-            int64_t lo, hi;                                 /* few rows: feature slices */
-            fa_split(F, COL_ALIGN, &lo, &hi);
-            if (lo < hi) {
-                fa_sgemm_rowmajor(0, 0, N, hi - lo, C, 1.0f, dy, C, w2 + lo, F, 0.0f, h + lo, F);
-                fa_k->grad_act_rows(dpre + lo, h + lo, h + lo, pre + lo, N, hi - lo, F, activation,
-                                    0, lo, &drop);
-                if (bf16) {
-                    for (int64_t n = 0; n < N; n++) {
-                        round_bf16(h + n * F + lo, h + n * F + lo, hi - lo);
-                        round_bf16(dpre + n * F + lo, dpre + n * F + lo, hi - lo);
-                    }
-                }
-            }
-#pragma omp barrier
-            if (dx) {
-                fa_split(C, COL_ALIGN, &lo, &hi);
-                if (lo < hi)
-                    fa_sgemm_rowmajor(0, 0, N, hi - lo, F, 1.0f, dpre, F, w1 + lo, C, 0.0f,
-                                      dx + lo, C);
+         * pass by row blocks; then dx = dpre w1 */
+        gemm_nn_team(h, dy, w2, tb2, bw2, N, C, F, per);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t r0 = 0; r0 < N; r0 += per) {
+            const int64_t rows = N - r0 < per ? N - r0 : per;
+            float *h_r = h + r0 * F, *d_r = dpre + r0 * F;
+            fa_k->grad_act_rows(d_r, h_r, h_r, pre + r0 * F, rows, F, F, activation, r0, 0,
+                                &drop);
+            if (bf16) {
+                round_bf16(h_r, h_r, rows * F);
+                round_bf16(d_r, d_r, rows * F);
             }
         }
-#pragma omp barrier
-        /* parameter gradients: slices of the outputs */
-        if (dw2) gemm_tn_slice(dw2, dy, C, h, F, N, C, F, accumulate, bf16);    /* dy^T h */
-        if (dw1) gemm_tn_slice(dw1, dpre, F, x, C, N, F, C, accumulate, bf16);  /* dpre^T x */
+        if (dx) gemm_nn_team(dx, dpre, w1, tb1, bw1, N, F, C, per);
+        /* parameter gradients */
+        if (dw2) gemm_tn_team(dw2, dy, C, h, F, bh, t2, N, C, F, accumulate, tn2);  /* dy^T h */
+        if (dw1) gemm_tn_team(dw1, dpre, F, x, C, bx, t1, N, F, C, accumulate, tn1); /* dpre^T x */
         int64_t lo, hi;
         if (db2) {
             fa_split(C, COL_ALIGN, &lo, &hi);
@@ -444,45 +532,32 @@ void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
             col_sums(db1, dpre, N, F, lo, hi, accumulate);
         }
     }
+    free(t1);
+    free(t2);
+    free(bw2);
+    free(bw1);
+    free(bh);
+    free(bx);
     fa_bf16_b_free(own1);
     fa_bf16_b_free(own2);
+    return 0;
 }
 
-int64_t fa_packed_size(int64_t M, int64_t K)
-{
-    return (M + FA_PANEL - 1) / FA_PANEL * FA_PANEL * K;
-}
+/* ---- packed weights ---------------------------------------------------------------------------- */
+
+int64_t fa_packed_size(int64_t M, int64_t K) { return fa_gemm_packed_size(K, M); }
 
 void fa_pack_panels(float *wp, const float *w, int64_t M, int64_t K, int nthreads)
 {
-    const int64_t P = (M + FA_PANEL - 1) / FA_PANEL;
-    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)(P * FA_PANEL * K), 1e6);
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-    for (int64_t p = 0; p < P; p++) {
-        float *w_p = wp + p * K * FA_PANEL;
-        for (int64_t f = 0; f < FA_PANEL; f++) {       /* wp[p][k][f] = w[p*PANEL + f][k] */
-            const int64_t m = p * FA_PANEL + f;
-            for (int64_t k = 0; k < K; k++) w_p[k * FA_PANEL + f] = m < M ? w[m * K + k] : 0.0f;
-        }
-    }
+    const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)M * (double)K, 1e6);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    fa_gemm_pack_team(wp, 1, K, M, w, K);
 }
 
 void fa_linear_packed_forward(float *y, const float *x, const float *wp, const float *bias,
                               int64_t N, int64_t K, int64_t M, int activation, int nthreads)
 {
-    if (N <= 0 || M <= 0) return;
-    const int64_t P = (M + FA_PANEL - 1) / FA_PANEL;
-    const int nt FA_OMP_ONLY = fa_team_size(nthreads < P ? nthreads : (int)P,
-                                2.0 * (double)N * (double)K * (double)M, 2e5);
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        int64_t p0, p1;                                   /* this thread's panels */
-        fa_split(P, 1, &p0, &p1);
-        if (p0 < p1) {
-            fa_k->packed_gemm(y, M, x, N, wp, p0, p1, M, K);
-            const int64_t m0 = p0 * FA_PANEL, m1 = p1 * FA_PANEL < M ? p1 * FA_PANEL : M;
-            fa_k->bias_act_rows(y + m0, NULL, bias ? bias + m0 : NULL, N, m1 - m0, M, activation, 0,
-                                m0, NULL);
-        }
-    }
+    const fa_gemm_t g = {.M = N, .N = M, .K = K, .a = x, .lda = K, .bp = wp, .c = y, .ldc = M,
+                         .bias = bias, .act = activation};
+    fa_gemm_run(&g, nthreads);
 }

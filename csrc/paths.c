@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "fa_gemm.h"
 #include "fa_paths.h"
 #include "fa_tiles.h"
 
@@ -204,6 +205,7 @@ int fa_cpu_init(int forced)
                                                  : FA_ISA_GENERIC;
     }
     fa_k = fa_kernels_of(g.level);
+    fa_gemm_init();
     return 0;
 }
 

@@ -12,7 +12,7 @@ calls the product functions here; this module imports nothing above the binding.
 import numpy as np
 
 from . import _checks, _kernels
-from ._runtime import get_num_threads, tiles
+from ._runtime import get_num_threads
 
 
 def linear_into(y, x, weight, bias, act, pre=None, bf16=False, packed=None):
@@ -76,9 +76,11 @@ def linear_backward_into(dx, dweight, dbias, dy, x, weight, pre, act, accumulate
                              get_num_threads(), bool(bf16), packed)
 
 
-def ffn_into(y, x, w1, b1, w2, b2, act):
-    """y (N, C) = act(x @ w1.T + b1) @ w2.T + b2."""
-    _kernels.ffn_forward(y, None, x, w1, b1, w2, b2, act, 0.0, 0, get_num_threads())
+def ffn_into(y, x, w1, b1, w2, b2, act, panels1=None, panels2=None):
+    """y (N, C) = act(x @ w1.T + b1) @ w2.T + b2; panels1, panels2: w1's and w2's packed
+    panels (kinds.pack_panels of these very values), or None: packed by the call."""
+    _kernels.ffn_forward(y, None, x, w1, b1, w2, b2, act, 0.0, 0, get_num_threads(), False,
+                         None, None, panels1, panels2)
     return y
 
 
@@ -179,10 +181,6 @@ def attention_backward_into(dq, dk, dv, dout, out, lse, q, k, v, bias, key_bias,
     _kernels.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, bias, key_bias, scale,
                                 causal, float(dropout_p), int(seed or 0), get_num_threads(),
                                 bool(bf16))
-
-
-# Up to this many rows (a decode step's beams), a product with a PackedWeight beats BLAS.
-PACKED_MAX_ROWS = tiles()["packed_max_rows"]
 
 
 def linear_packed_into(y, x, panels, bias, act):

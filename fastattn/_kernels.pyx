@@ -30,6 +30,7 @@ cdef extern from "fastattn.h" nogil:
     int fa_build_sanitize()
     enum: FA_TILE_COUNT
     int fa_build_tiles(int isa, int64_t *out)
+    int fa_gemm_info(int isa, int64_t *out)
     ctypedef struct fa_attention_args:
         float *out
         float *lse
@@ -78,10 +79,10 @@ cdef extern from "fastattn.h" nogil:
         pass
     fa_bf16_b *fa_bf16_weight_pack(const float *w, int64_t M, int64_t K, int trans)
     void fa_bf16_weight_free(fa_bf16_b *packed)
-    void fa_linear_forward(float *y, float *pre, const float *x, const float *weight,
+    int fa_linear_forward(float *y, float *pre, const float *x, const float *weight,
                            const float *bias, int64_t N, int64_t K, int64_t M, int activation,
                            int bf16, const fa_bf16_b *wpack, int nthreads)
-    void fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
+    int fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
                             const float *dy, const float *pre, const float *x,
                             const float *weight, int64_t N, int64_t K, int64_t M,
                             int activation, int accumulate, int bf16, const fa_bf16_b *wpack,
@@ -89,8 +90,9 @@ cdef extern from "fastattn.h" nogil:
     int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const float *b1,
                        const float *w2, const float *b2, int64_t N, int64_t C, int64_t F,
                        int activation, double dropout_p, uint64_t seed, int bf16,
-                       const fa_bf16_b *pack1, const fa_bf16_b *pack2, int nthreads)
-    void fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
+                       const fa_bf16_b *pack1, const fa_bf16_b *pack2, const float *wp1,
+                       const float *wp2, int nthreads)
+    int fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
                          float *h, float *dpre, const float *dy, const float *pre,
                          const float *x, const float *w1, const float *w2, int64_t N,
                          int64_t C, int64_t F, int activation, double dropout_p, uint64_t seed,
@@ -526,9 +528,12 @@ def linear_forward(float[:, ::1] y not None, float[:, ::1] pre, const float[:, :
     cdef const float *xp = _cp2(x)
     cdef const float *wp = _cp2(weight)
     cdef const float *bp = _cp1(bias)
+    cdef int rc
     with nogil:
-        fa_linear_forward(yp, pp, xp, wp, bp, x.shape[0], x.shape[1], weight.shape[0],
-                          activation, bf16, pk, nthreads)
+        rc = fa_linear_forward(yp, pp, xp, wp, bp, x.shape[0], x.shape[1], weight.shape[0],
+                               activation, bf16, pk, nthreads)
+    if rc != 0:
+        raise MemoryError("linear: could not allocate the packed weight")
 
 
 def linear_backward(float[:, ::1] dx, float[:, ::1] dweight, float[::1] dbias,
@@ -551,19 +556,26 @@ def linear_backward(float[:, ::1] dx, float[:, ::1] dweight, float[::1] dbias,
     cdef const float *pp = _cp2(pre)
     cdef const float *xp = _cp2(x)
     cdef const float *wp = _cp2(weight)
+    cdef int rc
     with nogil:
-        fa_linear_backward(dxp, dwp, dbp, dzp, dyp, pp, xp, wp, x.shape[0], x.shape[1],
-                           weight.shape[0], activation, accumulate, bf16, pk, nthreads)
+        rc = fa_linear_backward(dxp, dwp, dbp, dzp, dyp, pp, xp, wp, x.shape[0], x.shape[1],
+                                weight.shape[0], activation, accumulate, bf16, pk, nthreads)
+    if rc != 0:
+        raise MemoryError("linear_backward: could not allocate the packed operands")
 
 
 def ffn_forward(float[:, ::1] y not None, float[:, ::1] pre, const float[:, ::1] x not None,
                 const float[:, ::1] w1 not None, const float[::1] b1,
                 const float[:, ::1] w2 not None, const float[::1] b2,
                 int activation, double dropout_p, uint64_t seed, int nthreads, bint bf16=False,
-                Bf16WeightPack packed1=None, Bf16WeightPack packed2=None):
+                Bf16WeightPack packed1=None, Bf16WeightPack packed2=None,
+                const float[::1] panels1=None, const float[::1] panels2=None):
     """y (N, C), pre (N, F) or None, x (N, C), w1 (F, C), w2 (C, F). bf16: the hidden rounded
     to bf16 before the second product (x, w1, w2 come rounded); packed1, packed2: bf16_weight_pack(w1,
-    1), bf16_weight_pack(w2, 1) or None."""
+    1), bf16_weight_pack(w2, 1) or None. panels1, panels2: pack_panels(w1), pack_panels(w2) (the
+    same values), or None: packed here."""
+    _panels_of(panels1, w1, "ffn_forward", "panels1")
+    _panels_of(panels2, w2, "ffn_forward", "panels2")
     cdef const fa_bf16_b *pk1 = _packed(packed1, bf16, w1, 1, "ffn_forward")
     cdef const fa_bf16_b *pk2 = _packed(packed2, bf16, w2, 1, "ffn_forward")
     cdef float *yp = _p2(y)
@@ -573,10 +585,12 @@ def ffn_forward(float[:, ::1] y not None, float[:, ::1] pre, const float[:, ::1]
     cdef const float *b1p = _cp1(b1)
     cdef const float *w2p = _cp2(w2)
     cdef const float *b2p = _cp1(b2)
+    cdef const float *q1 = _cp1(panels1)
+    cdef const float *q2 = _cp1(panels2)
     cdef int rc
     with nogil:
         rc = fa_ffn_forward(yp, pp, xp, w1p, b1p, w2p, b2p, x.shape[0], x.shape[1], w1.shape[0],
-                            activation, dropout_p, seed, bf16, pk1, pk2, nthreads)
+                            activation, dropout_p, seed, bf16, pk1, pk2, q1, q2, nthreads)
     if rc != 0:
         raise MemoryError("ffn: could not allocate the hidden row blocks")
 
@@ -605,10 +619,20 @@ def ffn_backward(float[:, ::1] dx, float[:, ::1] dw1, float[::1] db1, float[:, :
     cdef const float *xp = _cp2(x)
     cdef const float *w1p = _cp2(w1)
     cdef const float *w2p = _cp2(w2)
+    cdef int rc
     with nogil:
-        fa_ffn_backward(dxp, dw1p, db1p, dw2p, db2p, hp, dpp, dyp, pp, xp, w1p, w2p, x.shape[0],
-                        x.shape[1], w1.shape[0], activation, dropout_p, seed, accumulate,
-                        bf16, pk1, pk2, nthreads)
+        rc = fa_ffn_backward(dxp, dw1p, db1p, dw2p, db2p, hp, dpp, dyp, pp, xp, w1p, w2p,
+                             x.shape[0], x.shape[1], w1.shape[0], activation, dropout_p, seed,
+                             accumulate, bf16, pk1, pk2, nthreads)
+    if rc != 0:
+        raise MemoryError("ffn_backward: could not allocate the packed operands")
+
+
+cdef _panels_of(const float[::1] panels, const float[:, ::1] w, str fn, str name):
+    """panels, when given, must be pack_panels(w)'s size (the kernel reads that many floats)"""
+    if panels is not None and panels.shape[0] != fa_packed_size(w.shape[0], w.shape[1]):
+        raise ValueError(f"{fn}: {name} has {panels.shape[0]} floats, the packed "
+                         f"{w.shape[0]}x{w.shape[1]} weight {fa_packed_size(w.shape[0], w.shape[1])}")
 
 
 def packed_size(int64_t M, int64_t K):
@@ -630,6 +654,9 @@ def linear_packed_forward(y, x, wp, bias, int activation, int nthreads):
     cdef const float *pp = <const float *>_cdata(wp, cnp.NPY_FLOAT32, 1, False, False, "wp")
     cdef const float *bp = <const float *>_cdata(bias, cnp.NPY_FLOAT32, 1, False, True, "bias")
     cdef int64_t N = _dim(x, 0), K = _dim(x, 1), M = _dim(y, 1)
+    if _dim(wp, 0) != fa_packed_size(M, K):
+        raise ValueError(f"linear_packed_forward: wp has {_dim(wp, 0)} floats, a packed "
+                         f"{M}x{K} weight {fa_packed_size(M, K)}")
     with nogil:
         fa_linear_packed_forward(yp, xp, pp, bp, N, K, M, activation, nthreads)
 
@@ -988,6 +1015,13 @@ def bfloat16_peak(int64_t iters, int nthreads, bint fma=False):
     with nogil:
         r = fa_bfloat16_peak(iters, nthreads, fma)
     return r
+
+
+def gemm_info(int isa):
+    """The GEMM engine's cache sizes and K block at level isa (fa_gemm_info), or None."""
+    cdef int64_t out[8]
+    cdef int n = fa_gemm_info(isa, out)
+    return None if n < 0 else [out[i] for i in range(n)]
 
 
 def quant_tiles():

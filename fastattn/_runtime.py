@@ -22,7 +22,7 @@ TILE_NAMES = (  # index = fa_tile_t in csrc/fastattn.h; the sizes themselves: cs
     "vector_width", "attention_block_q", "attention_block_k", "attention_rows_max_q",
     "attention_backward_block_q",
     "softmax_chunk", "packed_panel", "packed_tile_rows", "packed_tile_features",
-    "packed_max_rows", "skinny_rows", "min_rows_per_thread", "row_block", "feature_align",
+    "skinny_rows", "row_block", "feature_align",
     "reduce_rows",
 )
 # index = fa_int8_path_t (fastattn.h); amx is never chosen unless forced (README: Quantized
@@ -152,6 +152,18 @@ def quant_tiles():
     return dict(zip(QUANT_TILE_NAMES, _kernels.quant_tiles()))
 
 
+def gemm_info(isa=None):
+    """The float32 GEMM engine's blocking at SIMD level `isa` (None = the level in use): the
+    cache sizes it read (l1, l2, l3, bytes), its K block (k_block: the K values each pass of a
+    register tile takes), its panel (features per packed panel) and register tile (tile_rows x
+    tile_features); see csrc/gemm.c and docs/gemm.md."""
+    level = _kernels.cpu_level() if isa is None else ISA_NAMES.index(isa)
+    l1, l2, l3, kb = _kernels.gemm_info(level)
+    t = tiles(ISA_NAMES[level])
+    return {"l1": l1, "l2": l2, "l3": l3, "k_block": kb, "panel": t["packed_panel"],
+            "tile_rows": t["packed_tile_rows"], "tile_features": t["packed_tile_features"]}
+
+
 def available_isas():
     """ISA levels this CPU and this build can run, lowest first."""
     return [name for i, name in enumerate(ISA_NAMES) if _kernels.cpu_supports(i)]
@@ -242,6 +254,7 @@ def build_info():
         "amx": amx_info(),
         "quant_tiles": quant_tiles(),                      # of the int8 path in use
         "tiles": tiles(),                                  # at the level in use ("simd")
+        "gemm": gemm_info(),                               # the float32 engine's blocking
         "tiles_by_isa": {name: tiles(name) for name in available_isas()},
         "threads": get_num_threads() if _kernels.openmp_enabled() else 1,  # effective
         "max_threads": _max_threads(),   # the most set_num_threads() accepts

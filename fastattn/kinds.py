@@ -7,12 +7,11 @@ Every product of a linear layer or a feed-forward, in inference, in training and
 =====================  ===============================================  =======================
 kind                   what it owns                                     products
 =====================  ===============================================  =======================
-Float32Weight          a float32 (M, K) array (a parameter, a slice)   the GEMM (BLAS) with a
-                                                                        fused epilogue; fp32
-                                                                        training's products
-PackedFloat32Weight    that array and its panels packed for few rows   1..PACKED_MAX_ROWS rows
-                       (decode steps)                                   stream the panels; more
-                                                                        rows run the GEMM
+Float32Weight          a float32 (M, K) array (a parameter, a slice)   the GEMM engine, the
+                                                                        weight packed per call;
+                                                                        fp32 training's products
+PackedFloat32Weight    that array and its panels, packed once           every product streams
+                       (inference: eval(), load, quantize('float32'))   the panels (any rows)
 Int8Weight             int8 values, per-row scales, their packed copy  the int8 kernels
 Bf16Weight             bf16 bits, their packed copy                    bf16 storage, float32
                                                                         compute
@@ -47,14 +46,16 @@ import threading
 import numpy as np
 
 from . import _checks, _convert, _fast, _kernels
-from ._fast import PACKED_MAX_ROWS, round_bf16
+from ._fast import round_bf16
+from ._runtime import tiles
 from ._runtime import get_num_threads, quant_tiles
 
 __all__ = ["WeightKind", "Float32Weight", "PackedFloat32Weight", "QuantizedWeight",
            "Int8Weight", "Bf16Weight", "Bfloat16Weight", "Bf16TrainingWeight", "of",
            "weight_kind", "decode_kind",
-           "ffn_product", "ffn_train", "ffn_backward", "PACKED_MAX_ROWS", "INT8_MAX_K"]
+           "ffn_product", "ffn_train", "ffn_backward", "INT8_MAX_K"]
 
+PANEL = tiles()["packed_panel"]      # output features per packed float32 panel
 INT8_MAX_K = _kernels.int8_max_k()    # = reference.INT8_MAX_K: K * 127 * 127 fits an int32
 
 # bf16 products of up to this many rows stream a packed copy; more rows widen the weight to
@@ -122,18 +123,21 @@ def of(weight):
 
 def weight_kind(weight, precision=None):
     """The kind of parameter `weight` for a module's products: in training (precision "fp32"
-    or "bf16"), a Float32Weight or a Bf16TrainingWeight (its bf16 copy and packs, made now);
-    in inference (None), a Float32Weight, or the QuantizedWeight itself."""
+    or "bf16"), a Float32Weight (packed per call: the weight changes every step) or a
+    Bf16TrainingWeight (its bf16 copy and packs, made now); in inference (None), a
+    PackedFloat32Weight (its panels packed now, once), or the QuantizedWeight itself."""
     if isinstance(weight, WeightKind):
         return weight
     if precision == "bf16":
         return Bf16TrainingWeight(weight)
+    if precision is None:
+        return PackedFloat32Weight(weight)
     return Float32Weight(weight)
 
 
 def decode_kind(weight):
     """The kind of `weight` decode steps multiply by: a float32 array gets its panels packed
-    for few-row products (PackedFloat32Weight); a QuantizedWeight is its kind."""
+    (PackedFloat32Weight, the inference kind); a QuantizedWeight is its kind."""
     if isinstance(weight, WeightKind):
         return weight
     return PackedFloat32Weight(weight)
@@ -142,8 +146,9 @@ def decode_kind(weight):
 # ---- float32 ---------------------------------------------------------------------------------
 
 class Float32Weight(WeightKind):
-    """A float32 (M, K) weight: the BLAS GEMM with a fused epilogue, and fp32 training's
-    products (the forward keeps the pre-activation; the backward accumulates dW and db)."""
+    """A float32 (M, K) weight as it is: the GEMM engine (the weight packed by each call, a few
+    rows the skinny kernel) with a fused epilogue, and fp32 training's products (the forward
+    keeps the pre-activation; the backward accumulates dW and db)."""
 
     __slots__ = ("data", "shape")
     kind = "float32"
@@ -160,6 +165,10 @@ class Float32Weight(WeightKind):
 
     def fused_operand(self, rows):
         return self.data
+
+    def fused_panels(self):
+        """The packed form the fused FFN kernel reads (None: it packs per call)."""
+        return None
 
     # training: the operands the training kernels read (bf16 kinds round and pack them)
     def train_input(self, x, slot):
@@ -190,20 +199,35 @@ class Float32Weight(WeightKind):
 
 
 class PackedFloat32Weight(Float32Weight):
-    """A float32 (M, K) weight with its panels packed for few-row products (decode steps):
-    products of 1..PACKED_MAX_ROWS rows stream the panels once (the weight in order, vectors
-    along the output features); more rows run the GEMM on ``data``. Made where decode steps
-    will run (eval())."""
+    """A float32 (M, K) weight with its panels packed for the GEMM engine (fa_pack_panels'
+    layout: panels of PANEL output features, all of K): every product streams the panels, none
+    packs, whatever its rows (a decode step's one row reads each panel once, in order). Made
+    in inference (eval(), load, quantize('float32')); ``refresh()`` repacks in place, so the
+    kinds of its row slices that share the panels see the new values too."""
 
     __slots__ = ("panels",)
     kind = "float32-packed"
 
-    def __init__(self, data):
+    def __init__(self, data, panels=None):
         super().__init__(data)
-        self.panels = pack_panels(data) if data.size else None
+        self.panels = panels if panels is not None or not data.size else pack_panels(data)
+
+    def refresh(self):
+        if self.panels is not None:
+            _kernels.pack_panels(self.panels, self.data, get_num_threads())
+
+    def rows(self, lo, hi):
+        """Rows lo:hi: a view of the panels when lo starts a panel (a prefix, the in-projection
+        of queries), else packed anew from the data's rows."""
+        if self.panels is None or hi <= lo or lo % PANEL:
+            return PackedFloat32Weight(self.data[lo:hi])
+        K = self.shape[1]
+        start = lo // PANEL * PANEL * K
+        size = _kernels.packed_size(hi - lo, K)
+        return PackedFloat32Weight(self.data[lo:hi], self.panels[start:start + size])
 
     def product(self, bias, act, rows=0):
-        if self.panels is None or not 0 < rows <= PACKED_MAX_ROWS:
+        if self.panels is None:
             return super().product(bias, act, rows)
         wp, kernel = self.panels, _kernels.linear_packed_forward
 
@@ -212,8 +236,8 @@ class PackedFloat32Weight(Float32Weight):
             return y
         return packed
 
-    def fused_operand(self, rows):
-        return None if self.panels is not None and 0 < rows <= PACKED_MAX_ROWS else self.data
+    def fused_panels(self):
+        return self.panels
 
 
 def pack_panels(weight):
@@ -317,7 +341,8 @@ def ffn_product(w1, b1, w2, b2, act, rows=0):
     w1, w2 = of(w1), of(w2)
     d1, d2 = w1.fused_operand(rows), w2.fused_operand(rows)
     if d1 is not None and d2 is not None:
-        return lambda x, y: _fast.ffn_into(y, x, d1, b1, d2, b2, act)
+        p1, p2 = w1.fused_panels(), w2.fused_panels()
+        return lambda x, y: _fast.ffn_into(y, x, d1, b1, d2, b2, act, p1, p2)
     first, second = w1.product(b1, act, rows), w2.product(b2, 0, rows)
     F = w1.shape[0]
     hidden = np.empty((rows, F), np.float32) if rows > 0 else None

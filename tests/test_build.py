@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import fastattn
-from fastattn import _fast, kinds, ops
+from fastattn import kinds
 
 
 def test_openmp_enabled():
@@ -66,7 +66,7 @@ def test_tiles_reported_for_every_level():
         assert t["attention_rows_max_q"] < t["attention_block_q"]
         assert t["softmax_chunk"] % t["vector_width"] == 0
         assert t["packed_panel"] % t["packed_tile_features"] == 0
-        assert t["min_rows_per_thread"] > t["skinny_rows"]
+        assert t["row_block"] > t["skinny_rows"]
 
 
 def test_tiles_match_what_the_kernels_do():
@@ -75,7 +75,6 @@ def test_tiles_match_what_the_kernels_do():
     for M, K in ((1, 3), (panel, 5), (panel + 1, 7)):
         packed = kinds.pack_panels(np.zeros((M, K), np.float32))
         assert packed.size == -(-M // panel) * panel * K
-    assert _fast.PACKED_MAX_ROWS == t["packed_max_rows"]
 
 
 def test_build_jobs_setting(monkeypatch):

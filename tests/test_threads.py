@@ -1,11 +1,9 @@
 """One thread vs several: the kernels split work so that each output is computed by one thread in
-one fixed order, so attention, softmax and layer norm must be bitwise identical. Linear and FFN
-go through BLAS, whose blocking may change with its thread count: within the table's
-"threads" entry.
+one fixed order, so attention, softmax, layer norm, linear and FFN (the GEMM engine: one sum in
+k order per element, whichever thread takes its task) must be bitwise identical.
 
-Sizes are chosen above each kernel's parallel grain (and, for linear/ffn, on both sides of
-min_rows_per_thread rows per thread, where the rows are split into blocks instead of the
-features), so the multi-threaded paths really run.
+Sizes are chosen above each kernel's parallel grain (and, for linear/ffn, few rows per thread
+and many: one engine task per thread and several), so the multi-threaded paths really run.
 """
 import textwrap
 import threading
@@ -17,11 +15,11 @@ import fastattn
 from conftest import TILES, assert_close, fewer_threads, run_checks, run_child, run_in_threads
 from fastattn import _fast, kinds, ops, reference
 from strategies import rand
-from tolerances import TOL, dot_atol, ffn_atol, scaled
+from tolerances import TOL, dot_atol, ffn_atol
 
 THREAD_COUNTS = [2, 3]   # 3 also exercises an uneven split (more threads than cores is fine)
-# linear/ffn rows: features split for every team, then row blocks for every team (one, several)
-MIN_ROWS, ROW_BLOCK = TILES["min_rows_per_thread"], TILES["row_block"]
+# linear/ffn rows: few per thread (the FFN's products by the whole team), many (row blocks)
+MIN_ROWS, ROW_BLOCK = 128, TILES["row_block"]
 GEMM_ROWS = [MIN_ROWS // 2, max(THREAD_COUNTS) * MIN_ROWS + 1, 2 * ROW_BLOCK + 276]
 
 
@@ -44,8 +42,6 @@ def test_set_get_num_threads(restore_threads):
     for n in (1, 2, 3, 7):
         assert fastattn.set_num_threads(n) == n
         assert fastattn.get_num_threads() == n
-        # GEMMs are split across the OpenMP team; OpenBLAS's own pool stays at one thread
-        assert fastattn.build_info()["blas_threads"] == 1
     ncpu = fastattn.set_num_threads(None)
     assert ncpu >= 1 and fastattn.get_num_threads() == ncpu
     assert fastattn.set_num_threads(-1) == ncpu
@@ -139,47 +135,41 @@ def one_and_n(fn, n):
 @pytest.mark.parametrize("n", THREAD_COUNTS)
 @pytest.mark.parametrize("N", GEMM_ROWS)
 @pytest.mark.parametrize("activation", [None, "gelu"])
-def test_linear_close(restore_threads, rng, n, N, activation):
+def test_linear_identical(restore_threads, rng, n, N, activation):
     x, w, b = rand(rng, (N, 96)), rand(rng, (257, 96), 0.1), rand(rng, (257,))
-    one, many = one_and_n(lambda: ops.linear(x, w, b, activation=activation), n)
-    assert_close(many, one, **scaled(TOL["threads"], one), name=f"linear: {n} threads vs 1")
+    assert_identical(lambda: ops.linear(x, w, b, activation=activation), n)
 
 
 @pytest.mark.parametrize("n", THREAD_COUNTS)
 @pytest.mark.parametrize("N", GEMM_ROWS)
-def test_ffn_close(restore_threads, rng, n, N):
+def test_ffn_identical(restore_threads, rng, n, N):
     x = rand(rng, (N, 64))
     w1, b1, w2, b2 = rand(rng, (256, 64), 0.125), rand(rng, (256,)), \
         rand(rng, (64, 256), 0.0625), rand(rng, (64,))
     for act in ("relu", "gelu"):
-        one, many = one_and_n(lambda: ops.ffn(x, w1, b1, w2, b2, activation=act), n)
-        assert_close(many, one, **scaled(TOL["threads"], one), name=f"ffn {act}: {n} threads vs 1")
+        assert_identical(lambda: ops.ffn(x, w1, b1, w2, b2, activation=act), n)
 
 
-# Teams with fewer than min_rows_per_thread rows per thread but room for two or more row groups
-# split rows and features both (4 threads: 2 x 2; 8 threads over 3 groups' worth of rows: 2 x 3,
-# two threads idle); dropout's keep bits follow the (row, feature) of each tile.
+# Larger teams over few rows per thread: the engine's tasks (blocks of rows x groups of panels)
+# shared by 4 and 8 threads; dropout's keep bits follow the (row, feature) of each tile.
 GRID_CASES = [(4, 2 * MIN_ROWS + 5), (8, 3 * MIN_ROWS + 7), (8, 7 * MIN_ROWS + 1)]
 
 
 @pytest.mark.parametrize("n, N", GRID_CASES)
 def test_linear_and_ffn_row_and_feature_grid(restore_threads, rng, n, N):
     x, w, b = rand(rng, (N, 96)), rand(rng, (257, 96), 0.1), rand(rng, (257,))
-    one, many = one_and_n(lambda: ops.linear(x, w, b, activation="gelu"), n)
-    assert_close(many, one, **scaled(TOL["threads"], one), name=f"linear: {n} threads vs 1")
+    assert_identical(lambda: ops.linear(x, w, b, activation="gelu"), n)
     w1, b1, w2, b2 = rand(rng, (258, 96), 0.1), rand(rng, (258,)), \
         rand(rng, (96, 258), 0.06), rand(rng, (96,))
-    one, many = one_and_n(lambda: ops.ffn(x, w1, b1, w2, b2), n)
-    assert_close(many, one, **scaled(TOL["threads"], one), name=f"ffn: {n} threads vs 1")
+    assert_identical(lambda: ops.ffn(x, w1, b1, w2, b2), n)
     one, one_pre = run_with(1, lambda: ops.ffn_forward(x, w1, b1, w2, b2, activation="gelu",
                                                        dropout_p=0.25, seed=7))
     many, many_pre = run_with(n, lambda: ops.ffn_forward(x, w1, b1, w2, b2, activation="gelu",
                                                          dropout_p=0.25, seed=7))
     ref, ref_pre = reference.ffn_forward(x, w1, b1, w2, b2, activation="gelu", dropout_p=0.25,
                                          seed=7)
-    assert_close(many_pre["pre"], one_pre["pre"], **scaled(TOL["threads"], one_pre["pre"]),
-                 name="ffn pre")
-    assert_close(many, one, **scaled(TOL["threads"], one), name=f"ffn dropout: {n} threads vs 1")
+    np.testing.assert_array_equal(many_pre["pre"], one_pre["pre"])
+    np.testing.assert_array_equal(many, one)
     # the kept units scaled by 1 / (1 - p): the twin's tolerance grows with them
     assert_close(many, ref, rtol=TOL["ffn"]["rtol"],
                  atol=ffn_atol(x, w1, b1, w2 / (1 - 0.25), b2, "gelu"),
@@ -197,7 +187,7 @@ def small_team_checks():
     assert fastattn.set_num_threads(2) == 2
     rng = np.random.default_rng(3)
     tiles = fastattn.build_info()["tiles"]
-    SKINNY, MIN_ROWS = tiles["skinny_rows"], tiles["min_rows_per_thread"]
+    SKINNY = tiles["skinny_rows"]
 
     def normal(*shape, scale=1.0):
         return (rng.standard_normal(shape) * scale).astype(np.float32)
@@ -217,7 +207,7 @@ def small_team_checks():
     check("layer_norm", y, reference.layer_norm(x, w, b, residual=r), 1e-4)
     check("layer_norm (public)", ops.layer_norm(x, w, b), reference.layer_norm(x, w, b), 1e-4)
 
-    # the skinny kernel, BLAS on feature slices, BLAS on row blocks (for a team of 2)
+    # the skinny kernel, the engine with few and many rows per thread (for a team of 2)
     for n in (SKINNY, 2 * MIN_ROWS - 1, 2 * MIN_ROWS + 88):
         x, w, b = normal(n, 512), normal(2048, 512, scale=0.05), normal(2048)
         y = nan(n, 2048)

@@ -54,9 +54,6 @@ TOL = {
     # a row that averages v (masked throughout by one finite value, or a decode step over a
     # padded source): a float32 sum of Lk values of size ~1
     "attention_mean_row": dict(rtol=1e-5, atol=1e-6),
-    # the same product on N threads and on one (test_threads): BLAS may block the sums
-    # differently for another thread count; rtol, and atol x max|one thread's|
-    "threads": dict(rtol=1e-6, atol=1e-6),
     # ---- backward kernels against the twin ----------------------------------------------------
     # dq, dk, dv: atol x EPS32 x (sqrt(terms) + largest |score|) x the largest sum of |terms| an
     # element adds up (attention_grad_atol): products of recomputed probabilities (relative

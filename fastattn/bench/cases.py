@@ -671,6 +671,14 @@ QUANT_OP_CASE_NAMES = tuple(c.name for c in QUANT_OP_CASES)
 OP_CASES += QUANT_OP_CASE_NAMES
 DEFAULT_CASES = DEFAULT_CASES + QUANT_OP_CASE_NAMES
 
+# ---- the float32 GEMM engine, op level (gemm_cases.py), read against peak_fma -------------------
+from .gemm_cases import GEMM_CASES  # noqa: E402
+
+CASES.update((c.name, c) for c in GEMM_CASES)
+GEMM_CASE_NAMES = tuple(c.name for c in GEMM_CASES)
+OP_CASES += GEMM_CASE_NAMES
+DEFAULT_CASES = DEFAULT_CASES + GEMM_CASE_NAMES
+
 # ---- bf16 attention, op level (attention_bf16_cases.py) ------------------------------------------
 from .attention_bf16_cases import BF16_ATTENTION_CASES  # noqa: E402
 

@@ -227,14 +227,20 @@ TARGETS += (
                     unit="tokens/s", label="torch bf16"),
     ("linear_bfloat16", "GFLOP/s >= 85% of the vdpbf16ps peak (same run)",
      lambda rows: _peak_share(rows), lambda v: v >= 0.85),
+    # the float32 GEMM engine (gemm_cases.py): nn.Linear's shapes, and the FMA roofline
+    *(_speedup_target(f"gemm_{s}", "torch", 1.1) for s in ("512_1536", "512_2048", "2048_512",
+                                                         "512_512")),
+    *((f"gemm_{s}", "GFLOP/s >= 80% of the vfmadd231ps peak (same run)",
+       (lambda case: lambda rows: _peak_share(rows, case, "peak_fma"))(f"gemm_{s}"),
+       lambda v: v >= 0.8) for s in ("2048", "512_2048", "2048_512")),
 )
 
 
-def _peak_share(rows):
-    """linear_bfloat16's GFLOP/s over peak_vdpbf16ps's, both rows of the same run."""
-    r, p = _row(rows, "linear_bfloat16"), _row(rows, "peak_vdpbf16ps")
+def _peak_share(rows, case="linear_bfloat16", peak="peak_vdpbf16ps"):
+    """case's GFLOP/s over the peak row's, both rows of the same run."""
+    r, p = _row(rows, case), _row(rows, peak)
     if r is None or p is None:
-        return None, "needs linear_bfloat16 and peak_vdpbf16ps in the same run"
+        return None, f"needs {case} and {peak} in the same run"
     got, peak = r.get("fastattn_gflops"), p.get("fastattn_gflops")
     if not got or not peak:
         return None, "not measured"

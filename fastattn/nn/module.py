@@ -296,8 +296,9 @@ class Module(metaclass=_Built):
             hit = self._kinds[name] = [param, getattr(param, "version", 0),
                                        self._ops.weight_kind(param, precision), {}]
         elif hit[1] != getattr(param, "version", 0):
-            hit[2].refresh()
+            hit[2].refresh()                  # in place, for the views of it already handed out
             hit[1] = param.version
+            hit[3].clear()                    # row slices made again (some pack their own)
         if hi is None:
             return hit[2]
         sub = hit[3].get((lo, hi))
@@ -319,6 +320,8 @@ class Module(metaclass=_Built):
         backend). Made when the model goes to eval mode (_prepare_decode) and kept while the
         parameter is the same array at the same version; a weight changed since is made again
         here, at the next plan of a decode step."""
+        if not self.training:                # the inference kind is the decode kind too
+            return self._kind(name) if rows is None else self._kind(name, 0, rows)
         param = getattr(self, name)
         version = getattr(param, "version", 0)
         hit = self._kinds.get(("decode", name, rows))

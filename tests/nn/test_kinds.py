@@ -24,17 +24,23 @@ def held_kinds(model):
 
 def test_each_mode_installs_its_kinds_at_known_points():
     m = seq2seq().eval()
-    # eval(): float32 weights for the forwards, packed panels for what decode steps stream
-    assert held_kinds(m) == {"Float32Weight", "PackedFloat32Weight"}
+    # eval(): every float32 weight packed once for the engine; the forwards and the decode
+    # steps multiply by the same packed kind (one copy of the panels, no decode entries)
+    assert held_kinds(m) == {"PackedFloat32Weight"}
     gen = m.generator
-    assert isinstance(gen._kinds[("decode", "weight", None)][2], kinds.PackedFloat32Weight)
+    assert isinstance(gen._kinds["weight"][2], kinds.PackedFloat32Weight)
+    assert gen._decode_weight("weight") is gen._kind("weight")
+    assert not any(isinstance(key, tuple) for mod in m.modules() for key in mod._kinds)
+    attn = m.transformer.decoder.layers[0].multihead_attn
+    q = attn._decode_weight("in_proj_weight", 32)       # the queries' rows: a view of the panels
+    assert np.shares_memory(q.panels, attn._kind("in_proj_weight").panels)
     m.train()                              # the packed panels are for inference: dropped
     assert held_kinds(m) == {"Float32Weight"}
     m.set_precision("bf16")                # bf16 training's copies, made now, not on use
     assert held_kinds(m) == {"Bf16TrainingWeight"}
     assert all(m._ops is FastOps for m in m.modules())   # one fast table for every precision
     m.eval()                               # the copies end with training in bf16
-    assert held_kinds(m) == {"Float32Weight", "PackedFloat32Weight"}
+    assert held_kinds(m) == {"PackedFloat32Weight"}
     m.quantize("int8")
     assert held_kinds(m) == {"Int8Weight"}
     m.quantize("float32").to_backend("reference")
