@@ -11,7 +11,7 @@
  *   scalar math:  y = sum_k (h1_k + h2_k + h3_k) w_k,  x_k = h1_k + h2_k + h3_k
  * (a non-finite input is its own first term). The tiles treat bf16 subnormals as 0 and flush
  * float32 results below 2^-126 to 0 (this path's only departure from float32 arithmetic, at
- * magnitudes no Transformer reaches); the sums' order differs from BLAS's, as any path's may.
+ * magnitudes no Transformer reaches); the sums' order differs from the float32 engine's, as any path's may.
  *   weights  the bf16 panels (fa_bf16_pack: [p][k][32]) repacked per call in pairs of k:
  *            wq[p][kk][f][j] = w[32 p + f][2 kk + j], K rounded up to 32 with zeros
  *   inputs   per 16-row tile, three (16, Kb) bf16 matrices (the terms), zero past K and N

@@ -12,7 +12,7 @@
 const fa_q8_kernels *fa_paths_int8(void);
 
 /* bf16 storage's many-row products (fa_linear_bf16_forward): the tiles where the int8 path is
- * amx or amx-emulated, else NULL (the widened weight and BLAS) */
+ * amx or amx-emulated, else NULL (the widened weight and the float32 engine) */
 const fa_amx_kernels *fa_paths_bf16_storage(void);
 
 /* the bfloat16 compute type's path for a product of `rows` rows (fa_bfloat16_path_rows) in

@@ -19,7 +19,7 @@
 
 #include "fa_common.h"
 
-/* ---- runtime: ISA dispatch, threads, BLAS --------------------------------------------------- */
+/* ---- runtime: ISA dispatch, threads ------------------------------------------------------------ */
 
 /* fa_cpu_init -- pick the SIMD level once (called at import).
  *   forced  -1 = best the CPU and the build support; else a fa_isa_t to force.
@@ -28,10 +28,6 @@ int fa_cpu_init(int forced);
 int fa_cpu_supports(int level);     /* 1 if this CPU and this build can run `level` */
 int fa_openmp_enabled(void);        /* 1 if built with OpenMP */
 int fa_max_threads(void);           /* omp_get_max_threads(), 1 without OpenMP */
-void fa_blas_set_num_threads(int n);
-int fa_blas_get_num_threads(void);
-const char *fa_blas_config(void);   /* OpenBLAS's build string, "" for another BLAS */
-const char *fa_blas_corename(void); /* OpenBLAS's kernel set, "" for another BLAS */
 const char *fa_build_compiler(void); /* compiler name and version the extension was built with */
 int fa_build_native(void);           /* 1 for a FASTATTN_NATIVE=1 (-march=native) build */
 int fa_build_debug(void);            /* 1 for a FASTATTN_DEBUG=1 (-O0 -g) build */
@@ -300,7 +296,7 @@ enum { FA_ACT_NONE = 0, FA_ACT_RELU = 1, FA_ACT_GELU = 2, FA_ACT_GELU_TANH = 3 }
  * caller (the model layer caches it by the parameter's version) and passed to the products
  * below: trans 1, op(B) = w^T (the forwards' x w^T); trans 0, op(B) = w (the input gradients'
  * dz w). NULL where the bfloat16 compute type's path for many rows is not the tiles, or out of
- * memory: the products then pack B themselves or run on BLAS. The caller owns it
+ * memory: the products then pack B themselves or run on the engine. The caller owns it
  * (fa_bf16_weight_free) and passes it only with the very values it was packed from. */
 typedef struct fa_bf16_b fa_bf16_b;
 fa_bf16_b *fa_bf16_weight_pack(const float *w, int64_t M, int64_t K, int trans);
@@ -693,7 +689,7 @@ void fa_bf16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int nth
  *   wp  the packed weight (fa_bf16_pack): the only copy of it the kernels need
  *   Up to FA_BF16_PACKED_MAX_ROWS rows: panels split over threads, the weight streamed once and
  *   widened in registers. More: the panels widened (exact) into a float32 copy of weight^T,
- *   then fa_linear_forward_t (BLAS); on the amx int8 paths, the AMX tiles (bf16_amx.h).
+ *   then fa_linear_forward_t (the float32 engine); on the amx int8 paths, the AMX tiles (bf16_amx.h).
  *   Returns 0, or -1: out of memory.
  *   Twin: fastattn.reference.linear with a QuantizedWeight */
 int fa_linear_bf16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,

@@ -3,12 +3,6 @@
     from fastattn import ops as F        # the kernels
     from fastattn import reference as F  # the same functions in plain NumPy
 """
-from . import _blas_core
-
-with _blas_core.loading_openblas():      # which OpenBLAS kernels: see _blas_core
-    # loads OpenBLAS into the process, as _kernels needs it loaded first
-    import scipy_openblas32  # noqa: F401,E402
-
 from . import _runtime
 from ._runtime import build_info, get_num_threads, set_num_threads
 

@@ -20,10 +20,6 @@ cdef extern from "fastattn.h" nogil:
     int fa_cpu_level()
     int fa_openmp_enabled()
     int fa_max_threads()
-    void fa_blas_set_num_threads(int n)
-    int fa_blas_get_num_threads()
-    const char *fa_blas_config()
-    const char *fa_blas_corename()
     const char *fa_build_compiler()
     int fa_build_native()
     int fa_build_debug()
@@ -175,18 +171,6 @@ def max_threads():
     return fa_max_threads()
 
 
-def blas_set_num_threads(int n):
-    fa_blas_set_num_threads(n)
-
-
-def blas_get_num_threads():
-    return fa_blas_get_num_threads()
-
-
-def blas_config():
-    return fa_blas_config().decode("ascii", "replace")
-
-
 def build_compiler():
     return fa_build_compiler().decode("ascii", "replace")
 
@@ -212,10 +196,6 @@ def build_tiles(int isa, int64_t[::1] out not None):
     if out.shape[0] < FA_TILE_COUNT:
         raise ValueError(f"build_tiles: out must hold {FA_TILE_COUNT} sizes")
     return fa_build_tiles(isa, &out[0])
-
-
-def blas_corename():
-    return fa_blas_corename().decode("ascii", "replace")
 
 
 # ---- arrays to pointers: NULL for None or for an array without elements -----------------------

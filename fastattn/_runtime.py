@@ -3,19 +3,16 @@
 The thread count is resolved here once and passed to every kernel call; kernels never read the
 environment. OMP_NUM_THREADS is honoured at import; set_num_threads() changes it later.
 
-One thread pool: the kernels split every GEMM across their OpenMP threads and call OpenBLAS
-single-threaded inside them, so OpenBLAS's own pool is kept at one thread. (Letting it grow
-would only add workers that spin after each call and take cores from the next kernel.) That
-count is process-wide in OpenBLAS, so it is set once, here, at import (and again by
-set_num_threads, should something else have changed it), never toggled around a call: kernels
-may run from several Python threads at once.
+One thread pool: every kernel, the float32 GEMM engine included, runs on fastattn's own OpenMP
+threads; there is no second pool (no BLAS library) to keep in step with it. The count is passed
+to each call, so kernels may run from several Python threads at once.
 """
 import os
 import warnings
 
 import numpy as np
 
-from . import _blas_core, _kernels
+from . import _kernels
 
 ISA_NAMES = ("generic", "avx2", "avx512")  # index = fa_isa_t in csrc/fa_common.h
 TILE_NAMES = (  # index = fa_tile_t in csrc/fastattn.h; the sizes themselves: csrc/fa_tiles.h
@@ -82,8 +79,8 @@ def _resolve_threads(n):
 
 
 def set_num_threads(n=None):
-    """Set the threads fastattn's kernels use (OpenMP; the GEMMs are split across the same
-    threads, each calling BLAS single-threaded). Returns the resolved count.
+    """Set the threads fastattn's kernels use (OpenMP, one pool: the GEMM engine shares its
+    tasks among the same threads). Returns the resolved count.
 
     n: a positive count, at most 1024 (or the number of CPUs available, if that is larger;
     above the bound, ValueError); None or -1 = all CPUs available; -2 = all but one, and so on;
@@ -93,8 +90,6 @@ def set_num_threads(n=None):
     """
     count = _resolve_threads(n)
     _state["threads"] = count
-    if _kernels.blas_get_num_threads() != 1:
-        _kernels.blas_set_num_threads(1)
     return count
 
 
@@ -225,7 +220,8 @@ def init():
 
 
 def build_info():
-    """What this build and this process run with: compiler, OpenMP, BLAS, SIMD level, threads."""
+    """What this build and this process run with: compiler, OpenMP, SIMD level, the GEMM
+    engine's blocking, threads."""
     return {
         "version": "0.1.0",
         "compiler": _kernels.build_compiler(),
@@ -233,10 +229,6 @@ def build_info():
         "native_build": bool(_kernels.build_native()),
         "debug_build": bool(_kernels.build_debug()),         # FASTATTN_DEBUG=1
         "sanitize_build": bool(_kernels.build_sanitize()),   # FASTATTN_SANITIZE=1
-        "blas": _kernels.blas_config(),
-        "blas_core": _kernels.blas_corename(),
-        "blas_core_choice": _blas_core.choice,           # who chose them: see _blas_core
-        "blas_threads": _kernels.blas_get_num_threads(),
         "simd": ISA_NAMES[_kernels.cpu_level()],
         "simd_available": available_isas(),
         "int8_path": INT8_PATHS[_kernels.int8_path()],     # FASTATTN_INT8_PATH

@@ -1,6 +1,6 @@
 """The ``fastattn`` command.
 
-    fastattn info                         build and runtime facts (compiler, OpenMP, BLAS, SIMD)
+    fastattn info                         build and runtime facts (compiler, OpenMP, SIMD, GEMM)
     fastattn bench [--threads N] [--repeat N] [--case NAME ...] [--json PATH] [--quick] [--list]
                                           ops vs the NumPy twin vs torch, as a Markdown table,
                                           then the performance targets (PASS / MISS)
@@ -129,7 +129,7 @@ def _parser():
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                 parser_class=_Parser)
 
-    sub.add_parser("info", help="print compiler, OpenMP, BLAS, SIMD level and threads",
+    sub.add_parser("info", help="print compiler, OpenMP, SIMD level, GEMM blocking and threads",
                    description="Print fastattn.build_info() as 'key: value' lines.")
 
     b = sub.add_parser("bench", help="benchmark ops vs the NumPy twin vs torch",

@@ -243,7 +243,7 @@ def _check_linear(x, weight, bias, activation):
 
 
 def linear(x, weight, bias=None, *, activation=None):
-    """act(x @ weight.T + bias), GEMM through BLAS with a fused epilogue; see reference.linear.
+    """act(x @ weight.T + bias), the GEMM engine with a fused epilogue; see reference.linear.
     weight may be a QuantizedWeight (int8 or bf16): the quantised kernels, any number of rows.
     The product is the weight kind's (fastattn.kinds)."""
     quantized = isinstance(weight, QuantizedWeight)

@@ -26,7 +26,7 @@ def test_info_prints_build_facts():
     res = fastattn_cli("info")
     assert res.returncode == 0, res.stderr
     lines = dict(line.split(":", 1) for line in res.stdout.splitlines())
-    assert {"simd", "openmp", "blas", "threads", "compiler"} <= set(lines)
+    assert {"simd", "openmp", "gemm", "threads", "compiler"} <= set(lines)
     assert lines["simd"].strip() in ("generic", "avx2", "avx512")
     assert lines["openmp"].strip() in ("yes", "no")
     # aligned: every value starts in the same column

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fastattn
-from conftest import TILES, assert_close, child_isa_tests, requires_torch
+from conftest import TILES, assert_close, child_isa_tests, child_report, requires_torch, run_child
 from fastattn import _kernels, kinds, ops, reference
 from strategies import rand, seeds
 from tolerances import TOL, dot_atol
@@ -121,6 +121,30 @@ def isa_checks():
 
 test_every_simd_level, test_correct_when_openmp_starts_fewer_threads = \
     child_isa_tests("test_gemm")
+
+
+_LEVEL_BITS = """
+import hashlib, json, numpy as np, fastattn
+from fastattn import kinds
+rng = np.random.default_rng(11)
+x = rng.standard_normal((37, 1100)).astype(np.float32)
+w = rng.standard_normal((101, 1100)).astype(np.float32)
+y = kinds.PackedFloat32Weight(w).product(None, 0, 37)(x, np.empty((37, 101), np.float32))
+print(json.dumps({"simd": fastattn.build_info()["simd"],
+                  "bits": hashlib.sha256(y.tobytes()).hexdigest()}))
+"""
+
+
+def test_avx2_and_avx512_give_the_same_bits():
+    """Both levels run one fma chain per element in k order: the same bits, whatever their
+    tiles (6 x 16 and 8 x 48) and K blocks."""
+    levels = [lv for lv in ("avx2", "avx512") if lv in fastattn.build_info()["simd_available"]]
+    if len(levels) < 2:
+        pytest.skip(f"needs avx2 and avx512 (available: {levels})")
+    reports = [child_report(run_child(_LEVEL_BITS, env={"FASTATTN_CPU_ISA": lv}))
+               for lv in levels]
+    assert [r["simd"] for r in reports] == levels
+    assert reports[0]["bits"] == reports[1]["bits"]
 
 
 # ---- in this process ------------------------------------------------------------------------

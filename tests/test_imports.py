@@ -125,7 +125,7 @@ def test_no_import_cycle_at_all(graph):
 # for both twins) and what they stand on, the kernel calls and the binding, never the ops
 # above it nor the model layer.
 TWIN_BELOW = {"fastattn._checks", "fastattn.kinds", "fastattn._fast", "fastattn._kernels",
-              "fastattn._runtime", "fastattn._blas_core", "fastattn._convert"}
+              "fastattn._runtime", "fastattn._convert"}
 
 
 def reachable(graph, module):

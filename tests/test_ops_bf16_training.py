@@ -268,7 +268,7 @@ test_every_simd_level, test_correct_when_openmp_starts_fewer_threads = \
 @pytest.mark.parametrize("path", ["fma", "avx512bf16", "amx", "amx-emulated"])
 def test_every_bf16_path(path):
     """The products of 3 rows or more run on the bfloat16 compute type's path: the AMX tiles
-    (real, or emulated in C on any AVX-512 CPU) or BLAS on the rounded operands."""
+    (real, or emulated in C on any AVX-512 CPU) or the float32 engine on the rounded operands."""
     info = fastattn.build_info()
     if path not in info["bf16_paths_available"]:
         pytest.skip(f"the {path} path is not available here ({info['bf16_paths_available']})")

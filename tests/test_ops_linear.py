@@ -1,4 +1,4 @@
-"""fastattn.ops.linear and ops.ffn (BLAS GEMM + fused epilogue) against the twin and torch.
+"""fastattn.ops.linear and ops.ffn (the GEMM engine + fused epilogue) against the twin and torch.
 
 Tolerance of a float32 dot product of K terms: a few eps * sqrt(K) times the size of the terms
 (max of |x| @ |w|^T + |b|), not of the result, which may cancel to ~0.

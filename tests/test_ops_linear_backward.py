@@ -1,12 +1,11 @@
-"""fastattn.ops.linear_forward / linear_backward and ffn_forward / ffn_backward (BLAS GEMMs with
+"""fastattn.ops.linear_forward / linear_backward and ffn_forward / ffn_backward (the GEMM engine with
 fused activation-gradient epilogues, FFN dropout regenerated in the backward) against the float64
 twin, finite differences of the twin, and torch autograd.
 
 Tolerance of each gradient (chain_atol): the same chain of products on absolute values, in
 float64, gives the size of the terms each output sums; float32 error is a few eps * sqrt(terms)
-of that. Bias gradients are column sums in a fixed order: bit-identical for every thread count;
-dx and dweight go through BLAS, whose blocking may round differently for another thread count
-(within 1e-6 relative), and are bit-identical run to run.
+of that. Every gradient is bit-identical for every thread count and run to run: bias gradients
+are column sums in a fixed order, dx and dweight the engine's one sum per element in k order.
 """
 import math
 

@@ -503,7 +503,7 @@ def test_quantized_weight_keeps_only_its_packed_copy_once_used(dtype, M, K, N, s
     """After its first product a quantised weight lets go of data; data then reads the same
     values from the packed copy (a new read-only array each time), for any M and K (neither a
     multiple of the panel or the group), and products (few rows: the packed kernel; many:
-    BLAS on the widened panels), the twin and saving are unchanged."""
+    the float32 engine on the widened panels), the twin and saving are unchanged."""
     rng = np.random.default_rng(seed)
     w, x = rand(rng, (M, K)), rand(rng, (N, K))
     qw = quantized(w, dtype)

@@ -42,7 +42,7 @@ TOL = {
     "layer_norm_mean": dict(rtol=1e-6, atol=1e-6),   # atol x max|x + residual|
     "layer_norm_rstd": dict(rtol=1e-4, atol=0.0),
     # dot products: atol x EPS32 x sqrt(K) x max(|x| @ |w|^T + |b|), K terms summed in float32
-    # by BLAS in its own order (dot_atol)
+    # by the GEMM engine in k order (dot_atol)
     "linear": dict(rtol=1e-5, atol=4.0),
     # both GEMMs, the first one's error carried through the activation and w2 (ffn_atol)
     "ffn": dict(rtol=1e-5, atol=4.0),
@@ -300,7 +300,7 @@ TOL = {
     "ct2_scores": dict(rtol=0.0, atol=1e-3),
     # ---- the model layer's single checks (tests/nn) -----------------------------------------
     # the model's forward taken apart (encode, decode, then generator) against the whole forward:
-    # the same kernels on the same values, in other calls that BLAS may block otherwise:
+    # the same kernels on the same values, in other calls (other rows around them):
     # max|diff| <= atol x max|whole forward's|
     "nn_split_forward": dict(rtol=0.0, atol=1e-6),
     # the fast backend's gradients against the reference backend's (loss with backward), relative

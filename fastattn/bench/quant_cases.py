@@ -2,7 +2,7 @@
 the fp32 linear on the same shapes, many rows (an encoder's GEMMs) and decode-sized rows.
 
     linear_fp32           ops.linear, N=1024 rows, K=512 -> M=2048 (the GEMMs' fp32 baseline:
-                          BLAS sgemm + fused epilogue); numpy twin, torch F.linear
+                          the GEMM engine + fused epilogue); numpy twin, torch F.linear
     linear_int8           the same product with an int8 weight (per-row scales, activations
                           quantised per row, exact int32 sums): GOP/s in the GFLOP/s column
     linear_bf16           the same with a bf16 weight (widened to float32, then sgemm)

@@ -54,11 +54,14 @@ def format_table(rows):
 
 
 def describe_environment(threads=None):
-    """One line: version, SIMD level, threads, BLAS core, torch version."""
+    """One line: version, SIMD level, threads, the GEMM engine's K block and caches, torch
+    version."""
     info = build_info()
     torch = torch_version()
+    g = info["gemm"]
     return (f"fastattn {info['version']}, simd {info['simd']}, "
-            f"{threads or info['threads']} threads, OpenBLAS {info['blas_core']}, "
+            f"{threads or info['threads']} threads, gemm K block {g['k_block']} "
+            f"(L1 {g['l1'] >> 10} KiB, L2 {g['l2'] >> 10} KiB), "
             f"numpy {np.__version__}, torch {torch or 'n/a'}")
 
 

@@ -60,9 +60,7 @@ def _loaded_openblas():
 @contextlib.contextmanager
 def same_threads(n):
     """fastattn, NumPy's OpenBLAS and torch all at `n` threads (None: fastattn's current
-    count); yields the count. fastattn.set_num_threads is applied last, so fastattn's own
-    OpenBLAS stays as fastattn runs it (one thread, called inside fastattn's threads).
-    Every count is restored afterwards."""
+    count); yields the count. Every count is restored afterwards."""
     saved_fast = get_num_threads()
     count = set_num_threads(n) if n is not None else saved_fast
     blas = [(s, g, g()) for s, g in _loaded_openblas()]

@@ -316,10 +316,11 @@ class Module(metaclass=_Built):
 
     def _decode_weight(self, name, rows=None):
         """Parameter `name` (its first `rows` rows when given) in the kind decode steps multiply
-        by (the ops table's decode_kind: packed panels for a float32 weight on the fast
-        backend). Made when the model goes to eval mode (_prepare_decode) and kept while the
-        parameter is the same array at the same version; a weight changed since is made again
-        here, at the next plan of a decode step."""
+        by. In inference that is the inference kind itself (_kind: a float32 weight's packed
+        panels, a prefix of rows a view of them), so the forwards and the steps share one
+        packed copy. In training mode (a decode step run there), the ops table's decode_kind,
+        kept while the parameter is the same array at the same version and made again here
+        after a change."""
         if not self.training:                # the inference kind is the decode kind too
             return self._kind(name) if rows is None else self._kind(name, 0, rows)
         param = getattr(self, name)
