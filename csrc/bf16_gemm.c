@@ -4,6 +4,7 @@
  * op(B) is packed once for them (bf16_amx.h) and the products run there; elsewhere, and out
  * of memory, the float32 GEMM engine runs them (fa_gemm_once). Below linear.c: it calls only
  * the engine and the tiles. */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -41,13 +42,13 @@ void fa_bf16_b_gemm(const fa_bf16_b *bp, int trans_a, int trans_b, int64_t M, in
         bp->tiles->bf16_gemm_packed(trans_a, M, N, K, A, lda, bp->bq, beta, C, ldc) == 0)
         return;
     if (fa_gemm_once(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta != 0.0f, C, ldc) != 0)
-        for (int64_t i = 0; i < M; i++) /* out of memory: unpacked, one sum per element */
+        for (int64_t i = 0; i < M; i++) /* out of memory: unpacked, one sum per element from 0 */
             for (int64_t j = 0; j < N; j++) {
-                float acc = beta != 0.0f ? C[i * ldc + j] : 0.0f;
+                float acc = 0.0f;
                 for (int64_t k = 0; k < K; k++)
-                    acc += (trans_a ? A[k * lda + i] : A[i * lda + k]) *
-                           (trans_b ? B[j * ldb + k] : B[k * ldb + j]);
-                C[i * ldc + j] = acc;
+                    acc = fmaf(trans_a ? A[k * lda + i] : A[i * lda + k],
+                               trans_b ? B[j * ldb + k] : B[k * ldb + j], acc);
+                C[i * ldc + j] = beta != 0.0f ? C[i * ldc + j] + acc : acc;
             }
 }
 

@@ -152,15 +152,13 @@ typedef struct {
                                int64_t ignore_index, float eps, float scale);
     void (*dropout_rows)(float *y, const float *x, int64_t r0, int64_t r1, int64_t C,
                          const fa_dropout_t *drop);
-    /* linear: the GEMM epilogues and the few-row GEMMs */
+    /* linear: the GEMM epilogues (the GEMM engine is gemm_block below) */
     void (*bias_act_rows)(float *y, float *pre, const float *bias, int64_t rows, int64_t M,
                           int64_t ld, int act, int64_t row0, int64_t col0,
                           const fa_dropout_t *drop);
     void (*grad_act_rows)(float *dz, float *h, const float *g, const float *pre, int64_t rows,
                           int64_t M, int64_t ld, int act, int64_t row0, int64_t col0,
                           const fa_dropout_t *drop);
-    void (*skinny_gemm)(float *y, int64_t ldy, const float *xp, int64_t N, const float *w,
-                        int64_t M, int64_t K);
     /* the float32 GEMM engine's block on one thread (gemm_body.h; gemm.c drives it) */
     void (*gemm_block)(const fa_gemm_t *g, int64_t r0, int64_t r1, int64_t p0, int64_t p1,
                        int64_t kc);

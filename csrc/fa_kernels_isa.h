@@ -40,7 +40,6 @@ const fa_kernels FA_KERNELS = {
     .dropout_rows = dropout_rows,
     .bias_act_rows = bias_act_rows,
     .grad_act_rows = grad_act_rows,
-    .skinny_gemm = skinny_gemm,
     .gemm_block = gemm_block,
     .adam_span = adam_span,
     .sum_squares = sum_squares,

@@ -56,8 +56,6 @@
 #define ROW_BLOCK 512    /* bf16 training's products on the AMX tiles: rows per block, at most
                             (the float32 engine's blocks: gemm.c) */
 #define COL_ALIGN 16     /* feature slices start on a 64-byte boundary */
-#define SKINNY_ROWS 8    /* up to this many rows times a weight as given (not packed), the
-                            skinny kernel: packing the weight would cost as much as the product */
 #define REDUCE_ROWS 32   /* parameter gradients (dweight, dbias): rows per partial sum, summed in
                             a fixed order, so the result does not depend on the thread count */
 #define REDUCE_MAX_BLOCKS 256 /* layer norm backward: at most this many partial sums (taller

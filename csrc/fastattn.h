@@ -48,11 +48,8 @@ typedef enum {
     FA_TILE_PACKED_PANEL,          /* features per packed weight panel */
     FA_TILE_PACKED_TILE_ROWS,      /* rows per packed-GEMM register tile */
     FA_TILE_PACKED_TILE_FEATURES,  /* features per packed-GEMM register tile */
-    FA_TILE_SKINNY_ROWS,           /* linear/ffn: up to this many rows times a weight as given,
-                                      the skinny kernel */
     FA_TILE_ROW_BLOCK,             /* bf16 training on the tiles: rows per block, at most */
-    FA_TILE_FEATURE_ALIGN,         /* skinny kernel, bias sums: feature slices start on
-                                      multiples of this */
+    FA_TILE_FEATURE_ALIGN,         /* bias sums: feature slices start on multiples of this */
     FA_TILE_REDUCE_ROWS,           /* dweight/dbias: rows per partial sum (fixed-order total) */
     FA_TILE_COUNT
 } fa_tile_t;
@@ -312,9 +309,8 @@ void fa_bf16_weight_free(fa_bf16_b *packed);
  *   bias    (M)     in, may be NULL
  *   The product on the float32 GEMM engine (fa_gemm.h): the weight packed into panels by the
  *   team, then blocks of rows x features handed to the threads as they come free, bias and
- *   activation applied to each finished tile while it is in L1 (up to 8 rows: the skinny
- *   kernel on the weight as given, by feature slices). Every element is one sum in k order:
- *   bit-identical for every thread count.
+ *   activation applied to each finished tile while it is in L1. Every element is one sum in k
+ *   order: bit-identical for every thread count and every row count.
  *   bf16     1: x and weight hold bf16 values (bf16 training's rounded operands): the products
  *            run on the AMX tiles where the bfloat16 compute type runs on them (exact
  *            products summed in float32), on the engine otherwise
@@ -384,7 +380,7 @@ int fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
  *   Many rows: the hidden (N, F) never exists whole; blocks of rows (the hidden block in L2)
  *   are handed to the threads as they come free, each running both products and epilogues on
  *   its block. Fewer than two blocks per thread: each product by the whole team, the (N, F)
- *   hidden between them; up to 8 rows with weights as given, the skinny kernel.
+ *   hidden between them.
  *   Twin: fastattn.reference.ffn / ffn_forward
  */
 int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const float *b1,

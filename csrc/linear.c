@@ -19,9 +19,10 @@
 #include "fa_paths.h"
 #include "fa_tiles.h"
 
-/* Sizes (fa_tiles.h): up to SKINNY_ROWS rows times a weight as given (not packed), the skinny
- * kernel (packing the weight would cost as much as the product); bf16 training's products on
- * the tiles run in blocks of about ROW_BLOCK rows, the tiles' path chosen for that many. */
+/* Sizes (fa_tiles.h): bf16 training's products on the tiles run in blocks of at most ROW_BLOCK
+ * rows. A weight that comes as it is (not packed) is packed by each call, however few its rows:
+ * every product then has the engine's one summation order (a few rows with a weight as given
+ * give the bits of the same rows in a larger batch, or with the packed weight). */
 
 /* dst[i] = src[i] rounded to bf16, as float32 values (the bfloat16 compute type's rounding:
  * fa_round_bfloat16), for i < n; dst may be src */
@@ -71,32 +72,6 @@ static float *packed_b(int64_t K, int64_t N, int *fail)
 
 /* ---- forward ---------------------------------------------------------------------------------- */
 
-/* x (N, K) copied into rows padded with zeros to a multiple of 4, for the skinny kernel; NULL
- * when N is too large for it, for K = 0 or out of memory: the engine then takes the call. */
-static float *skinny_rows(const float *x, int64_t N, int64_t K)
-{
-    if (N > SKINNY_ROWS || K <= 0) return NULL;
-    const int64_t n4 = (N + 3) / 4 * 4;
-    float *xp = calloc((size_t)(n4 * K), sizeof(float));
-    if (xp) memcpy(xp, x, (size_t)(N * K) * sizeof(float));
-    return xp;
-}
-
-/* y = drop(act(x w^T + b)) for N <= SKINNY_ROWS rows (xp: skinny_rows(x)), w (M, K) as given:
- * this thread's slice of the features; pre (if not NULL) keeps the value before the
- * activation */
-static void skinny_cols(float *y, float *pre, const float *xp, const float *w, const float *b,
-                        int64_t N, int64_t K, int64_t M, int act, const fa_dropout_t *drop)
-{
-    int64_t m0, m1;
-    fa_split(M, COL_ALIGN, &m0, &m1);
-    if (m0 >= m1) return;
-    float *z = pre ? pre : y;                             /* where the product goes */
-    fa_k->skinny_gemm(z + m0, M, xp, N, w + m0 * K, m1 - m0, K);
-    fa_k->bias_act_rows(y + m0, pre ? pre + m0 : NULL, b ? b + m0 : NULL, N, m1 - m0, M, act, 0,
-                        m0, drop);
-}
-
 /* fa_linear_forward, with the weight (M, K), or with ldt > 0 its transpose (K, ldt) */
 static int linear_forward(float *y, float *pre, const float *x, const float *weight, int64_t ldt,
                           const float *bias, int64_t N, int64_t K, int64_t M, int activation,
@@ -108,7 +83,8 @@ static int linear_forward(float *y, float *pre, const float *x, const float *wei
     /* bf16 training on the tiles: blocks of rows, each product on them */
     const int64_t per = rows_per_block(N, nt, ROW_BLOCK);
     fa_bf16_b *own = NULL;
-    const fa_bf16_b *tb = ldt > 0 ? NULL : tiles_b(bf16, wpack, 1, per, K, M, weight, K, &own);
+    const fa_bf16_b *tb = ldt > 0 ? NULL : tiles_b(bf16, wpack, 1, per < N ? per : N, K, M,
+                                                   weight, K, &own);
     if (tb) {
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(dynamic, 1)
         for (int64_t r0 = 0; r0 < N; r0 += per) {
@@ -119,14 +95,6 @@ static int linear_forward(float *y, float *pre, const float *x, const float *wei
                                 NULL);
         }
         fa_bf16_b_free(own);
-        return 0;
-    }
-    /* a few rows times the weight as given: the skinny kernel, by feature slices */
-    float *xp = ldt > 0 ? NULL : skinny_rows(x, N, K);
-    if (xp) {
-#pragma omp parallel num_threads(nt) if (nt > 1)
-        skinny_cols(y, pre, xp, weight, bias, N, K, M, activation, NULL);
-        free(xp);
         return 0;
     }
     /* the engine: the weight packed by the team, then the product's tasks */
@@ -199,7 +167,7 @@ static void gemm_tn_slice(float *c, const float *a, int64_t lda, const float *b,
     if (M >= P) {
         fa_split(M, COL_ALIGN, &lo, &hi);
         if (lo >= hi) return;
-        fa_bf16_b *bp = bf16 ? fa_bf16_b_make(0, hi - lo, R, P, b, ldb) : NULL;
+        fa_bf16_b *bp = bf16 ? fa_bf16_b_make(0, M, R, P, b, ldb) : NULL; /* M: the path */
         fa_bf16_b_gemm(bp, 1, 0, hi - lo, P, R, a + lo, lda, b, ldb, beta, c + lo * P, P);
         fa_bf16_b_free(bp);
     } else {
@@ -212,12 +180,13 @@ static void gemm_tn_slice(float *c, const float *a, int64_t lda, const float *b,
 }
 
 /* Whether bf16 training's weight gradient c (M, P) = a^T b runs on the bf16 tiles
- * (gemm_tn_slice: slices of the larger of M and P per thread), not on the engine */
-static int tn_on_tiles(int bf16, int64_t M, int64_t P, int nt)
+ * (gemm_tn_slice), not on the engine: the path of a product of M rows, decided once for the
+ * whole product (never per thread's slice: the team size must not change a bit) */
+static int tn_on_tiles(int bf16, int64_t M)
 {
     if (!bf16) return 0;
     fa_bf16_path_t path;
-    return fa_paths_bfloat16(M >= P ? (M + nt - 1) / nt : M, &path) != NULL;
+    return fa_paths_bfloat16(M, &path) != NULL;
 }
 
 /* c (M, P) = a^T b (+ c with accumulate), a (R, M) row stride lda, b (R, P) row stride ldb, by
@@ -236,7 +205,7 @@ static void gemm_tn_team(float *c, const float *a, int64_t lda, const float *b, 
     const fa_gemm_t g = {.M = M, .N = P, .K = R, .a = a, .lda = lda, .trans_a = 1, .bp = bp,
                          .c = accumulate ? t : c, .ldc = P, .act = FA_ACT_NONE};
     fa_gemm_team(&g);
-    if (accumulate) {
+    if (accumulate && t) { /* t: NULL for an empty c */
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < M; r++) fa_gemm_add_rows(c, P, t, P, r, r + 1);
     }
@@ -294,8 +263,9 @@ int fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
                                               + (double)N * (double)M, 2e5);
     const int64_t per = rows_per_block(N, nt, ROW_BLOCK);
     fa_bf16_b *own = NULL;
-    const fa_bf16_b *tb = dx ? tiles_b(bf16, wpack, 0, per, M, K, weight, K, &own) : NULL;
-    const int tn = dweight && tn_on_tiles(bf16, M, K, nt);
+    const fa_bf16_b *tb = dx ? tiles_b(bf16, wpack, 0, per < N ? per : N, M, K, weight, K, &own)
+                             : NULL;
+    const int tn = dweight && tn_on_tiles(bf16, M);
     int fail = 0;
     float *bw = dx && !tb ? packed_b(M, K, &fail) : NULL;       /* op(B) = weight (M, K) */
     float *bx = dweight && !tn ? packed_b(N, K, &fail) : NULL;  /* x (N, K) */
@@ -366,21 +336,18 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
     const int nt = fa_team_size(nthreads, 4.0 * (double)N * (double)C * (double)F, 2e5);
     const int64_t per = ffn_rows(N, F, nt);
     fa_bf16_b *own1 = NULL, *own2 = NULL;
-    const fa_bf16_b *tb1 = wp1 ? NULL : tiles_b(bf16, pack1, 1, per, C, F, w1, C, &own1);
-    const fa_bf16_b *tb2 = wp2 ? NULL : tiles_b(bf16, pack2, 1, per, F, C, w2, F, &own2);
-    /* few rows times weights as given: the skinny kernel, the whole (N, F) hidden split by
-     * features, then the output likewise (the hidden doubles as the padded second input) */
-    float *xp = wp1 || wp2 || tb1 || tb2 ? NULL : skinny_rows(x, N, C);
+    const int64_t rows = per < N ? per : N;          /* rows per product, for the tiles' path */
+    const fa_bf16_b *tb1 = wp1 ? NULL : tiles_b(bf16, pack1, 1, rows, C, F, w1, C, &own1);
+    const fa_bf16_b *tb2 = wp2 ? NULL : tiles_b(bf16, pack2, 1, rows, F, C, w2, F, &own2);
     int fail = 0;
-    float *bp1 = wp1 || tb1 || xp ? NULL : packed_b(C, F, &fail);
-    float *bp2 = wp2 || tb2 || xp ? NULL : packed_b(F, C, &fail);
+    float *bp1 = wp1 || tb1 ? NULL : packed_b(C, F, &fail);
+    float *bp2 = wp2 || tb2 ? NULL : packed_b(F, C, &fail);
     /* fewer than two blocks per thread (and no tiles): each product by the whole team, the
      * (N, F) hidden between them */
-    const int whole = !xp && !tb1 && !tb2 && nt > 1 && (N + per - 1) / per < 2 * (int64_t)nt;
-    const int64_t hrows = xp ? (N + 3) / 4 * 4 : whole ? N : per * nt;
+    const int whole = !tb1 && !tb2 && nt > 1 && (N + per - 1) / per < 2 * (int64_t)nt;
+    const int64_t hrows = whole ? N : per * nt;
     float *hidden = fail ? NULL : malloc((size_t)(hrows * F) * sizeof(float));
     if (!hidden) {
-        free(xp);
         free(bp1);
         free(bp2);
         fa_bf16_b_free(own1);
@@ -388,20 +355,9 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
         return -1;
     }
     const float *p1 = wp1 ? wp1 : bp1, *p2 = wp2 ? wp2 : bp2;
-    if (xp) memset(hidden + N * F, 0, (size_t)((hrows - N) * F) * sizeof(float));
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        if (xp) {
-            skinny_cols(hidden, pre, xp, w1, b1, N, C, F, activation, &drop);
-            if (bf16) {
-#pragma omp barrier
-                int64_t lo, hi;
-                fa_split(N, 1, &lo, &hi);
-                if (lo < hi) round_bf16(hidden + lo * F, hidden + lo * F, (hi - lo) * F);
-            }
-#pragma omp barrier
-            skinny_cols(y, NULL, hidden, w2, b2, N, F, C, FA_ACT_NONE, NULL);
-        } else if (whole) {
+        if (whole) {
             if (bp1) fa_gemm_pack_team(bp1, 1, C, F, w1, C);
             if (bp2) fa_gemm_pack_team(bp2, 1, F, C, w2, F);
             const fa_gemm_t g1 = {.M = N, .N = F, .K = C, .a = x, .lda = C, .bp = p1,
@@ -448,7 +404,6 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
             }
         }
     }
-    free(xp);
     free(hidden);
     free(bp1);
     free(bp2);
@@ -481,9 +436,10 @@ int fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
     const int nt = fa_team_size(nthreads, 8.0 * (double)N * (double)C * (double)F, 2e5);
     const int64_t per = rows_per_block(N, nt, ROW_BLOCK);
     fa_bf16_b *own1 = NULL, *own2 = NULL;
-    const fa_bf16_b *tb2 = tiles_b(bf16, pack2, 0, per, C, F, w2, F, &own2);
-    const fa_bf16_b *tb1 = dx ? tiles_b(bf16, pack1, 0, per, F, C, w1, C, &own1) : NULL;
-    const int tn2 = dw2 && tn_on_tiles(bf16, C, F, nt), tn1 = dw1 && tn_on_tiles(bf16, F, C, nt);
+    const int64_t rows = per < N ? per : N;          /* rows per product, for the tiles' path */
+    const fa_bf16_b *tb2 = tiles_b(bf16, pack2, 0, rows, C, F, w2, F, &own2);
+    const fa_bf16_b *tb1 = dx ? tiles_b(bf16, pack1, 0, rows, F, C, w1, C, &own1) : NULL;
+    const int tn2 = dw2 && tn_on_tiles(bf16, C), tn1 = dw1 && tn_on_tiles(bf16, F);
     int fail = 0;
     float *bw2 = tb2 ? NULL : packed_b(C, F, &fail);             /* op(B) = w2 (C, F) */
     float *bw1 = dx && !tb1 ? packed_b(F, C, &fail) : NULL;      /* op(B) = w1 (F, C) */

@@ -1,5 +1,6 @@
 /* linear_body.h -- the GEMM epilogues, per ISA: y = drop(act(y + bias)) on a block of rows
- * (forward) and dz = g * drop' * act'(pre) (backward); the few-row GEMMs.
+ * (forward) and dz = g * drop' * act'(pre) (backward); the products are the GEMM engine's
+ * (gemm_body.h).
  *   scalar math:  relu(t) = max(t, 0);  gelu(t) = t * Phi(t) = t * (1 - erfc(t / sqrt 2) / 2)
  *                 relu'(t) = [t > 0];   gelu'(t) = Phi(t) + t phi(t)
  *                 phi(t) = exp(-t^2 / 2) / sqrt(2 pi)
@@ -183,54 +184,6 @@ static void grad_act_rows(float *dz, float *h, const float *g, const float *pre,
                     if (h_r) h_r[c + i] = a[i];
                 }
             }
-        }
-    }
-}
-
-/* Skinny GEMM for a few rows (decode steps): y[r][m] = x_r . w_m for r < N, m < M, without
- * the bias (the epilogue adds it). Bound by reading w once, so w is streamed in tiles of 4 rows
- * and each tile meets every x row while it is in L1; vectors run along K.
- *   y   (N, ldy)   out        xp (ceil(N/4)*4, K)  in, rows past N zero (padding)
- *   w   (M, K)     in
- * Each y element is the same sum in the same order whatever N is (batch invariance). */
-static void skinny_gemm(float *FA_RESTRICT y, int64_t ldy, const float *FA_RESTRICT xp, int64_t N,
-                        const float *FA_RESTRICT w, int64_t M, int64_t K)
-{
-    const int64_t Kv = K - K % FA_VL;
-    int64_t m = 0;
-    for (; m + 4 <= M; m += 4) {
-        const float *w0 = w + m * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
-        for (int64_t r0 = 0; r0 < N; r0 += 4) {
-            const float *x0 = xp + r0 * K, *x1 = x0 + K, *x2 = x1 + K, *x3 = x2 + K;
-            VF acc[4][4];
-            for (int u = 0; u < 4; u++)
-                for (int r = 0; r < 4; r++) acc[u][r] = vsplat(0.0f);
-            for (int64_t k = 0; k < Kv; k += FA_VL) {
-                const VF xv[4] = {vload(x0 + k), vload(x1 + k), vload(x2 + k), vload(x3 + k)};
-                const VF wv[4] = {vload(w0 + k), vload(w1 + k), vload(w2 + k), vload(w3 + k)};
-                for (int u = 0; u < 4; u++)
-                    for (int r = 0; r < 4; r++) acc[u][r] += wv[u] * xv[r];
-            }
-            for (int r = 0; r < 4 && r0 + r < N; r++) {
-                const float *x_r = xp + (r0 + r) * K;
-                for (int u = 0; u < 4; u++) {
-                    const float *w_u = w + (m + u) * K;
-                    float t = hsum(acc[u][r]);
-                    for (int64_t k = Kv; k < K; k++) t += x_r[k] * w_u[k];
-                    y[(r0 + r) * ldy + m + u] = t;
-                }
-            }
-        }
-    }
-    for (; m < M; m++) { /* the last M % 4 features, one at a time */
-        const float *w_m = w + m * K;
-        for (int64_t r = 0; r < N; r++) {
-            const float *x_r = xp + r * K;
-            VF acc = vsplat(0.0f);
-            for (int64_t k = 0; k < Kv; k += FA_VL) acc += vload(w_m + k) * vload(x_r + k);
-            float t = hsum(acc);
-            for (int64_t k = Kv; k < K; k++) t += x_r[k] * w_m[k];
-            y[r * ldy + m] = t;
         }
     }
 }

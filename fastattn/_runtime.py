@@ -19,7 +19,7 @@ TILE_NAMES = (  # index = fa_tile_t in csrc/fastattn.h; the sizes themselves: cs
     "vector_width", "attention_block_q", "attention_block_k", "attention_rows_max_q",
     "attention_backward_block_q",
     "softmax_chunk", "packed_panel", "packed_tile_rows", "packed_tile_features",
-    "skinny_rows", "row_block", "feature_align",
+    "row_block", "feature_align",
     "reduce_rows",
 )
 # index = fa_int8_path_t (fastattn.h); amx is never chosen unless forced (README: Quantized

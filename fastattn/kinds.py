@@ -146,8 +146,8 @@ def decode_kind(weight):
 # ---- float32 ---------------------------------------------------------------------------------
 
 class Float32Weight(WeightKind):
-    """A float32 (M, K) weight as it is: the GEMM engine (the weight packed by each call, a few
-    rows the skinny kernel) with a fused epilogue, and fp32 training's products (the forward
+    """A float32 (M, K) weight as it is: the GEMM engine (the weight packed by each call) with a
+    fused epilogue, and fp32 training's products (the forward
     keeps the pre-activation; the backward accumulates dW and db)."""
 
     __slots__ = ("data", "shape")

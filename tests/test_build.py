@@ -76,7 +76,7 @@ def test_tiles_reported_for_every_level():
         assert t["attention_rows_max_q"] < t["attention_block_q"]
         assert t["softmax_chunk"] % t["vector_width"] == 0
         assert t["packed_panel"] % t["packed_tile_features"] == 0
-        assert t["row_block"] > t["skinny_rows"]
+        assert t["row_block"] > t["packed_tile_rows"]
 
 
 def test_tiles_match_what_the_kernels_do():

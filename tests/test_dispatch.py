@@ -131,10 +131,10 @@ def isa_checks():
           ops.linear(x, np.eye(1, dtype=np.float32), activation="gelu_tanh"),
           reference.linear(x, np.eye(1), activation="gelu_tanh"), 1e-5, 2e-7)
 
-    # few-row paths: the skinny kernel (up to skinny_rows rows, row-major weight) and the packed
-    # one (rows in register tiles of packed_tile_rows, features in panels)
-    SK, RB, M = tiles["skinny_rows"], tiles["packed_tile_rows"], 2 * tiles["packed_panel"] + 5
-    for n_rows in sorted({1, RB - 1, RB, RB + 1, SK, SK + 1}):
+    # few rows on the engine, the weight as given (packed by the call) and packed: rows around
+    # the register tiles of packed_tile_rows, features in panels; the same bits both ways
+    RB, M = tiles["packed_tile_rows"], 2 * tiles["packed_panel"] + 5
+    for n_rows in sorted({1, RB - 1, RB, RB + 1, 2 * RB + 1}):
         x, w, b = rand(n_rows, 77), rand(M, 77, scale=0.2), rand(M)
         for act in (None, "relu", "gelu", "gelu_tanh"):
             expect = reference.linear(x, w, b, activation=act)
@@ -144,6 +144,7 @@ def isa_checks():
             _fast.linear_packed_into(y, x, kinds.pack_panels(w), b, ops.ACTIVATIONS[act])
             check(f"linear_packed.rows{n_rows}.{act}", y, expect, t["rtol"],
                   dot_atol(x, w, bias=b))
+            np.testing.assert_array_equal(y, ops.linear(x, w, b, activation=act))
 
     x = rand(300, 65)
     w1, b1, w2, b2 = rand(129, 65, scale=0.12), rand(129), rand(65, 129, scale=0.09), rand(65)

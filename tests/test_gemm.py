@@ -82,9 +82,9 @@ def isa_checks():
         assert_close(y, ref, rtol=TOL["linear"]["rtol"], atol=dot_atol(x, w, bias=b),
                      name=f"packed {N}x{K}x{M}")
         np.testing.assert_array_equal(linear_packed(x, w, b, 1, nthreads=1), y)
-        if N > TILES["skinny_rows"]:           # as given: packed per call, the same sums
-            np.testing.assert_array_equal(linear_raw(x, w, b, 1, nthreads=2), y)
-            np.testing.assert_array_equal(linear_raw(x, w, b, 1, nthreads=1), y)
+        # as given: packed per call, the same sums, however few the rows
+        np.testing.assert_array_equal(linear_raw(x, w, b, 1, nthreads=2), y)
+        np.testing.assert_array_equal(linear_raw(x, w, b, 1, nthreads=1), y)
         # backward: dx = dy w, dW = dy^T x (accumulated: old + the sum), db
         dy = rand(rng, (N, M))
         grads = []

@@ -248,10 +248,33 @@ def test_weight_pack_that_does_not_fit_is_refused(rng):
         _fast.linear_into(y, x, w, None, 0, packed=_fast.bf16_weight_pack(w, 1))
 
 
+def team_checks(rng):
+    """bf16 training's gradients bit-identical for teams of 1, 2 and 4: where the weight
+    gradient runs (the tiles or the engine) is decided for the whole product, never by a
+    thread's slice (a 17-row gradient once put its last row on the engine with 2 threads)."""
+    from fastattn import _fast
+    r = lambda shape: reference.round_bfloat16(rand(rng, shape))   # noqa: E731
+    saved = fastattn.get_num_threads()
+    for N, M, K in ((40, 17, 12), (40, 8, 4), (2, 33, 20)):
+        x, w, dy = r((N, K)), r((M, K)), r((N, M))
+        outs = []
+        for n in (1, 2, 4):
+            fastattn.set_num_threads(n)
+            dx, dw, db = np.empty_like(x), np.full((M, K), 0.5, np.float32), np.zeros(M,
+                                                                                   np.float32)
+            _fast.linear_backward_into(dx, dw, db, dy, x, w, None, 0, True, bf16=True)
+            outs.append((dx, dw, db))
+        for got in outs[1:]:
+            for a, b in zip(got, outs[0]):
+                np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    fastattn.set_num_threads(saved)
+
+
 def isa_checks():
     """Run in a child under each SIMD level (FASTATTN_CPU_ISA) and with fewer OpenMP threads."""
     rng = np.random.default_rng(1)
     weight_pack_checks(rng)
+    team_checks(rng)
     test_linear_bf16_against_twin_and_fp32(rng, "relu", (300, 65, 130))
     test_linear_bf16_against_twin_and_fp32(rng, None, (50, 33, 47))
     test_ffn_bf16_against_twin_and_fp32(rng, 0.3, (200, 48, 96))

@@ -18,10 +18,10 @@ from tolerances import TOL, dot_atol, ffn_atol
 
 ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh"]
 
-# Row counts around the kernels' few-row thresholds: the skinny kernel (SKINNY rows at most),
-# then the GEMM engine in one task per thread or several (MIN_ROWS rows per thread), and the
-# bf16 tiles' ROW_BLOCK-row blocks.
-SKINNY, ROW_BLOCK = (TILES[key] for key in ("skinny_rows", "row_block"))
+# Row counts around the engine's tiles and tasks: a few rows (SKINNY: fewer than a tile's rows
+# on every level), one task per thread or several (MIN_ROWS rows per thread), and the bf16
+# tiles' ROW_BLOCK-row blocks.
+SKINNY, ROW_BLOCK = 8, TILES["row_block"]
 MIN_ROWS = 128
 PANEL, TILE_ROWS = TILES["packed_panel"], TILES["packed_tile_rows"]
 
@@ -67,7 +67,7 @@ def test_linear_many_rows_multiblock(rng, activation, N):
 
 
 @pytest.mark.parametrize("N", [1, SKINNY - 1, SKINNY, SKINNY + 1, 2 * SKINNY + 1])
-def test_linear_few_rows_around_the_skinny_kernel(rng, N):
+def test_linear_few_rows(rng, N):
     x, w, b = rand(rng, (N, 77)), rand(rng, (301, 77), 0.1), rand(rng, (301,))
     for activation in ACTIVATIONS:
         check_linear(x, w, b, activation)
