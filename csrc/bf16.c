@@ -244,9 +244,15 @@ static volatile float g_peak_sink;
 
 double fa_bfloat16_peak(int64_t iters, int nthreads, int fma)
 {
-    float (*const loop)(int64_t) = fma ? fa_k->bfc_fma_peak : fa_k->bfc_dp_peak;
+    /* fma: the AVX-512 register-only loop, else the level's own FMA loop (AVX2: ymm); both
+     * 48 x vector width flops an iteration. The generic level has no FMA: -1. */
+    float (*const loop)(int64_t) = !fma                 ? fa_k->bfc_dp_peak
+                                   : fa_k->bfc_fma_peak ? fa_k->bfc_fma_peak
+                                   : fa_k->tiles.vector_width >= 8 ? fa_k->gemm_fma_peak
+                                                                    : NULL;
     if (!loop || (!fma && !fa_bfloat16_cpu_has_avx512bf16())) return -1.0;
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
     g_peak_sink = loop(iters);
-    return (fma ? 32.0 : 64.0) * 24.0 * (double)iters * (double)nthreads;
+    return (fma ? 48.0 * (double)fa_k->tiles.vector_width : 64.0 * 24.0) * (double)iters *
+           (double)nthreads;
 }

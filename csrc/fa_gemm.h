@@ -24,7 +24,7 @@ typedef struct {
 void fa_gemm_init(void);
 /* the L1d, L2 and L3 sizes in use, in bytes (for build_info) */
 void fa_gemm_caches(int64_t out[3]);
-fa_gemm_plan fa_gemm_plan_for(int64_t M, int64_t N, int64_t K, int nt);
+fa_gemm_plan fa_gemm_plan_for(int64_t M, int64_t N, int64_t K, int trans_a, int nt);
 
 /* floats of a packed B (K, N): ceil(N / FA_PANEL) panels of K x FA_PANEL */
 int64_t fa_gemm_packed_size(int64_t K, int64_t N);

@@ -162,6 +162,7 @@ typedef struct {
     /* the float32 GEMM engine's block on one thread (gemm_body.h; gemm.c drives it) */
     void (*gemm_block)(const fa_gemm_t *g, int64_t r0, int64_t r1, int64_t p0, int64_t p1,
                        int64_t kc);
+    float (*gemm_fma_peak)(int64_t iters);   /* 48 FA_VL flops an iteration */
     /* optimiser spans */
     void (*adam_span)(float *param, float *exp_avg, float *exp_avg_sq, const float *grad,
                       int64_t i0, int64_t i1, const adam_consts *k);

@@ -41,6 +41,7 @@ const fa_kernels FA_KERNELS = {
     .bias_act_rows = bias_act_rows,
     .grad_act_rows = grad_act_rows,
     .gemm_block = gemm_block,
+    .gemm_fma_peak = gemm_fma_peak,
     .adam_span = adam_span,
     .sum_squares = sum_squares,
     .scale_span = scale_span,

@@ -735,9 +735,10 @@ void fa_bfloat16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int
 int fa_linear_bfloat16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
                                int64_t N, int64_t K, int64_t M, int activation, int nthreads);
 
-/* fa_bfloat16_peak -- flops of a register-only vdpbf16ps loop (fma: a vfmadd231ps one) of
- * `iters` steps on each of nthreads threads (the caller times it); -1 where the CPU or level
- * lacks AVX512_BF16 (fma: AVX-512). */
+/* fa_bfloat16_peak -- flops of a register-only vdpbf16ps loop (fma: a vfmadd231ps one, of the
+ * level's vector width: zmm on AVX-512, ymm on AVX2) of `iters` steps on each of nthreads
+ * threads (the caller times it); -1 where the CPU or level lacks AVX512_BF16 (fma: the
+ * generic level, which has no FMA). */
 double fa_bfloat16_peak(int64_t iters, int nthreads, int fma);
 
 /* fa_quant_tiles -- the quantised kernels' sizes, for build_info()["quant_tiles"]: out[0..6] =

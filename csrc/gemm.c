@@ -62,11 +62,13 @@ int fa_gemm_info(int isa, int64_t *out)
     return 4;
 }
 
-fa_gemm_plan fa_gemm_plan_for(int64_t M, int64_t N, int64_t K, int nt)
+fa_gemm_plan fa_gemm_plan_for(int64_t M, int64_t N, int64_t K, int trans_a, int nt)
 {
     const int64_t tr = fa_k->tiles.packed_tile_rows;
     fa_gemm_plan p;
-    p.kc = k_block(tr);
+    /* op(A) transposed: a tile's rows of one k are a piece of a cache line, so each k holds a
+     * whole line in L1: half the K block keeps the same bytes there */
+    p.kc = trans_a ? clamp64(k_block(tr) / 2 / 16 * 16, 64, 2048) : k_block(tr);
     if (K > 0 && K < p.kc + p.kc / 2) p.kc = K;          /* no short last block */
     const int64_t kc = K > 0 && K < p.kc ? K : p.kc;
     /* panels per task: its panels' K blocks in half of L2 */
@@ -132,7 +134,7 @@ void fa_gemm_pack_team(float *bp, int trans_b, int64_t K, int64_t N, const float
 void fa_gemm_team(const fa_gemm_t *g)
 {
     if (g->M <= 0 || g->N <= 0) return;
-    const fa_gemm_plan pl = fa_gemm_plan_for(g->M, g->N, g->K, fa_team());
+    const fa_gemm_plan pl = fa_gemm_plan_for(g->M, g->N, g->K, g->trans_a, fa_team());
     const int64_t P = (g->N + FA_PANEL - 1) / FA_PANEL;
     const int64_t njb = (P + pl.nbp - 1) / pl.nbp, nib = (g->M + pl.mb - 1) / pl.mb;
     /* task t: row block t / njb, panel group t % njb (a thread's next task mostly shares its
@@ -157,7 +159,7 @@ void fa_gemm_run(const fa_gemm_t *g, int nthreads)
 void fa_gemm_rows(const fa_gemm_t *g, int64_t r0, int64_t r1)
 {
     if (r0 >= r1 || g->N <= 0) return;
-    const fa_gemm_plan pl = fa_gemm_plan_for(r1 - r0, g->N, g->K, 1);
+    const fa_gemm_plan pl = fa_gemm_plan_for(r1 - r0, g->N, g->K, g->trans_a, 1);
     const int64_t P = (g->N + FA_PANEL - 1) / FA_PANEL;
     /* panels in groups that stay in L2 while every row tile passes */
     for (int64_t p0 = 0; p0 < P; p0 += pl.nbp)

@@ -138,6 +138,23 @@ static void gemm_block(const fa_gemm_t *g, int64_t r0, int64_t r1, int64_t p0, i
         }
     }
 }
+/* The level's FMA roofline: `iters` steps of 24 independent vfma (12 accumulators, two each,
+ * enough chains for any core's latency x throughput); flops = 48 FA_VL iters. Returns the sum
+ * of the lanes so the loop is not dropped. */
+static float gemm_fma_peak(int64_t iters)
+{
+    const VF w = vsplat(1e-3f), x = vsplat(1e-3f);
+    VF a[12];
+    for (int i = 0; i < 12; i++) a[i] = vsplat(0.0f);
+    for (int64_t it = 0; it < iters; it++) {
+        for (int i = 0; i < 12; i++) a[i] = vfma(w, x, a[i]);
+        for (int i = 0; i < 12; i++) a[i] = vfma(w, x, a[i]);
+    }
+    VF s = vsplat(0.0f);
+    for (int i = 0; i < 12; i++) s += a[i];
+    return hsum(s);
+}
+
 _Static_assert(SK_RB <= 8, "gemm_block handles at most 7 rows left over");
 _Static_assert(FA_PANEL % (SK_NV * FA_VL) == 0, "a panel is whole register tiles wide");
 #undef GM_ACC

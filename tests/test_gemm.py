@@ -258,3 +258,36 @@ def test_transformer_base_shapes_against_torch(rng, K, M):
                  name="torch nn.Linear")
     assert_close(ops.linear(x, w, b), want, rtol=TOL["linear"]["rtol"],
                  atol=dot_atol(x, w, bias=b), name="ops.linear")
+
+
+_PEAK = """
+import json, fastattn
+from fastattn import _kernels
+print(json.dumps({"simd": fastattn.build_info()["simd"],
+                  "flops": _kernels.bfloat16_peak(10, 1, True)}))
+"""
+
+
+@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
+def test_the_fma_peak_is_the_levels_own(isa):
+    """peak_fma, the roofline the gemm rows are read against, runs at the level in use: ymm on
+    AVX2 (24 vfmadd231ps of 8 lanes a step), zmm on AVX-512; the generic level has none."""
+    if isa not in fastattn.build_info()["simd_available"]:
+        pytest.skip(f"{isa} is not available here")
+    r = child_report(run_child(_PEAK, env={"FASTATTN_CPU_ISA": isa}))
+    want = {"generic": -1, "avx2": 48 * 8 * 10, "avx512": 48 * 16 * 10}[isa]
+    assert (r["simd"], r["flops"]) == (isa, want)
+
+
+def test_a_case_with_nothing_to_run_gives_an_empty_row():
+    """fastattn bench at a level without the case's only implementation (peak_fma on the
+    generic level) reports the row as not available instead of failing the run."""
+    from fastattn.bench import runner
+    from fastattn.bench.base import Case, Unavailable
+
+    def unavailable(_):
+        raise Unavailable("not on this level")
+    case = Case("nothing_here", "a case with nothing to run", lambda rng: {},
+                {"fastattn": unavailable}, flops=1, slow=())
+    row = runner._run_time_case(case, 1, 3, 1)
+    assert row["fastattn_ms"] is None and "not on this level" in row["fastattn_status"]
