@@ -49,7 +49,7 @@ static int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo :
 
 /* K block for tiles of tr rows: the row tile's kc floats per row in half of L1 (a multiple of
  * 16) */
-static int64_t k_block(int64_t tr) { return clamp64((cache_l1 / 2) / (tr * 4) / 16 * 16, 64, 2048); }
+static int64_t k_block(int64_t tr) { return clamp64((cache_l1 / 2) / (tr * 4) / 16 * 16, 64, 1024); }
 
 int fa_gemm_info(int isa, int64_t *out)
 {
@@ -66,9 +66,9 @@ fa_gemm_plan fa_gemm_plan_for(int64_t M, int64_t N, int64_t K, int trans_a, int 
 {
     const int64_t tr = fa_k->tiles.packed_tile_rows;
     fa_gemm_plan p;
-    /* op(A) transposed: a tile's rows of one k are a piece of a cache line, so each k holds a
-     * whole line in L1: half the K block keeps the same bytes there */
-    p.kc = trans_a ? clamp64(k_block(tr) / 2 / 16 * 16, 64, 2048) : k_block(tr);
+    /* op(A) transposed and read in place (AVX-512): a tile's rows of one k are a piece of a
+     * cache line, so each k holds a whole line in L1: half the K block keeps the same bytes */
+    p.kc = trans_a ? clamp64(k_block(tr) / 2 / 16 * 16, 64, 1024) : k_block(tr);
     if (K > 0 && K < p.kc + p.kc / 2) p.kc = K;          /* no short last block */
     const int64_t kc = K > 0 && K < p.kc ? K : p.kc;
     /* panels per task: its panels' K blocks in half of L2 */

@@ -6,7 +6,8 @@
  * B comes packed in panels of FA_PANEL features with all of K: bp[p][k][f] = B[k][p FA_PANEL + f]
  * (fa_gemm_pack), so a panel's K block is one contiguous stream and vectors run along the
  * features (no horizontal sums). op(A) is read where it lies: row r, column k at
- * a[r rs + k ks] (rs = lda, ks = 1; transposed, rs = 1, ks = lda), one broadcast per row and k.
+ * a[r rs + k ks] (rs = lda, ks = 1; transposed, rs = 1, ks = lda), one broadcast per row and k
+ * (AVX2 and generic: copied k-major per row tile and K block first, GM_PACK_A).
  *
  * Summation order, the engine's promise: every element of C has one accumulator, which starts
  * at 0 and takes k = 0, 1, ..., K - 1 in order, one vfma each (a fused
@@ -22,6 +23,12 @@
 
 #define GM_ACC (SK_RB * SK_NV)
 #define GM_PV (FA_PANEL / FA_VL)
+#define GM_KC_MAX 1024   /* the largest K block (gemm.c's k_block clamps to it) */
+/* Pack a row tile's K block of op(A) before its panels (AVX2, generic): its few rows read in
+ * place sit lda apart, at K = 2048 in the same L1 sets, and a third-of-a-panel tile meets
+ * them three times per panel. AVX-512's whole-panel tile meets them once per panel, where
+ * the copy costs more than it saves. */
+#define GM_PACK_A (FA_VL < 16)
 
 /* Vectors per tile for `rows` rows: SK_NV for a full tile; fewer rows the widest divisor of the
  * panel's vectors that fits GM_ACC accumulators, so one or a few rows read each panel once, in
@@ -106,20 +113,33 @@ static void gemm_block(const fa_gemm_t *g, int64_t r0, int64_t r1, int64_t p0, i
         }
         return;
     }
-    if (kc <= 0) kc = K;
+    if (kc <= 0 || kc > GM_KC_MAX) kc = kc <= 0 && K < GM_KC_MAX ? K : GM_KC_MAX;
+#if GM_PACK_A
+    float ap[SK_RB * GM_KC_MAX];                        /* a row tile's K block, packed */
+#endif
     for (int64_t k0 = 0; k0 < K; k0 += kc) {
         const int64_t kn = K - k0 < kc ? K - k0 : kc;
         const int load = k0 > 0, last = k0 + kn >= K;
         for (int64_t r = r0; r < r1; r += SK_RB) {
             const int64_t rows = r1 - r < SK_RB ? r1 - r : SK_RB;
             const float *a = g->a + r * rs + k0 * ks;
+#if GM_PACK_A
+            /* the tile's rows of this K block packed k-major (ap[k][SK_RB]): one stream of
+             * broadcasts for every panel of the task, whatever the stride of op(A) */
+            for (int64_t k = 0; k < kn; k++)
+                for (int64_t i = 0; i < rows; i++) ap[k * SK_RB + i] = a[i * rs + k * ks];
+            a = ap;
+            const int64_t ars = 1, aks = SK_RB;
+#else
+            const int64_t ars = rs, aks = ks;
+#endif
             for (int64_t p = p0; p < p1; p++) {
                 const int64_t m0 = p * FA_PANEL;
                 const int64_t width = g->N - m0 < FA_PANEL ? g->N - m0 : FA_PANEL;
                 const float *w = g->bp + (p * K + k0) * FA_PANEL;
                 float *c = z + r * ldc + m0;
                 /* (n capped at SK_RB: the cases past SK_RB - 1 rows never run, but compile) */
-#define GM_ROWS(n) gemm_panel_rows(c, ldc, a, rs, ks, w, kn, load, width, GM_CAP(n))
+#define GM_ROWS(n) gemm_panel_rows(c, ldc, a, ars, aks, w, kn, load, width, GM_CAP(n))
 #define GM_CAP(n) ((n) < SK_RB ? (n) : SK_RB)
                 switch (rows) {
                 case 1: GM_ROWS(1); break;
@@ -158,4 +178,6 @@ static float gemm_fma_peak(int64_t iters)
 _Static_assert(SK_RB <= 8, "gemm_block handles at most 7 rows left over");
 _Static_assert(FA_PANEL % (SK_NV * FA_VL) == 0, "a panel is whole register tiles wide");
 #undef GM_ACC
+#undef GM_PACK_A
+#undef GM_KC_MAX
 #undef GM_PV
