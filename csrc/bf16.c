@@ -244,10 +244,9 @@ static volatile float g_peak_sink;
 
 double fa_bfloat16_peak(int64_t iters, int nthreads, int fma)
 {
-    /* fma: the AVX-512 register-only loop, else the level's own FMA loop (AVX2: ymm); both
-     * 48 x vector width flops an iteration. The generic level has no FMA: -1. */
-    float (*const loop)(int64_t) = !fma                 ? fa_k->bfc_dp_peak
-                                   : fa_k->bfc_fma_peak ? fa_k->bfc_fma_peak
+    /* fma: the level's own FMA loop (gemm_body.h; zmm or ymm), 48 x vector width flops an
+     * iteration. The generic level has no FMA: -1. */
+    float (*const loop)(int64_t) = !fma                            ? fa_k->bfc_dp_peak
                                    : fa_k->tiles.vector_width >= 8 ? fa_k->gemm_fma_peak
                                                                     : NULL;
     if (!loop || (!fma && !fa_bfloat16_cpu_has_avx512bf16())) return -1.0;

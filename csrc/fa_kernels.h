@@ -187,7 +187,6 @@ typedef struct {
     void (*bfc_panels_few)(float *y, int64_t ldy, const void *xr, int64_t ldx, int64_t rows,
                            const uint32_t *wp, int64_t p0, int64_t p1, int64_t Kh, int64_t M);
     float (*bfc_dp_peak)(int64_t iters);
-    float (*bfc_fma_peak)(int64_t iters);
     fa_isa_tiles tiles;
 } fa_kernels;
 

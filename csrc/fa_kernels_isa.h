@@ -54,7 +54,6 @@ const fa_kernels FA_KERNELS = {
     .bfc_panel_dp = BFC_PANEL_DP,
     .bfc_panels_few = bfc_panels_few,
     .bfc_dp_peak = BFC_DP_PEAK,
-    .bfc_fma_peak = BFC_FMA_PEAK,
     .tiles = {.vector_width = FA_VL,
               .attention_block_q = ATT_NR * FA_VL,
               .packed_tile_rows = SK_RB,

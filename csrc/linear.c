@@ -36,7 +36,7 @@ static void zero(float *p, int64_t n)
     if (p && n > 0) memset(p, 0, (size_t)n * sizeof(float));
 }
 
-/* ---- row blocks ------------------------------------------------------------------------------- */
+/* ---- row blocks ------------------------------------------------------------------------------ */
 
 /* Rows per block for a team of nt: about 4 blocks per thread (handed out dynamically), a
  * multiple of 48 (every tile height: the engine's 6 and 8, the bf16 tiles' 16 and 6), at most
@@ -58,7 +58,7 @@ static const fa_bf16_b *tiles_b(int bf16, const fa_bf16_b *given, int trans_b, i
     return bf16 ? fa_bf16_b_for(given, trans_b, rows, K, N, B, ldb, own) : NULL;
 }
 
-/* ---- the engine's operands -------------------------------------------------------------------- */
+/* ---- the engine's operands ------------------------------------------------------------------- */
 
 /* A packed B of (K, N) for the engine (malloc'd, the team fills it), or NULL for K = 0 (the
  * engine reads nothing of it) ; *fail set when out of memory. */
@@ -70,7 +70,7 @@ static float *packed_b(int64_t K, int64_t N, int *fail)
     return bp;
 }
 
-/* ---- forward ---------------------------------------------------------------------------------- */
+/* ---- forward --------------------------------------------------------------------------------- */
 
 /* fa_linear_forward, with the weight (M, K), or with ldt > 0 its transpose (K, ldt) */
 static int linear_forward(float *y, float *pre, const float *x, const float *weight, int64_t ldt,
@@ -126,7 +126,7 @@ int fa_linear_forward_t(float *y, const float *x, const float *wt, int64_t ldt, 
     return linear_forward(y, NULL, x, wt, ldt, bias, N, K, M, activation, 0, NULL, nthreads);
 }
 
-/* ---- backward ---------------------------------------------------------------------------------- */
+/* ---- backward -------------------------------------------------------------------------------- */
 
 /* out[m0:m1] (= or, with accumulate, +=) the column sums of z (N rows, row stride ld): each
  * column summed in row order, REDUCE_ROWS rows per float partial, the partials added in double.
@@ -160,20 +160,20 @@ static void col_sums(float *out, const float *z, int64_t N, int64_t ld, int64_t 
  * single-threaded product on the bf16 tiles (bf16 training's operands; tn_on_tiles says where
  * they run), this thread's slice of b packed for them. */
 static void gemm_tn_slice(float *c, const float *a, int64_t lda, const float *b, int64_t ldb,
-                          int64_t R, int64_t M, int64_t P, int accumulate, int bf16)
+                          int64_t R, int64_t M, int64_t P, int accumulate)
 {
     const float beta = accumulate ? 1.0f : 0.0f;
     int64_t lo, hi;
     if (M >= P) {
         fa_split(M, COL_ALIGN, &lo, &hi);
         if (lo >= hi) return;
-        fa_bf16_b *bp = bf16 ? fa_bf16_b_make(0, M, R, P, b, ldb) : NULL; /* M: the path */
+        fa_bf16_b *bp = fa_bf16_b_make(0, M, R, P, b, ldb);   /* M rows: the product's path */
         fa_bf16_b_gemm(bp, 1, 0, hi - lo, P, R, a + lo, lda, b, ldb, beta, c + lo * P, P);
         fa_bf16_b_free(bp);
     } else {
         fa_split(P, COL_ALIGN, &lo, &hi);
         if (lo >= hi) return;
-        fa_bf16_b *bp = bf16 ? fa_bf16_b_make(0, M, R, hi - lo, b + lo, ldb) : NULL;
+        fa_bf16_b *bp = fa_bf16_b_make(0, M, R, hi - lo, b + lo, ldb);
         fa_bf16_b_gemm(bp, 1, 0, M, hi - lo, R, a, lda, b + lo, ldb, beta, c + lo, P);
         fa_bf16_b_free(bp);
     }
@@ -198,7 +198,7 @@ static void gemm_tn_team(float *c, const float *a, int64_t lda, const float *b, 
                          int tiles)
 {
     if (tiles) {
-        gemm_tn_slice(c, a, lda, b, ldb, R, M, P, accumulate, 1);
+        gemm_tn_slice(c, a, lda, b, ldb, R, M, P, accumulate);
         return;
     }
     if (bp) fa_gemm_pack_team(bp, 0, R, P, b, ldb);
@@ -270,44 +270,40 @@ int fa_linear_backward(float *dx, float *dweight, float *dbias, float *dz,
     float *bw = dx && !tb ? packed_b(M, K, &fail) : NULL;       /* op(B) = weight (M, K) */
     float *bx = dweight && !tn ? packed_b(N, K, &fail) : NULL;  /* x (N, K) */
     float *tw = grad_scratch(dweight && !tn && accumulate, M, K, &fail);
-    if (fail) {
-        free(bw);
-        free(bx);
-        free(tw);
-        fa_bf16_b_free(own);
-        return -1;
-    }
+    if (!fail) {
 #pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        /* dz = dy * act'(pre) (rounded to bf16 for bf16 training), by row blocks */
-        if (g == dz) {
+        {
+            /* dz = dy * act'(pre) (rounded to bf16 for bf16 training), by row blocks */
+            if (g == dz) {
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t r0 = 0; r0 < N; r0 += per) {
-                const int64_t rows = N - r0 < per ? N - r0 : per;
-                if (act != FA_ACT_NONE)
-                    fa_k->grad_act_rows(dz + r0 * M, NULL, dy + r0 * M, pre + r0 * M, rows, M, M,
-                                        act, r0, 0, NULL);
-                if (bf16)
-                    round_bf16(dz + r0 * M, act != FA_ACT_NONE ? dz + r0 * M : dy + r0 * M,
-                               rows * M);
+                for (int64_t r0 = 0; r0 < N; r0 += per) {
+                    const int64_t rows = N - r0 < per ? N - r0 : per;
+                    if (act != FA_ACT_NONE)
+                        fa_k->grad_act_rows(dz + r0 * M, NULL, dy + r0 * M, pre + r0 * M,
+                                            rows, M, M, act, r0, 0, NULL);
+                    if (bf16)
+                        round_bf16(dz + r0 * M, act != FA_ACT_NONE ? dz + r0 * M : dy + r0 * M,
+                                   rows * M);
+                }
             }
-        }
-        if (dx) gemm_nn_team(dx, g, weight, tb, bw, N, M, K, per);            /* dz w */
-        if (dweight) gemm_tn_team(dweight, g, M, x, K, bx, tw, N, M, K, accumulate, tn); /* dz^T x */
-        if (dbias) {                                                         /* sums of dz */
-            int64_t m0, m1;
-            fa_split(M, COL_ALIGN, &m0, &m1);
-            col_sums(dbias, g, N, M, m0, m1, accumulate);
+            if (dx) gemm_nn_team(dx, g, weight, tb, bw, N, M, K, per);        /* dz w */
+            if (dweight)                                                     /* dz^T x */
+                gemm_tn_team(dweight, g, M, x, K, bx, tw, N, M, K, accumulate, tn);
+            if (dbias) {                                                     /* sums of dz */
+                int64_t m0, m1;
+                fa_split(M, COL_ALIGN, &m0, &m1);
+                col_sums(dbias, g, N, M, m0, m1, accumulate);
+            }
         }
     }
     free(bw);
     free(bx);
     free(tw);
     fa_bf16_b_free(own);
-    return 0;
+    return fail ? -1 : 0;
 }
 
-/* ---- feed-forward ------------------------------------------------------------------------------ */
+/* ---- feed-forward ---------------------------------------------------------------------------- */
 
 /* Rows per block of the feed-forward: its hidden block (rows, F) in half of L2 where that
  * leaves at least 48 rows, and about 4 blocks per thread; a multiple of 48 */
@@ -347,59 +343,55 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
     const int whole = !tb1 && !tb2 && nt > 1 && (N + per - 1) / per < 2 * (int64_t)nt;
     const int64_t hrows = whole ? N : per * nt;
     float *hidden = fail ? NULL : malloc((size_t)(hrows * F) * sizeof(float));
-    if (!hidden) {
-        free(bp1);
-        free(bp2);
-        fa_bf16_b_free(own1);
-        fa_bf16_b_free(own2);
-        return -1;
-    }
+    if (!hidden) fail = 1;
     const float *p1 = wp1 ? wp1 : bp1, *p2 = wp2 ? wp2 : bp2;
+    if (!fail) {
 #pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        if (whole) {
-            if (bp1) fa_gemm_pack_team(bp1, 1, C, F, w1, C);
-            if (bp2) fa_gemm_pack_team(bp2, 1, F, C, w2, F);
-            const fa_gemm_t g1 = {.M = N, .N = F, .K = C, .a = x, .lda = C, .bp = p1,
-                                  .c = hidden, .pre = pre, .ldc = F, .bias = b1,
-                                  .act = activation, .drop = &drop};
-            fa_gemm_team(&g1);
-            if (bf16) {
-                int64_t lo, hi;
-                fa_split(N, 1, &lo, &hi);
-                if (lo < hi) round_bf16(hidden + lo * F, hidden + lo * F, (hi - lo) * F);
+        {
+            if (whole) {
+                if (bp1) fa_gemm_pack_team(bp1, 1, C, F, w1, C);
+                if (bp2) fa_gemm_pack_team(bp2, 1, F, C, w2, F);
+                const fa_gemm_t g1 = {.M = N, .N = F, .K = C, .a = x, .lda = C, .bp = p1,
+                                      .c = hidden, .pre = pre, .ldc = F, .bias = b1,
+                                      .act = activation, .drop = &drop};
+                fa_gemm_team(&g1);
+                if (bf16) {
+                    int64_t lo, hi;
+                    fa_split(N, 1, &lo, &hi);
+                    if (lo < hi) round_bf16(hidden + lo * F, hidden + lo * F, (hi - lo) * F);
 #pragma omp barrier
-            }
-            const fa_gemm_t g2 = {.M = N, .N = C, .K = F, .a = hidden, .lda = F, .bp = p2, .c = y,
-                                  .ldc = C, .bias = b2, .act = FA_ACT_NONE};
-            fa_gemm_team(&g2);
-        } else {
-            if (bp1) fa_gemm_pack_team(bp1, 1, C, F, w1, C);
-            if (bp2) fa_gemm_pack_team(bp2, 1, F, C, w2, F);
-            float *h = hidden + per * F * fa_thread_id(); /* id < team <= nt blocks */
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t r0 = 0; r0 < N; r0 += per) {
-                const int64_t rows = N - r0 < per ? N - r0 : per;
-                float *p_r = pre ? pre + r0 * F : NULL, *y_r = y + r0 * C;
-                if (tb1) {
-                    fa_bf16_b_gemm(tb1, 0, 1, rows, F, C, x + r0 * C, C, w1, C, 0.0f,
-                                   p_r ? p_r : h, F);
-                    fa_k->bias_act_rows(h, p_r, b1, rows, F, F, activation, r0, 0, &drop);
-                } else {
-                    const fa_gemm_t g1 = {.M = rows, .N = F, .K = C, .a = x + r0 * C, .lda = C,
-                                          .bp = p1, .c = h, .pre = p_r, .ldc = F, .bias = b1,
-                                          .act = activation, .drop = &drop, .row0 = r0};
-                    fa_gemm_rows(&g1, 0, rows);
                 }
-                if (bf16) round_bf16(h, h, rows * F);
-                if (tb2) {
-                    fa_bf16_b_gemm(tb2, 0, 1, rows, C, F, h, F, w2, F, 0.0f, y_r, C);
-                    fa_k->bias_act_rows(y_r, NULL, b2, rows, C, C, FA_ACT_NONE, r0, 0, NULL);
-                } else {
-                    const fa_gemm_t g2 = {.M = rows, .N = C, .K = F, .a = h, .lda = F, .bp = p2,
-                                          .c = y_r, .ldc = C, .bias = b2, .act = FA_ACT_NONE,
-                                          .row0 = r0};
-                    fa_gemm_rows(&g2, 0, rows);
+                const fa_gemm_t g2 = {.M = N, .N = C, .K = F, .a = hidden, .lda = F, .bp = p2,
+                                      .c = y, .ldc = C, .bias = b2, .act = FA_ACT_NONE};
+                fa_gemm_team(&g2);
+            } else {
+                if (bp1) fa_gemm_pack_team(bp1, 1, C, F, w1, C);
+                if (bp2) fa_gemm_pack_team(bp2, 1, F, C, w2, F);
+                float *h = hidden + per * F * fa_thread_id(); /* id < team <= nt blocks */
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t r0 = 0; r0 < N; r0 += per) {
+                    const int64_t rows = N - r0 < per ? N - r0 : per;
+                    float *p_r = pre ? pre + r0 * F : NULL, *y_r = y + r0 * C;
+                    if (tb1) {
+                        fa_bf16_b_gemm(tb1, 0, 1, rows, F, C, x + r0 * C, C, w1, C, 0.0f,
+                                       p_r ? p_r : h, F);
+                        fa_k->bias_act_rows(h, p_r, b1, rows, F, F, activation, r0, 0, &drop);
+                    } else {
+                        const fa_gemm_t g1 = {.M = rows, .N = F, .K = C, .a = x + r0 * C, .lda = C,
+                                              .bp = p1, .c = h, .pre = p_r, .ldc = F, .bias = b1,
+                                              .act = activation, .drop = &drop, .row0 = r0};
+                        fa_gemm_rows(&g1, 0, rows);
+                    }
+                    if (bf16) round_bf16(h, h, rows * F);
+                    if (tb2) {
+                        fa_bf16_b_gemm(tb2, 0, 1, rows, C, F, h, F, w2, F, 0.0f, y_r, C);
+                        fa_k->bias_act_rows(y_r, NULL, b2, rows, C, C, FA_ACT_NONE, r0, 0, NULL);
+                    } else {
+                        const fa_gemm_t g2 = {.M = rows, .N = C, .K = F, .a = h, .lda = F, .bp = p2,
+                                              .c = y_r, .ldc = C, .bias = b2, .act = FA_ACT_NONE,
+                                              .row0 = r0};
+                        fa_gemm_rows(&g2, 0, rows);
+                    }
                 }
             }
         }
@@ -409,7 +401,7 @@ int fa_ffn_forward(float *y, float *pre, const float *x, const float *w1, const 
     free(bp2);
     fa_bf16_b_free(own1);
     fa_bf16_b_free(own2);
-    return 0;
+    return fail ? -1 : 0;
 }
 
 int fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
@@ -447,45 +439,37 @@ int fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
     float *bx = dw1 && !tn1 ? packed_b(N, C, &fail) : NULL;      /* x (N, C) */
     float *t2 = grad_scratch(dw2 && !tn2 && accumulate, C, F, &fail);
     float *t1 = grad_scratch(dw1 && !tn1 && accumulate, F, C, &fail);
-    if (fail) {
-        free(t1);
-        free(t2);
-        free(bw2);
-        free(bw1);
-        free(bh);
-        free(bx);
-        fa_bf16_b_free(own1);
-        fa_bf16_b_free(own2);
-        return -1;
-    }
+    if (!fail) {
 #pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        /* dh = dy w2 (into h); then h = drop(act(pre)) and dpre = dh * drop' * act'(pre) in one
-         * pass by row blocks; then dx = dpre w1 */
-        gemm_nn_team(h, dy, w2, tb2, bw2, N, C, F, per);
+        {
+            /* dh = dy w2 (into h); then h = drop(act(pre)) and dpre = dh * drop' * act'(pre) in one
+             * pass by row blocks; then dx = dpre w1 */
+            gemm_nn_team(h, dy, w2, tb2, bw2, N, C, F, per);
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t r0 = 0; r0 < N; r0 += per) {
-            const int64_t rows = N - r0 < per ? N - r0 : per;
-            float *h_r = h + r0 * F, *d_r = dpre + r0 * F;
-            fa_k->grad_act_rows(d_r, h_r, h_r, pre + r0 * F, rows, F, F, activation, r0, 0,
-                                &drop);
-            if (bf16) {
-                round_bf16(h_r, h_r, rows * F);
-                round_bf16(d_r, d_r, rows * F);
+            for (int64_t r0 = 0; r0 < N; r0 += per) {
+                const int64_t rows = N - r0 < per ? N - r0 : per;
+                float *h_r = h + r0 * F, *d_r = dpre + r0 * F;
+                fa_k->grad_act_rows(d_r, h_r, h_r, pre + r0 * F, rows, F, F, activation, r0, 0,
+                                    &drop);
+                if (bf16) {
+                    round_bf16(h_r, h_r, rows * F);
+                    round_bf16(d_r, d_r, rows * F);
+                }
             }
-        }
-        if (dx) gemm_nn_team(dx, dpre, w1, tb1, bw1, N, F, C, per);
-        /* parameter gradients */
-        if (dw2) gemm_tn_team(dw2, dy, C, h, F, bh, t2, N, C, F, accumulate, tn2);  /* dy^T h */
-        if (dw1) gemm_tn_team(dw1, dpre, F, x, C, bx, t1, N, F, C, accumulate, tn1); /* dpre^T x */
-        int64_t lo, hi;
-        if (db2) {
-            fa_split(C, COL_ALIGN, &lo, &hi);
-            col_sums(db2, dy, N, C, lo, hi, accumulate);
-        }
-        if (db1) {
-            fa_split(F, COL_ALIGN, &lo, &hi);
-            col_sums(db1, dpre, N, F, lo, hi, accumulate);
+            if (dx) gemm_nn_team(dx, dpre, w1, tb1, bw1, N, F, C, per);
+            /* parameter gradients */
+            if (dw2) gemm_tn_team(dw2, dy, C, h, F, bh, t2, N, C, F, accumulate, tn2); /* dy^T h */
+            if (dw1)                                                              /* dpre^T x */
+                gemm_tn_team(dw1, dpre, F, x, C, bx, t1, N, F, C, accumulate, tn1);
+            int64_t lo, hi;
+            if (db2) {
+                fa_split(C, COL_ALIGN, &lo, &hi);
+                col_sums(db2, dy, N, C, lo, hi, accumulate);
+            }
+            if (db1) {
+                fa_split(F, COL_ALIGN, &lo, &hi);
+                col_sums(db1, dpre, N, F, lo, hi, accumulate);
+            }
         }
     }
     free(t1);
@@ -496,10 +480,10 @@ int fa_ffn_backward(float *dx, float *dw1, float *db1, float *dw2, float *db2,
     free(bx);
     fa_bf16_b_free(own1);
     fa_bf16_b_free(own2);
-    return 0;
+    return fail ? -1 : 0;
 }
 
-/* ---- packed weights ---------------------------------------------------------------------------- */
+/* ---- packed weights -------------------------------------------------------------------------- */
 
 int64_t fa_packed_size(int64_t M, int64_t K) { return fa_gemm_packed_size(K, M); }
 

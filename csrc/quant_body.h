@@ -542,9 +542,9 @@ static void bfc_panel_dp(float *y, int64_t ldy, const void *xr, int64_t ldx, int
     }
 }
 
-/* The register-only peaks: `iters` steps of 24 independent vdpbf16ps (64 flops each) or
- * vfmadd231ps (32 flops each); return the sum of the lanes so the loop is not dropped. The
- * accumulators are named (an array of them is kept in memory, one store per step). */
+/* The register-only vdpbf16ps peak: `iters` steps of 24 independent vdpbf16ps (64 flops each);
+ * return the sum of the lanes so the loop is not dropped. The accumulators are named (an array
+ * of them is kept in memory, one store per step). The FMA peak is gemm_body.h's. */
 #define BFC_24(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) \
     X(14) X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23)
 #define BFC_PEAK_FN(name, insn)                                                                \
@@ -561,22 +561,17 @@ static void bfc_panel_dp(float *y, int64_t ldy, const void *xr, int64_t ldx, int
     }
 #define BFC_PEAK_INIT(i) __m512 a##i = _mm512_setzero_ps();
 #define BFC_PEAK_STEP_dp(i) __asm__("vdpbf16ps %2, %1, %0" : "+v"(a##i) : "v"(w), "v"(x));
-#define BFC_PEAK_STEP_fma(i) __asm__("vfmadd231ps %2, %1, %0" : "+v"(a##i) : "v"(w), "v"(x));
 #define BFC_PEAK_SUM(i) s = _mm512_add_ps(s, a##i);
 BFC_PEAK_FN(bfc_dp_peak, dp)
-BFC_PEAK_FN(bfc_fma_peak, fma)
 #undef BFC_PEAK_FN
 #undef BFC_PEAK_INIT
 #undef BFC_PEAK_STEP_dp
-#undef BFC_PEAK_STEP_fma
 #undef BFC_PEAK_SUM
 #undef BFC_24
 #define BFC_PANEL_DP bfc_panel_dp
 #define BFC_DP_PEAK bfc_dp_peak
-#define BFC_FMA_PEAK bfc_fma_peak
 #else
 #define BFC_PANEL_DP NULL
 #define BFC_DP_PEAK NULL
-#define BFC_FMA_PEAK NULL
 #endif
 #undef BFC_NV_MAX

@@ -127,11 +127,6 @@ def test_layer_norm_identical(restore_threads, rng, n, C):
     assert_identical(fn, n)
 
 
-def one_and_n(fn, n):
-    """fn's result on one thread and on n."""
-    return run_with(1, fn), run_with(n, fn)
-
-
 @pytest.mark.parametrize("n", THREAD_COUNTS)
 @pytest.mark.parametrize("N", GEMM_ROWS)
 @pytest.mark.parametrize("activation", [None, "gelu"])
