@@ -1,14 +1,14 @@
-/* bf16_gemm.c -- bf16 training's products (linear.c with its bf16 flag): every value of both
- * operands a bf16 held in a float32, so that any float32 GEMM gives exact products. Where the
- * bfloat16 compute type's path (paths.c) puts a product of that many rows on the AMX tiles,
- * op(B) is packed once for them (bf16_amx.h) and the products run there; elsewhere, and out
- * of memory, the float32 GEMM engine runs them (fa_gemm_once). Below linear.c: it calls only
- * the engine and the tiles. */
+/* bf16_gemm.c -- bf16 training's products on the AMX tiles (linear.c with its bf16 flag): every
+ * value of both operands a bf16 held in a float32, so that any float32 GEMM gives exact
+ * products. Where the bfloat16 compute type's path (paths.c) puts a product of that many rows
+ * on the tiles, op(B) is packed once for them (bf16_amx.h) and the products run there; the
+ * other paths' products run on the float32 engine, called by linear.c itself. Out of memory
+ * for the tiles' pack, a plain loop in the engine's order. Below linear.c: it calls only the
+ * tiles. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "fa_gemm.h"
 #include "fa_paths.h"
 
 struct fa_bf16_b {
@@ -41,15 +41,16 @@ void fa_bf16_b_gemm(const fa_bf16_b *bp, int trans_a, int trans_b, int64_t M, in
     if (bp && M > 0 &&
         bp->tiles->bf16_gemm_packed(trans_a, M, N, K, A, lda, bp->bq, beta, C, ldc) == 0)
         return;
-    if (fa_gemm_once(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta != 0.0f, C, ldc) != 0)
-        for (int64_t i = 0; i < M; i++) /* out of memory: unpacked, one sum per element from 0 */
-            for (int64_t j = 0; j < N; j++) {
-                float acc = 0.0f;
-                for (int64_t k = 0; k < K; k++)
-                    acc = fmaf(trans_a ? A[k * lda + i] : A[i * lda + k],
-                               trans_b ? B[j * ldb + k] : B[k * ldb + j], acc);
-                C[i * ldc + j] = beta != 0.0f ? C[i * ldc + j] + acc : acc;
-            }
+    /* no tiles (out of memory): the engine's order, unpacked and allocating nothing, one fma
+     * chain per element from 0 in k order, then added to C with beta */
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < K; k++)
+                acc = fmaf(trans_a ? A[k * lda + i] : A[i * lda + k],
+                           trans_b ? B[j * ldb + k] : B[k * ldb + j], acc);
+            C[i * ldc + j] = beta != 0.0f ? C[i * ldc + j] + acc : acc;
+        }
 }
 
 void fa_bf16_b_free(fa_bf16_b *bp)

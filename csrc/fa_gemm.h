@@ -1,5 +1,5 @@
 /* fa_gemm.h -- the float32 GEMM engine (gemm.c; its tiles per ISA in gemm_body.h), for the
- * kernels' own products: linear.c, bf16_gemm.c. Every float32 product of the models runs here
+ * kernels' own products: linear.c. Every float32 product of the models runs here
  * (BLAS is not called).
  *
  * B is packed once into panels of FA_PANEL features holding all of K (fa_gemm_pack_panels):
@@ -44,13 +44,6 @@ void fa_gemm_team(const fa_gemm_t *g);
 void fa_gemm_run(const fa_gemm_t *g, int nthreads);
 /* rows [r0, r1) of g's product, every panel, on the calling thread */
 void fa_gemm_rows(const fa_gemm_t *g, int64_t r0, int64_t r1);
-
-/* C (M, N) = op(A) op(B), or with accumulate C = C + op(A) op(B) (the product summed first,
- * then added), on the calling thread, B packed here (the drop-in for a single-threaded BLAS
- * sgemm, row-major): 0, or -1 out of memory */
-int fa_gemm_once(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A,
-                 int64_t lda, const float *B, int64_t ldb, int accumulate, float *C,
-                 int64_t ldc);
 
 /* c[i * ldc + j] += t[i * N + j] for rows [r0, r1), j < N: an accumulated product's add (the
  * product computed into t first, so C_old + sum is one rounding, as the twin adds) */

@@ -227,9 +227,9 @@ extern const fa_q8_kernels fa_q8_generic, fa_q8_avx2, fa_q8_avx512bw, fa_q8_avx5
  * of A and B a bf16 held in a float32, so that any float32 GEMM gives exact products.
  * fa_bf16_b_make packs op(B) (K, N) once for the AMX tiles when the bfloat16 compute type's
  * path for products of `rows` rows is amx (or amx-emulated), and returns NULL otherwise (or out
- * of memory: then the float32 engine runs them); fa_bf16_b_gemm then gives C (M, N) = beta C +
+ * of memory); fa_bf16_b_gemm then gives C (M, N) = beta C +
  * op(A) op(B) (op(A) (M, K), row stride lda, transposed with trans_a; beta 0 or 1), on the
- * tiles with a packed B, on the engine (fa_gemm_once) with NULL. */
+ * tiles with a packed B, with NULL (out of memory) in a plain loop in the engine's order. */
 fa_bf16_b *fa_bf16_b_make(int trans_b, int64_t rows, int64_t K, int64_t N, const float *B,
                           int64_t ldb);
 void fa_bf16_b_gemm(const fa_bf16_b *bp, int trans_a, int trans_b, int64_t M, int64_t N,

@@ -166,28 +166,6 @@ void fa_gemm_rows(const fa_gemm_t *g, int64_t r0, int64_t r1)
         fa_k->gemm_block(g, r0, r1, p0, P - p0 < pl.nbp ? P : p0 + pl.nbp, pl.kc);
 }
 
-int fa_gemm_once(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A,
-                 int64_t lda, const float *B, int64_t ldb, int accumulate, float *C, int64_t ldc)
-{
-    if (M <= 0 || N <= 0) return 0;
-    float *bp = NULL, *t = NULL;
-    if (K > 0) bp = malloc((size_t)fa_gemm_packed_size(K, N) * sizeof(float));
-    if (accumulate) t = malloc((size_t)(M * N) * sizeof(float));
-    if ((K > 0 && !bp) || (accumulate && !t)) {
-        free(bp);
-        free(t);
-        return -1;
-    }
-    if (bp) fa_gemm_pack_panels(bp, trans_b, K, N, B, ldb, 0, (N + FA_PANEL - 1) / FA_PANEL);
-    const fa_gemm_t g = {.M = M, .N = N, .K = K, .a = A, .lda = lda, .trans_a = trans_a,
-                         .bp = bp, .c = t ? t : C, .ldc = t ? N : ldc, .act = FA_ACT_NONE};
-    fa_gemm_rows(&g, 0, M);
-    if (t) fa_gemm_add_rows(C, ldc, t, N, 0, M);
-    free(bp);
-    free(t);
-    return 0;
-}
-
 void fa_gemm_add_rows(float *c, int64_t ldc, const float *t, int64_t N, int64_t r0, int64_t r1)
 {
     for (int64_t i = r0; i < r1; i++) {
