@@ -458,34 +458,38 @@ static void bfc_panels_few(float *y, int64_t ldy, const void *xr, int64_t ldx, i
     }
 }
 
-#if FA_VL == 16
+#if FA_VL == 16 && defined(ATT_HAVE_BF16_DOT)
 /* The AVX512_BF16 tiles: nr rows x nv vectors of 16 features, each step one vdpbf16ps of a
- * weight vector (16 features x a pair of k) and a row's pair broadcast from memory. Written as
- * asm, so this unit's target needs no AVX512_BF16: fa_bfloat16_init runs them only where the
- * CPU has it. Accumulators named (an array indexed under `if` is not kept in registers). */
-#define BFC_DP(acc, w, xp)                                                                     \
-    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const uint32_t *)(xp)))
+ * weight vector (16 features x a pair of k) and a row's pair broadcast. These functions alone
+ * carry the avx512bf16 target (BFC_DOT): fa_bfloat16_init runs them only where the CPU has it.
+ * Accumulators named (an array indexed under `if` is not kept in registers); intrinsics, not
+ * asm, so that the register allocator sees the 24 sums and 4 weight vectors and keeps them
+ * all in registers without moves. */
+#define BFC_DOT __attribute__((target("avx512bf16")))
 #define BFC_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
-FA_INLINE void bfc_dp_tile(float *y, int64_t ldy, const uint32_t *xb, int64_t ldx,
-                           const uint32_t *w, int64_t Kh, int64_t nf, const int nr, const int nv)
+BFC_DOT FA_INLINE void bfc_dp_tile(float *y, int64_t ldy, const uint32_t *xb, int64_t ldx,
+                                   const uint32_t *w, int64_t Kh, int64_t nf, const int nr,
+                                   const int nv)
 {
-    const __m512 z = _mm512_setzero_ps();
-#define BFC_INIT(r) __m512 a##r##_0 = z, a##r##_1 = z, a##r##_2 = z, a##r##_3 = z;
+#define BFC_INIT(r)                                                                            \
+    __m512 a##r##_0 = _mm512_setzero_ps(), a##r##_1 = _mm512_setzero_ps(),                     \
+           a##r##_2 = _mm512_setzero_ps(), a##r##_3 = _mm512_setzero_ps();
     BFC_ROWS(BFC_INIT)
 #undef BFC_INIT
+    const __m512bh z = (__m512bh)_mm512_setzero_ps();
     for (int64_t kk = 0; kk < Kh; kk++) {
         const uint32_t *w_k = w + kk * BFC_NP;
-        const __m512 w0 = _mm512_loadu_ps(w_k);
-        const __m512 w1 = nv > 1 ? _mm512_loadu_ps(w_k + 16) : z;
-        const __m512 w2 = nv > 2 ? _mm512_loadu_ps(w_k + 32) : z;
-        const __m512 w3 = nv > 3 ? _mm512_loadu_ps(w_k + 48) : z;
+        const __m512bh w0 = (__m512bh)_mm512_loadu_ps(w_k);
+        const __m512bh w1 = nv > 1 ? (__m512bh)_mm512_loadu_ps(w_k + 16) : z;
+        const __m512bh w2 = nv > 2 ? (__m512bh)_mm512_loadu_ps(w_k + 32) : z;
+        const __m512bh w3 = nv > 3 ? (__m512bh)_mm512_loadu_ps(w_k + 48) : z;
 #define BFC_STEP(r)                                                                            \
         if (nr > r) {                                                                          \
-            const uint32_t *x_r = xb + r * ldx + kk;                                           \
-            BFC_DP(a##r##_0, w0, x_r);                                                         \
-            if (nv > 1) BFC_DP(a##r##_1, w1, x_r);                                             \
-            if (nv > 2) BFC_DP(a##r##_2, w2, x_r);                                             \
-            if (nv > 3) BFC_DP(a##r##_3, w3, x_r);                                             \
+            const __m512bh x_r = (__m512bh)_mm512_set1_epi32((int)xb[r * ldx + kk]);           \
+            a##r##_0 = _mm512_dpbf16_ps(a##r##_0, w0, x_r);                                    \
+            if (nv > 1) a##r##_1 = _mm512_dpbf16_ps(a##r##_1, w1, x_r);                        \
+            if (nv > 2) a##r##_2 = _mm512_dpbf16_ps(a##r##_2, w2, x_r);                        \
+            if (nv > 3) a##r##_3 = _mm512_dpbf16_ps(a##r##_3, w3, x_r);                        \
         }
         BFC_ROWS(BFC_STEP)
 #undef BFC_STEP
@@ -506,10 +510,9 @@ FA_INLINE void bfc_dp_tile(float *y, int64_t ldy, const uint32_t *xb, int64_t ld
     BFC_ROWS(BFC_OUT)
 #undef BFC_OUT
 }
-#undef BFC_DP
 
 #define BFC_DP_AT(NR)                                                                          \
-    static __attribute__((noinline)) void bfc_dp_tile_##NR(                                   \
+    BFC_DOT static __attribute__((noinline)) void bfc_dp_tile_##NR(                           \
         float *y, int64_t ldy, const uint32_t *xb, int64_t ldx, const uint32_t *w, int64_t Kh,  \
         int64_t nf)                                                                            \
     {                                                                                          \
