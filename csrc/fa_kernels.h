@@ -221,7 +221,7 @@ typedef struct {
 } fa_q8_kernels;
 
 extern const fa_q8_kernels fa_q8_generic, fa_q8_avx2, fa_q8_avx512bw, fa_q8_avx512vnni,
-    fa_q8_amx, fa_q8_amx_emulated;
+    fa_q8_avx512vnni_quads, fa_q8_amx, fa_q8_amx_emulated;
 
 /* The products of bf16 training (bf16_gemm.c, for linear.c with its bf16 flag): every value
  * of A and B a bf16 held in a float32, so that any float32 GEMM gives exact products.

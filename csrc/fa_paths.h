@@ -8,8 +8,9 @@
 
 #include "fa_kernels.h"
 
-/* the int8 path's kernels (fa_linear_int8_forward, fa_int8_pack) */
-const fa_q8_kernels *fa_paths_int8(void);
+/* the int8 path's kernels for a product of `rows` rows (fa_int8_path_rows): every rows' kernels
+ * share one packed layout (np, g), so fa_int8_pack's layout is any rows' */
+const fa_q8_kernels *fa_paths_int8(int64_t rows);
 
 /* bf16 storage's many-row products (fa_linear_bf16_forward): the tiles where the int8 path is
  * amx or amx-emulated, else NULL (the widened weight and the float32 engine) */

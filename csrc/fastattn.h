@@ -604,25 +604,28 @@ static inline int32_t fa_int8_act_levels(int64_t K)
     return l > 32767 ? 32767 : (int32_t)l;
 }
 
-/* int8 code paths (user names generic / avx2 / avx512bw / avx512vnni / amx / amx-emulated), at
- * most the ISA level. amx: the AMX tiles, int8 and, for many rows, bf16 (a CPU with AMX-TILE,
- * AMX-INT8 and AMX-BF16, its tile state enabled by the OS and granted to this process; never
- * chosen unless forced, see paths.c);
+/* int8 code paths (user names generic / avx2 / avx512bw / avx512vnni / amx / amx-emulated /
+ * avx512vnni-quads), at most the ISA level. amx: the AMX tiles, int8 and, for many rows, bf16
+ * (a CPU with AMX-TILE, AMX-INT8 and AMX-BF16, its tile state enabled by the OS and granted to
+ * this process); the default there, with products of fewer than 16 rows handed to
+ * avx512vnni-quads (vpdpbusd on the tiles' packed layout and activations: no second copy of
+ * the weight), which also runs every size where Linux refuses the tiles (paths.c);
  * amx-emulated: the same tile code with each tile instruction emulated in C (any AVX-512 CPU;
  * slow: a check of the AMX path's layout and arithmetic on CPUs without AMX). */
 typedef enum {
     FA_INT8_GENERIC = 0, FA_INT8_AVX2 = 1, FA_INT8_AVX512BW = 2, FA_INT8_AVX512VNNI = 3,
-    FA_INT8_AMX = 4, FA_INT8_AMX_EMULATED = 5
+    FA_INT8_AMX = 4, FA_INT8_AMX_EMULATED = 5, FA_INT8_AVX512VNNI_QUADS = 6
 } fa_int8_path_t;
 
 /* fa_int8_init -- pick the int8 path once, after fa_cpu_init (called at import).
- *   forced  -1 = the best path the SIMD level in use allows (never amx); else a fa_int8_path_t.
+ *   forced  -1 = the best path the SIMD level in use allows; else a fa_int8_path_t.
  *   Returns 0; -1 if `forced` is above the SIMD level in use or unsupported; -2 if it is amx and
  *   Linux refused this process the tile data (ARCH_REQ_XCOMP_PERM, asked for only then);
  *   the path is unchanged on failure. */
 int fa_int8_init(int forced);
 int fa_int8_supports(int path);     /* 1 if this CPU, build and SIMD level can run `path` */
 int fa_int8_path(void);             /* the path in use */
+int fa_int8_path_rows(int64_t rows);  /* the path a product of `rows` rows runs on */
 
 /* fa_amx_status -- AMX facts, for build_info(): bit 0 the CPU has AMX-TILE + AMX-INT8, bit 1
  * AMX-BF16, bit 2 the OS enables tile state (XCR0 bits 17-18): the amx path needs all three;

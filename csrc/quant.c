@@ -11,11 +11,14 @@
 
 static int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
+/* the packed weight's layout: the same for every rows' kernels (fa_paths.h) */
+static const fa_q8_kernels *layout(void) { return fa_paths_int8(INT64_MAX); }
+
 int fa_quant_tiles(int64_t *out)
 {
-    out[0] = fa_paths_int8()->np;
-    out[1] = fa_paths_int8()->g;
-    out[2] = fa_paths_int8()->mr;
+    out[0] = layout()->np;
+    out[1] = layout()->g;
+    out[2] = fa_paths_int8(INT64_MAX)->mr;
     out[3] = Q8_ROW_BLOCK;
     out[4] = Q8_MIN_ROWS;
     out[5] = BF_PANEL;
@@ -30,12 +33,12 @@ int fa_quant_tiles(int64_t *out)
 
 int64_t fa_int8_packed_size(int64_t M, int64_t K)
 {
-    return round_up(M, fa_paths_int8()->np) * round_up(K, fa_paths_int8()->g);
+    return round_up(M, layout()->np) * round_up(K, layout()->g);
 }
 
 void fa_int8_pack(int8_t *wp, const int8_t *q, int64_t M, int64_t K, int nthreads)
 {
-    const int64_t NP = fa_paths_int8()->np, G = fa_paths_int8()->g, Kp = round_up(K, G), P = (M + NP - 1) / NP;
+    const int64_t NP = layout()->np, G = layout()->g, Kp = round_up(K, G), P = (M + NP - 1) / NP;
     if (Kp == 0) return;                /* no weights: wp has no elements */
     const int nt FA_OMP_ONLY = fa_team_size(nthreads, (double)(P * NP * Kp), 1e6);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
@@ -107,7 +110,7 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const flo
                            int nthreads)
 {
     if (N <= 0 || M <= 0) return 0;
-    const fa_q8_kernels *im = fa_paths_int8();
+    const fa_q8_kernels *im = fa_paths_int8(N);
     if (K <= 0) {                       /* acc = 0, sx = 0: y = act(0 * 0 + bias) */
         fa_empty_product(y, bias, N, M, activation, im->isa);
         return 0;

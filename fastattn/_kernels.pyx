@@ -109,6 +109,7 @@ cdef extern from "fastattn.h" nogil:
     int fa_int8_init(int forced)
     int fa_int8_supports(int path)
     int fa_int8_path()
+    int fa_int8_path_rows(int64_t rows)
     int fa_amx_status()
     int64_t fa_quantize_int8(int8_t *q, float *scale, const float *x, int64_t N, int64_t K,
                              int nthreads)
@@ -804,6 +805,10 @@ def int8_supports(int path):
 
 def int8_path():
     return fa_int8_path()
+
+
+def int8_path_rows(int64_t rows):
+    return fa_int8_path_rows(rows)
 
 
 def amx_status():

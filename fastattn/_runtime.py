@@ -22,9 +22,11 @@ TILE_NAMES = (  # index = fa_tile_t in csrc/fastattn.h; the sizes themselves: cs
     "row_block", "feature_align",
     "reduce_rows",
 )
-# index = fa_int8_path_t (fastattn.h); amx is never chosen unless forced (README: Quantized
-# inference), amx-emulated is the same tile code emulated, for testing it on CPUs without AMX
-INT8_PATHS = ("generic", "avx2", "avx512bw", "avx512vnni", "amx", "amx-emulated")
+# index = fa_int8_path_t (fastattn.h); amx is the default where the CPU has the tiles and Linux
+# grants them, products of fewer than 16 rows then on avx512vnni-quads (VNNI on the tiles'
+# layout); amx-emulated is the same tile code emulated, for testing it on CPUs without AMX
+INT8_PATHS = ("generic", "avx2", "avx512bw", "avx512vnni", "amx", "amx-emulated",
+              "avx512vnni-quads")
 # bf16 attention's code paths (csrc/fastattn.h, fa_attention_bf16_path): bf16 rounded, widened
 # to float32 and multiplied with FMA (every level); vdpbf16ps in both passes (avx512 level,
 # AVX512_BF16 CPU); vdpbf16ps in the decode steps' one-row pass only (the default on CPUs with
@@ -232,6 +234,8 @@ def build_info():
         "simd": ISA_NAMES[_kernels.cpu_level()],
         "simd_available": available_isas(),
         "int8_path": INT8_PATHS[_kernels.int8_path()],     # FASTATTN_INT8_PATH
+        # a decode step's rows (fewer than 16): a default amx hands them to avx512vnni-quads
+        "int8_path_few_rows": INT8_PATHS[_kernels.int8_path_rows(1)],
         "int8_paths_available": available_int8_paths(),
         # FASTATTN_ATTENTION_BF16_PATH
         "attention_bf16_path": ATTENTION_BF16_PATHS[_kernels.attention_bf16_path()],
@@ -240,7 +244,7 @@ def build_info():
         "bf16_dot_products": {"avx512_bf16": bool(_kernels.bfloat16_cpu_has_avx512bf16()),
                               "amx_bf16": bool(_kernels.amx_status() & 2)},
         "bf16_path": BF16_PATHS[_kernels.bfloat16_path()],  # FASTATTN_BF16_PATH
-        # a decode step's rows (fewer than 16): a default amx hands them to a vector path
+        # a decode step's rows (fewer than 3): a default amx hands them to a vector path
         "bf16_path_few_rows": BF16_PATHS[_kernels.bfloat16_path_rows(1)],
         "bf16_paths_available": available_bf16_paths(),
         "amx": amx_info(),

@@ -744,20 +744,28 @@ def int8_path_checks():
 
 
 @pytest.mark.parametrize("path", ["generic", "avx2", "avx512bw", "avx512vnni", "amx",
-                                  "amx-emulated"])
+                                  "amx-emulated", "avx512vnni-quads"])
 def test_every_int8_path(path):
     if path not in INT8_PATHS:
         pytest.skip(f"int8 path {path} is not available here (available: {INT8_PATHS})")
     run_checks("test_ops_quant", "int8_path_checks", {"FASTATTN_INT8_PATH": path})
 
 
-def test_amx_path_is_chosen_only_when_forced():
-    """amx runs only under FASTATTN_INT8_PATH=amx (it has not been timed on an AMX CPU yet,
-    README) and is offered only where the tiles may be used; amx-emulated, wherever AVX-512
-    is, has the AMX layout (32-feature panels, K in quads, 16-row tiles)."""
+def test_amx_path_is_the_default_where_the_tiles_run():
+    """amx is the default where the CPU has the int8 and bf16 tiles (and Linux grants them),
+    products of fewer than 16 rows on avx512vnni-quads; never amx-emulated unless forced;
+    amx-emulated, wherever AVX-512 is, has the AMX layout (32-feature panels, K in quads,
+    16-row tiles), and avx512vnni-quads the same packed layout, so that the default's two
+    kernels share one packed weight (both give the twin's bits: test_every_int8_path)."""
     info = fastattn.build_info()
     if "FASTATTN_INT8_PATH" not in os.environ:
-        assert info["int8_path"] not in ("amx", "amx-emulated")
+        assert info["int8_path"] != "amx-emulated"
+        if info["amx"]["permitted"] and "amx" in INT8_PATHS:
+            assert info["int8_path"] == "amx" and info["amx"]["used"]
+        if info["int8_path"] == "amx":
+            assert info["int8_path_few_rows"] == "avx512vnni-quads"
+        else:
+            assert info["int8_path_few_rows"] == info["int8_path"]
     assert info["amx"]["used"] == (info["int8_path"] == "amx")
     if "amx" in INT8_PATHS:
         assert all(info["amx"][key] for key in ("int8", "bf16", "os_enabled"))
@@ -766,13 +774,18 @@ def test_amx_path_is_chosen_only_when_forced():
     if "amx-emulated" not in INT8_PATHS:
         pytest.skip("amx-emulated needs the AVX-512 level in use")
     run_checks("test_ops_quant", "amx_layout_checks", {"FASTATTN_INT8_PATH": "amx-emulated"})
+    if "avx512vnni-quads" in INT8_PATHS:
+        run_checks("test_ops_quant", "amx_layout_checks",
+                   {"FASTATTN_INT8_PATH": "avx512vnni-quads"})
 
 
 def amx_layout_checks():
     info = fastattn.build_info()
     tiles = info["quant_tiles"]
-    assert info["int8_path"] == "amx-emulated" and not info["amx"]["used"]
-    assert (tiles["int8_panel"], tiles["int8_group"], tiles["int8_tile_rows"]) == (32, 4, 16)
+    path = os.environ["FASTATTN_INT8_PATH"]
+    assert info["int8_path"] == info["int8_path_few_rows"] == path and not info["amx"]["used"]
+    assert (tiles["int8_panel"], tiles["int8_group"]) == (32, 4)
+    assert tiles["int8_tile_rows"] == (16 if path == "amx-emulated" else 6)
 
 
 def test_int8_path_forcing_errors():
