@@ -242,11 +242,22 @@ int fa_linear_bfloat16_forward(float *y, const float *x, const uint16_t *wp, con
 
 static volatile float g_peak_sink;
 
-double fa_bfloat16_peak(int64_t iters, int nthreads, int fma)
+double fa_peak(int64_t iters, int nthreads, int kind)
 {
+    if (kind == FA_PEAK_AMX_BF16 || kind == FA_PEAK_AMX_INT8) {
+        /* the real tiles only (granted by Linux: asked for here), 4 TDP a step */
+        const fa_amx_kernels *tiles = fa_paths_amx_tiles();
+        if (!tiles || !tiles->tile_peak) return -1.0;
+        const int int8 = kind == FA_PEAK_AMX_INT8;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+        g_peak_sink = tiles->tile_peak(iters, int8);
+        return 4.0 * (int8 ? 32768.0 : 16384.0) * (double)iters * (double)nthreads;
+    }
     /* fma: the level's own FMA loop (gemm_body.h; zmm or ymm), 48 x vector width flops an
      * iteration. The generic level has no FMA: -1. */
-    float (*const loop)(int64_t) = !fma                            ? fa_k->bfc_dp_peak
+    const int fma = kind == FA_PEAK_FMA;
+    float (*const loop)(int64_t) = kind == FA_PEAK_VDPBF16PS        ? fa_k->bfc_dp_peak
+                                   : !fma                           ? NULL
                                    : fa_k->tiles.vector_width >= 8 ? fa_k->gemm_fma_peak
                                                                     : NULL;
     if (!loop || (!fma && !fa_bfloat16_cpu_has_avx512bf16())) return -1.0;

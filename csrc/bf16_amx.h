@@ -643,8 +643,57 @@ static void att_pv_amx(float *ot, int64_t bq, int64_t Dv, const float *v, int64_
     AMX_RELEASE();
 }
 
+#if !defined(AMX_EMULATE)
+/* ---- the tiles' peak (fa_peak): the roofline the tile GEMMs' rows are read against ----------
+ * Four C tiles (0-3) each fed by one of two A tiles (4, 5) and one of two B tiles (6, 7), all
+ * 16 x 64 bytes of zeros: every step's four TDP instructions are independent of one another
+ * and depend only on the previous step's, so the loop runs at the units' throughput (one TDP
+ * per 16 cycles per core: 16 x 16 x 32 bf16 pairs' products = 16384 flops for TDPBF16PS,
+ * 16 x 16 x 64 byte products = 32768 ops for TDPBSSD). One element of C is returned so that
+ * the loop is kept. */
+static float amx_tile_peak(int64_t iters, int int8)
+{
+    static const uint8_t zero[1024] __attribute__((aligned(64)));
+    float c[16][16] __attribute__((aligned(64)));
+    amx_tilecfg_t cfg;
+    amx_config(&cfg);
+    AMX_CONFIG(&cfg);
+    AMX_LOAD(4, zero, 64);
+    AMX_LOAD(5, zero, 64);
+    AMX_LOAD(6, zero, 64);
+    AMX_LOAD(7, zero, 64);
+    AMX_ZERO(0);
+    AMX_ZERO(1);
+    AMX_ZERO(2);
+    AMX_ZERO(3);
+    if (int8) {
+        for (int64_t it = 0; it < iters; it++) {
+            AMX_DPBSSD(0, 4, 6);
+            AMX_DPBSSD(1, 4, 7);
+            AMX_DPBSSD(2, 5, 6);
+            AMX_DPBSSD(3, 5, 7);
+        }
+    } else {
+        for (int64_t it = 0; it < iters; it++) {
+            AMX_DPBF16PS(0, 4, 6);
+            AMX_DPBF16PS(1, 4, 7);
+            AMX_DPBF16PS(2, 5, 6);
+            AMX_DPBF16PS(3, 5, 7);
+        }
+    }
+    AMX_STORE(0, &c[0][0], 64);
+    AMX_RELEASE();
+    return c[3][5];
+}
+#define AMX_TILE_PEAK amx_tile_peak
+#else
+#define AMX_TILE_PEAK NULL
+#endif
+
 const fa_amx_kernels AMX_KERNELS = {.bf16_forward = bf16_forward_amx,
                                     .bfloat16_forward = bfloat16_forward_amx,
                                     .bf16_pack_b = bf16_pack_b_amx,
                                     .bf16_gemm_packed = bf16_gemm_packed_amx,
-                                    .att_scores = att_scores_amx, .att_pv = att_pv_amx};
+                                    .att_scores = att_scores_amx, .att_pv = att_pv_amx,
+                                    .tile_peak = AMX_TILE_PEAK};
+#undef AMX_TILE_PEAK

@@ -97,6 +97,9 @@ typedef struct {
                        int64_t D, const uint32_t *qp, uint32_t *work);
     void (*att_pv)(float *ot, int64_t bq, int64_t Dv, const float *v, int64_t vsl, int64_t nb,
                    const uint32_t *pp, uint32_t *work);
+    /* the register-only tile loop (fa_peak): `iters` steps of 4 independent TDPBF16PS (int8:
+     * TDPBSSD) on this thread; NULL in the emulated unit (its speed means nothing) */
+    float (*tile_peak)(int64_t iters, int int8);
 } fa_amx_kernels;
 
 extern const fa_amx_kernels fa_amx, fa_amx_emulated;

@@ -20,6 +20,10 @@ const fa_amx_kernels *fa_paths_bf16_storage(void);
  * *path, and the tiles it runs on where that is amx or amx-emulated (else NULL) */
 const fa_amx_kernels *fa_paths_bfloat16(int64_t rows, fa_bf16_path_t *path);
 
+/* the real tiles (fa_amx) where the CPU has AMX-INT8 and AMX-BF16 and Linux grants them (asked
+ * for here), whatever the paths chosen; else NULL (fa_peak's tile loops) */
+const fa_amx_kernels *fa_paths_amx_tiles(void);
+
 /* bf16 attention's units (fa_att_units), from its path */
 fa_att_units fa_paths_attention_bf16(void);
 

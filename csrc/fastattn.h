@@ -738,11 +738,14 @@ void fa_bfloat16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int
 int fa_linear_bfloat16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
                                int64_t N, int64_t K, int64_t M, int activation, int nthreads);
 
-/* fa_bfloat16_peak -- flops of a register-only vdpbf16ps loop (fma: a vfmadd231ps one, of the
- * level's vector width: zmm on AVX-512, ymm on AVX2) of `iters` steps on each of nthreads
- * threads (the caller times it); -1 where the CPU or level lacks AVX512_BF16 (fma: the
- * generic level, which has no FMA). */
-double fa_bfloat16_peak(int64_t iters, int nthreads, int fma);
+/* fa_peak -- flops (int8: ops) of a register-only loop of `iters` steps on each of nthreads
+ * threads (the caller times it), the rooflines the GEMMs are read against; kind:
+ *   FA_PEAK_VDPBF16PS  24 independent vdpbf16ps a step (-1 without AVX512_BF16 at the level)
+ *   FA_PEAK_FMA        the level's FMA (zmm on AVX-512, ymm on AVX2; -1 at the generic level)
+ *   FA_PEAK_AMX_BF16   4 independent TDPBF16PS a step, FA_PEAK_AMX_INT8 4 TDPBSSD (-1 unless
+ *                      the CPU has the tiles and Linux grants them: asked for here) */
+enum { FA_PEAK_VDPBF16PS = 0, FA_PEAK_FMA = 1, FA_PEAK_AMX_BF16 = 2, FA_PEAK_AMX_INT8 = 3 };
+double fa_peak(int64_t iters, int nthreads, int kind);
 
 /* fa_quant_tiles -- the quantised kernels' sizes, for build_info()["quant_tiles"]: out[0..6] =
  * int8 features per panel, K per group, rows per tile (of the int8 path in use), int8 rows per

@@ -327,6 +327,15 @@ const fa_amx_kernels *fa_paths_bf16_storage(void)
     return NULL;
 }
 
+const fa_amx_kernels *fa_paths_amx_tiles(void)
+{
+#if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX)
+    if (g.level >= FA_ISA_AVX512 && (amx_status() & 7) == 7 && amx_bf16_usable() && amx_grant())
+        return &fa_amx;
+#endif
+    return NULL;
+}
+
 /* ---- bfloat16 compute ------------------------------------------------------------------------ */
 
 int fa_bfloat16_supports(int path)

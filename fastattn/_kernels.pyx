@@ -137,7 +137,7 @@ cdef extern from "fastattn.h" nogil:
     int fa_linear_bfloat16_forward(float *y, const float *x, const uint16_t *wp,
                                    const float *bias, int64_t N, int64_t K, int64_t M,
                                    int activation, int nthreads)
-    double fa_bfloat16_peak(int64_t iters, int nthreads, int fma) nogil
+    double fa_peak(int64_t iters, int nthreads, int kind) nogil
 
 
 def cpu_init(int forced):
@@ -993,12 +993,18 @@ def linear_bfloat16_forward(y, x, wp, bias, int activation, int nthreads):
     _linear_bf16_bits(y, x, wp, bias, activation, nthreads, True)
 
 
-def bfloat16_peak(int64_t iters, int nthreads, bint fma=False):
-    """Flops of the register-only vdpbf16ps (fma: vfmadd231ps) loop (fa_bfloat16_peak; time
-    the call), or -1."""
+PEAK_KINDS = ("vdpbf16ps", "fma", "amx_bf16", "amx_int8")
+
+
+def peak(int64_t iters, int nthreads, kind):
+    """Flops of the register-only loop of `kind` (PEAK_KINDS: vdpbf16ps, vfmadd231ps,
+    TDPBF16PS, TDPBSSD; fa_peak; time the call), or -1 where it cannot run."""
+    if kind not in PEAK_KINDS:
+        raise ValueError(f"peak: kind must be one of {', '.join(PEAK_KINDS)}, got {kind!r}")
+    cdef int k = PEAK_KINDS.index(kind)
     cdef double r
     with nogil:
-        r = fa_bfloat16_peak(iters, nthreads, fma)
+        r = fa_peak(iters, nthreads, k)
     return r
 
 

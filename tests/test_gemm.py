@@ -264,7 +264,7 @@ _PEAK = """
 import json, fastattn
 from fastattn import _kernels
 print(json.dumps({"simd": fastattn.build_info()["simd"],
-                  "flops": _kernels.bfloat16_peak(10, 1, True)}))
+                  "flops": _kernels.peak(10, 1, "fma")}))
 """
 
 
@@ -291,3 +291,18 @@ def test_a_case_with_nothing_to_run_gives_an_empty_row():
                 {"fastattn": unavailable}, flops=1, slow=())
     row = runner._run_time_case(case, 1, 3, 1)
     assert row["fastattn_ms"] is None and "not on this level" in row["fastattn_status"]
+
+
+def test_the_tile_peaks_run_only_on_the_tiles():
+    """peak_amx_bf16 / peak_amx_int8 run the real tiles only (four TDP a step: 4 x 16384 flops,
+    4 x 32768 ops), and report -1 where the CPU has no AMX or Linux refuses the tiles (the
+    emulated tiles' speed means nothing); an unknown kind is refused by name."""
+    amx = fastattn.build_info()["amx"]
+    real = amx["int8"] and amx["bf16"] and amx["os_enabled"]
+    for kind, flops in (("amx_bf16", 4 * 16384), ("amx_int8", 4 * 32768)):
+        got = _kernels.peak(3, 1, kind)
+        assert got == (3 * flops if real and got > 0 else -1)
+        if not real:
+            assert got == -1
+    with pytest.raises(ValueError, match="peak: kind must be one of vdpbf16ps, fma"):
+        _kernels.peak(1, 1, "tdp")

@@ -10,6 +10,11 @@ the fp32 linear on the same shapes, many rows (an encoder's GEMMs) and decode-si
                           float32 sums): read its GFLOP/s against peak_vdpbf16ps / peak_fma
     peak_vdpbf16ps, peak_fma   register-only loops of vdpbf16ps / vfmadd231ps on every thread:
                           the machine's bf16 dot-product and float32 FMA peaks
+    peak_amx_bf16, peak_amx_int8   register-only loops of TDPBF16PS / TDPBSSD on every thread
+                          (CPUs with AMX where Linux grants the tiles; else an empty row): the
+                          tiles' peaks, against which the rows that run on the tiles are read
+                          (linear_bfloat16 on the amx path; linear_int8 on amx, whose int16
+                          inputs take two TDP per product, so half that peak is its ceiling)
     decode_linear_<dt>_n<N>   fp32 / int8 / bf16, N = 1 and 8 rows (a decode step's beams), one
                           call = one product with each of DECODE_WEIGHTS distinct 2048 x 2048
                           weights, so the weights come from memory, not from the caches (the
@@ -79,6 +84,8 @@ def _linear_case(dtype, N, K, M):
             "bf16": "bf16 weight", "bfloat16": "bfloat16 compute"}[dtype]
     if dtype == "bfloat16":
         what += f", {build_info()['bf16_path']} path"
+    if dtype == "int8":
+        what += f", {build_info()['int8_path']} path"
     return Case(f"linear_{dtype}", f"linear + relu, {what} ({N}, {K}) -> {M}", build, impls,
                 flops=2 * N * K * M)
 
@@ -116,28 +123,34 @@ def _decode_linear_case(dtype, N, K, M, count=DECODE_WEIGHTS):
     return case
 
 
-def _peak_case(fma):
-    """The register-only loop of vdpbf16ps (fma: vfmadd231ps), on every thread: the roofline
-    the bfloat16 GEMM's GFLOP/s are read against (fastattn.h fa_bfloat16_peak)."""
-    insn = "vfmadd231ps" if fma else "vdpbf16ps"
+# kind (fastattn.h fa_peak) -> the instruction, and the steps of one timed call (a tile step
+# is 4 TDP of 16 cycles, the vector steps 24 instructions of about one cycle)
+PEAKS = {"vdpbf16ps": ("vdpbf16ps", PEAK_ITERS), "fma": ("vfmadd231ps", PEAK_ITERS),
+         "amx_bf16": ("TDPBF16PS", PEAK_ITERS // 16), "amx_int8": ("TDPBSSD", PEAK_ITERS // 16)}
+
+
+def _peak_case(kind):
+    """The register-only loop of one instruction on every thread (fastattn.h fa_peak): the
+    roofline a GEMM's GFLOP/s are read against."""
+    insn, iters = PEAKS[kind]
     case = None
 
     def build(rng):
         threads = get_num_threads()
-        flops = _kernels.bfloat16_peak(1, threads, fma)
+        flops = _kernels.peak(1, threads, kind)
         if flops < 0:
-            raise Unavailable(f"this CPU or SIMD level has no {insn}")
-        case.flops = int(flops) * PEAK_ITERS          # the threads in use now
+            raise Unavailable(f"this CPU or SIMD level has no {insn}"
+                              + (" (or Linux refuses the tiles)" if "amx" in kind else ""))
+        case.flops = int(flops) * iters               # the threads in use now
         return {"threads": threads}
 
     def fast(i):
-        return lambda: _kernels.bfloat16_peak(PEAK_ITERS, i["threads"], fma)
-    case = Case(f"peak_{'fma' if fma else 'vdpbf16ps'}",
-                f"{insn} peak, register-only loop on every thread", build,
+        return lambda: _kernels.peak(iters, i["threads"], kind)
+    case = Case(f"peak_{kind}", f"{insn} peak, register-only loop on every thread", build,
                 {"fastattn": fast}, flops=1, slow=())
     return case
 
 
-QUANT_CASES = (_peak_case(False), _peak_case(True)) + tuple(
+QUANT_CASES = tuple(_peak_case(kind) for kind in PEAKS) + tuple(
     [_linear_case(dt, **LINEAR) for dt in DTYPES]
     + [_decode_linear_case(dt, n, **DECODE) for n in (1, 8) for dt in DTYPES])

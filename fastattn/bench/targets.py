@@ -226,7 +226,14 @@ TARGETS += (
     _speedup_target("generate_greedy_b8_bfloat16", "torch", 1.3, field="tokens_per_s",
                     unit="tokens/s", label="torch bf16"),
     ("linear_bfloat16", "GFLOP/s >= 85% of the vdpbf16ps peak (same run)",
-     lambda rows: _peak_share(rows), lambda v: v >= 0.85),
+     lambda rows: _peak_share(rows, path="avx512bf16"), lambda v: v >= 0.85),
+    # the tiles (an AMX CPU): the share of the register-only TDP loop's rate; int8's int16
+    # inputs take two TDPBSSD per product (hi and lo bytes), so its GOP/s count twice
+    ("linear_bfloat16", "GFLOP/s >= 50% of the TDPBF16PS peak (same run)",
+     lambda rows: _peak_share(rows, peak="peak_amx_bf16", path="amx"), lambda v: v >= 0.5),
+    ("linear_int8", "tiles busy >= 50% (2 x GOP/s over the TDPBSSD peak, same run)",
+     lambda rows: _peak_share(rows, "linear_int8", "peak_amx_int8", path="amx", ops=2),
+     lambda v: v >= 0.5),
     # the float32 GEMM engine (gemm_cases.py): nn.Linear's shapes, and the FMA roofline
     *(_speedup_target(f"gemm_{s}", "torch", 1.1) for s in ("512_1536", "512_2048", "2048_512",
                                                          "512_512")),
@@ -236,15 +243,20 @@ TARGETS += (
 )
 
 
-def _peak_share(rows, case="linear_bfloat16", peak="peak_vdpbf16ps"):
-    """case's GFLOP/s over the peak row's, both rows of the same run."""
+def _peak_share(rows, case="linear_bfloat16", peak="peak_vdpbf16ps", path=None, ops=1):
+    """case's GFLOP/s (times ops: the peak's instructions per product) over the peak row's,
+    both rows of the same run; path: only where the case's title says it ran that path."""
     r, p = _row(rows, case), _row(rows, peak)
     if r is None or p is None:
         return None, f"needs {case} and {peak} in the same run"
+    if path and f", {path} path" not in r.get("title", ""):
+        return None, f"runs another path ({r.get('title', '')})"
     got, peak = r.get("fastattn_gflops"), p.get("fastattn_gflops")
     if not got or not peak:
         return None, "not measured"
-    return got / peak, f"{got:.0f} of {peak:.0f} GFLOP/s ({got / peak:.0%})"
+    v = ops * got / peak
+    twice = f"{ops} x " if ops != 1 else ""
+    return v, f"{twice}{got:.0f} of {peak:.0f} GFLOP/s ({v:.0%})"
 
 
 def check_targets(rows):
