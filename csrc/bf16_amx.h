@@ -181,21 +181,26 @@ static int bf16_forward_amx(float *y, const float *x, const uint16_t *wp, const 
  *         past K and past the rows, packed once per chunk and met by every panel
  * Blocking: 2 x 2 tiles of C (32 rows x 32 columns) per pass over the K chunk: tiles 0-3 C,
  * 4, 5 A (rows 0-15, 16-31), 6, 7 B (columns 0-15, 16-31): four TDPBF16PS per four loads
- * (amx_tiles_run). Measured against panels outside the rows (B in L1, A from L2) and against
- * 16 x 64 tiles (one A, four B loads per four products): this order was the fastest of the
- * three, and a K chunk of 16 blocks as fast as 8. */
-#define AMX_RB 256 /* rows per chunk of A (packed once per K chunk: 256 KB) */
-#define AMX_KB 16  /* blocks of 16 pairs (32 k) per chunk of K (a 32-row group's A: 32 KB) */
-#define AMX_NB 128 /* columns of B met by every row group of a chunk in turn (128 KB: in L2) */
+ * (amx_tiles_run). Which operand stays where (the tiles' units are fed about 0.75 tile per
+ * 16-cycle TDP from L2, far less from L3, and every pass needs one tile of A and one of B per
+ * two TDP): a 32-column panel of B's K chunk (32 KB) stays in L1 while every 32-row group of A
+ * (the chunk's rows packed once, up to AMX_RB x 1 KB: in L2) passes it, so the only operand
+ * read from L2 is A, half a tile per TDP; the next panel is prefetched during those passes, so
+ * that its first group does not wait on L3; the weight comes from L3 once per AMX_RB rows. A
+ * 32 x 32 block's epilogue (bias, activation) runs halfway through the next block's products,
+ * while the tiles work and after its stores have drained. */
+#define AMX_RB 512 /* rows per chunk of A (packed once per K chunk: 512 KB, a quarter of the
+                      L2 of every AMX CPU so far) */
+#define AMX_KB 16  /* blocks of 16 pairs (32 k) per chunk of K (a 32-column panel of B: 32 KB) */
 
 typedef struct {
     const uint8_t *b;
     int64_t ldb, pstride, pw, kh;
 } amx_bpanels;
 
-/* the bfloat16 compute type's epilogue, done in the last K chunk's pass on each 32-row group's
- * AMX_NB columns once its tiles have stored them (still in L1), not in a pass over C
- * afterwards: C's columns' bias (NULL: none) and the activation, by the level's bias_act_rows */
+/* the bfloat16 compute type's epilogue, done in the last K chunk's pass on each 32 x 32 block
+ * of C while it is in L1 (during the next block's products), not in a pass over C afterwards:
+ * C's columns' bias (NULL: none) and the activation, by the level's bias_act_rows */
 typedef struct {
     const float *bias;
     int act;
@@ -289,88 +294,98 @@ static void amx_pack_a32(uint32_t *aq, int mode, const float *A, int64_t lda, in
     }
 }
 
+/* the epilogue of the 32 x 32 block of C at (m0, n0), mr x nc of it (nothing for nc = 0) */
+static void amx_block_epilogue(float *C, int64_t ldc, int64_t m0, int64_t n0, int64_t mr,
+                               int64_t nc, const amx_epilogue *ep)
+{
+    if (nc > 0)
+        fa_k->bias_act_rows(C + m0 * ldc + n0, NULL, ep->bias ? ep->bias + n0 : NULL, mr, nc,
+                            ldc, ep->act, 0, 0, NULL);
+}
+
 /* C (rows [0, M) x columns [0, N), row stride ldc) = (load_c ? C : 0) + aq (32-row groups,
- * row stride 64 nkb bytes) B (blocks kb0 .. kb0 + nkb - 1). Per AMX_NB columns of B (kept in
- * L2), the row groups in turn: a group's A (at most 32 x AMX_KB x 64 bytes) stays in L1 while
- * those columns stream past it, the next block's B rows prefetched during this block's
- * products. */
+ * row stride 64 nkb bytes) B (blocks kb0 .. kb0 + nkb - 1), then the epilogue ep if any: per
+ * 32-column panel of B (its nkb blocks in L1), every row group in turn (the blocking above). */
 static void amx_tiles_run(const uint32_t *aq, int64_t M, const amx_bpanels *bp, int64_t kb0,
                           int64_t nkb, int64_t N, float *C, int64_t ldc, int load_c,
                           const amx_epilogue *ep)
 {
-    const int64_t lda = 64 * nkb;
+    const int64_t lda = 64 * nkb, groups = (M + 31) / 32;
     const int short_last = (kb0 + nkb) * 16 > bp->kh;    /* the panel's last block is short */
     const int64_t nfull = short_last ? nkb - 1 : nkb;
+    /* the next panel's lines (2 per pair row: 32 columns of 4 bytes) spread over this panel's
+     * steps, at least one per step */
+    const int64_t lines = 32 * nfull, per_step = (32 + groups - 1) / groups;
     float c[32][32] __attribute__((aligned(64)));
     uint32_t tail[16][32] __attribute__((aligned(64)));
-    for (int64_t nb = 0; nb < N; nb += AMX_NB) {
+    int64_t ep_m0 = 0, ep_n0 = 0, ep_mr = 0, ep_nc = 0;  /* the block whose epilogue is due */
+    for (int64_t n0 = 0; n0 < N; n0 += 32) {
+        const int64_t nc = N - n0 < 32 ? N - n0 : 32;
+        const uint8_t *b = bp->b + (n0 / bp->pw) * bp->pstride + (n0 % bp->pw) * 4 +
+                           kb0 * 16 * bp->ldb;
+        const uint8_t *next = n0 + 32 < N ? bp->b + ((n0 + 32) / bp->pw) * bp->pstride +
+                                                ((n0 + 32) % bp->pw) * 4 + kb0 * 16 * bp->ldb
+                                          : NULL;
+        if (short_last) {                   /* its pair rows below kh, then zeros */
+            memset(tail, 0, sizeof tail);
+            for (int64_t i = 0; i < bp->kh - (kb0 + nfull) * 16; i++)
+                memcpy(tail[i], b + (nfull * 16 + i) * bp->ldb, 128);
+        }
+        int64_t line = 0;                   /* of the next panel's, prefetched so far */
         for (int64_t m0 = 0; m0 < M; m0 += 32) {
             const int64_t mr = M - m0 < 32 ? M - m0 : 32;
             const uint8_t *a = (const uint8_t *)aq + m0 * lda;
-            for (int64_t n0 = nb; n0 < N && n0 < nb + AMX_NB; n0 += 32) {
-                const int64_t nc = N - n0 < 32 ? N - n0 : 32;
-                const uint8_t *b = bp->b + (n0 / bp->pw) * bp->pstride + (n0 % bp->pw) * 4 +
-                                   kb0 * 16 * bp->ldb;
-                if (short_last) {           /* its pair rows below kh, then zeros */
-                    memset(tail, 0, sizeof tail);
-                    for (int64_t i = 0; i < bp->kh - (kb0 + nfull) * 16; i++)
-                        memcpy(tail[i], b + (nfull * 16 + i) * bp->ldb, 128);
-                }
-                const int full = mr == 32 && nc == 32;  /* the tiles load and store C in place */
-                float *cb = full ? C + m0 * ldc + n0 : &c[0][0];
-                const int64_t ldcb = full ? 4 * ldc : 128;
-                if (load_c && !full)
-                    for (int64_t r = 0; r < 32; r++)
-                        for (int64_t j = 0; j < 32; j++)
-                            c[r][j] = r < mr && j < nc ? C[(m0 + r) * ldc + n0 + j] : 0.0f;
-                if (load_c) {
-                    AMX_LOAD(0, cb, ldcb);
-                    AMX_LOAD(1, cb + 16, ldcb);
-                    AMX_LOAD(2, (const uint8_t *)cb + 16 * ldcb, ldcb);
-                    AMX_LOAD(3, (const uint8_t *)cb + 16 * ldcb + 64, ldcb);
-                } else {
-                    AMX_ZERO(0);
-                    AMX_ZERO(1);
-                    AMX_ZERO(2);
-                    AMX_ZERO(3);
-                }
-                for (int64_t kb = 0; kb < nkb; kb++) {
-                    const uint8_t *bk = kb < nfull ? b + kb * 16 * bp->ldb : (const uint8_t *)tail;
-                    const int64_t ldk = kb < nfull ? bp->ldb : 128;
-                    if (kb + 1 < nfull)
-                        for (int r = 0; r < 16; r++) {
-                            const char *next = (const char *)bk + (16 + r) * ldk;
-                            _mm_prefetch(next, _MM_HINT_T0);
-                            _mm_prefetch(next + 64, _MM_HINT_T0);
-                        }
-
-                    AMX_LOAD(4, a + kb * 64, lda);
-                    AMX_LOAD(6, bk, ldk);
-                    AMX_DPBF16PS(0, 4, 6);
-                    AMX_LOAD(7, bk + 64, ldk);
-                    AMX_DPBF16PS(1, 4, 7);
-                    AMX_LOAD(5, a + 16 * lda + kb * 64, lda);
-                    AMX_DPBF16PS(2, 5, 6);
-                    AMX_DPBF16PS(3, 5, 7);
-                }
-                AMX_STORE(0, cb, ldcb);
-                AMX_STORE(1, cb + 16, ldcb);
-                AMX_STORE(2, (uint8_t *)cb + 16 * ldcb, ldcb);
-                AMX_STORE(3, (uint8_t *)cb + 16 * ldcb + 64, ldcb);
-                if (!full)
-                    for (int64_t r = 0; r < mr; r++)
-                        memcpy(C + (m0 + r) * ldc + n0, c[r], (size_t)nc * sizeof(float));
+            const int full = mr == 32 && nc == 32;  /* the tiles load and store C in place */
+            float *cb = full ? C + m0 * ldc + n0 : &c[0][0];
+            const int64_t ldcb = full ? 4 * ldc : 128;
+            if (load_c && !full)
+                for (int64_t r = 0; r < 32; r++)
+                    for (int64_t j = 0; j < 32; j++)
+                        c[r][j] = r < mr && j < nc ? C[(m0 + r) * ldc + n0 + j] : 0.0f;
+            if (load_c) {
+                AMX_LOAD(0, cb, ldcb);
+                AMX_LOAD(1, cb + 16, ldcb);
+                AMX_LOAD(2, (const uint8_t *)cb + 16 * ldcb, ldcb);
+                AMX_LOAD(3, (const uint8_t *)cb + 16 * ldcb + 64, ldcb);
+            } else {
+                AMX_ZERO(0);
+                AMX_ZERO(1);
+                AMX_ZERO(2);
+                AMX_ZERO(3);
             }
-            /* the group's columns of this pass (32 x AMX_NB floats, 16 KB: still in L1), once
-             * their tiles' stores have drained (the bias read right after a tile store waits
-             * for it) */
-            if (ep) {
-                const int64_t ncols = N - nb < AMX_NB ? N - nb : AMX_NB;
-                fa_k->bias_act_rows(C + m0 * ldc + nb, NULL, ep->bias ? ep->bias + nb : NULL,
-                                    mr, ncols, ldc, ep->act, 0, 0, NULL);
+            for (int64_t kb = 0; kb < nkb; kb++) {
+                const uint8_t *bk = kb < nfull ? b + kb * 16 * bp->ldb : (const uint8_t *)tail;
+                const int64_t ldk = kb < nfull ? bp->ldb : 128;
+                AMX_LOAD(4, a + kb * 64, lda);
+                AMX_LOAD(6, bk, ldk);
+                AMX_DPBF16PS(0, 4, 6);
+                AMX_LOAD(7, bk + 64, ldk);
+                AMX_DPBF16PS(1, 4, 7);
+                AMX_LOAD(5, a + 16 * lda + kb * 64, lda);
+                AMX_DPBF16PS(2, 5, 6);
+                AMX_DPBF16PS(3, 5, 7);
+                for (int64_t i = 0; next && i < per_step && line < lines; i++, line++)
+                    _mm_prefetch((const char *)next + (line / 2) * bp->ldb + (line % 2) * 64,
+                                 _MM_HINT_T0);
+                if (ep && kb == nkb / 2) {  /* the previous block's, while the tiles work */
+                    amx_block_epilogue(C, ldc, ep_m0, ep_n0, ep_mr, ep_nc, ep);
+                    ep_nc = 0;
+                }
             }
+            AMX_STORE(0, cb, ldcb);
+            AMX_STORE(1, cb + 16, ldcb);
+            AMX_STORE(2, (uint8_t *)cb + 16 * ldcb, ldcb);
+            AMX_STORE(3, (uint8_t *)cb + 16 * ldcb + 64, ldcb);
+            if (!full)
+                for (int64_t r = 0; r < mr; r++)
+                    memcpy(C + (m0 + r) * ldc + n0, c[r], (size_t)nc * sizeof(float));
+            ep_m0 = m0;
+            ep_n0 = n0;
+            ep_mr = mr;
+            ep_nc = nc;
         }
     }
+    if (ep) amx_block_epilogue(C, ldc, ep_m0, ep_n0, ep_mr, ep_nc, ep);
 }
 
 /* C (M, N) = (beta ? C : 0) + op(A) B on the tiles, one thread, then the epilogue ep if any;
@@ -382,7 +397,8 @@ static int amx_bf16_gemm(int mode, int64_t M, int64_t N, int64_t K, const float 
     if (M <= 0 || N <= 0) return 0;
     const int64_t nkb = (K + 31) / 32;
     const int64_t rb = M < AMX_RB ? (M + 31) / 32 * 32 : AMX_RB, kb = nkb < AMX_KB ? nkb : AMX_KB;
-    uint32_t *aq = aligned_alloc(64, (size_t)(rb * kb * 64));   /* a decode step's: 32 KB */
+    uint32_t *aq = aligned_alloc(64, (size_t)(rb * kb * 64));   /* a decode step's: 32 KB,
+                                                                   AMX_RB rows': 512 KB */
     if (!aq) return -1;
     amx_tilecfg_t cfg;
     amx_config(&cfg);
@@ -421,11 +437,13 @@ static int bfloat16_forward_amx(float *y, const float *x, const uint16_t *wp, co
                                 2.0 * (double)N * (double)K * (double)M, 2e5);
     int failed = 0;
     if (by_rows) {
-        /* rows in chunks of about a quarter of a thread's share (at least 64), taken in turn
-         * by whichever thread is free: a core slowed by a neighbour leaves its part to the
-         * other instead of holding the team at the end; each chunk streams the weight once */
+        /* rows in chunks of half a thread's share (at least 64 rows, at most AMX_RB), taken in
+         * turn by whichever thread is free: a core slowed by a neighbour leaves its part to
+         * the other instead of holding the team at the end; each chunk streams the weight
+         * from L3 once, so the chunks are as tall as that balance allows */
         const amx_epilogue ep = {.bias = bias, .act = activation};
-        const int64_t cb = nblk / (4 * nt) > 2 ? nblk / (4 * nt) : 2;
+        const int64_t half = nblk / (2 * nt);
+        const int64_t cb = half < 2 ? 2 : half > AMX_RB / 32 ? AMX_RB / 32 : half;
         const int64_t nchunks = (nblk + cb - 1) / cb;
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(dynamic, 1) reduction(| : failed)
         for (int64_t c = 0; c < nchunks; c++) {

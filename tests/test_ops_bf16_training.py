@@ -277,6 +277,8 @@ def isa_checks():
     team_checks(rng)
     test_linear_bf16_against_twin_and_fp32(rng, "relu", (300, 65, 130))
     test_linear_bf16_against_twin_and_fp32(rng, None, (50, 33, 47))
+    # the weight gradient's product has 600 rows: more than one chunk of the tiles' rows
+    test_linear_bf16_against_twin_and_fp32(rng, None, (40, 20, 600))
     test_ffn_bf16_against_twin_and_fp32(rng, 0.3, (200, 48, 96))
     test_ffn_bf16_against_twin_and_fp32(rng, 0.0, (300, 33, 70))
     for causal in (False, True):

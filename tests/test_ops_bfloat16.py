@@ -214,6 +214,9 @@ def path_checks():
     qw = QW.from_float(w, "bfloat16")
     fastattn.set_num_threads(1)
     one = ops.linear(x, qw)
+    # one thread takes its rows in the tallest chunks (the tiles: 512 rows), K past a chunk
+    tall, wt = rand(rng, (1100, 515)), rand(rng, (70, 515), 0.05)
+    check(tall, wt, rand(rng, (70,)), "relu")
     fastattn.set_num_threads(2)
     assert np.array_equal(one, ops.linear(x, qw))
 
