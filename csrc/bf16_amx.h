@@ -189,8 +189,8 @@ static int bf16_forward_amx(float *y, const float *x, const uint16_t *wp, const 
  * that its first group does not wait on L3; the weight comes from L3 once per AMX_RB rows. A
  * 32 x 32 block's epilogue (bias, activation) runs halfway through the next block's products,
  * while the tiles work and after its stores have drained. */
-#define AMX_RB 512 /* rows per chunk of A (packed once per K chunk: 512 KB, a quarter of the
-                      L2 of every AMX CPU so far) */
+/* AMX_RB (fa_tiles.h): rows per chunk of A (packed once per K chunk: 512 KB, a quarter of the
+ * L2 of every AMX CPU so far) */
 #define AMX_KB 16  /* blocks of 16 pairs (32 k) per chunk of K (a 32-column panel of B: 32 KB) */
 
 typedef struct {

@@ -220,6 +220,7 @@ typedef struct {
     int64_t np, g, mr;
     const fa_kernels *isa; /* the level whose quantiser and epilogue (bias_act_rows) it uses */
     int fmt;    /* Q8_FMT_I16, or Q8_FMT_HILO (rows past the last zero up to a multiple of mr) */
+    int64_t max_block;  /* many rows: at most this many per block (0: Q8_ROW_BLOCK) */
     fa_q8_panel_fn panel;  /* one panel of features for a block of rows: y = act(x w^T + b) */
 } fa_q8_kernels;
 

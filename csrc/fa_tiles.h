@@ -93,5 +93,8 @@
 #define AMX_NP 32        /* AMX: two B tiles of 16 features side by side */
 #define AMX_G 4          /* AMX: K per group, the tiles multiply quads of bytes */
 #define AMX_MR 16        /* AMX: rows per tile */
+#define AMX_RB 512       /* AMX: rows per block at most (the block's inputs in L2, the weight
+                            read from L3 once per block: bf16_amx.h, quant.c) */
+#define AMX_BLOCK_BYTES (1 << 20) /* ... and at most this many bytes of them */
 
 #endif /* FA_TILES_H */

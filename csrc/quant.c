@@ -123,9 +123,19 @@ int fa_linear_int8_forward(float *y, const float *x, const int8_t *wp, const flo
     const int by_rows = N >= (int64_t)nt * Q8_MIN_ROWS;
     /* by rows: blocks of about Q8_ROW_BLOCK rows, a multiple of the team in number (equal
      * shares), starting at multiples of the tile height (only the last block ends in a
-     * partial tile: blocks of any other height would each end in a slow short tile);
+     * partial tile: blocks of any other height would each end in a slow short tile); the AMX
+     * tiles (max_block) take blocks as tall as half a thread's share, up to max_block rows and
+     * AMX_BLOCK_BYTES of quantised rows (in L2), since each block reads the weight from L3;
      * by panels: every thread quantises all N rows for itself (no barrier) */
-    const int64_t nblk = by_rows ? round_up((N + Q8_ROW_BLOCK - 1) / Q8_ROW_BLOCK, nt) : 1;
+    int64_t rb = Q8_ROW_BLOCK;
+    if (im->max_block > 0) {
+        const int64_t fit = AMX_BLOCK_BYTES / (2 * Kp), half = N / (2 * nt);
+        rb = half < rb ? rb : half;
+        rb = rb < im->max_block ? rb : im->max_block;
+        rb = rb < fit ? rb : fit;
+        rb = rb > im->mr ? rb : im->mr;
+    }
+    const int64_t nblk = by_rows ? round_up((N + rb - 1) / rb, nt) : 1;
     /* the largest block, in whole tiles (the AMX path reads its rows in 16-row tiles) */
     const int64_t per = round_up(by_rows ? (N + nblk - 1) / nblk + im->mr : N, im->mr);
     const int64_t stride = round_up(per * Kp * 2 + per * 4, 64) + 64;  /* bytes per thread: int16

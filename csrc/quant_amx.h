@@ -24,27 +24,76 @@
 #include "quant_int8.h"
 #include "amx_tiles.h"
 
+/* The epilogue of one 16-row tile (mr rows) from its stored sums: 256 hi + lo (wrapping), the
+ * quads after the last whole block of 64 (if any) added in scalar code, then q8_out512. */
+static void q8_amx_out(float *y, int64_t ldy, const uint8_t *a_r, int64_t lda, int64_t Kp,
+                       int64_t Kq, int64_t nkb, int64_t mr, const int8_t *w_p, const float *sx,
+                       const __m512 *sc, const __m512 *bi, const __mmask16 *mk, int relu,
+                       int32_t (*hi)[AMX_NP], int32_t (*lo)[AMX_NP])
+{
+    const int64_t ldb = AMX_G * AMX_NP;
+    for (int64_t r = 0; r < mr; r++) {
+        const uint8_t *h_r = a_r + r * lda, *l_r = h_r + Kp;
+        __m512i acc[2];
+        for (int c = 0; c < 2; c++)      /* 256 hi + lo, wrapping (vpslld, vpaddd) */
+            acc[c] = _mm512_add_epi32(
+                _mm512_slli_epi32(_mm512_load_si512((const void *)&hi[r][16 * c]), 8),
+                _mm512_load_si512((const void *)&lo[r][16 * c]));
+        if (nkb * 16 < Kq) {             /* the quads after the last whole block of 64 */
+            uint32_t t[AMX_NP] = {0};
+            for (int64_t kq = nkb * 16; kq < Kq; kq++) {
+                const int8_t *w_k = w_p + kq * ldb;
+                for (int j = 0; j < AMX_G; j++) {
+                    const int64_t k = AMX_G * kq + j;
+                    const int32_t xv = 256 * (int32_t)(int8_t)h_r[k] + (int32_t)l_r[k];
+                    for (int f = 0; f < AMX_NP; f++)
+                        t[f] += (uint32_t)(xv * (int32_t)w_k[AMX_G * f + j]);
+                }
+            }
+            for (int c = 0; c < 2; c++)
+                acc[c] = _mm512_add_epi32(acc[c], _mm512_loadu_si512((const void *)&t[16 * c]));
+        }
+        const __m512 s_r = _mm512_set1_ps(sx[r]);
+        q8_out512(y + r * ldy, acc[0], s_r, sc[0], bi[0], mk[0], relu);
+        q8_out512(y + r * ldy + 16, acc[1], s_r, sc[1], bi[1], mk[1], relu);
+    }
+}
+
 /* One panel of 32 features for `rows` rows (fa_q8_panel_fn): y[r][f] for r < rows, f < nf, the
  * epilogue of every int8 path (q8_out512: fl(fl(fl(acc) * fl(sx * scale)) + bias), relu).
  *   x (rows rounded up to 16, 2 ldx bytes)  the Q8_FMT_HILO rows;  w_p  the panel (Kq, 32, 4)
- * The tile configuration is loaded here and released on return: this thread's tiles are the
- * kernel's only while it runs. */
+ * The panel (Kq x 128 bytes: in L1 or L2) meets every 16-row tile of the block in turn, the
+ * rows read from L2 (quant.c sizes the block for it); the next panel (the layout's panels are
+ * contiguous) is prefetched during those passes; a tile's epilogue runs halfway through the
+ * next tile's products (two buffers of sums), after its stores have drained. The tile
+ * configuration is loaded here and released on return: this thread's tiles are the kernel's
+ * only while it runs. */
 static void q8_panel_amx(float *y, int64_t ldy, const int16_t *x, int64_t ldx, int64_t rows,
                          const int8_t *w_p, const float *sx, const float *scale_p,
                          const float *bias_p, int64_t Kq, int64_t nf, int relu)
 {
     const uint8_t *a = (const uint8_t *)x;
     const int64_t Kp = AMX_G * Kq, lda = 2 * ldx, ldb = AMX_G * AMX_NP, nkb = Kq / 16;
+    const int64_t tiles = (rows + AMX_MR - 1) / AMX_MR;
+    /* the next panel's lines (2 per quad row) spread over this panel's steps */
+    const int8_t *next = w_p + Kq * ldb;
+    const int64_t lines = 2 * Kq, steps = tiles * (nkb > 0 ? nkb : 1);
+    const int64_t per_step = (lines + steps - 1) / steps;
     amx_tilecfg_t cfg;
     amx_config(&cfg);
     AMX_CONFIG(&cfg);
     __m512 sc[4], bi[4];
     __mmask16 mk[4];
     q8_cols512(sc, bi, mk, scale_p, bias_p, nf);        /* vectors 2, 3 unused (nf <= 32) */
-    int32_t hi[AMX_MR][AMX_NP] __attribute__((aligned(64)));
-    int32_t lo[AMX_MR][AMX_NP] __attribute__((aligned(64)));
-    for (int64_t r0 = 0; r0 < rows; r0 += AMX_MR) {
-        const uint8_t *a_r = a + r0 * lda;
+    int32_t hi[2][AMX_MR][AMX_NP] __attribute__((aligned(64)));
+    int32_t lo[2][AMX_MR][AMX_NP] __attribute__((aligned(64)));
+    int64_t line = 0, due = -1;                         /* the tile whose epilogue is due */
+#define Q8_AMX_OUT(t)                                                                          \
+    q8_amx_out(y + (t) * AMX_MR * ldy, ldy, a + (t) * AMX_MR * lda, lda, Kp, Kq, nkb,          \
+               rows - (t) * AMX_MR < AMX_MR ? rows - (t) * AMX_MR : AMX_MR, w_p,               \
+               sx + (t) * AMX_MR, sc, bi, mk, relu, hi[(t) & 1], lo[(t) & 1])
+    for (int64_t t = 0; t < tiles; t++) {
+        const uint8_t *a_r = a + t * AMX_MR * lda;
         AMX_ZERO(0);
         AMX_ZERO(1);
         AMX_ZERO(2);
@@ -59,42 +108,28 @@ static void q8_panel_amx(float *y, int64_t ldy, const int16_t *x, int64_t ldx, i
             AMX_LOAD(6, b_k + 64, ldb);                  /* features 16-31 */
             AMX_DPBSSD(2, 4, 6);
             AMX_DPBUSD(3, 5, 6);
-        }
-        AMX_STORE(0, &hi[0][0], 4 * AMX_NP);
-        AMX_STORE(1, &lo[0][0], 4 * AMX_NP);
-        AMX_STORE(2, &hi[0][16], 4 * AMX_NP);
-        AMX_STORE(3, &lo[0][16], 4 * AMX_NP);
-        const int64_t mr = rows - r0 < AMX_MR ? rows - r0 : AMX_MR;
-        for (int64_t r = 0; r < mr; r++) {
-            const uint8_t *h_r = a_r + r * lda, *l_r = h_r + Kp;
-            __m512i acc[2];
-            for (int c = 0; c < 2; c++)      /* 256 hi + lo, wrapping (vpslld, vpaddd) */
-                acc[c] = _mm512_add_epi32(
-                    _mm512_slli_epi32(_mm512_load_si512((const void *)&hi[r][16 * c]), 8),
-                    _mm512_load_si512((const void *)&lo[r][16 * c]));
-            if (nkb * 16 < Kq) {             /* the quads after the last whole block of 64 */
-                uint32_t t[AMX_NP] = {0};
-                for (int64_t kq = nkb * 16; kq < Kq; kq++) {
-                    const int8_t *w_k = w_p + kq * ldb;
-                    for (int j = 0; j < AMX_G; j++) {
-                        const int64_t k = AMX_G * kq + j;
-                        const int32_t xv = 256 * (int32_t)(int8_t)h_r[k] + (int32_t)l_r[k];
-                        for (int f = 0; f < AMX_NP; f++)
-                            t[f] += (uint32_t)(xv * (int32_t)w_k[AMX_G * f + j]);
-                    }
-                }
-                for (int c = 0; c < 2; c++)
-                    acc[c] = _mm512_add_epi32(acc[c],
-                                              _mm512_loadu_si512((const void *)&t[16 * c]));
+            for (int64_t i = 0; i < per_step && line < lines; i++, line++)
+                _mm_prefetch((const char *)next + 64 * line, _MM_HINT_T0);
+            if (kb == nkb / 2 && due >= 0) {             /* the previous tile's, meanwhile */
+                Q8_AMX_OUT(due);
+                due = -1;
             }
-            const __m512 s_r = _mm512_set1_ps(sx[r0 + r]);
-            q8_out512(y + (r0 + r) * ldy, acc[0], s_r, sc[0], bi[0], mk[0], relu);
-            q8_out512(y + (r0 + r) * ldy + 16, acc[1], s_r, sc[1], bi[1], mk[1], relu);
         }
+        if (due >= 0) {                                  /* no K loop to hide it in */
+            Q8_AMX_OUT(due);
+            due = -1;
+        }
+        AMX_STORE(0, &hi[t & 1][0][0], 4 * AMX_NP);
+        AMX_STORE(1, &lo[t & 1][0][0], 4 * AMX_NP);
+        AMX_STORE(2, &hi[t & 1][0][16], 4 * AMX_NP);
+        AMX_STORE(3, &lo[t & 1][0][16], 4 * AMX_NP);
+        due = t;
     }
+    if (due >= 0) Q8_AMX_OUT(due);
+#undef Q8_AMX_OUT
     AMX_RELEASE();
 }
 
-const fa_q8_kernels AMX_KERNELS = {.np = AMX_NP, .g = AMX_G, .mr = AMX_MR,
+const fa_q8_kernels AMX_KERNELS = {.np = AMX_NP, .g = AMX_G, .mr = AMX_MR, .max_block = AMX_RB,
                                    .isa = &fa_kernels_avx512, .fmt = Q8_FMT_HILO,
                                    .panel = q8_panel_amx};
