@@ -60,5 +60,8 @@ int fa_attention_forward(const fa_attention_args *a, int nthreads)
 
 int fa_attention_backward(const fa_attention_grads *g, const fa_attention_args *a, int nthreads)
 {
-    return fa_k->attention_backward(g, a, nthreads);
+    /* a bf16 call's units: its tiles, if any, take the backward's products too */
+    static const fa_att_units none = {0, 0, 0, NULL};
+    const fa_att_units u = a->bf16 ? fa_paths_attention_bf16() : none;
+    return fa_k->attention_backward(g, a, &u, nthreads);
 }

@@ -44,8 +44,65 @@ static void amx_pv(const fa_attention_args *a, int64_t nb, const float *st, floa
         }
     tiles->att_pv(ot, BQ, a->Dv, v, a->v_st[2], nb, (const uint32_t *)pp, (uint32_t *)vb);
 }
+
+/* ---- the backward's operands in pairs (attention_body.h: bwd_pair with a->tiles) ------------
+ * Every operand of the five products is a bf16 value (q, k, v and dout rounded by the caller,
+ * P' and dS by bwd_probs), rounded again here (which leaves a bf16 value as it is) and paired
+ * as the tiles read them: along a row's consecutive elements (the A operand) or down two
+ * consecutive rows (the B operand). */
+_Static_assert(FA_VL == 16, "the pair packers are written for 16 lanes");
+
+/* the bits of two rounded floats as one word: lo in the low half */
+static uint32_t amx_pair1(float lo, float hi)
+{
+    uint32_t l, h;
+    lo = att_bf16s(lo);
+    hi = att_bf16s(hi);
+    memcpy(&l, &lo, 4);
+    memcpy(&h, &hi, 4);
+    return (l >> 16) | (h & 0xffff0000u);
+}
+
+/* dst[r][w] = (x[r][2w], x[r][2w + 1]) for r < R and 2w < F (a missing second element 0), zero
+ * for rows R <= r < Rp and words past F up to W (dst's row stride); x's rows xs floats apart */
+static void amx_rows_pairs(uint32_t *dst, int64_t W, const float *x, int64_t xs, int64_t R,
+                           int64_t Rp, int64_t F)
+{
+    const VI even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+    for (int64_t r = 0; r < Rp; r++) {
+        uint32_t *d = dst + r * W;
+        int64_t w = 0;
+        if (r < R) {
+            const float *x_r = x + r * xs;
+            for (; 2 * w + 32 <= F; w += 16) {
+                const VF a = att_bf16(vload(x_r + 2 * w)), b = att_bf16(vload(x_r + 2 * w + 16));
+                *(VU *)(d + w) = att_pair(__builtin_shuffle(a, b, even),
+                                          __builtin_shuffle(a, b, even + 1));
+            }
+            for (; 2 * w < F; w++)
+                d[w] = amx_pair1(x_r[2 * w], 2 * w + 1 < F ? x_r[2 * w + 1] : 0.0f);
+        }
+        for (; w < W; w++) d[w] = 0;
+    }
+}
+
+/* dst[t][j] = (x[2t][j], x[2t + 1][j]) for j < N (a multiple of 16), rows of x past R read as
+ * 0, for t < T (dst's row stride N words) */
+static void amx_pairs_rows(uint32_t *dst, int64_t N, const float *x, int64_t xs, int64_t R,
+                           int64_t T)
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < N; j += 16) {
+            VF lo = vsplat(0.0f), hi = vsplat(0.0f);
+            if (2 * t < R) lo = att_bf16(vload(x + 2 * t * xs + j));
+            if (2 * t + 1 < R) hi = att_bf16(vload(x + (2 * t + 1) * xs + j));
+            *(VU *)(dst + t * N + j) = att_pair(lo, hi);
+        }
+}
 #else
 #define amx_pad_q(...) ((void)0)
 #define amx_scores(...) ((void)0)
 #define amx_pv(...) ((void)0)
+#define amx_rows_pairs(...) ((void)0)
+#define amx_pairs_rows(...) ((void)0)
 #endif

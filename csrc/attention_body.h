@@ -717,23 +717,36 @@ static void attention_rows(const fa_attention_args *a, const fa_att_units *u,
 #define KB BQ
 #define BR ATT_BWD_BR
 
-/* One thread's view of one key block (carved from its scratch buffer). */
+/* One thread's view of one key block (carved from its scratch buffer). A bf16 call on the tiles
+ * (a->tiles) has the products' operands in pairs too (bwd_pair_tiles):
+ *   kp (D2, KB) K^T (unscaled) and vp (Dv2, KB) V^T, down pairs of features; krp (KB / 2, Dp)
+ *   K down pairs of keys; qa (BR, D2), doa (BR, Dv2) a pair's q and dout rows along features;
+ *   ta (max(D, Dv) rounded up to 16, BR / 2) dout^T or q^T along queries; pb (BR / 2, KB) P' or
+ *   dS down pairs of queries; dsa (BR, KB / 2) dS along keys; tf (max(D, Dv), KB) floats, a
+ *   transposed block (D2, Dv2: the features' pairs rounded up to 16) */
 typedef struct {
-    float *kt, *vt, *kr, *dkt, *dvt, *pt, *ds, *kbias;
-    int64_t jb, nb, Dp;
+    float *kt, *vt, *kr, *dkt, *dvt, *pt, *ds, *kbias, *tf;
+    uint32_t *kp, *vp, *krp, *qa, *doa, *ta, *pb, *dsa;
+    int64_t jb, nb, Dp, D2, Dv2;
     int kbad; /* a key row of the block (kr) holds inf or NaN */
 } fa_att_bwd_blk;
 /* The rows (or features) [i, n) left after the MR_S tiles, in tiles of 4, 2 and 1, each of a
  * size known at compile time; every row's arithmetic is the same whatever tile holds it. */
 
-static int64_t attention_bwd_scratch(int64_t D, int64_t Dv)
+#define R16(n) (((n) + 15) / 16 * 16)
+/* floats of scratch per thread; tiles: with the pairs of bwd_pair_tiles */
+static int64_t attention_bwd_scratch(int64_t D, int64_t Dv, int tiles)
 {
-    const int64_t Dp = (D + FA_VL - 1) / FA_VL * FA_VL;
-    return (2 * D + 2 * Dv + Dp + 2 * BR + 1) * KB;
+    const int64_t Dp = (D + FA_VL - 1) / FA_VL * FA_VL, Dm = D > Dv ? D : Dv;
+    const int64_t D2 = R16((D + 1) / 2), Dv2 = R16((Dv + 1) / 2);
+    const int64_t pairs = (D2 + Dv2) * KB + KB / 2 * Dp + BR * (D2 + Dv2) + R16(Dm) * BR / 2 +
+                          BR / 2 * KB + BR * KB / 2 + Dm * KB;
+    return (2 * D + 2 * Dv + Dp + 2 * BR + 1) * KB + (tiles ? pairs : 0);
 }
 
-static void attention_bwd_carve(fa_att_bwd_blk *k, float *scratch, int64_t D, int64_t Dv)
+static void attention_bwd_carve(fa_att_bwd_blk *k, float *scratch, const fa_att_bwd_args *a)
 {
+    const int64_t D = a->f->D, Dv = a->f->Dv, Dm = D > Dv ? D : Dv;
     k->Dp = (D + FA_VL - 1) / FA_VL * FA_VL;
     k->kt = scratch;
     k->vt = k->kt + D * KB;
@@ -743,11 +756,24 @@ static void attention_bwd_carve(fa_att_bwd_blk *k, float *scratch, int64_t D, in
     k->pt = k->dvt + Dv * KB;
     k->ds = k->pt + BR * KB;
     k->kbias = k->ds + BR * KB;
+    if (!a->tiles) return;
+    k->D2 = R16((D + 1) / 2);
+    k->Dv2 = R16((Dv + 1) / 2);
+    k->kp = (uint32_t *)(k->kbias + KB);
+    k->vp = k->kp + k->D2 * KB;
+    k->krp = k->vp + k->Dv2 * KB;
+    k->qa = k->krp + KB / 2 * k->Dp;
+    k->doa = k->qa + BR * k->D2;
+    k->ta = k->doa + BR * k->Dv2;
+    k->pb = k->ta + R16(Dm) * BR / 2;
+    k->dsa = k->pb + BR / 2 * KB;
+    k->tf = (float *)(k->dsa + BR * KB / 2);
 }
 
-/* Pack key block [jb, jb + nb) of head (b, h): kt, vt, the key bias and (with_kr) kr. */
+/* Pack key block [jb, jb + nb) of head (b, h): kt, vt, the key bias and (with_kr) kr; on the
+ * tiles (a->tiles, pairs) kp, vp and (with_kr) krp too. */
 static void bwd_pack(const fa_att_bwd_args *a, fa_att_bwd_blk *kb, int64_t b,
-                     int64_t h, int with_kr)
+                     int64_t h, int with_kr, int pairs)
 {
     const fa_attention_args *f = a->f;
     const int64_t D = f->D, Dv = f->Dv, jb = kb->jb, nb = kb->nb;
@@ -772,6 +798,16 @@ static void bwd_pack(const fa_att_bwd_args *a, fa_att_bwd_blk *kb, int64_t b,
     if (f->key_bias)
         for (int64_t jj = 0; jj < KB; jj++)
             kb->kbias[jj] = jj < nb ? f->key_bias[b * f->Lk + jb + jj] : 0.0f;
+    if (ATT_BF16_UNITS && a->tiles && pairs) {
+        /* K^T unscaled (the tiles multiply bf16 values; S is scaled after its sums), lanes
+         * past the block's last key 0, then its pairs of features; V^T's; K's pairs of keys */
+        for (int64_t d = 0; d < D; d++)
+            for (int64_t jj = nb; jj < KB; jj++) kb->tf[d * KB + jj] = 0.0f;
+        transpose(kb->tf, KB, k_j, f->k_st[2], nb, D, 1.0f, NULL);
+        amx_pairs_rows(kb->kp, KB, kb->tf, KB, D, kb->D2);
+        amx_pairs_rows(kb->vp, KB, kb->vt, KB, Dv, kb->Dv2);
+        if (with_kr && D > 0) amx_pairs_rows(kb->krp, kb->Dp, kb->kr, kb->Dp, nb, KB / 2);
+    }
 }
 
 /* s[r][:] = x_r . mt[:, :] for rows r < n (x_r read in place, row stride xs; mt (F, KB) a
@@ -1016,14 +1052,14 @@ static void bwd_row_stats(const fa_att_bwd_args *a, int64_t b, int64_t h,
 {
     const fa_attention_args *f = a->f;
     fa_att_bwd_blk kb;
-    attention_bwd_carve(&kb, scratch, f->D, f->Dv);
+    attention_bwd_carve(&kb, scratch, a);
     const float *q_i = f->q + b * f->q_st[0] + h * f->q_st[1] + i * f->q_st[2];
     int64_t jend = f->Lk;
     if (f->causal && i + (f->Lk - f->Lq) + 1 < jend) jend = i + (f->Lk - f->Lq) + 1;
     float m = -INFINITY, l = 0.0f;
     for (kb.jb = 0; kb.jb < jend; kb.jb += KB) {
         kb.nb = f->Lk - kb.jb < KB ? f->Lk - kb.jb : KB;
-        bwd_pack(a, &kb, b, h, 0);
+        bwd_pack(a, &kb, b, h, 0, 0);
         bwd_dot(kb.ds, kb.kt, q_i, f->q_st[2], 1, f->D);
         VI hid[NR];
         bwd_mask_row(f, &kb, b, h, i, kb.ds, hid);
@@ -1090,6 +1126,52 @@ static void bwd_dq_visible(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb, i
         }
 }
 
+#if ATT_BF16_UNITS
+/* bwd_pair on the tiles (a bf16 call, a->tiles): the same five products, every operand in
+ * pairs of bf16 (kb's pair buffers), float32 sums in TDPBF16PS's order; S's sums are scaled to
+ * base 2 after. dq through the scalar bwd_dq_visible where a key row holds inf or NaN. */
+static void bwd_pair_tiles(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb, int64_t b,
+                           int64_t h, int64_t ilo, int64_t ihi, int with_dkv, int with_dq)
+{
+    const fa_attention_args *f = a->f;
+    const fa_attention_grads *g = a->g;
+    const struct fa_amx_kernels *t = a->tiles;
+    const int64_t n = ihi - ilo, n16 = R16(n), n2 = R16((n + 1) / 2), D = f->D, Dv = f->Dv;
+    const float *q_i = f->q + b * f->q_st[0] + h * f->q_st[1] + ilo * f->q_st[2];
+    const float *do_i = g->dout + b * g->dout_st[0] + h * g->dout_st[1] + ilo * g->dout_st[2];
+    amx_rows_pairs(kb->qa, kb->D2, q_i, f->q_st[2], n, n16, D);             /* S */
+    memset(kb->ds, 0, (size_t)(n * KB) * sizeof(float));
+    t->pairs_gemm(kb->ds, KB, n, KB, kb->D2, kb->qa, kb->D2, kb->kp, KB);
+    const VF sc = vsplat(f->scale * FA_LOG2E);
+    for (int64_t e = 0; e < n * KB; e += FA_VL) vstore(kb->ds + e, vload(kb->ds + e) * sc);
+    amx_rows_pairs(kb->doa, kb->Dv2, do_i, g->dout_st[2], n, n16, Dv);      /* dP' */
+    memset(kb->pt, 0, (size_t)(n * KB) * sizeof(float));
+    t->pairs_gemm(kb->pt, KB, n, KB, kb->Dv2, kb->doa, kb->Dv2, kb->vp, KB);
+    bwd_probs(a, kb, b, h, ilo, n);                                          /* P', dS */
+    if (with_dkv) {                            /* dV^T += dout^T P';  dK^T += q^T dS */
+        transpose(kb->tf, BR, do_i, g->dout_st[2], n, Dv, 1.0f, NULL);
+        amx_rows_pairs(kb->ta, n2, kb->tf, BR, Dv, R16(Dv), n);
+        amx_pairs_rows(kb->pb, KB, kb->pt, KB, n, n2);
+        t->pairs_gemm(kb->dvt, KB, Dv, KB, n2, kb->ta, n2, kb->pb, KB);
+        transpose(kb->tf, BR, q_i, f->q_st[2], n, D, 1.0f, NULL);
+        amx_rows_pairs(kb->ta, n2, kb->tf, BR, D, R16(D), n);
+        amx_pairs_rows(kb->pb, KB, kb->ds, KB, n, n2);
+        t->pairs_gemm(kb->dkt, KB, D, KB, n2, kb->ta, n2, kb->pb, KB);
+    }
+    if (with_dq) {                             /* dq += dS K */
+        float *dq_i = g->dq + b * g->dq_st[0] + h * g->dq_st[1] + ilo * g->dq_st[2];
+        if (kb->kbad) {
+            bwd_dq_visible(a, kb, b, h, ilo, n, dq_i, g->dq_st[2]);
+        } else {
+            amx_rows_pairs(kb->dsa, KB / 2, kb->ds, KB, n, n16, KB);
+            t->pairs_gemm(dq_i, g->dq_st[2], n, D, KB / 2, kb->dsa, KB / 2, kb->krp, kb->Dp);
+        }
+    }
+}
+#else
+#define bwd_pair_tiles(...) ((void)0)
+#endif
+
 /* One pair: query rows [ilo, ihi) of head (b, h) against the packed key block kb; adds into
  * the block's dK^T, dV^T accumulators (with_dkv) and into dq's rows (with_dq). */
 static void bwd_pair(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb, int64_t b, int64_t h,
@@ -1098,6 +1180,10 @@ static void bwd_pair(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb, int64_t
     const fa_attention_args *f = a->f;
     const fa_attention_grads *g = a->g;
     const int64_t n = ihi - ilo;
+    if (ATT_BF16_UNITS && a->tiles) {
+        bwd_pair_tiles(a, kb, b, h, ilo, ihi, with_dkv, with_dq);
+        return;
+    }
     const float *q_i = f->q + b * f->q_st[0] + h * f->q_st[1] + ilo * f->q_st[2];
     const float *do_i = g->dout + b * g->dout_st[0] + h * g->dout_st[1] + ilo * g->dout_st[2];
     bwd_dot(kb->ds, kb->kt, q_i, f->q_st[2], n, f->D);     /* S */
@@ -1135,7 +1221,7 @@ static void attention_bwd_keys(const fa_att_bwd_args *a, int64_t b, int64_t h, i
     const fa_attention_grads *g = a->g;
     const int64_t D = f->D, Dv = f->Dv, Lq = f->Lq, Lk = f->Lk;
     fa_att_bwd_blk kb;
-    attention_bwd_carve(&kb, scratch, D, Dv);
+    attention_bwd_carve(&kb, scratch, a);
     if (with_dq && D > 0) /* (D = 0: dq holds nothing, may be NULL) */
         for (int64_t i = 0; i < Lq; i++)
             memset(g->dq + b * g->dq_st[0] + h * g->dq_st[1] + i * g->dq_st[2], 0,
@@ -1143,7 +1229,7 @@ static void attention_bwd_keys(const fa_att_bwd_args *a, int64_t b, int64_t h, i
     for (int64_t blk = kb0; blk < kb1; blk++) {
         kb.jb = blk * KB;
         kb.nb = Lk - kb.jb < KB ? Lk - kb.jb : KB;
-        bwd_pack(a, &kb, b, h, with_dq);
+        bwd_pack(a, &kb, b, h, with_dq, 1);
         memset(kb.dkt, 0, (size_t)((D + Dv) * KB) * sizeof(float)); /* dkt, dvt */
         const int64_t first = bwd_first_query(f, kb.jb);
         for (int64_t i0 = first / BR * BR; i0 < Lq; i0 += BR) {
@@ -1167,7 +1253,7 @@ static void attention_bwd_queries(const fa_att_bwd_args *a, int64_t b,
     const int64_t D = f->D, Lq = f->Lq, Lk = f->Lk;
     const int64_t i0 = qb * BR, ihi = i0 + BR < Lq ? i0 + BR : Lq;
     fa_att_bwd_blk kb;
-    attention_bwd_carve(&kb, scratch, D, f->Dv);
+    attention_bwd_carve(&kb, scratch, a);
     for (int64_t i = i0; i < ihi && D > 0; i++)
         memset(g->dq + b * g->dq_st[0] + h * g->dq_st[1] + i * g->dq_st[2], 0,
                (size_t)D * sizeof(float));
@@ -1176,7 +1262,7 @@ static void attention_bwd_queries(const fa_att_bwd_args *a, int64_t b,
         const int64_t first = bwd_first_query(f, kb.jb);
         const int64_t ilo = i0 > first ? i0 : first;
         if (ilo >= ihi) break; /* later key blocks are hidden from this block too */
-        bwd_pack(a, &kb, b, h, 1);
+        bwd_pack(a, &kb, b, h, 1, 1);
         bwd_pair(a, &kb, b, h, ilo, ihi, 0, 1);
     }
 }
@@ -1236,14 +1322,17 @@ static int attention_forward(const fa_attention_args *a, const fa_att_units *u, 
     return 0;
 }
 
-static int attention_backward(const fa_attention_grads *g, const fa_attention_args *f, int nthreads)
+/* u: the units a bf16 call runs on (its tiles, if any, take the five products) */
+static int attention_backward(const fa_attention_grads *g, const fa_attention_args *f,
+                              const fa_att_units *u, int nthreads)
 {
     const int64_t H = f->H, Lq = f->Lq, Lk = f->Lk, BH = f->B * H;
     if (f->B <= 0 || H <= 0) return 0;
-    fa_att_bwd_args bwd = {.f = f, .g = g, .drop = fa_dropout_make(f->dropout_p, f->seed)};
+    fa_att_bwd_args bwd = {.f = f, .g = g, .drop = fa_dropout_make(f->dropout_p, f->seed),
+                           .tiles = ATT_BF16_UNITS && f->bf16 ? u->tiles : NULL};
     fa_att_bwd_args *a = &bwd;
     const int64_t nkb = (Lk + KB - 1) / KB, nqb = (Lq + BR - 1) / BR;
-    const int64_t scratch = attention_bwd_scratch(f->D, f->Dv);
+    const int64_t scratch = attention_bwd_scratch(f->D, f->Dv, a->tiles != NULL);
     /* five products of (rows x keys x head dim), half of them under the causal rule */
     const double flops = 5.0 * (double)BH * (double)Lq * (double)Lk *
                          (double)(f->D + f->Dv) / (f->causal ? 2.0 : 1.0);
@@ -1296,6 +1385,7 @@ static int attention_backward(const fa_attention_grads *g, const fa_attention_ar
 
 #undef KB
 #undef BR
+#undef R16
 #undef ATT_TAIL
 
 #undef NR

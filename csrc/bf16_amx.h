@@ -661,6 +661,61 @@ static void att_pv_amx(float *ot, int64_t bq, int64_t Dv, const float *v, int64_
     AMX_RELEASE();
 }
 
+/* ---- bf16 attention's backward products (fa_amx_kernels.pairs_gemm) -------------------------
+ * C (M, N) += A B with both operands already in pairs (attention_amx_body.h packs them), in
+ * 32 x 32 blocks of C: tiles 0-3 C (2 x 2 of 16 x 16), 4, 5 A (rows 0-15, 16-31), 6, 7 B
+ * (columns 0-15, 16-31); a block's second row or column group only where M or N reach it. C is
+ * loaded, summed into in TDPBF16PS's order (per 16 pairs: c = fl(c + fl(s_even + s_odd))) and
+ * stored; a block past M or N goes through a buffer. */
+static void amx_pairs_gemm(float *C, int64_t ldc, int64_t M, int64_t N, int64_t KP,
+                           const uint32_t *A, int64_t lda, const uint32_t *B, int64_t ldb)
+{
+    float c[32][32] __attribute__((aligned(64)));
+    amx_tilecfg_t cfg;
+    amx_config(&cfg);
+    AMX_CONFIG(&cfg);
+    for (int64_t m0 = 0; m0 < M; m0 += 32) {
+        const int64_t mr = M - m0 < 32 ? M - m0 : 32;
+        for (int64_t n0 = 0; n0 < N; n0 += 32) {
+            const int64_t nc = N - n0 < 32 ? N - n0 : 32;
+            const int two_m = mr > 16, two_n = nc > 16, full = mr == 32 && nc == 32;
+            float *cb = full ? C + m0 * ldc + n0 : &c[0][0];
+            const int64_t ldcb = full ? 4 * ldc : 128;
+            if (!full)
+                for (int64_t r = 0; r < 32; r++)
+                    for (int64_t j = 0; j < 32; j++)
+                        c[r][j] = r < mr && j < nc ? C[(m0 + r) * ldc + n0 + j] : 0.0f;
+            AMX_LOAD(0, cb, ldcb);
+            AMX_LOAD(1, cb + 16, ldcb);
+            AMX_LOAD(2, (const uint8_t *)cb + 16 * ldcb, ldcb);
+            AMX_LOAD(3, (const uint8_t *)cb + 16 * ldcb + 64, ldcb);
+            for (int64_t k0 = 0; k0 < KP; k0 += 16) {
+                const uint32_t *a = A + m0 * lda + k0, *b = B + k0 * ldb + n0;
+                AMX_LOAD(4, a, 4 * lda);
+                AMX_LOAD(6, b, 4 * ldb);
+                AMX_DPBF16PS(0, 4, 6);
+                if (two_n) {
+                    AMX_LOAD(7, b + 16, 4 * ldb);
+                    AMX_DPBF16PS(1, 4, 7);
+                }
+                if (two_m) {
+                    AMX_LOAD(5, a + 16 * lda, 4 * lda);
+                    AMX_DPBF16PS(2, 5, 6);
+                    if (two_n) AMX_DPBF16PS(3, 5, 7);
+                }
+            }
+            AMX_STORE(0, cb, ldcb);
+            AMX_STORE(1, cb + 16, ldcb);
+            AMX_STORE(2, (uint8_t *)cb + 16 * ldcb, ldcb);
+            AMX_STORE(3, (uint8_t *)cb + 16 * ldcb + 64, ldcb);
+            if (!full)
+                for (int64_t r = 0; r < mr; r++)
+                    memcpy(C + (m0 + r) * ldc + n0, c[r], (size_t)nc * sizeof(float));
+        }
+    }
+    AMX_RELEASE();
+}
+
 #if !defined(AMX_EMULATE)
 /* ---- the tiles' peak (fa_peak): the roofline the tile GEMMs' rows are read against ----------
  * Four C tiles (0-3) each fed by one of two A tiles (4, 5) and one of two B tiles (6, 7), all
@@ -713,5 +768,5 @@ const fa_amx_kernels AMX_KERNELS = {.bf16_forward = bf16_forward_amx,
                                     .bf16_pack_b = bf16_pack_b_amx,
                                     .bf16_gemm_packed = bf16_gemm_packed_amx,
                                     .att_scores = att_scores_amx, .att_pv = att_pv_amx,
-                                    .tile_peak = AMX_TILE_PEAK};
+                                    .pairs_gemm = amx_pairs_gemm, .tile_peak = AMX_TILE_PEAK};
 #undef AMX_TILE_PEAK

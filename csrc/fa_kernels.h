@@ -18,10 +18,13 @@
 
 /* ---- argument bundles ----------------------------------------------------------------------- */
 
+struct fa_amx_kernels;
+
 /* The backward's bundle: the call, its gradients, its dropout (decided once) and scratch. */
 typedef struct {
     const fa_attention_args *f;   /* the forward's call: its out and lse are read */
     const fa_attention_grads *g;
+    const struct fa_amx_kernels *tiles; /* a bf16 call's five products on these tiles, or NULL */
     fa_dropout_t drop;
     float *delta;                 /* (B, H, Lq) scratch: Delta_i = dout_i . out_i */
     /* (B, H, Lq) scratch: P_ij = 2^(s_ij - pref_i) * pinv_i. pref = lse log2 e and pinv = 1 for
@@ -80,7 +83,7 @@ typedef struct {
  * and bf16 attention's two products, on the tiles (bf16_amx.c: fa_amx) or on the same code with
  * every tile instruction emulated in C (bf16_amx_emulated.c: fa_amx_emulated); bf16_amx.h says
  * the layouts. fa_paths_* (paths.c) says which, if any, a call runs on. */
-typedef struct {
+typedef struct fa_amx_kernels {
     /* bf16 storage, more than FA_BF16_PACKED_MAX_ROWS rows; as fa_linear_bf16_forward */
     int (*bf16_forward)(float *y, const float *x, const uint16_t *wp, const float *bias,
                         int64_t N, int64_t K, int64_t M, int activation, int nthreads);
@@ -97,6 +100,12 @@ typedef struct {
                        int64_t D, const uint32_t *qp, uint32_t *work);
     void (*att_pv)(float *ot, int64_t bq, int64_t Dv, const float *v, int64_t vsl, int64_t nb,
                    const uint32_t *pp, uint32_t *work);
+    /* C (M, N) (row stride ldc floats) += A B: A (M rows of KP words, row stride lda), B (KP
+     * rows of N words, row stride ldb), every word a pair of bf16 (the low half first in k),
+     * KP a multiple of 16; A's rows up to M and B's columns up to N, each rounded up to 16,
+     * are read (the caller zero-pads them). bf16 attention's backward products. */
+    void (*pairs_gemm)(float *C, int64_t ldc, int64_t M, int64_t N, int64_t KP,
+                       const uint32_t *A, int64_t lda, const uint32_t *B, int64_t ldb);
     /* the register-only tile loop (fa_peak): `iters` steps of 4 independent TDPBF16PS (int8:
      * TDPBSSD) on this thread; NULL in the emulated unit (its speed means nothing) */
     float (*tile_peak)(int64_t iters, int int8);
@@ -141,6 +150,7 @@ typedef struct {
     /* attention: whole passes (their tiles, scratch and thread loops follow the level's BQ) */
     int (*attention_forward)(const fa_attention_args *a, const fa_att_units *u, int nthreads);
     int (*attention_backward)(const fa_attention_grads *g, const fa_attention_args *a,
+                              const fa_att_units *u,
                               int nthreads);
     void (*layer_norm_rows)(float *y, float *sum_out, float *mean, float *rstd, const float *x,
                             const float *residual, const float *weight, const float *bias,

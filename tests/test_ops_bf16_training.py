@@ -14,6 +14,8 @@ Bounds, as norms relative to the twin's result (rel_err):
   <= 2^-9 each), so a result moves by about 2^-8 of its size; BF16_VS_FP32 bounds it from
   above, and it must move at all (a bf16 mode that silently ran float32 fails).
 """
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -298,3 +300,48 @@ def test_every_bf16_path(path):
     if path not in info["bf16_paths_available"]:
         pytest.skip(f"the {path} path is not available here ({info['bf16_paths_available']})")
     run_checks("test_ops_bf16_training", env={"FASTATTN_BF16_PATH": path})
+
+
+def attention_path_checks():
+    """Run in a child under each FASTATTN_ATTENTION_BF16_PATH: the backward's five products (on
+    the AMX tiles, real or emulated, every operand in pairs of bf16; on the vector paths, float32
+    FMA on the rounded values) follow the twin within the stated bound: several key and query
+    blocks, odd head dims, causal with Lq != Lk, dropout, a batch that sees no key; a hidden key
+    row holding inf (its dq share then summed by the scalar path); one thread and two (the split
+    of the key and query passes) giving the same bits."""
+    forced = os.environ["FASTATTN_ATTENTION_BF16_PATH"]
+    assert fastattn.build_info()["attention_bf16_path"] == forced
+    rng = np.random.default_rng(12)
+    for dims, causal, p, masked in (((1, 2, 150, 150, 64, 64), False, 0.0, False),
+                                    ((2, 1, 70, 133, 7, 33), True, 0.2, True),
+                                    ((1, 1, 65, 200, 130, 17), False, 0.0, False),
+                                    ((2, 2, 1, 5, 3, 2), True, 0.0, False)):
+        _, (g, t, f), _ = _attention_case(rng, *dims, causal, p, masked)
+        check_pair(g, t, f, BF16_TWIN_BLOCKS if dims[3] > 16 else BF16_TWIN,
+                   ["dq", "dk", "dv"])
+    B, H, L, D = 1, 1, 80, 24
+    q, k, v = rand(rng, (B, H, L, D)), rand(rng, (B, H, L, D)), rand(rng, (B, H, L, D))
+    kpm = np.zeros((B, L), bool)
+    kpm[0, 70] = True
+    k[0, 0, 70] = np.inf                      # hidden by the mask: must not reach any gradient
+    kw = dict(key_padding_mask=kpm, **BF16)
+    out, c = reference.attention_forward(q, k, v, **kw)
+    dout = rand(rng, out.shape)
+    outs = []
+    for n in (1, 2):
+        fastattn.set_num_threads(n)
+        outs.append(ops.attention_backward(dout, q, k, v, out, c["lse"], **kw))
+    t = reference.attention_backward(dout, q, k, v, out, c["lse"], **kw)
+    for a, b, w in zip(outs[0], outs[1], t):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+        assert np.all(np.isfinite(a)) and rel_err(a, w) <= BF16_TWIN_BLOCKS, rel_err(a, w)
+
+
+@pytest.mark.parametrize("path", ["fma", "avx512bf16", "avx512bf16-decode", "amx",
+                                  "amx-emulated"])
+def test_every_attention_bf16_path_backward(path):
+    available = fastattn.build_info()["attention_bf16_paths_available"]
+    if path not in available:
+        pytest.skip(f"the {path} attention path is not available here ({available})")
+    run_checks("test_ops_bf16_training", "attention_path_checks",
+               {"FASTATTN_ATTENTION_BF16_PATH": path})
