@@ -191,7 +191,8 @@ static int bf16_forward_amx(float *y, const float *x, const uint16_t *wp, const 
  * while the tiles work and after its stores have drained. */
 /* AMX_RB (fa_tiles.h): rows per chunk of A (packed once per K chunk: 512 KB, a quarter of the
  * L2 of every AMX CPU so far) */
-#define AMX_KB 16  /* blocks of 16 pairs (32 k) per chunk of K (a 32-column panel of B: 32 KB) */
+/* AMX_KB (fa_tiles.h): blocks of 16 pairs (32 k) per chunk of K (a 32-column panel of B:
+ * 32 KB) */
 
 typedef struct {
     const uint8_t *b;
@@ -204,11 +205,17 @@ typedef struct {
 typedef struct {
     const float *bias;
     int act;
+    /* the result as bf16 bits (rows ldyb apart from row row0 of the call's C), rounded after
+     * the epilogue, instead of C (only where K is one chunk: no partial sums to keep); NULL:
+     * C itself */
+    uint16_t *yb;
+    int64_t ldyb, row0;
 } amx_epilogue;
 
 /* how A is read: rounded to bf16 (the bfloat16 compute type), or holding bf16 values already
- * (bf16 training: the top halves) by rows, or transposed (A[k lda + m]) */
-enum { AMX_A_ROUND, AMX_A_BF16, AMX_A_BF16_T };
+ * (bf16 training: the top halves) by rows, or transposed (A[k lda + m]), or bf16 bits by rows
+ * (uint16_t: the bfloat16 FFN's hidden) */
+enum { AMX_A_ROUND, AMX_A_BF16, AMX_A_BF16_T, AMX_A_BITS };
 
 /* 32 floats at x (k < n of them; zero past) -> 16 words of bf16 pairs (the top halves) */
 static __m512i amx_pairs32(const float *x, int64_t n)
@@ -272,10 +279,24 @@ static void amx_pack_at(uint32_t *aq, int64_t ldq, const float *A, int64_t lda, 
 }
 
 /* rows [m0, m0 + 32) of op(A), k from 32 kb0 for nkb blocks, into aq (row stride 16 nkb words) */
-static void amx_pack_a32(uint32_t *aq, int mode, const float *A, int64_t lda, int64_t m0,
+static void amx_pack_a32(uint32_t *aq, int mode, const void *Av, int64_t lda, int64_t m0,
                          int64_t M, int64_t K, int64_t kb0, int64_t nkb)
 {
     const int64_t ldq = 16 * nkb, k0 = 32 * kb0;
+    const float *A = Av;
+    if (mode == AMX_A_BITS) {           /* the bits as they are, zero past K */
+        const int64_t n = K - k0 < 2 * ldq ? K - k0 : 2 * ldq;
+        for (int64_t r = 0; r < 32; r++) {
+            uint16_t *a_r = (uint16_t *)(aq + r * ldq);
+            if (m0 + r < M) {
+                memcpy(a_r, (const uint16_t *)Av + (m0 + r) * lda + k0, (size_t)n * 2);
+                memset(a_r + n, 0, (size_t)(2 * ldq - n) * 2);
+            } else {
+                memset(a_r, 0, (size_t)(ldq * 4));
+            }
+        }
+        return;
+    }
     if (mode == AMX_A_BF16_T) {
         amx_pack_at(aq, ldq, A, lda, m0, M, K, 16 * kb0, ldq);
         amx_pack_at(aq + 16 * ldq, ldq, A, lda, m0 + 16, M, K, 16 * kb0, ldq);
@@ -292,6 +313,16 @@ static void amx_pack_a32(uint32_t *aq, int mode, const float *A, int64_t lda, in
             for (int64_t j = 0; j < ldq; j += 16)
                 _mm512_store_si512((void *)(a_r + j), amx_pairs32(x + 2 * j, K - k0 - 2 * j));
     }
+}
+
+/* a block held in c (32 x 32, row stride 32): its epilogue, then rounded to ep's bits */
+static void amx_block_bits(const amx_epilogue *ep, float (*c)[32], int64_t m0, int64_t n0,
+                           int64_t mr, int64_t nc)
+{
+    fa_k->bias_act_rows(&c[0][0], NULL, ep->bias ? ep->bias + n0 : NULL, mr, nc, 32, ep->act,
+                        0, 0, NULL);
+    for (int64_t r = 0; r < mr; r++)
+        amx_round_row(ep->yb + (ep->row0 + m0 + r) * ep->ldyb + n0, c[r], nc, nc);
 }
 
 /* the epilogue of the 32 x 32 block of C at (m0, n0), mr x nc of it (nothing for nc = 0) */
@@ -319,6 +350,7 @@ static void amx_tiles_run(const uint32_t *aq, int64_t M, const amx_bpanels *bp, 
     float c[32][32] __attribute__((aligned(64)));
     uint32_t tail[16][32] __attribute__((aligned(64)));
     int64_t ep_m0 = 0, ep_n0 = 0, ep_mr = 0, ep_nc = 0;  /* the block whose epilogue is due */
+    const int bits = ep && ep->yb;      /* every block through c, C never touched */
     for (int64_t n0 = 0; n0 < N; n0 += 32) {
         const int64_t nc = N - n0 < 32 ? N - n0 : 32;
         const uint8_t *b = bp->b + (n0 / bp->pw) * bp->pstride + (n0 % bp->pw) * 4 +
@@ -335,7 +367,8 @@ static void amx_tiles_run(const uint32_t *aq, int64_t M, const amx_bpanels *bp, 
         for (int64_t m0 = 0; m0 < M; m0 += 32) {
             const int64_t mr = M - m0 < 32 ? M - m0 : 32;
             const uint8_t *a = (const uint8_t *)aq + m0 * lda;
-            const int full = mr == 32 && nc == 32;  /* the tiles load and store C in place */
+            /* the tiles load and store C in place */
+            const int full = !bits && mr == 32 && nc == 32;
             float *cb = full ? C + m0 * ldc + n0 : &c[0][0];
             const int64_t ldcb = full ? 4 * ldc : 128;
             if (load_c && !full)
@@ -367,7 +400,7 @@ static void amx_tiles_run(const uint32_t *aq, int64_t M, const amx_bpanels *bp, 
                 for (int64_t i = 0; next && i < per_step && line < lines; i++, line++)
                     _mm_prefetch((const char *)next + (line / 2) * bp->ldb + (line % 2) * 64,
                                  _MM_HINT_T0);
-                if (ep && kb == nkb / 2) {  /* the previous block's, while the tiles work */
+                if (ep && !bits && kb == nkb / 2) { /* the previous block's, meanwhile */
                     amx_block_epilogue(C, ldc, ep_m0, ep_n0, ep_mr, ep_nc, ep);
                     ep_nc = 0;
                 }
@@ -376,6 +409,10 @@ static void amx_tiles_run(const uint32_t *aq, int64_t M, const amx_bpanels *bp, 
             AMX_STORE(1, cb + 16, ldcb);
             AMX_STORE(2, (uint8_t *)cb + 16 * ldcb, ldcb);
             AMX_STORE(3, (uint8_t *)cb + 16 * ldcb + 64, ldcb);
+            if (bits) {
+                amx_block_bits(ep, c, m0, n0, mr, nc);
+                continue;
+            }
             if (!full)
                 for (int64_t r = 0; r < mr; r++)
                     memcpy(C + (m0 + r) * ldc + n0, c[r], (size_t)nc * sizeof(float));
@@ -385,17 +422,26 @@ static void amx_tiles_run(const uint32_t *aq, int64_t M, const amx_bpanels *bp, 
             ep_nc = nc;
         }
     }
-    if (ep) amx_block_epilogue(C, ldc, ep_m0, ep_n0, ep_mr, ep_nc, ep);
+    if (ep && !bits) amx_block_epilogue(C, ldc, ep_m0, ep_n0, ep_mr, ep_nc, ep);
 }
 
-/* C (M, N) = (beta ? C : 0) + op(A) B on the tiles, one thread, then the epilogue ep if any;
- * op(A) (M, K): A[m lda + k], or A[k lda + m] (AMX_A_BF16_T); 0, or -1: out of memory */
-static int amx_bf16_gemm(int mode, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+/* a caller's broken promise (not something an input can cause): stop with a message */
+static void amx_fail(const char *what)
+{
+    fprintf(stderr, "fastattn: AMX tiles: %s\n", what);
+    abort();
+}
+
+/* C (M, N) = (beta ? C : 0) + op(A) B on the tiles, one thread, then the epilogue ep if any
+ * (with ep->yb: C is NULL, K at most one chunk, beta 0); op(A) (M, K): A[m lda + k], or
+ * A[k lda + m] (AMX_A_BF16_T); 0, or -1: out of memory */
+static int amx_bf16_gemm(int mode, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
                          const amx_bpanels *bp, int beta, float *C, int64_t ldc,
                          const amx_epilogue *ep)
 {
     if (M <= 0 || N <= 0) return 0;
     const int64_t nkb = (K + 31) / 32;
+    if (ep && ep->yb && (nkb > AMX_KB || beta)) amx_fail("bits out of a product of K chunks");
     const int64_t rb = M < AMX_RB ? (M + 31) / 32 * 32 : AMX_RB, kb = nkb < AMX_KB ? nkb : AMX_KB;
     uint32_t *aq = aligned_alloc(64, (size_t)(rb * kb * 64));   /* a decode step's: 32 KB,
                                                                    AMX_RB rows': 512 KB */
@@ -409,8 +455,13 @@ static int amx_bf16_gemm(int mode, int64_t M, int64_t N, int64_t K, const float 
             const int64_t nk = nkb - kc < AMX_KB ? nkb - kc : AMX_KB;
             for (int64_t m0 = 0; m0 < mr; m0 += 32)
                 amx_pack_a32(aq + m0 * 16 * nk, mode, A, lda, mc + m0, M, K, kc, nk);
-            amx_tiles_run(aq, mr, bp, kc, nk, N, C + mc * ldc, ldc, beta || kc > 0,
-                          kc + nk == nkb ? ep : NULL);
+            amx_epilogue chunk;             /* ep, its bits' rows from this chunk's */
+            if (ep) {
+                chunk = *ep;
+                chunk.row0 += mc;
+            }
+            amx_tiles_run(aq, mr, bp, kc, nk, N, C ? C + mc * ldc : NULL, ldc, beta || kc > 0,
+                          kc + nk == nkb && ep ? &chunk : NULL);
         }
     }
     AMX_RELEASE();
@@ -425,8 +476,10 @@ static int amx_bf16_gemm(int mode, int64_t M, int64_t N, int64_t K, const float 
  * threads the weight's panels split over them; the epilogue (bias, activation) done by the
  * tiles' passes (amx_epilogue). */
 static int bfloat16_forward_amx(float *y, const float *x, const uint16_t *wp, const float *bias,
-                                int64_t N, int64_t K, int64_t M, int activation, int nthreads)
+                                int64_t N, int64_t K, int64_t M, int activation, int nthreads,
+                                const uint16_t *xb, uint16_t *yb)
 {
+    const int mode = xb ? AMX_A_BITS : AMX_A_ROUND;
     const int64_t Kh = (K + 1) / 2, nblk = (N + 31) / 32, P = (M + BFC_NP - 1) / BFC_NP;
     const amx_bpanels bp = {.b = (const uint8_t *)wp, .ldb = 4 * BFC_NP,
                             .pstride = 4 * BFC_NP * Kh, .pw = BFC_NP, .kh = Kh};
@@ -441,15 +494,17 @@ static int bfloat16_forward_amx(float *y, const float *x, const uint16_t *wp, co
          * turn by whichever thread is free: a core slowed by a neighbour leaves its part to
          * the other instead of holding the team at the end; each chunk streams the weight
          * from L3 once, so the chunks are as tall as that balance allows */
-        const amx_epilogue ep = {.bias = bias, .act = activation};
         const int64_t half = nblk / (2 * nt);
         const int64_t cb = half < 2 ? 2 : half > AMX_RB / 32 ? AMX_RB / 32 : half;
         const int64_t nchunks = (nblk + cb - 1) / cb;
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(dynamic, 1) reduction(| : failed)
         for (int64_t c = 0; c < nchunks; c++) {
             const int64_t r0 = c * cb * 32, r1 = (c + 1) * cb * 32 < N ? (c + 1) * cb * 32 : N;
-            failed |= amx_bf16_gemm(AMX_A_ROUND, r1 - r0, M, K, x + r0 * K, K, &bp, 0,
-                                    y + r0 * M, M, &ep) != 0;
+            const amx_epilogue ep = {.bias = bias, .act = activation, .yb = yb, .ldyb = M,
+                                     .row0 = r0};
+            const void *a = xb ? (const void *)(xb + r0 * K) : (const void *)(x + r0 * K);
+            failed |= amx_bf16_gemm(mode, r1 - r0, M, K, a, K, &bp, 0, yb ? NULL : y + r0 * M,
+                                    M, &ep) != 0;
         }
         return failed ? -1 : 0;
     }
@@ -461,9 +516,10 @@ static int bfloat16_forward_amx(float *y, const float *x, const uint16_t *wp, co
             const int64_t m0 = b0 * BFC_NP, m1 = b1 * BFC_NP < M ? b1 * BFC_NP : M;
             amx_bpanels part = bp;
             part.b += b0 * bp.pstride;
-            const amx_epilogue ep = {.bias = bias ? bias + m0 : NULL, .act = activation};
-            failed |= amx_bf16_gemm(AMX_A_ROUND, N, m1 - m0, K, x, K, &part, 0, y + m0, M,
-                                    &ep) != 0;
+            const amx_epilogue ep = {.bias = bias ? bias + m0 : NULL, .act = activation,
+                                     .yb = yb ? yb + m0 : NULL, .ldyb = M};
+            failed |= amx_bf16_gemm(mode, N, m1 - m0, K, xb ? (const void *)xb : (const void *)x,
+                                    K, &part, 0, yb ? NULL : y + m0, M, &ep) != 0;
         }
     }
     return failed ? -1 : 0;

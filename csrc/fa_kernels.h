@@ -87,9 +87,12 @@ typedef struct fa_amx_kernels {
     /* bf16 storage, more than FA_BF16_PACKED_MAX_ROWS rows; as fa_linear_bf16_forward */
     int (*bf16_forward)(float *y, const float *x, const uint16_t *wp, const float *bias,
                         int64_t N, int64_t K, int64_t M, int activation, int nthreads);
-    /* the bfloat16 compute type; as fa_linear_bfloat16_forward, on fa_bfloat16_pack's layout */
+    /* the bfloat16 compute type; as fa_linear_bfloat16_forward, on fa_bfloat16_pack's layout;
+     * xb: the input as bf16 bits instead of x (rows of K); yb: the output as bf16 bits instead
+     * of y (rows of M, rounded after the epilogue; only where K is one chunk, K <= 32 AMX_KB) */
     int (*bfloat16_forward)(float *y, const float *x, const uint16_t *wp, const float *bias,
-                            int64_t N, int64_t K, int64_t M, int activation, int nthreads);
+                            int64_t N, int64_t K, int64_t M, int activation, int nthreads,
+                            const uint16_t *xb, uint16_t *yb);
     /* bf16 training's products: op(B) packed once (aligned_alloc'd, NULL: out of memory), then
      * any number of products with it */
     uint32_t *(*bf16_pack_b)(int trans_b, int64_t K, int64_t N, const float *B, int64_t ldb);

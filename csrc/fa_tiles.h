@@ -96,5 +96,7 @@
 #define AMX_RB 512       /* AMX: rows per block at most (the block's inputs in L2, the weight
                             read from L3 once per block: bf16_amx.h, quant.c) */
 #define AMX_BLOCK_BYTES (1 << 20) /* ... and at most this many bytes of them */
+#define AMX_KB 16        /* AMX bf16: blocks of 16 pairs (32 k) per chunk of K (a 32-column
+                            panel of B: 32 KB, bf16_amx.h) */
 
 #endif /* FA_TILES_H */

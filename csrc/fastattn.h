@@ -738,6 +738,16 @@ void fa_bfloat16_pack(uint16_t *wp, const uint16_t *w, int64_t M, int64_t K, int
 int fa_linear_bfloat16_forward(float *y, const float *x, const uint16_t *wp, const float *bias,
                                int64_t N, int64_t K, int64_t M, int activation, int nthreads);
 
+/* fa_ffn_bfloat16_forward -- y (N, C) = act(x w1^T + b1) w2^T + b2 in the bfloat16 compute type:
+ * the two products of fa_linear_bfloat16_forward, the same bits, with the hidden (N, F) held
+ * as bf16 bits (it only feeds the second product, which rounds it so) where that pays: more
+ * than a decode step's rows, and on the AMX tiles a first product of C <= 512. w1p, w2p
+ * packed by fa_bfloat16_pack (F, C) and (C, F); b1 (F), b2 (C) or NULL. Returns 0, or -1: out
+ * of memory. */
+int fa_ffn_bfloat16_forward(float *y, const float *x, const uint16_t *w1p, const float *b1,
+                            const uint16_t *w2p, const float *b2, int64_t N, int64_t C,
+                            int64_t F, int activation, int nthreads);
+
 /* fa_peak -- flops (int8: ops) of a register-only loop of `iters` steps on each of nthreads
  * threads (the caller times it), the rooflines the GEMMs are read against; kind:
  *   FA_PEAK_VDPBF16PS  24 independent vdpbf16ps a step (-1 without AVX512_BF16 at the level)

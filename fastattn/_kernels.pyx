@@ -137,6 +137,9 @@ cdef extern from "fastattn.h" nogil:
     int fa_linear_bfloat16_forward(float *y, const float *x, const uint16_t *wp,
                                    const float *bias, int64_t N, int64_t K, int64_t M,
                                    int activation, int nthreads)
+    int fa_ffn_bfloat16_forward(float *y, const float *x, const uint16_t *w1p, const float *b1,
+                                const uint16_t *w2p, const float *b2, int64_t N, int64_t C,
+                                int64_t F, int activation, int nthreads)
     double fa_peak(int64_t iters, int nthreads, int kind) nogil
 
 
@@ -991,6 +994,34 @@ def linear_bfloat16_forward(y, x, wp, bias, int activation, int nthreads):
     """y (N, M), x (N, K), wp from bfloat16_pack, bias (M) or None (bfloat16 compute).
     Arrays checked by _cdata (a decode step's entry)."""
     _linear_bf16_bits(y, x, wp, bias, activation, nthreads, True)
+
+
+def ffn_bfloat16_forward(y, x, w1p, b1, w2p, b2, int64_t F, int activation, int nthreads):
+    """y (N, C) = act(x w1^T + b1) w2^T + b2 in the bfloat16 compute type, the hidden (N, F)
+    kept as bf16 bits where that pays (fa_ffn_bfloat16_forward); x (N, C); w1p, w2p from
+    bfloat16_pack of the (F, C) and (C, F) weights; b1 (F), b2 (C) or None."""
+    cdef float *yp = <float *>_cdata(y, cnp.NPY_FLOAT32, 2, True, False, "y")
+    cdef const float *xp = <const float *>_cdata(x, cnp.NPY_FLOAT32, 2, False, False, "x")
+    cdef const uint16_t *p1 = <const uint16_t *>_cdata(w1p, cnp.NPY_UINT16, 1, False, False,
+                                                       "w1p")
+    cdef const uint16_t *p2 = <const uint16_t *>_cdata(w2p, cnp.NPY_UINT16, 1, False, False,
+                                                       "w2p")
+    cdef const float *bp1 = <const float *>_cdata(b1, cnp.NPY_FLOAT32, 1, False, True, "b1")
+    cdef const float *bp2 = <const float *>_cdata(b2, cnp.NPY_FLOAT32, 1, False, True, "b2")
+    cdef int64_t N = _dim(x, 0), C = _dim(x, 1)
+    if _dim(y, 0) != N or _dim(y, 1) != C:
+        raise ValueError(f"ffn_bfloat16_forward: y {y.shape} is not x's {x.shape}")
+    if _dim(w1p, 0) != fa_bfloat16_packed_size(F, C) or \
+            _dim(w2p, 0) != fa_bfloat16_packed_size(C, F):
+        raise ValueError(f"ffn_bfloat16_forward: w1p ({_dim(w1p, 0)}) and w2p ({_dim(w2p, 0)}) "
+                         f"are not packed {F}x{C} and {C}x{F} weights")
+    if (b1 is not None and _dim(b1, 0) != F) or (b2 is not None and _dim(b2, 0) != C):
+        raise ValueError(f"ffn_bfloat16_forward: b1 must hold {F} values and b2 {C}")
+    cdef int rc
+    with nogil:
+        rc = fa_ffn_bfloat16_forward(yp, xp, p1, bp1, p2, bp2, N, C, F, activation, nthreads)
+    if rc != 0:
+        raise MemoryError("ffn (bfloat16): could not allocate the hidden")
 
 
 PEAK_KINDS = ("vdpbf16ps", "fma", "amx_bf16", "amx_int8")

@@ -184,6 +184,34 @@ def test_ffn_and_slices(rng):
         check(x, None, qw=q1[lo:hi])
 
 
+def test_ffn_hidden_as_bf16_bits_gives_the_two_products_bits(rng):
+    """The FFN of two bfloat16 weights holds its hidden as bf16 bits (the second product
+    rounds it to them anyway): the same bits as two linear calls through a float32 hidden, for
+    a decode step's rows (float32 hidden), many rows, K past the tiles' one chunk (C = 515:
+    float32 hidden on the tiles), slices of a weight on a panel edge, an empty hidden or sum."""
+    for N, C, F, act in ((1, 8, 16, "relu"), (2, 33, 70, "gelu"), (3, 16, 40, "relu"),
+                         (97, 64, 130, "relu"), (300, 515, 131, "gelu"), (40, 512, 96, "relu"),
+                         (3, 0, 4, "relu"), (3, 4, 0, "relu")):
+        x = rand(rng, (N, C))
+        q1 = QW.from_float(rand(rng, (F, C), 0.2), "bfloat16")
+        q2 = QW.from_float(rand(rng, (C, F), 0.1), "bfloat16")
+        b1, b2 = rand(rng, (F,)), rand(rng, (C,))
+        two = ops.linear(ops.linear(x, q1, b1, activation=act), q2, b2)
+        got = ops.ffn(x, q1, b1, q2, b2, activation=act)
+        np.testing.assert_array_equal(got.view(np.uint32), two.view(np.uint32))
+    x = rand(rng, (50, 32))
+    q1 = QW.from_float(rand(rng, (192, 32), 0.2), "bfloat16")
+    q2 = QW.from_float(rand(rng, (32, 70), 0.1), "bfloat16")
+    sub = q1[64:134]                                    # a slice reading its parent's panels
+    np.testing.assert_array_equal(ops.ffn(x, sub, None, q2, None),
+                                  ops.linear(ops.linear(x, sub, None, activation="relu"), q2))
+    with pytest.raises(ValueError, match="ffn_bfloat16_forward: w1p"):
+        from fastattn import _kernels
+        _kernels.ffn_bfloat16_forward(np.empty((2, 32), np.float32), x[:2],
+                                      q2._kernel_arrays()[1], None, q1._kernel_arrays()[1], None,
+                                      70, 1, 1)
+
+
 def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="dtype must be 'int8', 'bf16' or 'bfloat16'"):
         QW.from_float(np.ones((2, 2), np.float32), "bfloat")
@@ -209,6 +237,7 @@ def path_checks():
     test_non_finite_inputs(np.random.default_rng(1))
     test_tiny_products_stay_within_the_stated_bound(np.random.default_rng(2))
     test_ffn_and_slices(np.random.default_rng(3))
+    test_ffn_hidden_as_bf16_bits_gives_the_two_products_bits(np.random.default_rng(4))
     rng = np.random.default_rng(9)
     x, w = rand(rng, (130, 77)), rand(rng, (65, 77), 0.1)
     qw = QW.from_float(w, "bfloat16")
