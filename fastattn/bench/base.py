@@ -96,5 +96,26 @@ def _torch_impl(body):
     return factory
 
 
+def _torch_backward(causal, train_step=False, bf16=False):
+    """torch's SDPA backward on inputs q, k, v, dout: the forward once and autograd.grad per call
+    (train_step: forward and backward per call, as a training step runs them); bf16: on bf16
+    copies of them (torch's bf16 attention). -> (dq, dk, dv) as float32 NumPy arrays."""
+    def factory(inputs):
+        torch = require_torch()
+        torch.set_num_threads(get_num_threads())
+        dtype = torch.bfloat16 if bf16 else torch.float32
+        q, k, v = (torch.from_numpy(inputs[t]).to(dtype).requires_grad_() for t in "qkv")
+        dout = torch.from_numpy(inputs["dout"]).to(dtype)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        out = None if train_step else sdpa(q, k, v, is_causal=causal)
+
+        def run_torch():
+            o = sdpa(q, k, v, is_causal=causal) if train_step else out
+            grads = torch.autograd.grad(o, (q, k, v), dout, retain_graph=not train_step)
+            return tuple(g.float().numpy() for g in grads)
+        return run_torch
+    return factory
+
+
 def _normal(rng, shape, scale=1.0):
     return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale))

@@ -27,7 +27,7 @@ import math
 import numpy as np
 
 from .. import get_num_threads, nn, ops, reference
-from .base import IMPLEMENTATIONS, Case, Unavailable, _normal, _torch_impl
+from .base import IMPLEMENTATIONS, Case, Unavailable, _normal, _torch_backward, _torch_impl
 from .torch_models import require_torch, torch_generate, torch_seq2seq, torch_transformer
 
 __all__ = ["IMPLEMENTATIONS", "Case", "Unavailable", "CASES", "OP_CASES", "MODEL_CASES",
@@ -74,24 +74,6 @@ def _attention_backward_case(name, title, B, H, L, D, causal):
     return Case(name, f"{title} (B={B} H={H} L={L} D={D})", build, impls, flops=flops)
 
 
-def _torch_backward(causal, train_step=False):
-    """torch's SDPA backward on inputs q, k, v, dout: the forward once and autograd.grad per call
-    (train_step: forward and backward per call, as a training step runs them). -> (dq, dk, dv)
-    as NumPy arrays (views)."""
-    def factory(inputs):
-        torch = require_torch()
-        torch.set_num_threads(get_num_threads())
-        q, k, v = (torch.from_numpy(inputs[t]).requires_grad_() for t in ("q", "k", "v"))
-        dout = torch.from_numpy(inputs["dout"])
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        out = None if train_step else sdpa(q, k, v, is_causal=causal)
-
-        def run_torch():
-            o = sdpa(q, k, v, is_causal=causal) if train_step else out
-            grads = torch.autograd.grad(o, (q, k, v), dout, retain_graph=not train_step)
-            return tuple(g.numpy() for g in grads)
-        return run_torch
-    return factory
 
 
 def _attention_backward_memory_case(B=1, H=4, L=16384, D=64):
