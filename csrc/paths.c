@@ -314,7 +314,10 @@ int fa_int8_path_rows(int64_t rows)
 const fa_q8_kernels *fa_paths_int8(int64_t rows) { return q8_of(fa_int8_path_rows(rows)); }
 
 /* The tiles of bf16 storage's many-row products: the int8 path's units, where that path is
- * amx (or amx-emulated) */
+ * amx-emulated or a forced amx. Not the default amx's: they multiply each input as three bf16
+ * terms, three times the tiles' work, and at the rate the tiles were measured at before their
+ * blocking was redone (9-17% of their peak) that is below the float32 engine; until they are
+ * timed again, bf16 storage stays on the engine by default. */
 const fa_amx_kernels *fa_paths_bf16_storage(void)
 {
     const int path __attribute__((unused)) = fa_int8_path();
@@ -322,7 +325,7 @@ const fa_amx_kernels *fa_paths_bf16_storage(void)
     if (path == FA_INT8_AMX_EMULATED) return &fa_amx_emulated;
 #endif
 #if defined(FA_HAVE_V4) && defined(FA_HAVE_AMX)
-    if (path == FA_INT8_AMX) return &fa_amx;
+    if (path == FA_INT8_AMX && g.int8_forced) return &fa_amx;
 #endif
     return NULL;
 }
