@@ -75,8 +75,9 @@ static void q8_panel_amx(float *y, int64_t ldy, const int16_t *x, int64_t ldx, i
     const uint8_t *a = (const uint8_t *)x;
     const int64_t Kp = AMX_G * Kq, lda = 2 * ldx, ldb = AMX_G * AMX_NP, nkb = Kq / 16;
     const int64_t tiles = (rows + AMX_MR - 1) / AMX_MR;
-    /* the next panel's lines (2 per quad row) spread over this panel's steps */
-    const int8_t *next = w_p + Kq * ldb;
+    /* the next panel's lines (2 per quad row) spread over this panel's steps; its address as
+     * an integer: after the last panel there is none, and a prefetch there is harmless */
+    const uintptr_t next = (uintptr_t)(w_p + Kq * ldb);
     const int64_t lines = 2 * Kq, steps = tiles * (nkb > 0 ? nkb : 1);
     const int64_t per_step = (lines + steps - 1) / steps;
     amx_tilecfg_t cfg;
@@ -109,7 +110,7 @@ static void q8_panel_amx(float *y, int64_t ldy, const int16_t *x, int64_t ldx, i
             AMX_DPBSSD(2, 4, 6);
             AMX_DPBUSD(3, 5, 6);
             for (int64_t i = 0; i < per_step && line < lines; i++, line++)
-                _mm_prefetch((const char *)next + 64 * line, _MM_HINT_T0);
+                _mm_prefetch((const char *)(next + (uintptr_t)(64 * line)), _MM_HINT_T0);
             if (kb == nkb / 2 && due >= 0) {             /* the previous tile's, meanwhile */
                 Q8_AMX_OUT(due);
                 due = -1;
