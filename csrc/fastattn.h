@@ -285,8 +285,9 @@ int fa_layer_norm_backward(float *dx, float *dweight, float *dbias,
 
 /* ---- linear and feed-forward ------------------------------------------------------------------ */
 
-/* gelu: exact, erf form; gelu_tanh: its tanh approximation (torch's approximate="tanh") */
-enum { FA_ACT_NONE = 0, FA_ACT_RELU = 1, FA_ACT_GELU = 2, FA_ACT_GELU_TANH = 3 };
+/* gelu: exact, erf form; gelu_tanh: its tanh approximation (torch's approximate="tanh");
+ * silu: t sigmoid(t) (torch's SiLU, Marian's "swish") */
+enum { FA_ACT_NONE = 0, FA_ACT_RELU = 1, FA_ACT_GELU = 2, FA_ACT_GELU_TANH = 3, FA_ACT_SILU = 4 };
 
 /* fa_bf16_weight_pack -- a bf16 training weight w (M, K) (bf16 values held in float32s)
  * packed for the products that read it on the bf16 tiles, made once per optimizer step by the

@@ -7,6 +7,8 @@
  *                 gelu_tanh(t) = t (1 + th) / 2,  th = tanh(k0 (t + k1 t^3)),
  *                   k0 = sqrt(2 / pi), k1 = 0.044715
  *                 gelu_tanh'(t) = (1 + th) / 2 + t (1 - th^2) k0 (1 + 3 k1 t^2) / 2
+ *                 silu(t) = t s,  s = sigmoid(t) = 1 / (1 + e^-t)
+ *                 silu'(t) = s (1 + t (1 - s))
  * erfc uses the Chebyshev-fitted form erfc(z) = u exp(-z^2 + P(u)), u = 1 / (1 + z/2), z >= 0
  * (fractional error < 1.2e-7 for all z), so gelu is accurate in both tails without cancellation. */
 
@@ -72,11 +74,42 @@ FA_INLINE VF vgelu_tanh_grad(VF t)
     return (VF)((big & (VI)lim) | (~big & (VI)d));
 }
 
+/* sigmoid(t) and 1 - sigmoid(t) without cancellation: with e = e^-|t| in (0, 1],
+ * s = 1 / (1 + e) for t >= 0 and e / (1 + e) below; 1 - s the other one. NaN stays NaN. */
+FA_INLINE void vsigmoid2(VF t, VF *s, VF *one_minus_s)
+{
+    const VF e = vexp(-(VF)((VI)t & ((VI)vsplat(0.0f) | 0x7fffffff)));
+    const VF inv = vsplat(1.0f) / (vsplat(1.0f) + e), einv = e * inv;
+    const VI neg = (VI)(t < vsplat(0.0f));
+    *s = (VF)((neg & (VI)einv) | (~neg & (VI)inv));
+    *one_minus_s = (VF)((neg & (VI)inv) | (~neg & (VI)einv));
+}
+
+/* silu(t) = t sigmoid(t); -inf gives 0 (the limit; -inf * 0 would be NaN) */
+FA_INLINE VF vsilu(VF t)
+{
+    VF s, c;
+    vsigmoid2(t, &s, &c);
+    return (VF)(~(VI)(t == vsplat(-INFINITY)) & (VI)(t * s));
+}
+
+/* silu'(t) = s (1 + t (1 - s)); |t| > 40 gives its limits 0 / 1 (no inf * 0); NaN stays NaN */
+FA_INLINE VF vsilu_grad(VF t)
+{
+    VF s, c;
+    vsigmoid2(t, &s, &c);
+    const VF d = s * (vsplat(1.0f) + t * c);
+    const VI big = (VI)(t > vsplat(40.0f)) | (VI)(t < vsplat(-40.0f));
+    const VF lim = (VF)((VI)(t > vsplat(0.0f)) & (VI)vsplat(1.0f));
+    return (VF)((big & (VI)lim) | (~big & (VI)d));
+}
+
 FA_INLINE VF vact(VF t, int act)
 {
     if (act == FA_ACT_RELU) return (VF)(~(VI)(t < vsplat(0.0f)) & (VI)t); /* NaN stays NaN */
     if (act == FA_ACT_GELU) return vgelu(t);
     if (act == FA_ACT_GELU_TANH) return vgelu_tanh(t);
+    if (act == FA_ACT_SILU) return vsilu(t);
     return t;
 }
 
@@ -148,7 +181,7 @@ static void grad_act_rows(float *dz, float *h, const float *g, const float *pre,
         const uint32_t key = dr ? fa_rng_row_key(drop->seed, (uint64_t)(row0 + r)) : 0u;
         for (int64_t c = 0; c < M; c += FA_VL) {
             /* scalar math (the tail: one lane of a vector built from single elements)
-             *   d = g * m;  dz = act == relu ? (p > 0 ? d : 0) : gelu(_tanh) ? d * act'(p) : d */
+             *   d = g * m;  dz = act == relu ? (p > 0 ? d : 0) : act ? d * act'(p) : d */
             const int64_t nl = c < Mv ? FA_VL : M - c;
             VF gv, pv, mv = vsplat(1.0f);
             if (nl == FA_VL) {
@@ -175,6 +208,8 @@ static void grad_act_rows(float *dz, float *h, const float *g, const float *pre,
                 d *= vgelu_grad(pv);
             else if (act == FA_ACT_GELU_TANH)
                 d *= vgelu_tanh_grad(pv);
+            else if (act == FA_ACT_SILU)
+                d *= vsilu_grad(pv);
             if (nl == FA_VL) {
                 vstore(dz_r + c, d);
                 if (h_r) vstore(h_r + c, a);

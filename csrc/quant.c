@@ -100,7 +100,7 @@ static void q8_panels(const fa_q8_kernels *im, float *y, const int16_t *xq, cons
         const int64_t m0 = p * im->np, nf = M - m0 < im->np ? M - m0 : im->np;
         im->panel(y + m0, M, xq, Kp, rows, wp + m0 * Kp, sx, scale + m0,
                   bias ? bias + m0 : NULL, Kp / im->g, nf, act == FA_ACT_RELU);
-        if (act == FA_ACT_GELU || act == FA_ACT_GELU_TANH)
+        if (act == FA_ACT_GELU || act == FA_ACT_GELU_TANH || act == FA_ACT_SILU)
             im->isa->bias_act_rows(y + m0, NULL, NULL, rows, nf, M, act, 0, 0, NULL);
     }
 }

@@ -16,8 +16,9 @@ import numbers
 import numpy as np
 
 # = FA_ACT_* in csrc/fastattn.h; "gelu" is the exact (erf) GELU, "gelu_tanh" its tanh
-# approximation (torch's GELU(approximate="tanh"))
-ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
+# approximation (torch's GELU(approximate="tanh")), "silu" x sigmoid(x) (torch's SiLU, the
+# "swish" of Marian models)
+ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 _ACT_CHOICES = ", ".join(map(repr, list(ACTIVATIONS)[:-1])) + f" or {list(ACTIVATIONS)[-1]!r}"
 REDUCTIONS = ("mean", "sum", "none")
 _INT64 = np.iinfo(np.int64)
@@ -80,7 +81,7 @@ def real_number(value, name, op):
 
 
 def activation(act, op):
-    """The activation's name, checked: None, "relu", "gelu" or "gelu_tanh"."""
+    """The activation's name, checked: None, "relu", "gelu", "gelu_tanh" or "silu"."""
     if not isinstance(act, (str, type(None))) or act not in ACTIVATIONS:
         raise ValueError(f"{op}: activation must be {_ACT_CHOICES}, got {act!r}")
     return act

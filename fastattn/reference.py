@@ -150,14 +150,39 @@ def _gelu_tanh_grad64(x):
     return np.where(np.abs(x) > 20, (x > 0).astype(np.float64), d)
 
 
+def _sigmoid2_64(x):
+    # sigmoid(x) and 1 - sigmoid(x) without cancellation: e = e^-|x| in (0, 1];
+    # s = 1 / (1 + e) for x >= 0, e / (1 + e) below, 1 - s the other one
+    e = np.exp(-np.abs(x))
+    inv, einv = 1.0 / (1.0 + e), e / (1.0 + e)
+    return np.where(x < 0, einv, inv), np.where(x < 0, inv, einv)
+
+
+def _silu64(x):
+    # torch's SiLU: x sigmoid(x); silu(-inf) = 0, not -inf * 0 = NaN
+    with np.errstate(invalid="ignore"):
+        y = x * _sigmoid2_64(x)[0]
+    return np.where(x == -np.inf, 0.0, y)
+
+
+def _silu_grad64(x):
+    # s (1 + x (1 - s)); its limits 0 / 1 past |x| = 40 (no inf * 0)
+    s, c = _sigmoid2_64(x)
+    with np.errstate(invalid="ignore"):
+        d = s * (1.0 + x * c)
+    return np.where(np.abs(x) > 40, (x > 0).astype(np.float64), d)
+
+
 def _act64(pre, activation):
-    """act(pre) for activation None, "relu", "gelu" or "gelu_tanh"."""
+    """act(pre) for activation None, "relu", "gelu", "gelu_tanh" or "silu"."""
     if activation is None:
         return pre
     if activation == "relu":
         return np.maximum(pre, 0.0)
     if activation == "gelu":
         return _gelu64(pre)
+    if activation == "silu":
+        return _silu64(pre)
     return _gelu_tanh64(pre)                     # "gelu_tanh" (checked by _checks.activation)
 
 
@@ -171,6 +196,8 @@ def _act_backward64(g, pre, activation):
         return np.where(positive, g, 0.0)
     if activation == "gelu":
         return g * _gelu_grad64(pre)
+    if activation == "silu":
+        return g * _silu_grad64(pre)
     return g * _gelu_tanh_grad64(pre)            # "gelu_tanh" (checked by _checks.activation)
 
 
@@ -623,8 +650,8 @@ def linear(x, weight, bias=None, *, activation=None):
     x                     (..., C_in)     input; every leading dim is a row
     weight                (C_out, C_in)   torch layout; or a QuantizedWeight (int8, bf16)
     bias                  (C_out,)        optional
-    activation            str or None     None, "relu", "gelu" (exact erf form) or
-                                          "gelu_tanh" (its tanh approximation)
+    activation            str or None     None, "relu", "gelu" (exact erf form),
+                                          "gelu_tanh" (its tanh approximation) or "silu"
     -> y                  (..., C_out)    float32
     ====================  ==============  =====================================================
 
@@ -637,7 +664,7 @@ def linear(x, weight, bias=None, *, activation=None):
       acc[n, m] = sum_k xq[n, k] q[m, k] exactly (int32; K <= INT8_MAX_K); then, in
       float32 with a rounding after every operation and no fused multiply-add,
           y[n, m] = act((float32(acc[n, m]) * (sx[n] * scale[m])) + bias[m])
-      ops matches this bit for bit for activation None and relu (gelu, gelu_tanh: to their
+      ops matches this bit for bit for activation None and relu (gelu, gelu_tanh, silu: to their
       kernels' ~1e-6).
       A row of x holding NaN or inf gives a row of NaN (its sx is NaN), never an error.
       Against float math with the dequantised weight, |error| <= sx[n] / 2 * sum_k |w[m, k]|
@@ -669,8 +696,8 @@ def linear_forward(x, weight, bias=None, *, activation=None, compute_type="float
     x                     (..., C_in)     input; every leading dim is a row (N rows in all)
     weight                (C_out, C_in)   torch layout
     bias                  (C_out,)        optional
-    activation            str or None     None, "relu", "gelu" (exact erf form) or
-                                          "gelu_tanh" (its tanh approximation)
+    activation            str or None     None, "relu", "gelu" (exact erf form),
+                                          "gelu_tanh" (its tanh approximation) or "silu"
     -> y                  (..., C_out)    float32; act(pre)
     -> cache["pre"]       (N, C_out)      float32; x @ weight.T + bias, or None when activation
                                           is None (then pre = y)
@@ -737,7 +764,7 @@ def ffn(x, w1, b1, w2, b2, *, activation="relu"):
     b1                    (F,)            first layer bias (may be None)
     w2                    (C, F)          second layer weight
     b2                    (C,)            second layer bias (may be None)
-    activation            str or None     "relu" (default), "gelu", "gelu_tanh" or None
+    activation            str or None     "relu" (default), "gelu", "gelu_tanh", "silu" or None
     -> y                  (..., C)        float32
     ====================  ==============  =====================================================
 
@@ -766,7 +793,7 @@ def ffn_forward(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=Non
     x                     (..., C)        input; every leading dim is a row (N rows in all)
     w1, b1                (F, C), (F,)    first layer (b1 may be None)
     w2, b2                (C, F), (C,)    second layer (b2 may be None)
-    activation            str or None     "relu" (default), "gelu", "gelu_tanh" or None
+    activation            str or None     "relu" (default), "gelu", "gelu_tanh", "silu" or None
     dropout_p             float           in [0, 1): hidden element (n, f) is kept iff
                                           dropout_keep(seed, [n], [f], dropout_p), then
                                           scaled by 1 / (1 - dropout_p); 0 = no dropout

@@ -85,7 +85,8 @@ def torch_activation(activation):
     torch = requires_torch()
     gelu = torch.nn.functional.gelu
     return {None: lambda t: t, "relu": torch.relu, "gelu": gelu,
-            "gelu_tanh": lambda t: gelu(t, approximate="tanh")}[activation]
+            "gelu_tanh": lambda t: gelu(t, approximate="tanh"),
+            "silu": torch.nn.functional.silu}[activation]
 
 
 # seed 002's 6x6 score table ("<start> I am no man <end>") and its additive causal mask

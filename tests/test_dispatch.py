@@ -130,13 +130,15 @@ def isa_checks():
     check("linear.gelu_tanh_range",
           ops.linear(x, np.eye(1, dtype=np.float32), activation="gelu_tanh"),
           reference.linear(x, np.eye(1), activation="gelu_tanh"), 1e-5, 2e-7)
+    check("linear.silu_range", ops.linear(x, np.eye(1, dtype=np.float32), activation="silu"),
+          reference.linear(x, np.eye(1), activation="silu"), 1e-6, 2e-7)
 
     # few rows on the engine, the weight as given (packed by the call) and packed: rows around
     # the register tiles of packed_tile_rows, features in panels; the same bits both ways
     RB, M = tiles["packed_tile_rows"], 2 * tiles["packed_panel"] + 5
     for n_rows in sorted({1, RB - 1, RB, RB + 1, 2 * RB + 1}):
         x, w, b = rand(n_rows, 77), rand(M, 77, scale=0.2), rand(M)
-        for act in (None, "relu", "gelu", "gelu_tanh"):
+        for act in (None, "relu", "gelu", "gelu_tanh", "silu"):
             expect = reference.linear(x, w, b, activation=act)
             check(f"linear.rows{n_rows}.{act}", ops.linear(x, w, b, activation=act), expect,
                   t["rtol"], dot_atol(x, w, bias=b))

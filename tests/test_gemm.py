@@ -188,13 +188,13 @@ def test_results_do_not_depend_on_the_rows_around(rng):
 
 @settings(max_examples=40, deadline=None)
 @given(N=st.integers(1, 70), K=st.integers(1, 300), M=st.integers(1, 150), seed=seeds,
-       act=st.sampled_from([0, 1, 2, 3]), with_bias=st.booleans(),
+       act=st.sampled_from([0, 1, 2, 3, 4]), with_bias=st.booleans(),
        scale=st.sampled_from([1.0, 1e-30, 1e30]))
 def test_engine_matches_the_twin(N, K, M, seed, act, with_bias, scale):
     rng = np.random.default_rng(seed)
     x, w = rand(rng, (N, K), scale), rand(rng, (M, K), 1 / math.sqrt(K))
     b = rand(rng, (M,), scale) if with_bias else None
-    name = [None, "relu", "gelu", "gelu_tanh"][act]
+    name = [None, "relu", "gelu", "gelu_tanh", "silu"][act]
     y = linear_packed(x, w, b, act)
     ref = reference.linear(x, w, b, activation=name)
     assert_close(y, ref, rtol=TOL["linear"]["rtol"], atol=dot_atol(x, w, bias=b),

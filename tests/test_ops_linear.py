@@ -16,7 +16,7 @@ from fastattn import _fast, kinds, ops, reference
 from strategies import features, rand, rows, seeds
 from tolerances import TOL, dot_atol, ffn_atol
 
-ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh"]
+ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
 
 # Row counts around the engine's tiles and tasks: a few rows (SKINNY: fewer than a tile's rows
 # on every level), one task per thread or several (MIN_ROWS rows per thread), and the bf16
@@ -132,6 +132,16 @@ def test_gelu_accuracy_over_range():
     y = ops.linear(x, np.eye(1, dtype=np.float32), activation="gelu_tanh")
     assert_close(y, reference.linear(x, np.eye(1), activation="gelu_tanh"),
                  **TOL["activation"]["gelu_tanh"], name="gelu_tanh")
+    # silu = x sigmoid(x), sigmoid from e^-|x| (no cancellation): a few float32 ulps; the far
+    # left tail (x < -87, where e^-|x| leaves float32's normal range) reads 0 for ~1e-37
+    y = ops.linear(x, np.eye(1, dtype=np.float32), activation="silu")
+    assert_close(y, reference.linear(x, np.eye(1), activation="silu"),
+                 **TOL["activation"]["silu"], name="silu")
+    special = np.array([[-np.inf], [np.inf], [-1e30], [1e30], [-100.0], [0.0], [-0.0]],
+                       np.float32)
+    got = ops.linear(special, np.eye(1, dtype=np.float32), activation="silu")
+    want = np.array([[0.0], [np.inf], [-0.0], [1e30], [-0.0], [0.0], [0.0]], np.float32)
+    np.testing.assert_array_equal(got, want)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -205,7 +215,7 @@ def test_ffn_vs_torch(rng, N):
     w1, b1, w2, b2 = rand(rng, (256, 64), 0.125), rand(rng, (256,)), rand(rng, (64, 256), 0.0625), \
         rand(rng, (64,))
     fl = torch.nn.functional.linear
-    for act in ("relu", "gelu", "gelu_tanh"):
+    for act in ("relu", "gelu", "gelu_tanh", "silu"):
         y = ops.ffn(x, w1, b1, w2, b2, activation=act)
         ref = fl(torch_activation(act)(fl(to_torch(x), to_torch(w1), to_torch(b1))),
                  to_torch(w2), to_torch(b2))

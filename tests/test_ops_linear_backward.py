@@ -22,7 +22,7 @@ from grad_util import float64_twins, numeric_grad
 from strategies import features, rand, rows, seeds
 from tolerances import GELU_MAX_SLOPE, TOL, chain_atol
 
-ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh"]
+ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
 SKINNY, ROW_BLOCK = 8, TILES["row_block"]     # a few rows; the bf16 tiles' blocks
 MIN_ROWS = 128   # rows per thread: shapes of one and of several engine tasks per thread
 VL, ALIGN = TILES["vector_width"], TILES["feature_align"]
@@ -136,10 +136,10 @@ def check_activation_gradient(pre, activation):
 
 def test_activation_gradient_special_values():
     """relu' is a select on pre > 0; gelu' = Phi + pre * phi, 1 and 0 at +inf and -inf (and
-    gelu_tanh' likewise)."""
+    gelu_tanh' and silu' likewise)."""
     pre = np.array([[0.0, -0.0, 1e-30, -1e-30, 0.5, -0.75, 3.0, -3.0, 12.0, -12.0, 40.0, -40.0,
                      3e38, np.inf, -np.inf, np.nan]], np.float32).T           # (16, 1)
-    for activation in ("relu", "gelu", "gelu_tanh"):
+    for activation in ("relu", "gelu", "gelu_tanh", "silu"):
         check_activation_gradient(pre, activation)
 
 
@@ -147,6 +147,7 @@ def test_gelu_gradient_over_range():
     pre = np.linspace(-14.0, 14.0, 8001, dtype=np.float32)[:, None]
     check_activation_gradient(pre, "gelu")
     check_activation_gradient(pre, "gelu_tanh")
+    check_activation_gradient(pre, "silu")
 
 
 # ---- ffn -----------------------------------------------------------------------------------
@@ -320,7 +321,7 @@ def test_linear_vs_torch_autograd(rng, activation, N, K, M):
                  name="dbias")
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "silu"])
 @pytest.mark.parametrize("dropout_p", [0.0, 0.25])
 @pytest.mark.parametrize("N", [12, 600])
 def test_ffn_vs_torch_autograd(rng, activation, dropout_p, N):

@@ -23,7 +23,7 @@ from fastattn import _fast, kinds, ops, quant, reference
 from strategies import features, rand, seeds
 from tolerances import TOL, dot_atol
 
-ACTIVATIONS = [None, "relu", "gelu"]
+ACTIVATIONS = [None, "relu", "gelu", "silu"]
 QW = ops.QuantizedWeight
 GELU_RTOL, GELU_ATOL = TOL["quantized_gelu"]["rtol"], TOL["quantized_gelu"]["atol"]
 
@@ -42,13 +42,13 @@ def quantized(w, dtype):
 
 
 def check_int8_linear(x, w, b=None, activation=None, qw=None):
-    """ops vs reference with an int8 weight: bit for bit, or to gelu's accuracy."""
+    """ops vs reference with an int8 weight: bit for bit, or to gelu's / silu's accuracy."""
     qw = qw if qw is not None else quantized(w, "int8")
     y = ops.linear(x, qw, b, activation=activation)
     ref = reference.linear(x, qw, b, activation=activation)
     assert y.dtype == np.float32 and y.shape == ref.shape
-    if activation == "gelu":
-        assert_close(y, ref, rtol=GELU_RTOL, atol=GELU_ATOL, name="int8 linear gelu")
+    if activation in ("gelu", "silu"):
+        assert_close(y, ref, rtol=GELU_RTOL, atol=GELU_ATOL, name=f"int8 linear {activation}")
     else:
         np.testing.assert_array_equal(y, ref, err_msg=f"int8 linear ({activation})")
     return y
@@ -393,8 +393,9 @@ def test_kernels_over_zero_in_features(dtype, activation):
         else:
             _kernels.linear_bf16_forward(y, x, wp, b, act, 2)
         ref = reference.linear(x, qw, b, activation=activation)
-        if activation == "gelu":
-            assert_close(y, ref, rtol=GELU_RTOL, atol=GELU_ATOL, name=f"{dtype} K = 0 gelu")
+        if activation in ("gelu", "silu"):
+            assert_close(y, ref, rtol=GELU_RTOL, atol=GELU_ATOL,
+                         name=f"{dtype} K = 0 {activation}")
         else:
             np.testing.assert_array_equal(y, ref)
             np.testing.assert_array_equal(np.signbit(y), np.signbit(ref))
@@ -717,7 +718,7 @@ def isa_checks():
         np.testing.assert_array_equal(ops.quantize_int8(x[:40, :K])[0],
                                       reference.quantize_int8(x[:40, :K])[0])
         for N in (1, 2, 5, 8, 9, 16, 31, 32, 33, 64, 130, 1100):
-            act = ACTIVATIONS[N % 3]
+            act = ACTIVATIONS[N % len(ACTIVATIONS)]
             check_int8_linear(x[:N, :K], w, b, act, qw=q8)
             if N in (1, 2, 5, 9, 33, 130):
                 check_bf16_linear(x[:N, :K], w, b, act, qw=b16)

@@ -523,7 +523,7 @@ def test_layer_norm_vs_torch(rng, shape, with_residual):
     assert_close(cache["rstd"], rstd.reshape(-1).numpy(), rtol=TORCH_RTOL, atol=TORCH_ATOL)
 
 
-@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh", "silu"])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_vs_torch(rng, activation, with_bias):
     torch = requires_torch()

@@ -64,7 +64,8 @@ TOL = {
     # an activation's derivative (relu', gelu' through float32 erf or tanh polynomials) against
     # the float64 twin's, at values of pre from -14 to 14 and the special values
     "activation_grad": {"relu": dict(rtol=1e-6, atol=2e-7), "gelu": dict(rtol=1e-6, atol=2e-7),
-                        "gelu_tanh": dict(rtol=1e-5, atol=2e-7)},
+                        "gelu_tanh": dict(rtol=1e-5, atol=2e-7),
+                        "silu": dict(rtol=1e-6, atol=2e-7)},
     # linear / ffn gradients: atol x EPS32 x sqrt(inner) x the same chain of products on
     # absolute values (chain_atol)
     "linear_grad": dict(rtol=1e-5, atol=4.0),
@@ -205,7 +206,8 @@ TOL = {
     # the activation kernels against float64 gelu over x in [-12, 12]: erf's polynomial is good to
     # a few float32 ulps; the tanh form carries float32's relative error of u = k0 (x + k1 x^3)
     # into e^(2|u|), so its left tail is good to ~1e-5 relative
-    "activation": {"gelu": dict(rtol=1e-6, atol=2e-7), "gelu_tanh": dict(rtol=1e-5, atol=2e-7)},
+    "activation": {"gelu": dict(rtol=1e-6, atol=2e-7), "gelu_tanh": dict(rtol=1e-5, atol=2e-7),
+                   "silu": dict(rtol=1e-6, atol=2e-7)},
     # the packed-weight linear against the twin, weights ~ N(0, 1 / K): atol x sqrt(K)
     "linear_packed": dict(rtol=1e-5, atol=1e-5),
     # linear and ffn against torch autograd (forward and gradients): twice linear_grad's factor,

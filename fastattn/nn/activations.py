@@ -3,12 +3,14 @@ not fuse.
 
 torch takes ``activation`` as the string "relu" or "gelu", or as any callable. fastattn
 recognises torch's own callables by name, without importing torch: the functions
-``torch.nn.functional.relu`` / ``gelu`` (``gelu`` is the builtin ``torch._C._nn.gelu``; also
-``torch.relu`` and ``functools.partial(F.gelu, approximate="tanh")``) and the modules
-``torch.nn.ReLU()`` / ``torch.nn.GELU(approximate="none" | "tanh")``. Each becomes a name:
+``torch.nn.functional.relu`` / ``gelu`` / ``silu`` (``gelu`` is the builtin
+``torch._C._nn.gelu``; also ``torch.relu`` and ``functools.partial(F.gelu,
+approximate="tanh")``) and the modules ``torch.nn.ReLU()`` / ``torch.nn.GELU(approximate="none"
+| "tanh")`` / ``torch.nn.SiLU()``. Each becomes a name:
 
     "relu", "gelu"   fused into the FFN kernel (the exact, erf form of GELU)
     "gelu_tanh"      GELU's tanh approximation (torch's approximate="tanh"), fused likewise
+    "silu"           x sigmoid(x) (torch's SiLU; the "swish" of Marian models), fused likewise
                      (ops.ACTIVATIONS), forward and backward, on both backends
 
 Any other callable (not from torch) is a plain Python function applied to the (N, F) float32
@@ -21,7 +23,7 @@ import numpy as np
 
 from ..ops import ACTIVATIONS
 
-NAMES = tuple(name for name in ACTIVATIONS if name)        # "relu", "gelu", "gelu_tanh"
+NAMES = tuple(name for name in ACTIVATIONS if name)  # "relu", "gelu", "gelu_tanh", "silu"
 
 # where torch's relu / gelu functions live (F.relu is Python; F.gelu a builtin of torch._C._nn)
 _TORCH_FUNCTION_HOMES = ("torch.nn.functional", "torch._C._nn", "torch",
@@ -38,7 +40,8 @@ def resolve(activation):
         if activation in NAMES:
             return activation
         raise ValueError(f"activation must be 'relu' or 'gelu' (or 'gelu_tanh', torch's "
-                         f"GELU(approximate='tanh')), or a callable; got {activation!r}")
+                         f"GELU(approximate='tanh'), or 'silu'), or a callable; got "
+                         f"{activation!r}")
     name = torch_name(activation)
     if name is not None:
         return name
@@ -47,8 +50,8 @@ def resolve(activation):
                          f"{activation!r}")
     if _from_torch(activation):
         raise ValueError(f"activation {_describe(activation)} is a torch callable fastattn does "
-                         "not compute: it recognises torch.nn.functional.relu / gelu and "
-                         "torch.nn.ReLU() / GELU(approximate='none' | 'tanh'); any other "
+                         "not compute: it recognises torch.nn.functional.relu / gelu / silu and "
+                         "torch.nn.ReLU() / GELU(approximate='none' | 'tanh') / SiLU(); any other "
                          "activation must be a Python function over a NumPy array")
     return activation
 
@@ -67,10 +70,12 @@ def torch_name(fn):
             return "relu"
         if cls.__name__ == "GELU":
             return _gelu_name(getattr(fn, "approximate", "none"))
+        if cls.__name__ == "SiLU":
+            return "silu"
         return None
     if getattr(fn, "__module__", None) in _TORCH_FUNCTION_HOMES:
         name = getattr(fn, "__name__", None)
-        if name in ("relu", "gelu"):
+        if name in ("relu", "gelu", "silu"):
             return name
     return None
 

@@ -576,8 +576,8 @@ def check_compute_type(compute_type):
 
 
 def check_activation(activation):
-    """torch's activation argument -> "relu" | "gelu" | "gelu_tanh" | a plain callable (see
-    activations.resolve)."""
+    """torch's activation argument -> "relu" | "gelu" | "gelu_tanh" | "silu" | a plain callable
+    (see activations.resolve)."""
     return activations.resolve(activation)
 
 

@@ -244,10 +244,10 @@ class TransformerEncoderLayer(Module):
     """torch.nn.TransformerEncoderLayer: self-attention and FFN, each with add & norm
     (post-LN: x = norm(x + f(x)); norm_first: x = x + f(norm(x))).
 
-    ``activation``: "relu" / "gelu" / "gelu_tanh" (fused into the FFN kernel), torch's relu /
-    gelu callables and GELU(approximate="tanh") (the same, by name), or any other callable,
-    run as a plain Python function over linear1's (N, dim_feedforward) float32 NumPy output
-    (unfused; inference only: train() raises). ``self.activation`` holds the name, or that
+    ``activation``: "relu" / "gelu" / "gelu_tanh" / "silu" (fused into the FFN kernel), torch's
+    relu / gelu / silu callables and GELU(approximate="tanh") (the same, by name), or any other
+    callable, run as a plain Python function over linear1's (N, dim_feedforward) float32 NumPy
+    output (unfused; inference only: train() raises). ``self.activation`` holds the name, or that
     callable."""
 
     _children = ("self_attn", "linear1", "linear2", "norm1", "norm2")

@@ -56,6 +56,8 @@ ACTIVATIONS = {                    # id -> (torch's object, given to both; fasta
     "nn.ReLU": (lambda torch: torch.nn.ReLU(), "relu"),
     "nn.GELU": (lambda torch: torch.nn.GELU(), "gelu"),
     "nn.GELU-tanh": (lambda torch: torch.nn.GELU(approximate="tanh"), "gelu_tanh"),
+    "F.silu": (lambda torch: torch.nn.functional.silu, "silu"),
+    "nn.SiLU": (lambda torch: torch.nn.SiLU(), "silu"),
     "partial-gelu-tanh": (lambda torch: functools.partial(torch.nn.functional.gelu,
                                                           approximate="tanh"), "gelu_tanh"),
 }
@@ -147,8 +149,8 @@ def test_activation_strings_and_names():
 
 
 @pytest.mark.parametrize("make,msg", [
-    (lambda torch: torch.nn.functional.silu, "silu"),
-    (lambda torch: torch.nn.SiLU(), "SiLU"),
+    (lambda torch: torch.nn.functional.mish, "mish"),
+    (lambda torch: torch.nn.Mish(), "Mish"),
     (lambda torch: torch.tanh, "tanh"),
     (lambda torch: torch.nn.GELU(approximate="erf"), "approximate"),
     (lambda torch: "tanh", "'tanh'"),
