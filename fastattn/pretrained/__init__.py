@@ -1,0 +1,6 @@
+"""Pretrained encoder-decoder models from a local Hugging Face directory (Marian / OPUS-MT,
+M2M100 / NLLB-200 dense, BART / mBART): their configuration read into fastattn's own modules.
+Nothing here downloads; weights are read as safetensors (never unpickled)."""
+from .config import FAMILIES, Architecture, read_config
+
+__all__ = ["FAMILIES", "Architecture", "read_config"]
