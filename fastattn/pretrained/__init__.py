@@ -2,5 +2,7 @@
 M2M100 / NLLB-200 dense, BART / mBART): their configuration read into fastattn's own modules.
 Nothing here downloads; weights are read as safetensors (never unpickled)."""
 from .config import FAMILIES, Architecture, read_config
+from .weights import CONVERT_COMMAND, expected_shapes, read_weights
 
-__all__ = ["FAMILIES", "Architecture", "read_config"]
+__all__ = ["FAMILIES", "Architecture", "read_config", "read_weights", "expected_shapes",
+           "CONVERT_COMMAND"]

@@ -91,7 +91,8 @@ class Architecture:
                                 # "learned" (BART, mBART: 2 + position)
     embed_scale: float          # sqrt(d_model) with scale_embedding, else 1
     logits_bias: bool           # final_logits_bias added to the logits
-    share_embeddings: bool      # one token table for encoder, decoder (and the output)
+    share_embeddings: bool      # one token table for encoder and decoder
+    tie_output: bool            # the output projection is the decoder's token table
     decoder_vocab_size: int
     pad_id: int
     eos_id: int
@@ -200,6 +201,7 @@ def read_config(directory):
                                                                                "learned"),
         embed_scale=math.sqrt(d) if _bool(cfg, "scale_embedding", path) else 1.0,
         logits_bias=family != "m2m_100", share_embeddings=share,
+        tie_output=_bool(cfg, "tie_word_embeddings", path),
         decoder_vocab_size=dec_vocab, pad_id=ids["pad_token_id"], eos_id=ids["eos_token_id"],
         bos_id=ids["bos_token_id"], decoder_start_id=ids["decoder_start_token_id"],
         forced_bos_id=ids["forced_bos_token_id"], forced_eos_id=ids["forced_eos_token_id"])
