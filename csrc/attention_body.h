@@ -1127,6 +1127,9 @@ static void bwd_dq_visible(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb, i
 }
 
 #if ATT_BF16_UNITS
+/* tf holds a transposed key block (D x KB) and a transposed query block (D or Dv x BR) in
+ * turn, both with row stride KB */
+_Static_assert(KB == BR, "bwd_pair_tiles transposes query blocks into tf with row stride KB");
 /* bwd_pair on the tiles (a bf16 call, a->tiles): the same five products, every operand in
  * pairs of bf16 (kb's pair buffers), float32 sums in TDPBF16PS's order; S's sums are scaled to
  * base 2 after. dq through the scalar bwd_dq_visible where a key row holds inf or NaN. */
