@@ -779,13 +779,15 @@ static void bwd_pack(const fa_att_bwd_args *a, fa_att_bwd_blk *kb, int64_t b,
     const int64_t D = f->D, Dv = f->Dv, jb = kb->jb, nb = kb->nb;
     const float *k_j = f->k + b * f->k_st[0] + h * f->k_st[1] + jb * f->k_st[2];
     const float *v_j = f->v + b * f->v_st[0] + h * f->v_st[1] + jb * f->v_st[2];
+    /* the tiles' pairs take K unscaled (below): the scaled K^T only on the vector tiles */
+    const int tiles = ATT_BF16_UNITS && a->tiles && pairs;
     if (nb < KB) { /* lanes past the last key stay 0 */
-        for (int64_t d = 0; d < D; d++)
+        for (int64_t d = 0; d < D && !tiles; d++)
             for (int64_t jj = nb; jj < KB; jj++) kb->kt[d * KB + jj] = 0.0f;
         for (int64_t e = 0; e < Dv; e++)
             for (int64_t jj = nb; jj < KB; jj++) kb->vt[e * KB + jj] = 0.0f;
     }
-    transpose(kb->kt, KB, k_j, f->k_st[2], nb, D, f->scale * FA_LOG2E, NULL);
+    if (!tiles) transpose(kb->kt, KB, k_j, f->k_st[2], nb, D, f->scale * FA_LOG2E, NULL);
     transpose(kb->vt, KB, v_j, f->v_st[2], nb, Dv, 1.0f, NULL);
     kb->kbad = 0;
     if (with_kr && D > 0) /* (D = 0: k holds nothing, may be NULL) */
@@ -798,7 +800,7 @@ static void bwd_pack(const fa_att_bwd_args *a, fa_att_bwd_blk *kb, int64_t b,
     if (f->key_bias)
         for (int64_t jj = 0; jj < KB; jj++)
             kb->kbias[jj] = jj < nb ? f->key_bias[b * f->Lk + jb + jj] : 0.0f;
-    if (ATT_BF16_UNITS && a->tiles && pairs) {
+    if (tiles) {
         /* K^T unscaled (the tiles multiply bf16 values; S is scaled after its sums), lanes
          * past the block's last key 0, then its pairs of features; V^T's; K's pairs of keys */
         for (int64_t d = 0; d < D; d++)

@@ -181,7 +181,10 @@ static void bfc_block(float *y, const float *x, char *xr, float *wf, float *tmp,
                       const fa_kernels *isa, const bfc_io *io)
 {
     const int64_t esize = dp ? 2 : 4, Kh = Kp / 2, ldx = dp ? Kh : Kp;
-    for (int64_t r = r0; r < r1; r++) {
+    /* bf16 bits of an even K are the dp tiles' rows as they stand: read in place */
+    const int in_place = io->xb && dp && Kp == K;
+    const void *xin = in_place ? (const void *)(io->xb + r0 * K) : (const void *)xr;
+    for (int64_t r = r0; r < r1 && !in_place; r++) {
         char *xr_r = xr + (r - r0) * Kp * esize;
         if (!io->xb) {
             isa->bfc_round_row(xr_r, x + r * K, K, Kp, !dp);
@@ -205,8 +208,8 @@ static void bfc_block(float *y, const float *x, char *xr, float *wf, float *tmp,
         const int64_t m0 = p * BFC_NP, nf = M - m0 < BFC_NP ? M - m0 : BFC_NP;
         float *out = io->yb ? tmp : y + r0 * M + m0;
         const int64_t ldo = io->yb ? BFC_NP : M;
-        (dp ? isa->bfc_panel_dp : isa->bfc_panel)(out, ldo, xr, ldx, r1 - r0, w32 + m0 * Kh, Kh,
-                                                  nf, wf);
+        (dp ? isa->bfc_panel_dp : isa->bfc_panel)(out, ldo, xin, ldx, r1 - r0, w32 + m0 * Kh,
+                                                  Kh, nf, wf);
         isa->bias_act_rows(out, NULL, bias ? bias + m0 : NULL, r1 - r0, nf, ldo, activation, 0,
                            m0, NULL);
         if (io->yb)                                    /* still in L1: rounded to bits */

@@ -359,13 +359,9 @@ def ffn_product(w1, b1, w2, b2, act, rows=0):
 
 
 def _ffn_bfloat16(x, y, w1, b1, w2, b2, act):
-    """ffn_product's one call for two bfloat16 weights (an empty sum or hidden: the products)."""
-    F, C = w1.shape
-    if x.shape[0] == 0:
-        return y
-    if C == 0 or F == 0:           # an empty sum or hidden: the products' bias and activation
-        h = np.empty((x.shape[0], F), np.float32)
-        return w2.product(b2, 0)(w1.product(b1, act)(x, h), y)
+    """ffn_product's one call for two bfloat16 weights (any rows, an empty sum or hidden
+    included: the kernel answers them as the two products would)."""
+    F = w1.shape[0]
     _kernels.ffn_bfloat16_forward(y, x, w1._kernel_arrays()[1], b1, w2._kernel_arrays()[1], b2,
                                   F, act, get_num_threads())
     return y
