@@ -361,11 +361,18 @@ def _tensor_specs(class_name, config):
             yield from linear(f"{layer}.linear2", C, F)
             for j in range(1, norms + 1):
                 yield from norm(f"{layer}.norm{j}")
-        yield from norm(f"{top}{stack}.norm")
+        if config.get("final_norm", True):
+            yield from norm(f"{top}{stack}.norm")
     if seq2seq:
         yield from linear("generator", config["tgt_vocab_size"], C)
         yield "src_tok_emb.embedding.weight", (config["src_vocab_size"], C), False
         yield "tgt_tok_emb.embedding.weight", (config["tgt_vocab_size"], C), False
+        if config.get("positions") == "learned":
+            for side in ("src", "tgt"):
+                yield f"{side}_pos_emb.weight", (config["max_len"] + 2, C), False
+        if config.get("layernorm_embedding"):
+            for side in ("src", "tgt"):
+                yield from norm(f"{side}_emb_norm")
 
 
 def _positive_int(v):
@@ -409,8 +416,25 @@ CONFIG_KEYS = {
                                activation=_text, norm_first=_flag, layer_norm_eps=_eps,
                                pad_id=_pad_id, max_len=_positive_int),
 }
-# Keys a config may lack (files written before they existed): the constructor's default.
-OPTIONAL_KEYS = {"dropout": _probability}
+def _scale(v):
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                         and 0 < v < float("inf"))
+
+
+def _positions(v):
+    return v in ("sinusoidal", "sinusoidal_halves", "sinusoidal_padding", "learned")
+
+
+_RULES.update({_scale: "null or a positive finite number",
+               _positions: "one of 'sinusoidal', 'sinusoidal_halves', 'sinusoidal_padding', "
+                           "'learned'"})
+# Keys a config may lack (files written before they existed, or the options of the pretrained
+# families, written only where they differ from the tutorial's): the constructor's default.
+OPTIONAL_KEYS = {
+    "Transformer": {"dropout": _probability},
+    "Seq2SeqTransformer": {"dropout": _probability, "embed_scale": _scale,
+                           "positions": _positions, "layernorm_embedding": _flag,
+                           "final_norm": _flag, "decoder_padding_mask": _flag}}
 
 
 def _check_config(class_name, config):
@@ -419,7 +443,7 @@ def _check_config(class_name, config):
         raise ValueError(f"the config is a JSON {type(config).__name__}, not an object")
     keys = dict(CONFIG_KEYS[class_name])
     missing = [k for k in keys if k not in config]
-    keys.update((k, rule) for k, rule in OPTIONAL_KEYS.items() if k in config)
+    keys.update((k, rule) for k, rule in OPTIONAL_KEYS[class_name].items() if k in config)
     unknown = [k for k in config if k not in keys]
     if missing or unknown:
         raise ValueError("the config " + "; ".join(

@@ -5,6 +5,7 @@ import numbers
 import numpy as np
 
 from .. import _convert, ops
+from . import positions
 from ..ops import ACTIVATIONS
 from .backends import Workspace, _put
 from .saved import LinearSaved, NormSaved, PositionsSaved, PublicSaved
@@ -208,43 +209,90 @@ class LayerNorm(Module):
 MAX_TABLE_FLOATS = 1 << 28      # a positional table of at most 1 GiB (float32)
 
 
-class PositionalEncoding(Module):
-    """Adds the sinusoidal table (recomputed, never loaded) to (B, L, C) embeddings, then
-    dropout in training (as the translation tutorial's PositionalEncoding)."""
+LAYOUTS = ("interleaved", "halves", "padding")
 
-    def __init__(self, d_model, max_len=5000, *, dropout=0.0, backend="fast"):
+
+class PositionalEncoding(Module):
+    """Adds a sinusoidal table (recomputed, never loaded) to (B, L, C) embeddings, then
+    dropout in training (as the translation tutorial's PositionalEncoding).
+
+    ``layout`` (fastattn.nn.positions has the tables):
+
+    - ``"interleaved"`` (the default): the tutorial's and "Attention Is All You Need"'s table,
+      sin on even features and cos on odd ones; token t reads row offset + t;
+    - ``"halves"``: Marian's table, sin in the first half of the features and cos in the
+      second; token t reads row offset + t;
+    - ``"padding"``: M2M100's / NLLB's table (halves with its own frequencies), whose row
+      ``padding_idx`` is zero: a token reads padding_idx + its 1-based count among its
+      sequence's tokens that are not ``padding_idx`` (plus offset), a padding token the zero
+      row, so the token ids are needed (``ids``).
+    """
+
+    def __init__(self, d_model, max_len=5000, *, dropout=0.0, layout="interleaved",
+                 padding_idx=None, backend="fast"):
         super().__init__(backend)
         self.d_model = check_positive("d_model", d_model)
         self.max_len = check_positive("max_len", max_len)
-        if self.max_len * self.d_model > MAX_TABLE_FLOATS:
+        if layout not in LAYOUTS:
+            raise ValueError(f"PositionalEncoding: layout must be one of "
+                             f"{', '.join(map(repr, LAYOUTS))}, got {layout!r}")
+        if layout == "padding":
+            if isinstance(padding_idx, bool) or not isinstance(padding_idx, numbers.Integral) \
+                    or not 0 <= padding_idx <= 1 << 20:
+                raise ValueError(f"PositionalEncoding: layout 'padding' needs padding_idx, an "
+                                 f"int in [0, {1 << 20}], got {padding_idx!r}")
+            padding_idx = int(padding_idx)
+        rows = self.max_len + (padding_idx + 1 if layout == "padding" else 0)
+        if rows * self.d_model > MAX_TABLE_FLOATS:
             raise ValueError(f"PositionalEncoding: max_len={self.max_len} x d_model="
                              f"{self.d_model} needs a positional table of "
-                             f"{self.max_len * self.d_model} floats "
-                             f"({self.max_len * self.d_model * 4 / 2 ** 30:.1f} GiB), more than "
+                             f"{rows * self.d_model} floats "
+                             f"({rows * self.d_model * 4 / 2 ** 30:.1f} GiB), more than "
                              f"the {MAX_TABLE_FLOATS} allowed; give the longest sequence the "
                              "model will see")
         self.dropout = check_dropout(dropout)
-        self.pe = ops.positional_encoding(self.max_len, self.d_model)   # (max_len, C)
+        self.layout, self.padding_idx = layout, padding_idx
+        if layout == "interleaved":
+            self.pe = ops.positional_encoding(self.max_len, self.d_model)   # (max_len, C)
+        elif layout == "halves":
+            self.pe = positions.sinusoidal_marian(self.max_len, self.d_model)
+        else:
+            self.pe = positions.sinusoidal_m2m100(rows, self.d_model, padding_idx)
 
-    def __call__(self, x, offset=0):
-        """x (B, L, C) + the table's rows offset .. offset + L - 1."""
+    def __call__(self, x, offset=0, ids=None):
+        """x (B, L, C) + the table's rows for positions offset .. offset + L - 1 (the
+        "padding" layout: ids (B, L), the token ids, say which)."""
         ws = self._workspace()
         if not ws.training:
-            return self._apply(x, offset)
-        y, saved = self._forward_train(x, offset, ws)
+            return self._apply(x, offset, ids)
+        y, saved = self._forward_train(x, offset, ws, ids)
         self._saved = PublicSaved(saved, (y.shape,), None)
         return y
 
-    def _apply(self, x, offset):
-        L = x.shape[1]
+    def rows(self, ids, offset, L):
+        """The table's rows the tokens read: None for rows offset .. offset + L - 1 of every
+        sequence, else (B, L) int64 (the "padding" layout, from ids (B, L))."""
         if offset + L > self.max_len:
             raise ValueError(f"PositionalEncoding: positions up to {offset + L} exceed "
                              f"max_len={self.max_len}")
-        return x + self.pe[offset:offset + L]
+        if self.layout != "padding":
+            return None
+        if ids is None:
+            raise ValueError("PositionalEncoding: the 'padding' layout needs the token ids")
+        ids = np.asarray(ids)
+        if ids.ndim != 2 or ids.shape[1] != L:
+            raise ValueError(f"PositionalEncoding: ids must be (B, {L}), got {ids.shape}")
+        return positions.m2m100_rows(ids, self.padding_idx, offset)
 
-    def _forward_train(self, x, offset, ws):
+    def _apply(self, x, offset, ids=None):
+        rows = self.rows(ids, offset, x.shape[1])
+        if rows is None:
+            return x + self.pe[offset:offset + x.shape[1]]
+        return x + self.pe[rows]
+
+    def _forward_train(self, x, offset, ws, ids=None):
         """-> (x + positions, then dropout; PositionsSaved)."""
-        y = self._apply(x, offset)
+        y = self._apply(x, offset, ids)
         y2, seed = self._dropout(np.ascontiguousarray(y).reshape(-1, self.d_model),
                                  self.dropout, ws)
         return y2.reshape(y.shape), PositionsSaved(seed, y.shape)
@@ -262,18 +310,25 @@ class PositionalEncoding(Module):
 
 
 class TokenEmbedding(Module):
-    """Embedding scaled by sqrt(d_model), as in the translation tutorial (key: embedding.*)."""
+    """Embedding scaled by sqrt(d_model), as in the translation tutorial (key: embedding.*),
+    or by ``scale`` when given (a positive finite number: 1 for BART's unscaled tokens)."""
 
     _children = ("embedding",)
 
-    def __init__(self, vocab_size, emb_size, *, backend="fast", seed=None):
+    def __init__(self, vocab_size, emb_size, *, scale=None, backend="fast", seed=None):
         super().__init__(backend)
         self.embedding = Embedding(vocab_size, emb_size, backend=backend, seed=seed)
         self.emb_size = emb_size
+        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
+                                  or not 0 < scale < math.inf):
+            raise ValueError(f"TokenEmbedding: scale must be a positive finite number or None, "
+                             f"got {scale!r}")
+        self._scale = np.float32(math.sqrt(emb_size) if scale is None else scale)
 
     @property
     def scale(self):
-        return np.float32(math.sqrt(self.emb_size))
+        """The factor each row is multiplied by (float32)."""
+        return self._scale
 
     def __call__(self, ids):
         return self.embedding(ids) * self.scale

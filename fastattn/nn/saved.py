@@ -82,7 +82,10 @@ class StackSaved(_Record):
 class EmbeddingSaved(_Record):
     """A Seq2SeqTransformer's token embedding + positions + dropout."""
     __slots__ = ("ids",         # (N,) int64 the token ids (a buffer)
-                 "seed")        # the dropout's seed, or None
+                 "seed",        # the dropout's seed, or None
+                 "norm",        # NormSaved of the embedding layer norm, or None
+                 "offset",      # the first position (0 in a training pass)
+                 "length")      # L, positions per sequence
 
 
 class PositionsSaved(_Record):

@@ -3,7 +3,7 @@ and logits out, and its decode step for fastattn.generate."""
 import numpy as np
 
 from .backends import Workspace
-from .layers import Linear, PositionalEncoding, TokenEmbedding
+from .layers import Embedding, LayerNorm, Linear, PositionalEncoding, TokenEmbedding
 from .masks import decoder_masks, prepare_mask
 from .module import (Module, check_activation, check_batch, check_dropout, features, rng_from,
                      token_ids, xavier)
@@ -11,6 +11,10 @@ from .saved import EmbeddingSaved, PublicSaved, Seq2SeqSaved
 from .transformer import Transformer, _stream, collect_weights, recording_workspace
 
 INITS = ("xavier", "torch")
+# positions= -> PositionalEncoding's layout (None: learned tables)
+POSITIONS = {"sinusoidal": "interleaved", "sinusoidal_halves": "halves",
+             "sinusoidal_padding": "padding", "learned": None}
+LEARNED_OFFSET = 2              # a learned table's row for position p is p + 2 (BART's layout)
 
 
 class Seq2SeqTransformer(Module):
@@ -40,6 +44,24 @@ class Seq2SeqTransformer(Module):
       N(0, 1) embeddings scaled by sqrt(C), the positional encodings (at most 1) are small
       next to the tokens, and small models learn tasks where word order matters poorly.
 
+    Options for the pretrained families (fastattn.pretrained builds them; defaults: the
+    tutorial's model):
+
+    - ``embed_scale``: the token embeddings' factor (None: sqrt(emb_size); 1.0: BART's
+      unscaled tokens);
+    - ``positions``: ``"sinusoidal"`` (the tutorial's interleaved table), ``"sinusoidal_halves"``
+      (Marian's: sin then cos halves), ``"sinusoidal_padding"`` (M2M100 / NLLB: rows counted
+      over the tokens that are not pad_id, from pad_id + 1; needs pad_id) or ``"learned"``
+      (BART / mBART: parameters src_pos_emb.weight / tgt_pos_emb.weight, (max_len + 2, C),
+      position p reading row p + 2);
+    - ``layernorm_embedding``: a layer norm (src_emb_norm, tgt_emb_norm) right after token +
+      position, before dropout (BART, mBART);
+    - ``final_norm``: nn.Transformer's final encoder and decoder norms (False: none, as in
+      Marian's and BART's post-norm stacks);
+    - ``decoder_padding_mask``: derive the target's key padding mask from pad_id (False: the
+      decoder sees every target position allowed by the causal mask, as the pretrained
+      families' decoders do; their decoder start token may be the pad id).
+
     Decoding, one position per step (what fastattn.generate drives):
 
         cache = model.init_cache(src_ids, beams=1, max_len=64)   # encoder + cross K/V, once
@@ -47,16 +69,25 @@ class Seq2SeqTransformer(Module):
         cache.reorder(rows, sources=None)                        # beams moved / rows dropped
     """
 
-    _children = ("transformer", "generator", "src_tok_emb", "tgt_tok_emb")
+    _children = ("transformer", "generator", "src_tok_emb", "tgt_tok_emb", "src_pos_emb",
+                 "tgt_pos_emb", "src_emb_norm", "tgt_emb_norm")
 
     def __init__(self, num_encoder_layers, num_decoder_layers, emb_size, nhead, src_vocab_size,
                  tgt_vocab_size, dim_feedforward=512, dropout=0.1, *, activation="relu",
                  norm_first=False, layer_norm_eps=1e-5, pad_id=None, max_len=5000,
-                 backend="fast", seed=None, init="xavier"):
+                 backend="fast", seed=None, init="xavier", embed_scale=None,
+                 positions="sinusoidal", layernorm_embedding=False, final_norm=True,
+                 decoder_padding_mask=True):
         super().__init__(backend)
         if init not in INITS:
             raise ValueError(f"Seq2SeqTransformer: init must be one of "
                              f"{', '.join(map(repr, INITS))}, got {init!r}")
+        if positions not in POSITIONS:
+            raise ValueError(f"Seq2SeqTransformer: positions must be one of "
+                             f"{', '.join(map(repr, POSITIONS))}, got {positions!r}")
+        if positions == "sinusoidal_padding" and pad_id is None:
+            raise ValueError("Seq2SeqTransformer: positions='sinusoidal_padding' counts "
+                             "positions over the tokens that are not pad_id: give pad_id")
         rng = rng_from(seed)
         activation = check_activation(activation)      # torch's callables -> their names
         self.config = dict(num_encoder_layers=num_encoder_layers,
@@ -65,6 +96,14 @@ class Seq2SeqTransformer(Module):
                            tgt_vocab_size=tgt_vocab_size, dim_feedforward=dim_feedforward,
                            activation=activation, norm_first=bool(norm_first),
                            layer_norm_eps=layer_norm_eps, pad_id=pad_id, max_len=max_len)
+        options = dict(embed_scale=None if embed_scale is None else float(embed_scale),
+                       positions=positions, layernorm_embedding=bool(layernorm_embedding),
+                       final_norm=bool(final_norm),
+                       decoder_padding_mask=bool(decoder_padding_mask))
+        defaults = dict(embed_scale=None, positions="sinusoidal", layernorm_embedding=False,
+                        final_norm=True, decoder_padding_mask=True)
+        # written to config (and so to saved files) only where they differ from the tutorial's
+        self.config.update((k, v) for k, v in options.items() if v != defaults[k])
         self.dropout = check_dropout(dropout)
         self.config["dropout"] = self.dropout
         self.transformer = Transformer(emb_size, nhead, num_encoder_layers, num_decoder_layers,
@@ -72,10 +111,26 @@ class Seq2SeqTransformer(Module):
                                        layer_norm_eps=layer_norm_eps, norm_first=norm_first,
                                        backend=backend, seed=rng)
         self.generator = Linear(emb_size, tgt_vocab_size, backend=backend, seed=rng)
-        self.src_tok_emb = TokenEmbedding(src_vocab_size, emb_size, backend=backend, seed=rng)
-        self.tgt_tok_emb = TokenEmbedding(tgt_vocab_size, emb_size, backend=backend, seed=rng)
-        self.positional_encoding = PositionalEncoding(emb_size, max_len, dropout=dropout,
-                                                      backend=backend)
+        self.src_tok_emb = TokenEmbedding(src_vocab_size, emb_size, scale=embed_scale,
+                                          backend=backend, seed=rng)
+        self.tgt_tok_emb = TokenEmbedding(tgt_vocab_size, emb_size, scale=embed_scale,
+                                          backend=backend, seed=rng)
+        layout = POSITIONS[positions]
+        self.positional_encoding = PositionalEncoding(
+            emb_size, max_len, dropout=dropout, layout=layout or "interleaved",
+            padding_idx=pad_id if layout == "padding" else None, backend=backend)
+        self.src_pos_emb = self.tgt_pos_emb = self.src_emb_norm = self.tgt_emb_norm = None
+        if layout is None:                   # BART's learned tables: N(0, 1) as nn.Embedding
+            self.src_pos_emb = Embedding(max_len + LEARNED_OFFSET, emb_size, backend=backend,
+                                         seed=rng)
+            self.tgt_pos_emb = Embedding(max_len + LEARNED_OFFSET, emb_size, backend=backend,
+                                         seed=rng)
+        if layernorm_embedding:
+            self.src_emb_norm = LayerNorm(emb_size, layer_norm_eps, backend=backend)
+            self.tgt_emb_norm = LayerNorm(emb_size, layer_norm_eps, backend=backend)
+        if not final_norm:
+            self.transformer.encoder.norm = self.transformer.decoder.norm = None
+        self.decoder_padding_mask = bool(decoder_padding_mask)
         self.pad_id = pad_id
         self.emb_size = emb_size
         if init == "xavier":                 # the tutorial's loop over model.parameters()
@@ -102,25 +157,45 @@ class Seq2SeqTransformer(Module):
         return np.asarray(ids) == self.pad_id
 
     def _embed(self, emb, name, ids, offset=0, ws=None):
-        """ids (B, L) -> ((B, L, C) token embedding * sqrt(C) + positions offset..., and
-        EmbeddingSaved in a training pass, else None). A training forward writes into this
-        model's buffers and applies dropout."""
+        """ids (B, L) -> ((B, L, C) token embedding * scale + positions offset... (then the
+        embedding layer norm where the model has one), and EmbeddingSaved in a training pass,
+        else None). A training forward writes into this model's buffers and applies
+        dropout."""
         ids = token_ids(name, ids, emb.embedding.num_embeddings)
         if ids.ndim != 2:
             raise ValueError(f"{name} must be (B, L) token ids, got shape {ids.shape}")
-        if ws is None or not ws.training:
-            return self.positional_encoding._apply(emb(ids), offset), None
         B, L = ids.shape
         pe = self.positional_encoding
-        if offset + L > pe.max_len:
-            raise ValueError(f"{name}: positions up to {offset + L} exceed max_len={pe.max_len}")
-        bufs = self._bufs()
-        kept = bufs.get(name + ".ids", (B, L), np.int64)
-        kept[...] = ids
-        x = emb._scaled_into(kept, bufs.get(name + ".x", (B, L, self.emb_size)))
-        np.add(x, pe.pe[offset:offset + L], out=x)
-        x2, seed = self._dropout(x.reshape(B * L, self.emb_size), self.dropout, ws)
-        return x, EmbeddingSaved(kept.reshape(-1), seed)
+        src = emb is self.src_tok_emb
+        learned = self.src_pos_emb if src else self.tgt_pos_emb
+        norm = self.src_emb_norm if src else self.tgt_emb_norm
+        rows = pe.rows(ids, offset, L)                    # checks offset + L <= max_len
+        training = ws is not None and ws.training
+        if not training:
+            x = emb(ids)
+        else:
+            bufs = self._bufs()
+            kept = bufs.get(name + ".ids", (B, L), np.int64)
+            kept[...] = ids
+            x = emb._scaled_into(kept, bufs.get(name + ".x", (B, L, self.emb_size)))
+        if learned is not None:
+            table, lo = learned.weight, offset + LEARNED_OFFSET
+            x += table[lo:lo + L]
+        elif rows is None:
+            x += pe.pe[offset:offset + L]
+        else:
+            x += pe.pe[rows]
+        if not training:
+            if norm is not None:
+                x = norm._apply(x.reshape(B * L, -1)).reshape(B, L, -1)
+            return x, None
+        x2 = x.reshape(B * L, self.emb_size)
+        norm_saved = None
+        if norm is not None:
+            x2, norm_saved = norm._forward_train(x2)
+            x = x2.reshape(B, L, self.emb_size)
+        x2, seed = self._dropout(x2, self.dropout, ws)
+        return x, EmbeddingSaved(kept.reshape(-1), seed, norm_saved, offset, L)
 
     def _encode(self, src_ids, src_key_padding_mask, src_mask, ws):
         """-> (memory (B, S, C), (EmbeddingSaved, StackSaved) in a training pass, else
@@ -147,8 +222,10 @@ class Seq2SeqTransformer(Module):
         check_batch("memory", mem, B)
         if B == 0:
             return np.zeros((B, T, C), np.float32), None
+        tgt_pad = self._padding(tgt_ids, tgt_key_padding_mask) if self.decoder_padding_mask \
+            else tgt_key_padding_mask
         tm, mm = decoder_masks(self.transformer.nhead, B, T, mem.shape[1], tgt_mask, None,
-                               self._padding(tgt_ids, tgt_key_padding_mask),
+                               tgt_pad,
                                memory_key_padding_mask, tgt_is_causal, False)
         out, saved = self.transformer.decoder._forward(_stream(y, ws), mem, tm, mm, ws, B)
         if ws.training:
@@ -248,14 +325,26 @@ class Seq2SeqTransformer(Module):
         dmem = bufs.get("grad.memory", (B * S, C))
         dmem.fill(0.0)
         d_tgt = tr.decoder._backward(dh, saved.decoder, dmem, bufs)         # (B*T, C)
-        self._embed_backward(self.tgt_tok_emb, d_tgt, saved.tgt)            # before its
-        d_src = tr.encoder._backward(dmem, saved.encoder, bufs)             # buffer is reused
-        self._embed_backward(self.src_tok_emb, d_src, saved.src)
+        self._embed_backward(self.tgt_tok_emb, self.tgt_pos_emb, self.tgt_emb_norm, d_tgt,
+                             saved.tgt, bufs)                   # before its buffer is reused
+        d_src = tr.encoder._backward(dmem, saved.encoder, bufs)
+        self._embed_backward(self.src_tok_emb, self.src_pos_emb, self.src_emb_norm, d_src,
+                             saved.src, bufs)
 
-    def _embed_backward(self, emb, d, saved):
-        """The embedding's gradient from d (N, C), the gradient of its dropout's output (a
-        scratch buffer, overwritten); saved its EmbeddingSaved."""
-        emb._accumulate(self._dropout_backward(d, self.dropout, saved.seed, d), saved.ids)
+    def _embed_backward(self, emb, learned, norm, d, saved, bufs):
+        """The embeddings' gradients (tokens; a learned position table; the embedding layer
+        norm) from d (N, C), the gradient of the dropout's output (a scratch buffer,
+        overwritten); saved its EmbeddingSaved."""
+        d = self._dropout_backward(d, self.dropout, saved.seed, d)
+        if norm is not None:
+            d = norm._backward(d, saved.norm, bufs.get("grad.embed_norm", d.shape))
+        if learned is not None:
+            N = d.shape[0]
+            lo = saved.offset + LEARNED_OFFSET
+            rows = np.tile(np.arange(lo, lo + saved.length, dtype=np.int64),
+                           N // saved.length)
+            learned._accumulate(d, rows)
+        emb._accumulate(d, saved.ids)
 
     def loss(self, src_ids, tgt_ids, *, label_smoothing=0.0, backward=False):
         """Teacher-forced cross-entropy: the decoder reads tgt_ids[:, :-1] and predicts
