@@ -11,10 +11,11 @@ _runtime.init()
 from . import ops, reference  # noqa: E402
 from .ops import attention, ffn, layer_norm, linear, positional_encoding, softmax  # noqa: E402
 from . import io, nn, optim, tokenizers  # noqa: E402
+from .pretrained import load_pretrained  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = [
     "attention", "softmax", "layer_norm", "linear", "ffn", "positional_encoding",
     "set_num_threads", "get_num_threads", "build_info", "ops", "reference", "nn", "io",
-    "optim", "tokenizers", "__version__",
+    "optim", "tokenizers", "load_pretrained", "__version__",
 ]

@@ -434,7 +434,8 @@ OPTIONAL_KEYS = {
     "Transformer": {"dropout": _probability},
     "Seq2SeqTransformer": {"dropout": _probability, "embed_scale": _scale,
                            "positions": _positions, "layernorm_embedding": _flag,
-                           "final_norm": _flag, "decoder_padding_mask": _flag}}
+                           "final_norm": _flag, "decoder_padding_mask": _flag,
+                           "padding_idx": _flag}}
 
 
 def _check_config(class_name, config):

@@ -60,7 +60,9 @@ class Seq2SeqTransformer(Module):
       Marian's and BART's post-norm stacks);
     - ``decoder_padding_mask``: derive the target's key padding mask from pad_id (False: the
       decoder sees every target position allowed by the causal mask, as the pretrained
-      families' decoders do; their decoder start token may be the pad id).
+      families' decoders do; their decoder start token may be the pad id);
+    - ``padding_idx``: the pad_id row of both token embeddings gets no gradient from the
+      tokens that read it (as torch's ``nn.Embedding(padding_idx=pad_id)``).
 
     Decoding, one position per step (what fastattn.generate drives):
 
@@ -77,7 +79,7 @@ class Seq2SeqTransformer(Module):
                  norm_first=False, layer_norm_eps=1e-5, pad_id=None, max_len=5000,
                  backend="fast", seed=None, init="xavier", embed_scale=None,
                  positions="sinusoidal", layernorm_embedding=False, final_norm=True,
-                 decoder_padding_mask=True):
+                 decoder_padding_mask=True, padding_idx=False):
         super().__init__(backend)
         if init not in INITS:
             raise ValueError(f"Seq2SeqTransformer: init must be one of "
@@ -99,9 +101,10 @@ class Seq2SeqTransformer(Module):
         options = dict(embed_scale=None if embed_scale is None else float(embed_scale),
                        positions=positions, layernorm_embedding=bool(layernorm_embedding),
                        final_norm=bool(final_norm),
-                       decoder_padding_mask=bool(decoder_padding_mask))
+                       decoder_padding_mask=bool(decoder_padding_mask),
+                       padding_idx=bool(padding_idx))
         defaults = dict(embed_scale=None, positions="sinusoidal", layernorm_embedding=False,
-                        final_norm=True, decoder_padding_mask=True)
+                        final_norm=True, decoder_padding_mask=True, padding_idx=False)
         # written to config (and so to saved files) only where they differ from the tutorial's
         self.config.update((k, v) for k, v in options.items() if v != defaults[k])
         self.dropout = check_dropout(dropout)
@@ -131,6 +134,10 @@ class Seq2SeqTransformer(Module):
         if not final_norm:
             self.transformer.encoder.norm = self.transformer.decoder.norm = None
         self.decoder_padding_mask = bool(decoder_padding_mask)
+        if padding_idx and pad_id is None:
+            raise ValueError("Seq2SeqTransformer: padding_idx=True freezes the pad_id row of the "
+                             "token embeddings: give pad_id")
+        self.padding_idx = bool(padding_idx)
         self.pad_id = pad_id
         self.emb_size = emb_size
         if init == "xavier":                 # the tutorial's loop over model.parameters()
@@ -344,6 +351,8 @@ class Seq2SeqTransformer(Module):
             rows = np.tile(np.arange(lo, lo + saved.length, dtype=np.int64),
                            N // saved.length)
             learned._accumulate(d, rows)
+        if self.padding_idx:
+            d[saved.ids == self.pad_id] = 0.0
         emb._accumulate(d, saved.ids)
 
     def loss(self, src_ids, tgt_ids, *, label_smoothing=0.0, backward=False):

@@ -2,7 +2,9 @@
 M2M100 / NLLB-200 dense, BART / mBART): their configuration read into fastattn's own modules.
 Nothing here downloads; weights are read as safetensors (never unpickled)."""
 from .config import FAMILIES, Architecture, read_config
+from .model import MANIFEST, Translator, build_model, load_pretrained, to_state_dict
 from .weights import CONVERT_COMMAND, expected_shapes, read_weights
 
-__all__ = ["FAMILIES", "Architecture", "read_config", "read_weights", "expected_shapes",
+__all__ = ["load_pretrained", "Translator", "build_model", "to_state_dict", "MANIFEST",
+           "FAMILIES", "Architecture", "read_config", "read_weights", "expected_shapes",
            "CONVERT_COMMAND"]
