@@ -260,7 +260,7 @@ def _parser():
                                    "and completed, with a note on standard error naming it, "
                                    "as fastattn translate does.")
     c.intermixed = True
-    c.add_argument("run_dir", metavar="RUN_DIR")
+    _model_arguments(c)
     c.add_argument("texts", metavar="TEXT", nargs="*", default=[])
     _generation_flags(c)
     c.add_argument("--batch-size", type=_positive_int, default=64, metavar="N",
@@ -277,7 +277,7 @@ def _parser():
                     "--too-long skip, a source longer than the model takes) gives \"output\": "
                     "null and an \"error\". A stopped job (Ctrl-C, kill -9) continues with "
                     "--resume: every line exactly once, the same outputs.")
-    tr.add_argument("run_dir", metavar="RUN_DIR")
+    _model_arguments(tr)
     tr.add_argument("--input", metavar="IN", required=True, help="the file of source lines")
     tr.add_argument("--output", metavar="OUT", required=True, help="the JSON-lines output")
     tr.add_argument("--format", choices=("auto", "text", "jsonl"), default="auto",
@@ -337,6 +337,40 @@ def _parser():
     a.add_argument("--target", metavar="TEXT")
     a.add_argument("--out", metavar="DIR", required=True)
     return parser
+
+
+def _model_arguments(p):
+    """RUN_DIR, or --model DIR: a pretrained model directory (Marian / OPUS-MT, NLLB /
+    M2M100, BART / mBART from Hugging Face, or one fastattn.pretrained's Translator.save
+    wrote), with its languages."""
+    p.add_argument("run_dir", metavar="RUN_DIR", nargs="?",
+                   help="a run directory of fastattn train")
+    p.add_argument("--model", metavar="DIR",
+                   help="instead of RUN_DIR: a pretrained model directory (Marian / OPUS-MT, "
+                        "NLLB / M2M100, BART / mBART; needs the hf extra for its tokenizer)")
+    p.add_argument("--src-lang", metavar="CODE",
+                   help="a pretrained multilingual model's source language (e.g. eng_Latn)")
+    p.add_argument("--tgt-lang", metavar="CODE",
+                   help="a pretrained multilingual model's target language (e.g. fra_Latn)")
+
+
+def _model_dir(args):
+    """The directory of RUN_DIR / --model (exactly one given); --src-lang / --tgt-lang only
+    with a pretrained model."""
+    if args.model is not None and args.run_dir is not None and hasattr(args, "texts"):
+        args.texts.insert(0, args.run_dir)        # complete --model DIR TEXT...: a text
+        args.run_dir = None
+    if (args.run_dir is None) == (args.model is None):
+        raise ValueError("give a RUN_DIR or --model DIR (one of them)")
+    if args.model is None and (args.src_lang or args.tgt_lang):
+        raise ValueError("--src-lang / --tgt-lang apply to a pretrained model (--model DIR)")
+    if args.model is not None:
+        from .pretrained import is_model_dir
+        if not is_model_dir(args.model):
+            raise ValueError(f"--model {args.model}: not a pretrained model directory (no "
+                             "config.json with a model_type, nor fastattn-pretrained.json); a "
+                             "fastattn run directory is given as RUN_DIR")
+    return args.model if args.model is not None else args.run_dir
 
 
 def _generation_flags(p):
@@ -532,6 +566,9 @@ def _summary(history):
 
 def _generate_kwargs(args):
     kw = dict(method=args.method, max_new_tokens=args.max_new_tokens)
+    for key in ("src_lang", "tgt_lang"):
+        if getattr(args, key, None) is not None:
+            kw[key] = getattr(args, key)
     if args.method == "beam":
         kw["beam_size"] = args.beam_size
     if args.method == "sample":
@@ -542,10 +579,9 @@ def _generate_kwargs(args):
 
 @_errors
 def _complete(args):
-    from .runners.core import Translator
-    from .train.run import load_run
+    from .runners.core import Translator, load_any
 
-    run = load_run(args.run_dir, compute_type=args.compute_type)
+    run = load_any(_model_dir(args), compute_type=args.compute_type)
     # translate's rule for a source longer than the model takes: cut it, say so, go on
     tr = Translator.from_run(run, too_long="truncate", **_generate_kwargs(args))
     texts = args.texts if args.texts else (line.rstrip("\r\n") for line in sys.stdin)
@@ -597,7 +633,7 @@ def _translate(args):
 
     if args.threads:
         fastattn.set_num_threads(args.threads)
-    stats = translate_file(args.run_dir, args.input, args.output, input_format=args.format,
+    stats = translate_file(_model_dir(args), args.input, args.output, input_format=args.format,
                            batch_tokens=args.batch_tokens, window=args.window,
                            too_long=args.too_long, max_source_tokens=args.max_source_tokens,
                            resume=args.resume, overwrite=args.overwrite,

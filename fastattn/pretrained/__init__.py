@@ -2,9 +2,12 @@
 M2M100 / NLLB-200 dense, BART / mBART): their configuration read into fastattn's own modules.
 Nothing here downloads; weights are read as safetensors (never unpickled)."""
 from .config import FAMILIES, Architecture, read_config
-from .model import MANIFEST, Translator, build_model, load_pretrained, to_state_dict
+from .model import (MANIFEST, Translator, build_model, is_model_dir, load_pretrained,
+                    to_state_dict)
+from .tokenizer import load_tokenizer
 from .weights import CONVERT_COMMAND, expected_shapes, read_weights
 
-__all__ = ["load_pretrained", "Translator", "build_model", "to_state_dict", "MANIFEST",
+__all__ = ["load_pretrained", "Translator", "build_model", "to_state_dict", "is_model_dir",
+           "MANIFEST", "load_tokenizer",
            "FAMILIES", "Architecture", "read_config", "read_weights", "expected_shapes",
            "CONVERT_COMMAND"]

@@ -29,7 +29,8 @@ from ..nn import Seq2SeqTransformer
 from .config import Architecture, read_config
 from .weights import read_weights
 
-__all__ = ["load_pretrained", "Translator", "to_state_dict", "build_model", "MANIFEST"]
+__all__ = ["load_pretrained", "Translator", "to_state_dict", "build_model", "is_model_dir",
+           "MANIFEST"]
 
 MANIFEST = "fastattn-pretrained.json"       # what Translator.save writes beside the weights
 _MODEL_FILE = "model.safetensors"
@@ -265,10 +266,11 @@ class Translator:
                              f"{es!r}")
         start = decoder_start_id if decoder_start_id is not None else \
             g.get("decoder_start_token_id", a.decoder_start_id)
+        if start is None:                      # transformers falls back to the BOS token
+            start = a.bos_id
         if start is None:
             raise ValueError(f"generate: this {a.family} model has no decoder start token "
-                             "(mBART starts with the target language: give tgt_lang to "
-                             "translate, or decoder_start_id)")
+                             "nor BOS token: give decoder_start_id")
         start = _check_int("decoder_start_id", start, 0, V - 1)
         fbos = forced_bos_id if forced_bos_id is not None else \
             g.get("forced_bos_token_id", a.forced_bos_id)
@@ -310,7 +312,10 @@ class Translator:
         ``src_lang`` the source language code), generated (``tgt_lang``: the target language,
         forced as the first token for NLLB / M2M100, the decoder start token for mBART),
         decoded with special tokens skipped. Inputs are cut to ``max_input_tokens`` (default:
-        the model's positions)."""
+        the model's positions). ``tgt_lang`` is forced as the first generated token, as
+        transformers' forced_bos_token_id (NLLB, M2M100, mBART-50); mBART-cc25, which starts
+        decoding with the language code instead, takes
+        ``decoder_start_id=translator.tokenizer.lang_id(code)``."""
         if isinstance(texts, str):
             raise TypeError("translate: texts must be a list of strings, got a single str")
         texts = list(texts)
@@ -321,11 +326,7 @@ class Translator:
             _check_int("max_input_tokens", max_input_tokens, 1, self.arch.max_positions)
         ids, kpm = tok.encode_batch(texts, src_lang=src_lang, max_length=limit)
         if tgt_lang is not None:
-            lang = tok.lang_id(tgt_lang)
-            if self.arch.family == "mbart" and self.arch.decoder_start_id is None:
-                generate_kwargs.setdefault("decoder_start_id", lang)
-            else:
-                generate_kwargs.setdefault("forced_bos_id", lang)
+            generate_kwargs.setdefault("forced_bos_id", tok.lang_id(tgt_lang))
         out = self.generate(ids, src_key_padding_mask=kpm, beam_size=beam_size,
                             max_new_tokens=max_new_tokens, **generate_kwargs)
         return [tok.decode(row) for row in out]
@@ -391,6 +392,21 @@ def _load_converted(directory, compute_type, backend):
         raise ValueError(f"{path}: the architecture contradicts {_MODEL_FILE}'s config "
                          f"({', '.join(f'{k}: {want[k]!r} vs {got[k]!r}' for k in bad)})")
     return Translator(model.eval(), arch, directory=directory, generation=raw["generation"])
+
+
+def is_model_dir(path):
+    """Whether `path` is a pretrained model directory load_pretrained takes (a config.json
+    naming a model_type, or a directory Translator.save wrote), not a fastattn run."""
+    path = os.fspath(path)
+    if os.path.isfile(os.path.join(path, MANIFEST)):
+        return True
+    cfg = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg):
+        return False
+    try:
+        return "model_type" in _read_json(cfg)
+    except (OSError, ValueError):
+        return False
 
 
 def load_pretrained(path, *, compute_type=None, backend="fast"):

@@ -47,7 +47,7 @@ from ..ops import QuantizedWeight
 from ..train.batching import check_budget, epoch_batches
 
 __all__ = ["Translator", "Result", "DEFAULT_BATCH_TOKENS", "TOO_LONG", "run_state",
-           "run_from_state", "run_hash", "record"]
+           "run_from_state", "run_hash", "record", "PretrainedRun", "load_any"]
 
 DEFAULT_BATCH_TOKENS = 4096      # padded source ids per generated batch
 TOO_LONG = ("truncate", "skip")
@@ -74,6 +74,12 @@ class Translator:
 
     def __init__(self, model, src_tokenizer, tgt_tokenizer, *, batch_tokens=DEFAULT_BATCH_TOKENS,
                  too_long="truncate", max_source_tokens=None, **generate_kwargs):
+        from ..pretrained import Translator as Pretrained
+        self.pretrained = None
+        if isinstance(model, Pretrained):
+            self._init_pretrained(model, batch_tokens, too_long, max_source_tokens,
+                                  generate_kwargs)
+            return
         if not isinstance(model, Seq2SeqTransformer):
             raise TypeError(f"model must be a Seq2SeqTransformer, got {type(model).__name__}")
         self.model, self.src, self.tgt = model, src_tokenizer, tgt_tokenizer
@@ -104,9 +110,51 @@ class Translator:
             raise ValueError("the source tokenizer has no <pad> token to pad batches with")
         self.pad_id = src_tokenizer.pad_id
 
+    def _init_pretrained(self, tr, batch_tokens, too_long, max_source_tokens, kw):
+        """A pretrained model (fastattn.pretrained.Translator): its own tokenizer, searched
+        by transformers' rules (greedy, or beam with beam_size); src_lang / tgt_lang for the
+        multilingual families."""
+        self.pretrained, self.model = tr, tr.model
+        self.batch_tokens = check_budget(batch_tokens)
+        if too_long not in TOO_LONG:
+            raise ValueError(f"too_long must be one of {', '.join(map(repr, TOO_LONG))}, got "
+                             f"{too_long!r}")
+        self.too_long = too_long
+        kw = dict(kw)
+        method = kw.pop("method", "greedy")
+        if method not in ("greedy", "beam"):
+            raise ValueError(f"method {method!r}: a pretrained model is searched by "
+                             "transformers' greedy or beam rules (method 'greedy' or 'beam')")
+        beam = kw.pop("beam_size", 4) if method == "beam" else 1
+        unknown = sorted(set(kw) - {"max_new_tokens", "src_lang", "tgt_lang", "length_penalty",
+                                    "early_stopping", "seed"})
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)}: not options of a pretrained model's "
+                             "search (method, beam_size, max_new_tokens, length_penalty, "
+                             "early_stopping, src_lang, tgt_lang)")
+        kw.pop("seed", None)                        # greedy and beam draw nothing
+        kw.setdefault("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+        self.tok = tr.tokenizer
+        self.src_lang, self.tgt_lang = kw.pop("src_lang", None), kw.pop("tgt_lang", None)
+        search = dict(beam_size=beam, **kw)
+        if self.tgt_lang is not None:
+            search["forced_bos_id"] = self.tok.lang_id(self.tgt_lang)
+        if self.src_lang is not None:
+            self.tok.encode_batch([""], src_lang=self.src_lang)          # a known code?
+        tr.generate(np.zeros((0, 1), np.int64), **search)    # checks every option, runs nothing
+        self.generate_kwargs = dict(method=method, src_lang=self.src_lang,
+                                    tgt_lang=self.tgt_lang, **search)
+        self._search = search
+        self.seed, self.add_start_end = None, False
+        self.max_source_tokens = _max_source(max_source_tokens, tr.arch.max_positions, 1)
+        self.pad_id = tr.arch.pad_id
+
     @classmethod
     def from_run(cls, run, **options):
-        """A Translator over a loaded run (fastattn.train.run.Run)."""
+        """A Translator over a loaded run (fastattn.train.run.Run) or pretrained model
+        (PretrainedRun)."""
+        if isinstance(run, PretrainedRun):
+            return cls(run.translator, None, None, **options)
         return cls(run.model, run.src_tokenizer, run.tgt_tokenizer, **options)
 
     def options(self):
@@ -122,6 +170,8 @@ class Translator:
         through the model (empty: error None; too long with too_long="skip": the error)."""
         if not text:
             return None, False, None
+        if self.pretrained is not None:
+            return self._encode_pretrained(text)
         ids = self.src.encode(text, add_start_end=self.add_start_end)
         if not ids:                # no token, and no <start> <end> to wrap it: nothing to read
             return None, False, None
@@ -134,6 +184,19 @@ class Translator:
         if self.add_start_end:
             return ids[:limit - 1] + ids[-1:], True, None
         return ids[:limit], True, None
+
+    def _encode_pretrained(self, text):
+        """encode() with a pretrained model's tokenizer, which cuts a source itself (its
+        special tokens kept)."""
+        limit = self.max_source_tokens
+        ids = self.tok.encode_batch([text], src_lang=self.src_lang, max_length=limit + 1)[0][0]
+        if len(ids) <= limit:
+            return ids.tolist(), False, None
+        if self.too_long == "skip":
+            return None, False, (f"too long: more than {limit} source tokens "
+                                 f"(too_long='skip')")
+        return self.tok.encode_batch([text], src_lang=self.src_lang,
+                                     max_length=limit)[0][0].tolist(), True, None
 
     # -- batches -------------------------------------------------------------------------------
     def plan(self, lengths):
@@ -151,6 +214,10 @@ class Translator:
         ids = np.full((B, S), self.pad_id, dtype=np.int64)
         for b, r in enumerate(rows):
             ids[b, :len(r)] = r
+        if self.pretrained is not None:
+            kpm = np.arange(S)[None, :] >= np.array([len(r) for r in rows])[:, None]
+            out = self.pretrained.generate(ids, src_key_padding_mask=kpm, **self._search)
+            return [self.tok.decode(r) for r in out], [len(r) for r in out]
         kw = self.generate_kwargs
         if kw.get("method") == "sample" and self.seed is not None:
             kw = dict(kw, seed=[self.seed, zlib.crc32(ids.tobytes())])
@@ -216,15 +283,50 @@ def _generated(out, end_id):
 
 # ---- a run as plain data, for other processes -------------------------------------------------
 
+class PretrainedRun:
+    """A pretrained model directory (fastattn.pretrained.load_pretrained) as the runners take
+    a run: ``path``, ``translator`` (the pretrained Translator) and its ``model``."""
+
+    def __init__(self, path, translator):
+        self.path, self.translator, self.model = path, translator, translator.model
+
+
+def load_any(path, *, compute_type=None):
+    """A run directory (fastattn train's) -> Run; a pretrained model directory (a Hugging
+    Face one, or one Translator.save wrote) -> PretrainedRun."""
+    from ..pretrained import is_model_dir, load_pretrained
+    from ..train.run import load_run
+
+    if is_model_dir(path):
+        return PretrainedRun(path, load_pretrained(path, compute_type=compute_type))
+    return load_run(path, compute_type=compute_type)
+
+
 def run_hash(run):
     """SHA-256 (hex) of what decides a run's outputs: the model's config, weights and compute
-    type (quantized weights hash as their dequantized values), and both tokenizers."""
+    type (quantized weights hash as their dequantized values), and both tokenizers (a
+    pretrained model: its architecture, generation settings and tokenizer files)."""
     h = hashlib.sha256()
+    if isinstance(run, PretrainedRun):
+        import dataclasses
+        import os
+
+        from ..pretrained.model import _TOKENIZER_FILES
+        tr = run.translator
+        h.update(json.dumps([dataclasses.asdict(tr.arch), tr.generation], sort_keys=True,
+                            default=str).encode())
+        for name in _TOKENIZER_FILES:
+            p = os.path.join(run.path, name)
+            if os.path.isfile(p):
+                with open(p, "rb") as f:
+                    h.update(name.encode() + hashlib.sha256(f.read()).digest())
     h.update(json.dumps(run.model.config, sort_keys=True).encode())
     h.update(run.model.compute_type.encode())
     for key, arr in run.model.state_dict().items():
         h.update(key.encode())
         h.update(np.ascontiguousarray(arr).view(np.uint8))
+    if isinstance(run, PretrainedRun):
+        return h.hexdigest()
     for tok in (run.src_tokenizer, run.tgt_tokenizer):
         h.update(json.dumps(tok.to_dict(), sort_keys=True).encode())
     return h.hexdigest()
@@ -233,7 +335,11 @@ def run_hash(run):
 def run_state(run):
     """A loaded run as plain data: {"config", "compute_type", "weights" (the parameters'
     arrays as stored: a quantized weight as its int8 data plus "<key>_scale", or its bf16
-    bits), "src_tokenizer", "tgt_tokenizer" (their to_dict()), "run_config", "path"}."""
+    bits), "src_tokenizer", "tgt_tokenizer" (their to_dict()), "run_config", "path"}. A
+    pretrained model travels as its directory's path and compute type: the workers read the
+    directory themselves (on a filesystem they share with the driver)."""
+    if isinstance(run, PretrainedRun):
+        return {"pretrained": run.path, "compute_type": run.model.compute_type}
     weights = {}
     for key, value in run.model.named_parameters():
         if isinstance(value, QuantizedWeight):
@@ -253,6 +359,10 @@ def run_from_state(state):
     weights (no copy; they may be read-only)."""
     from ..train.run import Run
 
+    if "pretrained" in state:
+        from ..pretrained import load_pretrained
+        return PretrainedRun(state["pretrained"], load_pretrained(
+            state["pretrained"], compute_type=state["compute_type"]))
     model = Seq2SeqTransformer(**state["config"]).eval()
     weights, compute_type = state["weights"], state.get("compute_type", "float32")
     quantized = {}

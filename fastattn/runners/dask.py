@@ -52,7 +52,8 @@ from __future__ import annotations
 import numbers
 import threading
 
-from .core import DEFAULT_BATCH_TOKENS, Translator, record, run_from_state, run_hash, run_state
+from .core import (DEFAULT_BATCH_TOKENS, PretrainedRun, Translator, load_any, record,
+                   run_from_state, run_hash, run_state)
 
 __all__ = ["translate_bag", "translate_dataframe", "translate_partition"]
 
@@ -113,12 +114,12 @@ def _ship(run_dir, client, options, threads):
     """(shipped state, run key, checked options, threads): the run loaded and checked on the
     client, then scattered to every worker (a distributed client) or wrapped in a graph task."""
     dask = _dask()
-    from ..train.run import Run, load_run
+    from ..train.run import Run
 
     if threads is not None and (not isinstance(threads, numbers.Integral) or
                                 isinstance(threads, bool) or threads < 1):
         raise ValueError(f"threads must be an int >= 1 or None, got {threads!r}")
-    run = run_dir if isinstance(run_dir, Run) else load_run(run_dir)
+    run = run_dir if isinstance(run_dir, (Run, PretrainedRun)) else load_any(run_dir)
     options = Translator.from_run(run, **options).options()      # every option checked here
     state = run_state(run)
     if client is None:

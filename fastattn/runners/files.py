@@ -67,7 +67,8 @@ import time
 
 from ..train.batching import check_budget
 from ..train.run import write_json_atomic
-from .core import DEFAULT_BATCH_TOKENS, Result, Translator, record, run_hash
+from .core import (DEFAULT_BATCH_TOKENS, PretrainedRun, Result, Translator, load_any, record,
+                   run_hash)
 from .progress import check_progress, make_progress, progress_enabled
 
 __all__ = ["translate_file", "DEFAULT_WINDOW", "INPUT_FORMATS", "STATE_SUFFIX", "FORMAT"]
@@ -92,13 +93,13 @@ def translate_file(run_dir, input_path, output_path, *, batch_tokens=DEFAULT_BAT
     loaded (fastattn.io.load); a resume must use the same (the run's hash covers it).
     generate_kwargs go to model.generate (max_new_tokens (default 64), beam_size,
     temperature, top_k, top_p, seed, ...)."""
-    from ..train.run import Run, load_run
+    from ..train.run import Run
 
     input_path, output_path = _check_paths(input_path, output_path)
     window = check_budget(window, "window")
     fmt = _input_format(input_format, input_path)
     check_progress(progress)
-    if isinstance(run_dir, Run):
+    if isinstance(run_dir, (Run, PretrainedRun)):
         run = run_dir
         if compute_type not in (None, run.model.compute_type):
             raise ValueError(f"translate_file: compute_type={compute_type!r} applies while a "
@@ -106,7 +107,7 @@ def translate_file(run_dir, input_path, output_path, *, batch_tokens=DEFAULT_BAT
                              f"({run.model.compute_type}): pass its directory, or quantize "
                              "run.model yourself")
     else:
-        run = load_run(run_dir, compute_type=compute_type)
+        run = load_any(run_dir, compute_type=compute_type)
     tr = Translator.from_run(run, batch_tokens=batch_tokens, too_long=too_long,
                              max_source_tokens=max_source_tokens, method=method,
                              **generate_kwargs)

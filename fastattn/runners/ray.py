@@ -44,7 +44,8 @@ from __future__ import annotations
 import numbers
 import os
 
-from .core import DEFAULT_BATCH_TOKENS, Translator, run_from_state, run_state
+from .core import (DEFAULT_BATCH_TOKENS, PretrainedRun, Translator, load_any, run_from_state,
+                   run_state)
 
 __all__ = ["translate_dataset", "DEFAULT_BATCH_SIZE"]
 
@@ -108,7 +109,7 @@ def translate_dataset(ds, run_dir, *, column="source", output_column="output",
     fastattn on max(1, int(num_cpus_per_worker)) threads. batch_tokens, too_long,
     max_source_tokens and generate_kwargs (method, max_new_tokens, beam_size, ...) as for
     translate_file."""
-    from ..train.run import Run, load_run
+    from ..train.run import Run
 
     ray = _ray()
     if not isinstance(ds, ray.data.Dataset):
@@ -135,7 +136,7 @@ def translate_dataset(ds, run_dir, *, column="source", output_column="output",
         pool = ray.data.ActorPoolStrategy(min_size=lo, max_size=max(lo, hi))
     else:
         pool = ray.data.ActorPoolStrategy(size=_count("concurrency", concurrency))
-    run = run_dir if isinstance(run_dir, Run) else load_run(run_dir)
+    run = run_dir if isinstance(run_dir, (Run, PretrainedRun)) else load_any(run_dir)
     options = dict(batch_tokens=batch_tokens, too_long=too_long,
                    max_source_tokens=max_source_tokens, **generate_kwargs)
     options = Translator.from_run(run, **options).options()   # every option checked here
