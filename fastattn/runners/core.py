@@ -125,7 +125,8 @@ class Translator:
         if method not in ("greedy", "beam"):
             raise ValueError(f"method {method!r}: a pretrained model is searched by "
                              "transformers' greedy or beam rules (method 'greedy' or 'beam')")
-        beam = kw.pop("beam_size", 4) if method == "beam" else 1
+        beam = kw.pop("beam_size", 4)
+        beam = beam if method == "beam" else 1
         unknown = sorted(set(kw) - {"max_new_tokens", "src_lang", "tgt_lang", "length_penalty",
                                     "early_stopping", "seed"})
         if unknown:
@@ -137,13 +138,13 @@ class Translator:
         self.tok = tr.tokenizer
         self.src_lang, self.tgt_lang = kw.pop("src_lang", None), kw.pop("tgt_lang", None)
         search = dict(beam_size=beam, **kw)
+        self.generate_kwargs = dict(method=method, src_lang=self.src_lang,
+                                    tgt_lang=self.tgt_lang, **search)
         if self.tgt_lang is not None:
             search["forced_bos_id"] = self.tok.lang_id(self.tgt_lang)
         if self.src_lang is not None:
             self.tok.encode_batch([""], src_lang=self.src_lang)          # a known code?
         tr.generate(np.zeros((0, 1), np.int64), **search)    # checks every option, runs nothing
-        self.generate_kwargs = dict(method=method, src_lang=self.src_lang,
-                                    tgt_lang=self.tgt_lang, **search)
         self._search = search
         self.seed, self.add_start_end = None, False
         self.max_source_tokens = _max_source(max_source_tokens, tr.arch.max_positions, 1)

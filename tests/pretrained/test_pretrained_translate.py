@@ -130,3 +130,31 @@ def test_file_runner_cuts_a_long_source(model_dir, tmp_path):
     ids, _ = tr.tokenizer.encode_batch(["the cat " * 5000], max_length=20)
     assert rows[0]["output"] == tr.tokenizer.decode(tr.generate(ids, max_new_tokens=4)[0])
     np.testing.assert_array_equal(ids.shape, (1, 20))
+
+
+def test_dask_runner_and_shipped_state(model_dir, tmp_path):
+    """The Dask runner on a pretrained directory (its workers read the directory), equal to the
+    single-process runner; the state Ray and Dask ship names the directory, not the weights."""
+    kind, d, _, _ = model_dir
+    if kind != "marian":
+        pytest.skip("one family is enough")
+    from fastattn.runners import Translator, record, run_from_state, run_state
+    from fastattn.runners.core import load_any
+    run = load_any(str(d), compute_type="int8")
+    state = run_state(run)
+    assert state == {"pretrained": str(d), "compute_type": "int8"}
+    again = run_from_state(state)
+    want = [record(t, r) for t, r in zip(TEXTS, Translator.from_run(run, max_new_tokens=5)
+                                         .translate(TEXTS))]
+    assert [record(t, r) for t, r in zip(
+        TEXTS, Translator.from_run(again, max_new_tokens=5).translate(TEXTS))] == want
+    distributed = pytest.importorskip("distributed")
+    db = pytest.importorskip("dask.bag")
+    from fastattn.runners.dask import translate_bag
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        got = translate_bag(db.from_sequence(TEXTS, npartitions=2), str(d), client=client,
+                            max_new_tokens=5).compute()
+    assert got == [record(t, r) for t, r in zip(
+        TEXTS, Translator.from_run(load_any(d), max_new_tokens=5).translate(TEXTS))]
