@@ -709,7 +709,14 @@ def _demo(args):
 
 def main(argv=None):
     """Entry point of the ``fastattn`` command; returns the exit status."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command in ("complete", "translate") and args.run_dir is None and \
+            args.model is None:                  # a usage error, as argparse reports one
+        print(f"usage: fastattn {args.command} RUN_DIR | --model DIR ... (fastattn "
+              f"{args.command} --help)\nfastattn {args.command}: error: the following "
+              "arguments are required: RUN_DIR (or --model DIR)", file=sys.stderr)
+        return 2
     return {"info": _info, "bench": _bench, "demo": _demo, "train": _train,
             "complete": _complete, "translate": _translate, "evaluate": _evaluate,
             "plot": _plot,

@@ -252,7 +252,7 @@ def test_complete_takes_options_after_the_run_dir_and_between_texts(tmp_path):
     res = cli("complete", run, "--method", "beam", stdin="one two\n")      # standard input
     assert res.returncode == 0 and len(res.stdout.splitlines()) == 1
     res = cli("complete")
-    assert res.returncode == 2 and "required: RUN_DIR\n" in res.stderr
+    assert res.returncode == 2 and "required: RUN_DIR (or --model DIR)\n" in res.stderr
 
 
 def test_plot_names_a_history_that_is_not_utf8(tmp_path):

@@ -103,12 +103,13 @@ def test_cli_refusals(model_dir, tmp_path, capsys):
     src = tmp_path / "in.txt"
     src.write_text("a\n")
     out = str(tmp_path / "o.jsonl")
+    assert cli.main(["translate", "--input", str(src), "--output", out]) == 2
+    assert "required: RUN_DIR (or --model DIR)" in capsys.readouterr().err
     for argv, msg in [
         (["complete", "--model", str(d), "--tgt-lang", "xx_Xxxx", "a"], "xx_Xxxx"),
         (["complete", "--model", str(d), "--method", "sample", "a"], "transformers' greedy"),
         (["complete", "--model", str(tmp_path), "a"], "not a pretrained model directory"),
         (["complete", "--src-lang", "fra_Latn", "a"], "apply to a pretrained model"),
-        (["translate", "--input", str(src), "--output", out], "one of them"),
         (["translate", "--model", str(d), "--input", str(src), "--output", out,
           "--max-new-tokens", "5000"], "exceed the model's"),
     ]:
