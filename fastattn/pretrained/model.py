@@ -80,12 +80,8 @@ def to_state_dict(arch, weights):
     out["generator.weight"] = w["lm_head.weight"]
     out["generator.bias"] = (w["final_logits_bias"].reshape(-1) if arch.logits_bias else
                              np.zeros(arch.decoder_vocab_size, np.float32))
-    if arch.share_embeddings:
-        out["src_tok_emb.embedding.weight"] = out["tgt_tok_emb.embedding.weight"] = \
-            w["model.shared.weight"]
-    else:
-        out["src_tok_emb.embedding.weight"] = w["model.encoder.embed_tokens.weight"]
-        out["tgt_tok_emb.embedding.weight"] = w["model.decoder.embed_tokens.weight"]
+    out["src_tok_emb.embedding.weight"] = w["model.encoder.embed_tokens.weight"]
+    out["tgt_tok_emb.embedding.weight"] = w["model.decoder.embed_tokens.weight"]
     for side, fa in (("encoder", "src"), ("decoder", "tgt")):
         if arch.positions == "learned":
             out[f"{fa}_pos_emb.weight"] = w[f"model.{side}.embed_positions.weight"]

@@ -2,10 +2,13 @@
 before anything is read.
 
 The tensors are the Hugging Face state dict's, under their own names (``model.encoder.layers.0.
-self_attn.q_proj.weight``, ...; see expected_shapes). Embeddings tied in the model are stored
-once: the shared token table is the first of model.shared.weight,
-model.encoder.embed_tokens.weight, model.decoder.embed_tokens.weight and lm_head.weight that
-the files hold, and an output projection left out is the decoder's token table. A missing
+self_attn.q_proj.weight``, ...; see expected_shapes). The encoder and the decoder each read
+their own token table, model.encoder.embed_tokens.weight / model.decoder.embed_tokens.weight,
+where the files hold it (transformers 5 unties them from model.shared when
+tie_word_embeddings is false, and saves each); embeddings tied in the model are stored once,
+so a table left out is, with shared embeddings, the first of model.shared.weight, the other
+side's table and lm_head.weight that the files hold, and an output projection left out is the
+decoder's token table. A missing
 final_logits_bias is zeros (transformers does the same); Marian's sinusoidal position table,
 which old files carry, is recomputed, not read.
 
@@ -47,17 +50,13 @@ def _layer(prefix, d, f, cross):
 
 
 def expected_shapes(arch):
-    """{name: shape} of every tensor the architecture reads, under the Hugging Face names, the
-    tied ones under their first name (model.shared.weight when shared; else the encoder's and
-    the decoder's token tables); lm_head.weight and final_logits_bias (its logits_bias) are
-    listed too, each filled in when the files leave it out."""
+    """{name: shape} of every tensor the architecture reads, under the Hugging Face names: the
+    encoder's and the decoder's token tables (each filled in from the shared one when the
+    files leave it out), lm_head.weight and final_logits_bias (its logits_bias; each filled in
+    when the files leave it out)."""
     d, f = arch.d_model, arch.dim_feedforward
-    shapes = {}
-    if arch.share_embeddings:
-        shapes["model.shared.weight"] = (arch.vocab_size, d)
-    else:
-        shapes["model.encoder.embed_tokens.weight"] = (arch.vocab_size, d)
-        shapes["model.decoder.embed_tokens.weight"] = (arch.decoder_vocab_size, d)
+    shapes = {"model.encoder.embed_tokens.weight": (arch.vocab_size, d),
+              "model.decoder.embed_tokens.weight": (arch.decoder_vocab_size, d)}
     shapes["lm_head.weight"] = (arch.decoder_vocab_size, d)
     if arch.logits_bias:
         shapes["final_logits_bias"] = (1, arch.decoder_vocab_size)
@@ -140,12 +139,11 @@ def read_weights(directory, arch):
         def source(name):
             if name in stored:
                 return name
-            if name == "model.shared.weight":
+            if name in _SHARED[1:3] and arch.share_embeddings:
                 return next((n for n in _SHARED if n in stored), None)
             if name == "lm_head.weight" and arch.tie_output:
-                table = "model.shared.weight" if arch.share_embeddings else \
-                    "model.decoder.embed_tokens.weight"
-                return next((n for n in (table,) + _SHARED if n in stored), None)
+                table = "model.decoder.embed_tokens.weight"
+                return source(table) if table != name else None
             return None
 
         plan = {}

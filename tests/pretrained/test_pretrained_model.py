@@ -137,6 +137,25 @@ def test_beam_rules_equal_transformers(pair, early_stopping, length_penalty):
     assert sum(a == b for a, b in zip(got, ref)) >= 0.95 * len(ref), (got, ref)
 
 
+@pytest.mark.parametrize("family", ["marian", "bart"])
+def test_untied_tables_each_read(tmp_path, family):
+    """tie_word_embeddings false: transformers 5 gives the encoder, the decoder and the output
+    projection a table each (saved apart from model.shared); each is read where it is used."""
+    model = make(tmp_path, family, steps=0, tie_word_embeddings=False)
+    sd = model.state_dict()
+    assert not torch.equal(sd["model.encoder.embed_tokens.weight"],
+                           sd["model.decoder.embed_tokens.weight"])
+    tr = load_pretrained(tmp_path)
+    src = batch(tr)
+    tgt = src[:, :5].copy()
+    tgt[:, 0] = tr.arch.decoder_start_id
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor(src), attention_mask=torch.tensor(src != tr.arch.pad_id),
+                    decoder_input_ids=torch.tensor(tgt)).logits.numpy()
+    np.testing.assert_allclose(tr.logits(src, tgt), ref, rtol=LOGITS_RTOL,
+                               atol=LOGITS_RTOL * np.abs(ref).max())
+
+
 def test_forced_first_token_as_nllb_target_language(tmp_path):
     model = make(tmp_path, "m2m_100", steps=0)
     tr = load_pretrained(tmp_path)
