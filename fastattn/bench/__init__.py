@@ -11,8 +11,8 @@ Modules:
 - ``base``: ``Case`` and the helpers the case modules share (they import it, never ``cases``);
 - ``cases``: the Case objects (``CASES``; ``OP_CASES`` + ``MODEL_CASES`` = ``DEFAULT_CASES``),
   each with its seeded inputs and one callable per implementation (fastattn, numpy, torch),
-  gathered from the case modules (train_cases, runner_cases, learning, dp_cases, quant_cases,
-  attention_bf16_cases);
+  gathered from the case modules (train_cases, runner_cases, pretrained_cases, learning,
+  dp_cases, quant_cases, attention_bf16_cases);
 - ``torch_models``: the torch twins of the model cases (torch optional and imported lazily);
 - ``timing``: thread control, idle waits, interleaved timing, peak memory, a memory copy;
 - ``runner``: ``run()``, which validates then times each case, one row per case;
@@ -32,6 +32,13 @@ notes give tokens/s (B * new tokens / median). The ``decode_step`` case derives 
 decode step (generate minus its prefill, the model's ``init_cache``: encoder and cross-attention
 K/V projections, over the new tokens) and the bandwidth of the decoder's and generator's weight
 reads, against a memory copy on as many threads, all timed interleaved in the same run.
+
+The pretrained cases (``marian_*``, pretrained_cases; not run by default) run an OPUS-MT-shaped
+Marian directory (random weights, made with transformers) through ``fastattn.load_pretrained``
+against CTranslate2 running its own conversion of the same directory, greedy and beam 4, float32
+and int8, tokens/s counted on each side's output (up to and including the end token), with the
+share of rows the two agree on; ``marian_step_breakdown`` splits a decode step into the output
+projection and the rest.
 
 The memory case reports the growth of the process's peak resident set during one call, without
 subtracting the output's own size.

@@ -1,9 +1,9 @@
 """Case, the benchmark's unit, and the helpers the case modules share.
 
-The case modules (cases.py and the families it gathers: train_cases, runner_cases, learning,
-dp_cases, quant_cases, attention_bf16_cases) build on this module, and cases.py imports them to
-fill its registry: Case lives here, below all of them, so that none of them imports cases.py
-back.
+The case modules (cases.py and the families it gathers: train_cases, runner_cases,
+pretrained_cases, learning, dp_cases, quant_cases, attention_bf16_cases) build on this module,
+and cases.py imports them to fill its registry: Case lives here, below all of them, so that
+none of them imports cases.py back.
 """
 import numpy as np
 
@@ -25,7 +25,8 @@ class Case:
     flops     useful floating-point work of one call (0: not a FLOP-bound op)
     nbytes    bytes one call must move at least (memory-bound ops: reported as GB/s), or 0
     kind      "time" (medians of interleaved calls), "memory" (peak RSS growth of one call) or
-              "decode" (time per decode step and weight bandwidth; see _decode_case)
+              "decode" (time per decode step and weight bandwidth; see _decode_case), or a
+              family's own: "dp", "learning", "breakdown" (pretrained_cases)
     slow      implementations given fewer timed calls (the float64 twin)
     repeats   {implementation: most timed calls}, a cap on the run's counts (for calls of seconds)
     warm      False: no untimed calls before the timed ones (a call of seconds is its own warm-up)
@@ -43,6 +44,11 @@ class Case:
     float32_torch_impl  mixed-precision training cases (torch column: autocast bf16): a
               factory like impls' of torch in float32, timed between the case's own calls
               (the row's float32_torch_ms), or None
+
+    Set as attributes by the families that use them (read with getattr): ``check`` (False:
+    outputs not compared), ``count_tokens`` (output -> tokens one call generated, per
+    implementation, for rows that end early), ``agreement`` (note the share of rows equal to
+    fastattn's), ``copy_probe``, ``matrix_mib``.
     """
 
     def __init__(self, name, title, build, impls, *, flops=0, nbytes=0, kind="time",

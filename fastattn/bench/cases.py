@@ -633,6 +633,13 @@ from .runner_cases import RUNNER_CASES  # noqa: E402
 CASES.update((c.name, c) for c in RUNNER_CASES)
 RUNNER_CASE_NAMES = tuple(c.name for c in RUNNER_CASES)
 
+# ---- a pretrained model directory against CTranslate2's converter of it (pretrained_cases.py;
+# not run by default: needs torch, transformers and ctranslate2, and makes the model first) ----
+from .pretrained_cases import PRETRAINED_CASES  # noqa: E402
+
+CASES.update((c.name, c) for c in PRETRAINED_CASES)
+PRETRAINED_CASE_NAMES = tuple(c.name for c in PRETRAINED_CASES)
+
 # ---- learning: held-out exact match against the torch tutorial (learning.py; not run by
 # default: it trains models for minutes) --------------------------------------------------------
 from .learning import LEARNING_CASES  # noqa: E402

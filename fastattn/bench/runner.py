@@ -14,7 +14,7 @@ import statistics
 
 import numpy as np
 
-from . import ct2_models, dp_cases, learning, timing
+from . import ct2_models, dp_cases, learning, pretrained_cases, timing
 from .cases import CASES, DEFAULT_CASES, IMPLEMENTATIONS, Unavailable, decode_metrics
 from .report import fmt_ms
 
@@ -78,7 +78,9 @@ def finish_row(case, row):
         row["fastattn_gbps"] = case.nbytes / (fast * 1e6)
         row["notes"].append(f"{row['fastattn_gbps']:.1f} GB/s")
     if case.tokens:
-        rates = {impl: case.tokens / (row[f"{impl}_ms"] / 1e3)
+        # tokens per call: each implementation's own count where the case counts them on the
+        # outputs (count_tokens: rows that end at an end token), else case.tokens
+        rates = {impl: row.get(f"{impl}_tokens", case.tokens) / (row[f"{impl}_ms"] / 1e3)
                  for impl in ("fastattn", "torch", "numpy", "ctranslate2")  # table order
                  if row[f"{impl}_ms"]}
         for impl, v in rates.items():
@@ -91,6 +93,15 @@ def finish_row(case, row):
         if rates:
             row["notes"].insert(0, "tokens/s: " + ", ".join(
                 f"{impl} {fmt_ms(v)}" for impl, v in rates.items()))
+        if getattr(case, "count_tokens", None) is not None and \
+                "fastattn" in rates and "ctranslate2" in rates:
+            # the calls' token counts may differ: the ratio of the rates, not of the times
+            v = row["tokens_per_s_ratio_vs_ctranslate2"] = \
+                rates["fastattn"] / rates["ctranslate2"]
+            row["notes"].insert(1, f"tokens/s fastattn / ctranslate2 {v:.2f}x (tokens per "
+                                   "call: " + ", ".join(
+                                       f"{i} {row[f'{i}_tokens']}" for i in
+                                       ("fastattn", "ctranslate2")) + ")")
     return row
 
 
@@ -112,10 +123,12 @@ def _check_calls(case, fns):
     return outs, first
 
 
-def _compare_tokens(row, outs, exact=None):
+def _compare_tokens(row, outs, exact=None, agreement=False):
     """Generation cases: token ids must agree exactly with the reference backend's (numpy),
     or with fastattn's where the reference backend does not run; implementations outside
-    `exact` (None: all) compute another function, and their differing rows are noted only."""
+    `exact` (None: all) compute another function, and their differing rows are noted only
+    (agreement=True: as row["agreement"], {impl: share of the rows equal to the
+    reference's}, and a note)."""
     ref = "numpy" if "numpy" in outs else "fastattn"
     want = np.asarray(outs[ref])
     differ = {}
@@ -131,7 +144,11 @@ def _compare_tokens(row, outs, exact=None):
         row["notes"].append(f"MISMATCH: tokens differ from {ref}'s in " + ", ".join(
             f"{i} {n} of {len(want)} rows" for i, n in bad.items()))
     other = {i: n for i, n in differ.items() if exact is not None and i not in exact}
-    if other:
+    if other and agreement:
+        row["agreement"] = {i: 1 - n / len(want) for i, n in other.items()}
+        row["notes"].append(f"rows equal to {ref}'s (agreement, not required): " + ", ".join(
+            f"{i} {len(want) - n} of {len(want)}" for i, n in other.items()))
+    elif other:
         row["notes"].append(f"tokens differing from {ref}'s (another quantization or "
                             "rounding, not required to match): " + ", ".join(
                                 f"{i} {n} of {len(want)} rows" for i, n in other.items()))
@@ -147,7 +164,11 @@ def _run_time_case(case, threads, repeat, numpy_repeat):
     if not getattr(case, "check", True):
         pass                                    # outputs not comparable (training steps)
     elif case.tokens:
-        _compare_tokens(row, outs, case.exact)
+        _compare_tokens(row, outs, case.exact, getattr(case, "agreement", False))
+    counter = getattr(case, "count_tokens", None)
+    if counter is not None:                     # tokens per call, from the checking call
+        for impl, out in outs.items():
+            row[f"{impl}_tokens"] = counter(out)
     elif "numpy" in outs and case.name != "sgemm":
         row["max_abs_diff_vs_numpy"] = diffs = {
             impl: _max_abs_diff(out, outs["numpy"]) for impl, out in outs.items()
@@ -358,7 +379,11 @@ def run(cases=None, repeat=DEFAULT_REPEAT, threads=None, *, numpy_repeat=DEFAULT
     speedup_vs_ctranslate2 (= their ms / fastattn ms); max_abs_diff_vs_numpy; others_cpu (share of the CPUs other processes used meanwhile,
     Linux); memory case: <impl>_peak_mib, output_mib, matrix_mib; generation cases:
     <impl>_tokens_per_s, rows_differ ({impl: rows whose tokens differ from those of
-    rows_compared_with}); decode case: step_ms (also its fastattn_ms), weight_mb, weight_gbps,
+    rows_compared_with}); generation cases counting their tokens (count_tokens: the
+    pretrained cases): <impl>_tokens (per call), tokens_per_s_ratio_vs_ctranslate2, and with
+    agreement: agreement ({impl: share of rows equal to fastattn's}); the step breakdown
+    (kind "breakdown", pretrained_cases): breakdown, copy_gbps; decode case: step_ms (also
+    its fastattn_ms), weight_mb, weight_gbps,
     copy_gbps, share_of_copy, generate_ms, prefill_ms, copy_ms, copy_threads; a case with
     float32_impl: float32_fastattn_ms, float32_times_ms, float32_ratio (paired, float32 over
     fastattn); with float32_torch_impl: float32_torch_ms, float32_torch_times_ms,
@@ -384,6 +409,9 @@ def run(cases=None, repeat=DEFAULT_REPEAT, threads=None, *, numpy_repeat=DEFAULT
                     row = _run_decode_case(case, count, repeat)
                 elif case.kind == "dp":
                     row = finish_row(case, dp_cases.run_dp_case(case, empty_row(case, count)))
+                elif case.kind == "breakdown":
+                    row = finish_row(case, pretrained_cases.run_step_breakdown(
+                        case, empty_row(case, count)))
                 elif case.kind == "learning":
                     row = finish_row(case, learning.run_learning_case(case,
                                                                        empty_row(case, count)))

@@ -171,6 +171,11 @@ from .runner_cases import RUNNER_TARGETS  # noqa: E402
 
 TARGETS += RUNNER_TARGETS
 
+# ---- pretrained model against CTranslate2 (pretrained_cases.py) ------------------------------
+from .pretrained_cases import PRETRAINED_TARGETS  # noqa: E402
+
+TARGETS += PRETRAINED_TARGETS
+
 # ---- learning (learning.py) -----------------------------------------------------------------
 from .learning import LEARNING_TARGETS  # noqa: E402
 
