@@ -67,6 +67,7 @@ class _Parser(argparse.ArgumentParser):
     set, options may come after positionals and before more of them."""
 
     finish_help = None
+    examples = ()               # command lines shown at the end of the help, as written
     # intermixed = True: options anywhere among the positionals (``complete RUN --method beam
     # TEXT`` as well as ``complete RUN TEXT --method beam``); argparse alone ends a nargs="*"
     # positional at the first option, and the texts after it were 'unrecognized arguments'
@@ -76,7 +77,10 @@ class _Parser(argparse.ArgumentParser):
     def format_help(self):
         if self.finish_help is not None:
             self.finish_help()
-        return super().format_help()
+        text = super().format_help()
+        if self.examples:
+            text += "\nexamples:\n" + "".join(f"  {line}\n" for line in self.examples)
+        return text
 
     def parse_known_args(self, args=None, namespace=None):
         if not self.intermixed or self._inside:   # the intermixed parse calls back into this
@@ -125,12 +129,29 @@ def _parser():
                                  MAX_WARMUP, PRESET_LR, SCHEDULES, TRAIN_DEFAULTS)
 
     parser = _Parser(
-        prog="fastattn", description="Fast CPU Transformer kernels: build facts, benchmarks, demo.")
+        prog="fastattn",
+        description="Fast CPU Transformers: train encoder-decoder models on text pairs, "
+                    "evaluate them, complete and translate texts and whole files with them "
+                    "or with pretrained Marian / NLLB / BART models, plot their training and "
+                    "attention, benchmark against PyTorch and CTranslate2, and say how the "
+                    "build runs on this machine. 'fastattn COMMAND --help' shows each "
+                    "command's options and an example.")
+    parser.examples = ("fastattn demo", "fastattn train pairs.tsv --out run",
+                       "fastattn complete run \"Hello there\"",
+                       "fastattn translate --model opus-mt-en-de --input in.txt --output "
+                       "out.jsonl", "fastattn info")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                 parser_class=_Parser)
 
-    sub.add_parser("info", help="print compiler, OpenMP, SIMD level, GEMM blocking and threads",
-                   description="Print fastattn.build_info() as 'key: value' lines.")
+    i = sub.add_parser("info", help="summarise the CPU, SIMD level, kernel paths and threads",
+                       description="A short summary of how fastattn runs on this machine: the "
+                                   "CPU, the SIMD level in use, the paths of the float32, "
+                                   "int8 and bf16 products, AMX, the threads and the build; "
+                                   "--json prints every fact of fastattn.build_info().")
+    i.add_argument("--json", action="store_true",
+                   help="print fastattn.build_info() whole, as JSON")
+    i.examples = ("fastattn info", "fastattn info --json",
+                  "FASTATTN_CPU_ISA=avx2 fastattn info")
 
     b = sub.add_parser("bench", help="benchmark ops vs the NumPy twin vs torch",
                        description="Time fastattn.ops against fastattn.reference (NumPy) and "
@@ -336,6 +357,8 @@ def _parser():
     a.add_argument("text", metavar="TEXT")
     a.add_argument("--target", metavar="TEXT")
     a.add_argument("--out", metavar="DIR", required=True)
+    for name, lines in EXAMPLES.items():
+        sub.choices[name].examples = lines
     return parser
 
 
@@ -388,17 +411,73 @@ def _generation_flags(p):
                         "the products in bf16; default: as saved)")
 
 
+def _cpu_name():
+    """The CPU's model name (Linux's /proc/cpuinfo), else what platform says."""
+    import platform
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _size(n):
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def info_summary(info):
+    """The short human summary of build_info() -> [(label, text)]."""
+    import os
+
+    def yes(v):
+        return "yes" if v else "no"
+
+    g, amx = info["gemm"], info["amx"]
+    if amx.get("int8") or amx.get("bf16"):
+        tiles = "used" if amx.get("used") else "granted" if amx.get("permitted") else \
+            "not granted by the OS"
+        amx_text = f"yes ({', '.join(k for k in ('int8', 'bf16') if amx.get(k))}; {tiles})"
+    else:
+        amx_text = "no (this CPU has no AMX tiles)"
+    builds = [name for name, on in (("native", info["native_build"]),
+                                    ("debug", info["debug_build"]),
+                                    ("sanitizer", info["sanitize_build"])) if on]
+    forced = os.environ.get("FASTATTN_CPU_ISA")
+    return [
+        ("fastattn", f"{info['version']} ({info['compiler']}, OpenMP {yes(info['openmp'])}, "
+                     f"{' + '.join(builds) if builds else 'portable'} build)"),
+        ("CPU", f"{_cpu_name()} ({os.cpu_count()} CPUs seen)"),
+        ("SIMD level", f"{info['simd']}{' (forced by FASTATTN_CPU_ISA)' if forced else ''}; "
+                       f"available: {', '.join(info['simd_available'])}"),
+        ("float32 GEMM", f"fastattn's own engine (no BLAS library): K block {g['k_block']}, "
+                         f"cache L1 {_size(g['l1'])} / L2 {_size(g['l2'])} / L3 "
+                         f"{_size(g['l3'])}"),
+        ("int8 path", f"{info['int8_path']} (few rows: {info['int8_path_few_rows']})"),
+        ("bf16 path", f"{info['bf16_path']} (few rows: {info['bf16_path_few_rows']}); "
+                      f"attention {info['attention_bf16_path']}"),
+        ("AMX", amx_text),
+        ("threads", f"{info['threads']} (OMP_NUM_THREADS, or all CPUs; "
+                    "fastattn.set_num_threads or --threads changes it)"),
+    ]
+
+
 def _info(args):
+    import json
+
     import fastattn
 
     info = fastattn.build_info()
-    width = max(map(len, info))
-    for key, value in info.items():
-        if isinstance(value, (list, tuple)):
-            value = ", ".join(map(str, value))
-        elif isinstance(value, bool):
-            value = "yes" if value else "no"
-        print(f"{key + ':':{width + 1}} {value}")
+    if args.json:
+        print(json.dumps(info, indent=1, default=str))
+        return 0
+    rows = info_summary(info)
+    width = max(len(label) for label, _ in rows)
+    for label, text in rows:
+        print(f"{label + ':':{width + 1}} {text}")
+    print("every fact: fastattn info --json")
     return 0
 
 
@@ -562,6 +641,27 @@ def _summary(history):
             text += f", held-out exact match {best['valid_exact']:.1%}"
         text += ")"
     return text
+
+
+# each command's help ends with these lines, as a user would type them
+EXAMPLES = {
+    "bench": ("fastattn bench --quick", "fastattn bench --threads 2 --case attention_causal "
+              "gemm_2048", "fastattn bench --list"),
+    "demo": ("fastattn demo", "fastattn demo --quick --out /tmp/demo"),
+    "train": ("fastattn train pairs.tsv --out run",
+              "fastattn train pairs.tsv --out run --model small --steps 3000 --precision bf16",
+              "fastattn train pairs.tsv --out run --resume"),
+    "complete": ("fastattn complete run \"Hello there\" \"How are you?\"",
+                 "fastattn complete run --method beam --beam-size 4 < prompts.txt",
+                 "fastattn complete --model opus-mt-en-de \"The weather is nice.\""),
+    "translate": ("fastattn translate run --input in.txt --output out.jsonl",
+                  "fastattn translate --model nllb-200-distilled-600M --src-lang eng_Latn "
+                  "--tgt-lang fra_Latn --input in.txt --output out.jsonl --resume"),
+    "evaluate": ("fastattn evaluate run held_out.tsv", "fastattn evaluate run pairs.tsv "
+                 "--exact-sample 200 --json"),
+    "plot": ("fastattn plot run", "fastattn plot run --out curves.png"),
+    "attention": ("fastattn attention run \"Hello there\" --out heatmaps",),
+}
 
 
 def _generate_kwargs(args):

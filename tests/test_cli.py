@@ -11,6 +11,7 @@ import numpy as np
 
 import pytest
 
+import fastattn
 from fastattn import bench
 from fastattn.bench import runner, timing
 from conftest import assert_close
@@ -22,16 +23,45 @@ def fastattn_cli(*args, timeout=60):
                           text=True, timeout=timeout)
 
 
-def test_info_prints_build_facts():
+def test_info_prints_a_summary_and_json_everything():
     res = fastattn_cli("info")
     assert res.returncode == 0, res.stderr
-    lines = dict(line.split(":", 1) for line in res.stdout.splitlines())
-    assert {"simd", "openmp", "gemm", "threads", "compiler"} <= set(lines)
-    assert lines["simd"].strip() in ("generic", "avx2", "avx512")
-    assert lines["openmp"].strip() in ("yes", "no")
+    lines = res.stdout.splitlines()
+    rows = dict(line.split(":", 1) for line in lines[:-1])
+    assert list(rows) == ["fastattn", "CPU", "SIMD level", "float32 GEMM", "int8 path",
+                          "bf16 path", "AMX", "threads"]
+    info = fastattn.build_info()
+    assert rows["SIMD level"].split(";")[0].strip() == info["simd"]
+    assert rows["threads"].split()[0] == str(info["threads"])
+    assert lines[-1] == "every fact: fastattn info --json"
     # aligned: every value starts in the same column
-    assert len({len(line) - len(line.split(":", 1)[1].lstrip())
-                for line in res.stdout.splitlines()}) == 1
+    assert len({len(line) - len(line.split(":", 1)[1].lstrip()) for line in lines[:-1]}) == 1
+    assert all(len(line) < 160 for line in lines)                  # no 1,000-character dicts
+    res = fastattn_cli("info", "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == json.loads(json.dumps(info, default=str))
+
+
+def test_every_command_help_ends_with_examples_that_parse():
+    import shlex
+
+    from fastattn import bench, cli
+    parser = cli._parser()
+    commands = parser._subparsers._group_actions[0].choices
+    assert set(commands) == set(cli.EXAMPLES) | {"info"}
+    for name, sub in commands.items():
+        text = sub.format_help()
+        assert "\nexamples:\n" in text, name
+        for line in sub.examples:
+            argv = shlex.split(line.split(" < ")[0])
+            while "=" in argv[0]:                                # an environment prefix
+                argv.pop(0)
+            assert argv[0] == "fastattn" and argv[1] == name, line
+            args = parser.parse_args(argv[1:])                   # SystemExit if it does not
+            assert args.command == name
+            for case in getattr(args, "cases", None) or ():
+                assert case in bench.CASES, line
+    assert "translate" in parser.description and "pretrained" in parser.description
 
 
 def test_demo_quick_trains_completes_and_draws(tmp_path):
