@@ -192,3 +192,43 @@ except ImportError as e:
 
 def test_import_fastattn_does_not_load_matplotlib():
     assert modules_loaded_by("import fastattn, fastattn.plots", "matplotlib") == []
+
+
+def test_ema_is_tensorboards_debiased_smoothing():
+    v = np.array([4.0, 2.0, np.nan, 6.0, 1.0])
+    got = plots.ema(v, 0.5)
+    acc, w, want = 0.0, 0.0, []
+    for x in v:                                  # by hand: s = .5 s + .5 x, over 1 - .5^t
+        if np.isfinite(x):
+            acc, w = 0.5 * acc + 0.5 * x, 0.5 * w + 0.5
+        want.append(acc / w)
+    np.testing.assert_array_equal(got, want)
+    assert got[0] == 4.0 and got[2] == got[1]                  # no bias to 0; NaN skipped
+    np.testing.assert_array_equal(plots.ema(v[:2], 0.0), v[:2])
+    assert plots.smoothing_factor(10) == 0.6 and plots.smoothing_factor(10 ** 5) == 0.98
+    assert plots.smoothing_factor(400) == 0.8
+
+
+def test_history_draws_raw_faint_and_the_ema_on_top(tmp_path, monkeypatch):
+    drawn = {}
+    real = plots._save
+
+    def keep(fig, path):
+        drawn["fig"] = fig
+        return real(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    recs = history()
+    recs[10]["valid_exact"] = 0.5                              # not an eval: ignored
+    recs += [{"step": 120, "valid_loss": 1.0, "valid_exact": 0.25}]
+    plots.plot_history(recs, tmp_path / "loss.png", smoothing=0.8)
+    ax = drawn["fig"].axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    raw, smooth = lines["training loss"], lines["training loss, EMA 0.80"]
+    assert raw.get_alpha() < 0.5 and (smooth.get_alpha() or 1.0) == 1.0
+    np.testing.assert_allclose(smooth.get_ydata(), plots.ema(raw.get_ydata(), 0.8))
+    assert "validation loss" in lines
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "held-out exact match (greedy)" in labels
+    with pytest.raises(ValueError, match="smoothing must be a number in"):
+        plots.plot_history(recs, tmp_path / "x.png", smoothing=1.0)
