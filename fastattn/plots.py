@@ -176,7 +176,7 @@ def plot_history(records, path, *, smoothing=None):
         ax_ex.set_ylim(-2, 102)
         h2, l2 = ax_ex.get_legend_handles_labels()
         handles, labels = handles + h2, labels + l2
-    ax.legend(handles, labels, loc="upper right")
+    ax.legend(handles, labels, loc="best")
     ax.set_title("training history")
     if ax_lr is not None:
         ax_lr.plot(lsteps, lr, lw=1.2, color="tab:green")

@@ -398,3 +398,22 @@ def test_torch_twins_of_the_model_cases_hold_our_weights():
     with torch.inference_mode():
         ref = tm(torch.from_numpy(src_ids), torch.from_numpy(tgt_ids)).numpy()
     assert_close(s2s(src_ids, tgt_ids), ref, **max_rel(ref), name="seq2seq vs torch", dtype=None)
+
+
+@pytest.mark.long
+def test_demo_learns_what_a_newcomer_can_see(tmp_path):
+    """The whole demo (under two minutes on 2 cores): it recalls at least 80% of the corpus's
+    training pairs exactly, and its replies to the held-out prompts differ (no reply for more
+    than a fifth of them). Skipped without the corpus (the demo extra)."""
+    pytest.importorskip("chatterbot_corpus")
+    res = fastattn_cli("demo", "--quiet", "--out", str(tmp_path), timeout=600)
+    assert res.returncode == 0, res.stderr
+    import re
+    recall = re.search(r"exact match \(greedy\) on 200 corpus training pairs: (\d+)%", res.stdout)
+    assert recall and int(recall.group(1)) >= 80, res.stdout
+    held = re.search(r"on the (\d+) held-out pairs: \d+%; their replies: (\d+) different, the "
+                     r"most common \(.*\) given to (\d+)\.", res.stdout)
+    assert held, res.stdout
+    n, distinct, top = map(int, held.groups())
+    assert top <= n / 5 and distinct > n / 2
+    assert "the run's model: the last step's" in res.stdout

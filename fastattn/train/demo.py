@@ -8,13 +8,19 @@ validation curve (loss, perplexity and greedy exact match on held-out corpus pai
 the seed's prompt and a few others, scores exact matches, and writes the run, loss.png and the
 attention heatmaps of the seed pair.
 
-The settings (DEMO) were chosen by measurement so that the validation loss falls for most of
-the run: the corpus holds about a thousand short exchanges, which a tiny model memorises in a
-few dozen epochs, after which the held-out loss rises. So the run is short (STEPS small
-batches), with dropout 0.3 and a peak rate of 5e-4, and the run's model is the one of the
-lowest validation loss. The seeds' six pairs are repeated SEED_REPEATS times in the training
-data so that this short run learns them; the held-out pairs are drawn from the distinct
-corpus pairs, as before the repetition.
+What a corpus of about a thousand short exchanges allows, measured: a tiny model learns to
+answer the prompts it was trained on (the settings, DEMO, were chosen so that it recalls at
+least 80% of the corpus's training pairs exactly within two minutes on 2 cores: 2000 small
+batches at a peak rate of 1e-3, light dropout, no label smoothing), and answers new prompts
+with replies of the corpus's own that differ from prompt to prompt, but almost never the
+held-out reply itself: the validation loss is lowest after a few hundred steps and rises
+after, while the recall keeps growing. An earlier demo kept the model of the lowest
+validation loss: it had learned too little to recall anything and gave one reply to
+everything. So the demo keeps the last step's model (the one that shows what was learned),
+reports the validation curve beside it, and says how varied its replies to the held-out
+prompts are. The seeds' six pairs are repeated SEED_REPEATS times in the training data so
+that the run sees them as often as a corpus pair several times over; the held-out pairs are
+drawn from the distinct corpus pairs, as before the repetition.
 """
 import os
 import random
@@ -40,11 +46,11 @@ UNSEEN = ["Hello there", "What is your favorite book?", "Do you like to play gam
 MAX_WORDS = 16           # corpus turns longer than this are left out (they are mostly code)
 SAMPLE = 200             # corpus training pairs scored for exact match
 # The run's settings (see the module docstring), and those of --quick (the seeds alone).
-DEMO = dict(model="tiny", tokenizer="word", steps=1000, batch_tokens=512, lr=5e-4, warmup=100,
-            dropout=0.3, label_smoothing=0.1, eval_every=50, seed=0)
+DEMO = dict(model="tiny", tokenizer="word", steps=2000, batch_tokens=512, lr=1e-3, warmup=100,
+            dropout=0.1, label_smoothing=0.0, eval_every=200, keep_best=False, seed=0)
 QUICK = dict(DEMO, steps=300, batch_tokens=1024, lr=1e-3, warmup=30, dropout=0.1,
              eval_every=None)
-SEED_REPEATS = 100
+SEED_REPEATS = 10
 VALID = 0.05             # of the distinct pairs, held out
 
 
@@ -137,10 +143,14 @@ def demo(quick=False, out="fastattn-demo", seconds=None, progress=True, stream=N
         print(f"exact match (greedy) on {len(sample)} corpus training pairs: "
               f"{corpus_match:.0%}", file=stream)
     if evals:
-        best = min(evals, key=lambda r: r["valid_loss"])
-        print(f"exact match (greedy) on the {len(run.valid_pairs)} held-out pairs: "
-              f"{100 * best['valid_exact']:.0f}% (a reply to a prompt never seen is rarely "
-              "the corpus's own: the corpus is small)", file=stream)
+        held = [s for s, _ in run.valid_pairs]
+        replies = run.complete(held, max_new_tokens=32)
+        common = max(set(replies), key=replies.count)
+        print(f"exact match (greedy) on the {len(held)} held-out pairs: "
+              f"{100 * evals[-1]['valid_exact']:.0f}%; their replies: {len(set(replies))} "
+              f"different, the most common ({common!r}) given to {replies.count(common)}. "
+              "A thousand pairs teach the model the replies it was shown, and to give one of "
+              "them to a new prompt, not the corpus's own reply to it.", file=stream)
     _pictures(run, history, out, stream)
     print(f"\nwall time {time.perf_counter() - started:.0f} s; the run is in "
           f"{os.path.join(out, 'run')} (fastattn complete {os.path.join(out, 'run')} TEXT)",
@@ -160,8 +170,10 @@ def _validation_curve(evals, n, stream):
               f"{r['valid_ppl']:7.1f}  exact {100 * (r['valid_exact'] or 0):.0f}%",
               file=stream)
     best = min(evals, key=lambda r: r["valid_loss"])
-    print(f"the run's model: step {best['step']}, the lowest validation loss "
-          f"({best['valid_loss']:.3f}, perplexity {best['valid_ppl']:.1f})", file=stream)
+    print(f"the run's model: the last step's (step {evals[-1]['step']}), which shows what "
+          f"the run learned; the validation loss was lowest at step {best['step']} "
+          f"({best['valid_loss']:.3f}) and rose after, as the model learned the training "
+          "replies by heart", file=stream)
 
 
 def _pictures(run, history, out, stream):
