@@ -82,6 +82,26 @@ class _Parser(argparse.ArgumentParser):
             text += "\nexamples:\n" + "".join(f"  {line}\n" for line in self.examples)
         return text
 
+    def error(self, message):
+        """argparse's usage error, with the nearest name for a mistyped command or option."""
+        import difflib
+        import re
+        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if m:
+            near = difflib.get_close_matches(m.group(1), re.findall(r"'([^']*)'", m.group(2)), 1)
+            if near:
+                message += f"; did you mean '{near[0]}'?"
+        m = re.search(r"unrecognized arguments: (-\S+)", message)
+        if m:
+            parsers = [self] + [p for a in self._actions
+                                if isinstance(a, argparse._SubParsersAction)
+                                for p in a.choices.values()]
+            options = sorted({o for p in parsers for a in p._actions for o in a.option_strings})
+            near = difflib.get_close_matches(m.group(1).split("=")[0], options, 1)
+            if near:
+                message += f"; did you mean {near[0]}?"
+        super().error(message)
+
     def parse_known_args(self, args=None, namespace=None):
         if not self.intermixed or self._inside:   # the intermixed parse calls back into this
             return super().parse_known_args(args, namespace)

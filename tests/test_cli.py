@@ -418,3 +418,12 @@ def test_demo_learns_what_a_newcomer_can_see(tmp_path):
     n, distinct, top = map(int, held.groups())
     assert top <= n / 5 and distinct > n / 2
     assert "the run's model: the last step's" in res.stdout
+
+
+def test_a_typo_gets_the_nearest_name():
+    res = fastattn_cli("trian")
+    assert res.returncode == 2 and "did you mean 'train'?" in res.stderr
+    res = fastattn_cli("info", "--jsn")
+    assert res.returncode == 2 and "did you mean --json?" in res.stderr
+    res = fastattn_cli("evaluate", "run", "data", "--exact-smple", "3")
+    assert res.returncode == 2 and "did you mean --exact-sample?" in res.stderr
