@@ -24,6 +24,7 @@ import shutil
 import numpy as np
 
 from .. import io as _io
+from ..generate import _Decoding
 from ..generate import hf as _search
 from ..nn import Seq2SeqTransformer
 from .config import Architecture, read_config
@@ -354,17 +355,6 @@ class Translator:
             json.dump(manifest, f, indent=1)
         os.replace(tmp, os.path.join(directory, MANIFEST))
         return directory
-
-
-class _Decoding:
-    def __init__(self, model, cache):
-        self.model, self.cache = model, cache
-
-    def step(self, tokens):
-        return self.model.step(tokens, self.cache)
-
-    def reorder(self, rows, sources=None):
-        self.cache.reorder(rows, sources)
 
 
 def _load_converted(directory, compute_type, backend):

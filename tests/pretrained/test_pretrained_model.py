@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from fastattn.pretrained import load_pretrained
+from test_pretrained_weights import CLASSES
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -17,10 +18,6 @@ SMALL = dict(vocab_size=120, d_model=48, encoder_layers=2, decoder_layers=2,
              encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=96,
              decoder_ffn_dim=96, max_position_embeddings=64, dropout=0.0,
              attention_dropout=0.0, activation_dropout=0.0)
-CLASSES = {"marian": ("MarianConfig", "MarianMTModel"),
-           "m2m_100": ("M2M100Config", "M2M100ForConditionalGeneration"),
-           "bart": ("BartConfig", "BartForConditionalGeneration"),
-           "mbart": ("MBartConfig", "MBartForConditionalGeneration")}
 FAMILIES = list(CLASSES)
 # the bound on teacher-forced logits against transformers (float32)
 LOGITS_RTOL = 1e-4
