@@ -139,30 +139,46 @@ def raise_told(what, mine=None):
 
 
 class _Watchdog:
-    """One daemon thread that ends the job when a collective outlives its deadline."""
+    """One daemon thread that ends the job when a collective outlives its deadline.
+
+    Once it has fired, the job fails whatever happens next: the collective may still complete
+    (the late rank arrives while the message is being forwarded), and the main thread then
+    waits in disarm() for the thread to end the process instead of finishing the run, which
+    would exit with status 0 after "ending every rank" was printed. The lock makes firing and
+    disarming exclusive: a collective that returns before the deadline is never failed."""
 
     def __init__(self, group):
         self.group = group
         self.what = None
         self.deadline = None
         self.thread = None
+        self.fired = False
+        self.lock = threading.Lock()
 
     def arm(self, what):
-        self.what, self.deadline = what, time.monotonic() + self.group.timeout
+        with self.lock:
+            self.what, self.deadline = what, time.monotonic() + self.group.timeout
         if self.thread is None:
             self.thread = threading.Thread(target=self._watch, name="fastattn-mpi-watchdog",
                                            daemon=True)
             self.thread.start()
 
     def disarm(self):
-        self.deadline = None
+        with self.lock:
+            self.deadline = None
+            fired = self.fired
+        if fired:                       # the thread is ending the job: never go on
+            self.thread.join(FORWARD_GRACE + ABORT_GRACE + 5.0)
+            os._exit(1)
 
     def _watch(self):
         tick = min(1.0, self.group.timeout / 10)
         while True:
             time.sleep(tick)
-            deadline, what = self.deadline, self.what
-            if deadline is not None and time.monotonic() > deadline:
+            with self.lock:
+                what = self.what
+                self.fired = self.deadline is not None and time.monotonic() > self.deadline
+            if self.fired:
                 self.group.fail_message(
                     f"{what} waited more than {self.group.timeout:g} s for the other ranks "
                     "(a rank failed without ending the job, hangs, or took another path); "

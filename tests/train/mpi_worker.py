@@ -4,11 +4,18 @@
 
 Every rank builds the tiny model and task of train_util, runs fit(comm=COMM_WORLD) with
 ``run_kwargs(OPTIONS)`` and writes OUT_DIR/rank<r>.npz (its weights, the losses of its
-History) and OUT_DIR/rank<r>.json (its step records). Scenarios:
+History) and OUT_DIR/rank<r>.json (its step records); a rank whose fit raises writes
+OUT_DIR/rank<r>.error (the exception's class and message) and raises it. Scenarios:
 
     fit      the run above
     raise    rank 1's loss raises at its second call (the job must end with that error)
     hang     rank 1's loss sleeps at its second call (rank 0's deadline must end the job)
+    stall    rank 1's loss sleeps OPTIONS["stall"] seconds at its last call (a short run
+             whose deadline passes while the ranks can still finish)
+
+OPTIONS["rank1"] (a dict) is applied on rank 1 only, after the others: its "model" entry
+holds Seq2SeqTransformer arguments for rank 1's model (a rank that differs from rank 0).
+OPTIONS["schedule"] = {"ramp": a} gives fit the callable schedule step -> a * step.
 """
 import json
 import os
@@ -19,6 +26,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_util import char_tokenizer, tiny_model, words  # noqa: E402
+
+from fastattn.nn import Seq2SeqTransformer  # noqa: E402
 
 INJECTED = "injected failure on rank 1"
 
@@ -42,6 +51,18 @@ def model_for(kw, dropout=0.0):
     return tiny_model(kw["src_tokenizer"], dropout=dropout)
 
 
+def model_of_rank(kw, dropout, model_options):
+    """model_for's model, or with model_options (Seq2SeqTransformer arguments) changed."""
+    if not model_options:
+        return model_for(kw, dropout)
+    tok = kw["src_tokenizer"]
+    args = dict(num_encoder_layers=1, num_decoder_layers=1, emb_size=32, nhead=2,
+                src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size,
+                dim_feedforward=64, dropout=dropout, pad_id=tok.pad_id, max_len=16, seed=0)
+    args.update(model_options)
+    return Seq2SeqTransformer(**args)
+
+
 def main(scenario, out, options):
     from mpi4py import MPI
 
@@ -49,21 +70,35 @@ def main(scenario, out, options):
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
+    mine = options.pop("rank1", {}) if rank == 1 else {}
+    options.pop("rank1", None)
+    stall = options.pop("stall", 0.0)
+    options.update((k, v) for k, v in mine.items() if k != "model")
     dropout = options.pop("dropout", 0.0)
     kw = run_kwargs(options)
-    model = model_for(kw, dropout)
-    if scenario in ("raise", "hang") and rank == 1:
+    if isinstance(kw["schedule"], dict):     # {"ramp": a}: the callable step -> a * step
+        a = kw["schedule"]["ramp"]
+        kw.update(schedule=lambda step: a * step, lr=None)
+    model = model_of_rank(kw, dropout, mine.get("model"))
+    if scenario in ("raise", "hang", "stall") and rank == 1:
         loss, calls = model.loss, []
 
         def failing(*args, **kwargs):
             calls.append(None)
-            if len(calls) == 2:
+            if scenario == "stall" and len(calls) == kw["max_steps"]:
+                time.sleep(stall)
+            elif scenario != "stall" and len(calls) == 2:
                 if scenario == "raise":
                     raise RuntimeError(INJECTED)
                 time.sleep(600)
             return loss(*args, **kwargs)
         model.loss = failing
-    history = fit(model, task(), comm=comm, **kw)
+    try:
+        history = fit(model, task(), comm=comm, **kw)
+    except Exception as exc:               # what each rank raised, for the test to compare
+        with open(os.path.join(out, f"rank{rank}.error"), "w") as f:
+            f.write(f"{type(exc).__name__}: {exc}")
+        raise
     np.savez(os.path.join(out, f"rank{rank}.npz"), losses=np.array(history.losses),
              **{f"w.{k}": v for k, v in model.state_dict().items()})
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
