@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import time
+import warnings
 
 import numpy as np
 
@@ -606,13 +607,20 @@ def _train(args):
         import fastattn
         fastattn.set_num_threads(max(1, distributed.local_cores() // group.local_size()))
     try:
-        return _train_one(args, group)
+        with warnings.catch_warnings():
+            warnings.showwarning = _warning_line
+            return _train_one(args, group)
     except BaseException as exc:
         if not distributed.is_agreed(exc):
             group.fail(exc)
         if group.lead:                   # every rank raised it: said once
             print(f"fastattn train: {exc}", file=sys.stderr)
         return 1
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None):
+    """A warning as the command's other messages: one line on standard error."""
+    print(f"fastattn train: warning: {message}", file=sys.stderr)
 
 
 def _train_one(args, group):

@@ -39,13 +39,16 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 
 import numpy as np
 
 from .defaults import COMM_TIMEOUT
 
 __all__ = ["MPI_EXTRA", "Group", "group", "world", "launched_size", "import_mpi", "shard",
-           "agreed", "is_agreed", "told", "raise_told", "together", "local_cores"]
+           "agreed", "is_agreed", "told", "raise_told", "together", "local_cores",
+           "first_difference", "same_everywhere", "fit_description", "oversubscription",
+           "check_start"]
 
 MPI_EXTRA = 'pip install "fastattn[mpi]"'
 ABORT_GRACE = 10.0           # seconds a failing rank leaves the launcher to end the job
@@ -95,10 +98,7 @@ def world():
 
 def local_cores():
     """The cores this process may run on (its affinity, else the machine's)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    return len(_affinity())
 
 
 def shard(batch, rank, size):
@@ -287,6 +287,153 @@ def together(group, fn, what):
         raise agreed(error)
     kind, text = errors[failed[0]]
     raise agreed(_TOLD.get(kind, RuntimeError)(f"rank {failed[0]}: {text}"))
+
+
+# ---- what every rank must share, checked when a run starts ---------------------------------
+
+_MISSING = object()           # a key that a rank's dict lacks: "(none)"
+
+
+def _same(a, b):
+    return a == b or (a != a and b != b)                  # NaN equals NaN here
+
+
+def _spans(ranks):
+    """[0, 1, 2, 4] -> '0-2, 4'."""
+    out, start = [], ranks[0]
+    for prev, r in zip(ranks, ranks[1:] + [None]):
+        if r != prev + 1:
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+            start = r
+    return ", ".join(out)
+
+
+def first_difference(dicts, show=repr):
+    """The first key (in rank 0's order, then the other ranks') whose value is not the same
+    in every one of `dicts` (one per rank) -> (key, each rank's value as text), or None when
+    they agree. A key a rank lacks reads "(none)"; ranks with one value are listed together
+    when there are more than two ranks ("ranks 0-4, 6: 32; rank 5: 16")."""
+    keys = list(dict.fromkeys(k for d in dicts for k in d))
+    for key in keys:
+        values = [d.get(key, _MISSING) for d in dicts]
+        if all(_same(v, values[0]) for v in values[1:]):
+            continue
+        text = ["(none)" if v is _MISSING else show(v) for v in values]
+        if len(values) <= 2:
+            return key, ", ".join(f"rank {r}: {t}" for r, t in enumerate(text))
+        groups = {}
+        for r, t in enumerate(text):
+            groups.setdefault(t, []).append(r)
+        return key, "; ".join(f"rank{'s' if len(rs) > 1 else ''} {_spans(rs)}: {t}"
+                              for t, rs in groups.items())
+    return None
+
+
+def same_everywhere(group, items, what, hint, show=repr, prefix=""):
+    """Every rank's `items` (a dict of plain values, `what` they are) gathered on every rank;
+    where one key's value differs, every rank raises the same ValueError (agreed) naming the
+    first such key and each rank's value (`show` writes one):
+    "`prefix`the ranks differ in KEY: rank 0: ..., rank 1: ...; `hint`"."""
+    if group is None:
+        return
+    _refuse(first_difference(group.allgather(items, f"the comparison of {what}"), show),
+            hint, prefix)
+
+
+def _refuse(found, hint, prefix=""):
+    if found is not None:
+        raise agreed(ValueError(f"{prefix}the ranks differ in {found[0]}: {found[1]}; {hint}"))
+
+
+_SAMPLE_STEPS = (1, 2, 3, 10, 100, 1000, 10_000, 100_000)
+
+
+def _plain(v):
+    """A value as one process and another compare it (numpy scalars, tuples of them)."""
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, (tuple, list)):
+        return tuple(_plain(x) for x in v)
+    return v
+
+
+def fit_description(model, settings, schedule, optimizer, total, pairs, fingerprint):
+    """What every rank of one fit must hold alike, in the order a difference is reported:
+    the model (its class, backend, every config entry), its parameters (name, shape, dtype),
+    fit's settings (seed, batch_tokens, label_smoothing, clip_norm, max_steps or epochs,
+    precision, ...), the learning rate the schedule gives at a sample of steps, the
+    optimiser's kind and hyperparameters, and the training pairs (count and sha256)."""
+    d = {"the model's class": type(model).__name__,
+         "the model's backend": str(getattr(model, "backend", None))}
+    for k, v in getattr(model, "config", {}).items():
+        d[f"the model's {k}"] = _plain(v)
+    for k, p in model.named_parameters():
+        d[f"the model's parameter {k}"] = (tuple(p.shape), p.dtype.str)
+    for k, v in settings.items():
+        if k != "schedule":             # its rates are compared instead (a repr may hold ids)
+            d[f"fit's {k}"] = _plain(v)
+    last = total if total is not None else _SAMPLE_STEPS[-1]
+    for step in sorted({s for s in _SAMPLE_STEPS if s <= last} | {last}):
+        try:
+            d[f"fit's lr at step {step}"] = float(schedule(step))
+        except Exception as exc:        # a callable schedule may refuse a step: said alike
+            d[f"fit's lr at step {step}"] = f"{type(exc).__name__}: {exc}"
+    d["the optimizer"] = type(optimizer).__name__
+    for k in ("betas", "eps", "weight_decay"):
+        if hasattr(optimizer, k):
+            d[f"the optimizer's {k}"] = _plain(getattr(optimizer, k))
+    d["the training pairs"] = f"{pairs} pairs, sha256 {fingerprint[:16]}..."
+    return d
+
+
+def oversubscription(rows):
+    """rows: (machine, CPUs the rank may run on, its threads) of each rank -> a message when
+    the threads of some machine's ranks outnumber the CPUs they may use (or one rank's
+    threads its own CPUs), else None."""
+    machines = {}
+    for name, cpus, threads in rows:
+        machines.setdefault(name, []).append((frozenset(cpus), int(threads)))
+    for name, ranks in machines.items():
+        cpus = len(frozenset().union(*(c for c, _ in ranks)))
+        total = sum(t for _, t in ranks)
+        own = any(t > len(c) for c, t in ranks)
+        if total <= cpus and not own:
+            continue
+        n = len(ranks)
+        counts = {t for _, t in ranks}
+        t = counts.pop() if len(counts) == 1 else None
+        each = "their threads" if t is None else f"{t} thread{'s' if t > 1 else ''} each"
+        fix = (f"give each rank at most {cpus // n} thread{'s' if cpus // n > 1 else ''} "
+               f"(OMP_NUM_THREADS, fastattn.set_num_threads) or start fewer ranks"
+               if cpus >= n else
+               f"start fewer ranks: at most {cpus} on it, with OMP_NUM_THREADS=1")
+        bound = "" if total > cpus else \
+            " (each rank is bound to fewer CPUs than its threads: mind the launcher's binding)"
+        return (f"{n} ranks on {name} run {each} ({total} threads) on {cpus} "
+                f"CPU{'s' if cpus > 1 else ''}{bound}: the oversubscribed cores slow every "
+                f"rank at every step; {fix}")
+    return None
+
+
+def check_start(group, description, threads, hint):
+    """The start of a run on several ranks, in one collective: every rank's `description`
+    (fit_description) compared (the same ValueError on every rank at the first difference,
+    see same_everywhere), and rank 0 warns once (RuntimeWarning) when the ranks of a machine
+    run more threads (`threads`: this rank's) than its CPUs (oversubscription)."""
+    mine = (group.MPI.Get_processor_name(), tuple(sorted(_affinity())), int(threads))
+    gathered = group.allgather((description, mine), "the check of every rank's model, "
+                               "settings and data")
+    _refuse(first_difference([d for d, _ in gathered]), hint, "fit: ")
+    text = oversubscription([m for _, m in gathered])
+    if text is not None and group.lead:
+        warnings.warn(text, RuntimeWarning, stacklevel=2)
+
+
+def _affinity():
+    try:
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return range(os.cpu_count() or 1)
 
 
 def group(comm, timeout=COMM_TIMEOUT):

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from .. import optim
+from .. import get_num_threads, optim
 from ..nn.backends import precision_name
 from . import batching, distributed
 from .checkpoint import (latest_checkpoint, load_best, load_checkpoint,
@@ -355,12 +355,20 @@ class _Run:
 
     # -- several ranks
     def start_ranks(self):
-        """The start of a run on several ranks: rank 0 resumes (or seeds) as one process
-        does, then every rank checks that it holds rank 0's data and settings, and takes
-        rank 0's weights, optimiser state, run position and dropout state. An error on
-        rank 0 here, or a rank that differs, is raised on every rank (distributed.agreed).
+        """The start of a run on several ranks: every rank checks that it holds the same
+        model, settings and data as every other (distributed.check_start, which also warns
+        of more threads than CPUs), rank 0 resumes (or seeds) as one process does, and
+        every rank takes rank 0's weights, optimiser state, run position and dropout state.
+        An error on rank 0 here, or a rank that differs, is raised on every rank
+        (distributed.agreed).
         Returns what restore() returned on rank 0 (None elsewhere, or for a new run)."""
         g, model, opt = self.group, self.model, self.optimizer
+        # before any collective whose size depends on the model
+        distributed.check_start(
+            g, distributed.fit_description(model, self.settings, self.schedule, opt,
+                                           self.total, len(self.data), self.fingerprint),
+            get_num_threads(), "every rank must build the same model and call fit with the "
+            "same arguments and training pairs")
         resumed, error = None, None
         if g.lead:
             try:
@@ -371,7 +379,6 @@ class _Run:
         head = None
         if g.lead:
             head = dict(error=None if error is None else distributed.told(error),
-                        fingerprint=self.fingerprint, settings=self.settings,
                         position=dict(step=self.step, epoch=self.epoch, batch=self.batch,
                                       dropout_seed=int(model._dropout_seed),
                                       dropout_calls=int(model._dropout_calls)),
@@ -380,21 +387,6 @@ class _Run:
         head = g.bcast(head, "the start of the run")
         if head["error"] is not None:
             distributed.raise_told(head["error"], error)
-        problem = None
-        if head["fingerprint"] != self.fingerprint:
-            problem = (f"its training pairs differ from rank 0's (sha256 "
-                       f"{self.fingerprint[:12]}..., rank 0 {head['fingerprint'][:12]}...): "
-                       "every rank must read the same data")
-        elif head["settings"] != self.settings:
-            differ = sorted(k for k in set(head["settings"]) | set(self.settings)
-                            if head["settings"].get(k) != self.settings.get(k))
-            problem = (f"its fit settings differ from rank 0's ({', '.join(differ)}): every "
-                       "rank must call fit with the same arguments")
-        problems = g.allgather(problem, "the check of every rank's data and settings")
-        bad = [(r, p) for r, p in enumerate(problems) if p is not None]
-        if bad:
-            raise distributed.agreed(ValueError("; ".join(f"rank {r} of {g.size}: {p}"
-                                                          for r, p in bad)))
         # rank 0's weights and optimiser state, in place on the others
         for key, p in model.named_parameters():
             g.bcast_array(p, f"the broadcast of {key}")
@@ -727,8 +719,12 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
 
     Several processes (data parallelism over MPI; fastattn.train.distributed). comm: an
     mpi4py communicator (``MPI.COMM_WORLD`` under ``mpiexec -n N``; None or one of one
-    process: the run above). Every rank calls fit with the same arguments and data (checked
-    when the run starts: ValueError on every rank otherwise); rank 0's weights, optimiser
+    process: the run above). Every rank calls fit with the same model and the same arguments
+    and data (checked when the run starts, before anything else: the model's config and
+    parameter shapes, the settings, the schedule's rates, the optimiser's hyperparameters
+    and the pairs; at the first difference, the same ValueError on every rank naming it and
+    each rank's value; rank 0 also warns when a machine's ranks run more threads than its
+    CPUs); rank 0's weights, optimiser
     state and position are broadcast then, so a run (new or resumed) starts equal everywhere.
     Each global batch of batch_tokens (the batches one process forms) is cut into N parts of
     consecutive pairs, one per rank (about batch_tokens / N each); after the backward the

@@ -1,7 +1,10 @@
 """What the ranks of a data-parallel run check of each other (fastattn.train.distributed).
 
-The watchdog: once it has said "ending every rank", the job's exit status is not 0, even
-when the late rank arrives and the run could finish.
+At the start of fit(comm=...): the same model (config, parameters), precision, training
+settings and data on every rank, or the same ValueError on every rank naming the first key
+that differs and each rank's value. The watchdog: once it has said "ending every rank", the
+job's exit status is not 0, even when the late rank arrives and the run could finish. More
+threads than CPUs on a machine: one warning on rank 0.
 """
 import json
 import os
@@ -12,6 +15,7 @@ import time
 
 import pytest
 
+from fastattn.train import distributed
 from test_distributed import LIMIT, MPIEXEC, WORKER, needs_mpi
 from train_util import words
 
@@ -55,7 +59,71 @@ def pairs_file(tmp_path):
     return data
 
 
+# ---- without MPI -------------------------------------------------------------------------------
+
+def test_oversubscription_names_the_machine_the_numbers_and_the_fix():
+    # (machine, CPUs the rank may run on, its threads), one row per rank
+    assert distributed.oversubscription([("a", (0, 1), 1), ("a", (0, 1), 1)]) is None
+    assert distributed.oversubscription([("a", (0, 1), 2), ("b", (0, 1), 2)]) is None
+    text = distributed.oversubscription([("a", (0, 1), 2), ("a", (0, 1), 2)])
+    assert "2 ranks on a" in text and "2 threads each" in text and "2 CPUs" in text
+    assert "at most 1 thread" in text and "OMP_NUM_THREADS" in text
+    text = distributed.oversubscription([("a", (0,), 1)] * 3)
+    assert "3 ranks on a" in text and "1 CPU" in text and "fewer ranks: at most 1 on it" in text
+    # a launcher that binds each rank to one CPU: 2 threads on it are too many
+    text = distributed.oversubscription([("a", (0,), 2), ("a", (1,), 2)])
+    assert text is not None and "2 CPUs" in text
+
+
+def test_first_difference_names_the_key_and_each_ranks_value():
+    same = {"activation": "relu", "emb_size": 32}
+    assert distributed.first_difference([same, dict(same), dict(same)]) is None
+    key, text = distributed.first_difference(
+        [same, dict(same, emb_size=64), dict(same, activation="gelu", emb_size=64)])
+    assert key == "activation"
+    assert text == "ranks 0-1: 'relu'; rank 2: 'gelu'"
+    key, text = distributed.first_difference([same, {"activation": "relu"}])
+    assert key == "emb_size" and text == "rank 0: 32, rank 1: (none)"
+    many = [same] * 5 + [dict(same, emb_size=16)] + [same] * 2
+    assert distributed.first_difference(many)[1] == "ranks 0-4, 6-7: 32; rank 5: 16"
+
+
 # ---- under mpiexec -----------------------------------------------------------------------------
+
+@needs_mpi
+@pytest.mark.parametrize("rank1, key, values", [
+    (dict(model=dict(activation="gelu")), "activation", ("'relu'", "'gelu'")),
+    (dict(dropout=0.3), "dropout", ("0.0", "0.3")),
+    (dict(model=dict(emb_size=64)), "emb_size", ("32", "64")),
+    (dict(model=dict(num_decoder_layers=2)), "num_decoder_layers", ("1", "2")),
+    (dict(precision="bf16"), "precision", ("'fp32'", "'bf16'")),
+    (dict(clip_norm=1.0), "clip_norm", ("0.5", "1.0")),
+    (dict(lr=1e-3), "lr at step 1", ("0.003", "0.001")),
+], ids=["activation", "dropout", "d_model", "layers", "precision", "clip_norm", "lr"])
+def test_ranks_that_differ_raise_the_same_error_everywhere(tmp_path, rank1, key, values):
+    done, seconds = launch(worker("fit", tmp_path, dict(rank1=rank1)))
+    assert done.returncode != 0
+    assert seconds < LIMIT
+    errors = [(tmp_path / f"rank{r}.error").read_text() for r in (0, 1)]
+    assert errors[0] == errors[1], errors                  # the same error on every rank
+    assert errors[0].startswith("ValueError: fit: the ranks differ"), errors[0]
+    assert f"{key}: rank 0: {values[0]}, rank 1: {values[1]}" in errors[0], errors[0]
+    assert "MPIR_" not in done.stderr                      # not the MPI library's error
+    assert not any(tmp_path.glob("rank*.npz"))             # no rank trained
+
+
+@needs_mpi
+def test_a_callable_schedule_is_compared_by_its_rates(tmp_path):
+    # its repr holds an address, which differs between processes: the rates are compared
+    ramp = dict(schedule=dict(ramp=1e-3), max_steps=2)
+    done, _ = launch(worker("fit", tmp_path, ramp))
+    assert done.returncode == 0, done.stderr
+    other = tmp_path / "other"
+    other.mkdir()
+    done, _ = launch(worker("fit", other, dict(ramp, rank1=dict(schedule=dict(ramp=2e-3)))))
+    assert done.returncode != 0
+    assert "lr at step 1: rank 0: 0.001, rank 1: 0.002" in (other / "rank0.error").read_text()
+
 
 @needs_mpi
 def test_a_watchdog_that_fired_ends_the_job_with_a_failure_even_if_the_rank_arrives(tmp_path):
@@ -67,3 +135,30 @@ def test_a_watchdog_that_fired_ends_the_job_with_a_failure_even_if_the_rank_arri
     assert done.returncode != 0, done.stderr
     assert seconds < LIMIT
     assert not (tmp_path / "rank0.npz").exists()            # rank 0 ended with the message
+
+
+@needs_mpi
+@needs_taskset
+def test_more_threads_than_cpus_is_one_warning_on_rank_0(tmp_path):
+    done, _ = launch(worker("fit", tmp_path, dict(max_steps=1)), cpus="0")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("RuntimeWarning") == 1, done.stderr
+    assert "2 ranks on" in done.stderr and "1 thread each" in done.stderr
+    assert "1 CPU" in done.stderr and "fewer ranks" in done.stderr
+    if len(os.sched_getaffinity(0)) >= 2:
+        done, _ = launch(worker("fit", tmp_path, dict(max_steps=1)), cpus="0,1")
+        assert done.returncode == 0, done.stderr
+        assert "RuntimeWarning" not in done.stderr, done.stderr
+
+
+@needs_mpi
+@needs_taskset
+def test_fastattn_train_warns_in_one_line_when_the_ranks_share_too_few_cpus(tmp_path):
+    args = ["train", str(pairs_file(tmp_path)), "--out", str(tmp_path / "run"), "--model",
+            "tiny", "--tokenizer", "char", "--steps", "1", "--valid", "0", "--quiet"]
+    done, _ = launch(cli(*args, n=2), threads=None, cpus="0")
+    assert done.stderr.count("exit status 0") == 2, done.stderr
+    lines = [ln for ln in done.stderr.splitlines() if "CPU" in ln]
+    assert len(lines) == 1 and lines[0].startswith("fastattn train: warning: 2 ranks on"), \
+        done.stderr
+    assert "Warning" not in done.stderr                    # the CLI's line, not warnings'
