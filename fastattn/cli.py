@@ -609,6 +609,12 @@ def _train(args):
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _warning_line
+            # rank 0 settles the run: another rank's options would be ignored, so they must
+            # be rank 0's (DATA may be another path: its pairs are compared when fit starts)
+            distributed.same_everywhere(
+                group, {f"--{k.replace('_', '-')}": v for k, v in vars(args).items()
+                        if k not in ("command", "data")}, "the options",
+                "give every rank the same options", show=_given)
             return _train_one(args, group)
     except BaseException as exc:
         if not distributed.is_agreed(exc):
@@ -616,6 +622,10 @@ def _train(args):
         if group.lead:                   # every rank raised it: said once
             print(f"fastattn train: {exc}", file=sys.stderr)
         return 1
+
+
+def _given(value):
+    return "(not given)" if value is None else repr(value)
 
 
 def _warning_line(message, category, filename, lineno, file=None, line=None):

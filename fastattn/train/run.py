@@ -365,8 +365,10 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
     comm: an mpi4py communicator of several processes (fit's data parallelism). Rank 0
     alone reads and writes `out` (which the others need not see): it settles the settings
     and the tokenizers as above and sends them to the others, which split the same pairs
-    (every rank reads the data itself); an error there is raised on every rank. The other
-    ranks write nothing and return a Run whose model holds the last step's weights."""
+    (every rank reads the data itself); an error there is raised on every rank. Every rank
+    must give the same settings, `out` and `resume` (a ValueError on every rank names the
+    first that differs and each rank's value). The other ranks write nothing and return a
+    Run whose model holds the last step's weights."""
     from .fit import fit
 
     out = os.fspath(out)
@@ -415,7 +417,12 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
 
 def _prepare_ranks(group, pairs, out, given, resume, keep_in_train, data):
     """_prepare on rank 0, its settings and tokenizers sent to the others, which split the
-    pairs as rank 0 did; an error on rank 0 is raised on every rank."""
+    pairs as rank 0 did; an error on rank 0 is raised on every rank, and so is a setting,
+    `out` or `resume` that differs between the ranks (a ValueError naming it)."""
+    # rank 0 settles the settings: another rank's would be ignored, so they must be rank 0's
+    distributed.same_everywhere(
+        group, dict(given, out=out, resume=bool(resume)), "train_run's arguments",
+        "every rank must call train_run with the same arguments", prefix="train_run: ")
     payload, error, prepared = None, None, None
     if group.lead:
         try:

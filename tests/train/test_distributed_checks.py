@@ -4,7 +4,8 @@ At the start of fit(comm=...): the same model (config, parameters), precision, t
 settings and data on every rank, or the same ValueError on every rank naming the first key
 that differs and each rank's value. The watchdog: once it has said "ending every rank", the
 job's exit status is not 0, even when the late rank arrives and the run could finish. More
-threads than CPUs on a machine: one warning on rank 0.
+threads than CPUs on a machine: one warning on rank 0. ``fastattn train`` under mpiexec:
+an option given to one rank differently is refused on every rank, not overridden.
 """
 import json
 import os
@@ -162,3 +163,47 @@ def test_fastattn_train_warns_in_one_line_when_the_ranks_share_too_few_cpus(tmp_
     assert len(lines) == 1 and lines[0].startswith("fastattn train: warning: 2 ranks on"), \
         done.stderr
     assert "Warning" not in done.stderr                    # the CLI's line, not warnings'
+
+
+@needs_mpi
+def test_fastattn_train_refuses_options_that_differ_between_ranks(tmp_path):
+    out = tmp_path / "run"
+    common = ["train", str(pairs_file(tmp_path)), "--out", str(out), "--model", "tiny",
+              "--tokenizer", "char", "--steps", "1", "--quiet"]
+    done, seconds = launch(cli(*common, "--lr", "0.001"), cli(*common, "--lr", "0.002"))
+    assert done.returncode != 0
+    assert seconds < LIMIT
+    assert done.stderr.count("exit status 1") == 2, done.stderr       # every rank failed
+    assert "Traceback" not in done.stderr
+    assert "--lr: rank 0: 0.001, rank 1: 0.002" in done.stderr, done.stderr
+    assert not out.exists()                                # refused before anything is written
+    # an option given to one rank only is refused the same way
+    done, _ = launch(cli(*common), cli(*common, "--dropout", "0.2"))
+    assert done.stderr.count("exit status 1") == 2, done.stderr
+    assert "--dropout: rank 0: (not given), rank 1: 0.2" in done.stderr, done.stderr
+
+
+TRAIN_RUN = """
+import sys
+from mpi4py import MPI
+from fastattn.train import read_pairs
+from fastattn.train.run import train_run
+rank = MPI.COMM_WORLD.Get_rank()
+try:
+    train_run(read_pairs(sys.argv[1]), sys.argv[2], model="tiny", tokenizer="char", steps=1,
+              valid=0.0, lr=[1e-3, 2e-3][rank], progress=False, comm=MPI.COMM_WORLD)
+except ValueError as exc:
+    print(f"rank {rank} raised: {exc}", file=sys.stderr)
+    sys.exit(1)
+"""
+
+
+@needs_mpi
+def test_train_run_refuses_settings_that_differ_between_ranks(tmp_path):
+    out = tmp_path / "run"
+    done, _ = launch(["-n", "2", sys.executable, "-c", TRAIN_RUN, str(pairs_file(tmp_path)),
+                      str(out)])
+    assert done.returncode != 0
+    expected = "train_run: the ranks differ in lr: rank 0: 0.001, rank 1: 0.002"
+    assert done.stderr.count(expected) == 2, done.stderr          # on every rank
+    assert not out.exists()
