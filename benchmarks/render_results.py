@@ -3,12 +3,14 @@
 results pages and a plot per results file.
 
     python benchmarks/render_results.py            rewrite the README's table from the latest file
-    python benchmarks/render_results.py --check    exit 1 if the README's table is not that
+    python benchmarks/render_results.py --check    exit 1 if the README's table is not that,
+                                                   or docs/benchmarks/results.md not the files'
 
-The documentation build runs this module as an MkDocs hook (``hooks:`` in mkdocs.yml): its
-``on_files`` adds the pages ``benchmarks/results.md`` and ``benchmarks/past-measurements.md``
-and one PNG per results file (a small plot per case), so the site never carries figures
-typed by hand.
+docs/benchmarks/results.md is committed, without plots, so that links to it resolve on the
+repository host as well as on the site; the first command rewrites it too. The documentation
+build runs this module as an MkDocs hook (``hooks:`` in mkdocs.yml): its ``on_files`` renders
+that page again, with one PNG per results file (a small plot per case), so the site never
+carries figures typed by hand.
 
 Only the standard library at import; matplotlib is imported when a plot is drawn.
 """
@@ -25,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "README.md"
-PAST = "past-measurements.md"
+RESULTS_PAGE = ROOT / "docs" / "benchmarks" / "results.md"     # committed, rendered here
 
 # The README's rows: one op of each family, the model forwards, generation and training.
 HEADLINE = ["attention_causal", "attention_backward_causal", "layer_norm", "ffn", "encoder",
@@ -158,13 +160,18 @@ def plot_name(path):
     return Path(path).stem + ".png"
 
 
-def results_page(results):
-    """The documentation's results page: the newest file first, in full, then the others."""
+def results_page(results, plots=False):
+    """The documentation's results page: the newest file first, in full, then the others;
+    with `plots`, each file's plot (the site's page: the hook draws the PNGs), else a line
+    saying where the plots are (the committed page)."""
     out = ["# Benchmark results", "",
            "Rendered from the `fastattn bench --json` files in `benchmarks/results/` "
-           "(newest first); how they are measured and how to read them: "
-           "[Benchmarks](../benchmarks.md). Figures of earlier runs that predate these files: "
-           "[past measurements](past-measurements.md).", ""]
+           "(newest first) by `python benchmarks/render_results.py`; how they are measured "
+           "and how to read them: [Benchmarks](../benchmarks.md). Figures of earlier runs that "
+           "predate these files: [past measurements](past-measurements.md).", ""]
+    if not plots:
+        out += ["The documentation site's copy of this page (`mkdocs build`) adds a plot of "
+                "each run.", ""]
     if not results:
         out.append("No results file yet.")
     for path, data in reversed(results):
@@ -175,16 +182,12 @@ def results_page(results):
                 f"how many); the run took "
                 f"{data.get('elapsed_s', 0) / 60:.0f} minutes.", "",
                 *([f"*{data['provenance']}*", ""] if data.get("provenance") else []),
-                f"![fastattn, torch and the NumPy twin per case, {Path(path).name}]"
-                f"({plot_name(path)})", "", full_table(data), "", "**The cases**", "",
+                *([f"![fastattn, torch and the NumPy twin per case, {Path(path).name}]"
+                   f"({plot_name(path)})", ""] if plots else []),
+                full_table(data), "", "**The cases**", "",
                 notes_block(data), "", "**Targets**", "",
                 targets_block(data), ""]
     return "\n".join(out) + "\n"
-
-
-def past_page(directory=RESULTS):
-    path = Path(directory) / PAST
-    return path.read_text(encoding="utf-8") if path.exists() else "# Past measurements\n"
 
 
 def plot_png(data, columns=4):
@@ -248,35 +251,55 @@ def update_readme(readme=README, directory=RESULTS):
 # ---- the MkDocs hook ---------------------------------------------------------------------------
 
 def on_files(files, config):
-    """Add the generated results pages and plots to the site's files."""
+    """Render the results page again, with its plots, in place of the committed one, and add
+    the plots to the site's files."""
     from mkdocs.structure.files import File
 
     results = load_results()
-    files.append(File.generated(config, "benchmarks/results.md", content=results_page(results)))
-    files.append(File.generated(config, "benchmarks/past-measurements.md",
-                                content=past_page()))
+    committed = files.get_file_from_path("benchmarks/results.md")
+    if committed is not None:
+        files.remove(committed)
+    files.append(File.generated(config, "benchmarks/results.md",
+                                content=results_page(results, plots=True)))
     for path, data in results:
         files.append(File.generated(config, f"benchmarks/{plot_name(path)}",
                                     content=plot_png(data)))
     return files
 
 
+def update_results_page(page=RESULTS_PAGE, directory=RESULTS):
+    """Rewrite the committed results page from the results files; True when it changed."""
+    page = Path(page)
+    new = results_page(load_results(directory))
+    old = page.read_text(encoding="utf-8") if page.exists() else None
+    if new != old:
+        page.write_text(new, encoding="utf-8")
+    return new != old
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true",
-                   help="exit 1 if README.md's table differs from the latest results file's")
+                   help="exit 1 if README.md's table differs from the latest results file's, "
+                        "or docs/benchmarks/results.md from the results files'")
     args = p.parse_args(argv)
     if args.check:
         text = README.read_text(encoding="utf-8")
+        stale = []
         if readme_current(text) != readme_block(latest()[1]):
-            print("README.md's benchmark table is not the latest results file's: run "
-                  "python benchmarks/render_results.py", file=sys.stderr)
-            return 1
-        return 0
+            stale.append("README.md's benchmark table is not the latest results file's")
+        page = RESULTS_PAGE.read_text(encoding="utf-8") if RESULTS_PAGE.exists() else None
+        if page != results_page(load_results()):
+            stale.append("docs/benchmarks/results.md is not the results files'")
+        for line in stale:
+            print(f"{line}: run python benchmarks/render_results.py", file=sys.stderr)
+        return 1 if stale else 0
     path, _ = latest()
     changed = update_readme()
     print(f"README.md {'updated' if changed else 'already up to date'} from "
           f"{os.path.relpath(path, ROOT)}")
+    changed = update_results_page()
+    print(f"{os.path.relpath(RESULTS_PAGE, ROOT)} {'updated' if changed else 'already up to date'}")
     return 0
 
 

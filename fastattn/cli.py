@@ -146,6 +146,7 @@ def _non_negative_float(text):
 
 
 def _parser():
+    from . import __version__
     from .train.defaults import (COMM_TIMEOUT, DEFAULT_STEPS, DEFAULT_WARMUP_SHARE,
                                  MAX_WARMUP, PRESET_LR, SCHEDULES, TRAIN_DEFAULTS)
 
@@ -161,6 +162,8 @@ def _parser():
                        "fastattn complete run \"Hello there\"",
                        "fastattn translate --model opus-mt-en-de --input in.txt --output "
                        "out.jsonl", "fastattn info")
+    parser.add_argument("--version", action="version", version=f"fastattn {__version__}",
+                        help="print fastattn's version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                 parser_class=_Parser)
 
@@ -303,7 +306,8 @@ def _parser():
                                    "as fastattn translate does.")
     c.intermixed = True
     _model_arguments(c)
-    c.add_argument("texts", metavar="TEXT", nargs="*", default=[])
+    c.add_argument("texts", metavar="TEXT", nargs="*", default=[],
+                   help="the texts to complete (default: every line of standard input)")
     _generation_flags(c)
     c.add_argument("--batch-size", type=_positive_int, default=64, metavar="N",
                    help="lines completed together (default: %(default)s)")
@@ -351,7 +355,7 @@ def _parser():
                                     "cross-entropy per target token (no label smoothing), its "
                                     "perplexity, and the greedy exact match (the whole output "
                                     "equals the target, compared as token ids).")
-    ev.add_argument("run_dir", metavar="RUN_DIR")
+    ev.add_argument("run_dir", metavar="RUN_DIR", help="a run directory of fastattn train")
     ev.add_argument("data", metavar="DATA", help="the pairs file (.tsv .jsonl .txt .yml)")
     ev.add_argument("--exact-sample", type=_non_negative_int, metavar="N",
                     help="decode only N pairs (a seeded sample) for the exact match; 0: none "
@@ -366,7 +370,7 @@ def _parser():
                         description="Training loss, validation loss, held-out exact match and "
                                     "learning rate of a run, from RUN_DIR/history.jsonl, as a "
                                     "PNG.")
-    pl.add_argument("run_dir", metavar="RUN_DIR")
+    pl.add_argument("run_dir", metavar="RUN_DIR", help="a run directory of fastattn train")
     pl.add_argument("--out", metavar="PNG", help="default: RUN_DIR/loss.png")
 
     a = sub.add_parser("attention", help="attention heatmaps of a run for one text",
@@ -374,10 +378,13 @@ def _parser():
                                    "masked self-attention and the cross-attention weights, one "
                                    "panel per head, for TEXT and its target (--target, or the "
                                    "model's greedy completion).")
-    a.add_argument("run_dir", metavar="RUN_DIR")
-    a.add_argument("text", metavar="TEXT")
-    a.add_argument("--target", metavar="TEXT")
-    a.add_argument("--out", metavar="DIR", required=True)
+    a.add_argument("run_dir", metavar="RUN_DIR", help="a run directory of fastattn train")
+    a.add_argument("text", metavar="TEXT", help="the source text")
+    a.add_argument("--target", metavar="TEXT",
+                   help="the target text the decoder reads (default: the model's greedy "
+                        "completion of TEXT)")
+    a.add_argument("--out", metavar="DIR", required=True,
+                   help="the directory the PNG heatmaps are written to")
     for name, lines in EXAMPLES.items():
         sub.choices[name].examples = lines
     return parser
@@ -419,13 +426,26 @@ def _model_dir(args):
 
 def _generation_flags(p):
     """The generation options of complete and translate (see fastattn.generate)."""
-    p.add_argument("--method", choices=("greedy", "beam", "sample"), default="greedy")
-    p.add_argument("--beam-size", type=_positive_int, default=4, metavar="K")
-    p.add_argument("--temperature", type=_positive_float, default=1.0, metavar="T")
-    p.add_argument("--top-k", type=_positive_int, metavar="K")
-    p.add_argument("--top-p", type=_positive_float, metavar="P")
-    p.add_argument("--seed", type=int, metavar="S", help="the sampling seed")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=64, metavar="N")
+    p.add_argument("--method", choices=("greedy", "beam", "sample"), default="greedy",
+                   help="greedy: the most likely token each step; beam: beam search; sample: "
+                        "draw from the model's distribution (default: %(default)s)")
+    p.add_argument("--beam-size", type=_positive_int, default=4, metavar="K",
+                   help="hypotheses kept per text with --method beam (default: %(default)s)")
+    p.add_argument("--temperature", type=_positive_float, default=1.0, metavar="T",
+                   help="--method sample: divides the logits; below 1 sharper, above 1 "
+                        "flatter (default: %(default)s)")
+    p.add_argument("--top-k", type=_positive_int, metavar="K",
+                   help="--method sample: draw only from the K most likely tokens (default: "
+                        "all)")
+    p.add_argument("--top-p", type=_positive_float, metavar="P",
+                   help="--method sample: draw only from the smallest set of most likely "
+                        "tokens whose probability reaches P, in (0, 1] (default: 1, no cut)")
+    p.add_argument("--seed", type=int, metavar="S",
+                   help="--method sample: the sampling seed; the same seed gives the same "
+                        "output (default: none, a different draw each run)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=64, metavar="N",
+                   help="the most tokens generated per text, the end token included "
+                        "(default: %(default)s)")
     p.add_argument("--compute-type", choices=("float32", "int8", "bf16", "bfloat16"),
                    help="convert the model's linear weights for inference (int8 / bf16 / "
                         "bfloat16: quantized once while loading; bfloat16 also computes "

@@ -299,7 +299,8 @@ def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=
     q, k, v, mask, key_padding_mask, scale = _checks.attention(q, k, v, mask, key_padding_mask,
                                                                scale)
     if bf16:
-        out, weights, _ = _attention64_bf16(q, k, v, mask, key_padding_mask, causal, scale)
+        out, weights, _ = _attention64_bf16(q, k, v, mask, key_padding_mask, causal, scale, p,
+                                            seed)
     else:
         out, weights, lse = _attention64(q, k, v, mask, key_padding_mask, causal, scale, p,
                                          seed)

@@ -3,6 +3,7 @@
 Fast checks only: timings are never asserted (speed lives in benchmarks/ and ``fastattn bench``).
 """
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -427,3 +428,63 @@ def test_a_typo_gets_the_nearest_name():
     assert res.returncode == 2 and "did you mean --json?" in res.stderr
     res = fastattn_cli("evaluate", "run", "data", "--exact-smple", "3")
     assert res.returncode == 2 and "did you mean --exact-sample?" in res.stderr
+
+
+# ---- help and version --------------------------------------------------------------------------
+
+def _commands():
+    """(name, parser) of the top-level parser and of every command, help finished (bench fills
+    its in only when shown)."""
+    from fastattn import cli
+    parser = cli._parser()
+    found = [("fastattn", parser), *parser._subparsers._group_actions[0].choices.items()]
+    for _, p in found:
+        p.format_help()
+    return found
+
+
+def test_every_argument_of_every_command_has_help_with_its_default():
+    import argparse
+    missing, no_default = [], []
+    for name, p in _commands():
+        for action in p._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or \
+                    action.help == argparse.SUPPRESS:
+                continue
+            arg = "/".join(action.option_strings) or action.metavar or action.dest
+            if not (action.help or "").strip():
+                missing.append(f"{name} {arg}")
+                continue
+            default = action.default
+            if default in (None, False, True, []) or action.nargs == 0:
+                continue                        # nothing to state: flags, optional values
+            text = " ".join(p._get_formatter()._expand_help(action).split())
+            if f"default: {default}" not in text and f"default {default}" not in text:
+                no_default.append(f"{name} {arg} (default {default!r})")
+    assert not missing, f"arguments without help text: {missing}"
+    assert not no_default, f"help that does not state its default: {no_default}"
+
+
+def _option_help(help_text, option):
+    """The help of `option` in a command's --help output, on one line."""
+    m = re.search(r"^  " + re.escape(option) + r"\b(.*?)(?=^  -|^\S|\Z)", help_text, re.M | re.S)
+    assert m, f"{option} is not in the help"
+    return " ".join(m.group(1).split())
+
+
+@pytest.mark.parametrize("command", ["complete", "translate"])
+def test_generation_options_say_what_they_do_and_their_defaults(command):
+    res = fastattn_cli(command, "--help")
+    assert res.returncode == 0, res.stderr
+    for option, says in [("--method", "(default: greedy)"), ("--beam-size", "(default: 4)"),
+                         ("--temperature", "(default: 1.0)"), ("--top-k", "(default: all)"),
+                         ("--top-p", "(default: 1"), ("--max-new-tokens", "(default: 64)")]:
+        text = _option_help(res.stdout, option)
+        assert says in text and len(text) > len(says) + 20, (option, text)
+
+
+def test_version_prints_the_package_version():
+    res = fastattn_cli("--version")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == f"fastattn {fastattn.__version__}\n"
+    assert "--version" in fastattn_cli("--help").stdout

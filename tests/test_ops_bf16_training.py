@@ -131,6 +131,21 @@ def _attention_case(rng, B, H, Lq, Lk, D, Dv, causal, dropout_p, masked_row=Fals
     return (got, twin, fp32), (g, t, f), kpm
 
 
+def test_attention_bf16_twin_applies_dropout_as_the_kernel_does(rng):
+    # attention (not only attention_forward) with compute_type="bfloat16" and dropout: the
+    # twin once left the dropout out, answering as if dropout_p were 0
+    q, k, v = rand(rng, (2, 3, 9, 16)), rand(rng, (2, 3, 11, 16)), rand(rng, (2, 3, 11, 8))
+    kw = dict(dropout_p=0.3, seed=11, return_weights=True, **BF16)
+    got, gw = ops.attention(q, k, v, **kw)
+    twin, tw = reference.attention(q, k, v, **kw)
+    via_forward, _ = reference.attention_forward(q, k, v, dropout_p=0.3, seed=11, **BF16)
+    assert_close(twin, via_forward, rtol=0, atol=0)            # the same function: same bits
+    assert rel_err(got, twin) <= BF16_TWIN, rel_err(got, twin)
+    assert np.array_equal(gw == 0, tw == 0)                    # the same weights dropped
+    undropped = reference.attention(q, k, v, **BF16)
+    assert rel_err(twin, undropped) > BF16_VS_FP32             # dropout really applied
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dropout_p", [0.0, 0.2])
 @pytest.mark.parametrize("dims", [(2, 3, 19, 23, 16, 16), (1, 2, 40, 40, 32, 24),
