@@ -220,7 +220,9 @@ def _parser():
                                    "With --resume the run continues with the settings in its "
                                    "config.json: --steps/--epochs, --eval-every, "
                                    "--exact-sample, --patience and --checkpoint-every/-minutes "
-                                   "may change; any other option given must equal the run's.")
+                                   "may change; any other option given must equal the run's. "
+                                   "A new run needs RUN_DIR new or empty (else --resume or "
+                                   "--overwrite); one run at a time writes a RUN_DIR.")
     # Defaults are None here (train_run fills them in), so that a resume can tell an option
     # given from one left out; the help names the real defaults.
     d = TRAIN_DEFAULTS
@@ -284,8 +286,13 @@ def _parser():
                         f"{d['precision']})")
     t.add_argument("--seed", type=_non_negative_int, metavar="S",
                    help=f"the run's seed (default: {d['seed']})")
-    t.add_argument("--resume", action="store_true",
-                   help="continue RUN_DIR from its latest checkpoint, with its settings")
+    again = t.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue RUN_DIR from its latest checkpoint, with its settings")
+    again.add_argument("--overwrite", action="store_true",
+                       help="start a new run in a RUN_DIR that is not empty: the files a run "
+                            "writes (model, tokenizers, config, history, checkpoints, "
+                            "loss.png) are removed first, other files are kept")
     t.add_argument("--quiet", action="store_true",
                    help="no progress bar, even on a terminal: JSON lines on standard error "
                         "(every 10th step, each evaluation, each message)")
@@ -617,8 +624,8 @@ def _train(args):
 
 def _train_one(args, group):
     from .train import distributed, read_pairs
-    from .train.checkpoint import latest_checkpoint
-    from .train.run import FILES, train_run
+    from .train.checkpoint import DirectoryInUse, latest_checkpoint
+    from .train.run import FILES
 
     lead = group is None or group.lead
     pairs = distributed.together(group, lambda: read_pairs(args.data), "reading DATA")
@@ -630,21 +637,48 @@ def _train_one(args, group):
         elif latest_checkpoint(checkpoints) is None:
             print(f"fastattn train: --resume: no checkpoint in {checkpoints}: starting the run "
                   "over from step 0, with its settings", file=sys.stderr)
-    run, history = train_run(
+    try:
+        run, history = _train_run(args, group, pairs)
+    except DirectoryInUse as exc:                   # one line, as a bad option is
+        raise ValueError(str(exc)) from None
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise ValueError(_write_error(args.out, exc)) from None
+    if lead:
+        print(_summary(history))
+        print(f"run written to {run.path}")
+    return 0
+
+
+def _write_error(out, exc):
+    """One line for an OS error met while writing the run in `out` (no permission, disk
+    full, ...): what failed, and what is left."""
+    import errno
+
+    where = f" ({exc.filename})" if exc.filename else ""
+    text = f"cannot write the run in {out}: {exc.strerror or exc}{where}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        text += ("; the checkpoints already written are complete: free some space and "
+                 "rerun with --resume")
+    return text
+
+
+def _train_run(args, group, pairs):
+    from .train.run import train_run
+
+    return train_run(
         pairs, args.out, model=args.model, tokenizer=args.tokenizer,
         vocab_size=args.vocab_size, steps=args.steps, epochs=args.epochs,
         batch_tokens=args.batch_tokens, schedule=args.schedule, lr=args.lr,
         warmup=args.warmup, clip_norm=args.clip_norm, dropout=args.dropout,
         label_smoothing=args.label_smoothing, valid=args.valid, seed=args.seed,
-        resume=args.resume, progress="json" if args.quiet else True, data=args.data,
+        resume=args.resume, overwrite=args.overwrite,
+        progress="json" if args.quiet else True, data=args.data,
         eval_every=args.eval_every, exact_sample=args.exact_sample, patience=args.patience,
         checkpoint_every=args.checkpoint_every, checkpoint_minutes=args.checkpoint_minutes,
         precision=args.precision,
         **({} if group is None else dict(comm=group.comm, comm_timeout=group.timeout)))
-    if lead:
-        print(_summary(history))
-        print(f"run written to {run.path}")
-    return 0
 
 
 def _summary(history):
