@@ -248,3 +248,18 @@ def test_a_full_disk_is_one_line_and_the_run_stays_as_it_was(data, tmp_path, mon
     assert cli.main(["train", str(data), "--out", str(run), *TRAIN, "--steps", "9",
                      "--resume"]) == 0     # space again: the run goes on from step 6
     assert load_checkpoint(run / "checkpoints").step == 9
+
+
+def test_a_diverging_run_stops_at_the_step_its_loss_is_not_finite(data, tmp_path):
+    run = tmp_path / "run"
+    res = run_cli("train", data, "--out", run, "--model", "tiny", "--tokenizer", "word",
+                  "--batch-tokens", "64", "--valid", "0.25", "--eval-every", "4", "--steps",
+                  "12", "--lr", "1e30", "--quiet")
+    line = one_line_error(res, "the training loss is ", " at step ", "lower learning rate",
+                          "--lr")
+    assert "generate" not in res.stderr
+    step = int(line.split(" at step ")[1].split()[0])
+    records = [json.loads(x) for x in res.stderr.splitlines() if x.startswith("{")]
+    finite = [r["step"] for r in records if r.get("kind") == "step"]
+    assert all(s < step for s in finite)
+    assert list_checkpoints(run / "checkpoints") == []      # nothing of the diverged weights

@@ -31,7 +31,7 @@ from .evaluate import EncodedPairs, Evaluator
 from .history import History
 from .progress import make_progress
 
-__all__ = ["fit", "SCHEDULES", "DEFAULT_LR"]
+__all__ = ["fit", "SCHEDULES", "DEFAULT_LR", "Diverged"]
 
 _ORDER_SETTINGS = ("seed", "batch_tokens")     # a resume must keep these (the data order)
 
@@ -125,6 +125,11 @@ def _schedule(schedule, lr, warmup, d_model, total):
         return _Constant(DEFAULT_LR if lr is None else lr)
     raise ValueError(f"fit: schedule must be one of {', '.join(SCHEDULES)} or a callable "
                      f"step -> lr, got {schedule!r}")
+
+
+class Diverged(RuntimeError):
+    """The training loss of a step is NaN or infinite (the weights diverged, as a learning
+    rate far too high makes them): fit stops before that step's update."""
 
 
 # ---- interrupts -----------------------------------------------------------------------------
@@ -476,6 +481,10 @@ class _Run:
             else:
                 loss, tokens, comm = self.ranks_step(idx, model, opt)
                 extra = dict(ranks=self.group.size, allreduce_seconds=comm)
+            if not math.isfinite(loss):       # before the step: the weights stay finite
+                raise Diverged(f"fit: the training loss is {loss} at step {self.step + 1} "
+                               f"(learning rate {lr:g}): the training diverged; train again "
+                               "with a lower learning rate (--lr)")
             if self.clip_norm is not None:
                 optim.clip_grad_norm(model, self.clip_norm)
             opt.step()
@@ -719,6 +728,9 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
     losses continue exactly as in an uninterrupted run. A resume must use the same pairs,
     tokenizers, seed and batch_tokens (ValueError otherwise); max_steps/epochs may be raised
     to train longer.
+
+    A step whose training loss is NaN or infinite stops the run with Diverged (naming the
+    step and the learning rate) before its update; the checkpoints written so far stay.
 
     Progress (fastattn.train.progress): a tqdm bar on a terminal, JSON lines on stderr
     otherwise; progress=False for none, "json" for JSON lines even on a terminal, an int k
