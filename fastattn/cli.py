@@ -739,9 +739,9 @@ def _complete(args):
     run = load_any(_model_dir(args), compute_type=args.compute_type)
     # translate's rule for a source longer than the model takes: cut it, say so, go on
     tr = Translator.from_run(run, too_long="truncate", **_generate_kwargs(args))
-    texts = args.texts if args.texts else (line.rstrip("\r\n") for line in sys.stdin)
+    texts = (_checked_texts(args.texts) if args.texts else _stdin_lines())
     what = "TEXT" if args.texts else "line"
-    batch, done = [], 0
+    batch, done, bad = [], 0, 0
 
     def flush():
         nonlocal done
@@ -757,6 +757,16 @@ def _complete(args):
 
     bar = _generation_bar(bool(args.texts))
     for text in texts:
+        if isinstance(text, _NotText):    # said, answered by an empty line, in order
+            if batch:
+                bar(len(batch))
+                flush()
+            print(f"fastattn complete: {what} {done + 1}: {text}: no completion (an empty "
+                  "output line)", file=sys.stderr)
+            print("", flush=True)
+            done, bad = done + 1, bad + 1
+            bar(1)
+            continue
         batch.append(text)
         if len(batch) == args.batch_size:
             flush()
@@ -765,7 +775,50 @@ def _complete(args):
         bar(len(batch))
         flush()
     bar(None)
+    if bad:
+        print(f"fastattn complete: {bad} of the {done} {what}s not completed (not UTF-8)",
+              file=sys.stderr)
+        return 1
     return 0
+
+
+class _NotText(str):
+    """An input line that is not UTF-8: what is wrong with it, as translate words it."""
+
+
+def _not_utf8(raw):
+    """None when the bytes `raw` are UTF-8, else a _NotText naming the first bad byte."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return _NotText(f"not UTF-8: byte {raw[exc.start:exc.start + 1]!r} at column "
+                        f"{exc.start + 1}")
+    return None
+
+
+def _stdin_lines():
+    """Standard input's lines (line ends removed), read as bytes: a line that is not UTF-8
+    comes as a _NotText, as translate flags it (a text stream would pass its bytes on as
+    surrogate escapes, and the model would answer noise)."""
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:                   # a text stream put in its place
+        yield from (line.rstrip("\r\n") for line in sys.stdin)
+        return
+    for raw in stream:
+        raw = raw.rstrip(b"\r\n")
+        yield _not_utf8(raw) or raw.decode("utf-8")
+
+
+def _checked_texts(texts):
+    """The TEXT arguments, each not UTF-8 (the OS hands its bytes over as surrogate escapes)
+    as a _NotText."""
+    for text in texts:
+        try:
+            raw = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:       # a lone surrogate that is no escape: not text
+            yield _NotText("not UTF-8 text")
+            continue
+        yield _not_utf8(raw) or text
 
 
 def _generation_bar(given):
