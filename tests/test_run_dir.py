@@ -263,3 +263,35 @@ def test_a_diverging_run_stops_at_the_step_its_loss_is_not_finite(data, tmp_path
     finite = [r["step"] for r in records if r.get("kind") == "step"]
     assert all(s < step for s in finite)
     assert list_checkpoints(run / "checkpoints") == []      # nothing of the diverged weights
+
+
+# ---- JSON a run reads: a key given twice is refused, naming the file and the key -------------
+
+def test_a_key_given_twice_in_a_checkpoints_state_is_refused(tmp_path):
+    run = tmp_path / "run"
+    train_run(PAIRS, run, tokenizer="word", steps=2, batch_tokens=64, valid=0, progress=False)
+    state = run / "checkpoints" / "step-00000002" / "state.json"
+    text = state.read_text()
+    state.write_text(text.replace('"step": 2,', '"step": 2, "step": 0,', 1))
+    with pytest.raises(ValueError, match=f"^{state}: .*'step' is given twice"):
+        load_checkpoint(run / "checkpoints")
+
+
+def test_a_key_given_twice_in_a_history_line_is_refused(tmp_path):
+    from fastattn.train import History
+
+    path = tmp_path / "history.jsonl"
+    path.write_text('{"kind": "step", "step": 1, "step": 2, "epoch": 0, "loss": 1.0}\n')
+    with pytest.raises(ValueError, match=f"^{path}: line 1: .*'step' is given twice"):
+        History.read_jsonl(path)
+
+
+def test_a_key_given_twice_in_a_jsonl_pair_is_one_line(tmp_path):
+    data = tmp_path / "pairs.jsonl"
+    data.write_text('{"source": "one", "target": "two"}\n'
+                    '{"source": "a", "source": "b", "target": "c"}\n')
+    res = run_cli("train", data, "--out", tmp_path / "run", *TRAIN, "--steps", "2")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert res.stderr.strip() == (f"fastattn train: {data}: line 2: not valid JSON: the key "
+                                  "'source' is given twice in one object")
+    assert not (tmp_path / "run").exists()

@@ -432,9 +432,11 @@ def load_checkpoint(path, *, backend="fast"):
     missing = [v for k, v in FILES.items() if not os.path.isfile(files[k])]
     if missing:
         raise ValueError(f"{path}: not a complete checkpoint: missing {', '.join(missing)}")
+    from ..tokenizers.files import unique_keys
+
     try:
         with open(files["state"], encoding="utf-8") as f:
-            state = json.load(f)
+            state = json.load(f, object_pairs_hook=unique_keys)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValueError(f"{files['state']}: not valid JSON: {exc}") from None
     if not isinstance(state, dict):

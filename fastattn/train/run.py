@@ -31,7 +31,7 @@ from .. import io, tokenizers
 from ..nn import Seq2SeqTransformer
 from ..nn.backends import precision_name
 from . import distributed
-from ..tokenizers.files import read_regular_file, short
+from ..tokenizers.files import read_regular_file, short, unique_keys
 from .checkpoint import LOCK_FILE, DirectoryInUse, lock_directory
 from .defaults import (COMM_TIMEOUT, DEFAULT_STEPS, PRESET_LR, SCHEDULES, TRAIN_DEFAULTS,
                        default_warmup)
@@ -134,15 +134,6 @@ CONFIG_KEYS = {
 }
 
 
-def _unique_keys(pairs):
-    seen = {}
-    for key, value in pairs:
-        if key in seen:
-            raise ValueError(f"the key {short(key)} is given twice in one object")
-        seen[key] = value
-    return seen
-
-
 def read_config(run_dir):
     """The config.json of the run in `run_dir`, checked -> dict: every key train_run writes,
     each of its type (keys added since the first runs get their value for older runs; other
@@ -155,7 +146,7 @@ def read_config(run_dir):
         raise ValueError(f"{path}: the file is empty (fastattn train writes it before the "
                          "first step)")
     try:
-        config = json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys)
+        config = json.loads(data.decode("utf-8"), object_pairs_hook=unique_keys)
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text (byte {data[exc.start:exc.start + 1]!r} at "
                          f"offset {exc.start})") from None
