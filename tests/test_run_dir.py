@@ -7,6 +7,7 @@ was. Tiny models and few steps: these check the plumbing."""
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -102,6 +103,16 @@ def test_two_concurrent_trains_into_one_dir_one_proceeds_the_other_stops_at_once
     lock_directory(run).release()
 
 
+def test_a_held_lock_names_its_holder_and_is_free_once_released(tmp_path):
+    (tmp_path / LOCK_FILE).write_text("123456789012\n")     # a longer id from an older run
+    with lock_directory(tmp_path, "test run"):
+        assert (tmp_path / LOCK_FILE).read_text() == f"{os.getpid()}\n"
+        want = f"{tmp_path}: in use by another test run (process {os.getpid()} holds its lock)"
+        with pytest.raises(DirectoryInUse, match="^" + re.escape(want)):
+            lock_directory(tmp_path, "test run")
+    lock_directory(tmp_path).release()
+
+
 def test_fit_locks_its_checkpoint_dir(tmp_path):
     from fastattn.train import fit
     from fastattn.train.run import build_model, train_tokenizer
@@ -111,7 +122,7 @@ def test_fit_locks_its_checkpoint_dir(tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     with lock_directory(ckpt, "test"):
-        with pytest.raises(DirectoryInUse, match=f"^{ckpt}: in use by another"):
+        with pytest.raises(DirectoryInUse, match=f"^{re.escape(str(ckpt))}: in use by another"):
             fit(model, PAIRS, src_tokenizer=tok, tgt_tokenizer=tok, max_steps=2,
                 batch_tokens=64, checkpoint_dir=ckpt, progress=False)
     assert list_checkpoints(ckpt) == []
@@ -273,7 +284,7 @@ def test_a_key_given_twice_in_a_checkpoints_state_is_refused(tmp_path):
     state = run / "checkpoints" / "step-00000002" / "state.json"
     text = state.read_text()
     state.write_text(text.replace('"step": 2,', '"step": 2, "step": 0,', 1))
-    with pytest.raises(ValueError, match=f"^{state}: .*'step' is given twice"):
+    with pytest.raises(ValueError, match=f"^{re.escape(str(state))}: .*'step' is given twice"):
         load_checkpoint(run / "checkpoints")
 
 
@@ -282,7 +293,8 @@ def test_a_key_given_twice_in_a_history_line_is_refused(tmp_path):
 
     path = tmp_path / "history.jsonl"
     path.write_text('{"kind": "step", "step": 1, "step": 2, "epoch": 0, "loss": 1.0}\n')
-    with pytest.raises(ValueError, match=f"^{path}: line 1: .*'step' is given twice"):
+    with pytest.raises(ValueError,
+                       match=f"^{re.escape(str(path))}: line 1: .*'step' is given twice"):
         History.read_jsonl(path)
 
 

@@ -60,6 +60,7 @@ import json
 import os
 import re
 import shutil
+import time
 
 from .history import History
 
@@ -130,20 +131,32 @@ def lock_directory(directory, what="fastattn run"):
         if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             os.close(fd)                 # flock not supported here: go on without it
             return DirectoryLock(directory, None)
-        try:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        except OSError:
-            holder = ""
+        holder = _holder(fd)
         os.close(fd)
         who = f"process {holder}" if holder.isdigit() else "another process"
         raise DirectoryInUse(f"{directory}: in use by another {what} ({who} holds its lock); "
                              "wait for it to end, or use another directory") from None
     try:                                 # who holds it, for the message above
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        pid = f"{os.getpid()}\n".encode("ascii")
+        os.pwrite(fd, pid, 0)            # written over, then cut: never empty once written
+        os.ftruncate(fd, len(pid))
     except OSError:
         pass
     return DirectoryLock(directory, fd)
+
+
+def _holder(fd):
+    """The process id the lock file names (its first line), "" if none; a holder that has just
+    taken the lock is given a moment to write it."""
+    for _ in range(10):
+        try:
+            text = os.pread(fd, 64, 0).decode("ascii", "replace")
+        except OSError:
+            return ""
+        if text.strip():
+            return text.split()[0]
+        time.sleep(0.02)
+    return ""
 
 
 # ---- writing --------------------------------------------------------------------------------
