@@ -15,11 +15,11 @@ any point resumes with the same vocabulary; ``load_run`` reads a finished run ba
 
 One run per directory: train_run holds a lock on RUN_DIR (``.fastattn.lock``, see
 fastattn.train.checkpoint.lock_directory) from its start to its end, so a second run into the
-same directory stops at once with DirectoryInUse. A new run goes only into a new or empty
-directory: RUN_DIR holding anything (a run, or files of any kind) is a RunDirError unless
-``resume`` (continue the run there) or ``overwrite`` (start afresh: the files a run writes,
-listed above with their temporaries and loss.png, are removed first; files fastattn does not
-write are left as they are).
+same directory stops at once with checkpoint.DirectoryInUse. A new run goes only into a new
+or empty directory: RUN_DIR holding anything (a run, or files of any kind) is a RunDirError
+unless ``resume`` (continue the run there) or ``overwrite`` (start afresh: the files a run
+writes, listed above with their temporaries and loss.png, are removed first; files fastattn
+does not write are left as they are).
 """
 import json
 import math
@@ -32,13 +32,12 @@ from ..nn import Seq2SeqTransformer
 from ..nn.backends import precision_name
 from . import distributed
 from ..tokenizers.files import read_regular_file, short, unique_keys
-from .checkpoint import LOCK_FILE, DirectoryInUse, lock_directory
+from .checkpoint import LOCK_FILE, lock_directory
 from .defaults import (COMM_TIMEOUT, DEFAULT_STEPS, PRESET_LR, SCHEDULES, TRAIN_DEFAULTS,
                        default_warmup)
 
 __all__ = ["PRESETS", "TOKENIZERS", "Run", "build_model", "load_run", "read_config",
-           "split_pairs", "train_tokenizer", "train_run", "FIXED", "ADJUSTABLE", "RunDirError",
-           "DirectoryInUse"]
+           "split_pairs", "train_tokenizer", "train_run", "FIXED", "ADJUSTABLE", "RunDirError"]
 
 # The model presets of ``fastattn train --model``: (layers each side, d_model, heads, d_ff).
 PRESETS = {
@@ -440,8 +439,8 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
     resume=True starts a new run. A run (new or resumed) starts by removing the temporary
     files and directories that a killed run left in `out` and its checkpoints.
 
-    `out` is locked for the whole run (DirectoryInUse, naming it, when another run holds
-    it). A new run needs `out` new or empty: anything in it (a run or other files) is a
+    `out` is locked for the whole run (checkpoint.DirectoryInUse, naming it, when another
+    run holds it). A new run needs `out` new or empty: anything in it (a run or other files) is a
     RunDirError unless resume=True, or overwrite=True, which removes the files a run writes
     (those of the module docstring) before the new run starts and keeps any others. A file
     named `out` is a RunDirError.
