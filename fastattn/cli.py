@@ -224,7 +224,9 @@ def _parser():
                                    "With --resume the run continues with the settings in its "
                                    "config.json: --steps/--epochs, --eval-every, "
                                    "--exact-sample, --patience and --checkpoint-every/-minutes "
-                                   "may change; any other option given must equal the run's.")
+                                   "may change; any other option given must equal the run's. "
+                                   "A new run needs RUN_DIR new or empty (else --resume or "
+                                   "--overwrite); one run at a time writes a RUN_DIR.")
     # Defaults are None here (train_run fills them in), so that a resume can tell an option
     # given from one left out; the help names the real defaults.
     d = TRAIN_DEFAULTS
@@ -288,8 +290,13 @@ def _parser():
                         f"{d['precision']})")
     t.add_argument("--seed", type=_non_negative_int, metavar="S",
                    help=f"the run's seed (default: {d['seed']})")
-    t.add_argument("--resume", action="store_true",
-                   help="continue RUN_DIR from its latest checkpoint, with its settings")
+    again = t.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue RUN_DIR from its latest checkpoint, with its settings")
+    again.add_argument("--overwrite", action="store_true",
+                       help="start a new run in a RUN_DIR that is not empty: the files a run "
+                            "writes (model, tokenizers, config, history, checkpoints, "
+                            "loss.png) are removed first, other files are kept")
     t.add_argument("--quiet", action="store_true",
                    help="no progress bar, even on a terminal: JSON lines on standard error "
                         "(every 10th step, each evaluation, each message)")
@@ -655,8 +662,9 @@ def _warning_line(message, category, filename, lineno, file=None, line=None):
 
 def _train_one(args, group):
     from .train import distributed, read_pairs
-    from .train.checkpoint import latest_checkpoint
-    from .train.run import FILES, train_run
+    from .train.checkpoint import DirectoryInUse, latest_checkpoint
+    from .train.fit import Diverged
+    from .train.run import FILES
 
     lead = group is None or group.lead
     pairs = distributed.together(group, lambda: read_pairs(args.data), "reading DATA")
@@ -668,21 +676,48 @@ def _train_one(args, group):
         elif latest_checkpoint(checkpoints) is None:
             print(f"fastattn train: --resume: no checkpoint in {checkpoints}: starting the run "
                   "over from step 0, with its settings", file=sys.stderr)
-    run, history = train_run(
+    try:
+        run, history = _train_run(args, group, pairs)
+    except (DirectoryInUse, Diverged) as exc:       # one line, as a bad option is
+        raise ValueError(str(exc)) from None
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise ValueError(_write_error(args.out, exc)) from None
+    if lead:
+        print(_summary(history))
+        print(f"run written to {run.path}")
+    return 0
+
+
+def _write_error(out, exc):
+    """One line for an OS error met while writing the run in `out` (no permission, disk
+    full, ...): what failed, and what is left."""
+    import errno
+
+    where = f" ({exc.filename})" if exc.filename else ""
+    text = f"cannot write the run in {out}: {exc.strerror or exc}{where}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        text += ("; the checkpoints already written are complete: free some space and "
+                 "rerun with --resume")
+    return text
+
+
+def _train_run(args, group, pairs):
+    from .train.run import train_run
+
+    return train_run(
         pairs, args.out, model=args.model, tokenizer=args.tokenizer,
         vocab_size=args.vocab_size, steps=args.steps, epochs=args.epochs,
         batch_tokens=args.batch_tokens, schedule=args.schedule, lr=args.lr,
         warmup=args.warmup, clip_norm=args.clip_norm, dropout=args.dropout,
         label_smoothing=args.label_smoothing, valid=args.valid, seed=args.seed,
-        resume=args.resume, progress="json" if args.quiet else True, data=args.data,
+        resume=args.resume, overwrite=args.overwrite,
+        progress="json" if args.quiet else True, data=args.data,
         eval_every=args.eval_every, exact_sample=args.exact_sample, patience=args.patience,
         checkpoint_every=args.checkpoint_every, checkpoint_minutes=args.checkpoint_minutes,
         precision=args.precision,
         **({} if group is None else dict(comm=group.comm, comm_timeout=group.timeout)))
-    if lead:
-        print(_summary(history))
-        print(f"run written to {run.path}")
-    return 0
 
 
 def _summary(history):
@@ -742,9 +777,9 @@ def _complete(args):
     run = load_any(_model_dir(args), compute_type=args.compute_type)
     # translate's rule for a source longer than the model takes: cut it, say so, go on
     tr = Translator.from_run(run, too_long="truncate", **_generate_kwargs(args))
-    texts = args.texts if args.texts else (line.rstrip("\r\n") for line in sys.stdin)
+    texts = (_checked_texts(args.texts) if args.texts else _stdin_lines())
     what = "TEXT" if args.texts else "line"
-    batch, done = [], 0
+    batch, done, bad = [], 0, 0
 
     def flush():
         nonlocal done
@@ -760,6 +795,16 @@ def _complete(args):
 
     bar = _generation_bar(bool(args.texts))
     for text in texts:
+        if isinstance(text, _NotText):    # said, answered by an empty line, in order
+            if batch:
+                bar(len(batch))
+                flush()
+            print(f"fastattn complete: {what} {done + 1}: {text}: no completion (an empty "
+                  "output line)", file=sys.stderr)
+            print("", flush=True)
+            done, bad = done + 1, bad + 1
+            bar(1)
+            continue
         batch.append(text)
         if len(batch) == args.batch_size:
             flush()
@@ -768,7 +813,50 @@ def _complete(args):
         bar(len(batch))
         flush()
     bar(None)
+    if bad:
+        print(f"fastattn complete: {bad} of the {done} {what}s not completed (not UTF-8)",
+              file=sys.stderr)
+        return 1
     return 0
+
+
+class _NotText(str):
+    """An input line that is not UTF-8: what is wrong with it, as translate words it."""
+
+
+def _not_utf8(raw):
+    """None when the bytes `raw` are UTF-8, else a _NotText naming the first bad byte."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return _NotText(f"not UTF-8: byte {raw[exc.start:exc.start + 1]!r} at column "
+                        f"{exc.start + 1}")
+    return None
+
+
+def _stdin_lines():
+    """Standard input's lines (line ends removed), read as bytes: a line that is not UTF-8
+    comes as a _NotText, as translate flags it (a text stream would pass its bytes on as
+    surrogate escapes, and the model would answer noise)."""
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:                   # a text stream put in its place
+        yield from (line.rstrip("\r\n") for line in sys.stdin)
+        return
+    for raw in stream:
+        raw = raw.rstrip(b"\r\n")
+        yield _not_utf8(raw) or raw.decode("utf-8")
+
+
+def _checked_texts(texts):
+    """The TEXT arguments, each not UTF-8 (the OS hands its bytes over as surrogate escapes)
+    as a _NotText."""
+    for text in texts:
+        try:
+            raw = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:       # a lone surrogate that is no escape: not text
+            yield _NotText("not UTF-8 text")
+            continue
+        yield _not_utf8(raw) or text
 
 
 def _generation_bar(given):

@@ -455,6 +455,13 @@ def _check_config(class_name, config):
            for k, rule in keys.items() if not rule(config[k])]
     if bad:
         raise ValueError("the config is invalid: " + "; ".join(bad))
+    pad = config.get("pad_id")
+    if pad is not None:            # an id of both vocabularies (padding masks, embeddings)
+        V = min(config["src_vocab_size"], config["tgt_vocab_size"])
+        if not 0 <= pad < V:
+            raise ValueError(f"the config is invalid: pad_id {pad} is outside the vocabulary "
+                             f"(ids 0..{V - 1}: src_vocab_size {config['src_vocab_size']}, "
+                             f"tgt_vocab_size {config['tgt_vocab_size']})")
     C = config.get("d_model", config.get("emb_size"))
     if C % config["nhead"]:
         raise ValueError(f"the config is invalid: {C} features do not split into "

@@ -350,3 +350,29 @@ def test_resume_takes_seed_and_settings_from_the_run(tmp_path):
     assert "seed=3, not 4 (--seed)" in res.stderr and "(--model)" in res.stderr
     assert "(--tokenizer)" not in res.stderr                  # the same as the run's: fine
     assert json.loads((run / "config.json").read_text())["steps"] == 12   # nothing changed
+
+
+def test_complete_flags_input_that_is_not_utf8_as_translate_does(tmp_path):
+    data = write_data(tmp_path / "pairs.tsv", "tsv")
+    run = tmp_path / "run"
+    assert cli("train", data, "--out", run, *TRAIN).returncode == 0
+    raw = b"one two\n\xff\xfe bad\nsix\n"
+    res = subprocess.run([sys.executable, "-m", "fastattn.cli", "complete", str(run)],
+                         input=raw, capture_output=True, timeout=180)
+    err = res.stderr.decode()
+    assert res.returncode == 1 and "Traceback" not in err, err
+    assert res.stdout.decode().split("\n")[1] == ""          # its line: an empty answer
+    assert len(res.stdout.decode().splitlines()) == 3
+    reason = "not UTF-8: byte b'\\xff' at column 1"
+    assert f"fastattn complete: line 2: {reason}" in err
+    (tmp_path / "in.txt").write_bytes(raw)
+    out = tmp_path / "out.jsonl"
+    assert cli("translate", run, "--input", tmp_path / "in.txt", "--output", out,
+               "--quiet").returncode == 0
+    assert json.loads(out.read_text().splitlines()[1])["error"] == reason
+    # the same for a TEXT argument (the OS hands its bytes over as they are)
+    res = subprocess.run([sys.executable, "-m", "fastattn.cli", "complete", str(run),
+                          "one two", b"\xff\xfe bad", "six"], capture_output=True, timeout=180)
+    err = res.stderr.decode()
+    assert res.returncode == 1 and f"fastattn complete: TEXT 2: {reason}" in err, err
+    assert res.stdout.decode().split("\n")[1] == ""

@@ -966,3 +966,15 @@ def test_lying_quantized_files_are_refused(saved_quantized, tmp_path):
     header, data = raw_parts(path)
     header["__metadata__"]["compute_type"] = {"int8": "bf16", "bf16": "int8"}[kind]
     fails(write_raw(tmp_path / "other.safetensors", header, data), "wrong dtype|missing tensors")
+
+
+@pytest.mark.parametrize("pad_id, words", [
+    (V_SRC, rf"pad_id {V_SRC} is outside the vocabulary \(ids 0\.\.{V_SRC - 1}"),
+    (10**6, r"pad_id 1000000 is outside the vocabulary"),
+    (-1, r"pad_id -1 is outside the vocabulary"),
+])
+def test_a_pad_id_outside_the_vocabulary_is_refused_at_load(saved_s2s, tmp_path, pad_id,
+                                                            words):
+    _, path = saved_s2s
+    bad = with_config(path, tmp_path / "pad.safetensors", pad_id=pad_id)
+    fails(bad, words)

@@ -21,7 +21,7 @@ import re
 import reprlib
 import stat
 
-__all__ = ["read_json", "write_json", "short", "clip", "kind"]
+__all__ = ["read_json", "write_json", "short", "clip", "kind", "unique_keys"]
 
 _REPR = reprlib.Repr()
 _REPR.maxstring = _REPR.maxother = 60
@@ -49,7 +49,9 @@ def kind(value):
     return names.get(type(value), type(value).__name__)
 
 
-def _unique_keys(pairs):
+def unique_keys(pairs):
+    """json's object_pairs_hook that refuses an object giving one key twice (ValueError naming
+    the key): the file would say two things at once, and json alone keeps the last."""
     seen = set()
     for key, _ in pairs:
         if key in seen:
@@ -84,7 +86,7 @@ def read_json(path, where):
     """The JSON document in the file at `path`; `where` starts every error message."""
     data = read_regular_file(path, where, "a tokenizer file")
     try:
-        return json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys)
+        return json.loads(data.decode("utf-8"), object_pairs_hook=unique_keys)
     except RecursionError:
         raise ValueError(f"{where}: not a JSON tokenizer file (nested too deeply to "
                          f"read)") from None

@@ -44,24 +44,36 @@ save removes (``remove_temporaries``); a crash between 2 and 3 leaves ``latest``
 previous checkpoint, which is complete. ``load_checkpoint(checkpoint_dir)`` follows
 ``latest``; if it is missing or names no checkpoint it takes the newest ``step-*`` directory
 instead.
+
+One process at a time: ``lock_directory`` holds an exclusive lock on a directory (an OS lock,
+``flock``, on its ``.fastattn.lock`` file) for as long as a run writes it. fit takes it on
+checkpoint_dir, ``fastattn train`` on the run directory; a second process that asks for a
+directory held by another gets ``DirectoryInUse`` at once, naming the directory and the
+process that holds it. The OS releases the lock when the process ends, however it ends (a
+SIGKILL included), so a killed run never leaves a directory locked; the file stays (removing
+it would let two processes lock two different files of one name).
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import shutil
+import time
 
 from .history import History
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints",
-           "save_best", "load_best", "remove_temporaries", "Checkpoint", "FORMAT", "FILES"]
+           "save_best", "load_best", "remove_temporaries", "Checkpoint", "FORMAT", "FILES",
+           "lock_directory", "DirectoryLock", "DirectoryInUse", "LOCK_FILE"]
 
 FORMAT = "fastattn-checkpoint/1"
 FILES = {"model": "model.safetensors", "optimizer": "optimizer.safetensors",
          "src_tokenizer": "src_tokenizer.json", "tgt_tokenizer": "tgt_tokenizer.json",
          "history": "history.jsonl", "state": "state.json"}
 LATEST = "latest"
+LOCK_FILE = ".fastattn.lock"
 _NAME = re.compile(r"step-(\d{8,})\Z")
 _BEST = re.compile(r"best-step-(\d{8,})\Z")
 _STATE_KEYS = ("format", "step", "epoch", "batch", "dropout_seed", "dropout_calls",
@@ -71,6 +83,80 @@ _STATE_KEYS = ("format", "step", "epoch", "batch", "dropout_seed", "dropout_call
 def step_name(step):
     """The directory name of the checkpoint after `step` updates: step-00000123."""
     return f"step-{int(step):08d}"
+
+
+# ---- one writer at a time ----------------------------------------------------------------------
+
+class DirectoryInUse(RuntimeError):
+    """Another process holds the lock on the directory (it is writing a run there)."""
+
+
+class DirectoryLock:
+    """The lock lock_directory took: ``path`` (the directory); ``release()`` lets it go (also
+    on leaving a ``with`` block)."""
+
+    def __init__(self, path, fd):
+        self.path, self._fd = path, fd
+
+    def release(self):
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)                     # closing the file releases its flock
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __repr__(self):
+        return f"DirectoryLock({self.path!r}, held={self._fd is not None})"
+
+
+def lock_directory(directory, what="fastattn run"):
+    """Lock `directory` (which must exist) for this process -> DirectoryLock. Another process
+    holding it: DirectoryInUse naming the directory, `what` and that process's id, at once
+    (no waiting). Where the file system has no flock (Windows, some network file systems) the
+    lock is not taken and the returned DirectoryLock holds nothing."""
+    directory = os.fspath(directory)
+    try:
+        import fcntl
+    except ImportError:                  # Windows: no flock
+        return DirectoryLock(directory, None)
+    path = os.path.join(directory, LOCK_FILE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            os.close(fd)                 # flock not supported here: go on without it
+            return DirectoryLock(directory, None)
+        holder = _holder(fd)
+        os.close(fd)
+        who = f"process {holder}" if holder.isdigit() else "another process"
+        raise DirectoryInUse(f"{directory}: in use by another {what} ({who} holds its lock); "
+                             "wait for it to end, or use another directory") from None
+    try:                                 # who holds it, for the message above
+        pid = f"{os.getpid()}\n".encode("ascii")
+        os.pwrite(fd, pid, 0)            # written over, then cut: never empty once written
+        os.ftruncate(fd, len(pid))
+    except OSError:
+        pass
+    return DirectoryLock(directory, fd)
+
+
+def _holder(fd):
+    """The process id the lock file names (its first line), "" if none; a holder that has just
+    taken the lock is given a moment to write it."""
+    for _ in range(10):
+        try:
+            text = os.pread(fd, 64, 0).decode("ascii", "replace")
+        except OSError:
+            return ""
+        if text.strip():
+            return text.split()[0]
+        time.sleep(0.02)
+    return ""
 
 
 # ---- writing --------------------------------------------------------------------------------
@@ -359,9 +445,11 @@ def load_checkpoint(path, *, backend="fast"):
     missing = [v for k, v in FILES.items() if not os.path.isfile(files[k])]
     if missing:
         raise ValueError(f"{path}: not a complete checkpoint: missing {', '.join(missing)}")
+    from ..tokenizers.files import unique_keys
+
     try:
         with open(files["state"], encoding="utf-8") as f:
-            state = json.load(f)
+            state = json.load(f, object_pairs_hook=unique_keys)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValueError(f"{files['state']}: not valid JSON: {exc}") from None
     if not isinstance(state, dict):

@@ -41,7 +41,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..tokenizers.files import read_regular_file
+from ..tokenizers.files import read_regular_file, unique_keys
 
 __all__ = ["read_pairs", "chatterbot_pairs", "Pairs", "FORMATS"]
 
@@ -117,7 +117,7 @@ def _jsonl(path):
             continue
         where = f"{path}: line {number}"
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, object_pairs_hook=unique_keys)
         except (ValueError, RecursionError) as exc:
             raise ValueError(f"{where}: not valid JSON: {exc}") from None
         if not isinstance(obj, dict):

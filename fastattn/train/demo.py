@@ -115,7 +115,7 @@ def demo(quick=False, out="fastattn-demo", seconds=None, progress=True, stream=N
     if progress and not sys.stderr.isatty():
         progress = 100                  # JSON lines every 100 steps (a bar on a terminal)
     run, history = train_run(
-        pairs, os.path.join(out, "run"), valid=valid, progress=progress,
+        pairs, os.path.join(out, "run"), valid=valid, progress=progress, overwrite=True,
         keep_in_train=SEED_PAIRS, callbacks=(budget,), exact_sample=None, **settings)
     train_seconds = time.perf_counter() - started
     steps, evals = history.steps, history.evals

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
+import os
 import signal
 import threading
 import time
@@ -23,14 +24,14 @@ import numpy as np
 from .. import get_num_threads, optim
 from ..nn.backends import precision_name
 from . import batching, distributed
-from .checkpoint import (latest_checkpoint, load_best, load_checkpoint,
+from .checkpoint import (latest_checkpoint, load_best, load_checkpoint, lock_directory,
                          remove_temporaries, save_best, save_checkpoint)
 from .defaults import COMM_TIMEOUT, DEFAULT_LR, EXACT_SAMPLE, SCHEDULES, default_warmup
 from .evaluate import EncodedPairs, Evaluator
 from .history import History
 from .progress import make_progress
 
-__all__ = ["fit", "SCHEDULES", "DEFAULT_LR"]
+__all__ = ["fit", "SCHEDULES", "DEFAULT_LR", "Diverged"]
 
 _ORDER_SETTINGS = ("seed", "batch_tokens")     # a resume must keep these (the data order)
 
@@ -124,6 +125,11 @@ def _schedule(schedule, lr, warmup, d_model, total):
         return _Constant(DEFAULT_LR if lr is None else lr)
     raise ValueError(f"fit: schedule must be one of {', '.join(SCHEDULES)} or a callable "
                      f"step -> lr, got {schedule!r}")
+
+
+class Diverged(RuntimeError):
+    """The training loss of a step is NaN or infinite (the weights diverged, as a learning
+    rate far too high makes them): fit stops before that step's update."""
 
 
 # ---- interrupts -----------------------------------------------------------------------------
@@ -280,6 +286,7 @@ class _Run:
                                         self.valid.skipped})
         self.step, self.epoch, self.batch = 0, 0, 0
         self.saved_step = None
+        self.lock = None                # checkpoint_dir's, held while the run writes it
         self.saved_at = None            # time.monotonic() of the latest checkpoint (or start)
         self.best = None                # (valid_loss, step, {key: weights copy}) of the best eval
         self.fingerprint = _fingerprint(self.data.src, self.data.tgt)
@@ -412,8 +419,10 @@ class _Run:
         checkpoint (with resume=True) or seed the dropout masks -> restore()'s result or
         None."""
         resumed = None
-        if self.checkpoint_dir is not None:   # what a killed save or removal left behind
-            remove_temporaries(self.checkpoint_dir)
+        if self.checkpoint_dir is not None:   # one run at a time writes checkpoint_dir
+            os.makedirs(self.checkpoint_dir, exist_ok=True)
+            self.lock = lock_directory(self.checkpoint_dir, "fit() writing checkpoints")
+            remove_temporaries(self.checkpoint_dir)   # what a killed save or removal left
         if self.resume:
             path = latest_checkpoint(self.checkpoint_dir)
             if path is not None:
@@ -464,6 +473,10 @@ class _Run:
             else:
                 loss, tokens, comm = self.ranks_step(idx, model, opt)
                 extra = dict(ranks=self.group.size, allreduce_seconds=comm)
+            if not math.isfinite(loss):       # before the step: the weights stay finite
+                raise Diverged(f"fit: the training loss is {loss} at step {self.step + 1} "
+                               f"(learning rate {lr:g}): the training diverged; train again "
+                               "with a lower learning rate (--lr)")
             if self.clip_norm is not None:
                 optim.clip_grad_norm(model, self.clip_norm)
             opt.step()
@@ -510,15 +523,19 @@ class _Run:
         return self.epoch >= self.epochs
 
     def run(self):
-        if self.group is None:
-            return self._run()
         try:
-            return self._run()
-        except BaseException as exc:
-            if distributed.is_agreed(exc):
-                raise
-            self.group.fail(exc, f" in step {self.step + 1}")
-            raise                           # MPI_Abort does not return
+            if self.group is None:
+                return self._run()
+            try:
+                return self._run()
+            except BaseException as exc:
+                if distributed.is_agreed(exc):
+                    raise
+                self.group.fail(exc, f" in step {self.step + 1}")
+                raise                       # MPI_Abort does not return
+        finally:
+            if self.lock is not None:
+                self.lock.release()
 
     def _run(self):
         model = self.model
@@ -695,12 +712,17 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
     Checkpoints (fastattn.train.checkpoint, layout there). With checkpoint_dir: one every
     checkpoint_every steps (if given), one after the first step that ends checkpoint_minutes
     (if given) after the latest checkpoint (or the start), and one at the end; the newest
-    keep_checkpoints are kept. What a killed save left in checkpoint_dir (.tmp-*, .trash-*)
-    is removed when the run starts. resume=True continues from the latest checkpoint in
-    checkpoint_dir (a new run when there is none): weights, optimiser state, dropout state,
-    data position, schedule step and History are restored, so the per-step losses continue
-    exactly as in an uninterrupted run. A resume must use the same pairs, tokenizers, seed and
-    batch_tokens (ValueError otherwise); max_steps/epochs may be raised to train longer.
+    keep_checkpoints are kept. fit locks checkpoint_dir while it runs (another run using it
+    meanwhile: checkpoint.DirectoryInUse, at once). What a killed save left in checkpoint_dir
+    (.tmp-*, .trash-*) is removed when the run starts. resume=True continues from the latest
+    checkpoint in checkpoint_dir (a new run when there is none): weights, optimiser state,
+    dropout state, data position, schedule step and History are restored, so the per-step
+    losses continue exactly as in an uninterrupted run. A resume must use the same pairs,
+    tokenizers, seed and batch_tokens (ValueError otherwise); max_steps/epochs may be raised
+    to train longer.
+
+    A step whose training loss is NaN or infinite stops the run with Diverged (naming the
+    step and the learning rate) before its update; the checkpoints written so far stay.
 
     Progress (fastattn.train.progress): a tqdm bar on a terminal, JSON lines on stderr
     otherwise; progress=False for none, "json" for JSON lines even on a terminal, an int k

@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 import os
 
+from ..tokenizers.files import unique_keys
+
 __all__ = ["History"]
 
 KINDS = ("step", "eval")
@@ -122,7 +124,7 @@ class History:
                 continue
             where = f"{path}: line {number}"
             try:
-                record = json.loads(line.decode("utf-8"))
+                record = json.loads(line.decode("utf-8"), object_pairs_hook=unique_keys)
             except UnicodeDecodeError:
                 raise ValueError(f"{where}: not UTF-8 text") from None
             except (ValueError, RecursionError) as exc:

@@ -12,22 +12,32 @@
 
 ``train_run`` writes the tokenizers and config.json before the first step, so a run stopped at
 any point resumes with the same vocabulary; ``load_run`` reads a finished run back.
+
+One run per directory: train_run holds a lock on RUN_DIR (``.fastattn.lock``, see
+fastattn.train.checkpoint.lock_directory) from its start to its end, so a second run into the
+same directory stops at once with checkpoint.DirectoryInUse. A new run goes only into a new
+or empty directory: RUN_DIR holding anything (a run, or files of any kind) is a RunDirError
+unless ``resume`` (continue the run there) or ``overwrite`` (start afresh: the files a run
+writes, listed above with their temporaries and loss.png, are removed first; files fastattn
+does not write are left as they are).
 """
 import json
 import math
 import os
 import random
+import shutil
 
 from .. import io, tokenizers
 from ..nn import Seq2SeqTransformer
 from ..nn.backends import precision_name
 from . import distributed
-from ..tokenizers.files import read_regular_file, short
+from ..tokenizers.files import read_regular_file, short, unique_keys
+from .checkpoint import LOCK_FILE, lock_directory
 from .defaults import (COMM_TIMEOUT, DEFAULT_STEPS, PRESET_LR, SCHEDULES, TRAIN_DEFAULTS,
                        default_warmup)
 
 __all__ = ["PRESETS", "TOKENIZERS", "Run", "build_model", "load_run", "read_config",
-           "split_pairs", "train_tokenizer", "train_run", "FIXED", "ADJUSTABLE"]
+           "split_pairs", "train_tokenizer", "train_run", "FIXED", "ADJUSTABLE", "RunDirError"]
 
 # The model presets of ``fastattn train --model``: (layers each side, d_model, heads, d_ff).
 PRESETS = {
@@ -47,6 +57,13 @@ TEMPORARY_SUFFIX = ".tmp"   # config.json.tmp, history.jsonl.tmp: written, then 
 FILES = {"config": "config.json", "src_tokenizer": "src_tokenizer.json",
          "tgt_tokenizer": "tgt_tokenizer.json", "model": "model.safetensors",
          "history": "history.jsonl", "checkpoints": "checkpoints"}
+PLOT = "loss.png"                # fastattn plot's default output: part of the run too
+_OLD_PREFIX = ".fastattn-old-"   # a run's checkpoints being removed by overwrite
+
+
+class RunDirError(ValueError):
+    """The run directory cannot take this run: it is not a directory, or it holds a run (or
+    other files) and neither resume nor overwrite was asked for."""
 
 # The settings a run keeps in config.json, and what a resume does with one given again:
 # FIXED ones decide the data, the model or the optimisation so far, and must equal the run's;
@@ -116,15 +133,6 @@ CONFIG_KEYS = {
 }
 
 
-def _unique_keys(pairs):
-    seen = {}
-    for key, value in pairs:
-        if key in seen:
-            raise ValueError(f"the key {short(key)} is given twice in one object")
-        seen[key] = value
-    return seen
-
-
 def read_config(run_dir):
     """The config.json of the run in `run_dir`, checked -> dict: every key train_run writes,
     each of its type (keys added since the first runs get their value for older runs; other
@@ -137,7 +145,7 @@ def read_config(run_dir):
         raise ValueError(f"{path}: the file is empty (fastattn train writes it before the "
                          "first step)")
     try:
-        config = json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys)
+        config = json.loads(data.decode("utf-8"), object_pairs_hook=unique_keys)
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text (byte {data[exc.start:exc.start + 1]!r} at "
                          f"offset {exc.start})") from None
@@ -227,32 +235,105 @@ def _path(run_dir, name):
 def _write_history(path, history):
     """history.jsonl, written beside `path` and renamed over it, as the model file is."""
     tmp = path + TEMPORARY_SUFFIX
-    with open(tmp, "w", encoding="utf-8") as f:
-        history.write(f)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            history.write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        _remove_entry(tmp)
+        raise
+
+
+def _is_temporary(name):
+    """Whether `name` is a file a run writes and renames (config.json.tmp, history.jsonl.tmp,
+    io.save's .fastattn-*.tmp), or the checkpoints an overwrite was removing."""
+    return (name in (FILES["config"] + TEMPORARY_SUFFIX, FILES["history"] + TEMPORARY_SUFFIX)
+            or (name.startswith(io.TEMPORARY_PREFIX) and name.endswith(io.TEMPORARY_SUFFIX))
+            or name.startswith(_OLD_PREFIX))
 
 
 def _remove_temporaries(run_dir):
-    """Remove what a run killed while writing left in run_dir: config.json.tmp,
-    history.jsonl.tmp, io.save's .fastattn-*.tmp."""
+    """Remove what a run killed while writing (or an overwrite killed while removing) left in
+    run_dir."""
     for name in os.listdir(run_dir):
-        ours = name in (FILES["config"] + TEMPORARY_SUFFIX, FILES["history"] + TEMPORARY_SUFFIX)
-        if ours or (name.startswith(io.TEMPORARY_PREFIX) and name.endswith(io.TEMPORARY_SUFFIX)):
-            try:
-                os.remove(os.path.join(run_dir, name))
-            except (FileNotFoundError, IsADirectoryError):
-                pass
+        if _is_temporary(name):
+            _remove_entry(os.path.join(run_dir, name))
+
+
+def _remove_entry(path):
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+
+
+def _run_files(run_dir):
+    """The names in run_dir that a run writes (FILES, loss.png, temporaries), sorted."""
+    ours = set(FILES.values()) | {PLOT}
+    return sorted(n for n in os.listdir(run_dir) if n in ours or _is_temporary(n))
+
+
+def _remove_run(run_dir):
+    """Remove the run in run_dir (overwrite): its checkpoints first (renamed out of the way in
+    one step, so no half-removed checkpoint is ever seen), config.json last, so a removal cut
+    short leaves either the old run's config (--resume goes on with that run) or no run."""
+    names = _run_files(run_dir)
+    checkpoints = _path(run_dir, "checkpoints")
+    if FILES["checkpoints"] in names:
+        trash = os.path.join(run_dir, _OLD_PREFIX + os.urandom(4).hex())
+        os.replace(checkpoints, trash)
+        names.append(os.path.basename(trash))
+    last = [n for n in names if n == FILES["config"]]
+    for name in [n for n in names if n not in last and n != FILES["checkpoints"]] + last:
+        _remove_entry(os.path.join(run_dir, name))
+
+
+def _open_run_dir(out, resume, overwrite):
+    """RUN_DIR made (if needed), locked and checked for a new run or a resume -> the lock,
+    which the caller releases when the run has been written."""
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise RunDirError(f"{out}: not a directory (a file of that name is there); the run "
+                          "directory must be a new or an existing directory")
+    os.makedirs(out, exist_ok=True)
+    lock = lock_directory(out, "fastattn train run")
+    try:
+        present = sorted(n for n in os.listdir(out) if n != LOCK_FILE)
+        if present and not resume:
+            if not overwrite:
+                ours = _run_files(out)
+                listed = ", ".join((ours or present)[:5]) + (", ..." if len(ours or present) > 5
+                                                            else "")
+                what = (f"already holds a run ({listed})" if ours
+                        else f"is not empty (it holds {listed})")
+                raise RunDirError(
+                    f"{out}: {what}; a new run goes into a new or empty directory: resume "
+                    "(--resume) continues the run there, overwrite (--overwrite) starts afresh "
+                    "(removing the files a run writes, keeping any others), or choose another "
+                    "directory")
+            _remove_run(out)
+        _remove_temporaries(out)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def write_json_atomic(path, obj):
     """obj as JSON in `path`, written beside it, synced and renamed over it (atomic)."""
     tmp = path + TEMPORARY_SUFFIX
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _remove_entry(tmp)
+        raise
 
 
 def load_run(run_dir, *, backend="fast", compute_type=None):
@@ -337,9 +418,9 @@ def _new_settings(given):
 def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=None,
               epochs=None, batch_tokens=None, schedule=None, lr=None, warmup=None,
               clip_norm=None, dropout=None, label_smoothing=None, valid=None, seed=None,
-              resume=False, progress=True, keep_in_train=(), data=None, eval_every=None,
-              exact_sample=None, patience=None, checkpoint_every=None, checkpoint_minutes=None,
-              precision=None, comm=None, **fit_kwargs):
+              resume=False, overwrite=False, progress=True, keep_in_train=(), data=None,
+              eval_every=None, exact_sample=None, patience=None, checkpoint_every=None,
+              checkpoint_minutes=None, precision=None, comm=None, **fit_kwargs):
     """Train a run from (source, target) text pairs into the directory `out` -> (Run,
     History). What ``fastattn train`` does: split off `valid` of the pairs, train one
     tokenizer on both sides, build the preset model, fit() with checkpoints in
@@ -358,6 +439,12 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
     resume=True starts a new run. A run (new or resumed) starts by removing the temporary
     files and directories that a killed run left in `out` and its checkpoints.
 
+    `out` is locked for the whole run (checkpoint.DirectoryInUse, naming it, when another
+    run holds it). A new run needs `out` new or empty: anything in it (a run or other files) is a
+    RunDirError unless resume=True, or overwrite=True, which removes the files a run writes
+    (those of the module docstring) before the new run starts and keeps any others. A file
+    named `out` is a RunDirError.
+
     With held-out pairs (valid > 0) the run evaluates every eval_every steps and its model
     (model.safetensors) is the one of the lowest validation loss (fit's keep_best); the last
     step's weights stay in the latest checkpoint.
@@ -366,11 +453,9 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
     alone reads and writes `out` (which the others need not see): it settles the settings
     and the tokenizers as above and sends them to the others, which split the same pairs
     (every rank reads the data itself); an error there is raised on every rank. Every rank
-    must give the same settings, `out` and `resume` (a ValueError on every rank names the
-    first that differs and each rank's value). The other ranks write nothing and return a
-    Run whose model holds the last step's weights."""
-    from .fit import fit
-
+    must give the same settings, `out`, `resume` and `overwrite` (a ValueError on every rank
+    names the first that differs and each rank's value). The other ranks write nothing and
+    return a Run whose model holds the last step's weights."""
     out = os.fspath(out)
     given = {k: v for k, v in dict(
         model=model, tokenizer=tokenizer, vocab_size=vocab_size, steps=steps, epochs=epochs,
@@ -382,12 +467,29 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
         if v is not None}
     if steps is not None and epochs is not None:
         raise ValueError(f"give steps or epochs, not both (got {steps!r}, {epochs!r})")
+    if resume and overwrite:
+        raise ValueError("give resume or overwrite, not both: resume continues the run in "
+                         f"{out}, overwrite starts a new one there")
     group = distributed.group(comm, fit_kwargs.get("comm_timeout", COMM_TIMEOUT))
+    opened = (resume, overwrite)
     if group is None:
-        prepared = _prepare(pairs, out, given, resume, keep_in_train, data)
+        prepared = _prepare(pairs, out, given, opened, keep_in_train, data)
     else:
-        prepared = _prepare_ranks(group, pairs, out, given, resume, keep_in_train, data)
-    settings, src_tok, tgt_tok, config, train_pairs, valid_pairs = prepared
+        prepared = _prepare_ranks(group, pairs, out, given, opened, keep_in_train, data)
+    settings, src_tok, tgt_tok, config, train_pairs, valid_pairs, lock = prepared
+    try:
+        return _train(out, settings, src_tok, tgt_tok, config, train_pairs, valid_pairs,
+                      resume, progress, group, comm, fit_kwargs)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(out, settings, src_tok, tgt_tok, config, train_pairs, valid_pairs, resume,
+           progress, group, comm, fit_kwargs):
+    """fit() into the prepared (and locked) run directory, then the model and history."""
+    from .fit import fit
+
     net = build_model(settings["model"], src_tok.vocab_size, tgt_tok.vocab_size,
                       pad_id=src_tok.pad_id, dropout=settings["dropout"], seed=settings["seed"])
     kw = dict(src_tokenizer=src_tok, tgt_tokenizer=tgt_tok, valid_pairs=valid_pairs or None,
@@ -415,18 +517,19 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
     return run, history
 
 
-def _prepare_ranks(group, pairs, out, given, resume, keep_in_train, data):
+def _prepare_ranks(group, pairs, out, given, opened, keep_in_train, data):
     """_prepare on rank 0, its settings and tokenizers sent to the others, which split the
     pairs as rank 0 did; an error on rank 0 is raised on every rank, and so is a setting,
-    `out` or `resume` that differs between the ranks (a ValueError naming it)."""
+    `out`, `resume` or `overwrite` that differs between the ranks (a ValueError naming it)."""
     # rank 0 settles the settings: another rank's would be ignored, so they must be rank 0's
     distributed.same_everywhere(
-        group, dict(given, out=out, resume=bool(resume)), "train_run's arguments",
+        group, dict(given, out=out, resume=bool(opened[0]), overwrite=bool(opened[1])),
+        "train_run's arguments",
         "every rank must call train_run with the same arguments", prefix="train_run: ")
     payload, error, prepared = None, None, None
     if group.lead:
         try:
-            prepared = _prepare(pairs, out, given, resume, keep_in_train, data)
+            prepared = _prepare(pairs, out, given, opened, keep_in_train, data)
             settings, src_tok, tgt_tok, config = prepared[:4]
             payload = dict(settings=settings, config=config, src=src_tok.to_dict(),
                            tgt=tgt_tok.to_dict())
@@ -442,14 +545,21 @@ def _prepare_ranks(group, pairs, out, given, resume, keep_in_train, data):
     tgt_tok = tokenizers.Tokenizer.from_dict(payload["tgt"], where="rank 0's tgt tokenizer")
     train_pairs, valid_pairs = split_pairs(list(pairs), settings["valid"], settings["seed"],
                                            keep_in_train)
-    return settings, src_tok, tgt_tok, payload["config"], train_pairs, valid_pairs
+    return settings, src_tok, tgt_tok, payload["config"], train_pairs, valid_pairs, None
 
 
-def _prepare(pairs, out, given, resume, keep_in_train, data):
-    """The run directory made ready, as one process does -> (settings, src_tok, tgt_tok,
-    config, train_pairs, valid_pairs)."""
-    os.makedirs(out, exist_ok=True)
-    _remove_temporaries(out)
+def _prepare(pairs, out, given, opened, keep_in_train, data):
+    """The run directory made ready (and locked), as one process does -> (settings, src_tok,
+    tgt_tok, config, train_pairs, valid_pairs, lock). opened: (resume, overwrite)."""
+    lock = _open_run_dir(out, *opened)
+    try:
+        return _prepared(pairs, out, given, opened[0], keep_in_train, data) + (lock,)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _prepared(pairs, out, given, resume, keep_in_train, data):
     config_path = _path(out, "config")
     if resume and os.path.exists(config_path):
         config = read_config(out)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fastattn.train import fit, latest_checkpoint, list_checkpoints, load_checkpoint
-from fastattn.train.checkpoint import FILES
+from fastattn.train.checkpoint import FILES, LOCK_FILE
 from train_util import char_tokenizer, tiny_model, untimed, words  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -37,8 +37,9 @@ def run(tok, pairs, ckpt=None, **kw):
 
 
 def checkpoint_entries(path):
-    """The entries of a checkpoint directory, the best models (best-step-*) left out."""
-    return sorted(n for n in os.listdir(path) if not n.startswith("best-"))
+    """The entries of a checkpoint directory, the best models (best-step-*) and fit's lock
+    file left out."""
+    return sorted(n for n in os.listdir(path) if not n.startswith("best-") and n != LOCK_FILE)
 
 
 def stop_after(k, exc=StopIteration):
