@@ -1,0 +1,27 @@
+"""A Griffe extension for the API reference, so a class page shows its documented API only.
+
+- Members whose names start with an underscore (private helpers, and dunders such as
+  ``__call__`` or ``__repr__``) are dropped from the tree the pages are rendered from (marking
+  them non-public would not reach the names a package re-exports, which are aliases). The
+  constructor stays: it is documented through the class (``merge_init_into_class``).
+- Attributes of a class without a docstring of their own (dataclass fields, attributes set in
+  ``__init__``) are left out: the class docstring's ``Attributes:`` section documents them.
+- A class attribute's value is the code that sets it (``check_positive('embed_dim', ...)``),
+  not something a reader needs, so it is not shown. Module constants keep their values.
+
+A module's public names stay its ``__all__`` (the ``public`` filter).
+"""
+import griffe
+
+
+class PublicClassMembers(griffe.Extension):
+    """Drop a class's underscore-named and undocumented attribute members."""
+
+    def on_class(self, *, cls, **kwargs):
+        for name, member in list(cls.members.items()):
+            if member.is_alias or name == "__init__":
+                continue
+            if name.startswith("_") or (member.is_attribute and not member.docstring):
+                cls.del_member(name)
+            elif member.is_attribute:
+                member.value = None
