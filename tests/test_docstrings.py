@@ -1,0 +1,194 @@
+"""The API reference renders the docstrings it documents: one style (Google), checked here.
+
+mkdocstrings renders docstrings as Markdown, parsed for Google-style sections (``Args:``,
+``Returns:``, ``Raises:``, ``Attributes:``, ``Examples:``). What the public API's docstrings
+must therefore not do, and what they must do:
+
+- no reST literal blocks (a line ending in ``::``): the ``::`` shows raw and the block after
+  it runs into one paragraph; use a fenced block or backticks;
+- no list item right after a paragraph line: Markdown needs a blank line before a list, or the
+  items are merged into the paragraph;
+- no ``Name:`` line over an indented block that is not a known section: the parser turns it
+  into a boxed admonition with its lines merged;
+- no bare ``**``: ``**kwargs`` in prose turns the text after it bold; write it in backticks;
+- a callable with parameters has an ``Args:`` section naming every parameter, and names no
+  parameter it does not have.
+
+The modules checked are listed in CHECKED; the rendered-site check (no private or dunder
+member on a reference page) covers every page.
+"""
+import importlib
+import inspect
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# the modules whose public docstrings follow the style (every name in their __all__, and the
+# public methods and properties of the classes among them)
+CHECKED = [
+    "fastattn.io",
+]
+
+SECTIONS = {"Args", "Returns", "Yields", "Raises", "Attributes", "Examples", "Example",
+            "Note", "Notes", "Warning", "Warns", "See Also"}
+LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+\S")
+SECTION_LIKE = re.compile(r"^(\S[^\n]*?):[ \t]*\n(?=[ \t]+\S)", re.M)
+ARG_LINE = re.compile(r"^\s{4}(\*{0,2}\w+)(?:\s*\([^)]*\))?:\s", re.M)
+
+
+def _doc(obj):
+    doc = getattr(obj, "__doc__", None)
+    return inspect.cleandoc(doc) if doc else None
+
+
+def _params(obj):
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return []
+    names = []
+    for p in sig.parameters.values():
+        if p.name in ("self", "cls"):
+            continue
+        prefix = {p.VAR_POSITIONAL: "*", p.VAR_KEYWORD: "**"}.get(p.kind, "")
+        names.append(prefix + p.name)
+    return names
+
+
+def _section(doc, name):
+    """The indented body of a Google section, or None."""
+    m = re.search(rf"^{name}:[ \t]*\n((?:[ \t]+\S.*\n?|[ \t]*\n)*)", doc, re.M)
+    return m.group(1) if m else None
+
+
+def documented(module_name):
+    """(qualified name, docstring, parameter names) for what the module's reference shows."""
+    module = importlib.import_module(module_name)
+    out = [(module_name, _doc(module), [])]
+    for name in module.__all__:
+        obj = getattr(module, name)
+        qual = f"{module_name}.{name}"
+        if inspect.isclass(obj):
+            out.append((qual, _doc(obj), _params(obj)))
+            for attr, value in vars(obj).items():
+                if attr.startswith("_"):
+                    continue
+                if isinstance(value, property):
+                    out.append((f"{qual}.{attr}", _doc(value.fget), []))
+                elif isinstance(value, (staticmethod, classmethod)):
+                    out.append((f"{qual}.{attr}", _doc(value.__func__), _params(value.__func__)))
+                elif inspect.isfunction(value):
+                    out.append((f"{qual}.{attr}", _doc(value), _params(value)))
+        elif inspect.isfunction(obj) or inspect.isbuiltin(obj):
+            out.append((qual, _doc(obj), _params(obj)))
+    return out
+
+
+def problems(doc, params):
+    """What would render badly in one docstring (an empty list when nothing)."""
+    if not doc:
+        return ["no docstring"]
+    found = []
+    lines = doc.splitlines()
+    if re.search(r"::[ \t]*$", doc, re.M):
+        found.append("a reST '::' literal block")
+    for before, line in zip(lines, lines[1:]):
+        indent = len(line) - len(line.lstrip())
+        if (LIST_ITEM.match(line) and before.strip() and not LIST_ITEM.match(before)
+                and before.strip()[:-1] not in SECTIONS
+                and len(before) - len(before.lstrip()) <= indent):
+            found.append(f"a list item right after a paragraph line: {line.strip()[:40]!r}")
+            break
+    for m in SECTION_LIKE.finditer(doc):
+        if m.group(1) not in SECTIONS:
+            found.append(f"{m.group(1)[:40]!r}: over an indented block (renders as an admonition)")
+    prose = re.sub(r"`[^`\n]*`", "", ARG_LINE.sub("", doc))
+    if "**" in prose:
+        found.append("a bare '**' (write **kwargs in backticks)")
+    args = _section(doc, "Args")
+    if params and args is None:
+        found.append(f"no Args section for {params}")
+    elif args is not None:
+        named = ARG_LINE.findall(args)
+        missing = [p for p in params if p not in named]
+        unknown = [n for n in named if n not in params]
+        if missing:
+            found.append(f"Args misses {missing}")
+        if unknown:
+            found.append(f"Args names {unknown}, which are not parameters")
+    return found
+
+
+@pytest.mark.parametrize("module_name", CHECKED)
+def test_public_docstrings_follow_the_style(module_name):
+    bad = {qual: p for qual, doc, params in documented(module_name) if (p := problems(doc, params))}
+    assert not bad, "docstrings that render badly:\n" + "\n".join(
+        f"  {qual}: {'; '.join(p)}" for qual, p in bad.items())
+
+
+# ---- the checker itself ------------------------------------------------------------------------
+
+def test_the_checker_finds_each_bad_pattern():
+    assert problems(None, [])
+    assert problems("Do it.\n\nExample::\n\n    x = 1\n", [])
+    assert problems("Kinds:\n- one\n- two\n", [])
+    assert problems("The kinds are\n- one\n- two\n", [])
+    assert problems("Do it.\n\nThe package:\n    a   one\n    b   two\n", [])
+    assert problems("Pass **kwargs on.\n", [])
+    assert problems("Do it.\n", ["x"])
+    assert problems("Do it.\n\nArgs:\n    x: the input.\n", ["x", "y"])
+    assert problems("Do it.\n\nArgs:\n    z: no such.\n", [])
+    assert problems("Do it.\n\nArgs:\n    x: the input.\n    z: no such.\n", ["x"])
+    good = ("Do it.\n\nA paragraph:\n\n- one\n- two\n  and more\n\nArgs:\n    x: the input.\n"
+            "    **kwargs: passed on (`**kwargs`).\n\nReturns:\n    The output.\n")
+    assert problems(good, ["x", "**kwargs"]) == []
+
+
+# ---- the rendered pages ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    given = os.environ.get("FASTATTN_DOCS_SITE")
+    if given:
+        return Path(given)
+    pytest.importorskip("mkdocs", reason="MkDocs is not installed (the docs extra)")
+    pytest.importorskip("mkdocstrings", reason="mkdocstrings is not installed (the docs extra)")
+    out = tmp_path_factory.mktemp("site")
+    res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+                          "--site-dir", str(out)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=900)
+    assert res.returncode == 0, res.stderr[-6000:]
+    return out
+
+
+@pytest.mark.docs_site
+def test_reference_pages_show_no_private_or_dunder_members(site):
+    shown = []
+    for page in sorted((site / "reference").rglob("*.html")):
+        for ident in re.findall(r'id="(fastattn\.[\w.]+)"', page.read_text(encoding="utf-8")):
+            parent, _, name = ident.rpartition(".")
+            if not name.startswith("_"):
+                continue
+            try:
+                exported = name in getattr(importlib.import_module(parent), "__all__", ())
+            except ImportError:
+                exported = False                  # a class member, not a module's name
+            if not exported:
+                shown.append(f"{page.relative_to(site)}: {ident}")
+    assert not shown, "private or dunder members on reference pages:\n" + "\n".join(shown)
+
+
+@pytest.mark.docs_site
+def test_reference_pages_have_no_raw_rest_markup(site):
+    found = []
+    for page in sorted((site / "reference").rglob("*.html")):
+        text = re.sub(r"<(pre|code)\b.*?</\1>", "", page.read_text(encoding="utf-8"), flags=re.S)
+        for m in re.finditer(r"[^\s<>]*::(?:\s|<)", text):
+            found.append(f"{page.relative_to(site)}: {m.group(0)[:40]!r}")
+    assert not found, "raw '::' on reference pages:\n" + "\n".join(found[:40])
