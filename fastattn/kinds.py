@@ -452,6 +452,14 @@ class QuantizedWeight(WeightKind):
     that copy, the kernels never do). A row slice starting on a panel edge
     (``build_info()["quant_tiles"]["int8_panel"]`` or ``["bf16_panel"]``, e.g. an
     in-projection's q / kv parts at d_model = 512) reads its parent's packed copy in place.
+
+    Args:
+        data: the stored values (private constructor: use `from_float` or `from_stored`,
+            which validate), or None for a row slice read from its parent.
+        scale: (M,) float32 per-row scales (int8), or None (bf16).
+        parent: the weight a row slice is taken from, or None (the default).
+        lo: a row slice's first row in its parent (default 0).
+        hi: a row slice's end row in its parent (default 0).
     """
 
     __slots__ = ("scale", "shape", "_packed", "_slices")
@@ -527,6 +535,19 @@ class QuantizedWeight(WeightKind):
 
     @classmethod
     def from_float(cls, w, dtype):
+        """Quantize a float32 weight.
+
+        Args:
+            w: (M, K) float weight, torch layout (out_features, in_features); must be finite.
+            dtype: "int8", "bf16" or "bfloat16".
+
+        Returns:
+            The QuantizedWeight of that type.
+
+        Raises:
+            ValueError: a row with NaN or inf (named), a bf16 value that rounds to inf, or an
+                unknown dtype.
+        """
         op = "QuantizedWeight.from_float"
         kind = _CLASSES[_dtype_name(dtype, op)]
         w = _convert.f32c(_checks.weight(w, "w", op, "(out_features, in_features)"))
@@ -534,6 +555,22 @@ class QuantizedWeight(WeightKind):
 
     @classmethod
     def from_stored(cls, dtype, data, scale=None):
+        """Wrap stored values, validated and never requantized.
+
+        The data is read into the packed copy (an edit of the array afterwards changes
+        nothing); a C-contiguous scale is used without a copy.
+
+        Args:
+            dtype: "int8", "bf16" or "bfloat16".
+            data: (M, K) int8 values, or (M, K) uint16 bf16 bits.
+            scale: (M,) float32 per-row scales for int8; None (the default) for bf16.
+
+        Returns:
+            The QuantizedWeight of that type.
+
+        Raises:
+            ValueError: shapes, dtypes or scales that do not fit `dtype`.
+        """
         op = "QuantizedWeight.from_stored"
         return _CLASSES[_dtype_name(dtype, op)]._from_stored(data, scale, op)
 
@@ -545,6 +582,15 @@ class QuantizedWeight(WeightKind):
             (0 if self.scale is None else self.scale.nbytes)
 
     def rows(self, lo, hi):
+        """The weight of rows lo:hi (also `w[lo:hi]`), cached per (lo, hi).
+
+        Args:
+            lo: the first row.
+            hi: the end row (excluded).
+
+        Returns:
+            A QuantizedWeight of the same type sharing this one's storage where it can.
+        """
         if (lo, hi) == (0, self.shape[0]):
             return self
         sub = self._slices.get((lo, hi))
@@ -558,8 +604,19 @@ class QuantizedWeight(WeightKind):
         return f"QuantizedWeight(dtype={self.dtype!r}, shape={self.shape})"
 
     def product(self, bias, act, rows=0):
-        """Any number of rows (the kernels split few rows by panels and run the blocked GEMM
-        for many); an empty sum (K = 0) leaves the bias and activation."""
+        """The product function of this weight: `f(x, y)` writes y = act(x @ w.T + bias).
+
+        Any number of rows (the kernels split few rows by panels and run the blocked GEMM for
+        many); an empty sum (K = 0) leaves the bias and activation.
+
+        Args:
+            bias: (M,) float32 bias, or None.
+            act: the activation's kernel code (0: none, 1: relu, 2: gelu, 3: gelu_tanh, 4: silu).
+            rows: the number of rows x will have, or 0 (the default) for any.
+
+        Returns:
+            `f(x, y)`: x (N, K) float32 in, y (N, M) float32 out.
+        """
         M, K = self.shape
         if rows > 0 and M and K:
             return self._kernel(self._kernel_arrays()[1], bias, act)

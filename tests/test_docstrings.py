@@ -32,13 +32,20 @@ ROOT = Path(__file__).resolve().parents[1]
 # the modules whose public docstrings follow the style (every name in their __all__, and the
 # public methods and properties of the classes among them)
 CHECKED = [
+    "fastattn",
     "fastattn.io",
+    "fastattn.ops",
+    "fastattn.quant",
+    "fastattn.reference",
 ]
 
 SECTIONS = {"Args", "Returns", "Yields", "Raises", "Attributes", "Examples", "Example",
             "Note", "Notes", "Warning", "Warns", "See Also"}
 LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+\S")
-SECTION_LIKE = re.compile(r"^(\S[^\n]*?):[ \t]*\n(?=[ \t]+\S)", re.M)
+# a line the Google parser reads as a section or admonition title (griffe's rule), when an
+# indented line follows and a blank line precedes it
+TITLE = re.compile(r"^(\w[\s\w-]*):(\s+\S.*)?\s*$")
+FENCED = re.compile(r"^[ \t]*```.*?^[ \t]*```[ \t]*$", re.M | re.S)
 ARG_LINE = re.compile(r"^\s{4}(\*{0,2}\w+)(?:\s*\([^)]*\))?:\s", re.M)
 
 
@@ -96,19 +103,30 @@ def problems(doc, params):
         return ["no docstring"]
     found = []
     lines = doc.splitlines()
-    if re.search(r"::[ \t]*$", doc, re.M):
+    text = FENCED.sub("", doc)                # a fenced block's lines are code, not Markdown
+    if re.search(r"::[ \t]*$", text, re.M):
         found.append("a reST '::' literal block")
-    for before, line in zip(lines, lines[1:]):
+    prose_lines = text.splitlines()
+    for before, line in zip(prose_lines, prose_lines[1:]):
         indent = len(line) - len(line.lstrip())
         if (LIST_ITEM.match(line) and before.strip() and not LIST_ITEM.match(before)
                 and before.strip()[:-1] not in SECTIONS
                 and len(before) - len(before.lstrip()) <= indent):
             found.append(f"a list item right after a paragraph line: {line.strip()[:40]!r}")
             break
-    for m in SECTION_LIKE.finditer(doc):
+    fenced = False
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        m = not fenced and TITLE.match(line)
+        if not m or i + 1 == len(lines) or not lines[i + 1].startswith(" "):
+            continue
         if m.group(1) not in SECTIONS:
-            found.append(f"{m.group(1)[:40]!r}: over an indented block (renders as an admonition)")
-    prose = re.sub(r"`[^`\n]*`", "", ARG_LINE.sub("", doc))
+            if i == 0 or not lines[i - 1].strip():
+                found.append(f"{m.group(1)[:40]!r}: over an indented block (an admonition)")
+        elif i and lines[i - 1].strip():
+            found.append(f"no blank line above the {m.group(1)} section (not parsed)")
+    prose = re.sub(r"`[^`\n]*`", "", ARG_LINE.sub("", text))
     if "**" in prose:
         found.append("a bare '**' (write **kwargs in backticks)")
     args = _section(doc, "Args")
@@ -140,7 +158,9 @@ def test_the_checker_finds_each_bad_pattern():
     assert problems("Kinds:\n- one\n- two\n", [])
     assert problems("The kinds are\n- one\n- two\n", [])
     assert problems("Do it.\n\nThe package:\n    a   one\n    b   two\n", [])
+    assert problems("Do it.\nArgs:\n    x: the input.\n", ["x"])
     assert problems("Pass **kwargs on.\n", [])
+    assert problems("Run:\n\n```python\nf(**kw)\n- x\n```\n", []) == []
     assert problems("Do it.\n", ["x"])
     assert problems("Do it.\n\nArgs:\n    x: the input.\n", ["x", "y"])
     assert problems("Do it.\n\nArgs:\n    z: no such.\n", [])
