@@ -2,16 +2,18 @@
 
 Pure Python over the functional ops (``fastattn.ops.adamw_step`` and friends; the NumPy twins
 in ``fastattn.reference`` for a model on the reference backend), with torch.optim's defaults
-and semantics::
+and semantics:
 
-    opt = optim.AdamW(model, lr=1e-3)                 # or optim.Adam(model, ...)
-    sched = optim.LRScheduler(opt, optim.inverse_sqrt(d_model=512, warmup=4000))
-    for batch in data:
-        opt.zero_grad()                               # model.zero_grad()
-        loss = ...forward, backward...                # the model accumulates named_grads()
-        optim.clip_grad_norm(model, 1.0)              # optional
-        opt.step()                                    # one update; model.invalidate_caches()
-        sched.step()                                  # lr for the next step
+```python
+opt = optim.AdamW(model, lr=1e-3)                 # or optim.Adam(model, ...)
+sched = optim.LRScheduler(opt, optim.inverse_sqrt(d_model=512, warmup=4000))
+for batch in data:
+    opt.zero_grad()                               # model.zero_grad()
+    loss = ...forward, backward...                # the model accumulates named_grads()
+    optim.clip_grad_norm(model, 1.0)              # optional
+    opt.step()                                    # one update; model.invalidate_caches()
+    sched.step()                                  # lr for the next step
+```
 
 What the optimiser needs from the model (fastattn.nn.Module provides it):
 
@@ -24,14 +26,16 @@ What the optimiser needs from the model (fastattn.nn.Module provides it):
 State is kept per parameter key: ``exp_avg`` and ``exp_avg_sq`` (float32, the parameter's
 shape, created as zeros at its first update) and its own 1-based update count, as torch keeps
 ``state[p]["step"]``. ``state_dict()`` is a flat dict of NumPy arrays that
-``safetensors.numpy.save_file`` writes as is::
+``safetensors.numpy.save_file`` writes as is:
 
-    "step"                     int64 0-d   step() calls so far (what LRScheduler reads)
-    "lr", "beta1", "beta2",    float64 0-d the hyper-parameters (load_state_dict restores them,
-    "eps", "weight_decay"                  as torch restores its param_groups)
-    "exp_avg.<key>"            float32     first moment of parameter <key>
-    "exp_avg_sq.<key>"         float32     second moment
-    "step.<key>"               int64 0-d   updates of parameter <key> so far
+```text
+"step"                     int64 0-d   step() calls so far (what LRScheduler reads)
+"lr", "beta1", "beta2",    float64 0-d the hyper-parameters (load_state_dict restores them,
+"eps", "weight_decay"                  as torch restores its param_groups)
+"exp_avg.<key>"            float32     first moment of parameter <key>
+"exp_avg_sq.<key>"         float32     second moment
+"step.<key>"               int64 0-d   updates of parameter <key> so far
+```
 """
 import math
 import numbers

@@ -1,18 +1,20 @@
 """Training checkpoints: everything a run needs to continue exactly, written atomically.
 
-Layout of a checkpoint directory (``fit(..., checkpoint_dir=...)``)::
+Layout of a checkpoint directory (``fit(..., checkpoint_dir=...)``):
 
-    checkpoint_dir/
-      latest                    "step-00000123\\n": the newest complete checkpoint
-      step-00000100/            older ones, up to `keep` in all (default 3)
-      step-00000123/
-        model.safetensors       fastattn.io.save(model): weights + class and config
-        optimizer.safetensors   optimizer.state_dict() (moments, step counts, hyper-parameters)
-        src_tokenizer.json      the tokenizers' own files (Tokenizer.save)
-        tgt_tokenizer.json
-        history.jsonl           the History so far (History.to_jsonl)
-        state.json              format, step, data position, RNG and dropout state, schedule
-                                step, the fit settings and a fingerprint of the training data
+```text
+checkpoint_dir/
+  latest                    "step-00000123\\n": the newest complete checkpoint
+  step-00000100/            older ones, up to `keep` in all (default 3)
+  step-00000123/
+    model.safetensors       fastattn.io.save(model): weights + class and config
+    optimizer.safetensors   optimizer.state_dict() (moments, step counts, hyper-parameters)
+    src_tokenizer.json      the tokenizers' own files (Tokenizer.save)
+    tgt_tokenizer.json
+    history.jsonl           the History so far (History.to_jsonl)
+    state.json              format, step, data position, RNG and dropout state, schedule
+                            step, the fit settings and a fingerprint of the training data
+```
 
 ``state.json`` holds at least ``format`` ("fastattn-checkpoint/1"), ``step``, ``epoch`` and
 ``batch`` (the next batch to run: its index within epoch ``epoch``), ``dropout_seed`` and
