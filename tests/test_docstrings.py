@@ -212,3 +212,33 @@ def test_reference_pages_have_no_raw_rest_markup(site):
         for m in re.finditer(r"[^\s<>]*::(?:\s|<)", text):
             found.append(f"{page.relative_to(site)}: {m.group(0)[:40]!r}")
     assert not found, "raw '::' on reference pages:\n" + "\n".join(found[:40])
+
+
+def _resolve(ident):
+    """The object a reference id names (a module, or a module's attribute), or None."""
+    parent, _, name = ident.rpartition(".")
+    for module_name, attr in ((ident, None), (parent, name)):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        return module if attr is None else getattr(module, attr, None)
+    return None
+
+
+@pytest.mark.docs_site
+def test_reference_pages_document_each_object_once(site):
+    twice = []
+    for page in sorted((site / "reference").rglob("*.html")):
+        html = page.read_text(encoding="utf-8")
+        seen = {}
+        for ident in re.findall(r'<h\d id="(fastattn\.[\w.]+)" class="doc doc-heading"', html):
+            obj = _resolve(ident)
+            if obj is None or isinstance(obj, (str, int, float, tuple, dict, frozenset, bool)):
+                continue                        # a class member, or a constant's value
+            first = seen.get(id(obj))
+            # two names of one module for one object (an alias, as optim's noam) are two entries
+            if first and first.rpartition(".")[0] != ident.rpartition(".")[0]:
+                twice.append(f"{page.relative_to(site)}: {first} and {ident}")
+            seen.setdefault(id(obj), ident)
+    assert not twice, "objects documented twice on one page:\n" + "\n".join(twice)
