@@ -455,7 +455,8 @@ class QuantizedWeight(WeightKind):
 
     Args:
         data: the stored values (private constructor: use `from_float` or `from_stored`,
-            which validate), or None for a row slice read from its parent.
+            which validate), or None for a row slice: read from the parent's packed copy
+            where the slice starts on a panel edge, else its rows unpacked from it.
         scale: (M,) float32 per-row scales (int8), or None (bf16).
         parent: the weight a row slice is taken from, or None (the default).
         lo: a row slice's first row in its parent (default 0).
@@ -467,9 +468,7 @@ class QuantizedWeight(WeightKind):
     dtype = None
 
     def __init__(self, data, scale, parent=None, lo=0, hi=0):
-        """Private: use from_float or from_stored (which validate). A row slice has its parent
-        and rows lo:hi (data None: read from the parent's packed copy where the slice starts
-        on a panel edge, else its rows unpacked from it)."""
+        """Private: use from_float or from_stored (which validate); the class documents it."""
         self.scale = None if scale is None else _readonly(scale)
         self._slices = {}
         if parent is None:

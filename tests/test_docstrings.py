@@ -150,6 +150,17 @@ def test_public_docstrings_follow_the_style(module_name):
         f"  {qual}: {'; '.join(p)}" for qual, p in bad.items())
 
 
+@pytest.mark.parametrize("module_name", CHECKED)
+def test_constructor_docstrings_are_one_line(module_name):
+    # The reference merges __init__ into its class: the class docstring documents the
+    # arguments, and __init__'s docstring is appended to it without its first line.
+    module = importlib.import_module(module_name)
+    long = [f"{module_name}.{name}.__init__" for name in module.__all__
+            if inspect.isclass(obj := getattr(module, name))
+            and "\n" in (_doc(vars(obj).get("__init__")) or "").strip()]
+    assert not long, f"constructors with a docstring of several lines: {long}"
+
+
 # ---- the checker itself ------------------------------------------------------------------------
 
 def test_the_checker_finds_each_bad_pattern():
