@@ -34,7 +34,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CHECKED = [
     "fastattn",
     "fastattn.io",
+    "fastattn.nn.positions",
     "fastattn.ops",
+    "fastattn.pretrained",
+    "fastattn.pretrained.config",
+    "fastattn.pretrained.model",
+    "fastattn.pretrained.positions",
+    "fastattn.pretrained.tokenizer",
+    "fastattn.pretrained.weights",
     "fastattn.quant",
     "fastattn.reference",
 ]
