@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # public methods and properties of the classes among them)
 CHECKED = [
     "fastattn",
+    "fastattn.generate",
+    "fastattn.generate.hf",
     "fastattn.io",
     "fastattn.nn.positions",
     "fastattn.ops",
@@ -133,7 +135,7 @@ def problems(doc, params):
                 found.append(f"{m.group(1)[:40]!r}: over an indented block (an admonition)")
         elif i and lines[i - 1].strip():
             found.append(f"no blank line above the {m.group(1)} section (not parsed)")
-    prose = re.sub(r"`[^`\n]*`", "", ARG_LINE.sub("", text))
+    prose = re.sub(r"``.+?``|`[^`\n]*`", "", ARG_LINE.sub("", text), flags=re.S)
     if "**" in prose:
         found.append("a bare '**' (write **kwargs in backticks)")
     args = _section(doc, "Args")
@@ -178,6 +180,7 @@ def test_the_checker_finds_each_bad_pattern():
     assert problems("Do it.\n\nThe package:\n    a   one\n    b   two\n", [])
     assert problems("Do it.\nArgs:\n    x: the input.\n", ["x"])
     assert problems("Pass **kwargs on.\n", [])
+    assert problems("Pass ``f(**kwargs)`` and `**kwargs` on.\n", []) == []
     assert problems("Run:\n\n```python\nf(**kw)\n- x\n```\n", []) == []
     assert problems("Do it.\n", ["x"])
     assert problems("Do it.\n\nArgs:\n    x: the input.\n", ["x", "y"])
