@@ -24,7 +24,7 @@ next live beams. A source stops:
 
 - ``early_stopping=True``: once it holds k finished hypotheses;
 - ``False`` (the default): once it holds k and its best live beam, divided by its current
-  generated length ** length_penalty, is not above the worst of them;
+  `generated length ** length_penalty`, is not above the worst of them;
 - ``"never"``: as False, but with length_penalty > 0 the best live beam is divided by the
   longest possible generated length (max_length - 1);
 
