@@ -46,6 +46,13 @@ CHECKED = [
     "fastattn.pretrained.weights",
     "fastattn.quant",
     "fastattn.reference",
+    "fastattn.tokenizers",
+    "fastattn.tokenizers.base",
+    "fastattn.tokenizers.bpe",
+    "fastattn.tokenizers.char",
+    "fastattn.tokenizers.files",
+    "fastattn.tokenizers.vocab",
+    "fastattn.tokenizers.word",
 ]
 
 SECTIONS = {"Args", "Returns", "Yields", "Raises", "Attributes", "Examples", "Example",
