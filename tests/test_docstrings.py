@@ -98,7 +98,9 @@ def documented(module_name):
         obj = getattr(module, name)
         qual = f"{module_name}.{name}"
         if inspect.isclass(obj):
-            out.append((qual, _doc(obj), _params(obj)))
+            # the reference shows the constructor's signature (__init__'s, merged into the class)
+            init = obj.__init__ if inspect.isfunction(obj.__init__) else None   # not a builtin
+            out.append((qual, _doc(obj), _params(init) if init else []))
             for attr, value in vars(obj).items():
                 if attr.startswith("_"):
                     continue
