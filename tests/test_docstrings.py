@@ -36,7 +36,10 @@ CHECKED = [
     "fastattn.generate",
     "fastattn.generate.hf",
     "fastattn.io",
+    "fastattn.nn",
+    "fastattn.nn.parameter",
     "fastattn.nn.positions",
+    "fastattn.nn.saved",
     "fastattn.ops",
     "fastattn.pretrained",
     "fastattn.pretrained.config",
@@ -99,7 +102,7 @@ def documented(module_name):
         qual = f"{module_name}.{name}"
         if inspect.isclass(obj):
             # the reference shows the constructor's signature (__init__'s, merged into the class)
-            init = obj.__init__ if inspect.isfunction(obj.__init__) else None   # not a builtin
+            init = next((f for f in (obj.__init__, obj.__new__) if inspect.isfunction(f)), None)
             out.append((qual, _doc(obj), _params(init) if init else []))
             for attr, value in vars(obj).items():
                 if attr.startswith("_"):
@@ -108,7 +111,8 @@ def documented(module_name):
                     out.append((f"{qual}.{attr}", _doc(value.fget), []))
                 elif isinstance(value, (staticmethod, classmethod)):
                     out.append((f"{qual}.{attr}", _doc(value.__func__), _params(value.__func__)))
-                elif inspect.isfunction(value):
+                elif inspect.isfunction(value) and "<locals>" not in value.__qualname__:
+                    # (a method made by a factory is an undocumented attribute to the reference)
                     out.append((f"{qual}.{attr}", _doc(value), _params(value)))
         elif inspect.isfunction(obj) or inspect.isbuiltin(obj):
             out.append((qual, _doc(obj), _params(obj)))
