@@ -56,6 +56,7 @@ CHECKED = [
     "fastattn.tokenizers.files",
     "fastattn.tokenizers.vocab",
     "fastattn.tokenizers.word",
+    "fastattn.train.fit",
 ]
 
 SECTIONS = {"Args", "Returns", "Yields", "Raises", "Attributes", "Examples", "Example",
