@@ -56,7 +56,12 @@ CHECKED = [
     "fastattn.tokenizers.files",
     "fastattn.tokenizers.vocab",
     "fastattn.tokenizers.word",
+    "fastattn.train",
+    "fastattn.train.batching",
+    "fastattn.train.checkpoint",
+    "fastattn.train.data",
     "fastattn.train.fit",
+    "fastattn.train.history",
 ]
 
 SECTIONS = {"Args", "Returns", "Yields", "Raises", "Attributes", "Examples", "Example",

@@ -740,15 +740,15 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
     float32 rounding, not bit for bit: each gradient is summed in another order (per part,
     then across the ranks; the key projections' biases, whose exact gradient is zero, follow
     its rounding noise, without effect on the outputs); with dropout, each rank draws its own
-    masks (rank 0's are one process's). Step records gain ``ranks`` and
-    ``allreduce_seconds``. Rank 0 alone reports progress, runs the callbacks (its StopIteration stops every rank), evaluates, keeps the
-    best weights and writes checkpoints; the other ranks return the History of their steps
-    and a model holding the last step's weights. A resume continues exactly on the same
-    number of ranks; on another number, the data order, schedule and optimiser state continue
-    exactly and only the rounding (and dropout masks) differ. An exception on some ranks
-    only ends every rank (MPI_Abort, after printing it); comm_timeout: the longest a rank
-    waits in one collective (rank 0's evaluations and checkpoints included) before it ends
-    the job the same way.
+    masks (rank 0's are one process's). Step records gain ``ranks`` and ``allreduce_seconds``.
+    Rank 0 alone reports progress, runs the callbacks (its StopIteration stops every rank),
+    evaluates, keeps the best weights and writes checkpoints; the other ranks return the
+    History of their steps and a model holding the last step's weights. A resume continues
+    exactly on the same number of ranks; on another number, the data order, schedule and
+    optimiser state continue exactly and only the rounding (and dropout masks) differ. An
+    exception on some ranks only ends every rank (MPI_Abort, after printing it); comm_timeout:
+    the longest a rank waits in one collective (rank 0's evaluations and checkpoints included)
+    before it ends the job the same way.
 
     Args:
         model: the `Seq2SeqTransformer` to train (left in training mode).
