@@ -41,6 +41,7 @@ CHECKED = [
     "fastattn.nn.positions",
     "fastattn.nn.saved",
     "fastattn.ops",
+    "fastattn.optim",
     "fastattn.pretrained",
     "fastattn.pretrained.config",
     "fastattn.pretrained.model",
