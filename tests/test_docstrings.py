@@ -49,7 +49,14 @@ CHECKED = [
     "fastattn.pretrained.tokenizer",
     "fastattn.pretrained.weights",
     "fastattn.quant",
+    "fastattn.plots",
     "fastattn.reference",
+    "fastattn.runners",
+    "fastattn.runners.core",
+    "fastattn.runners.dask",
+    "fastattn.runners.files",
+    "fastattn.runners.progress",
+    "fastattn.runners.ray",
     "fastattn.tokenizers",
     "fastattn.tokenizers.base",
     "fastattn.tokenizers.bpe",
@@ -87,7 +94,7 @@ def _params(obj):
         return []
     names = []
     for p in sig.parameters.values():
-        if p.name in ("self", "cls"):
+        if p.name in ("self", "cls", "_cls"):
             continue
         prefix = {p.VAR_POSITIONAL: "*", p.VAR_KEYWORD: "**"}.get(p.kind, "")
         names.append(prefix + p.name)
