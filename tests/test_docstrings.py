@@ -36,6 +36,7 @@ CHECKED = [
     "fastattn.generate",
     "fastattn.generate.hf",
     "fastattn.io",
+    "fastattn.kinds",
     "fastattn.nn",
     "fastattn.nn.parameter",
     "fastattn.nn.positions",
@@ -126,8 +127,10 @@ def documented(module_name):
                 elif isinstance(value, (staticmethod, classmethod)):
                     out.append((f"{qual}.{attr}", _doc(value.__func__), _params(value.__func__)))
                 elif inspect.isfunction(value) and "<locals>" not in value.__qualname__:
-                    # (a method made by a factory is an undocumented attribute to the reference)
-                    out.append((f"{qual}.{attr}", _doc(value), _params(value)))
+                    # (a method made by a factory is an undocumented attribute to the reference;
+                    # an override without a docstring shows the overridden one's, as getdoc)
+                    doc = _doc(value) or inspect.getdoc(getattr(obj, attr))
+                    out.append((f"{qual}.{attr}", doc, _params(value)))
         elif inspect.isfunction(obj) or inspect.isbuiltin(obj):
             out.append((qual, _doc(obj), _params(obj)))
     return out

@@ -8,6 +8,8 @@
   ``__init__``) are left out: the class docstring's ``Attributes:`` section documents them.
 - A class attribute's value is the code that sets it (``check_positive('embed_dim', ...)``),
   not something a reader needs, so it is not shown. Module constants keep their values.
+- A method that overrides a documented one without a docstring of its own shows the
+  overridden method's docstring, as ``inspect.getdoc`` and ``help()`` do.
 
 A module's public names stay its ``__all__`` (the ``public`` filter).
 """
@@ -25,3 +27,21 @@ class PublicClassMembers(griffe.Extension):
                 cls.del_member(name)
             elif member.is_attribute:
                 member.value = None
+            elif member.is_function and not member.docstring:
+                inherited = self._inherited_docstring(cls, name)
+                if inherited is not None:
+                    member.docstring = griffe.Docstring(
+                        inherited.value, parser=inherited.parser,
+                        parser_options=inherited.parser_options, parent=member)
+
+    @staticmethod
+    def _inherited_docstring(cls, name):
+        try:
+            bases = cls.mro()
+        except Exception:            # an unresolved base: nothing to inherit from
+            return None
+        for base in bases:
+            member = base.members.get(name)
+            if member is not None and not member.is_alias and member.docstring:
+                return member.docstring
+        return None
