@@ -128,7 +128,8 @@ def ema(values, factor):
         factor: the smoothing factor in [0, 1).
 
     Returns:
-        A float64 array of len(values)."""
+        A float64 array of len(values).
+    """
     v = np.asarray(values, dtype=np.float64)
     out = np.empty_like(v)
     acc, weight = 0.0, 0.0

@@ -68,9 +68,13 @@ CHECKED = [
     "fastattn.train",
     "fastattn.train.batching",
     "fastattn.train.checkpoint",
+    "fastattn.train.distributed",
+    "fastattn.train.evaluate",
     "fastattn.train.data",
     "fastattn.train.fit",
     "fastattn.train.history",
+    "fastattn.train.progress",
+    "fastattn.train.run",
 ]
 
 SECTIONS = {"Args", "Returns", "Yields", "Raises", "Attributes", "Examples", "Example",

@@ -102,7 +102,8 @@ def translate_partition(texts, state, key, options, threads=None):
         threads: fastattn threads in this process; None (the default) leaves them.
 
     Returns:
-        The partition's records, in order."""
+        The partition's records, in order.
+    """
     texts = list(texts)
     results = _translator(key, state, options, threads).translate(texts)
     return [record(t, r) for t, r in zip(texts, results)]
@@ -167,7 +168,8 @@ def translate_bag(bag, run_dir, *, client=None, threads=None,
         A Bag of records, the partitions and their order kept.
 
     Raises:
-        ValueError: a bad option (before any task runs)."""
+        ValueError: a bad option (before any task runs).
+    """
     _dask()
     import dask.bag as db
 
@@ -199,7 +201,8 @@ def translate_dataframe(df, run_dir, *, column="source", output_column="output",
         **generate_kwargs: as for translate_file.
 
     Returns:
-        The DataFrame with `output_column` and `error_column` added (object columns)."""
+        The DataFrame with `output_column` and `error_column` added (object columns).
+    """
     _dask()
     try:
         import dask.dataframe as dd

@@ -76,7 +76,8 @@ def make_progress(progress, total, initial=0, stream=None):
         stream: where the reports go; None (the default) for stderr.
 
     Returns:
-        The reporter."""
+        The reporter.
+    """
     check_progress(progress)
     if _off(progress):
         return Silent()

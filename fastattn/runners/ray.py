@@ -126,7 +126,8 @@ def translate_dataset(ds, run_dir, *, column="source", output_column="output",
         A Dataset (lazy, as map_batches) with the two columns added.
 
     Raises:
-        ValueError: a bad option (before any actor starts)."""
+        ValueError: a bad option (before any actor starts).
+    """
     from ..train.run import Run
 
     ray = _ray()
