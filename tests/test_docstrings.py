@@ -33,6 +33,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # public methods and properties of the classes among them)
 CHECKED = [
     "fastattn",
+    "fastattn.bench.base",
+    "fastattn.bench.cases",
+    "fastattn.bench.dp_cases",
+    "fastattn.bench.report",
+    "fastattn.bench.runner",
+    "fastattn.bench.runner_cases",
+    "fastattn.bench.targets",
     "fastattn.generate",
     "fastattn.generate.hf",
     "fastattn.io",
