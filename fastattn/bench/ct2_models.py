@@ -280,8 +280,8 @@ def ct2_generate(translator, src_ids, *, max_new_tokens, start_id, method="greed
     The whole batch goes in one call (max_batch_size = B); no end token is searched for
     (end_token=[]) and max_decoding_length = max_new_tokens, so every row has exactly
     max_new_tokens tokens; sources are not truncated (max_input_length=0). Beam search keeps
-    beam_size hypotheses and ranks the finished ones by summed log-probability / `length **
-    length_penalty`, fastattn.generate's formula (with no end token every hypothesis has the
+    beam_size hypotheses and ranks the finished ones by summed log-probability /
+    `length ** length_penalty`, fastattn.generate's formula (with no end token every hypothesis has the
     same length, so the penalty changes no choice in either). greedy is beam_size=1.
 
     Not offered: an end token. With one, the two would part: CTranslate2 leaves the end token
