@@ -281,8 +281,8 @@ def ct2_generate(translator, src_ids, *, max_new_tokens, start_id, method="greed
     (end_token=[]) and max_decoding_length = max_new_tokens, so every row has exactly
     max_new_tokens tokens; sources are not truncated (max_input_length=0). Beam search keeps
     beam_size hypotheses and ranks the finished ones by summed log-probability /
-    `length ** length_penalty`, fastattn.generate's formula (with no end token every hypothesis has the
-    same length, so the penalty changes no choice in either). greedy is beam_size=1.
+    `length ** length_penalty`, fastattn.generate's formula (with no end token every hypothesis
+    has the same length, so the penalty changes no choice in either). greedy is beam_size=1.
 
     Not offered: an end token. With one, the two would part: CTranslate2 leaves the end token
     out of a finished hypothesis's length, fastattn.generate counts it.
