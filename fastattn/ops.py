@@ -121,9 +121,9 @@ def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False
             P keep are rounded).
 
     Returns:
-        - `out`: (B, H, Lq, Dv) float32; zeros for a query with no allowed key.
-        - `cache["lse"]`: (B, H, Lq) float32; logsumexp of the scaled, masked scores per query row
-          (before dropout); -inf for a fully masked row, clamped to the float32 range otherwise.
+        out: (B, H, Lq, Dv) float32; zeros for a query with no allowed key.
+        `cache["lse"]`: (B, H, Lq) float32; logsumexp of the scaled, masked scores per query row
+            (before dropout); -inf for a fully masked row, clamped to the float32 range otherwise.
     """
     out, lse, _ = _attention(q, k, v, mask, key_padding_mask, causal, scale, False, dropout_p,
                              seed, compute_type)
@@ -166,10 +166,10 @@ def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=
             must be 0), below.
 
     Returns:
-        - `out`: (B, H, Lq, Dv) float32; zeros for a query with no allowed key.
-        - `weights`: (B, H, Lq, Lk) float32, only with return_weights=True: the weights after
-          dropout (as torch returns them); without dropout, rows sum to 1, or are all zeros for a
-          fully masked row.
+        out: (B, H, Lq, Dv) float32; zeros for a query with no allowed key.
+        weights: (B, H, Lq, Lk) float32, only with return_weights=True: the weights after
+            dropout (as torch returns them); without dropout, rows sum to 1, or are all zeros for a
+            fully masked row.
     """
     out, _, weights = _attention(q, k, v, mask, key_padding_mask, causal, scale, return_weights,
                                  dropout_p, seed, compute_type)
@@ -203,9 +203,9 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, key_padding_mask=N
         compute_type: as given to the forward: "float32" (the default) or "bfloat16" (below).
 
     Returns:
-        - `dq`: (B, H, Lq, D) float32.
-        - `dk`: (B, H, Lk, D) float32.
-        - `dv`: (B, H, Lk, Dv) float32.
+        dq: (B, H, Lq, D) float32.
+        dk: (B, H, Lk, D) float32.
+        dv: (B, H, Lk, Dv) float32.
     """
     op = "attention_backward"
     dout, q, k, v, out, lse, mask, key_padding_mask, scale, p, seed = _checks.attention_backward(
@@ -246,8 +246,8 @@ def softmax(x, axis=-1):
         axis: int; axis to normalise, default the last.
 
     Returns:
-        `y`: the shape of x, float32; sums to 1 along axis, or all zeros where every entry
-        along axis is -inf (torch gives NaN).
+        y: the shape of x, float32; sums to 1 along axis, or all zeros where every entry
+            along axis is -inf (torch gives NaN).
     """
     a, axis = _checks.softmax(x, axis)
     a = _convert.f32(a)
@@ -274,10 +274,10 @@ def layer_norm_forward(x, weight, bias, *, eps=1e-5, residual=None):
         residual: (..., C) optional, added to x before normalising.
 
     Returns:
-        - `y`: (..., C) float32; (s - mean) * rstd * weight + bias, s = x + residual summed in
-          float32 (a row where it overflows gives NaN).
-        - `cache["mean"]`: (N,) float32; mean of s per row.
-        - `cache["rstd"]`: (N,) float32; 1 / sqrt(var + eps), biased (population) var.
+        y: (..., C) float32; (s - mean) * rstd * weight + bias, s = x + residual summed in
+            float32 (a row where it overflows gives NaN).
+        `cache["mean"]`: (N,) float32; mean of s per row.
+        `cache["rstd"]`: (N,) float32; 1 / sqrt(var + eps), biased (population) var.
     """
     x, weight, bias, residual, eps = _checks.layer_norm(x, weight, bias, eps, residual)
     x, weight, bias, residual = map(_convert.f32c, (x, weight, bias, residual))
@@ -308,7 +308,7 @@ def layer_norm(x, weight, bias, *, eps=1e-5, residual=None):
         residual: (..., C) optional, added to x before normalising.
 
     Returns:
-        `y`: (..., C) float32; (s - mean) / sqrt(var + eps) * weight + bias.
+        y: (..., C) float32; (s - mean) / sqrt(var + eps) * weight + bias.
     """
     return layer_norm_forward(x, weight, bias, eps=eps, residual=residual)[0]
 
@@ -329,10 +329,10 @@ def layer_norm_backward(dy, x, mean, rstd, weight, *, residual=None):
             float32, as the forward), not saved.
 
     Returns:
-        - `dx`: (..., C) float32; gradient of x, and also of residual (the residual add passes the
-          same gradient to both).
-        - `dweight`: (C,) float32, or None when weight is None.
-        - `dbias`: (C,) float32; column sums of dy (bias or not).
+        dx: (..., C) float32; gradient of x, and also of residual (the residual add passes the
+            same gradient to both).
+        dweight: (C,) float32, or None when weight is None.
+        dbias: (C,) float32; column sums of dy (bias or not).
     """
     checked = _checks.layer_norm_backward(dy, x, mean, rstd, weight, residual)
     dy, x, mean, rstd, weight, residual = map(_convert.f32c, checked)
@@ -373,7 +373,7 @@ def linear(x, weight, bias=None, *, activation=None):
             approximation) or "silu".
 
     Returns:
-        `y`: (..., C_out) float32.
+        y: (..., C_out) float32.
     """
     quantized = isinstance(weight, QuantizedWeight)
     x, weight, bias, activation = _checks.linear(x, weight, bias, activation, "linear",
@@ -407,9 +407,9 @@ def linear_forward(x, weight, bias=None, *, activation=None, compute_type="float
         compute_type: "float32" (the default) or "bfloat16" (below).
 
     Returns:
-        - `y`: (..., C_out) float32; act(pre).
-        - `cache["pre"]`: (N, C_out) float32; x @ weight.T + bias, or None when activation is None
-          (then pre = y).
+        y: (..., C_out) float32; act(pre).
+        `cache["pre"]`: (N, C_out) float32; x @ weight.T + bias, or None when activation is None
+            (then pre = y).
     """
     x, weight, bias, act, N, M, K = _check_linear(x, weight, bias, activation)
     bf16 = _checks.compute_type(compute_type, "linear_forward")
@@ -439,9 +439,9 @@ def linear_backward(dy, x, weight, *, pre=None, activation=None, compute_type="f
         compute_type: "float32" (the default) or "bfloat16" (below).
 
     Returns:
-        - `dx`: (..., C_in) float32; dz @ weight.
-        - `dweight`: (C_out, C_in) float32; dz^T @ x.
-        - `dbias`: (C_out,) float32; column sums of dz (whether or not the forward had a bias).
+        dx: (..., C_in) float32; dz @ weight.
+        dweight: (C_out, C_in) float32; dz^T @ x.
+        dbias: (C_out,) float32; column sums of dz (whether or not the forward had a bias).
     """
     dy, x, weight, pre, activation = _checks.linear_backward(dy, x, weight, pre, activation)
     bf16 = _checks.compute_type(compute_type, "linear_backward")
@@ -477,7 +477,7 @@ def ffn(x, w1, b1, w2, b2, *, activation="relu"):
         activation: str or None; "relu" (default), "gelu", "gelu_tanh", "silu" or None.
 
     Returns:
-        `y`: (..., C) float32.
+        y: (..., C) float32.
     """
     quantized = isinstance(w1, QuantizedWeight) or isinstance(w2, QuantizedWeight)
     x, w1, b1, w2, b2, act = _check_ffn(x, w1, b1, w2, b2, activation, "ffn",
@@ -524,9 +524,9 @@ def ffn_forward(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=Non
         compute_type: "float32" (the default) or "bfloat16" (below).
 
     Returns:
-        - `y`: (..., C) float32.
-        - `cache["pre"]`: (N, F) float32; x @ w1.T + b1. The backward recomputes the activation and
-          the dropout mask from it and the seed (N * F * 4 bytes per layer).
+        y: (..., C) float32.
+        `cache["pre"]`: (N, F) float32; x @ w1.T + b1. The backward recomputes the activation and
+            the dropout mask from it and the seed (N * F * 4 bytes per layer).
     """
     op = "ffn_forward"
     x, w1, b1, w2, b2, activation = _checks.ffn_training(x, w1, b1, w2, b2, activation,
@@ -569,9 +569,9 @@ def ffn_backward(dy, x, w1, b1, w2, b2, pre, *, activation="relu", dropout_p=0.0
         compute_type: "float32" (the default) or "bfloat16" (below).
 
     Returns:
-        - `dx`: (..., C) float32.
-        - `dw1, db1`: (F, C), (F,) float32; db1 None when b1 is None.
-        - `dw2, db2`: (C, F), (C,) float32; db2 None when b2 is None.
+        dx: (..., C) float32.
+        `dw1, db1`: (F, C), (F,) float32; db1 None when b1 is None.
+        `dw2, db2`: (C, F), (C,) float32; db2 None when b2 is None.
     """
     op = "ffn_backward"
     dy, x, w1, b1, w2, b2, pre, activation = _checks.ffn_backward(
@@ -625,7 +625,7 @@ def dropout(x, p, *, seed=None):
         seed: int; 0 <= seed < 2^64; required when p > 0.
 
     Returns:
-        `y`: (..., C) float32; keep = dropout_keep(seed, rows, cols, p).
+        y: (..., C) float32; keep = dropout_keep(seed, rows, cols, p).
     """
     return _dropout(x, p, seed, "dropout", "x")
 
@@ -639,7 +639,7 @@ def dropout_backward(dy, p, *, seed=None):
         seed: the forward's seed.
 
     Returns:
-        `dx`: (..., C) float32.
+        dx: (..., C) float32.
     """
     return _dropout(dy, p, seed, "dropout_backward", "dy")
 
@@ -657,8 +657,8 @@ def embedding_backward(dout, ids, num_embeddings):
         num_embeddings: int; V, rows of the embedding table.
 
     Returns:
-        `dweight`: (V, C) float32; dweight[v] = sum of dout[i] over ids[i] = v, 0 for ids that do
-        not occur.
+        dweight: (V, C) float32; dweight[v] = sum of dout[i] over ids[i] = v, 0 for ids that do
+            not occur.
     """
     dout, ids, V = _checks.embedding_backward(dout, ids, num_embeddings)
     dout = _convert.f32c(dout)
@@ -683,8 +683,8 @@ def positional_encoding(length, d_model):
         d_model: int; number of features (odd allowed: last column is sin).
 
     Returns:
-        `pe`: (length, C) float32, C = d_model; pe[p, 2i]   = sin(p / 10000^(2i / d_model)) pe[p,
-        2i+1] = cos(p / 10000^(2i / d_model)).
+        pe: (length, C) float32, C = d_model; `pe[p, 2i] = sin(p / 10000^(2i / d_model))` and
+            `pe[p, 2i+1] = cos(p / 10000^(2i / d_model))`.
     """
     return reference.positional_encoding(length, d_model)
 
@@ -716,10 +716,10 @@ def cross_entropy(logits, targets, *, ignore_index=-100, label_smoothing=0.0, re
         return_grad: bool; also return d loss / d logits.
 
     Returns:
-        - `loss`: float (...) float32; "mean" / "sum"; a mean over no counted row is 0 (torch gives
-          NaN) "none": one loss per row (0 where ignored).
-        - `dlogits`: (..., V) float32, only with return_grad: the gradient of the returned loss
-          ("none": of the sum of the losses).
+        loss: float (...) float32; "mean" / "sum"; a mean over no counted row is 0 (torch gives
+            NaN) "none": one loss per row (0 where ignored).
+        dlogits: (..., V) float32, only with return_grad: the gradient of the returned loss
+            ("none": of the sum of the losses).
     """
     op = "cross_entropy"
     x, t, count, ignore_index, eps = _checks.cross_entropy(logits, targets, ignore_index,

@@ -31,8 +31,8 @@ def quantize_int8(x):
         x: (..., K) converted to float32 first; must be finite.
 
     Returns:
-        - `q`: (..., K) int8 clip(rint(x * (127 / amax)), -127, 127).
-        - `scale`: (...,) float32 amax / 127, amax = max |x| over the row.
+        q: (..., K) int8 clip(rint(x * (127 / amax)), -127, 127).
+        scale: (...,) float32 amax / 127, amax = max |x| over the row.
     """
     op = "quantize_int8"
     x = _convert.f32c(_checks.rows(x, "x", op, "(..., K)"))

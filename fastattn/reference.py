@@ -234,9 +234,9 @@ def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False
             P keep are rounded).
 
     Returns:
-        - `out`: (B, H, Lq, Dv) float32; zeros for a query with no allowed key.
-        - `cache["lse"]`: (B, H, Lq) float32; logsumexp of the scaled, masked scores per query row
-          (before dropout); -inf for a fully masked row, clamped to the float32 range otherwise.
+        out: (B, H, Lq, Dv) float32; zeros for a query with no allowed key.
+        `cache["lse"]`: (B, H, Lq) float32; logsumexp of the scaled, masked scores per query row
+            (before dropout); -inf for a fully masked row, clamped to the float32 range otherwise.
 
     scores = (q @ k^T) * scale, then every mask is applied (a hidden key's score is -inf, other
     mask values are added), then a stable softmax over the keys (an all -inf row gives weights
@@ -277,10 +277,10 @@ def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=
             must be 0), below.
 
     Returns:
-        - `out`: (B, H, Lq, Dv) float32; zeros for a query with no allowed key.
-        - `weights`: (B, H, Lq, Lk) float32, only with return_weights=True: the weights after
-          dropout (as torch returns them); without dropout, rows sum to 1, or are all zeros for a
-          fully masked row.
+        out: (B, H, Lq, Dv) float32; zeros for a query with no allowed key.
+        weights: (B, H, Lq, Lk) float32, only with return_weights=True: the weights after
+            dropout (as torch returns them); without dropout, rows sum to 1, or are all zeros for a
+            fully masked row.
 
     compute_type="bfloat16" multiplies in bf16 where torch's CPU flash attention does, and
     keeps the rest float32 (q, k, v are first converted to float32, as always):
@@ -436,9 +436,9 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, key_padding_mask=N
         compute_type: as given to the forward: "float32" (the default) or "bfloat16" (below).
 
     Returns:
-        - `dq`: (B, H, Lq, D) float32.
-        - `dk`: (B, H, Lk, D) float32.
-        - `dv`: (B, H, Lk, Dv) float32.
+        dq: (B, H, Lq, D) float32.
+        dk: (B, H, Lk, D) float32.
+        dv: (B, H, Lk, Dv) float32.
 
     With P = softmax(scores) the forward's weights (= exp(scores - lse), recomputed from the
     scores: an lse of -3e38 in float32 cannot give P to the digits it needs), keep the
@@ -550,8 +550,8 @@ def softmax(x, axis=-1):
         axis: int; axis to normalise, default the last.
 
     Returns:
-        `y`: the shape of x, float32; sums to 1 along axis, or all zeros where every entry
-        along axis is -inf (torch gives NaN).
+        y: the shape of x, float32; sums to 1 along axis, or all zeros where every entry
+            along axis is -inf (torch gives NaN).
     """
     x, axis = _checks.softmax(x, axis)
     w, _ = _softmax64(_f64(x), axis=axis)
@@ -583,10 +583,10 @@ def layer_norm_forward(x, weight, bias, *, eps=1e-5, residual=None):
         residual: (..., C) optional, added to x before normalising.
 
     Returns:
-        - `y`: (..., C) float32; (s - mean) * rstd * weight + bias, s = x + residual summed in
-          float32 (a row where it overflows gives NaN).
-        - `cache["mean"]`: (N,) float32; mean of s per row.
-        - `cache["rstd"]`: (N,) float32; 1 / sqrt(var + eps), biased (population) var.
+        y: (..., C) float32; (s - mean) * rstd * weight + bias, s = x + residual summed in
+            float32 (a row where it overflows gives NaN).
+        `cache["mean"]`: (N,) float32; mean of s per row.
+        `cache["rstd"]`: (N,) float32; 1 / sqrt(var + eps), biased (population) var.
     """
     x, weight, bias, residual, eps = _checks.layer_norm(x, weight, bias, eps, residual)
     s = _ln_input(x, residual)                    # (..., C)
@@ -615,7 +615,7 @@ def layer_norm(x, weight, bias, *, eps=1e-5, residual=None):
         residual: (..., C) optional, added to x before normalising.
 
     Returns:
-        `y`: (..., C) float32; (s - mean) / sqrt(var + eps) * weight + bias.
+        y: (..., C) float32; (s - mean) / sqrt(var + eps) * weight + bias.
     """
     y, _ = layer_norm_forward(x, weight, bias, eps=eps, residual=residual)
     return y
@@ -634,10 +634,10 @@ def layer_norm_backward(dy, x, mean, rstd, weight, *, residual=None):
             float32, as the forward), not saved.
 
     Returns:
-        - `dx`: (..., C) float32; gradient of x, and also of residual (the residual add passes the
-          same gradient to both).
-        - `dweight`: (C,) float32, or None when weight is None.
-        - `dbias`: (C,) float32; column sums of dy (bias or not).
+        dx: (..., C) float32; gradient of x, and also of residual (the residual add passes the
+            same gradient to both).
+        dweight: (C,) float32, or None when weight is None.
+        dbias: (C,) float32; column sums of dy (bias or not).
 
     xhat = (s - mean) * rstd;  g = dy * weight;
     dx = rstd * (g - mean_C(g) - xhat * mean_C(g * xhat))
@@ -673,7 +673,7 @@ def linear(x, weight, bias=None, *, activation=None):
             approximation) or "silu".
 
     Returns:
-        `y`: (..., C_out) float32.
+        y: (..., C_out) float32.
 
     With a QuantizedWeight (ops.QuantizedWeight; float32 out, the same in ops and here):
 
@@ -721,9 +721,9 @@ def linear_forward(x, weight, bias=None, *, activation=None, compute_type="float
         compute_type: "float32" (the default) or "bfloat16" (below).
 
     Returns:
-        - `y`: (..., C_out) float32; act(pre).
-        - `cache["pre"]`: (N, C_out) float32; x @ weight.T + bias, or None when activation is None
-          (then pre = y).
+        y: (..., C_out) float32; act(pre).
+        `cache["pre"]`: (N, C_out) float32; x @ weight.T + bias, or None when activation is None
+            (then pre = y).
 
     compute_type="bfloat16" (bf16 training): x and weight rounded to bf16 (bfloat16_round)
     before the product; the sums, bias and activation in float32 (float64 here).
@@ -750,9 +750,9 @@ def linear_backward(dy, x, weight, *, pre=None, activation=None, compute_type="f
         compute_type: "float32" (the default) or "bfloat16" (below).
 
     Returns:
-        - `dx`: (..., C_in) float32; dz @ weight.
-        - `dweight`: (C_out, C_in) float32; dz^T @ x.
-        - `dbias`: (C_out,) float32; column sums of dz (whether or not the forward had a bias).
+        dx: (..., C_in) float32; dz @ weight.
+        dweight: (C_out, C_in) float32; dz^T @ x.
+        dbias: (C_out,) float32; column sums of dz (whether or not the forward had a bias).
 
     dz = dy * act'(pre): relu'(pre) = [pre > 0] (dz is 0 where pre <= 0), gelu'(pre) =
     Phi(pre) + pre * phi(pre).
@@ -790,7 +790,7 @@ def ffn(x, w1, b1, w2, b2, *, activation="relu"):
         activation: str or None; "relu" (default), "gelu", "gelu_tanh", "silu" or None.
 
     Returns:
-        `y`: (..., C) float32.
+        y: (..., C) float32.
 
     The hidden activations (..., F) stay in float64 between the two layers, except with a
     QuantizedWeight w1 or w2: then each layer is linear() and the hidden is float32, as the
@@ -827,9 +827,9 @@ def ffn_forward(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=Non
         compute_type: "float32" (the default) or "bfloat16" (below).
 
     Returns:
-        - `y`: (..., C) float32.
-        - `cache["pre"]`: (N, F) float32; x @ w1.T + b1. The backward recomputes the activation and
-          the dropout mask from it and the seed (N * F * 4 bytes per layer).
+        y: (..., C) float32.
+        `cache["pre"]`: (N, F) float32; x @ w1.T + b1. The backward recomputes the activation and
+            the dropout mask from it and the seed (N * F * 4 bytes per layer).
 
     compute_type="bfloat16" (bf16 training): x, w1 and w2 rounded to bf16, and the hidden
     drop(act(pre)) (float32) rounded before the second product.
@@ -870,9 +870,9 @@ def ffn_backward(dy, x, w1, b1, w2, b2, pre, *, activation="relu", dropout_p=0.0
         compute_type: "float32" (the default) or "bfloat16" (below).
 
     Returns:
-        - `dx`: (..., C) float32.
-        - `dw1, db1`: (F, C), (F,) float32; db1 None when b1 is None.
-        - `dw2, db2`: (C, F), (C,) float32; db2 None when b2 is None.
+        dx: (..., C) float32.
+        `dw1, db1`: (F, C), (F,) float32; db1 None when b1 is None.
+        `dw2, db2`: (C, F), (C,) float32; db2 None when b2 is None.
 
     h = drop(act(pre));  dw2 = dy^T h;  dh = dy @ w2;  dpre = dh * keep / (1 - p) * act'(pre);
     dw1 = dpre^T x;  dx = dpre @ w1.
@@ -922,7 +922,7 @@ def dropout(x, p, *, seed=None):
         seed: int; 0 <= seed < 2^64; required when p > 0.
 
     Returns:
-        `y`: (..., C) float32; keep = dropout_keep(seed, rows, cols, p).
+        y: (..., C) float32; keep = dropout_keep(seed, rows, cols, p).
 
     The mask is a pure function of (seed, n, c), so dropout_backward regenerates it. A dropped
     NaN or inf becomes NaN (x * 0), as in torch.
@@ -948,7 +948,7 @@ def dropout_backward(dy, p, *, seed=None):
         seed: the forward's seed.
 
     Returns:
-        `dx`: (..., C) float32.
+        dx: (..., C) float32.
     """
     dy = _checks.dropout(dy, p, seed, "dropout_backward", "dy")
     return dropout(dy, p, seed=seed)
@@ -967,8 +967,8 @@ def embedding_backward(dout, ids, num_embeddings):
         num_embeddings: int; V, rows of the embedding table.
 
     Returns:
-        `dweight`: (V, C) float32; dweight[v] = sum of dout[i] over ids[i] = v, 0 for ids that do
-        not occur.
+        dweight: (V, C) float32; dweight[v] = sum of dout[i] over ids[i] = v, 0 for ids that do
+            not occur.
     """
     dout, ids, V = _checks.embedding_backward(dout, ids, num_embeddings)
     ids = ids.reshape(-1)                                      # (N,)
@@ -993,8 +993,8 @@ def positional_encoding(length, d_model):
         d_model: int; number of features (odd allowed: last column is sin).
 
     Returns:
-        `pe`: (length, C) float32, C = d_model; pe[p, 2i]   = sin(p / 10000^(2i / d_model)) pe[p,
-        2i+1] = cos(p / 10000^(2i / d_model)).
+        pe: (length, C) float32, C = d_model; `pe[p, 2i] = sin(p / 10000^(2i / d_model))` and
+            `pe[p, 2i+1] = cos(p / 10000^(2i / d_model))`.
     """
     length, d_model = _checks.positional_encoding(length, d_model)
     pos = np.arange(length, dtype=np.float64)[:, None]           # (length, 1)
@@ -1028,10 +1028,10 @@ def cross_entropy(logits, targets, *, ignore_index=-100, label_smoothing=0.0, re
         return_grad: bool; also return d loss / d logits.
 
     Returns:
-        - `loss`: float (...) float32; "mean" / "sum"; a mean over no counted row is 0 (torch gives
-          NaN) "none": one loss per row (0 where ignored).
-        - `dlogits`: (..., V) float32, only with return_grad: the gradient of the returned loss
-          ("none": of the sum of the losses).
+        loss: float (...) float32; "mean" / "sum"; a mean over no counted row is 0 (torch gives
+            NaN) "none": one loss per row (0 where ignored).
+        dlogits: (..., V) float32, only with return_grad: the gradient of the returned loss
+            ("none": of the sum of the losses).
 
     Per row n with target t:
 
@@ -1245,8 +1245,8 @@ def quantize_int8(x):
         x: (..., K) converted to float32 first; must be finite.
 
     Returns:
-        - `q`: (..., K) int8 clip(rint(x * (127 / amax)), -127, 127).
-        - `scale`: (...,) float32 amax / 127, amax = max |x| over the row.
+        q: (..., K) int8 clip(rint(x * (127 / amax)), -127, 127).
+        scale: (...,) float32 amax / 127, amax = max |x| over the row.
 
     Both divisions are float32 (127 / amax and amax / 127), the product x * (127 / amax) too,
     and rint rounds ties to even, so ops and reference agree bit for bit. A row with amax below

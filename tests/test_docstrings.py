@@ -42,6 +42,7 @@ LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+\S")
 # a line the Google parser reads as a section or admonition title (griffe's rule), when an
 # indented line follows and a blank line precedes it
 TITLE = re.compile(r"^(\w[\s\w-]*):(\s+\S.*)?\s*$")
+RETURN_ITEM = re.compile(r"^\s*(\w+|`[^`]+`): \S")
 FENCED = re.compile(r"^[ \t]*```.*?^[ \t]*```[ \t]*$", re.M | re.S)
 ARG_LINE = re.compile(r"^\s{4}(\*{0,2}\w+)(?:\s*\([^)]*\))?:\s", re.M)
 
@@ -131,6 +132,14 @@ def problems(doc, params):
     prose = re.sub(r"``.+?``|`[^`\n]*`", "", ARG_LINE.sub("", text), flags=re.S)
     if "**" in prose:
         found.append("a bare '**' (write **kwargs in backticks)")
+    for name in ("Returns", "Yields"):
+        body = _section(doc, name)
+        items = [] if body is None else [
+            line for line in body.splitlines() if line.strip()
+            and len(line) - len(line.lstrip()) == len(body) - len(body.lstrip())]
+        if len(items) > 1 and not all(RETURN_ITEM.match(line) for line in items):
+            found.append(f"{name} has {len(items)} lines at its item indent; several values are "
+                         "'name: description' items, a description's further lines indented")
     args = _section(doc, "Args")
     if params and args is None:
         found.append(f"no Args section for {params}")
@@ -172,6 +181,8 @@ def test_the_checker_finds_each_bad_pattern():
     assert problems("The kinds are\n- one\n- two\n", [])
     assert problems("Do it.\n\nThe package:\n    a   one\n    b   two\n", [])
     assert problems("Do it.\nArgs:\n    x: the input.\n", ["x"])
+    assert problems("Do it.\n\nReturns:\n    The output, which\n    wraps.\n", [])
+    assert problems("Do it.\n\nReturns:\n    q: the values.\n    scale: the scales.\n", []) == []
     assert problems("Pass **kwargs on.\n", [])
     assert problems("Pass ``f(**kwargs)`` and `**kwargs` on.\n", []) == []
     assert problems("Run:\n\n```python\nf(**kw)\n- x\n```\n", []) == []
