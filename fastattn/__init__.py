@@ -1,7 +1,12 @@
 """fastattn: fast CPU Transformer kernels (C + OpenMP) with a NumPy twin of every op.
 
-    from fastattn import ops as F        # the kernels
-    from fastattn import reference as F  # the same functions in plain NumPy
+The most used ops are here at the top level (they are `fastattn.ops`'s), with the thread
+controls and the build facts. The two op modules share names, signatures and results:
+
+```python
+from fastattn import ops as F        # the kernels
+from fastattn import reference as F  # the same functions in plain NumPy
+```
 """
 from . import _runtime
 from ._runtime import build_info, get_num_threads, set_num_threads

@@ -81,14 +81,23 @@ def _resolve_threads(n):
 
 
 def set_num_threads(n=None):
-    """Set the threads fastattn's kernels use (OpenMP, one pool: the GEMM engine shares its
-    tasks among the same threads). Returns the resolved count.
+    """Set the number of threads fastattn's kernels use.
 
-    n: a positive count, at most 1024 (or the number of CPUs available, if that is larger;
-    above the bound, ValueError); None or -1 = all CPUs available; -2 = all but one, and so on;
-    0 is a ValueError. OMP_NUM_THREADS above the bound is clamped to it at import, with a
-    RuntimeWarning. OpenMP may still start fewer threads than n (OMP_THREAD_LIMIT, OMP_DYNAMIC):
-    the kernels split their work over the threads actually started.
+    One OpenMP pool: the GEMM engine shares its tasks among the same threads. `OMP_NUM_THREADS`
+    above the bound is clamped to it at import, with a RuntimeWarning. OpenMP may still start
+    fewer threads than asked (`OMP_THREAD_LIMIT`, `OMP_DYNAMIC`): the kernels split their work
+    over the threads actually started.
+
+    Args:
+        n: a positive count, at most 1024 (or the number of CPUs available, if that is
+            larger). None (the default) or -1: all CPUs available; -2: all but one, and so on.
+
+    Returns:
+        The resolved count.
+
+    Raises:
+        TypeError: `n` is not an int or None.
+        ValueError: `n` is 0, above the bound, or leaves no thread.
     """
     count = _resolve_threads(n)
     _state["threads"] = count
@@ -96,7 +105,11 @@ def set_num_threads(n=None):
 
 
 def get_num_threads():
-    """Threads the kernels use (set_num_threads, else OMP_NUM_THREADS at import, else all CPUs)."""
+    """The number of threads the kernels use.
+
+    Returns:
+        What `set_num_threads` set, else `OMP_NUM_THREADS` as read at import, else all CPUs.
+    """
     return _state["threads"]
 
 
@@ -222,8 +235,13 @@ def init():
 
 
 def build_info():
-    """What this build and this process run with: compiler, OpenMP, SIMD level, the GEMM
-    engine's blocking, threads."""
+    """What this build and this process run with.
+
+    Returns:
+        A dict: the compiler, whether OpenMP is on, the SIMD level chosen and those available,
+            the int8 / bf16 paths, the GEMM engine's blocking and tiles, the threads, and the
+            build's knobs (debug, native, sanitize).
+    """
     return {
         "version": "0.1.0",
         "compiler": _kernels.build_compiler(),

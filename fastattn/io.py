@@ -3,8 +3,10 @@
 The file holds the model's state_dict (torch's keys and layouts, float32) and, in its text
 metadata, the class name and constructor config, so ``load(path)`` rebuilds the right class:
 
-    fastattn.io.save(model, "model.safetensors")
-    model = fastattn.io.load("model.safetensors", backend="fast")
+```python
+fastattn.io.save(model, "model.safetensors")
+model = fastattn.io.load("model.safetensors", backend="fast")
+```
 
 A weight file is untrusted input. ``load`` reads only the header first (8-byte length, JSON)
 and checks it against the file's real size; it then validates the stored config (types,
@@ -62,11 +64,23 @@ TEMPORARY_PREFIX, TEMPORARY_SUFFIX = ".fastattn-", ".tmp"
 
 
 def save(model, path):
-    """Write `model` (Transformer or Seq2SeqTransformer, float32 or quantized) to `path` in
-    safetensors format. The file is written beside `path` and renamed over it, so a reader
-    never sees half a file; its permissions follow the umask, as open() gives. A model the
-    stored config cannot rebuild (a custom_encoder / custom_decoder, an activation that is a
-    plain Python function) is refused with a ValueError."""
+    """Write a model to a safetensors file.
+
+    The file is written beside `path` and renamed over it, so a reader never sees half a file;
+    its permissions follow the umask, as `open()` gives. The metadata holds the class name and
+    the constructor config, so `load` rebuilds the model.
+
+    Args:
+        model: a `Transformer` or `Seq2SeqTransformer`, float32 or quantized to one compute
+            type.
+        path: the file to write (str or path-like); replaced if it exists.
+
+    Raises:
+        TypeError: `model` is not a Transformer or Seq2SeqTransformer.
+        ValueError: the stored config cannot rebuild the model (a `custom_encoder` /
+            `custom_decoder`, an activation that is a plain Python function), or its parts
+            were quantized to different types.
+    """
     name = type(model).__name__
     if name not in SAVABLE or not isinstance(model, SAVABLE[name]):
         raise TypeError(f"save: can save {', '.join(SAVABLE)}, got {type(model).__name__}")
@@ -97,10 +111,20 @@ def save(model, path):
 
 
 def save_state_dict(state_dict, path, metadata=None):
-    """Write {key: NumPy array} to `path` as a safetensors file (what read_state_dict reads
-    back), written beside `path` and renamed over it; dtypes as the safetensors names them
-    (float32 F32, int64 I64, ...). metadata: {str: str} or None. The file's permissions
-    follow the umask, as open() gives (the safetensors library's writer makes it 0600)."""
+    """Write a dict of NumPy arrays as a safetensors file (what `read_state_dict` reads back).
+
+    The file is written beside `path` and renamed over it. Each array keeps its dtype, under
+    its safetensors name (float32 F32, int64 I64, ...). The file's permissions follow the
+    umask, as `open()` gives (the safetensors library's writer makes it 0600).
+
+    Args:
+        state_dict: {key: NumPy array}.
+        path: the file to write (str or path-like).
+        metadata: {str: str} text metadata to store, or None (the default) for none.
+
+    Raises:
+        ValueError: an array's dtype has no safetensors name.
+    """
     tensors = {}
     for key, arr in state_dict.items():
         arr = np.asarray(arr)
@@ -303,9 +327,21 @@ def _read_tensor(f, header, name, path, what, raw_bf16=False):
 
 
 def read_state_dict(path):
-    """(state_dict, metadata) of a safetensors file: NumPy arrays in their stored dtype
-    (bfloat16, which NumPy lacks, widened to float32), text metadata. The header is checked
-    against the file's size before any tensor is read."""
+    """Read every tensor and the text metadata of a safetensors file.
+
+    The header is checked against the file's size before any tensor is read.
+
+    Args:
+        path: the safetensors file (str or path-like).
+
+    Returns:
+        `(state_dict, metadata)`: {key: NumPy array in its stored dtype; bfloat16, which NumPy
+            lacks, widened to float32} and {str: str}.
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+        ValueError: the file is not a well-formed safetensors file.
+    """
     f, header = _open(path, "read_state_dict")
     with f:
         tensors = {k: _read_tensor(f, header, k, os.fspath(path), "read_state_dict")
@@ -316,9 +352,18 @@ def read_state_dict(path):
 # ---- the config and the tensors it implies -------------------------------------------------
 
 def state_dict_shapes(class_name, config):
-    """Yield (state_dict key, shape) in state_dict order for the model that `config` (as in
-    ``model.config``) builds: what a file for it must hold. Nothing is allocated, so a config
-    can be checked against a file's header before a model is built."""
+    """The tensors a saved model of this class and config holds, without building it.
+
+    Nothing is allocated, so a config can be checked against a file's header before a model is
+    built.
+
+    Args:
+        class_name: "Transformer" or "Seq2SeqTransformer".
+        config: the constructor config, as in `model.config`.
+
+    Yields:
+        `(state_dict key, shape)` pairs, in state_dict order.
+    """
     for key, shape, _ in _tensor_specs(class_name, config):
         yield key, shape
 
@@ -532,14 +577,27 @@ def _few(items, sep="; "):
 
 
 def load(path, *, backend="fast", compute_type=None):
-    """Rebuild the model saved at `path` (class and config from the metadata), load its
-    weights strictly and return it on `backend`. The header, the config and every tensor's
-    name, shape and dtype are checked before a model is built or any data is read.
+    """Rebuild the model saved by `save` and load its weights strictly.
 
-    compute_type: None keeps the file's ("float32", or the type a quantized model was saved
-    with, its values as stored); "int8" / "bf16" quantizes a float32 file once, while loading;
-    "float32" dequantizes a quantized file. A quantized file is never quantized again (int8 to
-    bf16 or back is refused)."""
+    The class and config come from the file's metadata. The header, the config and every
+    tensor's name, shape and dtype are checked before a model is built or any data is read.
+
+    Args:
+        path: the safetensors file (str or path-like).
+        backend: "fast" (the default, the C kernels) or "reference" (the NumPy twin).
+        compute_type: None (the default) keeps the file's: "float32", or the type a quantized
+            model was saved with, its values as stored. "int8" / "bf16" quantizes a float32
+            file once, while loading; "float32" dequantizes a quantized file. A quantized file
+            is never quantized again (int8 to bf16 or back is refused).
+
+    Returns:
+        The model (`Transformer` or `Seq2SeqTransformer`), in eval mode on `backend`.
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+        ValueError: a bad `backend` or `compute_type`, or a file that is not a well-formed
+            fastattn model (the file and the problem named).
+    """
     if backend not in BACKENDS:                      # the caller's mistake, not the file's
         raise ValueError(f"load: backend must be one of {BACKENDS}, got {_short(backend)}")
     if compute_type is not None and compute_type not in COMPUTE_TYPES:

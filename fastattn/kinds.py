@@ -4,6 +4,7 @@ own products.
 Every product of a linear layer or a feed-forward, in inference, in training and in the public
 ``fastattn.ops.linear`` / ``ffn``, goes through the weight's kind:
 
+```text
 =====================  ===============================================  =======================
 kind                   what it owns                                     products
 =====================  ===============================================  =======================
@@ -20,6 +21,7 @@ Bfloat16Weight         bf16 bits, their packed copy                    the bfloa
 Bf16TrainingWeight     a float32 parameter's bf16-rounded copy and     bf16 mixed-precision
                        its packs for the bf16 tiles                     training's products
 =====================  ===============================================  =======================
+```
 
 Int8Weight, Bf16Weight and Bfloat16Weight are the public ``QuantizedWeight``
 (``QuantizedWeight.from_float(w, dtype)`` makes the one of its dtype). Each kind has
@@ -79,7 +81,15 @@ class WeightKind:
     bf16 = False          # its training products take bf16-rounded operands
 
     def rows(self, lo, hi):
-        """The kind of rows lo:hi of this weight."""
+        """The kind of rows lo:hi of this weight, sharing what can be shared.
+
+        Args:
+            lo: the first row.
+            hi: the end row (excluded).
+
+        Returns:
+            A kind.
+        """
         raise NotImplementedError
 
     def __getitem__(self, key):
@@ -95,37 +105,115 @@ class WeightKind:
         nothing to do)."""
 
     def product(self, bias, act, rows=0):
-        """f(x (N, K), y (N, M)) -> y = act(x @ w.T + bias), for x of `rows` rows (0: any)."""
+        """The product of this weight, chosen now: f(x, y) writes y = act(x @ w.T + bias).
+
+        Args:
+            bias: (M,) float32 bias, or None.
+            act: the activation's code (fastattn._checks.ACTIVATIONS: 0 none, 1 relu, ...).
+            rows: the rows x will have, or 0 (the default) for any.
+
+        Returns:
+            `f(x, y)`: x (N, K) float32 in, y (N, M) float32 out.
+        """
         raise NotImplementedError
 
     def fused_operand(self, rows):
-        """The float32 (M, K) array the fused FFN kernel reads for x of `rows` rows, or None
-        where this kind's own product is the one to run (see ffn_product)."""
+        """The float32 (M, K) array the fused FFN kernel reads, if this kind has one.
+
+        Args:
+            rows: the rows x will have (0: any).
+
+        Returns:
+            The array, or None where this kind's own product is the one to run (see
+                ffn_product).
+        """
         return None
 
     # the feed-forward, as this kind (its first weight's) makes it: see the functions below
     def ffn_product(self, b1, w2, b2, act, rows=0):
+        """The module function `ffn_product` with this kind as w1.
+
+        Args:
+            b1: as `ffn_product`'s.
+            w2: as `ffn_product`'s.
+            b2: as `ffn_product`'s.
+            act: as `ffn_product`'s.
+            rows: as `ffn_product`'s (default 0: any).
+
+        Returns:
+            As `ffn_product`.
+        """
         return ffn_product(self, b1, w2, b2, act, rows)
 
     def ffn_train(self, x, b1, w2, b2, act, dropout_p, seed, y, pre):
+        """The module function `ffn_train` with this kind as w1.
+
+        Args:
+            x: as `ffn_train`'s.
+            b1: as `ffn_train`'s.
+            w2: as `ffn_train`'s.
+            b2: as `ffn_train`'s.
+            act: as `ffn_train`'s.
+            dropout_p: as `ffn_train`'s.
+            seed: as `ffn_train`'s.
+            y: as `ffn_train`'s.
+            pre: as `ffn_train`'s.
+
+        Returns:
+            y.
+        """
         return ffn_train(x, self, b1, w2, b2, act, dropout_p, seed, y, pre)
 
     def ffn_backward(self, dy, x, b1, w2, b2, pre, act, dropout_p, seed, grads, dx, h):
+        """The module function `ffn_backward` with this kind as w1.
+
+        Args:
+            dy: as `ffn_backward`'s.
+            x: as `ffn_backward`'s.
+            b1: unused (the bias gradient needs no bias).
+            w2: as `ffn_backward`'s.
+            b2: unused.
+            pre: as `ffn_backward`'s.
+            act: as `ffn_backward`'s.
+            dropout_p: as `ffn_backward`'s.
+            seed: as `ffn_backward`'s.
+            grads: as `ffn_backward`'s.
+            dx: as `ffn_backward`'s.
+            h: as `ffn_backward`'s.
+
+        Returns:
+            dx.
+        """
         return ffn_backward(dy, x, self, w2, pre, act, dropout_p, seed, grads, dx, h)
 
 
 def of(weight):
-    """`weight` as a kind: a kind as it is, a float32 array wrapped in Float32Weight."""
+    """A weight as a kind: a kind as it is, a float32 array wrapped in Float32Weight.
+
+    Args:
+        weight: a kind, or a float32 (M, K) array.
+
+    Returns:
+        The kind.
+    """
     return weight if isinstance(weight, WeightKind) else Float32Weight(weight)
 
 
 # ---- which kind a weight takes: the one place that chooses (the model layer asks here) -------
 
 def weight_kind(weight, precision=None):
-    """The kind of parameter `weight` for a module's products: in training (precision "fp32"
-    or "bf16"), a Float32Weight (packed per call: the weight changes every step) or a
-    Bf16TrainingWeight (its bf16 copy and packs, made now); in inference (None), a
-    PackedFloat32Weight (its panels packed now, once), or the QuantizedWeight itself."""
+    """The kind of a parameter for a module's products: the one place that chooses.
+
+    Args:
+        weight: a float32 parameter, or a kind (returned as it is: a QuantizedWeight).
+        precision: "fp32" (training: a Float32Weight, packed per call since the weight changes
+            every step), "bf16" (training: a Bf16TrainingWeight, its bf16 copy and packs made
+            now) or None (the default, inference: a PackedFloat32Weight, its panels packed now,
+            once).
+
+    Returns:
+        The kind.
+    """
     if isinstance(weight, WeightKind):
         return weight
     if precision == "bf16":
@@ -136,8 +224,15 @@ def weight_kind(weight, precision=None):
 
 
 def decode_kind(weight):
-    """The kind of `weight` decode steps multiply by: a float32 array gets its panels packed
-    (PackedFloat32Weight, the inference kind); a QuantizedWeight is its kind."""
+    """The kind decode steps multiply a weight by.
+
+    Args:
+        weight: a float32 array (its panels packed: PackedFloat32Weight, the inference kind)
+            or a QuantizedWeight (its own kind).
+
+    Returns:
+        The kind.
+    """
     if isinstance(weight, WeightKind):
         return weight
     return PackedFloat32Weight(weight)
@@ -148,7 +243,11 @@ def decode_kind(weight):
 class Float32Weight(WeightKind):
     """A float32 (M, K) weight as it is: the GEMM engine (the weight packed by each call) with a
     fused epilogue, and fp32 training's products (the forward
-    keeps the pre-activation; the backward accumulates dW and db)."""
+    keeps the pre-activation; the backward accumulates dW and db).
+
+    Args:
+        data: the float32 (M, K) array (a parameter, a slice), used as it is.
+    """
 
     __slots__ = ("data", "shape")
     kind = "float32"
@@ -172,25 +271,62 @@ class Float32Weight(WeightKind):
 
     # training: the operands the training kernels read (bf16 kinds round and pack them)
     def train_input(self, x, slot):
-        """x as the training products read it (this kind: x itself)."""
+        """x as the training products read it (this kind: x itself).
+
+        Args:
+            x: the input, float32.
+            slot: the thread's scratch buffer a rounding kind writes into.
+
+        Returns:
+            The operand.
+        """
         return x
 
     def train_operand(self, trans):
-        """(the weight array the training kernels read, its pack for the bf16 tiles or None);
-        trans 1: the forwards' w.T, 0: the input gradients' w."""
+        """The weight as the training kernels read it.
+
+        Args:
+            trans: 1 for the forwards' w.T, 0 for the input gradients' w.
+
+        Returns:
+            `(array, pack)`: the weight array and its pack for the bf16 tiles, or None.
+        """
         return self.data, None
 
     def train_forward(self, x, bias, act, y, pre):
-        """y (N, M) = act(x w^T + bias); pre (N, M) keeps the pre-activation (None without an
-        activation). Returns y."""
+        """The training forward y = act(x w^T + bias), keeping the pre-activation.
+
+        Args:
+            x: (N, K) input.
+            bias: (M,) bias, or None.
+            act: the activation's code.
+            y: (N, M) output, written.
+            pre: (N, M) pre-activation, written (None without an activation).
+
+        Returns:
+            y.
+        """
         w, packed = self.train_operand(1)
         return _fast.linear_into(y, self.train_input(x, "x"), w, bias, act,
                                  pre if act else None, self.bf16, packed)
 
     def train_backward(self, dy, x, pre, act, dw, db, dx):
-        """dy (N, M) -> dx (N, K) (overwritten; None: not wanted); dw (M, K) += dZ^T x, db (M,)
-        += column sums (db may be None). `pre` may be overwritten (it is not needed after).
-        Returns dx."""
+        """The training backward: dx = dZ w, dw += dZ^T x, db += the column sums of dZ.
+
+        `pre` may be overwritten (it is not needed after).
+
+        Args:
+            dy: (N, M) the output gradient.
+            x: (N, K) the forward's input.
+            pre: the forward's pre-activation (None without an activation).
+            act: the activation's code.
+            dw: (M, K) accumulated.
+            db: (M,) accumulated, or None.
+            dx: (N, K) overwritten, or None when not wanted.
+
+        Returns:
+            dx.
+        """
         w, packed = self.train_operand(0 if dx is not None else None)
         dz = pre if act else (scratch(dy.shape, "dz") if self.bf16 else None)
         _fast.linear_backward_into(dx, dw, db, dy, self.train_input(x, "x"), w, pre, act, True,
@@ -203,7 +339,12 @@ class PackedFloat32Weight(Float32Weight):
     layout: panels of PANEL output features, all of K): every product streams the panels, none
     packs, whatever its rows (a decode step's one row reads each panel once, in order). Made
     in inference (eval(), load, quantize('float32')); ``refresh()`` repacks in place, so the
-    kinds of its row slices that share the panels see the new values too."""
+    kinds of its row slices that share the panels see the new values too.
+
+    Args:
+        data: the float32 (M, K) array.
+        panels: its packed panels, or None (the default) to pack them now.
+    """
 
     __slots__ = ("panels",)
     kind = "float32-packed"
@@ -217,8 +358,18 @@ class PackedFloat32Weight(Float32Weight):
             _kernels.pack_panels(self.panels, self.data, get_num_threads())
 
     def rows(self, lo, hi):
-        """Rows lo:hi: a view of the panels when lo starts a panel (a prefix, the in-projection
-        of queries), else packed anew from the data's rows."""
+        """Rows lo:hi: a view of the panels when lo starts a panel, else packed anew.
+
+        A view for a prefix (the in-projection of queries); other rows are packed anew from
+        the data's rows.
+
+        Args:
+            lo: the first row.
+            hi: the end row (excluded).
+
+        Returns:
+            A PackedFloat32Weight.
+        """
         if self.panels is None or hi <= lo or lo % PANEL:
             return PackedFloat32Weight(self.data[lo:hi])
         K = self.shape[1]
@@ -284,15 +435,20 @@ class Bf16TrainingWeight(Float32Weight):
     ``refresh()`` makes it again from the parameter's new values (after an optimizer step),
     rounding into the same array (no fresh pages every step) and packing again; the kinds of
     its row slices (``rows``) follow. About four bytes per weight element (the copy and its
-    packs); the module that owns the parameter drops it when training in bf16 ends."""
+    packs); the module that owns the parameter drops it when training in bf16 ends.
+
+    Args:
+        source: the float32 parameter (or a row slice of one).
+        data: the rounded copy to use (a row slice's: a view of its parent's); None (the
+            default) rounds it now.
+    """
 
     __slots__ = ("source", "_packs", "_slices")
     kind = "bf16-training"
     bf16 = True
 
     def __init__(self, source, data=None):
-        """source: the float32 parameter (or a row slice of one); data: the rounded copy to
-        use (a row slice's: a view of its parent's)."""
+        """Round and pack now (the class documents the arguments)."""
         super().__init__(round_bf16(source) if data is None else data)
         self.source = source
         self._slices = {}
@@ -340,7 +496,19 @@ def ffn_product(w1, b1, w2, b2, act, rows=0):
     its Float32Weight. Two bfloat16 weights and any number of rows (rows = 0: a pass, not a
     decode step's few rows) run as one call whose hidden is held as bf16 bits, which the second
     product would round it to anyway: the same bits, with a quarter of the hidden's memory
-    traffic (fa_ffn_bfloat16_forward)."""
+    traffic (fa_ffn_bfloat16_forward).
+
+    Args:
+        w1: the first weight, a kind or a float32 (F, C) array.
+        b1: (F,) bias, or None.
+        w2: the second weight, a kind or a float32 (C, F) array.
+        b2: (C,) bias, or None.
+        act: the activation's code.
+        rows: the rows x will have, or 0 (the default) for any.
+
+    Returns:
+        `f(x, y)`: x (N, C) in, y (N, C) out.
+    """
     w1, w2 = of(w1), of(w2)
     d1, d2 = w1.fused_operand(rows), w2.fused_operand(rows)
     if d1 is not None and d2 is not None:
@@ -370,7 +538,23 @@ def _ffn_bfloat16(x, y, w1, b1, w2, b2, act):
 def ffn_train(x, w1, b1, w2, b2, act, dropout_p, seed, y, pre):
     """y (N, C) = drop(act(x @ w1.T + b1)) @ w2.T + b2, pre (N, F) = x @ w1.T + b1, with two
     training kinds (both float32 or both bf16: bf16 rounds the hidden before the second
-    product). dropout_p in [0, 1), seed an int in [0, 2**64) (checked by the caller)."""
+    product).
+
+    Args:
+        x: (N, C) input.
+        w1: the first training kind (F, C).
+        b1: (F,) bias, or None.
+        w2: the second training kind (C, F).
+        b2: (C,) bias, or None.
+        act: the activation's code.
+        dropout_p: in [0, 1) (checked by the caller).
+        seed: an int in [0, 2^64) (checked by the caller).
+        y: (N, C) output, written.
+        pre: (N, F) pre-activation, written.
+
+    Returns:
+        y.
+    """
     (a1, p1), (a2, p2) = w1.train_operand(1), w2.train_operand(1)
     return _fast.ffn_forward_into(y, pre, w1.train_input(x, "x"), a1, b1, a2, b2, act,
                                   dropout_p, seed, w1.bf16, (p1, p2))
@@ -379,7 +563,24 @@ def ffn_train(x, w1, b1, w2, b2, act, dropout_p, seed, y, pre):
 def ffn_backward(dy, x, w1, w2, pre, act, dropout_p, seed, grads, dx, h):
     """The FFN's gradients with two training kinds: dx (N, C) overwritten (None: not wanted);
     grads = (dw1, db1, dw2, db2) accumulated (each may be None). pre (N, F): the forward's,
-    overwritten (not needed after); h (N, F) scratch. Returns dx."""
+    overwritten (not needed after); h (N, F) scratch.
+
+    Args:
+        dy: (N, C) the output gradient.
+        x: (N, C) the forward's input.
+        w1: the first training kind.
+        w2: the second training kind.
+        pre: (N, F) the forward's pre-activation, overwritten.
+        act: the activation's code.
+        dropout_p: the forward's.
+        seed: the forward's.
+        grads: (dw1, db1, dw2, db2), accumulated (each may be None).
+        dx: (N, C) overwritten, or None when not wanted.
+        h: (N, F) scratch.
+
+    Returns:
+        dx.
+    """
     (a1, p1) = w1.train_operand(0 if dx is not None else None)
     (a2, p2) = w2.train_operand(0)
     _fast.ffn_backward_into(dx, *grads, w1.train_input(dy, "dy"), w1.train_input(x, "x"), a1, a2,
@@ -452,6 +653,15 @@ class QuantizedWeight(WeightKind):
     that copy, the kernels never do). A row slice starting on a panel edge
     (``build_info()["quant_tiles"]["int8_panel"]`` or ``["bf16_panel"]``, e.g. an
     in-projection's q / kv parts at d_model = 512) reads its parent's packed copy in place.
+
+    Args:
+        data: the stored values (private constructor: use `from_float` or `from_stored`,
+            which validate), or None for a row slice: read from the parent's packed copy
+            where the slice starts on a panel edge, else its rows unpacked from it.
+        scale: (M,) float32 per-row scales (int8), or None (bf16).
+        parent: the weight a row slice is taken from, or None (the default).
+        lo: a row slice's first row in its parent (default 0).
+        hi: a row slice's end row in its parent (default 0).
     """
 
     __slots__ = ("scale", "shape", "_packed", "_slices")
@@ -459,9 +669,7 @@ class QuantizedWeight(WeightKind):
     dtype = None
 
     def __init__(self, data, scale, parent=None, lo=0, hi=0):
-        """Private: use from_float or from_stored (which validate). A row slice has its parent
-        and rows lo:hi (data None: read from the parent's packed copy where the slice starts
-        on a panel edge, else its rows unpacked from it)."""
+        """Private: use from_float or from_stored (which validate); the class documents it."""
         self.scale = None if scale is None else _readonly(scale)
         self._slices = {}
         if parent is None:
@@ -527,6 +735,19 @@ class QuantizedWeight(WeightKind):
 
     @classmethod
     def from_float(cls, w, dtype):
+        """Quantize a float32 weight.
+
+        Args:
+            w: (M, K) float weight, torch layout (out_features, in_features); must be finite.
+            dtype: "int8", "bf16" or "bfloat16".
+
+        Returns:
+            The QuantizedWeight of that type.
+
+        Raises:
+            ValueError: a row with NaN or inf (named), a bf16 value that rounds to inf, or an
+                unknown dtype.
+        """
         op = "QuantizedWeight.from_float"
         kind = _CLASSES[_dtype_name(dtype, op)]
         w = _convert.f32c(_checks.weight(w, "w", op, "(out_features, in_features)"))
@@ -534,6 +755,22 @@ class QuantizedWeight(WeightKind):
 
     @classmethod
     def from_stored(cls, dtype, data, scale=None):
+        """Wrap stored values, validated and never requantized.
+
+        The data is read into the packed copy (an edit of the array afterwards changes
+        nothing); a C-contiguous scale is used without a copy.
+
+        Args:
+            dtype: "int8", "bf16" or "bfloat16".
+            data: (M, K) int8 values, or (M, K) uint16 bf16 bits.
+            scale: (M,) float32 per-row scales for int8; None (the default) for bf16.
+
+        Returns:
+            The QuantizedWeight of that type.
+
+        Raises:
+            ValueError: shapes, dtypes or scales that do not fit `dtype`.
+        """
         op = "QuantizedWeight.from_stored"
         return _CLASSES[_dtype_name(dtype, op)]._from_stored(data, scale, op)
 
@@ -545,6 +782,15 @@ class QuantizedWeight(WeightKind):
             (0 if self.scale is None else self.scale.nbytes)
 
     def rows(self, lo, hi):
+        """The weight of rows lo:hi (also `w[lo:hi]`), cached per (lo, hi).
+
+        Args:
+            lo: the first row.
+            hi: the end row (excluded).
+
+        Returns:
+            A QuantizedWeight of the same type sharing this one's storage where it can.
+        """
         if (lo, hi) == (0, self.shape[0]):
             return self
         sub = self._slices.get((lo, hi))
@@ -558,8 +804,19 @@ class QuantizedWeight(WeightKind):
         return f"QuantizedWeight(dtype={self.dtype!r}, shape={self.shape})"
 
     def product(self, bias, act, rows=0):
-        """Any number of rows (the kernels split few rows by panels and run the blocked GEMM
-        for many); an empty sum (K = 0) leaves the bias and activation."""
+        """The product function of this weight: `f(x, y)` writes y = act(x @ w.T + bias).
+
+        Any number of rows (the kernels split few rows by panels and run the blocked GEMM for
+        many); an empty sum (K = 0) leaves the bias and activation.
+
+        Args:
+            bias: (M,) float32 bias, or None.
+            act: the activation's kernel code (0: none, 1: relu, 2: gelu, 3: gelu_tanh, 4: silu).
+            rows: the number of rows x will have, or 0 (the default) for any.
+
+        Returns:
+            `f(x, y)`: x (N, K) float32 in, y (N, M) float32 out.
+        """
         M, K = self.shape
         if rows > 0 and M and K:
             return self._kernel(self._kernel_arrays()[1], bias, act)
@@ -586,8 +843,15 @@ def _bias_only(y, bias, act):
 
 
 class Int8Weight(QuantizedWeight):
-    """int8 values with per-row scales (QuantizedWeight "int8"), packed for the int8 path in
-    use."""
+    """int8 values with per-row scales (QuantizedWeight "int8"), packed for the int8 path in use.
+
+    Args:
+        data: as `QuantizedWeight`'s (made by `QuantizedWeight.from_float` or `from_stored`).
+        scale: as `QuantizedWeight`'s.
+        parent: as `QuantizedWeight`'s.
+        lo: as `QuantizedWeight`'s.
+        hi: as `QuantizedWeight`'s.
+    """
 
     __slots__ = ()
     dtype = kind = "int8"
@@ -653,7 +917,15 @@ class Int8Weight(QuantizedWeight):
 
 
 class Bf16Weight(QuantizedWeight):
-    """bf16 bits widened to float32 in the kernels, float32 compute (QuantizedWeight "bf16")."""
+    """bf16 bits widened to float32 in the kernels, float32 compute (QuantizedWeight "bf16").
+
+    Args:
+        data: as `QuantizedWeight`'s (made by `QuantizedWeight.from_float` or `from_stored`).
+        scale: as `QuantizedWeight`'s.
+        parent: as `QuantizedWeight`'s.
+        lo: as `QuantizedWeight`'s.
+        hi: as `QuantizedWeight`'s.
+    """
 
     __slots__ = ()
     dtype = kind = "bf16"
@@ -723,7 +995,15 @@ class Bf16Weight(QuantizedWeight):
 
 class Bfloat16Weight(Bf16Weight):
     """The bfloat16 compute type (QuantizedWeight "bfloat16"): x rounded to bf16 as well, exact
-    products, float32 sums; one packed layout (pairs of K) for every bfloat16 path."""
+    products, float32 sums; one packed layout (pairs of K) for every bfloat16 path.
+
+    Args:
+        data: as `QuantizedWeight`'s (made by `QuantizedWeight.from_float` or `from_stored`).
+        scale: as `QuantizedWeight`'s.
+        parent: as `QuantizedWeight`'s.
+        lo: as `QuantizedWeight`'s.
+        hi: as `QuantizedWeight`'s.
+    """
 
     __slots__ = ()
     dtype = kind = "bfloat16"

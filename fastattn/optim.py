@@ -2,16 +2,18 @@
 
 Pure Python over the functional ops (``fastattn.ops.adamw_step`` and friends; the NumPy twins
 in ``fastattn.reference`` for a model on the reference backend), with torch.optim's defaults
-and semantics::
+and semantics:
 
-    opt = optim.AdamW(model, lr=1e-3)                 # or optim.Adam(model, ...)
-    sched = optim.LRScheduler(opt, optim.inverse_sqrt(d_model=512, warmup=4000))
-    for batch in data:
-        opt.zero_grad()                               # model.zero_grad()
-        loss = ...forward, backward...                # the model accumulates named_grads()
-        optim.clip_grad_norm(model, 1.0)              # optional
-        opt.step()                                    # one update; model.invalidate_caches()
-        sched.step()                                  # lr for the next step
+```python
+opt = optim.AdamW(model, lr=1e-3)                 # or optim.Adam(model, ...)
+sched = optim.LRScheduler(opt, optim.inverse_sqrt(d_model=512, warmup=4000))
+for batch in data:
+    opt.zero_grad()                               # model.zero_grad()
+    loss = ...forward, backward...                # the model accumulates named_grads()
+    optim.clip_grad_norm(model, 1.0)              # optional
+    opt.step()                                    # one update; model.invalidate_caches()
+    sched.step()                                  # lr for the next step
+```
 
 What the optimiser needs from the model (fastattn.nn.Module provides it):
 
@@ -24,14 +26,16 @@ What the optimiser needs from the model (fastattn.nn.Module provides it):
 State is kept per parameter key: ``exp_avg`` and ``exp_avg_sq`` (float32, the parameter's
 shape, created as zeros at its first update) and its own 1-based update count, as torch keeps
 ``state[p]["step"]``. ``state_dict()`` is a flat dict of NumPy arrays that
-``safetensors.numpy.save_file`` writes as is::
+``safetensors.numpy.save_file`` writes as is:
 
-    "step"                     int64 0-d   step() calls so far (what LRScheduler reads)
-    "lr", "beta1", "beta2",    float64 0-d the hyper-parameters (load_state_dict restores them,
-    "eps", "weight_decay"                  as torch restores its param_groups)
-    "exp_avg.<key>"            float32     first moment of parameter <key>
-    "exp_avg_sq.<key>"         float32     second moment
-    "step.<key>"               int64 0-d   updates of parameter <key> so far
+```text
+"step"                     int64 0-d   step() calls so far (what LRScheduler reads)
+"lr", "beta1", "beta2",    float64 0-d the hyper-parameters (load_state_dict restores them,
+"eps", "weight_decay"                  as torch restores its param_groups)
+"exp_avg.<key>"            float32     first moment of parameter <key>
+"exp_avg_sq.<key>"         float32     second moment
+"step.<key>"               int64 0-d   updates of parameter <key> so far
+```
 """
 import math
 import numbers
@@ -104,7 +108,7 @@ class _AdamBase:
         self._lr = _number(value, "lr", type(self).__name__)
 
     def zero_grad(self):
-        """model.zero_grad()."""
+        """Zero the model's gradients (`model.zero_grad()`)."""
         self.model.zero_grad()
 
     def step(self):
@@ -141,9 +145,14 @@ class _AdamBase:
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self):
-        """The flat dict described in the module docstring. The moment arrays are the live
-        ones (as Module.state_dict() returns the live parameters): save or copy them before
-        the next step()."""
+        """The optimiser's state as a flat dict of NumPy arrays (see the module docstring).
+
+        The moment arrays are the live ones (as Module.state_dict() returns the live
+        parameters): save or copy them before the next step().
+
+        Returns:
+            {key: array}, what `safetensors.numpy.save_file` writes as is.
+        """
         sd = {"step": np.array(self.steps, np.int64),
               "lr": np.array(self.lr, np.float64),
               "beta1": np.array(self.betas[0], np.float64),
@@ -160,7 +169,15 @@ class _AdamBase:
         """Restore what state_dict() returned (or a safetensors file of it read back):
         hyper-parameters, step count and, per parameter, moments (copied) and update count.
         Every problem (a key the model lacks, a shape mismatch, a moment without its pair or
-        count, an unknown key) is named in one ValueError; nothing is changed then."""
+        count, an unknown key) is named in one ValueError; nothing is changed then.
+
+        Args:
+            state_dict: what `state_dict()` returned, or a safetensors file of it read back.
+
+        Raises:
+            TypeError: not a mapping of name -> array.
+            ValueError: every problem, named; nothing is changed.
+        """
         name = type(self).__name__
         if not hasattr(state_dict, "items"):
             raise TypeError(f"{name}.load_state_dict: expected a mapping of name -> array, got "
@@ -231,8 +248,22 @@ def _count(value):
 
 
 class AdamW(_AdamBase):
-    """torch.optim.AdamW over a fastattn.nn model: decoupled weight decay
-    (p *= 1 - lr * weight_decay before the Adam update). Defaults are torch's."""
+    """torch.optim.AdamW over a fastattn.nn model: decoupled weight decay.
+
+    p *= 1 - lr * weight_decay before the Adam update. Defaults are torch's. `step()`,
+    `zero_grad()`, `lr`, `state_dict()` and `load_state_dict()` are listed below.
+
+    Args:
+        model: a fastattn.nn module (float32, not quantized).
+        lr: the learning rate (default 1e-3; a schedule may set it every step).
+        betas: (beta1, beta2), the moments' decay rates (default (0.9, 0.999)).
+        eps: added to the denominator (default 1e-8).
+        weight_decay: the decoupled decay (default 0.01).
+
+    Raises:
+        TypeError: not a fastattn.nn module.
+        ValueError: a quantized model, or a bad hyper-parameter (named).
+    """
 
     _decoupled = True
 
@@ -241,9 +272,23 @@ class AdamW(_AdamBase):
 
 
 class Adam(_AdamBase):
-    """torch.optim.Adam over a fastattn.nn model: weight decay, if any, is an L2 term added to
-    the gradient (g += weight_decay * p). Defaults are torch's. The paper's setting:
-    ``Adam(model, betas=(0.9, 0.98), eps=1e-9)`` with ``inverse_sqrt``."""
+    """torch.optim.Adam over a fastattn.nn model: weight decay as an L2 term of the gradient.
+
+    g += weight_decay * p. Defaults are torch's. The paper's setting:
+    `Adam(model, betas=(0.9, 0.98), eps=1e-9)` with `inverse_sqrt`. The methods are
+    `AdamW`'s.
+
+    Args:
+        model: a fastattn.nn module (float32, not quantized).
+        lr: the learning rate (default 1e-3; a schedule may set it every step).
+        betas: (beta1, beta2), the moments' decay rates (default (0.9, 0.999)).
+        eps: added to the denominator (default 1e-8).
+        weight_decay: the L2 term's factor (default 0).
+
+    Raises:
+        TypeError: not a fastattn.nn module.
+        ValueError: a quantized model, or a bad hyper-parameter (named).
+    """
 
     _decoupled = False
 
@@ -252,9 +297,18 @@ class Adam(_AdamBase):
 
 
 def clip_grad_norm(model, max_norm):
-    """torch.nn.utils.clip_grad_norm_ over the model's gradients (named_grads(), None
-    skipped): scales them in place by max_norm / (total + 1e-6) when their global L2 norm
-    `total` exceeds max_norm; returns total (a float, before clipping)."""
+    """torch.nn.utils.clip_grad_norm_ over the model's gradients (`named_grads()`, None skipped).
+
+    Scales them in place by max_norm / (total + 1e-6) when their global L2 norm `total`
+    exceeds max_norm.
+
+    Args:
+        model: a fastattn.nn module.
+        max_norm: the largest global norm kept.
+
+    Returns:
+        total, the norm before clipping (a float).
+    """
     grads = [g for _, g in model.named_grads() if g is not None]
     return _functional(model).clip_grads(grads, max_norm)
 
@@ -262,9 +316,16 @@ def clip_grad_norm(model, max_norm):
 # ---- learning-rate schedules: step (1-based) -> lr ---------------------------------------------
 
 class InverseSqrt:
-    """The schedule of "Attention Is All You Need" (the "Noam" schedule):
-    lr(step) = factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5): a linear rise
-    for `warmup` steps, peaking at factor * (d_model * warmup)**-0.5, then ~ 1 / sqrt(step)."""
+    """The schedule of "Attention Is All You Need" (the "Noam" schedule), a callable step -> lr.
+
+    `lr(step) = factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)`: a linear rise
+    for `warmup` steps, peaking at `factor * (d_model * warmup)**-0.5`, then ~ 1 / sqrt(step).
+
+    Args:
+        d_model: the model width, an int >= 1.
+        warmup: the warm-up steps, an int >= 1 (default 4000).
+        factor: the rate's factor (default 1.0).
+    """
 
     def __init__(self, d_model, warmup=4000, factor=1.0):
         for n, v in (("d_model", d_model), ("warmup", warmup)):
@@ -284,10 +345,19 @@ class InverseSqrt:
 
 
 class WarmupCosine:
-    """A linear warm-up from 0 to peak_lr over `warmup` steps (lr(warmup) = peak_lr), then a
-    half cosine from peak_lr down to min_lr at total_steps, and min_lr from there on:
-    lr(step) = min_lr + (peak_lr - min_lr) * (1 + cos(pi * (step - warmup) /
-    (total_steps - warmup))) / 2 for warmup <= step <= total_steps."""
+    """A linear warm-up, then a half cosine down to min_lr: a callable step -> lr.
+
+    From 0 to peak_lr over `warmup` steps (lr(warmup) = peak_lr), then a half cosine from
+    peak_lr down to min_lr at total_steps, and min_lr from there on:
+    `lr(step) = min_lr + (peak_lr - min_lr) * (1 + cos(pi * (step - warmup) /
+    (total_steps - warmup))) / 2` for warmup <= step <= total_steps.
+
+    Args:
+        peak_lr: the rate at the end of the warm-up.
+        warmup: the warm-up steps.
+        total_steps: the step where the cosine reaches min_lr.
+        min_lr: the final rate (default 0).
+    """
 
     def __init__(self, peak_lr, warmup, total_steps, min_lr=0.0):
         self.peak_lr = _number(peak_lr, "peak_lr", "warmup_cosine")
@@ -321,7 +391,16 @@ def _step(step):
 
 
 def inverse_sqrt(d_model, warmup=4000, factor=1.0):
-    """InverseSqrt(d_model, warmup, factor): the paper's schedule, a callable step -> lr."""
+    """The paper's schedule, `InverseSqrt(d_model, warmup, factor)` (also named `noam`).
+
+    Args:
+        d_model: the model width, an int >= 1.
+        warmup: the warm-up steps, an int >= 1 (default 4000).
+        factor: the rate's factor (default 1.0).
+
+    Returns:
+        The `InverseSqrt` schedule, a callable 1-based step -> lr.
+    """
     return InverseSqrt(d_model, warmup, factor)
 
 
@@ -329,7 +408,17 @@ noam = inverse_sqrt
 
 
 def warmup_cosine(peak_lr, warmup, total_steps, min_lr=0.0):
-    """WarmupCosine(peak_lr, warmup, total_steps, min_lr): a callable step -> lr."""
+    """A warm-up and cosine schedule, `WarmupCosine(peak_lr, warmup, total_steps, min_lr)`.
+
+    Args:
+        peak_lr: the rate at the end of the warm-up.
+        warmup: the warm-up steps.
+        total_steps: the step where the cosine reaches min_lr.
+        min_lr: the final rate (default 0).
+
+    Returns:
+        The `WarmupCosine` schedule, a callable 1-based step -> lr.
+    """
     return WarmupCosine(peak_lr, warmup, total_steps, min_lr)
 
 
@@ -340,6 +429,10 @@ class LRScheduler:
     1)``: the rate of the update about to be taken. Call step() after each optimizer.step().
     It keeps no state of its own: the position is the optimiser's step count, so after
     ``optimizer.load_state_dict(...)`` a new LRScheduler continues where the run left off.
+
+    Args:
+        optimizer: an `AdamW` or `Adam` (anything with `lr` and `steps`).
+        schedule: a callable 1-based step -> lr.
     """
 
     def __init__(self, optimizer, schedule):
@@ -351,7 +444,11 @@ class LRScheduler:
         self.step()
 
     def step(self):
-        """Set and return the learning rate of the optimiser's next update."""
+        """Set the learning rate of the optimiser's next update.
+
+        Returns:
+            The rate set.
+        """
         self.last_lr = self.schedule(self.optimizer.steps + 1)
         self.optimizer.lr = self.last_lr
         return self.last_lr

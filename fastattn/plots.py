@@ -105,15 +105,31 @@ def smoothing_factor(n):
     """The EMA factor plot_history uses for n training points: 1 - 4 / sqrt(n) within
     [0.6, 0.98] (0.6, TensorBoard's default, up to 100 points; 0.87 for a thousand, 0.96 for
     ten thousand): long runs average over more steps, so batches of mixed difficulty do not
-    hide the trend, while a short run's fast early drop is not smeared out."""
+    hide the trend, while a short run's fast early drop is not smeared out.
+
+    Args:
+        n: the number of training points.
+
+    Returns:
+        The factor, a float in [0.6, 0.98].
+    """
     return float(min(0.98, max(0.6, 1.0 - 4.0 / np.sqrt(max(n, 1)))))
 
 
 def ema(values, factor):
-    """TensorBoard's smoothing of `values` (1-D): s_t = factor s_(t-1) + (1 - factor) v_t
-    from s_0 = 0, divided by 1 - factor ** t (the debiasing that keeps the first points on
-    the data). NaN and inf points are skipped (the line carries the last value over them).
-    -> float64 array of len(values)."""
+    """TensorBoard's smoothing of a series: an exponential moving average, debiased.
+
+    `s_t = factor s_(t-1) + (1 - factor) v_t` from s_0 = 0, divided by `1 - factor ** t` (the
+    debiasing that keeps the first points on the data). NaN and inf points are skipped (the
+    line carries the last value over them).
+
+    Args:
+        values: a 1-D sequence of numbers.
+        factor: the smoothing factor in [0, 1).
+
+    Returns:
+        A float64 array of len(values).
+    """
     v = np.asarray(values, dtype=np.float64)
     out = np.empty_like(v)
     acc, weight = 0.0, 0.0
@@ -137,6 +153,18 @@ def plot_history(records, path, *, smoothing=None):
     fraction, drawn in %) where the evaluations have one; bottom panel: the learning rate
     (when the records have one). Other keys are ignored. Returns the Path written. No record
     with a loss or valid_loss: ValueError; smoothing outside [0, 1): ValueError.
+
+    Args:
+        records: the History's records (an iterable of dicts) or the path of a JSON-lines
+            history.
+        path: the PNG to write, or a directory (loss.png in it).
+        smoothing: the EMA factor in [0, 1); None (the default) for `smoothing_factor(steps)`.
+
+    Returns:
+        The Path written.
+
+    Raises:
+        ValueError: no record with a loss or valid_loss, or smoothing outside [0, 1).
     """
     if smoothing is not None and not (isinstance(smoothing, (int, float)) and
                                       not isinstance(smoothing, bool) and 0 <= smoothing < 1):
@@ -202,10 +230,25 @@ def _labels(name, tokens, n, shape):
 def plot_attention(weights, query_tokens, key_tokens, path, title=None, *, cmap="viridis"):
     """Write one PNG of attention weights (H, Lq, Lk): one heatmap panel per head, rows the
     queries, columns the keys, labelled with query_tokens (Lq) and key_tokens (Lk), colours
-    from 0 to 1 with a colorbar. Returns the Path written.
+    from 0 to 1 with a colorbar.
 
     ValueError (naming the argument and the shapes): weights not 3-D, no head or no position,
-    a label count that differs from the weights', non-finite weights."""
+    a label count that differs from the weights', non-finite weights.
+
+    Args:
+        weights: (H, Lq, Lk) attention weights.
+        query_tokens: Lq labels for the rows.
+        key_tokens: Lk labels for the columns.
+        path: the PNG to write.
+        title: the figure's title, or None (the default).
+        cmap: a matplotlib colormap name (default "viridis").
+
+    Returns:
+        The Path written.
+
+    Raises:
+        ValueError: as above.
+    """
     w = np.asarray(weights, dtype=np.float32)
     if w.ndim != 3:
         raise ValueError(f"plot_attention: weights must be (H, Lq, Lk), got shape {w.shape} "
@@ -264,12 +307,25 @@ def plot_model_attention(model, src_tokenizer, tgt_tokenizer, source_text, targe
     (source, target) pair into out_dir (created if needed): encoder_layer{i}.png (encoder
     self-attention), decoder_self_layer{i}.png (the decoder's masked self-attention),
     cross_layer{i}.png (decoder queries over the source), i from 0 as in the state_dict keys;
-    all heads as panels. Returns the list of Paths, in that order.
+    all heads as panels.
 
     The texts are encoded as ``model.translate`` encodes them (<start> ... <end> when the
     tokenizer has both); labels are the tokenizer's tokens. target_text defaults to the
     model's own completion, ``model.translate([source_text], ...)`` (greedy unless
-    translate_kwargs say otherwise); the decoder reads the whole target, <end> included."""
+    translate_kwargs say otherwise); the decoder reads the whole target, <end> included.
+
+    Args:
+        model: a `Seq2SeqTransformer` in eval mode.
+        src_tokenizer: encodes the source.
+        tgt_tokenizer: encodes the target.
+        source_text: the source, a str.
+        target_text: the target, a str; None (the default) for the model's own completion.
+        out_dir: the directory to write into (created if needed).
+        **translate_kwargs: passed to `model.translate` when target_text is None.
+
+    Returns:
+        The list of Paths written, in the order above.
+    """
     if not isinstance(source_text, str):
         raise TypeError(f"plot_model_attention: source_text must be a str, got "
                         f"{type(source_text).__name__}")

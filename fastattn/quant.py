@@ -23,9 +23,17 @@ __all__ = ["quantize_int8", "dequantize_int8", "to_bfloat16", "from_bfloat16", "
 
 
 def quantize_int8(x):
-    """Symmetric per-row int8 quantisation of the last axis: (q int8 (..., K), scale float32
-    (...,)), with x ~= q * scale[..., None]; see reference.quantize_int8 for the exact rule
-    (bit for bit the same here). A row with NaN or inf raises ValueError naming it."""
+    """Symmetric per-row int8 quantisation of the last axis.
+
+    x ~= q * scale[..., None]; bit for bit `fastattn.reference.quantize_int8`'s rule.
+
+    Args:
+        x: (..., K) converted to float32 first; must be finite.
+
+    Returns:
+        q: (..., K) int8 clip(rint(x * (127 / amax)), -127, 127).
+        scale: (...,) float32 amax / 127, amax = max |x| over the row.
+    """
     op = "quantize_int8"
     x = _convert.f32c(_checks.rows(x, "x", op, "(..., K)"))
     lead, K = x.shape[:-1], x.shape[-1]
@@ -40,13 +48,29 @@ def quantize_int8(x):
 
 
 def dequantize_int8(q, scale):
-    """q * scale[..., None] as float32: q (..., K) int8, scale (...,) float32 -> (..., K)."""
+    """The float32 values of int8 rows with their per-row scales: q * scale[..., None].
+
+    Args:
+        q: (..., K) int8.
+        scale: (...,) float32, one scale per row.
+
+    Returns:
+        (..., K) float32.
+    """
     return reference.dequantize_int8(q, scale)
 
 
 def to_bfloat16(x):
-    """bfloat16 bits (uint16, same shape) of x (converted to float32 first): round to nearest
-    even; NaN stays a quiet NaN. See reference.to_bfloat16 (bit for bit the same)."""
+    """The bfloat16 bits of x: round to nearest even; NaN stays a quiet NaN.
+
+    Bit for bit `fastattn.reference.to_bfloat16`.
+
+    Args:
+        x: an array of real numbers, converted to float32 first.
+
+    Returns:
+        uint16 array of the shape of x.
+    """
     x = _convert.contig(x, "x", "to_bfloat16")
     bits = np.empty(x.shape, np.uint16)
     _kernels.to_bfloat16(bits.reshape(-1), x.reshape(-1), get_num_threads())
@@ -54,11 +78,26 @@ def to_bfloat16(x):
 
 
 def round_bfloat16(x):
-    """The bfloat16 compute type's operand rounding (float32 values of x rounded to bf16 as
-    vcvtneps2bf16 does: subnormals to zero); see reference.round_bfloat16."""
+    """The bfloat16 compute type's operand rounding, as vcvtneps2bf16 (subnormals to zero).
+
+    Bit for bit `fastattn.reference.round_bfloat16`.
+
+    Args:
+        x: an array of real numbers, converted to float32 first.
+
+    Returns:
+        float32 array of the shape of x, each value a bfloat16.
+    """
     return reference.round_bfloat16(x)
 
 
 def from_bfloat16(bits):
-    """float32 values of bfloat16 bits (a uint16 array), exact."""
+    """The float32 values of bfloat16 bits, exactly.
+
+    Args:
+        bits: uint16 array of bfloat16 bits.
+
+    Returns:
+        float32 array of the same shape.
+    """
     return reference.from_bfloat16(bits)

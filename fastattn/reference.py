@@ -5,18 +5,20 @@ Every public function here has a twin of the same name, signature and results in
 ``from fastattn import ops as F`` is the whole migration. The code is meant to be read:
 one function per concept, no tiling, a shape comment on nearly every line.
 
-Dimension letters (the same legend opens ``csrc/fastattn.h``)::
+Dimension letters (the same legend opens ``csrc/fastattn.h``):
 
-    B   batch
-    H   heads
-    Lq  query length
-    Lk  key (and value) length
-    D   head dim of queries and keys
-    Dv  head dim of values
-    C   d_model (features normalised by layer norm, in/out features of linear)
-    F   d_ff (hidden width of the feed-forward block)
-    V   vocabulary size
-    N   flattened rows (= B * L, every leading dim of an input folded together)
+```text
+B   batch
+H   heads
+Lq  query length
+Lk  key (and value) length
+D   head dim of queries and keys
+Dv  head dim of values
+C   d_model (features normalised by layer norm, in/out features of linear)
+F   d_ff (hidden width of the feed-forward block)
+V   vocabulary size
+N   flattened rows (= B * L, every leading dim of an input folded together)
+```
 
 Conventions:
 
@@ -54,6 +56,7 @@ Conventions:
   inside data arrays are not checked: NaN and inf are data). Degenerate sizes (no rows, no
   keys, D = 0, ...) give the same results in both twins. Dropout drops the elements that
   ``dropout_keep`` chooses, bit for bit, in both.
+
 """
 
 import math
@@ -215,25 +218,25 @@ def attention_forward(q, k, v, *, mask=None, key_padding_mask=None, causal=False
                       dropout_p=0.0, seed=None, compute_type="float32"):
     """Scaled dot-product attention, returning the log-sum-exp saved for the backward pass.
 
-    ====================  ==============  =====================================================
-    q                     (B, H, Lq, D)   queries
-    k                     (B, H, Lk, D)   keys
-    v                     (B, H, Lk, Dv)  values
-    mask                  broadcastable   bool (True = not allowed) or float (added; -inf =
-                          to (B,H,Lq,Lk)  not allowed, any finite value is added, however
-                                          large), to (B, H, Lq, Lk): (Lq, Lk), (B, 1, Lq, Lk)
-    key_padding_mask      (B, Lk)         bool (True = padding) or float (as mask)
-    causal                bool            query i sees key j iff j <= i + (Lk - Lq)
-    scale                 float           default 1 / sqrt(D) (1 if D = 0)
-    dropout_p             float in [0,1)  dropout on the attention weights (see attention)
-    seed                  int in [0,2^64) the dropout's seed; required when dropout_p > 0
-    compute_type          str             "float32" or "bfloat16" (see attention; with
-                                          dropout the dropped weights P keep are rounded)
-    -> out                (B, H, Lq, Dv)  float32; zeros for a query with no allowed key
-    -> cache["lse"]       (B, H, Lq)      float32; logsumexp of the scaled, masked scores
-                                          per query row (before dropout); -inf for a fully
-                                          masked row, clamped to the float32 range otherwise
-    ====================  ==============  =====================================================
+    Args:
+        q: (B, H, Lq, D) queries.
+        k: (B, H, Lk, D) keys.
+        v: (B, H, Lk, Dv) values.
+        mask: broadcastable to (B,H,Lq,Lk); bool (True = not allowed) or float (added; -inf = not
+            allowed, any finite value is added, however large), to (B, H, Lq, Lk): (Lq, Lk), (B, 1,
+            Lq, Lk).
+        key_padding_mask: (B, Lk) bool (True = padding) or float (as mask).
+        causal: bool; query i sees key j iff j <= i + (Lk - Lq).
+        scale: float; default 1 / sqrt(D) (1 if D = 0).
+        dropout_p: float in [0,1); dropout on the attention weights (see attention).
+        seed: int in [0,2^64); the dropout's seed; required when dropout_p > 0.
+        compute_type: str; "float32" or "bfloat16" (see attention; with dropout the dropped weights
+            P keep are rounded).
+
+    Returns:
+        out: (B, H, Lq, Dv) float32; zeros for a query with no allowed key.
+        `cache["lse"]`: (B, H, Lq) float32; logsumexp of the scaled, masked scores per query row
+            (before dropout); -inf for a fully masked row, clamped to the float32 range otherwise.
 
     scores = (q @ k^T) * scale, then every mask is applied (a hidden key's score is -inf, other
     mask values are added), then a stable softmax over the keys (an all -inf row gives weights
@@ -255,40 +258,42 @@ def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=
               return_weights=False, dropout_p=0.0, seed=None, compute_type="float32"):
     """Scaled dot-product attention: dropout(softmax((q @ k^T) * scale + masks)) @ v.
 
-    ====================  ==============  =====================================================
-    q                     (B, H, Lq, D)   queries
-    k                     (B, H, Lk, D)   keys
-    v                     (B, H, Lk, Dv)  values
-    mask                  broadcastable   bool (True = not allowed) or float (added; -inf =
-                          to (B,H,Lq,Lk)  not allowed, any finite value is added, however
-                                          large), to (B, H, Lq, Lk): (Lq, Lk), (B, 1, Lq, Lk)
-    key_padding_mask      (B, Lk)         bool (True = padding) or float (as mask)
-    causal                bool            query i sees key j iff j <= i + (Lk - Lq)
-    scale                 float           default 1 / sqrt(D) (1 if D = 0)
-    return_weights        bool            also return the attention weights
-    dropout_p             float in [0,1)  dropout on the attention weights, as torch's
-                                          MultiheadAttention applies it: each weight is kept
-                                          or zeroed, kept ones are scaled by 1 / (1 - p)
-    seed                  int in [0,2^64) the dropout's seed; required when dropout_p > 0
-                                          (ignored at 0). Weight (b, h, i, j) is kept iff
-                                          dropout_keep(seed, (b*H + h)*Lq + i, j, dropout_p)
-    compute_type          str             "float32" (default) or "bfloat16": bf16 compute for
-                                          inference (dropout_p must be 0), below
-    -> out                (B, H, Lq, Dv)  float32; zeros for a query with no allowed key
-    -> weights            (B, H, Lq, Lk)  float32, only with return_weights=True: the weights
-                                          after dropout (as torch returns them); without
-                                          dropout, rows sum to 1, or are all zeros for a
-                                          fully masked row
-    ====================  ==============  =====================================================
+    Args:
+        q: (B, H, Lq, D) queries.
+        k: (B, H, Lk, D) keys.
+        v: (B, H, Lk, Dv) values.
+        mask: broadcastable to (B,H,Lq,Lk); bool (True = not allowed) or float (added; -inf = not
+            allowed, any finite value is added, however large), to (B, H, Lq, Lk): (Lq, Lk), (B, 1,
+            Lq, Lk).
+        key_padding_mask: (B, Lk) bool (True = padding) or float (as mask).
+        causal: bool; query i sees key j iff j <= i + (Lk - Lq).
+        scale: float; default 1 / sqrt(D) (1 if D = 0).
+        return_weights: bool; also return the attention weights.
+        dropout_p: float in [0,1); dropout on the attention weights, as torch's MultiheadAttention
+            applies it: each weight is kept or zeroed, kept ones are scaled by 1 / (1 - p).
+        seed: int in [0,2^64); the dropout's seed; required when dropout_p > 0 (ignored at 0).
+            Weight (b, h, i, j) is kept iff dropout_keep(seed, (b*H + h)*Lq + i, j, dropout_p).
+        compute_type: str; "float32" (default) or "bfloat16": bf16 compute for inference (dropout_p
+            must be 0), below.
+
+    Returns:
+        out: (B, H, Lq, Dv) float32; zeros for a query with no allowed key.
+        weights: (B, H, Lq, Lk) float32, only with return_weights=True: the weights after
+            dropout (as torch returns them); without dropout, rows sum to 1, or are all zeros for a
+            fully masked row.
 
     compute_type="bfloat16" multiplies in bf16 where torch's CPU flash attention does, and
     keeps the rest float32 (q, k, v are first converted to float32, as always):
-      q^, k^, v^ = bf16(q), bf16(k), bf16(v)     rounded as vcvtneps2bf16 (bfloat16_round)
-      s = (q^ @ k^T) * scale + masks             products exact, sums float32; the scale
-                                                 multiplies the sum (after the rounding)
-      P = exp(s - max_j s), l = sum_j P          float32, P not rounded
-      out = (bf16(P) @ v^) / l                   P rounded to bf16 for the product with v^
-      weights = P / l                            float32 (not rounded); lse as in float32
+
+    ```text
+    q^, k^, v^ = bf16(q), bf16(k), bf16(v)     rounded as vcvtneps2bf16 (bfloat16_round)
+    s = (q^ @ k^T) * scale + masks             products exact, sums float32; the scale
+                                               multiplies the sum (after the rounding)
+    P = exp(s - max_j s), l = sum_j P          float32, P not rounded
+    out = (bf16(P) @ v^) / l                   P rounded to bf16 for the product with v^
+    weights = P / l                            float32 (not rounded); lse as in float32
+    ```
+
     Masks, all-masked rows (zeros) and NaN as in float32; a value past the largest bf16
     (3.3895e38, half an ulp included) becomes +-inf, and a subnormal one +-0. The kernels sum
     in float32 in their own order (this twin sums in float64): see docs/bf16_attention.md for
@@ -416,26 +421,37 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, key_padding_mask=N
                        compute_type="float32"):
     """Gradients of attention with respect to q, k and v, from the forward's out and lse.
 
-    ====================  ==============  =====================================================
-    dout                  (B, H, Lq, Dv)  gradient of the loss with respect to out
-    q, k, v               as in attention the forward's inputs
-    out                   (B, H, Lq, Dv)  the forward's output (dropout included)
-    lse                   (B, H, Lq)      the forward's cache["lse"]
-    mask, key_padding_mask, causal, scale, dropout_p, seed
-                                          exactly as given to the forward (the same seed
-                                          regenerates the same dropped weights)
-    -> dq                 (B, H, Lq, D)   float32
-    -> dk                 (B, H, Lk, D)   float32
-    -> dv                 (B, H, Lk, Dv)  float32
-    ====================  ==============  =====================================================
+    Args:
+        dout: (B, H, Lq, Dv) gradient of the loss with respect to out.
+        q: (B, H, Lq, D) the forward's queries.
+        k: (B, H, Lk, D) the forward's keys.
+        v: (B, H, Lk, Dv) the forward's values.
+        out: (B, H, Lq, Dv) the forward's output (dropout included).
+        lse: (B, H, Lq) the forward's cache["lse"].
+        mask: as given to the forward.
+        key_padding_mask: as given to the forward.
+        causal: as given to the forward.
+        scale: as given to the forward.
+        dropout_p: as given to the forward.
+        seed: as given to the forward (the same seed regenerates the same dropped weights).
+        compute_type: as given to the forward: "float32" (the default) or "bfloat16" (below).
+
+    Returns:
+        dq: (B, H, Lq, D) float32.
+        dk: (B, H, Lk, D) float32.
+        dv: (B, H, Lk, Dv) float32.
 
     With P = softmax(scores) the forward's weights (= exp(scores - lse), recomputed from the
     scores: an lse of -3e38 in float32 cannot give P to the digits it needs), keep the
     dropout's mask scaled by 1 / (1 - p) (1 without dropout) and P' = P * keep the weights the
     forward used:
-        dv = P'^T dout;   dP = (dout v^T) * keep;   Delta_i = sum_e dout_ie out_ie
-        dS = P * (dP - Delta), 0 for a hidden key;   dq = scale * dS k over the keys each
-        query sees;   dk = scale * dS^T q
+
+    ```text
+    dv = P'^T dout;   dP = (dout v^T) * keep;   Delta_i = sum_e dout_ie out_ie
+    dS = P * (dP - Delta), 0 for a hidden key;   dq = scale * dS k over the keys each
+    query sees;   dk = scale * dS^T q
+    ```
+
     A query row with no allowed key (lse = -inf) has P = 0: zero gradients, never NaN.
 
     compute_type="bfloat16" (bf16 training, as torch's CPU flash attention backward): dout,
@@ -530,12 +546,13 @@ def dropout_keep(seed, rows, cols, p):
 def softmax(x, axis=-1):
     """Numerically stable softmax along ``axis``.
 
-    ====================  ==============  =====================================================
-    x                     (..., L, ...)   scores; -inf entries get weight 0
-    axis                  int             axis to normalise, default the last
-    -> y                  same as x       float32; sums to 1 along axis, or all zeros where
-                                          every entry along axis is -inf (torch gives NaN)
-    ====================  ==============  =====================================================
+    Args:
+        x: (..., L, ...) scores; -inf entries get weight 0.
+        axis: int; axis to normalise, default the last.
+
+    Returns:
+        y: the shape of x, float32; sums to 1 along axis, or all zeros where every entry
+            along axis is -inf (torch gives NaN).
     """
     x, axis = _checks.softmax(x, axis)
     w, _ = _softmax64(_f64(x), axis=axis)
@@ -559,18 +576,18 @@ def _ln_input(x, residual):
 def layer_norm_forward(x, weight, bias, *, eps=1e-5, residual=None):
     """Layer norm of (x + residual) over the last axis, returning mean and rstd for backward.
 
-    ====================  ==============  =====================================================
-    x                     (..., C)        input; every leading dim is a row (N rows in all)
-    weight                (C,)            gain, or None (= 1)
-    bias                  (C,)            shift, or None (= 0)
-    eps                   float           added to the variance
-    residual              (..., C)        optional, added to x before normalising
-    -> y                  (..., C)        float32; (s - mean) * rstd * weight + bias,
-                                          s = x + residual summed in float32 (a row where
-                                          it overflows gives NaN)
-    -> cache["mean"]      (N,)            float32; mean of s per row
-    -> cache["rstd"]      (N,)            float32; 1 / sqrt(var + eps), biased (population) var
-    ====================  ==============  =====================================================
+    Args:
+        x: (..., C) input; every leading dim is a row (N rows in all).
+        weight: (C,) gain, or None (= 1).
+        bias: (C,) shift, or None (= 0).
+        eps: float; added to the variance.
+        residual: (..., C) optional, added to x before normalising.
+
+    Returns:
+        y: (..., C) float32; (s - mean) * rstd * weight + bias, s = x + residual summed in
+            float32 (a row where it overflows gives NaN).
+        `cache["mean"]`: (N,) float32; mean of s per row.
+        `cache["rstd"]`: (N,) float32; 1 / sqrt(var + eps), biased (population) var.
     """
     x, weight, bias, residual, eps = _checks.layer_norm(x, weight, bias, eps, residual)
     s = _ln_input(x, residual)                    # (..., C)
@@ -591,14 +608,15 @@ def layer_norm_forward(x, weight, bias, *, eps=1e-5, residual=None):
 def layer_norm(x, weight, bias, *, eps=1e-5, residual=None):
     """Layer norm of (x + residual) over the last axis (biased variance).
 
-    ====================  ==============  =====================================================
-    x                     (..., C)        input; every leading dim is a row
-    weight                (C,)            gain, or None (= 1)
-    bias                  (C,)            shift, or None (= 0)
-    eps                   float           added to the variance
-    residual              (..., C)        optional, added to x before normalising
-    -> y                  (..., C)        float32; (s - mean) / sqrt(var + eps) * weight + bias
-    ====================  ==============  =====================================================
+    Args:
+        x: (..., C) input; every leading dim is a row.
+        weight: (C,) gain, or None (= 1).
+        bias: (C,) shift, or None (= 0).
+        eps: float; added to the variance.
+        residual: (..., C) optional, added to x before normalising.
+
+    Returns:
+        y: (..., C) float32; (s - mean) / sqrt(var + eps) * weight + bias.
     """
     y, _ = layer_norm_forward(x, weight, bias, eps=eps, residual=residual)
     return y
@@ -607,19 +625,20 @@ def layer_norm(x, weight, bias, *, eps=1e-5, residual=None):
 def layer_norm_backward(dy, x, mean, rstd, weight, *, residual=None):
     """Gradients of y = LN(x + residual) * weight + bias, from the forward's saved statistics.
 
-    ====================  ==============  =====================================================
-    dy                    (..., C)        gradient of y
-    x                     (..., C)        the forward's input (N rows in all)
-    mean                  (N,)            cache["mean"] of layer_norm_forward
-    rstd                  (N,)            cache["rstd"] of layer_norm_forward
-    weight                (C,)            gain, or None (= 1)
-    residual              (..., C)        the forward's residual, or None; s = x + residual is
-                                          recomputed (in float32, as the forward), not saved
-    -> dx                 (..., C)        float32; gradient of x, and also of residual (the
-                                          residual add passes the same gradient to both)
-    -> dweight            (C,)            float32, or None when weight is None
-    -> dbias              (C,)            float32; column sums of dy (bias or not)
-    ====================  ==============  =====================================================
+    Args:
+        dy: (..., C) gradient of y.
+        x: (..., C) the forward's input (N rows in all).
+        mean: (N,) cache["mean"] of layer_norm_forward.
+        rstd: (N,) cache["rstd"] of layer_norm_forward.
+        weight: (C,) gain, or None (= 1).
+        residual: (..., C) the forward's residual, or None; s = x + residual is recomputed (in
+            float32, as the forward), not saved.
+
+    Returns:
+        dx: (..., C) float32; gradient of x, and also of residual (the residual add passes the
+            same gradient to both).
+        dweight: (C,) float32, or None when weight is None.
+        dbias: (C,) float32; column sums of dy (bias or not).
 
     xhat = (s - mean) * rstd;  g = dy * weight;
     dx = rstd * (g - mean_C(g) - xhat * mean_C(g * xhat))
@@ -647,14 +666,15 @@ def layer_norm_backward(dy, x, mean, rstd, weight, *, residual=None):
 def linear(x, weight, bias=None, *, activation=None):
     """Affine map with an optional fused activation: act(x @ weight.T + bias).
 
-    ====================  ==============  =====================================================
-    x                     (..., C_in)     input; every leading dim is a row
-    weight                (C_out, C_in)   torch layout; or a QuantizedWeight (int8, bf16)
-    bias                  (C_out,)        optional
-    activation            str or None     None, "relu", "gelu" (exact erf form),
-                                          "gelu_tanh" (its tanh approximation) or "silu"
-    -> y                  (..., C_out)    float32
-    ====================  ==============  =====================================================
+    Args:
+        x: (..., C_in) input; every leading dim is a row.
+        weight: (C_out, C_in) torch layout; or a QuantizedWeight (int8, bf16).
+        bias: (C_out,) optional.
+        activation: str or None; None, "relu", "gelu" (exact erf form), "gelu_tanh" (its tanh
+            approximation) or "silu".
+
+    Returns:
+        y: (..., C_out) float32.
 
     With a QuantizedWeight (ops.QuantizedWeight; float32 out, the same in ops and here):
 
@@ -693,16 +713,18 @@ def linear(x, weight, bias=None, *, activation=None):
 def linear_forward(x, weight, bias=None, *, activation=None, compute_type="float32"):
     """linear() keeping the pre-activation for linear_backward.
 
-    ====================  ==============  =====================================================
-    x                     (..., C_in)     input; every leading dim is a row (N rows in all)
-    weight                (C_out, C_in)   torch layout
-    bias                  (C_out,)        optional
-    activation            str or None     None, "relu", "gelu" (exact erf form),
-                                          "gelu_tanh" (its tanh approximation) or "silu"
-    -> y                  (..., C_out)    float32; act(pre)
-    -> cache["pre"]       (N, C_out)      float32; x @ weight.T + bias, or None when activation
-                                          is None (then pre = y)
-    ====================  ==============  =====================================================
+    Args:
+        x: (..., C_in) input; every leading dim is a row (N rows in all).
+        weight: (C_out, C_in) torch layout.
+        bias: (C_out,) optional.
+        activation: str or None; None, "relu", "gelu" (exact erf form), "gelu_tanh" (its tanh
+            approximation) or "silu".
+        compute_type: "float32" (the default) or "bfloat16" (below).
+
+    Returns:
+        y: (..., C_out) float32; act(pre).
+        `cache["pre"]`: (N, C_out) float32; x @ weight.T + bias, or None when activation is None
+            (then pre = y).
 
     compute_type="bfloat16" (bf16 training): x and weight rounded to bf16 (bfloat16_round)
     before the product; the sums, bias and activation in float32 (float64 here).
@@ -719,18 +741,19 @@ def linear_forward(x, weight, bias=None, *, activation=None, compute_type="float
 def linear_backward(dy, x, weight, *, pre=None, activation=None, compute_type="float32"):
     """Gradients of y = act(x @ weight.T + bias).
 
-    ====================  ==============  =====================================================
-    dy                    (..., C_out)    gradient of y
-    x                     (..., C_in)     the forward's input (N rows in all)
-    weight                (C_out, C_in)   torch layout
-    pre                   (N, C_out)      cache["pre"] of linear_forward; needed (and only
-                                          read) when activation is not None
-    activation            str or None     the forward's
-    -> dx                 (..., C_in)     float32; dz @ weight
-    -> dweight            (C_out, C_in)   float32; dz^T @ x
-    -> dbias              (C_out,)        float32; column sums of dz (whether or not the
-                                          forward had a bias)
-    ====================  ==============  =====================================================
+    Args:
+        dy: (..., C_out) gradient of y.
+        x: (..., C_in) the forward's input (N rows in all).
+        weight: (C_out, C_in) torch layout.
+        pre: (N, C_out) cache["pre"] of linear_forward; needed (and only read) when activation is
+            not None.
+        activation: str or None; the forward's.
+        compute_type: "float32" (the default) or "bfloat16" (below).
+
+    Returns:
+        dx: (..., C_in) float32; dz @ weight.
+        dweight: (C_out, C_in) float32; dz^T @ x.
+        dbias: (C_out,) float32; column sums of dz (whether or not the forward had a bias).
 
     dz = dy * act'(pre): relu'(pre) = [pre > 0] (dz is 0 where pre <= 0), gelu'(pre) =
     Phi(pre) + pre * phi(pre).
@@ -759,15 +782,16 @@ def linear_backward(dy, x, weight, *, pre=None, activation=None, compute_type="f
 def ffn(x, w1, b1, w2, b2, *, activation="relu"):
     """Position-wise feed-forward block: linear(act(linear(x, w1, b1)), w2, b2).
 
-    ====================  ==============  =====================================================
-    x                     (..., C)        input; every leading dim is a row
-    w1                    (F, C)          first layer weight
-    b1                    (F,)            first layer bias (may be None)
-    w2                    (C, F)          second layer weight
-    b2                    (C,)            second layer bias (may be None)
-    activation            str or None     "relu" (default), "gelu", "gelu_tanh", "silu" or None
-    -> y                  (..., C)        float32
-    ====================  ==============  =====================================================
+    Args:
+        x: (..., C) input; every leading dim is a row.
+        w1: (F, C) first layer weight.
+        b1: (F,) first layer bias (may be None).
+        w2: (C, F) second layer weight.
+        b2: (C,) second layer bias (may be None).
+        activation: str or None; "relu" (default), "gelu", "gelu_tanh", "silu" or None.
+
+    Returns:
+        y: (..., C) float32.
 
     The hidden activations (..., F) stay in float64 between the two layers, except with a
     QuantizedWeight w1 or w2: then each layer is linear() and the hidden is float32, as the
@@ -790,20 +814,23 @@ def ffn_forward(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=Non
     """The feed-forward block in training: linear2(dropout(act(linear1(x)))), torch's order,
     keeping the pre-activation for ffn_backward.
 
-    ====================  ==============  =====================================================
-    x                     (..., C)        input; every leading dim is a row (N rows in all)
-    w1, b1                (F, C), (F,)    first layer (b1 may be None)
-    w2, b2                (C, F), (C,)    second layer (b2 may be None)
-    activation            str or None     "relu" (default), "gelu", "gelu_tanh", "silu" or None
-    dropout_p             float           in [0, 1): hidden element (n, f) is kept iff
-                                          dropout_keep(seed, [n], [f], dropout_p), then
-                                          scaled by 1 / (1 - dropout_p); 0 = no dropout
-    seed                  int             0 <= seed < 2**64; required when dropout_p > 0
-    -> y                  (..., C)        float32
-    -> cache["pre"]       (N, F)          float32; x @ w1.T + b1. The backward recomputes the
-                                          activation and the dropout mask from it and the seed
-                                          (N * F * 4 bytes per layer)
-    ====================  ==============  =====================================================
+    Args:
+        x: (..., C) input; every leading dim is a row (N rows in all).
+        w1: (F, C) first layer's weight.
+        b1: (F,) first layer's bias, or None.
+        w2: (C, F) second layer's weight.
+        b2: (C,) second layer's bias, or None.
+        activation: str or None; "relu" (default), "gelu", "gelu_tanh", "silu" or None.
+        dropout_p: float; in [0, 1): hidden element (n, f) is kept iff
+            `dropout_keep(seed, [n], [f], dropout_p)`, then scaled by 1 / (1 - dropout_p);
+            0 = no dropout.
+        seed: int; 0 <= seed < 2^64; required when dropout_p > 0.
+        compute_type: "float32" (the default) or "bfloat16" (below).
+
+    Returns:
+        y: (..., C) float32.
+        `cache["pre"]`: (N, F) float32; x @ w1.T + b1. The backward recomputes the activation and
+            the dropout mask from it and the seed (N * F * 4 bytes per layer).
 
     compute_type="bfloat16" (bf16 training): x, w1 and w2 rounded to bf16, and the hidden
     drop(act(pre)) (float32) rounded before the second product.
@@ -830,17 +857,23 @@ def ffn_backward(dy, x, w1, b1, w2, b2, pre, *, activation="relu", dropout_p=0.0
                  compute_type="float32"):
     """Gradients of the feed-forward block y = linear2(dropout(act(linear1(x)))).
 
-    ====================  ==============  =====================================================
-    dy                    (..., C)        gradient of y
-    x                     (..., C)        the forward's input (N rows in all)
-    w1, b1                (F, C), (F,)    first layer (b1 may be None)
-    w2, b2                (C, F), (C,)    second layer (b2 may be None)
-    pre                   (N, F)          cache["pre"] of ffn_forward
-    activation, dropout_p, seed           the forward's: the mask is regenerated, not stored
-    -> dx                 (..., C)        float32
-    -> dw1, db1           (F, C), (F,)    float32; db1 None when b1 is None
-    -> dw2, db2           (C, F), (C,)    float32; db2 None when b2 is None
-    ====================  ==============  =====================================================
+    Args:
+        dy: (..., C) gradient of y.
+        x: (..., C) the forward's input (N rows in all).
+        w1: (F, C) first layer's weight.
+        b1: (F,) first layer's bias, or None.
+        w2: (C, F) second layer's weight.
+        b2: (C,) second layer's bias, or None.
+        pre: (N, F) cache["pre"] of ffn_forward.
+        activation: the forward's.
+        dropout_p: the forward's (the mask is regenerated, not stored).
+        seed: the forward's.
+        compute_type: "float32" (the default) or "bfloat16" (below).
+
+    Returns:
+        dx: (..., C) float32.
+        `dw1, db1`: (F, C), (F,) float32; db1 None when b1 is None.
+        `dw2, db2`: (C, F), (C,) float32; db2 None when b2 is None.
 
     h = drop(act(pre));  dw2 = dy^T h;  dh = dy @ w2;  dpre = dh * keep / (1 - p) * act'(pre);
     dw1 = dpre^T x;  dx = dpre @ w1.
@@ -884,13 +917,13 @@ def ffn_backward(dy, x, w1, b1, w2, b2, pre, *, activation="relu", dropout_p=0.0
 def dropout(x, p, *, seed=None):
     """Dropout over the last axis: y = x * keep / (1 - p).
 
-    ====================  ==============  =====================================================
-    x                     (..., C)        every leading dim is a row: row n of the flattened
-                                          (N, C), column c
-    p                     float           drop probability in [0, 1); 0 returns a copy
-    seed                  int             0 <= seed < 2**64; required when p > 0
-    -> y                  (..., C)        float32; keep = dropout_keep(seed, rows, cols, p)
-    ====================  ==============  =====================================================
+    Args:
+        x: (..., C) every leading dim is a row: row n of the flattened (N, C), column c.
+        p: float; drop probability in [0, 1); 0 returns a copy.
+        seed: int; 0 <= seed < 2^64; required when p > 0.
+
+    Returns:
+        y: (..., C) float32; keep = dropout_keep(seed, rows, cols, p).
 
     The mask is a pure function of (seed, n, c), so dropout_backward regenerates it. A dropped
     NaN or inf becomes NaN (x * 0), as in torch.
@@ -910,11 +943,13 @@ def dropout(x, p, *, seed=None):
 def dropout_backward(dy, p, *, seed=None):
     """Gradient of dropout: dx = dy * keep / (1 - p), the forward's mask regenerated from seed.
 
-    ====================  ==============  =====================================================
-    dy                    (..., C)        gradient of y
-    p, seed                               the forward's
-    -> dx                 (..., C)        float32
-    ====================  ==============  =====================================================
+    Args:
+        dy: (..., C) gradient of y.
+        p: the forward's drop probability.
+        seed: the forward's seed.
+
+    Returns:
+        dx: (..., C) float32.
     """
     dy = _checks.dropout(dy, p, seed, "dropout_backward", "dy")
     return dropout(dy, p, seed=seed)
@@ -927,13 +962,14 @@ def embedding_backward(dout, ids, num_embeddings):
     """Gradient of an embedding lookup out = weight[ids]: rows of dout added into the rows of
     their ids.
 
-    ====================  ==============  =====================================================
-    dout                  (..., C)        gradient of the looked-up rows; leading dims = ids'
-    ids                   (...)           int64, each in [0, num_embeddings)
-    num_embeddings        int             V, rows of the embedding table
-    -> dweight            (V, C)          float32; dweight[v] = sum of dout[i] over ids[i] = v,
-                                          0 for ids that do not occur
-    ====================  ==============  =====================================================
+    Args:
+        dout: (..., C) gradient of the looked-up rows; leading dims = ids'.
+        ids: (...) int64, each in [0, num_embeddings).
+        num_embeddings: int; V, rows of the embedding table.
+
+    Returns:
+        dweight: (V, C) float32; dweight[v] = sum of dout[i] over ids[i] = v, 0 for ids that do
+            not occur.
     """
     dout, ids, V = _checks.embedding_backward(dout, ids, num_embeddings)
     ids = ids.reshape(-1)                                      # (N,)
@@ -953,13 +989,13 @@ __all__ += ["layer_norm_backward", "linear_forward", "linear_backward", "ffn_for
 def positional_encoding(length, d_model):
     """Sinusoidal positional encoding of "Attention Is All You Need".
 
-    ====================  ==============  =====================================================
-    length                int             number of positions p = 0 .. length-1
-    d_model               int             number of features (odd allowed: last column is sin)
-    -> pe                 (length, C)     float32, C = d_model;
-                                          pe[p, 2i]   = sin(p / 10000^(2i / d_model))
-                                          pe[p, 2i+1] = cos(p / 10000^(2i / d_model))
-    ====================  ==============  =====================================================
+    Args:
+        length: int; number of positions p = 0 .. length-1.
+        d_model: int; number of features (odd allowed: last column is sin).
+
+    Returns:
+        pe: (length, C) float32, C = d_model; `pe[p, 2i] = sin(p / 10000^(2i / d_model))` and
+            `pe[p, 2i+1] = cos(p / 10000^(2i / d_model))`.
     """
     length, d_model = _checks.positional_encoding(length, d_model)
     pos = np.arange(length, dtype=np.float64)[:, None]           # (length, 1)
@@ -982,26 +1018,30 @@ def cross_entropy(logits, targets, *, ignore_index=-100, label_smoothing=0.0, re
     """Cross-entropy of softmax(logits) against integer class targets, with label smoothing:
     torch.nn.functional.cross_entropy with the classes on the LAST axis.
 
-    ====================  ==============  =====================================================
-    logits                (..., V)        unnormalised scores; every leading dim is a row
-                                          (N rows in all)
-    targets               (...)           int class index per row, in [0, V), or ignore_index
-    ignore_index          int             rows with this target count for nothing: loss 0,
-                                          gradient 0, not in the mean's count
-    label_smoothing       float in [0,1]  eps: the target distribution is (1 - eps) one-hot +
-                                          eps / V uniform
-    reduction             str             "mean" (over the rows not ignored), "sum" or "none"
-    return_grad           bool            also return d loss / d logits
-    -> loss               float           "mean" / "sum"; a mean over no counted row is 0
-                                          (torch gives NaN)
-                          (...) float32   "none": one loss per row (0 where ignored)
-    -> dlogits            (..., V)        float32, only with return_grad: the gradient of the
-                                          returned loss ("none": of the sum of the losses)
-    ====================  ==============  =====================================================
+    Args:
+        logits: (..., V) unnormalised scores; every leading dim is a row (N rows in all).
+        targets: (...) int class index per row, in [0, V), or ignore_index.
+        ignore_index: int; rows with this target count for nothing: loss 0, gradient 0, not in the
+            mean's count.
+        label_smoothing: float in [0,1]; eps: the target distribution is (1 - eps) one-hot + eps /
+            V uniform.
+        reduction: str; "mean" (over the rows not ignored), "sum" or "none".
+        return_grad: bool; also return d loss / d logits.
 
-    Per row n with target t:  logp = x - logsumexp(x)  (a log-softmax over V)
-        loss_n = (1 - eps) * (-logp_t) + eps * mean_v(-logp_v)
-        d loss_n / d x_v = softmax(x)_v - eps / V - (1 - eps) * [v == t]
+    Returns:
+        loss: float (...) float32; "mean" / "sum"; a mean over no counted row is 0 (torch gives
+            NaN) "none": one loss per row (0 where ignored).
+        dlogits: (..., V) float32, only with return_grad: the gradient of the returned loss
+            ("none": of the sum of the losses).
+
+    Per row n with target t:
+
+    ```text
+    logp = x - logsumexp(x)  (a log-softmax over V)
+    loss_n = (1 - eps) * (-logp_t) + eps * mean_v(-logp_v)
+    d loss_n / d x_v = softmax(x)_v - eps / V - (1 - eps) * [v == t]
+    ```
+
     mean: sum_n loss_n / count and the gradient divided by count, count = rows not ignored.
     (The eps term is left out entirely when eps = 0, as in torch: a -inf logit elsewhere in
     the row then leaves the loss finite.)
@@ -1070,21 +1110,24 @@ def adamw_step(params, grads, exp_avg, exp_avg_sq, *, step, lr, betas=(0.9, 0.99
                weight_decay=0.01):
     """One AdamW update (torch.optim.AdamW), in place, on each tensor of the lists.
 
-    ====================  ==============  =====================================================
-    params                list of arrays  float32, updated in place (or one array)
-    grads                 same shapes     float32 gradients
-    exp_avg               same shapes     float32 first moments m, updated (zeros at first)
-    exp_avg_sq            same shapes     float32 second moments v, updated (zeros at first)
-    step                  int >= 1        this update's number (1-based), for the bias
-                                          corrections
-    lr, betas, eps        float           as torch; weight_decay decoupled (p *= 1 - lr*wd)
-    ====================  ==============  =====================================================
+    Args:
+        params: list of arrays; float32, updated in place (or one array).
+        grads: same shapes float32 gradients.
+        exp_avg: same shapes float32 first moments m, updated (zeros at first).
+        exp_avg_sq: same shapes float32 second moments v, updated (zeros at first).
+        step: int >= 1; this update's number (1-based), for the bias corrections.
+        lr: float; the learning rate.
+        betas: (beta1, beta2), the moments' decay rates, as torch (default (0.9, 0.999)).
+        eps: float; added to the denominator, as torch (default 1e-8).
+        weight_decay: float; decoupled (p *= 1 - lr * weight_decay; default 0.01).
 
-        p = p * (1 - lr * weight_decay)
-        m = beta1 * m + (1 - beta1) * g;   v = beta2 * v + (1 - beta2) * g^2
-        p = p - lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+    The update, computed in float64 per step and stored in float32:
 
-    Computed in float64 per step, stored in float32.
+    ```text
+    p = p * (1 - lr * weight_decay)
+    m = beta1 * m + (1 - beta1) * g;   v = beta2 * v + (1 - beta2) * g^2
+    p = p - lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+    ```
     """
     tensors, step, lr, b1, b2, eps, weight_decay = _checks.adam(
         params, grads, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay, "adamw_step")
@@ -1094,8 +1137,21 @@ def adamw_step(params, grads, exp_avg, exp_avg_sq, *, step, lr, betas=(0.9, 0.99
 
 def adam_step(params, grads, exp_avg, exp_avg_sq, *, step, lr, betas=(0.9, 0.999), eps=1e-8,
               weight_decay=0.0):
-    """One Adam update (torch.optim.Adam), in place: as adamw_step, except that the weight
-    decay is an L2 term added to the gradient (g = g + weight_decay * p) instead of decoupled.
+    """One Adam update (torch.optim.Adam), in place, on each tensor of the lists.
+
+    As `adamw_step`, except that the weight decay is an L2 term added to the gradient
+    (g = g + weight_decay * p) instead of decoupled.
+
+    Args:
+        params: list of arrays; float32, updated in place (or one array).
+        grads: same shapes float32 gradients.
+        exp_avg: same shapes float32 first moments m, updated (zeros at first).
+        exp_avg_sq: same shapes float32 second moments v, updated (zeros at first).
+        step: int >= 1; this update's number (1-based), for the bias corrections.
+        lr: float; the learning rate.
+        betas: (beta1, beta2), the moments' decay rates, as torch (default (0.9, 0.999)).
+        eps: float; added to the denominator, as torch (default 1e-8).
+        weight_decay: float; the L2 term's factor (default 0).
     """
     tensors, step, lr, b1, b2, eps, weight_decay = _checks.adam(
         params, grads, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay, "adam_step")
@@ -1104,16 +1160,31 @@ def adam_step(params, grads, exp_avg, exp_avg_sq, *, step, lr, betas=(0.9, 0.999
 
 
 def grad_norm(grads):
-    """Global L2 norm of a list of arrays (or one array): sqrt(sum over all elements of g^2),
-    in float64, as a float."""
+    """Global L2 norm of a list of arrays: sqrt(sum over all elements of g^2), in float64.
+
+    Args:
+        grads: a list of arrays, or one array.
+
+    Returns:
+        The norm, as a float.
+    """
     grads = _checks.grad_list(grads, "grad_norm")
     return math.sqrt(sum(float(np.sum(_f64(g) ** 2)) for g in grads))
 
 
 def clip_grads(grads, max_norm):
-    """torch.nn.utils.clip_grad_norm_: total = grad_norm(grads); when total > max_norm (or is
-    NaN), every gradient is scaled in place by max_norm / (total + 1e-6). Returns total, the
-    norm before clipping."""
+    """Clip gradients by their global norm, in place, as torch.nn.utils.clip_grad_norm_.
+
+    total = grad_norm(grads); when total > max_norm (or is NaN), every gradient is scaled in
+    place by max_norm / (total + 1e-6).
+
+    Args:
+        grads: a list of float32 arrays, or one array; updated in place.
+        max_norm: float; the largest norm kept.
+
+    Returns:
+        total, the norm before clipping (a float).
+    """
     grads, max_norm = _checks.clip_grads(grads, max_norm)  # flat views, updated in place
     total = grad_norm(grads)
     if not total <= max_norm:
@@ -1171,11 +1242,12 @@ def _quantize_rows(x, levels=127, min_amax=INT8_MIN_AMAX):
 def quantize_int8(x):
     """Symmetric per-row int8 quantisation of the last axis.
 
-    ====================  ==============  =====================================================
-    x                     (..., K)        converted to float32 first; must be finite
-    -> q                  (..., K) int8   clip(rint(x * (127 / amax)), -127, 127)
-    -> scale              (...,) float32  amax / 127, amax = max |x| over the row
-    ====================  ==============  =====================================================
+    Args:
+        x: (..., K) converted to float32 first; must be finite.
+
+    Returns:
+        q: (..., K) int8 clip(rint(x * (127 / amax)), -127, 127).
+        scale: (...,) float32 amax / 127, amax = max |x| over the row.
 
     Both divisions are float32 (127 / amax and amax / 127), the product x * (127 / amax) too,
     and rint rounds ties to even, so ops and reference agree bit for bit. A row with amax below
@@ -1193,15 +1265,31 @@ def quantize_int8(x):
 
 
 def dequantize_int8(q, scale):
-    """q * scale[..., None] in float32: q (..., K) int8, scale (...,) float32 -> (..., K)."""
+    """The float32 values of int8 rows with their per-row scales: q * scale[..., None].
+
+    Args:
+        q: (..., K) int8.
+        scale: (...,) float32, one scale per row.
+
+    Returns:
+        (..., K) float32.
+    """
     q, scale = _checks.dequantize_int8(q, scale)
     return q.astype(np.float32) * scale[..., None]
 
 
 def to_bfloat16(x):
-    """bfloat16 bits (uint16, same shape) of x (converted to float32 first): the top 16 bits
-    rounded to nearest, ties to even (so a value past the largest bfloat16 becomes inf); NaN
-    stays a quiet NaN with its sign and top payload bits."""
+    """The bfloat16 bits of x: the top 16 bits of float32, rounded to nearest, ties to even.
+
+    A value past the largest bfloat16 becomes inf; NaN stays a quiet NaN with its sign and top
+    payload bits.
+
+    Args:
+        x: an array of real numbers, converted to float32 first.
+
+    Returns:
+        uint16 array of the shape of x.
+    """
     b = np.asarray(_checks.real(x, "x", "to_bfloat16"), np.float32).view(np.uint32)
     rounded = (b + np.uint32(0x7FFF) + ((b >> 16) & 1)) >> 16      # no overflow: b < 2^32 - 2^16
     nan = (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
@@ -1209,15 +1297,30 @@ def to_bfloat16(x):
 
 
 def from_bfloat16(bits):
-    """float32 values of bfloat16 bits (uint16 array): exact (bits << 16)."""
+    """The float32 values of bfloat16 bits, exactly (bits << 16).
+
+    Args:
+        bits: uint16 array of bfloat16 bits.
+
+    Returns:
+        float32 array of the same shape.
+    """
     b = _checks.bfloat16_bits(bits)
     return (b.astype(np.uint32) << 16).view(np.float32)
 
 
 def round_bfloat16(x):
-    """The bf16 compute type's operand rounding, as vcvtneps2bf16: float32 values (same shape)
-    of x rounded to bfloat16 to nearest even, a zero or subnormal float32 becoming a zero of
-    its sign, NaN a quiet NaN (to_bfloat16 keeps subnormals; this is the instruction's rule)."""
+    """The bf16 compute type's operand rounding, as vcvtneps2bf16.
+
+    x rounded to bfloat16, to nearest even, a zero or subnormal float32 becoming a zero of its
+    sign, NaN a quiet NaN (`to_bfloat16` keeps subnormals; this is the instruction's rule).
+
+    Args:
+        x: an array of real numbers, converted to float32 first.
+
+    Returns:
+        float32 array of the shape of x, each value a bfloat16.
+    """
     x = np.asarray(_checks.real(x, "x", "round_bfloat16"), np.float32)
     b = np.ascontiguousarray(x).view(np.uint32)
     top = to_bfloat16(b.view(np.float32)).astype(np.uint32)              # RNE, quiet NaN

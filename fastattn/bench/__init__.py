@@ -4,7 +4,9 @@ Not part of the runtime: ``import fastattn`` (and ``fastattn info``) never impor
 or torch. It measures fastattn against the NumPy twin and torch through the library's public
 API, and runs torch through the same generation search loops as fastattn.
 
-    python -m fastattn.cli bench            # or: fastattn bench [--quick] [--case NAME ...]
+```text
+python -m fastattn.cli bench            # or: fastattn bench [--quick] [--case NAME ...]
+```
 
 Modules:
 

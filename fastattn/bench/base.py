@@ -18,32 +18,35 @@ IMPLEMENTATIONS = ("fastattn", "numpy", "torch", "ctranslate2")
 class Case:
     """One benchmark: inputs built once from a seeded generator, one callable per implementation.
 
-    name      registry key (``fastattn bench --case NAME``, the pytest-benchmark group)
-    title     what the table's "case" column shows
-    build     rng -> dict of arrays
-    impls     {implementation: inputs -> zero-argument callable}
-    flops     useful floating-point work of one call (0: not a FLOP-bound op)
-    nbytes    bytes one call must move at least (memory-bound ops: reported as GB/s), or 0
-    kind      "time" (medians of interleaved calls), "memory" (peak RSS growth of one call) or
-              "decode" (time per decode step and weight bandwidth; see _decode_case), or a
-              family's own: "dp", "learning", "breakdown" (pretrained_cases)
-    slow      implementations given fewer timed calls (the float64 twin)
-    repeats   {implementation: most timed calls}, a cap on the run's counts (for calls of seconds)
-    warm      False: no untimed calls before the timed ones (a call of seconds is its own warm-up)
-    timed_first  implementations whose checking call is timed and counts as their first run
-              (the calls of many seconds, run once)
-    tokens    tokens one call generates (generation cases: outputs are token ids, compared
-              exactly, and tokens/s is reported), or 0
-    numpy_label  what the numpy implementation is, in the notes ("numpy twin" or the model's
-              "reference backend")
-    exact     generation cases: the implementations whose tokens must equal the reference's
-              (None: all); the others compute another function (CTranslate2's own int8
-              quantization), so their differing rows are reported, not flagged
-    float32_impl  quantized model cases: a factory like impls' of the float32 model, timed
-              between the case's own calls (the row's float32_fastattn_ms), or None
-    float32_torch_impl  mixed-precision training cases (torch column: autocast bf16): a
-              factory like impls' of torch in float32, timed between the case's own calls
-              (the row's float32_torch_ms), or None
+    Args:
+        name: registry key (``fastattn bench --case NAME``, the pytest-benchmark group).
+        title: what the table's "case" column shows.
+        build: rng -> dict of arrays.
+        impls: {implementation: inputs -> zero-argument callable}.
+        flops: useful floating-point work of one call (0: not a FLOP-bound op).
+        nbytes: bytes one call must move at least (memory-bound ops: reported as GB/s), or 0.
+        kind: "time" (medians of interleaved calls), "memory" (peak RSS growth of one call) or
+            "decode" (time per decode step and weight bandwidth; see _decode_case), or a family's
+            own: "dp", "learning", "breakdown" (pretrained_cases).
+        slow: implementations given fewer timed calls (the float64 twin).
+        seed: the seed of the generator the inputs are built from (default 0).
+        repeats: {implementation: most timed calls}, a cap on the run's counts (for calls of
+            seconds).
+        warm: False: no untimed calls before the timed ones (a call of seconds is its own warm-up).
+        timed_first: implementations whose checking call is timed and counts as their first run
+            (the calls of many seconds, run once).
+        tokens: tokens one call generates (generation cases: outputs are token ids, compared
+            exactly, and tokens/s is reported), or 0.
+        numpy_label: what the numpy implementation is, in the notes ("numpy twin" or the model's
+            "reference backend").
+        exact: generation cases: the implementations whose tokens must equal the reference's (None:
+            all); the others compute another function (CTranslate2's own int8 quantization), so
+            their differing rows are reported, not flagged.
+        float32_impl: quantized model cases: a factory like impls' of the float32 model, timed
+            between the case's own calls (the row's float32_fastattn_ms), or None.
+        float32_torch_impl: mixed-precision training cases (torch column: autocast bf16): a factory
+            like impls' of torch in float32, timed between the case's own calls (the row's
+            float32_torch_ms), or None.
 
     Set as attributes by the families that use them (read with getattr): ``check`` (False:
     outputs not compared), ``count_tokens`` (output -> tokens one call generated, per
@@ -68,6 +71,7 @@ class Case:
 
     @property
     def implementations(self):
+        """The case's implementations, in the order of IMPLEMENTATIONS."""
         return tuple(i for i in IMPLEMENTATIONS if i in self._impls)
 
     def inputs(self):
@@ -81,7 +85,17 @@ class Case:
         self._inputs = None
 
     def callable(self, impl):
-        """A zero-argument callable running this case with `impl`; Unavailable if it cannot."""
+        """A zero-argument callable running this case with one implementation.
+
+        Args:
+            impl: the implementation's name.
+
+        Returns:
+            The callable.
+
+        Raises:
+            Unavailable: the case has no such implementation, or it cannot run here.
+        """
         if impl not in self._impls:
             raise Unavailable(f"{self.name} has no {impl} implementation")
         return self._impls[impl](self.inputs())

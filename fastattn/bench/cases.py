@@ -415,7 +415,13 @@ def decoder_weight_bytes(model):
     """Bytes of the weights one decode step of `model` (a Seq2SeqTransformer) reads: per
     decoder layer the self-attention's in_proj and out_proj, the cross-attention's query rows
     (the first C rows of in_proj) and out_proj, linear1 and linear2; then the generator.
-    (Biases, the KV caches and the cross-attention keys and values are not counted.)"""
+    (Biases, the KV caches and the cross-attention keys and values are not counted.)
+
+    Args:
+        model: the `Seq2SeqTransformer`.
+
+    Returns:
+        The bytes, an int."""
     C = model.transformer.d_model
     n = 0
     for layer in model.transformer.decoder.layers:          # bytes as stored: float32, or
@@ -428,7 +434,19 @@ def decoder_weight_bytes(model):
 
 
 def decode_metrics(generate_ms, prefill_ms, copy_ms, weight_bytes, copy_bytes, steps):
-    """Derived numbers of the decode case (times are medians in ms)."""
+    """Derived numbers of the decode case (times are medians in ms).
+
+    Args:
+        generate_ms: one generate call.
+        prefill_ms: its prefill.
+        copy_ms: the memory copy.
+        weight_bytes: the bytes one step's weight reads move.
+        copy_bytes: the bytes the copy moves.
+        steps: the decode steps of one generate call.
+
+    Returns:
+        {"step_ms", "weight_gbps", "copy_gbps", "share_of_copy", "weight_mb"}.
+    """
     step_ms = (generate_ms - prefill_ms) / steps
     gbps = weight_bytes / (step_ms * 1e6)
     copy_gbps = copy_bytes / (copy_ms * 1e6)
@@ -442,11 +460,11 @@ class DecodeCase(Case):
     reach (see decoder_weight_bytes), against a memory copy on as many threads
     (timing.memory_copy) timed in the same run.
 
-    prefill()       a callable doing what generate does once before its steps: the model's own
-                    ``init_cache`` (the encoder, then each decoder layer's cross-attention keys
-                    and values)
-    weight_bytes()  bytes one step's weight reads move
-    steps           decode steps of one generate call
+    Its `steps` attribute is the number of decode steps of one generate call.
+
+    Args:
+        B: the number of sources (default 1).
+        compute_type: the model's compute type (default "float32").
     """
 
     def __init__(self, B=1, compute_type="float32"):
@@ -466,10 +484,17 @@ class DecodeCase(Case):
                                  max_new_tokens=self.steps, start_id=GEN["start_id"])
 
     def prefill(self):
+        """What generate does once before its steps: the model's own `init_cache`.
+
+        Returns:
+            A zero-argument callable running the encoder, then each decoder layer's
+                cross-attention keys and values.
+        """
         return functools.partial(self._model().init_cache, self.inputs()["src"],
                                  beams=1, max_len=self.steps)
 
     def weight_bytes(self):
+        """The bytes one step's weight reads move (see `decoder_weight_bytes`)."""
         return decoder_weight_bytes(self._model())
 
     def float32_twin(self):

@@ -10,6 +10,7 @@ lazily, on first use, and a missing install raises Unavailable (the table shows 
 - ``ct2_score(translator, src, tgt)``: CTranslate2's teacher-forced log-probabilities.
 
 How the model is represented (each point checked by tests/test_bench_ct2.py):
+
 - token embeddings scaled by sqrt(C) (the spec's scale_embeddings) plus fastattn's own
   sinusoidal table given as the spec's position table (CTranslate2's built-in table has another
   layout: sin and cos halves concatenated, positions counted from 1);
@@ -66,12 +67,20 @@ def require_ctranslate2():
 
 
 def ctranslate2_version():
+    """The installed ctranslate2's version, or None without it."""
     ct2 = optional_ctranslate2()
     return None if ct2 is None else ct2.__version__
 
 
 def token_strings(n):
-    """The vocabulary of n ids: "t0" .. "t{n-1}"."""
+    """The vocabulary of n ids: "t0" .. "t{n-1}".
+
+    Args:
+        n: the vocabulary size.
+
+    Returns:
+        The list of strings.
+    """
     return [f"t{i}" for i in range(n)]
 
 
@@ -106,7 +115,14 @@ def _set_ffn(spec, w, prefix, norm):
 def ct2_spec(model):
     """A ctranslate2.specs.TransformerSpec holding the weights of `model`, a fastattn
     Seq2SeqTransformer (float32 copies of its state_dict), its vocabularies registered and its
-    configuration set (layer norm epsilon, no decoder start token)."""
+    configuration set (layer norm epsilon, no decoder start token).
+
+    Args:
+        model: a fastattn Seq2SeqTransformer.
+
+    Returns:
+        The spec.
+    """
     require_ctranslate2()
     from ctranslate2.specs import common_spec, transformer_spec
     cfg = model.config
@@ -163,8 +179,16 @@ def _remove_dirs():
 
 
 def ct2_model_dir(model, directory=None):
-    """Convert `model` (float32) into a CTranslate2 model directory -> its path. directory=None:
-    a temporary directory, made once per model and removed when the process exits."""
+    """Convert a float32 model into a CTranslate2 model directory.
+
+    Args:
+        model: a fastattn Seq2SeqTransformer (float32).
+        directory: where to write; None (the default) for a temporary directory, made once
+            per model and removed when the process exits.
+
+    Returns:
+        The directory's path.
+    """
     if directory is not None:
         spec = ct2_spec(model)
         spec.validate()
@@ -209,7 +233,19 @@ def ct2_translator(model, compute_type, *, directory=None, inter_threads=1, intr
     compute_type "float32" or "int8" (CTranslate2 quantises the float32 weights when loading;
     its other CPU types pass through). intra_threads=None: fastattn.get_num_threads(); either
     is capped at OMP_THREAD_LIMIT (_openmp_cap). Built once per (model, compute_type, threads)
-    when directory is None (see ct2_model_dir)."""
+    when directory is None (see ct2_model_dir).
+
+    Args:
+        model: a fastattn Seq2SeqTransformer.
+        compute_type: "float32" or "int8".
+        directory: as ct2_model_dir's (default None).
+        inter_threads: CTranslate2's inter_threads (default 1).
+        intra_threads: CTranslate2's intra_threads (None, the default:
+            fastattn.get_num_threads()).
+
+    Returns:
+        The ctranslate2.Translator.
+    """
     ct2 = require_ctranslate2()
     intra = _openmp_cap(get_num_threads() if intra_threads is None else int(intra_threads))
     key = (id(model), compute_type, int(inter_threads), intra)
@@ -244,12 +280,25 @@ def ct2_generate(translator, src_ids, *, max_new_tokens, start_id, method="greed
     The whole batch goes in one call (max_batch_size = B); no end token is searched for
     (end_token=[]) and max_decoding_length = max_new_tokens, so every row has exactly
     max_new_tokens tokens; sources are not truncated (max_input_length=0). Beam search keeps
-    beam_size hypotheses and ranks the finished ones by summed log-probability / length **
-    length_penalty, fastattn.generate's formula (with no end token every hypothesis has the
-    same length, so the penalty changes no choice in either). greedy is beam_size=1.
+    beam_size hypotheses and ranks the finished ones by summed log-probability /
+    `length ** length_penalty`, fastattn.generate's formula (with no end token every hypothesis
+    has the same length, so the penalty changes no choice in either). greedy is beam_size=1.
 
     Not offered: an end token. With one, the two would part: CTranslate2 leaves the end token
-    out of a finished hypothesis's length, fastattn.generate counts it."""
+    out of a finished hypothesis's length, fastattn.generate counts it.
+
+    Args:
+        translator: a ct2_translator.
+        src_ids: (B, S) source ids.
+        max_new_tokens: the tokens generated per source.
+        start_id: the decoder's first token.
+        method: "greedy" (the default) or "beam".
+        beam_size: beams for "beam" (default 4).
+        length_penalty: beam search's length exponent (default 1.0).
+
+    Returns:
+        int64 (B, 1 + max_new_tokens).
+    """
     if method not in ("greedy", "beam"):
         raise ValueError(f"ct2_generate: method must be 'greedy' or 'beam', got {method!r}")
     source = _sources(src_ids)
@@ -276,7 +325,16 @@ def ct2_score(translator, src_ids, tgt_ids):
     """CTranslate2's teacher-forced log-probabilities: the decoder reads tgt_ids (B, T) (the
     first being the start token) and scores tgt_ids[:, 1:] -> float32 (B, T - 1), what
     log_softmax(model(src_ids, tgt_ids[:, :-1])) gives at those ids. (CTranslate2 also scores
-    an end token after the last position; that score is dropped.)"""
+    an end token after the last position; that score is dropped.)
+
+    Args:
+        translator: a ct2_translator.
+        src_ids: (B, S) source ids.
+        tgt_ids: (B, T) target ids, the start token first.
+
+    Returns:
+        float32 (B, T - 1) log-probabilities.
+    """
     tgt = np.asarray(tgt_ids)
     results = translator.score_batch(_sources(src_ids), _sources(tgt), max_batch_size=len(tgt),
                                      max_input_length=0)

@@ -36,7 +36,13 @@ TIMEOUT = 900                  # seconds one configuration may take
 
 
 def dp_configs(cores):
-    """[(ranks, threads)]: the same cores split into ranks, then 1 thread per rank."""
+    """The configurations: the same cores split into ranks, then 1 thread per rank.
+
+    Args:
+        cores: the cores to use.
+
+    Returns:
+        [(ranks, threads)]."""
     counts = [n for n in RANKS if n <= cores]
     out = [(n, cores // n) for n in counts]
     return out + [(n, 1) for n in counts if (n, 1) not in out]
@@ -69,7 +75,12 @@ def _run_one(ranks, threads, steps):
 def run_dp_case(case, row, steps=3):
     """Fill `row` (runner.empty_row) for train_dp: ``dp`` (one dict per configuration, as
     the worker prints it, plus ``efficiency`` for the 1-thread series), fastattn_times_ms (the
-    median step of each configuration) and the notes."""
+    median step of each configuration) and the notes.
+
+    Args:
+        case: the train_dp case.
+        row: the row to fill (runner.empty_row).
+        steps: timed training steps per configuration (default 3)."""
     why = _unavailable()
     if why is not None:
         row["fastattn_status"] = f"n/a: {why}"

@@ -63,8 +63,18 @@ def task_words(n=40):
 
 
 def task_pairs(task, n, seed, *, vocab=40, lengths=(3, 8)):
-    """n (source, target) pairs of `task` with distinct sources of lengths[0]..lengths[1]
-    words drawn from `vocab` words, in a seeded random order."""
+    """The (source, target) pairs of a task, with distinct sources, in a seeded random order.
+
+    Args:
+        task: the task's name (a key of TASKS).
+        n: the number of pairs.
+        seed: the generator's seed.
+        vocab: the number of words the sources are drawn from (default 40).
+        lengths: the sources' shortest and longest length in words (default (3, 8)).
+
+    Returns:
+        A list of (source, target) str pairs.
+    """
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
     rng, words, seen, pairs = random.Random(seed), task_words(vocab), set(), []
@@ -80,7 +90,24 @@ def task_pairs(task, n, seed, *, vocab=40, lengths=(3, 8)):
 class LearningSetup:
     """One task and budget: train (n_train pairs) and test (n_test pairs, sources unseen)
     drawn from `seed`; the training options both implementations use. The defaults are
-    ``fastattn train``'s for the preset (fastattn.train.defaults): its default budget."""
+    ``fastattn train``'s for the preset (fastattn.train.defaults): its default budget.
+
+    Args:
+        task: the task's name (default "reverse").
+        seed: the pairs' and the run's seed (default 0).
+        n_train: training pairs (default 4000).
+        n_test: held-out test pairs (default 150).
+        model: the preset (default "tiny").
+        steps: training steps (None, the default: the preset's).
+        batch_tokens: fit's (default 4096).
+        lr: fit's (None, the default: the preset's).
+        warmup: fit's (None, the default: fit's).
+        schedule: fit's (default "inverse_sqrt").
+        dropout: the model's (default 0.1).
+        label_smoothing: fit's (default 0.1).
+        clip_norm: fit's (default 1.0).
+        valid: the share held out for validation (default 0.05).
+    """
 
     def __init__(self, task="reverse", seed=0, *, n_train=4000, n_test=150, model="tiny",
                  steps=None, batch_tokens=4096, lr=None, warmup=None,
@@ -108,8 +135,17 @@ class LearningSetup:
                     seed=int(self.seed))
 
     def train_args(self, tsv, out):
-        """The ``fastattn train`` command line for this setup: what fastattn_learning runs,
-        to rerun one by hand."""
+        """The `fastattn train` command line for this setup: what fastattn_learning runs.
+
+        To rerun one by hand.
+
+        Args:
+            tsv: the training pairs' TSV file.
+            out: the run directory.
+
+        Returns:
+            The command line's arguments.
+        """
         args = ["train", tsv, "--out", out]
         for name, value in self.train_settings().items():
             args += ["--" + name.replace("_", "-"), str(value)]
@@ -122,12 +158,19 @@ def exact_match(outputs, pairs):
 
 
 def fastattn_learning(setup, work_dir=None):
-    """Train as ``fastattn train`` does (setup.train_args) and complete the test sources ->
-    dict(exact, seconds, run_dir): seconds is reading the pairs, training and completion.
+    """Train as `fastattn train` does (setup.train_args) and complete the test sources.
 
     The harness does not import the command's module (fastattn.cli): it calls what the
     command's train runs in one process, train_run on the pairs read from the TSV, with the
-    settings the command line gives (train_settings) and --quiet's JSON-lines progress."""
+    settings the command line gives (train_settings) and --quiet's JSON-lines progress.
+
+    Args:
+        setup: the `LearningSetup`.
+        work_dir: where the run goes (None, the default: a temporary directory).
+
+    Returns:
+        dict(exact, seconds, run_dir): seconds is reading the pairs, training and completion.
+    """
     from ..train import read_pairs
     from ..train.run import load_run, train_run
 
@@ -151,7 +194,14 @@ def torch_learning(setup):
     """The tutorial's model and loop on the batches ``fastattn train`` forms for the setup
     (the same training split, the same word tokenizer trained on it, fit()'s batch order for
     the seed), the same schedule, optimiser settings and clipping, then greedy decoding of the
-    test sources -> dict(exact, seconds, loss): seconds is training plus decoding."""
+    test sources.
+
+    Args:
+        setup: the `LearningSetup`.
+
+    Returns:
+        dict(exact, seconds, loss): seconds is training plus decoding.
+    """
     torch = require_torch()
     from .. import get_num_threads
     from ..train import batching
@@ -234,7 +284,12 @@ def _case():
 def run_learning_case(case, row):
     """Fill `row` (runner.empty_row) for the learning case: for each setup, fastattn then torch
     (interleaved); <impl>_times_ms (training plus decoding, per setup), <impl>_exact (held-out
-    exact match per setup), tasks."""
+    exact match per setup), tasks.
+
+    Args:
+        case: the learning case.
+        row: the row to fill.
+    """
     setups = case.inputs()["setups"]
     impls = []
     for impl in case.implementations:

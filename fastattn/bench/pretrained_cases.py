@@ -151,8 +151,19 @@ def _marian_dir(key, sharpen, seed):
 def marian_dir(config=None, *, sharpen=None, seed=SEED):
     """A transformers Marian directory (config.json, generation_config.json,
     model.safetensors) of `config` (MarianConfig keyword arguments; None: MARIAN) with seeded
-    random weights sharpened by `sharpen` (None: SHARPEN) -> its path, made once per process
-    (a temporary directory removed at exit). Unavailable without torch or transformers."""
+    random weights, made once per process (a temporary directory removed at exit).
+
+    Args:
+        config: MarianConfig keyword arguments; None (the default) for MARIAN.
+        sharpen: the weights' sharpening; None (the default) for SHARPEN.
+        seed: the weights' seed (default 0).
+
+    Returns:
+        The directory's path.
+
+    Raises:
+        Unavailable: without torch or transformers.
+    """
     return _marian_dir(_key(config), tuple(sorted((sharpen or SHARPEN).items())), seed)
 
 
@@ -193,16 +204,31 @@ def _ct2_convert(path, quantization):
 
 
 def ct2_convert(path, quantization=None):
-    """`path` (a Marian directory) converted by CTranslate2's TransformersConverter with
-    `quantization` (None: float32 weights as stored; "int8") -> the output directory, made
-    once per (path, quantization) and process, removed at exit."""
+    """A Marian directory converted by CTranslate2's TransformersConverter.
+
+    Made once per (path, quantization) and process, removed at exit.
+
+    Args:
+        path: the Marian directory.
+        quantization: None (the default: float32 weights as stored) or "int8".
+
+    Returns:
+        The output directory.
+    """
     return _ct2_convert(os.fspath(path), quantization)
 
 
 @functools.lru_cache(maxsize=None)
 def ct2_vocabulary(ct2_dir):
     """The target vocabulary the converter wrote in ct2_dir: a list, token string by id
-    (shared_vocabulary.json / .txt, else target_vocabulary.*)."""
+    (shared_vocabulary.json / .txt, else target_vocabulary.*).
+
+    Args:
+        ct2_dir: the converted directory.
+
+    Returns:
+        The list of token strings.
+    """
     for name in ("shared_vocabulary", "target_vocabulary"):
         p = os.path.join(ct2_dir, name)
         if os.path.exists(p + ".json"):
@@ -217,7 +243,16 @@ def ct2_vocabulary(ct2_dir):
 def ct2_marian_translator(ct2_dir, compute_type, *, intra_threads=None):
     """ctranslate2.Translator(ct2_dir, device="cpu", compute_type, inter_threads=1,
     intra_threads=fastattn's thread count (capped at OMP_THREAD_LIMIT, see ct2_models)),
-    cached with ct2_models' translators, so the runner's release_translators drops it."""
+    cached with ct2_models' translators, so the runner's release_translators drops it.
+
+    Args:
+        ct2_dir: the converted directory.
+        compute_type: CTranslate2's compute type.
+        intra_threads: None (the default) for fastattn's thread count.
+
+    Returns:
+        The ctranslate2.Translator.
+    """
     from . import ct2_models
     ct2 = ct2_models.require_ctranslate2()
     intra = ct2_models._openmp_cap(get_num_threads() if intra_threads is None
@@ -233,7 +268,15 @@ def ct2_marian_translator(ct2_dir, compute_type, *, intra_threads=None):
 
 
 def padded(rows, width):
-    """Token lists -> int64 (len(rows), width), each row's ids then -1."""
+    """Token lists as one array, each row's ids then -1.
+
+    Args:
+        rows: the token lists.
+        width: the array's width.
+
+    Returns:
+        int64 (len(rows), width).
+    """
     out = np.full((len(rows), width), -1, dtype=np.int64)
     for i, r in enumerate(rows):
         if len(r) > width:
@@ -243,8 +286,14 @@ def padded(rows, width):
 
 
 def count_tokens(out):
-    """Tokens generated in one call's output (padded's layout): the ids before the padding,
-    eos included."""
+    """The tokens generated in one call's output: the ids before the padding, eos included.
+
+    Args:
+        out: an array in `padded`'s layout.
+
+    Returns:
+        The count, an int.
+    """
     return int((np.asarray(out) >= 0).sum())
 
 
@@ -253,7 +302,21 @@ def ct2_marian_generate(translator, vocabulary, src_ids, *, pad_id, eos_id, beam
     """CTranslate2's search over the token strings of src_ids (B, S) (pad ids dropped) ->
     padded(rows, max_new_tokens): its tokens up to and including eos, a row that reaches
     max_new_tokens without eos ending with eos instead of its last token (transformers'
-    forced eos; see the module docstring)."""
+    forced eos; see the module docstring).
+
+    Args:
+        translator: a ct2_marian_translator.
+        vocabulary: ct2_vocabulary's list.
+        src_ids: (B, S) source ids.
+        pad_id: the padding id (dropped from the sources).
+        eos_id: the end-of-sequence id.
+        beam_size: the beams (1: greedy).
+        max_new_tokens: the most tokens per row.
+        length_penalty: beam search's length exponent (default 1.0).
+
+    Returns:
+        int64 (B, max_new_tokens), as `padded` lays it out.
+    """
     index = {t: i for i, t in enumerate(vocabulary)}
     source = [[vocabulary[i] for i in row if i != pad_id] for row in np.asarray(src_ids).tolist()]
     results = translator.translate_batch(
@@ -295,7 +358,22 @@ def marian_generate_case(name, method, compute_type="float32", *, config=None, B
     """Greedy (beam_size 1) or beam search over B sources of src_len ids: fastattn's
     Translator.generate vs CTranslate2's translate_batch on the converted directory, the same
     weights (float32, or each side's own int8 quantization of them). The defaults are
-    PRETRAINED_GEN; config (MarianConfig arguments) None is MARIAN."""
+    PRETRAINED_GEN.
+
+    Args:
+        name: the case's name.
+        method: "greedy" or "beam".
+        compute_type: "float32" (the default) or "int8".
+        config: MarianConfig arguments; None (the default) for MARIAN.
+        B: the sources (None: PRETRAINED_GEN's).
+        src_len: the source length (None: PRETRAINED_GEN's).
+        new_tokens: the tokens generated (None: PRETRAINED_GEN's).
+        beam_size: the beams (None: PRETRAINED_GEN's).
+        repeats: {implementation: most timed calls} (None, the default: GEN_REPEATS).
+
+    Returns:
+        The `Case`.
+    """
     g = PRETRAINED_GEN
     B, S = B or g["B"], src_len or g["src_len"]
     n, lp = new_tokens or g["new_tokens"], g["length_penalty"]
@@ -335,7 +413,16 @@ def marian_generate_case(name, method, compute_type="float32", *, config=None, B
 
 class StepBreakdownCase(Case):
     """One decode step against its output projection and the search's work (see the module
-    docstring), for compute_types x rows; run by run_step_breakdown (kind "breakdown")."""
+    docstring), for compute_types x rows; run by run_step_breakdown (kind "breakdown").
+
+    Args:
+        name: the case's name (default "marian_step_breakdown").
+        config: MarianConfig arguments; None (the default) for MARIAN.
+        rows: the decoding rows measured (default (8, 32)).
+        compute_types: the compute types measured (default ("float32", "int8")).
+        at: the position the step is measured at (default 16).
+        rounds: interleaved rounds (default 15).
+    """
 
     def __init__(self, name="marian_step_breakdown", *, config=None, rows=STEP_ROWS,
                  compute_types=("float32", "int8"), at=STEP_AT, rounds=STEP_ROUNDS):
@@ -351,7 +438,15 @@ class StepBreakdownCase(Case):
                          kind="breakdown", slow=(), warm=False)
 
     def functions(self, compute_type, R):
-        """{"step", "projection", "search"}: zero-argument callables for R rows."""
+        """The timed functions of one configuration.
+
+        Args:
+            compute_type: the model's compute type.
+            R: the decoding rows.
+
+        Returns:
+            {"step", "projection", "search"}: zero-argument callables for R rows.
+        """
         from ..generate import hf
         tr = _translator(marian_dir(self.config), compute_type)
         m, a = tr.model, tr.arch
@@ -380,6 +475,14 @@ class StepBreakdownCase(Case):
         return {"step": step, "projection": lambda: project(hidden, out), "search": search}
 
     def weight_bytes(self, compute_type):
+        """The bytes of the output projection's weight (the generator's), as stored.
+
+        Args:
+            compute_type: the model's compute type.
+
+        Returns:
+            The bytes, an int.
+        """
         tr = _translator(marian_dir(self.config), compute_type)
         return tr.model.generator.weight.nbytes
 
@@ -389,7 +492,12 @@ def run_step_breakdown(case, row):
     {"<compute_type> R=<rows>": {step_ms, projection_ms, search_ms, projection_share,
     projection_gbps}}, one note each, and a memory copy on the row's threads timed among them
     (copy_gbps: the projection's weight reads are read against it); fastattn_times_ms = the
-    first configuration's steps."""
+    first configuration's steps.
+
+    Args:
+        case: the `StepBreakdownCase`.
+        row: the row to fill.
+    """
     from . import timing
     fns, names = {}, []
     try:

@@ -12,7 +12,14 @@ __all__ = ["fmt_ms", "format_table", "describe_environment", "cpu_model", "resul
 
 
 def fmt_ms(v):
-    """About three significant digits, never an exponent (also used for GFLOP/s)."""
+    """A number with about three significant digits, never an exponent (also for GFLOP/s).
+
+    Args:
+        v: the number (a time in ms), or None.
+
+    Returns:
+        The text.
+    """
     if v is None:
         return None
     return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}" if v >= 1 \
@@ -27,7 +34,14 @@ def _cell(row, impl):
 
 
 def format_table(rows):
-    """The rows as a Markdown table (speedups are the other's time over fastattn's)."""
+    """The rows as a Markdown table (speedups are the other's time over fastattn's).
+
+    Args:
+        rows: `run`'s rows.
+
+    Returns:
+        The table, a str.
+    """
     head = ["case", "fastattn ms", "torch ms", "numpy ms", "ctranslate2 ms", "speedup vs torch",
             "speedup vs numpy", "speedup vs ctranslate2", "GFLOP/s fastattn", "notes"]
     body = []
@@ -54,8 +68,13 @@ def format_table(rows):
 
 
 def describe_environment(threads=None):
-    """One line: version, SIMD level, threads, the GEMM engine's K block and caches, torch
-    version."""
+    """One line: version, SIMD level, threads, the GEMM engine's K block and caches, torch version.
+
+    Args:
+        threads: the threads to report (None, the default: fastattn's count).
+
+    Returns:
+        The line."""
     info = build_info()
     torch = torch_version()
     g = info["gemm"]
@@ -82,7 +101,16 @@ def cpu_model():
 def result_filename(date, cpu, simd, threads):
     """The name of a results file: date, CPU model, SIMD level and threads, so that the files
     of one machine sort by date, e.g. ``2026-11-26_intel-xeon-processor_avx512_2t.json``
-    (``fastattn bench --json DIR`` adds -2, -3, ... to the stem of a name already taken)."""
+    (``fastattn bench --json DIR`` adds -2, -3, ... to the stem of a name already taken).
+
+    Args:
+        date: the run's date (YYYY-MM-DD).
+        cpu: the CPU model (`cpu_model()`).
+        simd: the SIMD level.
+        threads: the threads.
+
+    Returns:
+        The file name."""
     slug = re.sub(r"\(r\)|\(tm\)|\bcpu\b|@.*$", "", cpu.lower())
     slug = re.sub(r"[^a-z0-9]+", "-", slug).strip("-") or "cpu"
     return f"{date[:10]}_{slug}_{simd}_{threads}t.json"

@@ -258,7 +258,15 @@ def _copy_metrics(row, seconds, copy_bytes):
 
 def decode_probes(case, threads=None, rounds=5):
     """The decode case's other timings: (prefill ms, memory copy ms, bytes one copy moves),
-    medians of `rounds` interleaved calls (fastattn's thread count when threads is None)."""
+    medians of `rounds` interleaved calls.
+
+    Args:
+        case: the `DecodeCase`.
+        threads: the threads (None, the default: fastattn's thread count).
+        rounds: interleaved calls of each (default 5).
+
+    Returns:
+        `(prefill ms, memory copy ms, bytes one copy moves)`."""
     times, copy_bytes = _decode_times(case, threads, {"prefill": rounds, "copy": rounds})
     return (statistics.median(times["prefill"]) * 1e3, statistics.median(times["copy"]) * 1e3,
             copy_bytes)
@@ -367,30 +375,35 @@ def run(cases=None, repeat=DEFAULT_REPEAT, threads=None, *, numpy_repeat=DEFAULT
         progress=None):
     """Benchmark `cases` (names; None = DEFAULT_CASES) and return one dict per case.
 
-    repeat        timed calls of fastattn and torch per case (medians are reported)
-    threads       threads for fastattn, torch and NumPy's BLAS during the run (None: fastattn's
-                  current count); every count is restored afterwards
-    numpy_repeat  timed calls of the float64 NumPy twin (slow), at most `repeat`
-    progress      optional callable(str), told which case is starting
+    Args:
+        cases: case names; None (the default) for DEFAULT_CASES.
+        repeat: timed calls of fastattn and torch per case (medians are reported; default 20).
+        threads: threads for fastattn, torch and NumPy's BLAS during the run (None, the
+            default: fastattn's current count); every count is restored afterwards.
+        numpy_repeat: timed calls of the float64 NumPy twin (slow), at most `repeat`
+            (default 3).
+        progress: an optional callable(str), told which case is starting.
+
+    Returns:
+        One row (a dict) per case, with the keys below.
 
     Row keys: case, title, kind, threads, flops, notes, and per implementation (fastattn, numpy,
-    torch, ctranslate2) <impl>_ms (median), <impl>_runs, <impl>_times_ms, <impl>_gflops, <impl>_status
-    ("ok", "skipped" or "n/a: why"); speedup_vs_torch, speedup_vs_numpy,
-    speedup_vs_ctranslate2 (= their ms / fastattn ms); max_abs_diff_vs_numpy; others_cpu (share of the CPUs other processes used meanwhile,
-    Linux); memory case: <impl>_peak_mib, output_mib, matrix_mib; generation cases:
-    <impl>_tokens_per_s, rows_differ ({impl: rows whose tokens differ from those of
-    rows_compared_with}); generation cases counting their tokens (count_tokens: the
-    pretrained cases): <impl>_tokens (per call), tokens_per_s_ratio_vs_ctranslate2, and with
-    agreement: agreement ({impl: share of rows equal to fastattn's}); the step breakdown
-    (kind "breakdown", pretrained_cases): breakdown, copy_gbps; decode case: step_ms (also
-    its fastattn_ms), weight_mb, weight_gbps,
-    copy_gbps, share_of_copy, generate_ms, prefill_ms, copy_ms, copy_threads; a case with
-    float32_impl: float32_fastattn_ms, float32_times_ms, float32_ratio (paired, float32 over
-    fastattn); with float32_torch_impl: float32_torch_ms, float32_torch_times_ms,
-    float32_torch_ratio (paired, over torch), speedup_vs_float32_torch; either with tokens:
-    float32_<impl>_tokens_per_s; a case with
-    copy_probe (adamw): copy_ms, copy_gbps, copy_runs and share_of_copy (fastattn GB/s over a
-    memory copy's, timed interleaved with the implementations).
+    torch, ctranslate2) <impl>_ms (median), <impl>_runs, <impl>_times_ms, <impl>_gflops,
+    <impl>_status ("ok", "skipped" or "n/a: why"); speedup_vs_torch, speedup_vs_numpy,
+    speedup_vs_ctranslate2 (= their ms / fastattn ms); max_abs_diff_vs_numpy; others_cpu (share
+    of the CPUs other processes used meanwhile, Linux); memory case: <impl>_peak_mib,
+    output_mib, matrix_mib; generation cases: <impl>_tokens_per_s, rows_differ ({impl: rows
+    whose tokens differ from those of rows_compared_with}); generation cases counting their
+    tokens (count_tokens: the pretrained cases): <impl>_tokens (per call),
+    tokens_per_s_ratio_vs_ctranslate2, and with agreement: agreement ({impl: share of rows equal
+    to fastattn's}); the step breakdown (kind "breakdown", pretrained_cases): breakdown,
+    copy_gbps; decode case: step_ms (also its fastattn_ms), weight_mb, weight_gbps, copy_gbps,
+    share_of_copy, generate_ms, prefill_ms, copy_ms, copy_threads; a case with float32_impl:
+    float32_fastattn_ms, float32_times_ms, float32_ratio (paired, float32 over fastattn); with
+    float32_torch_impl: float32_torch_ms, float32_torch_times_ms, float32_torch_ratio (paired,
+    over torch), speedup_vs_float32_torch; either with tokens: float32_<impl>_tokens_per_s; a
+    case with copy_probe (adamw): copy_ms, copy_gbps, copy_runs and share_of_copy (fastattn GB/s
+    over a memory copy's, timed interleaved with the implementations).
     """
     selected = select(cases)
     if repeat < 1 or numpy_repeat < 1:

@@ -265,7 +265,13 @@ def _peak_share(rows, case="linear_bfloat16", peak="peak_vdpbf16ps", path=None, 
 
 
 def check_targets(rows):
-    """One dict per target: case, target, value, detail, status ("PASS", "MISS" or "SKIP")."""
+    """Check the performance targets against a run's rows.
+
+    Args:
+        rows: `run`'s rows.
+
+    Returns:
+        One dict per target: case, target, value, detail, status ("PASS", "MISS" or "SKIP")."""
     results = []
     for case, text, measure, passes in TARGETS:
         value, detail = measure(rows)
@@ -276,7 +282,14 @@ def check_targets(rows):
 
 
 def format_targets(results, *, include_skipped=False):
-    """One line per target: PASS/MISS, case, target, what was measured."""
+    """One line per target: PASS/MISS, case, target, what was measured.
+
+    Args:
+        results: `check_targets`' dicts.
+        include_skipped: also list the skipped targets (default False).
+
+    Returns:
+        The lines, as one str."""
     shown = [r for r in results if include_skipped or r["status"] != "SKIP"]
     if not shown:
         return ""

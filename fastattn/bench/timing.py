@@ -60,7 +60,14 @@ def _loaded_openblas():
 @contextlib.contextmanager
 def same_threads(n):
     """fastattn, NumPy's OpenBLAS and torch all at `n` threads (None: fastattn's current
-    count); yields the count. Every count is restored afterwards."""
+    count). Every count is restored afterwards.
+
+    Args:
+        n: the threads; None for fastattn's current count.
+
+    Yields:
+        The count.
+    """
     saved_fast = get_num_threads()
     count = set_num_threads(n) if n is not None else saved_fast
     blas = [(s, g, g()) for s, g in _loaded_openblas()]
@@ -87,6 +94,10 @@ def settle(max_wait=0.5, interval=0.01):
     A BLAS thread pool keeps spinning after a call (NumPy's OpenBLAS for about 0.1 s), which
     would take cores from whichever implementation is timed next; so each timed call starts
     once the process uses less than a quarter of a core.
+
+    Args:
+        max_wait: the longest wait, in seconds (default 0.5).
+        interval: the polling interval, in seconds (default 0.01).
     """
     deadline = time.perf_counter() + max_wait
     while True:
@@ -113,7 +124,15 @@ def machine_cpu():
 
 
 def others_share(before, after):
-    """Share of the machine's CPUs that other processes used between two machine_cpu()s."""
+    """The share of the machine's CPUs that other processes used between two machine_cpu()s.
+
+    Args:
+        before: `machine_cpu()` at the start.
+        after: `machine_cpu()` at the end.
+
+    Returns:
+        A fraction, or None when either is None.
+    """
     if before is None or after is None:
         return None
     wall = after[2] - before[2]
@@ -142,6 +161,15 @@ def time_interleaved(fns, counts, warm=None):
     Each turn: settle(), then warm[name] seconds of untimed calls (0 or missing: none), then
     the timed call; so every implementation is timed in its steady state, not just after
     another one's.
+
+    Args:
+        fns: {name: zero-argument callable}.
+        counts: {name: timed calls}.
+        warm: {name: seconds of untimed calls before each timed one}, or None (the default)
+            for none.
+
+    Returns:
+        {name: [seconds per call]}.
     """
     warm = warm or {}
     rounds = max(counts.values())
@@ -165,7 +193,14 @@ def time_interleaved(fns, counts, warm=None):
 
 
 def timed_call(fn):
-    """(result, seconds) of one call of fn, after settle(), with the garbage collector off."""
+    """One timed call of fn, after settle(), with the garbage collector off.
+
+    Args:
+        fn: a zero-argument callable.
+
+    Returns:
+        `(result, seconds)`.
+    """
     settle()
     gc_was_on = gc.isenabled()
     gc.disable()
@@ -200,8 +235,14 @@ def _vmhwm_kib():
 
 
 def peak_memory_growth(fn):
-    """(result, MiB, seconds, method): growth of the peak resident set during one call of fn,
-    and the call's duration."""
+    """The growth of the peak resident set during one call of fn, and the call's duration.
+
+    Args:
+        fn: a zero-argument callable.
+
+    Returns:
+        `(result, MiB, seconds, method)`.
+    """
     gc.collect()
     _malloc_trim()
     settle()
@@ -229,7 +270,15 @@ def peak_memory_growth(fn):
 def memory_copy(nbytes=COPY_MIB * 2 ** 20, threads=None):
     """(callable, bytes moved per call): np.copyto of an nbytes float32 array into another,
     split into one slice per thread (NumPy releases the GIL while copying); bytes moved =
-    read + write. The caller closes the pool with callable.close()."""
+    read + write. The caller closes the pool with callable.close().
+
+    Args:
+        nbytes: the array's bytes (default 256 MiB).
+        threads: the slices, one per thread (None, the default: fastattn's count).
+
+    Returns:
+        `(callable, bytes moved per call)`.
+    """
     n = threads or get_num_threads()
     src = np.ones(nbytes // 4, np.float32)                    # written: no shared zero pages
     dst = np.zeros_like(src)

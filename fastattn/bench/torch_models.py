@@ -54,6 +54,7 @@ def require_torch():
 
 
 def torch_version():
+    """The installed torch's version, or None without torch."""
     torch = optional_torch()
     return None if torch is None else torch.__version__
 
@@ -63,8 +64,14 @@ def _weights(torch, model):
 
 
 def torch_transformer(model):
-    """torch.nn.Transformer (batch_first, dropout 0, eval) holding the weights of `model`, a
-    fastattn nn.Transformer."""
+    """torch.nn.Transformer (batch_first, dropout 0, eval) holding a fastattn Transformer's weights.
+
+    Args:
+        model: a fastattn nn.Transformer.
+
+    Returns:
+        The torch module.
+    """
     torch = require_torch()
     tm = torch.nn.Transformer(**{**model.config, "dropout": 0.0}, batch_first=True).eval()
     tm.load_state_dict(_weights(torch, model))
@@ -79,7 +86,17 @@ def tutorial_seq2seq(cfg, *, dropout=0.0, xavier=True):
     torch's global generator), in eval mode. Its positional table is computed here, the
     tutorial's way, not taken from fastattn. ``forward(src, tgt_in)`` is the tutorial's
     training forward (causal target, padding masks from cfg["pad_id"]); call ``.train()`` for
-    dropout. xavier=False leaves torch's construction defaults (no tutorial loop)."""
+    dropout.
+
+    Args:
+        cfg: a fastattn Seq2SeqTransformer config.
+        dropout: the model's dropout (default 0).
+        xavier: the tutorial's xavier_uniform_ loop (default True; False leaves torch's
+            construction defaults).
+
+    Returns:
+        The torch module, in eval mode.
+    """
     torch = require_torch()
     nn_ = torch.nn
     C, V = cfg["emb_size"], cfg["tgt_vocab_size"]
@@ -130,8 +147,15 @@ def tutorial_seq2seq(cfg, *, dropout=0.0, xavier=True):
 
 
 def torch_seq2seq(model, *, dropout=0.0):
-    """tutorial_seq2seq for the config of `model`, a fastattn Seq2SeqTransformer, holding its
-    weights (eval mode)."""
+    """tutorial_seq2seq for a fastattn Seq2SeqTransformer's config, holding its weights (eval mode).
+
+    Args:
+        model: a fastattn Seq2SeqTransformer.
+        dropout: the torch model's dropout (default 0).
+
+    Returns:
+        The torch module.
+    """
     torch = require_torch()
     tm = tutorial_seq2seq(model.config, dropout=dropout)
     tm.load_state_dict(_weights(torch, model))
@@ -152,12 +176,18 @@ class TorchDecoder:
     The sources (B, S) are encoded once; memory (R, S, C) holds each source's row repeated for
     its `beams` rows (R = live sources x beams). With src_pad_id, source positions holding it
     are masked (src_key_padding_mask and memory_key_padding_mask), as the tutorial's training
-    forward masks them; without it the sources are taken as unpadded. ``step(tokens)`` appends the rows' tokens to
-    their prefixes (R, t + 1), re-runs tm.transformer.decoder on the whole prefixes under the
-    square subsequent mask and returns the generator's logits of the last position, (R, V)
-    float32 NumPy. ``reorder(rows, sources)`` gathers the prefixes; with `sources` (whole
-    sources dropped) it keeps those sources' memory rows. No key/value cache: that is the
-    tutorial's loop fastattn is compared with.
+    forward masks them; without it the sources are taken as unpadded. ``step(tokens)`` appends
+    the rows' tokens to their prefixes (R, t + 1), re-runs tm.transformer.decoder on the whole
+    prefixes under the square subsequent mask and returns the generator's logits of the last
+    position, (R, V) float32 NumPy. ``reorder(rows, sources)`` gathers the prefixes; with
+    `sources` (whole sources dropped) it keeps those sources' memory rows. No key/value cache:
+    that is the tutorial's loop fastattn is compared with.
+
+    Args:
+        tm: a torch_seq2seq model.
+        src_ids: (B, S) source ids.
+        beams: rows per source (default 1).
+        src_pad_id: the source padding id, or None (the default): unpadded.
     """
 
     def __init__(self, tm, src_ids, beams=1, src_pad_id=None):
@@ -172,6 +202,14 @@ class TorchDecoder:
         self.prefix = torch.empty((self.memory.shape[0], 0), dtype=torch.long)   # (R, t)
 
     def step(self, tokens):
+        """One decode step: append the rows' tokens and return the next position's logits.
+
+        Args:
+            tokens: (R,) token ids, one per row.
+
+        Returns:
+            (R, V) float32 NumPy logits.
+        """
         torch, tm = self._torch, self.tm
         self.prefix = torch.cat([self.prefix, _ids(torch, tokens)[:, None]], dim=1)
         mask = torch.nn.Transformer.generate_square_subsequent_mask(self.prefix.shape[1])
@@ -181,6 +219,12 @@ class TorchDecoder:
         return tm.generator(out[:, -1]).numpy()                         # (R, V)
 
     def reorder(self, rows, sources=None):
+        """Continue with some rows, in a new order (beams moved, rows dropped).
+
+        Args:
+            rows: new row i is old row rows[i].
+            sources: the kept sources when whole sources were dropped, or None (the default).
+        """
         torch = self._torch
         self.prefix = self.prefix[_ids(torch, rows)]
         if sources is not None:
@@ -211,6 +255,13 @@ class TorchCachedDecoder:
     cross-attention keys, values and padding mask.
 
     Legend: R rows, S source positions, C d_model, H heads, D = C / H, t positions decoded.
+
+    Args:
+        tm: a torch_seq2seq model.
+        src_ids: (B, S) source ids.
+        beams: rows per source (default 1).
+        src_pad_id: the source padding id, or None (the default): unpadded.
+        max_len: the cache's first length in positions, grown as needed (default 16).
     """
 
     def __init__(self, tm, src_ids, beams=1, src_pad_id=None, max_len=16):
@@ -279,6 +330,14 @@ class TorchCachedDecoder:
         self.v = [torch.cat([v, torch.empty_like(v)], dim=2) for v in self.v]
 
     def step(self, tokens):
+        """One decode step: append the rows' tokens and return the next position's logits.
+
+        Args:
+            tokens: (R,) token ids, one per row.
+
+        Returns:
+            (R, V) float32 NumPy logits.
+        """
         tm = self.tm
         if self.layers and self.t == self.k[0].shape[2]:
             self._grow()
@@ -300,6 +359,12 @@ class TorchCachedDecoder:
         return tm.generator(x[:, 0]).float().numpy()                    # (R, V)
 
     def reorder(self, rows, sources=None):
+        """Continue with some rows, in a new order (beams moved, rows dropped).
+
+        Args:
+            rows: new row i is old row rows[i].
+            sources: the kept sources when whole sources were dropped, or None (the default).
+        """
         torch = self._torch
         idx = _ids(torch, rows)
         self.k = [k[idx] for k in self.k]
@@ -320,8 +385,24 @@ def torch_generate(tm, src_ids, *, max_new_tokens, start_id, end_id=None, pad_id
     """Generate with a torch_seq2seq model through a TorchDecoder (kv_cache=True: a
     TorchCachedDecoder, which also runs a model converted with .to(torch.bfloat16)) and
     fastattn.generate's search loops (greedy: argmax, ties to the lowest id; beam:
-    fastattn.generate's rules) -> int64 (B, T) laid out as Seq2SeqTransformer.generate's
-    output."""
+    fastattn.generate's rules).
+
+    Args:
+        tm: a torch_seq2seq model.
+        src_ids: (B, S) source ids.
+        max_new_tokens: as Seq2SeqTransformer.generate's.
+        start_id: as Seq2SeqTransformer.generate's.
+        end_id: as Seq2SeqTransformer.generate's (default None).
+        pad_id: as Seq2SeqTransformer.generate's (default 0).
+        method: "greedy" (the default) or "beam".
+        beam_size: as Seq2SeqTransformer.generate's (default 4).
+        length_penalty: as Seq2SeqTransformer.generate's (default 1.0).
+        src_pad_id: the source padding id, or None (the default).
+        kv_cache: decode with TorchCachedDecoder (default False: TorchDecoder).
+
+    Returns:
+        int64 (B, T), laid out as Seq2SeqTransformer.generate's output.
+    """
     if method not in ("greedy", "beam"):
         raise ValueError(f"torch_generate: method must be 'greedy' or 'beam', got {method!r}")
     torch = require_torch()

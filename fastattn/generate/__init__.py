@@ -1,10 +1,13 @@
 """Sequence generation for Seq2SeqTransformer: greedy, beam search and sampling (search only).
 
-    out = model.generate(src_ids, max_new_tokens=64, start_id=2, end_id=3)   # (B, T) int64
+```python
+out = model.generate(src_ids, max_new_tokens=64, start_id=2, end_id=3)   # (B, T) int64
+```
 
 The model does the math, one position per step (``model.init_cache`` / ``model.step``, through
 its layers' own decode steps); this package only chooses tokens (``sampling``) and keeps the
 hypotheses (``search``). How a step runs:
+
 - the encoder runs once; each decoder layer's cross-attention keys and values are projected
   once per source and shared by that source's beams (the beams are the attention's queries);
 - self-attention keys and values go into a cache preallocated per layer, (rows, H, T_max, D),
@@ -12,6 +15,7 @@ hypotheses (``search``). How a step runs:
   logits are computed; on the fast backend the weights are streamed once per step, packed;
 - rows that have finished are dropped from the work (their caches compacted away), and beams
   are reordered by gathering cache rows.
+
 Both backends run the same steps (the reference backend with the NumPy twin's ops), so they
 produce the same tokens (up to float32 rounding in near-ties), and the tokens are those of the
 greedy loop over the full forward ``model(src, prefix)``.
@@ -123,8 +127,39 @@ class _Decoding:
 def generate(model, src_ids, *, max_new_tokens, start_id, end_id=None, pad_id=0,
              src_key_padding_mask=None, method="greedy", beam_size=4, length_penalty=1.0,
              temperature=1.0, top_k=None, top_p=None, seed=None):
-    """Generate target ids for src_ids (B, S) with a Seq2SeqTransformer; see the module
-    docstring. Returns int64 (B, T), rows starting with start_id, padded with pad_id."""
+    """Generate target ids for a batch of sources with a Seq2SeqTransformer.
+
+    The methods and their rules are described in the module docstring.
+
+    Args:
+        model: the `Seq2SeqTransformer` (its backend runs the steps).
+        src_ids: (B, S) integer source token ids.
+        max_new_tokens: the most tokens to generate per row (at most the model's positions).
+        start_id: the decoder's first token; every output row begins with it.
+        end_id: the token that ends a row; None (the default) never stops early.
+        pad_id: the token that pads the output after a row's end_id, and marks the source's
+            padding when `src_key_padding_mask` is None (default 0).
+        src_key_padding_mask: (B, S) bool, True = padding; None (the default) takes it from
+            `pad_id`.
+        method: "greedy" (the default), "beam" or "sample".
+        beam_size: beams per source for "beam" (default 4; 1 is greedy).
+        length_penalty: beam search's exponent on the generated length (default 1.0).
+        temperature: the sampling temperature, > 0 (default 1.0).
+        top_k: sample from the k largest logits only; None (the default) for all.
+        top_p: sample from the smallest set of tokens whose probability reaches top_p, in
+            (0, 1]; None (the default) for all.
+        seed: the sampling generator's seed (numpy.random.default_rng); the same seed gives
+            the same output, None (the default) a fresh one each call.
+
+    Returns:
+        int64 (B, T): rows starting with start_id, padded with pad_id after their end_id;
+            T = 1 + the longest generated row.
+
+    Raises:
+        TypeError: src_ids or an option of the wrong type.
+        ValueError: a bad shape or option, max_new_tokens beyond the model's positions, or
+            NaN / +inf logits (the step named).
+    """
     src, a = _check(model, src_ids, max_new_tokens, start_id, end_id, pad_id,
                     src_key_padding_mask, method, beam_size, length_penalty, temperature, top_k,
                     top_p)

@@ -24,7 +24,7 @@ next live beams. A source stops:
 
 - ``early_stopping=True``: once it holds k finished hypotheses;
 - ``False`` (the default): once it holds k and its best live beam, divided by its current
-  generated length ** length_penalty, is not above the worst of them;
+  `generated length ** length_penalty`, is not above the worst of them;
 - ``"never"``: as False, but with length_penalty > 0 the best live beam is divided by the
   longest possible generated length (max_length - 1);
 
@@ -47,8 +47,19 @@ _FLOOR = -1.0e9          # transformers' "very large negative" beam score
 
 
 class Rules:
-    """What transformers' logits processors do to these models' scores (see the module doc):
-    banned ids, a forced first token, a forced last token, and the longest sequence."""
+    """What transformers' logits processors do to these models' scores (see the module doc).
+
+    Banned ids, a forced first token, a forced last token, and the longest sequence.
+
+    Args:
+        max_length: the longest sequence, the decoder start token counted.
+        eos_id: the end-of-sequence token id.
+        banned: ids that get -inf at every step (the pad id); default none.
+        forced_bos_id: the token forced at the first generated position, or None (the
+            default).
+        forced_eos_id: the token forced at the last position (length max_length - 1), or None
+            (the default).
+    """
 
     def __init__(self, max_length, eos_id, banned=(), forced_bos_id=None, forced_eos_id=None):
         self.max_length, self.eos_id = int(max_length), eos_id
@@ -56,7 +67,14 @@ class Rules:
         self.forced_bos_id, self.forced_eos_id = forced_bos_id, forced_eos_id
 
     def forced(self, length):
-        """The token forced after `length` tokens (start included), or None."""
+        """The token forced after `length` tokens, or None.
+
+        Args:
+            length: the tokens so far, the start token included.
+
+        Returns:
+            The forced token id, or None.
+        """
         forced = None
         if length == 1 and self.forced_bos_id is not None:
             forced = self.forced_bos_id
@@ -65,8 +83,15 @@ class Rules:
         return forced
 
     def apply(self, scores, length):
-        """scores (R, V) float, for the token after `length` tokens (start included), in
-        place -> scores."""
+        """Apply the rules, in place, to the scores of the token after `length` tokens.
+
+        Args:
+            scores: (R, V) float scores (logits or log-probabilities).
+            length: the tokens so far, the start token included.
+
+        Returns:
+            scores, changed in place.
+        """
         if self.banned.size:
             scores[:, self.banned] = -np.inf
         forced = self.forced(length)
@@ -93,14 +118,26 @@ def _banned(ids, banned):
 
 
 def greedy_pick(logits, rules, length):
-    """The greedy choice after `length` tokens (start included): the best of each row of
-    logits (R, V) after Rules.apply (ties: the lowest id) -> (R,) int64; ValueError as
-    check_logits for a row holding NaN or +inf, or no finite logit.
+    """The greedy choice after `length` tokens: each row's best logit after `Rules.apply`.
+
+    Ties go to the lowest id.
 
     One pass over the logits (they are not written): the argmax of the raw row (NaN and +inf
     are maxima to argmax, so its value says what check_logits' row maximum says); a row whose
     best is a banned id is searched again without the banned ids; a forced token is every
-    row's choice."""
+    row's choice.
+
+    Args:
+        logits: (R, V) float logits (not written).
+        rules: the `Rules`.
+        length: the tokens so far, the start token included.
+
+    Returns:
+        (R,) int64 token ids.
+
+    Raises:
+        ValueError: a row holding NaN or +inf, or no finite logit (as check_logits).
+    """
     logits = np.asarray(logits)
     if logits.dtype != np.float32:
         logits = logits.astype(np.float32)
@@ -122,7 +159,18 @@ def greedy_pick(logits, rules, length):
 
 
 def greedy(decoder, B, rules, *, start_id):
-    """Greedy decoding of B sources -> B token lists (start token left out)."""
+    """Greedy decoding of B sources.
+
+    Args:
+        decoder: a decoder with `step` / `reorder` (see fastattn.generate.search), one row
+            per source.
+        B: the number of sources.
+        rules: the `Rules`.
+        start_id: the decoder start token.
+
+    Returns:
+        B token lists (the start token left out).
+    """
     seqs = [[start_id] for _ in range(B)]
     live = np.arange(B)
     tokens = np.full(B, start_id, dtype=np.int64)
@@ -216,12 +264,10 @@ def _forced_candidates(forced, run_score, V, n2):
 
 
 def beam_candidates(logits, run_score, rules, length, k):
-    """One beam step's choice: logits (n k, V) of the live beams (k rows per source, in
-    order), run_score (n, k) float64 their summed log-probabilities -> (top (n, 2k) int64 flat
-    indices beam * V + token, best first, ties to the lower index; top_score (n, 2k) float64
-    run_score + log-probability), the 2k best of the n x (k V) table run_score + (the rules
-    applied to log_softmax(logits)) (see the module doc). ValueError as check_logits for a
-    row holding NaN or +inf, or no finite logit.
+    """One beam step's choice: the 2k best continuations of each source's k live beams.
+
+    The 2k best of the n x (k V) table run_score + (the rules applied to
+    log_softmax(logits)) (see the module doc), without building that table.
 
     Without the table: log-probabilities are logit - lse (lse: _log_normalizer), monotone in
     the logit within a row, so a row's best continuations are among its largest logits. The
@@ -231,7 +277,22 @@ def beam_candidates(logits, run_score, rules, length, k):
     tokens >= that bound scored exactly as the table would score them; each source's 2k best
     of those are the table's 2k best. A forced token: its k continuations, then the table's
     -inf entries in index order (_forced_candidates). Rows with fewer than 2k finite logits
-    and vocabularies below 2k tokens go through the table (_full_candidates)."""
+    and vocabularies below 2k tokens go through the table (_full_candidates).
+
+    Args:
+        logits: (n k, V) logits of the live beams (k rows per source, in order).
+        run_score: (n, k) float64, the beams' summed log-probabilities.
+        rules: the `Rules`.
+        length: the tokens so far, the start token included.
+        k: beams per source.
+
+    Returns:
+        `(top, top_score)`: (n, 2k) int64 flat indices beam * V + token, best first, ties to
+            the lower index; (n, 2k) float64 run_score + log-probability.
+
+    Raises:
+        ValueError: a row holding NaN or +inf, or no finite logit (as check_logits).
+    """
     z = np.asarray(logits)
     if z.dtype != np.float32:
         z = z.astype(np.float32)
@@ -294,8 +355,22 @@ def beam_candidates(logits, run_score, rules, length, k):
 
 def beam(decoder, B, k, rules, *, start_id, length_penalty=1.0,
          early_stopping=False):
-    """Beam search with k beams per source -> B token lists (the best hypothesis of each,
-    start token left out). The decoder's rows: k per live source."""
+    """Beam search with k beams per source, by transformers' rules (see the module doc).
+
+    Args:
+        decoder: a decoder with `step` / `reorder` (see fastattn.generate.search), k rows
+            per live source.
+        B: the number of sources.
+        k: beams per source.
+        rules: the `Rules`.
+        start_id: the decoder start token.
+        length_penalty: the exponent on the generated length in a hypothesis' score
+            (default 1.0).
+        early_stopping: True, False (the default) or "never", as transformers'.
+
+    Returns:
+        B token lists: the best hypothesis of each source (the start token left out).
+    """
     lp = float(length_penalty)
     live_src = np.arange(B)
     run_seq = [[[start_id] for _ in range(k)] for _ in range(B)]

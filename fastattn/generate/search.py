@@ -16,7 +16,15 @@ from .sampling import check_logits, log_softmax
 
 
 def pad_rows(rows, pad_id):
-    """list of B token lists -> (B, T) int64, T the longest row, padded with pad_id."""
+    """Pad B token lists into one array.
+
+    Args:
+        rows: a list of B token lists.
+        pad_id: the token that fills each row after its end.
+
+    Returns:
+        (B, T) int64, T the longest row's length.
+    """
     T = max(map(len, rows)) if rows else 1
     out = np.full((len(rows), T), pad_id, dtype=np.int64)
     for i, r in enumerate(rows):

@@ -36,18 +36,19 @@ return every layer's weights, {"encoder": [(B, H, S, S)], "decoder": [(B, H, T, 
 [(B, H, T, S)]}, from an inference pass through the same layers that records them (eval mode
 only); the ordinary forward keeps its fused attention and never stores a weight.
 
-The package:
-    module       Module: parameters, state_dict, backends, derived (packed) weights
-    parameter    Parameter: a float32 array that counts its writes (what keeps derived
-                 weights and decode plans from going stale)
-    saved        the records a training forward keeps for its backward, one per module kind
-    backends     the op tables (fast, reference) and the activation workspace
-    activations  torch's activation argument -> a fused name, or the unfused math
-    masks        torch-convention masks -> the kernels' form, for forward and decoding alike
-    layers       Linear, Embedding, LayerNorm, PositionalEncoding, TokenEmbedding
-    attention    MultiheadAttention and its key/value caches
-    transformer  encoder/decoder layers and stacks, Transformer, the decoder caches
-    seq2seq      Seq2SeqTransformer (the translation tutorial's model)
+The package's modules:
+
+- `module`: Module: parameters, state_dict, backends, derived (packed) weights;
+- `parameter`: Parameter, a float32 array that counts its writes (what keeps derived weights
+  and decode plans from going stale);
+- `saved`: the records a training forward keeps for its backward, one per module kind;
+- `backends`: the op tables (fast, reference) and the activation workspace;
+- `activations`: torch's activation argument -> a fused name, or the unfused math;
+- `masks`: torch-convention masks -> the kernels' form, for forward and decoding alike;
+- `layers`: Linear, Embedding, LayerNorm, PositionalEncoding, TokenEmbedding;
+- `attention`: MultiheadAttention and its key/value caches;
+- `transformer`: encoder/decoder layers and stacks, Transformer, the decoder caches;
+- `seq2seq`: Seq2SeqTransformer (the translation tutorial's model).
 
 Dimension letters: B batch, S source length, T target length, L either, C d_model, H heads,
 D head dim (C / H), F dim_feedforward, V vocabulary, R decoding rows (sources x beams).

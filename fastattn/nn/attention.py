@@ -129,6 +129,21 @@ class MultiheadAttention(Module):
     bias_v (1, 1, C) as one more projected key and value, ``add_zero_attn`` a zero key and
     value after them; masks are padded for them as torch pads its masks (every query may see
     them). These run the general path (one GEMM per projection), and train.
+
+    Args:
+        embed_dim: the model width C.
+        num_heads: attention heads (embed_dim must be a multiple).
+        dropout: dropout on the attention weights in training (default 0).
+        bias: whether the projections have biases (default True).
+        add_bias_kv: append learned bias_k / bias_v as one more key and value (default False).
+        add_zero_attn: append a zero key and value (default False).
+        kdim: the keys' width; None (the default) is embed_dim.
+        vdim: the values' width; None (the default) is embed_dim.
+        batch_first: True (the default here; torch's is False) for (B, L, C) inputs, False
+            for (L, B, C).
+        backend: "fast" (the default: the C kernels) or "reference" (the NumPy twin).
+        seed: the initialisation's seed, or a numpy Generator; None (the default) draws a
+            fresh one.
     """
 
     _params = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight",
@@ -370,10 +385,17 @@ class MultiheadAttention(Module):
         return dy
 
     def backward(self, grad_output):
-        """After a training-mode forward: accumulates the gradients of the projection weights
-        (in_proj_* or q/k/v_proj_weight), bias_k / bias_v and out_proj.*, and returns
-        (d_query, d_key, d_value), in the inputs' layout (sum them when one array was passed
-        as several of the inputs)."""
+        """Backward after a training-mode forward: accumulates the projections' gradients.
+
+        The gradients of in_proj_* (or q/k/v_proj_weight), bias_k / bias_v and out_proj.*.
+
+        Args:
+            grad_output: the gradient of the attention output, shaped like it.
+
+        Returns:
+            `(d_query, d_key, d_value)`, in the inputs' layout (sum them when one array was
+                passed as several of the inputs).
+        """
         public = self._check_saved()
         shapes, layout = public.shapes, public.layout
         dy = features("grad_output", layout.features_in(grad_output, "grad_output"),

@@ -14,7 +14,18 @@ from .module import (Module, check_dropout, check_positive, contiguous, rng_from
 
 
 class Linear(Module):
-    """y = x @ weight.T + bias; weight (out_features, in_features) as in torch."""
+    """torch.nn.Linear: y = x @ weight.T + bias; weight (out_features, in_features) as in torch.
+
+    Weight and bias are drawn from U(-1/sqrt(in_features), 1/sqrt(in_features)), as torch's.
+
+    Args:
+        in_features: the input's last axis.
+        out_features: the output's last axis.
+        bias: whether the layer has a bias (default True).
+        backend: "fast" (the default: the C kernels) or "reference" (the NumPy twin).
+        seed: the initialisation's seed, or a numpy Generator; None (the default) draws a
+            fresh one.
+    """
 
     _params = ("weight", "bias")
     _quantizable = ("weight",)
@@ -42,8 +53,14 @@ class Linear(Module):
         return y.reshape(x.shape[:-1] + (self.out_features,))
 
     def backward(self, grad_output):
-        """After a training-mode forward: accumulates weight.grad / bias.grad (named_grads())
-        and returns the gradient of the input, shaped like it."""
+        """Backward after a training-mode forward: accumulates the weight and bias gradients.
+
+        Args:
+            grad_output: the gradient of the forward's output, shaped like it.
+
+        Returns:
+            The gradient of the input, shaped like it (the gradients are in `named_grads()`).
+        """
         public = self._check_saved()
         shape = public.shapes[0]
         dy = contiguous(_convert.array(grad_output, "grad_output", "Linear.backward"))
@@ -88,7 +105,17 @@ class Linear(Module):
 
 
 class Embedding(Module):
-    """Token id -> row of ``weight`` (num_embeddings, embedding_dim)."""
+    """torch.nn.Embedding: token id -> row of `weight` (num_embeddings, embedding_dim).
+
+    The weight is drawn from N(0, 1), as torch's.
+
+    Args:
+        num_embeddings: the vocabulary size.
+        embedding_dim: the row width.
+        backend: "fast" (the default: the C kernels) or "reference" (the NumPy twin).
+        seed: the initialisation's seed, or a numpy Generator; None (the default) draws a
+            fresh one.
+    """
 
     _params = ("weight",)
 
@@ -106,8 +133,16 @@ class Embedding(Module):
         return np.take(self.weight, ids, axis=0)
 
     def backward(self, grad_output):
-        """After a training-mode forward: accumulates weight's gradient (the rows of
-        grad_output added to the rows of the ids used, deterministically). Returns None."""
+        """Backward after a training-mode forward: accumulates the weight's gradient.
+
+        The rows of grad_output are added to the rows of the ids used, deterministically.
+
+        Args:
+            grad_output: the gradient of the forward's output, shaped like it.
+
+        Returns:
+            None (ids have no gradient).
+        """
         ids = self._check_saved()
         d = contiguous(_convert.array(grad_output, "grad_output", "Embedding.backward"))
         if d.shape != ids.shape + (self.embedding_dim,):
@@ -121,7 +156,15 @@ class Embedding(Module):
 
 
 class LayerNorm(Module):
-    """LN over the last axis with elementwise affine weight and bias."""
+    """torch.nn.LayerNorm over the last axis, with elementwise affine weight and bias.
+
+    Args:
+        normalized_shape: the last axis's size (an int, or a one-element tuple or list).
+        eps: added to the variance; positive and finite in float32 (default 1e-5).
+        elementwise_affine: whether the layer has a weight (and a bias), default True.
+        bias: whether the layer has a bias when affine (default True).
+        backend: "fast" (the default: the C kernels) or "reference" (the NumPy twin).
+    """
 
     _params = ("weight", "bias")
 
@@ -164,8 +207,14 @@ class LayerNorm(Module):
         return y.reshape(x.shape)
 
     def backward(self, grad_output):
-        """After a training-mode forward: accumulates weight/bias gradients and returns the
-        gradient of x, which is also the gradient of the residual when one was given."""
+        """Backward after a training-mode forward: accumulates the weight and bias gradients.
+
+        Args:
+            grad_output: the gradient of the forward's output, shaped like it.
+
+        Returns:
+            The gradient of x, which is also the gradient of the residual when one was given.
+        """
         public = self._check_saved()
         shape = public.shapes[0]
         dy = contiguous(_convert.array(grad_output, "grad_output", "LayerNorm.backward"))
@@ -226,6 +275,14 @@ class PositionalEncoding(Module):
       ``padding_idx`` is zero: a token reads padding_idx + its 1-based count among its
       sequence's tokens that are not ``padding_idx`` (plus offset), a padding token the zero
       row, so the token ids are needed (``ids``).
+
+    Args:
+        d_model: the embeddings' width.
+        max_len: the table's rows (default 5000).
+        dropout: the dropout probability in training (default 0).
+        layout: "interleaved" (the default), "halves" or "padding", as above.
+        padding_idx: the pad id, for the "padding" layout (required there; default None).
+        backend: "fast" (the default: the C kernels) or "reference" (the NumPy twin).
     """
 
     def __init__(self, d_model, max_len=5000, *, dropout=0.0, layout="interleaved",
@@ -270,8 +327,20 @@ class PositionalEncoding(Module):
         return y
 
     def rows(self, ids, offset, L):
-        """The table's rows the tokens read: None for rows offset .. offset + L - 1 of every
-        sequence, else (B, L) int64 (the "padding" layout, from ids (B, L))."""
+        """The table's rows the tokens read.
+
+        Args:
+            ids: (B, L) token ids (read by the "padding" layout only).
+            offset: the position of the first token (a decode step's past length).
+            L: the number of tokens per sequence.
+
+        Returns:
+            None for rows offset .. offset + L - 1 of every sequence, else (B, L) int64 (the
+                "padding" layout).
+
+        Raises:
+            ValueError: offset + L beyond max_len.
+        """
         if offset + L > self.max_len:
             raise ValueError(f"PositionalEncoding: positions up to {offset + L} exceed "
                              f"max_len={self.max_len}")
@@ -298,7 +367,14 @@ class PositionalEncoding(Module):
         return y2.reshape(y.shape), PositionsSaved(seed, y.shape)
 
     def backward(self, grad_output):
-        """The gradient of x (the table is constant): dropout's backward."""
+        """Backward after a training-mode forward: dropout's backward (the table is constant).
+
+        Args:
+            grad_output: the gradient of the forward's output, shaped like it.
+
+        Returns:
+            The gradient of x.
+        """
         public = self._check_saved()
         seed, shape = public.record.seed, public.record.shape
         d = np.array(grad_output, np.float32, order="C")
@@ -310,8 +386,17 @@ class PositionalEncoding(Module):
 
 
 class TokenEmbedding(Module):
-    """Embedding scaled by sqrt(d_model), as in the translation tutorial (key: embedding.*),
-    or by ``scale`` when given (a positive finite number: 1 for BART's unscaled tokens)."""
+    """An embedding scaled by sqrt(emb_size), as in the translation tutorial (key: embedding.*).
+
+    Args:
+        vocab_size: the vocabulary size.
+        emb_size: the row width.
+        scale: the rows' factor instead of sqrt(emb_size): a positive finite number (1 for
+            BART's unscaled tokens); None (the default) for sqrt(emb_size).
+        backend: "fast" (the default: the C kernels) or "reference" (the NumPy twin).
+        seed: the initialisation's seed, or a numpy Generator; None (the default) draws a
+            fresh one.
+    """
 
     _children = ("embedding",)
 
@@ -334,7 +419,14 @@ class TokenEmbedding(Module):
         return self.embedding(ids) * self.scale
 
     def backward(self, grad_output):
-        """Accumulates the embedding's gradient; returns None."""
+        """Backward after a training-mode forward: accumulates the embedding's gradient.
+
+        Args:
+            grad_output: the gradient of the forward's output, shaped like it.
+
+        Returns:
+            None.
+        """
         self.embedding.backward(np.asarray(grad_output, np.float32) * self.scale)
 
     def _scaled_into(self, ids, out):

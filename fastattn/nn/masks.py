@@ -111,5 +111,12 @@ def decoder_masks(H, B, T, S, tgt_mask, memory_mask, tgt_key_padding_mask,
 
 
 def generate_square_subsequent_mask(sz):
-    """(sz, sz) float mask: 0 on and below the diagonal, -inf above (torch's helper)."""
+    """torch's causal mask helper: 0 on and below the diagonal, -inf above.
+
+    Args:
+        sz: the mask's size.
+
+    Returns:
+        (sz, sz) float32.
+    """
     return np.triu(np.full((sz, sz), -np.inf, dtype=np.float32), k=1)

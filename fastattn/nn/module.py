@@ -25,28 +25,31 @@ class _Built(type):
 
 
 class Module(metaclass=_Built):
-    """Parameters are float32 arrays named in ``_params``; submodules in ``_children`` (a list
-    attribute holds numbered children, as torch's ModuleList).
+    """The base of every fastattn module: parameters, state_dict, backends, training and quantizing.
 
-    Parameters are nn.Parameter arrays (float32 ndarrays that count their writes, see
-    fastattn.nn.parameter). What is derived from a weight (the packed panels decode steps
-    stream, a decode plan) is made at known points (eval(), quantize(), load) and never
-    outlives a change to it: an edit through any public view (the attribute, state_dict()
-    values, named_parameters(), load_state_dict, an optimiser step, assignment, to_backend)
-    takes effect in the next call of every path, forward, generate and decode step alike.
-    Only a write the parameter cannot see (through a plain ndarray view or a buffer) needs
-    ``invalidate_caches()``.
+    Parameters are float32 arrays named in ``_params``; submodules in ``_children`` (a list
+    attribute holds numbered children, as torch's ModuleList). Parameters are nn.Parameter arrays
+    (float32 ndarrays that count their writes, see fastattn.nn.parameter). What is derived from a
+    weight (the packed panels decode steps stream, a decode plan) is made at known points (eval(),
+    quantize(), load) and never outlives a change to it: an edit through any public view (the
+    attribute, state_dict() values, named_parameters(), load_state_dict, an optimiser step,
+    assignment, to_backend) takes effect in the next call of every path, forward, generate and
+    decode step alike. Only a write the parameter cannot see (through a plain ndarray view or a
+    buffer) needs ``invalidate_caches()``.
 
-    Rebinding a parameter (``layer.linear1.weight = w``) is checked when it happens: the new
-    value must have the parameter's shape (ValueError naming the parameter and both shapes)
-    and a numeric dtype (TypeError); it becomes a Parameter over the same memory when it is
-    float32 and C-contiguous, else over a float32 C-contiguous copy. A parameter the module was built without (None)
-    cannot be set, nor can one be set to None: build the module with the parameter you want.
-    The kernels read parameters without checking them, so these checks are what keeps a
-    wrong-sized array from being read past its end.
+    Rebinding a parameter (``layer.linear1.weight = w``) is checked when it happens: the new value
+    must have the parameter's shape (ValueError naming the parameter and both shapes) and a numeric
+    dtype (TypeError); it becomes a Parameter over the same memory when it is float32 and
+    C-contiguous, else over a float32 C-contiguous copy. A parameter the module was built without
+    (None) cannot be set, nor can one be set to None: build the module with the parameter you want.
+    The kernels read parameters without checking them, so these checks are what keeps a wrong-sized
+    array from being read past its end.
 
     ``quantize("int8" | "bf16")`` converts the parameters named in ``_quantizable`` (the linear
     weights) to ``ops.QuantizedWeight`` for inference; ``quantize("float32")`` converts back.
+
+    Args:
+        backend: "fast" (the default: the C kernels) or "reference" (the NumPy twin).
     """
 
     _params = ()
@@ -105,7 +108,14 @@ class Module(metaclass=_Built):
 
     # -- parameters and submodules -----------------------------------------------------------
     def named_parameters(self, prefix=""):
-        """(state_dict key, array) of every parameter, in torch's order."""
+        """Every parameter with its state_dict key, in torch's order.
+
+        Args:
+            prefix: put before every key (default "").
+
+        Yields:
+            `(state_dict key, array)` pairs.
+        """
         for key, m, name in self._named_slots(prefix):
             yield key, getattr(m, name)
 
@@ -132,6 +142,7 @@ class Module(metaclass=_Built):
                     yield from c.modules()
 
     def parameters_nbytes(self):
+        """The bytes the parameters take, as stored (quantized weights at their own size)."""
         return sum(v.nbytes for _, v in self.named_parameters())
 
     # -- weights -------------------------------------------------------------------------------
@@ -155,6 +166,17 @@ class Module(metaclass=_Built):
         ValueError. strict=False: loads what matches and returns (missing, unexpected); shape
         mismatches are still an error. Tensors are converted without importing torch here.
         What was derived from the old weights (packed decode weights) is dropped.
+
+        Args:
+            state_dict: {torch key: NumPy array or torch tensor}.
+            strict: True (the default) or False, as above.
+
+        Returns:
+            `(missing, unexpected)` key lists with strict=False.
+
+        Raises:
+            TypeError: not a mapping of name -> array.
+            ValueError: missing or unexpected keys (strict), or a shape mismatch (all named).
         """
         if not hasattr(state_dict, "items"):
             raise TypeError(f"load_state_dict: expected a mapping of name -> array, got "
@@ -239,6 +261,16 @@ class Module(metaclass=_Built):
         its float32 weights (quantize a copy, e.g. one loaded with fastattn.io.load(path,
         compute_type="int8")). A weight already int8 is not converted to bf16 or back the
         other way (that would quantize twice): go through the float32 original.
+
+        Args:
+            compute_type: "int8", "bf16", "bfloat16" or "float32", as above.
+
+        Returns:
+            self.
+
+        Raises:
+            RuntimeError: the model is in training mode.
+            ValueError: an unknown compute type, or int8 <-> bf16 directly.
         """
         compute_type = check_compute_type(compute_type)
         if self.training:
@@ -350,10 +382,20 @@ class Module(metaclass=_Built):
 
     # -- training ------------------------------------------------------------------------------
     def train(self, mode=True):
-        """Training mode for this module and its submodules: forwards apply dropout and keep
-        what backward() needs. Returns self. A module that cannot train (a quantized model, an
-        activation without a derivative, a custom part without a backward) raises here, naming
-        why, and nothing changes."""
+        """Training mode for this module and its submodules.
+
+        In training mode, forwards apply dropout and keep what backward() needs.
+
+        Args:
+            mode: True (the default) for training, False for inference (as `eval()`).
+
+        Returns:
+            self.
+
+        Raises:
+            RuntimeError: a module that cannot train (a quantized model, an activation without
+                a derivative, a custom part without a backward), naming why; nothing changes.
+        """
         if mode and self.compute_type != "float32":
             raise RuntimeError(f"train: the model is quantized ({self.compute_type}), which is "
                                "for inference only; train the float32 model (quantize("
@@ -378,9 +420,17 @@ class Module(metaclass=_Built):
         return self.train(False)
 
     def manual_seed(self, seed):
-        """Base seed of the dropout masks of the training forwards called on this module (each
-        forward draws new masks from it: a pure function of the seed and the call count, so a
-        run repeats exactly). Returns self."""
+        """Set the base seed of the dropout masks of the training forwards called on this module.
+
+        Each forward draws new masks from it: a pure function of the seed and the call count,
+        so a run repeats exactly.
+
+        Args:
+            seed: a non-negative int.
+
+        Returns:
+            self.
+        """
         if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or seed < 0:
             raise ValueError(f"manual_seed: seed must be a non-negative int, got {seed!r}")
         self._dropout_seed, self._dropout_calls = int(seed) % 2 ** 64, 0
@@ -484,7 +534,14 @@ class Module(metaclass=_Built):
 
     # -- backends ------------------------------------------------------------------------------
     def to_backend(self, backend):
-        """Switch every submodule to `backend` ("fast" or "reference"); returns self."""
+        """Switch this module and every submodule to another backend.
+
+        Args:
+            backend: "fast" (the C kernels) or "reference" (the NumPy twin).
+
+        Returns:
+            self.
+        """
         ops_ = backend_ops(backend)
         for m in self.modules():
             m.backend, m._ops, m._buffers = backend, ops_, None
@@ -493,8 +550,7 @@ class Module(metaclass=_Built):
         return self._install_kinds()
 
     def set_precision(self, precision):
-        """The precision of training on every submodule: "fp32" (default) or "bf16" (also
-        "float32" / "bfloat16"); returns self.
+        """Set the precision of training on every submodule.
 
         "bf16" is mixed precision with torch autocast's meaning: the products of every
         training forward and backward (the linear layers' x W^T, dY W and dY^T x, the FFN's,
@@ -504,7 +560,14 @@ class Module(metaclass=_Built):
         norm, softmax, dropout, the residual stream, the embeddings and the loss stay float32.
         Inference (eval() forwards, generate) is not changed: that is quantize()'s compute
         type. A loop of your own: ``model.set_precision("bf16")`` once, then train as in
-        float32 (see docs/training.md)."""
+        float32 (see docs/training.md).
+
+        Args:
+            precision: "fp32" (the default, also "float32") or "bf16" (also "bfloat16").
+
+        Returns:
+            self.
+        """
         name = precision_name(precision)
         for m in self.modules():
             if m.precision != name:

@@ -56,7 +56,12 @@ class _Version:
 
 
 class Parameter(np.ndarray):
-    """A parameter array (see the module docstring); ``version`` counts its writes."""
+    """A parameter array (see the module docstring); `version` counts its writes.
+
+    Args:
+        value: an array (any real dtype), made a float32 C-contiguous Parameter (a Parameter
+            that already is one is returned as it is).
+    """
 
     def __new__(cls, value):
         if isinstance(value, Parameter) and value.dtype == np.float32 and \
@@ -71,6 +76,7 @@ class Parameter(np.ndarray):
 
     @property
     def version(self):
+        """The number of writes to this parameter (and its views) so far."""
         return self._box.n
 
     @property

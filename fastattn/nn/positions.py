@@ -2,14 +2,16 @@
 mBART's are learned: weights). Each is a float32 (rows, d) table and a rule for the row a
 token reads.
 
-    Marian     row p = [sin(p w_0) .. sin(p w_{h-1}), cos(p w_0) .. cos(p w_{d-h-1})],
-               w_j = 10000 ** (-2 j / d), h = ceil(d / 2) (sin in the first half, cos in the
-               second: not interleaved); token t of a sequence reads row t (a decode step's,
-               row past + t), whatever the padding
-    M2M100 /   row n = [sin(n f_0) .. sin(n f_{h-1}), cos(n f_0) .. cos(n f_{h-1}), (0 for
-    NLLB       odd d)], f_i = exp(-i ln(10000) / (h - 1)), h = d // 2; the pad id's row is zero;
-               a token reads pad_id + (its count among the sequence's non-pad tokens, from 1,
-               plus past), a pad token the zero row (so left padding moves the positions)
+```text
+Marian     row p = [sin(p w_0) .. sin(p w_{h-1}), cos(p w_0) .. cos(p w_{d-h-1})],
+           w_j = 10000 ** (-2 j / d), h = ceil(d / 2) (sin in the first half, cos in the
+           second: not interleaved); token t of a sequence reads row t (a decode step's,
+           row past + t), whatever the padding
+M2M100 /   row n = [sin(n f_0) .. sin(n f_{h-1}), cos(n f_0) .. cos(n f_{h-1}), (0 for
+NLLB       odd d)], f_i = exp(-i ln(10000) / (h - 1)), h = d // 2; the pad id's row is zero;
+           a token reads pad_id + (its count among the sequence's non-pad tokens, from 1,
+           plus past), a pad token the zero row (so left padding moves the positions)
+```
 
 Computed in float64 and rounded once to float32 (transformers computes Marian's so, and
 M2M100's in float32: those agree with these to float32 rounding).
@@ -22,7 +24,15 @@ __all__ = ["sinusoidal_marian", "sinusoidal_m2m100", "m2m100_rows"]
 
 
 def sinusoidal_marian(rows, d):
-    """(rows, d) float32: Marian's table (see the module doc)."""
+    """Marian's sinusoidal position table (see the module doc).
+
+    Args:
+        rows: the number of positions.
+        d: the model width.
+
+    Returns:
+        (rows, d) float32.
+    """
     p = np.arange(rows, dtype=np.float64)[:, None]
     j = np.arange(d)
     angle = p / np.power(10000.0, 2 * (j // 2) / d)
@@ -34,7 +44,16 @@ def sinusoidal_marian(rows, d):
 
 
 def sinusoidal_m2m100(rows, d, pad_id):
-    """(rows, d) float32: M2M100's table, the pad id's row zero (see the module doc)."""
+    """M2M100's sinusoidal position table, the pad id's row zero (see the module doc).
+
+    Args:
+        rows: the number of rows.
+        d: the model width.
+        pad_id: the padding token id, whose row is zero.
+
+    Returns:
+        (rows, d) float32.
+    """
     h = d // 2
     if h < 2:
         raise ValueError(f"sinusoidal_m2m100: d = {d} is too small (its frequencies need "
@@ -50,8 +69,19 @@ def sinusoidal_m2m100(rows, d, pad_id):
 
 
 def m2m100_rows(ids, pad_id, past=0):
-    """(B, L) int64: the M2M100 table's row for each token of ids (B, L) (see the module doc):
-    pad_id + its 1-based count among the row's non-pad tokens + past; pad_id for a pad."""
+    """The M2M100 table's row for each token (see the module doc).
+
+    A token's row is pad_id + its 1-based count among the row's non-pad tokens + past; a pad's
+    is pad_id.
+
+    Args:
+        ids: (B, L) integer token ids.
+        pad_id: the padding token id.
+        past: the positions already decoded before these (default 0).
+
+    Returns:
+        (B, L) int64.
+    """
     ids = np.asarray(ids)
     keep = ids != pad_id
     return np.where(keep, np.cumsum(keep, axis=1) + past, 0).astype(np.int64) + pad_id

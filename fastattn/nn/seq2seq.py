@@ -66,9 +66,39 @@ class Seq2SeqTransformer(Module):
 
     Decoding, one position per step (what fastattn.generate drives):
 
-        cache = model.init_cache(src_ids, beams=1, max_len=64)   # encoder + cross K/V, once
-        logits = model.step(tokens, cache)                       # (R,) ids -> (R, V) logits
-        cache.reorder(rows, sources=None)                        # beams moved / rows dropped
+    ```python
+    cache = model.init_cache(src_ids, beams=1, max_len=64)   # encoder + cross K/V, once
+    logits = model.step(tokens, cache)                       # (R,) ids -> (R, V) logits
+    cache.reorder(rows, sources=None)                        # beams moved / rows dropped
+    ```
+
+    Args:
+        num_encoder_layers: encoder layers.
+        num_decoder_layers: decoder layers.
+        emb_size: the model width C.
+        nhead: attention heads (emb_size must be a multiple).
+        src_vocab_size: the source vocabulary size.
+        tgt_vocab_size: the target vocabulary size (the generator's outputs).
+        dim_feedforward: the feed-forward hidden width (default 512, the tutorial's).
+        dropout: the dropout probability in training (default 0.1).
+        activation: the feed-forward's activation (default "relu"), as
+            `TransformerEncoderLayer`'s.
+        norm_first: pre-norm layers (default False: post-norm).
+        layer_norm_eps: the layer norms' eps (default 1e-5).
+        pad_id: the padding token id, from which masks are derived; None (the default) for
+            none.
+        max_len: the positions the model can embed (default 5000).
+        backend: "fast" (the default: the C kernels) or "reference" (the NumPy twin).
+        seed: the initialisation's seed, or a numpy Generator; None (the default) draws a
+            fresh one.
+        init: "xavier" (the default) or "torch", as above.
+        embed_scale: the token embeddings' factor; None (the default) for sqrt(emb_size).
+        positions: "sinusoidal" (the default), "sinusoidal_halves", "sinusoidal_padding" or
+            "learned", as above.
+        layernorm_embedding: a layer norm right after token + position (default False).
+        final_norm: the stacks' final norms (default True).
+        decoder_padding_mask: derive the target's key padding mask from pad_id (default True).
+        padding_idx: the pad_id rows of the token embeddings get no gradient (default False).
     """
 
     _children = ("transformer", "generator", "src_tok_emb", "tgt_tok_emb", "src_pos_emb",
@@ -153,6 +183,7 @@ class Seq2SeqTransformer(Module):
 
     @property
     def tgt_vocab_size(self):
+        """The target vocabulary size (the generator's outputs)."""
         return self.tgt_tok_emb.embedding.num_embeddings
 
     def _ignored_keys(self):
@@ -240,13 +271,35 @@ class Seq2SeqTransformer(Module):
         return out.reshape(B, T, C).copy(), None
 
     def encode(self, src_ids, src_key_padding_mask=None, src_mask=None):
-        """src_ids (B, S) -> memory (B, S, C) (inference: the training forward is the
-        model's own call)."""
+        """Encode a batch of sources (inference: the training forward is the model's own call).
+
+        Args:
+            src_ids: (B, S) integer token ids.
+            src_key_padding_mask: (B, S), True = padding; None (the default) derives it from
+                pad_id.
+            src_mask: (S, S) attention mask over the source, or None (the default).
+
+        Returns:
+            memory, (B, S, C) float32.
+        """
         return self._encode(src_ids, src_key_padding_mask, src_mask, Workspace(self._ops))[0]
 
     def decode(self, tgt_ids, memory, tgt_mask=None, memory_key_padding_mask=None,
                tgt_key_padding_mask=None, tgt_is_causal=True):
-        """tgt_ids (B, T), memory (B, S, C) -> hidden (B, T, C); causal target by default."""
+        """Decode a batch of targets against the encoder's memory (causal by default).
+
+        Args:
+            tgt_ids: (B, T) integer token ids.
+            memory: (B, S, C) from `encode`.
+            tgt_mask: (T, T) attention mask over the target, or None (the default).
+            memory_key_padding_mask: (B, S), True = padding, or None (the default).
+            tgt_key_padding_mask: (B, T), True = padding; None (the default) derives it from
+                pad_id (with decoder_padding_mask).
+            tgt_is_causal: apply the causal rule when no tgt_mask is given (default True).
+
+        Returns:
+            hidden, (B, T, C) float32 (before the generator).
+        """
         return self._decode(tgt_ids, memory, tgt_mask, memory_key_padding_mask,
                             tgt_key_padding_mask, tgt_is_causal, Workspace(self._ops))[0]
 
@@ -267,14 +320,30 @@ class Seq2SeqTransformer(Module):
     def attention_weights(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None,
                           src_key_padding_mask=None, tgt_key_padding_mask=None,
                           memory_key_padding_mask=None, tgt_is_causal=True):
-        """The attention weights of every layer for src_ids (B, S), tgt_ids (B, T): an
-        inference pass with the forward's arguments, masks (causal target; padding from
-        pad_id where no mask is given) and math -> {"encoder": [(B, H, S, S) per layer],
-        "decoder": [(B, H, T, T) per layer, the masked self-attention], "cross": [(B, H, T, S)
-        per layer]}, float32 arrays. A row sums to 1, or is zeros where the masks leave its
-        query no key; masked entries are exactly 0. Eval mode only (a RuntimeError in train
-        mode, whose dropout would change the weights). The forward itself never pays for it:
-        only this pass takes the attention path that stores the weights."""
+        """The attention weights of every layer, from an inference pass with the forward's math.
+
+        The masks are the forward's (causal target; padding from pad_id where no mask is
+        given). A row sums to 1, or is zeros where the masks leave its query no key; masked
+        entries are exactly 0. The forward itself never pays for it: only this pass takes the
+        attention path that stores the weights.
+
+        Args:
+            src_ids: (B, S) integer token ids.
+            tgt_ids: (B, T) integer token ids.
+            src_mask: as in the forward (default None).
+            tgt_mask: as in the forward (default None).
+            src_key_padding_mask: as in the forward (default None: from pad_id).
+            tgt_key_padding_mask: as in the forward (default None: from pad_id).
+            memory_key_padding_mask: as in the forward (default None).
+            tgt_is_causal: as in the forward (default True).
+
+        Returns:
+            {"encoder": [(B, H, S, S) per layer], "decoder": [(B, H, T, T) per layer, the
+                masked self-attention], "cross": [(B, H, T, S) per layer]}, float32 arrays.
+
+        Raises:
+            RuntimeError: in train mode, whose dropout would change the weights.
+        """
         rec = recording_workspace(self, "attention_weights")
         logits, _ = self._forward(src_ids, tgt_ids, src_mask, tgt_mask, src_key_padding_mask,
                                   tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal,
@@ -306,8 +375,16 @@ class Seq2SeqTransformer(Module):
         return logits.reshape(B, T, self.tgt_vocab_size), saved   # not -1: B may be 0
 
     def backward(self, grad_output):
-        """After a training-mode forward: d_logits (B, T, V) back through the generator, the
-        decoder, the encoder and into both embeddings (gradients accumulate; returns None)."""
+        """Backward after a training-mode forward, into every parameter (gradients accumulate).
+
+        Through the generator, the decoder, the encoder and into both embeddings.
+
+        Args:
+            grad_output: d_logits, (B, T, V).
+
+        Returns:
+            None (token ids have no gradient).
+        """
         public = self._check_saved()
         saved = public.record
         B, T, _ = (0, 0, 0) if saved is None else saved.tgt_shape
@@ -360,7 +437,20 @@ class Seq2SeqTransformer(Module):
         tgt_ids[:, 1:]; padding masks and ignored targets come from pad_id; the mean over the
         targets that are not padding (0.0 when every target is padding). backward=True (in
         training mode) accumulates the gradients in the same call; the (B, T, V) logits do not
-        outlive it. Returns the loss as a float."""
+        outlive it.
+
+        Args:
+            src_ids: (B, S) integer source token ids.
+            tgt_ids: (B, T) integer target token ids, start token first.
+            label_smoothing: in [0, 1) (default 0).
+            backward: also accumulate the gradients (training mode only; default False).
+
+        Returns:
+            The loss, a float.
+
+        Raises:
+            RuntimeError: backward=True outside training mode.
+        """
         if backward and not self.training:
             raise RuntimeError("loss(backward=True) needs training mode: call model.train()")
         tgt = token_ids("tgt_ids", tgt_ids, self.tgt_vocab_size)
@@ -386,7 +476,20 @@ class Seq2SeqTransformer(Module):
         """Encode src_ids (B, S) and prepare decoding of up to max_len positions with `beams`
         rows per source: the memory's cross-attention keys and values are projected once here.
         The source padding mask (given, or from pad_id) masks the memory exactly as in
-        ``model(src_ids, tgt_ids)``: a float mask is added, a bool mask blocks."""
+        ``model(src_ids, tgt_ids)``: a float mask is added, a bool mask blocks.
+
+        Args:
+            src_ids: (B, S) integer token ids.
+            src_key_padding_mask: (B, S); None (the default) derives it from pad_id.
+            beams: rows per source (default 1).
+            max_len: the most positions to decode (at most the model's max_len).
+
+        Returns:
+            The `DecoderCache`.
+
+        Raises:
+            ValueError: max_len beyond the model's.
+        """
         if isinstance(max_len, int) and not isinstance(max_len, bool) and \
                 max_len > self.max_len:
             raise ValueError(f"init_cache: max_len={max_len} exceeds the model's "
@@ -396,8 +499,16 @@ class Seq2SeqTransformer(Module):
         return self.transformer.decoder.init_cache(memory, kpm, beams=beams, max_len=max_len)
 
     def step(self, tokens, cache):
-        """tokens (R,) int, the target token at position cache.t of each row -> logits (R, V)
-        for the next position. R = live sources x beams (row r belongs to source r // beams)."""
+        """One decode step: the logits for the next position of each row.
+
+        Args:
+            tokens: (R,) int, the target token at position cache.t of each row; R = live
+                sources x beams (row r belongs to source r // beams).
+            cache: the `DecoderCache` from `init_cache`.
+
+        Returns:
+            logits, (R, V) float32.
+        """
         tokens = np.asarray(tokens)
         if tokens.ndim != 1:
             raise ValueError(f"step: tokens must be (R,) token ids, got shape {tokens.shape}")
@@ -422,8 +533,28 @@ class Seq2SeqTransformer(Module):
     def generate(self, src_ids, *, max_new_tokens, start_id, end_id=None, pad_id=0,
                  src_key_padding_mask=None, method="greedy", beam_size=4, length_penalty=1.0,
                  temperature=1.0, top_k=None, top_p=None, seed=None):
-        """Generate target ids (B, T) int64 from src_ids (B, S): greedy, beam or sample, one
-        position per step through ``step``. See fastattn.generate for the exact rules."""
+        """Generate target ids: greedy, beam or sample, one position per step through `step`.
+
+        The arguments are `fastattn.generate.generate`'s, which has the exact rules.
+
+        Args:
+            src_ids: (B, S) integer source token ids.
+            max_new_tokens: the most tokens to generate per row.
+            start_id: the decoder's first token.
+            end_id: the token that ends a row; None (the default) never stops early.
+            pad_id: pads the output after a row's end (default 0).
+            src_key_padding_mask: (B, S), True = padding; None (the default) from pad_id.
+            method: "greedy" (the default), "beam" or "sample".
+            beam_size: beams per source for "beam" (default 4).
+            length_penalty: beam search's length exponent (default 1.0).
+            temperature: the sampling temperature (default 1.0).
+            top_k: sample from the k largest logits; None (the default) for all.
+            top_p: nucleus sampling's mass; None (the default) for all.
+            seed: the sampling seed; None (the default) for a fresh one.
+
+        Returns:
+            (B, T) int64 token ids, rows starting with start_id.
+        """
         from ..generate import generate
         return generate(self, src_ids, max_new_tokens=max_new_tokens, start_id=start_id,
                         end_id=end_id, pad_id=pad_id,
@@ -432,9 +563,21 @@ class Seq2SeqTransformer(Module):
                         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
 
     def translate(self, texts, src_tokenizer, tgt_tokenizer, **generate_kwargs):
-        """Text in, text out: encode `texts` with src_tokenizer (with <start>/<end> when it has
-        them), generate, decode with tgt_tokenizer (specials dropped). generate_kwargs go to
-        generate(); start_id, end_id and pad_id default to tgt_tokenizer's specials."""
+        """Text in, text out: encode, generate, decode (specials dropped).
+
+        Args:
+            texts: a list of strings.
+            src_tokenizer: encodes the texts (with `<start>` / `<end>` when it has them).
+            tgt_tokenizer: decodes the output.
+            **generate_kwargs: passed to `generate`; start_id, end_id and pad_id default to
+                tgt_tokenizer's specials.
+
+        Returns:
+            A list of strings.
+
+        Raises:
+            TypeError: `texts` is a single str.
+        """
         if isinstance(texts, str):
             raise TypeError("translate: texts must be a list of strings, got a single str")
         texts = list(texts)

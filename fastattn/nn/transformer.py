@@ -72,7 +72,14 @@ class DecoderCache:
     """What decoding keeps between steps: one DecoderLayerCache per layer, the position ``t``
     the next step writes, ``beams`` rows per source (row r belongs to source r // beams), the
     buffers the steps reuse and the decode plan. Made by ``init_cache`` of a decoder layer, a
-    decoder stack or a Seq2SeqTransformer; advanced by their ``step``."""
+    decoder stack or a Seq2SeqTransformer; advanced by their ``step``.
+
+    Args:
+        layers: the layer caches, one per decoder layer.
+        beams: rows per source.
+        max_len: the most positions to decode.
+        ops_: the backend's op table.
+    """
 
     def __init__(self, layers, beams, max_len, ops_):
         self.layers, self.beams, self.max_len = layers, beams, max_len
@@ -81,12 +88,20 @@ class DecoderCache:
         self._plan, self._plan_key = None, None
 
     def plan(self, make):
-        """The owner's decode plan for the current rows: make(R, B) (R rows over B sources),
-        made on the first step and again when the rows changed or anything was written to a
+        """The owner's decode plan for the current rows, made by `make(R, B)` when needed.
+
+        Made on the first step and again when the rows changed or anything was written to a
         parameter or a module setting since (parameter.writes(): weights edited, rebound,
         loaded or quantized, an optimiser step, to_backend, a changed activation), so a step
         always runs the model as it is now. Keys and values already in the cache stay as the
-        earlier steps made them."""
+        earlier steps made them.
+
+        Args:
+            make: `make(R, B)` builds the plan for R rows over B sources.
+
+        Returns:
+            The plan.
+        """
         key = (self.rows, writes())
         if self._plan_key != key:
             self._plan = make(self.rows, self.sources)
@@ -100,12 +115,17 @@ class DecoderCache:
 
     @property
     def sources(self):
+        """Live sources (rows // beams)."""
         return self.layers[0].cross_attn.k.shape[0] if self.layers else 0
 
     def reorder(self, rows, sources=None):
-        """Continue with rows `rows` (new row i = old row rows[i]); `sources`, when whole
-        sources were dropped, lists the kept ones (in order), and len(rows) must then be
-        len(sources) * beams."""
+        """Continue with some of the rows, in a new order (beams moved, rows dropped).
+
+        Args:
+            rows: new row i is old row rows[i].
+            sources: when whole sources were dropped, the kept ones (in order); len(rows) must
+                then be len(sources) * beams. None (the default): the same sources.
+        """
         rows = np.asarray(rows, dtype=np.int64)
         for lc in self.layers:
             lc.self_attn.reorder(rows, self.t)
@@ -243,6 +263,21 @@ def collect_weights(transformer, weights, B, S, T):
 class TransformerEncoderLayer(Module):
     """torch.nn.TransformerEncoderLayer: self-attention and FFN, each with add & norm
     (post-LN: x = norm(x + f(x)); norm_first: x = x + f(norm(x))).
+
+    Args:
+        d_model: the model width C.
+        nhead: attention heads (d_model must be a multiple).
+        dim_feedforward: the feed-forward hidden width (default 2048).
+        dropout: the dropout probability in training (default 0.1).
+        activation: the feed-forward's activation (default "relu"), as above.
+        layer_norm_eps: the layer norms' eps (default 1e-5).
+        batch_first: True (the default here; torch's is False) for (B, L, C) inputs, False
+            for (L, B, C).
+        norm_first: pre-norm layers (default False: post-norm, as torch).
+        bias: whether the linear layers and layer norms have biases (default True).
+        backend: "fast" (the default: the C kernels) or "reference" (the NumPy twin).
+        seed: the initialisation's seed, or a numpy Generator; None (the default) draws a
+            fresh one.
 
     ``activation``: "relu" / "gelu" / "gelu_tanh" / "silu" (fused into the FFN kernel), torch's
     relu / gelu / silu callables and GELU(approximate="tanh") (the same, by name), or any other
@@ -390,8 +425,14 @@ class TransformerEncoderLayer(Module):
         return self._sublayer_backward(d, self.norm1, self._self_attention_backward, attn, bufs)
 
     def backward(self, grad_output):
-        """After a training-mode forward: accumulates every parameter's gradient and returns
-        the gradient of src."""
+        """Backward after a training-mode forward: accumulates every parameter's gradient.
+
+        Args:
+            grad_output: the gradient of the forward's output, shaped like it.
+
+        Returns:
+            The gradient of src.
+        """
         return _public_backward(self, grad_output, decoder=False)
 
     def _forward(self, x, mask, ws, B):
@@ -407,9 +448,27 @@ class TransformerEncoderLayer(Module):
 
 
 class TransformerDecoderLayer(TransformerEncoderLayer):
-    """torch.nn.TransformerDecoderLayer: masked self-attention, cross-attention over the
-    encoder's memory, FFN; each with add & norm. ``init_cache`` / ``step`` decode one position
-    at a time through the same block."""
+    """torch.nn.TransformerDecoderLayer: masked self-attention, cross-attention, FFN.
+
+    Each sublayer with add & norm; the cross-attention reads the encoder's memory.
+    `init_cache` / `step` decode one position at a time through the same block. The activation
+    is as `TransformerEncoderLayer`'s.
+
+    Args:
+        d_model: the model width C.
+        nhead: attention heads (d_model must be a multiple).
+        dim_feedforward: the feed-forward hidden width (default 2048).
+        dropout: the dropout probability in training (default 0.1).
+        activation: the feed-forward's activation (default "relu"), as above.
+        layer_norm_eps: the layer norms' eps (default 1e-5).
+        batch_first: True (the default here; torch's is False) for (B, L, C) inputs, False
+            for (L, B, C).
+        norm_first: pre-norm layers (default False: post-norm, as torch).
+        bias: whether the linear layers and layer norms have biases (default True).
+        backend: "fast" (the default: the C kernels) or "reference" (the NumPy twin).
+        seed: the initialisation's seed, or a numpy Generator; None (the default) draws a
+            fresh one.
+    """
 
     _children = ("self_attn", "multihead_attn", "linear1", "linear2", "norm1", "norm2",
                  "norm3")
@@ -478,21 +537,44 @@ class TransformerDecoderLayer(TransformerEncoderLayer):
         return self._sublayer_backward(d, self.norm1, self._self_attention_backward, attn, bufs)
 
     def backward(self, grad_output):
-        """After a training-mode forward: accumulates every parameter's gradient and returns
-        (d_tgt, d_memory)."""
+        """Backward after a training-mode forward: accumulates every parameter's gradient.
+
+        Args:
+            grad_output: the gradient of the forward's output, shaped like it.
+
+        Returns:
+            `(d_tgt, d_memory)`.
+        """
         return _public_backward(self, grad_output, decoder=True)
 
     __call__ = _decoder_call
 
     def init_cache(self, memory, memory_key_padding_mask=None, *, beams=1, max_len):
-        """A DecoderCache for decoding up to max_len positions of `beams` rows per source
-        against memory (B, S, C); memory_key_padding_mask (B, S) as in the forward. The
-        memory's keys and values are projected here, once."""
+        """A DecoderCache for decoding up to max_len positions of `beams` rows per source.
+
+        The memory's keys and values are projected here, once.
+
+        Args:
+            memory: (B, S, C) the encoder's output.
+            memory_key_padding_mask: (B, S) as in the forward; None (the default) for none.
+            beams: rows per source (default 1).
+            max_len: the most positions to decode.
+
+        Returns:
+            The `DecoderCache`.
+        """
         return _init_cache(self, [self], memory, memory_key_padding_mask, beams, max_len)
 
     def step(self, x, cache):
-        """x (R, C), the layer input at position cache.t of each row (R = sources x beams) ->
-        (R, C), what the forward gives at that position under a causal target mask."""
+        """One decode step: what the forward gives at position cache.t under a causal mask.
+
+        Args:
+            x: (R, C) the layer input at position cache.t of each row (R = sources x beams).
+            cache: the `DecoderCache` from `init_cache`.
+
+        Returns:
+            (R, C) float32.
+        """
         x = cache._check_step(x, self.d_model)
         plan = cache.plan(self._step_plan)
         out = self._step(x, cache.layers[0], cache.t, cache.ws, plan)
@@ -559,10 +641,20 @@ def _describe_type(obj):
 
 
 class TransformerEncoder(_Stack):
-    """torch.nn.TransformerEncoder(encoder_layer, num_layers, norm=None,
-    enable_nested_tensor=True, mask_check=True). The last two are accepted and kept, and
-    change nothing: fastattn never builds nested tensors, so the output at padded source
-    positions is computed like any other (torch's nested-tensor path returns zeros there)."""
+    """torch.nn.TransformerEncoder: a stack of encoder layers and an optional final norm.
+
+    enable_nested_tensor and mask_check are accepted and kept, and change nothing: fastattn
+    never builds nested tensors, so the output at padded source positions is computed like any
+    other (torch's nested-tensor path returns zeros there).
+
+    Args:
+        encoder_layer: the `TransformerEncoderLayer` to copy num_layers times.
+        num_layers: the number of layers.
+        norm: a `LayerNorm` after the last layer, or None (the default).
+        enable_nested_tensor: accepted, no effect (default True).
+        mask_check: accepted, no effect (default True).
+        backend: "fast" or "reference"; None (the default) takes the layer's.
+    """
 
     _layer_class = TransformerEncoderLayer
 
@@ -583,7 +675,14 @@ class TransformerEncoder(_Stack):
         return d
 
     def backward(self, grad_output):
-        """After a training-mode forward: the gradient of src; parameter gradients accumulate."""
+        """Backward after a training-mode forward; parameter gradients accumulate.
+
+        Args:
+            grad_output: the gradient of the forward's output, shaped like it.
+
+        Returns:
+            The gradient of src.
+        """
         return _public_backward(self, grad_output, decoder=False)
 
     def __call__(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
@@ -591,8 +690,16 @@ class TransformerEncoder(_Stack):
 
 
 class TransformerDecoder(_Stack):
-    """torch.nn.TransformerDecoder(decoder_layer, num_layers, norm=None); ``init_cache`` /
-    ``step`` decode one position at a time through the layers' own steps."""
+    """torch.nn.TransformerDecoder(decoder_layer, num_layers, norm=None).
+
+    `init_cache` / `step` decode one position at a time through the layers' own steps.
+
+    Args:
+        decoder_layer: the `TransformerDecoderLayer` to copy num_layers times.
+        num_layers: the number of layers.
+        norm: a `LayerNorm` after the last layer, or None (the default).
+        backend: "fast" or "reference"; None (the default) takes the layer's.
+    """
 
     _layer_class = TransformerDecoderLayer
 
@@ -620,17 +727,42 @@ class TransformerDecoder(_Stack):
         return d
 
     def backward(self, grad_output):
-        """After a training-mode forward: (d_tgt, d_memory); parameter gradients accumulate."""
+        """Backward after a training-mode forward; parameter gradients accumulate.
+
+        Args:
+            grad_output: the gradient of the forward's output, shaped like it.
+
+        Returns:
+            `(d_tgt, d_memory)`.
+        """
         return _public_backward(self, grad_output, decoder=True)
 
     __call__ = _decoder_call
 
     def init_cache(self, memory, memory_key_padding_mask=None, *, beams=1, max_len):
-        """See TransformerDecoderLayer.init_cache; one layer cache per layer."""
+        """A DecoderCache for the stack (one layer cache per layer); see the layer's.
+
+        Args:
+            memory: (B, S, C) the encoder's output.
+            memory_key_padding_mask: (B, S) as in the forward; None (the default) for none.
+            beams: rows per source (default 1).
+            max_len: the most positions to decode.
+
+        Returns:
+            The `DecoderCache`.
+        """
         return _init_cache(self, self.layers, memory, memory_key_padding_mask, beams, max_len)
 
     def step(self, x, cache):
-        """x (R, C) at position cache.t -> the stack's output there (R, C)."""
+        """One decode step through every layer: the stack's output at position cache.t.
+
+        Args:
+            x: (R, C) the stack's input at position cache.t of each row.
+            cache: the `DecoderCache` from `init_cache`.
+
+        Returns:
+            (R, C) float32.
+        """
         x = cache._check_step(x, self.d_model)
         out = self._step(x, cache, cache.ws, cache.plan(self._step_plan))
         cache.t += 1
@@ -649,7 +781,28 @@ class Transformer(Module):
     tgt_key_padding_mask=..., memory_key_padding_mask=..., tgt_is_causal=...,
     memory_is_causal=...)`` -> (B, T, C). Only a fastattn module (one with backward) trains;
     ``attention_weights`` needs fastattn's own stacks; ``io.save`` refuses custom parts (its
-    config cannot rebuild them). torch modules are refused: fastattn runs NumPy arrays."""
+    config cannot rebuild them). torch modules are refused: fastattn runs NumPy arrays.
+
+    Args:
+        d_model: the model width C (default 512).
+        nhead: attention heads (default 8; d_model must be a multiple).
+        num_encoder_layers: encoder layers (default 6).
+        num_decoder_layers: decoder layers (default 6).
+        dim_feedforward: the feed-forward hidden width (default 2048).
+        dropout: the dropout probability in training (default 0.1).
+        activation: the feed-forward's activation (default "relu"), as
+            `TransformerEncoderLayer`'s.
+        custom_encoder: a module replacing the encoder stack, or None (the default).
+        custom_decoder: a module replacing the decoder stack, or None (the default).
+        layer_norm_eps: the layer norms' eps (default 1e-5).
+        batch_first: True (the default here; torch's is False) for (B, L, C) inputs, False
+            for (L, B, C).
+        norm_first: pre-norm layers (default False: post-norm, as torch).
+        bias: whether the linear layers and layer norms have biases (default True).
+        backend: "fast" (the default: the C kernels) or "reference" (the NumPy twin).
+        seed: the initialisation's seed, or a numpy Generator; None (the default) draws a
+            fresh one.
+    """
 
     _children = ("encoder", "decoder")
 
@@ -725,12 +878,33 @@ class Transformer(Module):
                           src_key_padding_mask=None, tgt_key_padding_mask=None,
                           memory_key_padding_mask=None, src_is_causal=None,
                           tgt_is_causal=None, memory_is_causal=False):
-        """The attention weights of every layer for src (B, S, C), tgt (B, T, C), from an
-        inference pass with the forward's arguments, masks and math (eval mode only: a
-        RuntimeError in train mode) -> {"encoder": [(B, H, S, S) per layer], "decoder":
-        [(B, H, T, T) per layer], "cross": [(B, H, T, S) per layer]}, float32 (batch-major
-        whatever batch_first says; no batch axis for unbatched inputs). A row sums to 1, or is
-        zeros where the masks leave its query no key."""
+        """The attention weights of every layer, from an inference pass with the forward's math.
+
+        Eval mode only. The arguments are the forward's. A row sums to 1, or is zeros where the
+        masks leave its query no key.
+
+        Args:
+            src: (B, S, C) the source (as batch_first says; unbatched (S, C) too).
+            tgt: (B, T, C) the target.
+            src_mask: as in the forward (default None).
+            tgt_mask: as in the forward (default None).
+            memory_mask: as in the forward (default None).
+            src_key_padding_mask: as in the forward (default None).
+            tgt_key_padding_mask: as in the forward (default None).
+            memory_key_padding_mask: as in the forward (default None).
+            src_is_causal: as in the forward (default None).
+            tgt_is_causal: as in the forward (default None).
+            memory_is_causal: as in the forward (default False).
+
+        Returns:
+            {"encoder": [(B, H, S, S) per layer], "decoder": [(B, H, T, T) per layer],
+                "cross": [(B, H, T, S) per layer]}, float32 (batch-major whatever batch_first
+                says; no batch axis for unbatched inputs).
+
+        Raises:
+            RuntimeError: in train mode.
+            TypeError: a custom stack (not fastattn's own).
+        """
         for name in self.custom_parts:
             stack = name[len("custom_"):]
             if not self._own(stack):
@@ -804,9 +978,17 @@ class Transformer(Module):
         return out.reshape(B, T, C).copy()
 
     def backward(self, grad_output):
-        """After a training-mode forward: accumulates every parameter's gradient and returns
-        (d_src, d_tgt), in the inputs' layout. Custom parts run their own backward: the
-        decoder's returns (d_tgt, d_memory), the encoder's d_src."""
+        """Backward after a training-mode forward: accumulates every parameter's gradient.
+
+        Custom parts run their own backward: the decoder's returns (d_tgt, d_memory), the
+        encoder's d_src.
+
+        Args:
+            grad_output: the gradient of the forward's output, shaped like it.
+
+        Returns:
+            `(d_src, d_tgt)`, in the inputs' layout.
+        """
         public = self._check_saved()
         saved, layout = public.record, public.layout
         d = features("grad_output", layout.features_in(grad_output, "grad_output"), self.d_model)
@@ -838,6 +1020,14 @@ class Transformer(Module):
 
     @staticmethod
     def generate_square_subsequent_mask(sz):
+        """torch's causal mask helper: (sz, sz) float32, 0 on and below the diagonal, -inf above.
+
+        Args:
+            sz: the mask's size.
+
+        Returns:
+            (sz, sz) float32.
+        """
         return generate_square_subsequent_mask(sz)
 
 

@@ -1,8 +1,10 @@
-"""Pretrained encoder-decoder models from a local Hugging Face directory (Marian / OPUS-MT,
-M2M100 / NLLB-200 dense, BART / mBART) run on fastattn's own model: ``load_pretrained(DIR)`` ->
-``Translator`` (logits, generate, translate, save), by transformers' search rules. Nothing
-here downloads; weights are read as safetensors (never unpickled); the tokenizers need the
-``hf`` extra. Guide: docs/pretrained.md."""
+"""Pretrained encoder-decoder models from local Hugging Face directories, on fastattn's model.
+
+Marian / OPUS-MT, M2M100 / NLLB-200 dense and BART / mBART directories load with
+`load_pretrained(DIR)`, which gives a `Translator` (logits, generate, translate, save) that
+searches by transformers' rules. Nothing here downloads; weights are read as safetensors
+(never unpickled); the tokenizers need the `hf` extra. Guide: docs/pretrained.md.
+"""
 from .config import FAMILIES, Architecture, read_config
 from .model import (MANIFEST, Translator, build_model, is_model_dir, load_pretrained,
                     to_state_dict)

@@ -4,17 +4,19 @@ The four families of encoder-decoder translation and summarisation models people
 Hugging Face directories differ from the seed Transformer in a few settled ways, which become
 options of fastattn's own modules rather than a second model stack:
 
-    Marian (marian)     post-norm; token * sqrt(d) where scale_embedding; sinusoidal positions
-                        from 0 (sin in the first half of the features, cos in the second);
-                        final_logits_bias added to the logits
-    M2M100, NLLB        pre-norm with a final layer norm after each stack; token * sqrt(d)
-    (m2m_100)           where scale_embedding; sinusoidal positions counted from the pad id
-                        + 1 over the tokens that are not padding (padding: a zero row)
-    BART (bart)         post-norm; learned positions at 2 + position; a layer norm right after
-                        token * scale + positions (layernorm_embedding); final_logits_bias
-    mBART (mbart)       as BART, but pre-norm with a final layer norm after each stack
+```text
+Marian (marian)     post-norm; token * sqrt(d) where scale_embedding; sinusoidal positions
+                    from 0 (sin in the first half of the features, cos in the second);
+                    final_logits_bias added to the logits
+M2M100, NLLB        pre-norm with a final layer norm after each stack; token * sqrt(d)
+(m2m_100)           where scale_embedding; sinusoidal positions counted from the pad id
+                    + 1 over the tokens that are not padding (padding: a zero row)
+BART (bart)         post-norm; learned positions at 2 + position; a layer norm right after
+                    token * scale + positions (layernorm_embedding); final_logits_bias
+mBART (mbart)       as BART, but pre-norm with a final layer norm after each stack
+```
 
-Every layer: attention with biases on q, k, v and out (scores scaled by head_dim ** -0.5),
+Every layer: attention with biases on q, k, v and out (scores scaled by `head_dim ** -0.5`),
 layer norms with eps 1e-5, a feed-forward of activation_function ("swish" / "silu" -> silu,
 "gelu" exact, "relu", "gelu_new" / "gelu_fast" / "gelu_pytorch_tanh" -> gelu_tanh).
 
@@ -74,7 +76,37 @@ _OTHERS = {"nllb-moe": "NLLB's mixture of experts", "t5": "T5 (relative attentio
 
 @dataclass(frozen=True)
 class Architecture:
-    """What fastattn builds for a pretrained model (see the module doc)."""
+    """What fastattn builds for a pretrained model, read from its config.json.
+
+    Made by `read_config`; each field is also an attribute (the dataclass is frozen).
+
+    Args:
+        family: one of `FAMILIES`: "marian", "m2m_100", "bart" or "mbart".
+        vocab_size: the source (and shared) vocabulary size.
+        d_model: the model width.
+        nhead: attention heads.
+        encoder_layers: encoder layers.
+        decoder_layers: decoder layers.
+        dim_feedforward: the feed-forward hidden width.
+        activation: fastattn's name: "relu", "gelu", "gelu_tanh" or "silu".
+        max_positions: the most positions the position table holds.
+        norm_first: pre-norm layers (and a final layer norm after each stack).
+        layernorm_embedding: a layer norm right after token * scale + positions.
+        positions: "sinusoidal" (Marian), "sinusoidal_offset" (M2M100) or "learned" (BART,
+            mBART: 2 + position).
+        embed_scale: sqrt(d_model) with scale_embedding, else 1.
+        logits_bias: final_logits_bias added to the logits.
+        share_embeddings: one token table for encoder and decoder.
+        tie_output: the output projection is the decoder's token table.
+        decoder_vocab_size: the target vocabulary size.
+        pad_id: the padding token id.
+        eos_id: the end-of-sequence token id.
+        bos_id: the beginning-of-sequence token id, or None.
+        decoder_start_id: the decoder's first token, or None (mBART: the target language
+            code, given later).
+        forced_bos_id: the token forced first in generation, or None.
+        forced_eos_id: the token forced at the last position, or None.
+    """
 
     family: str                 # one of FAMILIES
     vocab_size: int
@@ -124,8 +156,19 @@ def _bool(cfg, key, path):
 
 
 def read_config(directory):
-    """directory/config.json -> Architecture; a ValueError naming the file and the key for a
-    config fastattn cannot run or that contradicts itself, FileNotFoundError without one."""
+    """Read a model directory's config.json into the `Architecture` fastattn runs.
+
+    Args:
+        directory: the model directory (str or path-like).
+
+    Returns:
+        The `Architecture`.
+
+    Raises:
+        FileNotFoundError: the directory has no config.json.
+        ValueError: a config fastattn cannot run or that contradicts itself (the file and the
+            key named).
+    """
     path = os.path.join(os.fspath(directory), "config.json")
     try:
         with open(path, "rb") as f:

@@ -1,4 +1,4 @@
-"""A pretrained model directory run by fastattn: ``load_pretrained(path) -> Translator``.
+"""A pretrained model directory run by fastattn: `load_pretrained(path)` gives a `Translator`.
 
 The model is fastattn's own Seq2SeqTransformer with the options the families need (see
 fastattn.pretrained.config and Seq2SeqTransformer's docstring): nothing of transformers runs.
@@ -68,7 +68,15 @@ def _layer_state(out, w, src, dst, cross):
 
 
 def to_state_dict(arch, weights):
-    """read_weights' {Hugging Face name: array} -> the state_dict of build_model(arch)."""
+    """The state_dict of `build_model(arch)` from the Hugging Face tensors.
+
+    Args:
+        arch: the `Architecture`.
+        weights: `read_weights`' {Hugging Face name: array}.
+
+    Returns:
+        {fastattn state_dict key: array}.
+    """
     w = weights
     out = {}
     for side, n in (("encoder", arch.encoder_layers), ("decoder", arch.decoder_layers)):
@@ -109,8 +117,17 @@ def model_config(arch):
 
 
 def build_model(arch, weights=None, *, backend="fast"):
-    """A Seq2SeqTransformer (eval mode) of the architecture, holding `weights` (read_weights'
-    dict) when given."""
+    """The Seq2SeqTransformer (eval mode) of an architecture.
+
+    Args:
+        arch: the `Architecture`.
+        weights: `read_weights`' dict to load, or None (the default) for freshly initialised
+            weights (torch's initialisation, seed 0).
+        backend: "fast" (the default) or "reference".
+
+    Returns:
+        The `Seq2SeqTransformer`.
+    """
     model = Seq2SeqTransformer(**model_config(arch), backend=backend, init="torch", seed=0)
     if weights is not None:
         model.load_state_dict(to_state_dict(arch, weights))
@@ -170,17 +187,24 @@ def _check_int(name, v, lo, hi=None):
 
 
 class Translator:
-    """A pretrained encoder-decoder model (see load_pretrained): token ids or texts in.
+    """A pretrained encoder-decoder model: token ids or texts in (made by `load_pretrained`).
 
-    - ``logits(src_ids, tgt_ids)`` -> (B, T, V) float32, teacher-forced, as transformers'
-      ``model(input_ids, attention_mask, decoder_input_ids=tgt_ids).logits``;
-    - ``generate(src_ids, ...)`` -> list of token lists (no decoder start token, no padding;
+    - `logits(src_ids, tgt_ids)`: (B, T, V) float32, teacher-forced, as transformers'
+      `model(input_ids, attention_mask, decoder_input_ids=tgt_ids).logits`;
+    - `generate(src_ids, ...)`: a list of token lists (no decoder start token, no padding;
       the forced BOS and the final EOS tokens included, as transformers' output holds them);
-    - ``translate(texts, ...)`` -> list of strings (the tokenizer's decode, special tokens
-      skipped); needs the tokenizer (the ``hf`` extra).
+    - `translate(texts, ...)`: a list of strings (the tokenizer's decode, special tokens
+      skipped); needs the tokenizer (the `hf` extra).
 
-    ``model`` is the fastattn Seq2SeqTransformer, ``arch`` the Architecture, ``generation``
-    the settings read from generation_config.json (defaults of generate)."""
+    Args:
+        model: the fastattn `Seq2SeqTransformer`, holding the weights.
+        arch: its `Architecture`.
+        directory: the model directory, where the tokenizer's files are read from; None (the
+            default) for none.
+        generation: the settings read from generation_config.json (the defaults of
+            `generate`), or None (the default) for none.
+        tokenizer: a tokenizer to use, or None (the default) to load the directory's on first
+            use."""
 
     def __init__(self, model, arch, *, directory=None, generation=None, tokenizer=None):
         self.model, self.arch, self.directory = model, arch, directory
@@ -194,6 +218,7 @@ class Translator:
 
     @property
     def compute_type(self):
+        """The model's compute type ("float32", or the type its linear weights are quantized to)."""
         return self.model.compute_type
 
     @property
@@ -225,10 +250,23 @@ class Translator:
         return src.astype(np.int64), kpm
 
     def logits(self, src_ids, tgt_ids, *, src_key_padding_mask=None):
-        """Teacher-forced logits (B, T, V) float32 of tgt_ids (B, T) (the decoder's input:
-        start token first) given src_ids (B, S); padding of the source from the pad id unless
-        src_key_padding_mask (bool, True = padding) is given. The target sees every earlier
-        position (its padding, at the end, changes no earlier position's logits)."""
+        """Teacher-forced logits of a target given a source.
+
+        The target sees every earlier position (its padding, at the end, changes no earlier
+        position's logits).
+
+        Args:
+            src_ids: (B, S) integer source token ids.
+            tgt_ids: (B, T) integer target token ids, the decoder's input (start token first).
+            src_key_padding_mask: (B, S) bool, True = padding; None (the default) takes the
+                source's padding from the pad id.
+
+        Returns:
+            (B, T, V) float32 logits.
+
+        Raises:
+            ValueError: ids of the wrong rank or type, or longer than the model's positions.
+        """
         src, kpm = self._src(src_ids, src_key_padding_mask)
         tgt = np.asarray(tgt_ids)
         if tgt.ndim != 2 or tgt.shape[0] != src.shape[0] or tgt.dtype.kind not in "iu":
@@ -281,11 +319,30 @@ class Translator:
     def generate(self, src_ids, *, beam_size=None, max_new_tokens=None, length_penalty=None,
                  early_stopping=None, src_key_padding_mask=None, decoder_start_id=None,
                  forced_bos_id=None):
-        """Token ids in, token ids out: src_ids (B, S) as the tokenizer makes them (right
-        padding with the pad id) -> B lists of generated ids (see fastattn.generate.hf for the
-        rules). beam_size 1 is greedy. Defaults from generation_config.json, else: beam_size
-        1, up to the model's max positions of new tokens, length_penalty 1.0,
-        early_stopping False, the config's decoder start and forced tokens."""
+        """Token ids in, token ids out, by transformers' search rules (`fastattn.generate.hf`).
+
+        Each default (None) is taken from generation_config.json, else the one given below.
+
+        Args:
+            src_ids: (B, S) integer token ids as the tokenizer makes them (right padding with
+                the pad id).
+            beam_size: the number of beams; 1 (the default) is greedy.
+            max_new_tokens: the most tokens to generate (default: up to the model's max
+                positions).
+            length_penalty: beam search's length penalty (default 1.0).
+            early_stopping: True, False (the default) or "never", as transformers'.
+            src_key_padding_mask: (B, S) bool, True = padding; None (the default) takes it from
+                the pad id.
+            decoder_start_id: the decoder's first token (default: the config's).
+            forced_bos_id: the token forced first (default: the config's, if any).
+
+        Returns:
+            B lists of generated ids (no decoder start token, no padding; the forced BOS and
+                the final EOS included).
+
+        Raises:
+            ValueError: a bad option or ids, or more new tokens than the model's positions.
+        """
         src, kpm = self._src(src_ids, src_key_padding_mask)
         k, rules, lp, es, start = self._settings(beam_size, max_new_tokens, length_penalty,
                                                  early_stopping, decoder_start_id,
@@ -305,14 +362,31 @@ class Translator:
     # -- texts --------------------------------------------------------------------------------
     def translate(self, texts, *, src_lang=None, tgt_lang=None, beam_size=None,
                   max_new_tokens=None, max_input_tokens=None, **generate_kwargs):
-        """Texts in, texts out: tokenized by the directory's tokenizer (NLLB / M2M100 / mBART:
-        ``src_lang`` the source language code), generated (``tgt_lang``: the target language,
-        forced as the first token for NLLB / M2M100, the decoder start token for mBART),
-        decoded with special tokens skipped. Inputs are cut to ``max_input_tokens`` (default:
-        the model's positions). ``tgt_lang`` is forced as the first generated token, as
-        transformers' forced_bos_token_id (NLLB, M2M100, mBART-50); mBART-cc25, which starts
-        decoding with the language code instead, takes
-        ``decoder_start_id=translator.tokenizer.lang_id(code)``."""
+        """Texts in, texts out: tokenized, generated, and decoded with special tokens skipped.
+
+        Needs the directory's tokenizer (the `hf` extra). mBART-cc25, which starts decoding
+        with the language code instead of forcing it, takes
+        `decoder_start_id=translator.tokenizer.lang_id(code)`.
+
+        Args:
+            texts: a list of strings.
+            src_lang: the source language code (NLLB / M2M100 / mBART); None (the default) for
+                models without one.
+            tgt_lang: the target language code, forced as the first generated token as
+                transformers' forced_bos_token_id (NLLB, M2M100, mBART-50); None (the default)
+                for models without one.
+            beam_size: as in `generate`.
+            max_new_tokens: as in `generate`.
+            max_input_tokens: inputs are cut to this many tokens (default: the model's
+                positions).
+            **generate_kwargs: passed on to `generate`.
+
+        Returns:
+            A list of strings, one per text.
+
+        Raises:
+            TypeError: `texts` is a single string.
+        """
         if isinstance(texts, str):
             raise TypeError("translate: texts must be a list of strings, got a single str")
         texts = list(texts)
@@ -330,15 +404,27 @@ class Translator:
 
     # -- quantized copies ---------------------------------------------------------------------
     def quantize(self, compute_type):
-        """Quantize the model's linear weights in place ("int8", "bf16", "bfloat16"; see
-        Module.quantize) -> self."""
+        """Quantize the model's linear weights in place (see `Module.quantize`).
+
+        Args:
+            compute_type: "int8", "bf16" or "bfloat16".
+
+        Returns:
+            self.
+        """
         self.model.quantize(compute_type)
         return self
 
     def save(self, directory):
-        """Write a directory load_pretrained reads without transformers or torch: the model in
-        fastattn's format (model.safetensors, as quantized), fastattn-pretrained.json (the
-        architecture and generation settings) and the tokenizer's files, copied."""
+        """Write a directory `load_pretrained` reads without transformers or torch.
+
+        It holds the model in fastattn's format (model.safetensors, as quantized),
+        fastattn-pretrained.json (the architecture and generation settings) and the
+        tokenizer's files, copied.
+
+        Args:
+            directory: the directory to write (created if needed).
+        """
         directory = os.fspath(directory)
         os.makedirs(directory, exist_ok=True)
         _io.save(self.model, os.path.join(directory, _MODEL_FILE))
@@ -381,8 +467,17 @@ def _load_converted(directory, compute_type, backend):
 
 
 def is_model_dir(path):
-    """Whether `path` is a pretrained model directory load_pretrained takes (a config.json
-    naming a model_type, or a directory Translator.save wrote), not a fastattn run."""
+    """Whether `path` is a pretrained model directory `load_pretrained` takes.
+
+    That is a config.json naming a model_type, or a directory `Translator.save` wrote; not a
+    fastattn run directory.
+
+    Args:
+        path: a path (str or path-like).
+
+    Returns:
+        True or False.
+    """
     path = os.fspath(path)
     if os.path.isfile(os.path.join(path, MANIFEST)):
         return True
@@ -396,14 +491,29 @@ def is_model_dir(path):
 
 
 def load_pretrained(path, *, compute_type=None, backend="fast"):
-    """A Translator for the model directory `path`: a Hugging Face directory of a Marian /
-    OPUS-MT, M2M100 / NLLB-200 (dense), BART or mBART model (config.json, model.safetensors,
-    the tokenizer's files), or one that Translator.save wrote. compute_type: None (float32;
-    a saved directory as it was saved), "float32", "int8", "bf16" or "bfloat16" (the linear
-    weights quantized once, while loading).
+    """Load a pretrained translation model directory as a `Translator`.
+
     Refusals name the file: an unsupported model_type or setting, a tensor missing or of the
     wrong shape, a truncated file, a pytorch_model.bin (never unpickled; the command that
-    converts it is in the message)."""
+    converts it is in the message).
+
+    Args:
+        path: a Hugging Face directory of a Marian / OPUS-MT, M2M100 / NLLB-200 (dense), BART
+            or mBART model (config.json, model.safetensors, the tokenizer's files), or one that
+            `Translator.save` wrote.
+        compute_type: None (the default: float32; a saved directory as it was saved),
+            "float32", "int8", "bf16" or "bfloat16" (the linear weights quantized once, while
+            loading).
+        backend: "fast" (the default, the C kernels) or "reference" (the NumPy twin).
+
+    Returns:
+        The `Translator`.
+
+    Raises:
+        FileNotFoundError: `path` is not a directory.
+        ValueError: a bad `compute_type`, or a directory fastattn cannot load (the file and
+            the problem named).
+    """
     directory = os.fspath(path)
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"load_pretrained: {directory} is not a directory")

@@ -4,22 +4,24 @@ sentencepiece or tokenizers (the extra fastattn[hf]), imported only here.
 
 What each tokenizer class reads, and the special tokens it adds around a text X:
 
-    MarianTokenizer     source.spm, target.spm, vocab.json      X </s>
-    (marian)            (+ target_vocab.json with separate_vocabs); sentencepiece cuts the
-                        text, vocab.json numbers the pieces (<unk> where it lacks one); a
-                        leading ">>fra<<" stays one token (the target language of multilingual
-                        models); decode joins pieces with source.spm (target.spm and
-                        target_vocab.json with separate_vocabs), as transformers 5 does
-    M2M100Tokenizer     vocab.json, sentencepiece.bpe.model     __en__ X </s>
-    (m2m_100)           language tokens __xx__ numbered after vocab.json, in the order of
-                        fairseq's list (tokenizer_config.json's language_codes)
-    NllbTokenizer       tokenizer.json                           eng_Latn X </s>
-    (m2m_100)           (legacy_behaviour: X </s> eng_Latn)
-    BartTokenizer       tokenizer.json, or vocab.json + merges.txt   <s> X </s>
-    (bart)              (byte-level BPE, as RobertaTokenizer)
-    MBartTokenizer      tokenizer.json                           X </s> en_XX
-    MBart50Tokenizer    tokenizer.json                           en_XX X </s>
-    (mbart)
+```text
+MarianTokenizer     source.spm, target.spm, vocab.json      X </s>
+(marian)            (+ target_vocab.json with separate_vocabs); sentencepiece cuts the
+                    text, vocab.json numbers the pieces (<unk> where it lacks one); a
+                    leading ">>fra<<" stays one token (the target language of multilingual
+                    models); decode joins pieces with source.spm (target.spm and
+                    target_vocab.json with separate_vocabs), as transformers 5 does
+M2M100Tokenizer     vocab.json, sentencepiece.bpe.model     __en__ X </s>
+(m2m_100)           language tokens __xx__ numbered after vocab.json, in the order of
+                    fairseq's list (tokenizer_config.json's language_codes)
+NllbTokenizer       tokenizer.json                           eng_Latn X </s>
+(m2m_100)           (legacy_behaviour: X </s> eng_Latn)
+BartTokenizer       tokenizer.json, or vocab.json + merges.txt   <s> X </s>
+(bart)              (byte-level BPE, as RobertaTokenizer)
+MBartTokenizer      tokenizer.json                           X </s> en_XX
+MBart50Tokenizer    tokenizer.json                           en_XX X </s>
+(mbart)
+```
 
 sentencepiece reads the Marian and M2M100 files, tokenizers the rest. tokenizer.json is used as
 written, with its normaliser and pre-tokeniser (the special tokens are added here, as the class
@@ -217,11 +219,22 @@ def _word_end(text, lo, hi):
 
 
 class PretrainedTokenizer:
-    """A model directory's tokenizer (see the module doc); made by load_tokenizer.
+    """A model directory's tokenizer (see the module doc); made by `load_tokenizer`.
 
-    family, kind (transformers' class name), pad_id, eos_id, vocab_size (the ids encode_batch
-    can produce: the largest + 1), lang_codes (the language codes lang_id and src_lang take;
-    Marian: its ">>xx<<" tokens, which go at the start of a text)."""
+    Attributes:
+        family: the model family ("marian", "m2m_100", "bart", "mbart").
+        kind: transformers' class name of the tokenizer.
+        pad_id: the padding token id.
+        eos_id: the end-of-sequence token id.
+        vocab_size: the ids `encode_batch` can produce: the largest + 1.
+        lang_codes: the language codes `lang_id` and `src_lang` take (Marian: its ">>xx<<"
+            tokens, which go at the start of a text).
+
+    Args:
+        family: the model family.
+        kind: transformers' class name of the tokenizer.
+        directory: the model directory its files are read from.
+    """
 
     def __init__(self, family, kind, directory):
         self.family, self.kind, self.directory = family, kind, directory
@@ -256,8 +269,20 @@ class PretrainedTokenizer:
         return [lang], [self.eos_id]
 
     def lang_id(self, code, what="language code"):
-        """The token id of a language code (NLLB / M2M100: the forced first target token;
-        mBART: the decoder's start); ValueError for a code the tokenizer does not have."""
+        """The token id of a language code.
+
+        NLLB / M2M100: the forced first target token; mBART: the decoder's start.
+
+        Args:
+            code: the language code, one of `lang_codes`.
+            what: how an error message names the code (default "language code").
+
+        Returns:
+            The token id (an int).
+
+        Raises:
+            ValueError: a code the tokenizer does not have, or a family without language codes.
+        """
         if self.family in ("marian", "bart"):
             hint = (" (Marian's multilingual models take the target language as a '>>xx<<' "
                     "token at the start of each source text)") if self.family == "marian" else ""
@@ -321,11 +346,21 @@ class PretrainedTokenizer:
         return out
 
     def encode_batch(self, texts, *, src_lang=None, max_length=None):
-        """texts (a list of str) -> (ids int64 (B, S), key_padding_mask bool (B, S)): each text's
-        tokens with the model's special tokens, right-padded with pad_id, True at padding:
-        transformers' tok(texts, padding=True) input_ids and attention_mask == 0 (with
-        truncation=True, max_length=max_length when given). src_lang: the source language
-        code (NLLB, M2M100, mBART)."""
+        """Tokenize a batch of texts, with the model's special tokens, right-padded with pad_id.
+
+        The same as transformers' `tok(texts, padding=True)` input_ids and
+        `attention_mask == 0` (with `truncation=True, max_length=max_length` when given).
+
+        Args:
+            texts: a list of strings.
+            src_lang: the source language code (NLLB, M2M100, mBART); None (the default) for
+                the tokenizer's default.
+            max_length: the most tokens a text keeps, special tokens included; None (the
+                default) for no limit.
+
+        Returns:
+            `(ids, key_padding_mask)`: int64 (B, S) and bool (B, S), True at padding.
+        """
         texts = self._texts(texts)
         if src_lang is not None and self.family in ("marian", "bart"):
             self.lang_id(src_lang, "src_lang")         # the refusal
@@ -357,9 +392,20 @@ class PretrainedTokenizer:
         return ids, mask
 
     def decode(self, ids):
-        """One sequence of target ids (list or 1-D array) -> text, the special tokens (pad,
-        eos, language codes ...) dropped: transformers' tok.decode(ids,
-        skip_special_tokens=True). An id outside the model's target vocabulary is refused."""
+        """The text of one sequence of target ids, the special tokens dropped.
+
+        Pad, eos, language codes ... are dropped, as transformers' `tok.decode(ids,
+        skip_special_tokens=True)`.
+
+        Args:
+            ids: a list or 1-D array of integer ids.
+
+        Returns:
+            The text.
+
+        Raises:
+            ValueError: not one sequence of integers, or an id outside the target vocabulary.
+        """
         arr = np.asarray(ids)
         if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
             raise ValueError(f"decode takes one sequence of integer ids, got an array of shape "
@@ -655,10 +701,20 @@ def _kind(directory, family, cfg, cfg_path):
 
 
 def load_tokenizer(directory, arch):
-    """The tokenizer of the model directory whose config.json gave `arch`
-    (fastattn.pretrained.read_config): a PretrainedTokenizer (module doc). Reads only local
-    files; FileNotFoundError names the files a missing tokenizer needs, ValueError names the
-    file that is refused; ImportError says how to install sentencepiece / tokenizers."""
+    """The tokenizer of a pretrained model directory; reads only local files.
+
+    Args:
+        directory: the model directory (str or path-like).
+        arch: the `Architecture` its config.json gave (`read_config`).
+
+    Returns:
+        The `PretrainedTokenizer`.
+
+    Raises:
+        FileNotFoundError: a missing tokenizer (the files it needs named).
+        ValueError: a file that is refused (named).
+        ImportError: sentencepiece / tokenizers missing (how to install them said).
+    """
     directory = os.fspath(directory)
     family = arch.family
     if family not in _CLASSES:

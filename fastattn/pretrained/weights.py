@@ -50,10 +50,18 @@ def _layer(prefix, d, f, cross):
 
 
 def expected_shapes(arch):
-    """{name: shape} of every tensor the architecture reads, under the Hugging Face names: the
-    encoder's and the decoder's token tables (each filled in from the shared one when the
-    files leave it out), lm_head.weight and final_logits_bias (its logits_bias; each filled in
-    when the files leave it out)."""
+    """The shape of every tensor the architecture reads, under the Hugging Face names.
+
+    They include the encoder's and the decoder's token tables (each filled in from the shared
+    one when the files leave it out), lm_head.weight and final_logits_bias (its logits_bias;
+    each filled in when the files leave it out).
+
+    Args:
+        arch: the `Architecture`.
+
+    Returns:
+        {name: shape tuple}.
+    """
     d, f = arch.d_model, arch.dim_feedforward
     shapes = {"model.encoder.embed_tokens.weight": (arch.vocab_size, d),
               "model.decoder.embed_tokens.weight": (arch.decoder_vocab_size, d)}
@@ -115,10 +123,23 @@ def _files(directory):
 
 
 def read_weights(directory, arch):
-    """{name: float32 array} of every tensor expected_shapes(arch) lists, read from the
-    directory's safetensors file(s): each file's header checked against its size and every
-    tensor's dtype and shape checked against the architecture before any data is read; a
-    ValueError naming the file and the tensor otherwise."""
+    """Read every tensor `expected_shapes(arch)` lists from a directory's safetensors file(s).
+
+    Each file's header is checked against its size, and every tensor's dtype and shape against
+    the architecture, before any data is read.
+
+    Args:
+        directory: the model directory (str or path-like).
+        arch: its `Architecture`.
+
+    Returns:
+        {Hugging Face name: float32 array}.
+
+    Raises:
+        FileNotFoundError: no model.safetensors (or shard index) in the directory.
+        ValueError: a malformed or mismatched file or tensor (both named), or a
+            pytorch_model.bin only (with the command that converts it).
+    """
     directory = os.fspath(directory)
     where = _files(directory)
     want = expected_shapes(arch)

@@ -55,9 +55,15 @@ DEFAULT_MAX_NEW_TOKENS = 64      # as Run.complete and Seq2SeqTransformer.transl
 
 
 class Result(NamedTuple):
-    """One text's result: ``output`` (None when it was not translated), ``error`` (why not,
-    else None), ``truncated`` (its source was cut to max_source_tokens), ``source_tokens``
-    (ids the model read) and ``tokens`` (ids it generated, <end> included)."""
+    """One text's result (a named tuple).
+
+    Args:
+        output: the translation, or None when it was not translated.
+        error: why not, else None (the default).
+        truncated: its source was cut to max_source_tokens (default False).
+        source_tokens: ids the model read (default 0).
+        tokens: ids it generated, <end> included (default 0).
+    """
     output: Optional[str]
     error: Optional[str] = None
     truncated: bool = False
@@ -67,10 +73,23 @@ class Result(NamedTuple):
 
 class Translator:
     """A model, its tokenizers and the options of one translation job (see the module
-    docstring). generate_kwargs go to ``model.generate`` (method, max_new_tokens, beam_size,
-    temperature, top_k, top_p, seed, ...); start_id, end_id and pad_id default to the target
-    tokenizer's specials and max_new_tokens to 64. Every option is checked here, before any
-    text is read: a ValueError or TypeError naming it."""
+    docstring). Every option is checked here, before any text is read.
+
+    Args:
+        model: a `Seq2SeqTransformer`.
+        src_tokenizer: encodes the sources.
+        tgt_tokenizer: decodes the outputs.
+        batch_tokens: the most padded source ids per batch (default 4096).
+        too_long: "truncate" (the default) or "skip", for a source longer than
+            max_source_tokens.
+        max_source_tokens: the longest source; None (the default) for the model's max_len.
+        **generate_kwargs: passed to `model.generate` (method, max_new_tokens, beam_size,
+            temperature, top_k, top_p, seed, ...); start_id, end_id and pad_id default to the
+            target tokenizer's specials and max_new_tokens to 64.
+
+    Raises:
+        ValueError: a bad option (named).
+        TypeError: an option of the wrong type (named)."""
 
     def __init__(self, model, src_tokenizer, tgt_tokenizer, *, batch_tokens=DEFAULT_BATCH_TOKENS,
                  too_long="truncate", max_source_tokens=None, **generate_kwargs):
@@ -152,8 +171,15 @@ class Translator:
 
     @classmethod
     def from_run(cls, run, **options):
-        """A Translator over a loaded run (fastattn.train.run.Run) or pretrained model
-        (PretrainedRun)."""
+        """A Translator over a loaded run or pretrained model.
+
+        Args:
+            run: a `fastattn.train.run.Run` or a `PretrainedRun`.
+            **options: the Translator's options (batch_tokens, too_long, ... and generate's).
+
+        Returns:
+            The `Translator`.
+        """
         if isinstance(run, PretrainedRun):
             return cls(run.translator, None, None, **options)
         return cls(run.model, run.src_tokenizer, run.tgt_tokenizer, **options)
@@ -167,8 +193,15 @@ class Translator:
 
     # -- one text ------------------------------------------------------------------------------
     def encode(self, text):
-        """(ids, truncated, error) for one source text: ids None for a text that is not run
-        through the model (empty: error None; too long with too_long="skip": the error)."""
+        """Encode one source text.
+
+        Args:
+            text: the source.
+
+        Returns:
+            `(ids, truncated, error)`: ids None for a text that is not run through the model
+                (empty: error None; too long with too_long="skip": the error).
+        """
         if not text:
             return None, False, None
         if self.pretrained is not None:
@@ -201,8 +234,15 @@ class Translator:
 
     # -- batches -------------------------------------------------------------------------------
     def plan(self, lengths):
-        """Batches (int64 index arrays into `lengths`) of sources sorted by length, each
-        under batch_tokens padded ids, in the order of their first index."""
+        """Cut sources into batches of similar lengths under the token budget.
+
+        Args:
+            lengths: the sources' lengths, in ids.
+
+        Returns:
+            int64 index arrays into `lengths`, sorted by length within a batch, each under
+                batch_tokens padded ids, in the order of their first index.
+        """
         if len(lengths) == 0:
             return []
         batches = epoch_batches(lengths, lengths, self.batch_tokens, window=len(lengths),
@@ -210,7 +250,14 @@ class Translator:
         return sorted(batches, key=lambda b: int(b.min()))
 
     def generate(self, rows):
-        """Source id lists -> (outputs, generated token counts), one per row, in order."""
+        """Run the model on encoded sources.
+
+        Args:
+            rows: source id lists.
+
+        Returns:
+            `(outputs, generated token counts)`, one per row, in order.
+        """
         B, S = len(rows), max(map(len, rows))
         ids = np.full((B, S), self.pad_id, dtype=np.int64)
         for b, r in enumerate(rows):
@@ -228,7 +275,14 @@ class Translator:
         return [self.tgt.decode(row[:1 + n]) for row, n in zip(out.tolist(), counts)], counts
 
     def translate(self, texts):
-        """One Result per text (str; anything else is an error result), in order."""
+        """Translate texts.
+
+        Args:
+            texts: the sources (str; anything else gives an error result).
+
+        Returns:
+            One `Result` per text, in order.
+        """
         results, encoded = [None] * len(texts), {}
         for i, text in enumerate(texts):
             if not isinstance(text, str):
@@ -251,8 +305,17 @@ class Translator:
 
 
 def record(source, result, line_id=None):
-    """The output record of one source: {"id" (when given), "source", "output"}, plus
-    "truncated": true for a cut source and "error" for one not translated."""
+    """The output record of one source.
+
+    Args:
+        source: the source text.
+        result: its `Result`.
+        line_id: the record's "id", or None (the default) for none.
+
+    Returns:
+        {"id" (when given), "source", "output"}, plus "truncated": true for a cut source and
+            "error" for one not translated.
+    """
     rec = {} if line_id is None else {"id": line_id}
     rec.update(source=source, output=result.output)
     if result.truncated:
@@ -286,15 +349,29 @@ def _generated(out, end_id):
 
 class PretrainedRun:
     """A pretrained model directory (fastattn.pretrained.load_pretrained) as the runners take
-    a run: ``path``, ``translator`` (the pretrained Translator) and its ``model``."""
+    a run: ``path``, ``translator`` (the pretrained Translator) and its ``model``.
+
+    Args:
+        path: the model directory.
+        translator: its `fastattn.pretrained.Translator`.
+    """
 
     def __init__(self, path, translator):
         self.path, self.translator, self.model = path, translator, translator.model
 
 
 def load_any(path, *, compute_type=None):
-    """A run directory (fastattn train's) -> Run; a pretrained model directory (a Hugging
-    Face one, or one Translator.save wrote) -> PretrainedRun."""
+    """Load a run directory or a pretrained model directory.
+
+    Args:
+        path: a run directory (fastattn train's), or a pretrained model directory (a Hugging
+            Face one, or one Translator.save wrote).
+        compute_type: the weights' compute type on loading; None (the default) keeps the
+            stored one.
+
+    Returns:
+        A `Run`, or a `PretrainedRun`.
+    """
     from ..pretrained import is_model_dir, load_pretrained
     from ..train.run import load_run
 
@@ -306,7 +383,14 @@ def load_any(path, *, compute_type=None):
 def run_hash(run):
     """SHA-256 (hex) of what decides a run's outputs: the model's config, weights and compute
     type (quantized weights hash as their dequantized values), and both tokenizers (a
-    pretrained model: its architecture, generation settings and tokenizer files)."""
+    pretrained model: its architecture, generation settings and tokenizer files).
+
+    Args:
+        run: a loaded `Run` or `PretrainedRun`.
+
+    Returns:
+        The hex digest.
+    """
     h = hashlib.sha256()
     if isinstance(run, PretrainedRun):
         import dataclasses
@@ -338,7 +422,14 @@ def run_state(run):
     arrays as stored: a quantized weight as its int8 data plus "<key>_scale", or its bf16
     bits), "src_tokenizer", "tgt_tokenizer" (their to_dict()), "run_config", "path"}. A
     pretrained model travels as its directory's path and compute type: the workers read the
-    directory themselves (on a filesystem they share with the driver)."""
+    directory themselves (on a filesystem they share with the driver).
+
+    Args:
+        run: a loaded `Run` or `PretrainedRun`.
+
+    Returns:
+        The state, a dict of plain data.
+    """
     if isinstance(run, PretrainedRun):
         return {"pretrained": run.path, "compute_type": run.model.compute_type}
     weights = {}
@@ -356,8 +447,15 @@ def run_state(run):
 
 
 def run_from_state(state):
-    """The Run that run_state described, its model in eval mode with the given arrays as its
-    weights (no copy; they may be read-only)."""
+    """The Run that `run_state` described.
+
+    Args:
+        state: what `run_state` returned.
+
+    Returns:
+        The run, its model in eval mode with the given arrays as its weights (no copy; they
+            may be read-only).
+    """
     from ..train.run import Run
 
     if "pretrained" in state:

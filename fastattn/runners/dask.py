@@ -1,14 +1,16 @@
 """Dask: a bag of sources (or a dataframe's column) translated partition by partition, the model
 built once per worker process.
 
-    from dask.distributed import Client
-    import dask.bag as db
-    from fastattn.runners.dask import translate_bag
+```python
+from dask.distributed import Client
+import dask.bag as db
+from fastattn.runners.dask import translate_bag
 
-    client = Client()                   # on a cluster: Client("tcp://scheduler:8786")
-    lines = db.read_text("corpus-*.txt").map(lambda line: line.rstrip("\\r\\n"))
-    records = translate_bag(lines, "run")           # {"source", "output"} per line, in order
-    records.map(json.dumps).to_textfiles("translated-*.jsonl")
+client = Client()                   # on a cluster: Client("tcp://scheduler:8786")
+lines = db.read_text("corpus-*.txt").map(lambda line: line.rstrip("\\r\\n"))
+records = translate_bag(lines, "run")           # {"source", "output"} per line, in order
+records.map(json.dumps).to_textfiles("translated-*.jsonl")
+```
 
 Needs Dask (``pip install "fastattn[dask]"``), imported only by these functions.
 
@@ -90,8 +92,18 @@ def _translator(key, state, options, threads):
 
 
 def translate_partition(texts, state, key, options, threads=None):
-    """One partition (an iterable of sources) -> its records, in order (what translate_bag's
-    tasks run)."""
+    """Translate one partition: what translate_bag's tasks run.
+
+    Args:
+        texts: the partition, an iterable of sources.
+        state: the shipped run (`fastattn.runners.core.run_state`'s).
+        key: the run's hash, the per-process model cache's key.
+        options: the Translator's options.
+        threads: fastattn threads in this process; None (the default) leaves them.
+
+    Returns:
+        The partition's records, in order.
+    """
     texts = list(texts)
     results = _translator(key, state, options, threads).translate(texts)
     return [record(t, r) for t, r in zip(texts, results)]
@@ -138,12 +150,26 @@ def _ship(run_dir, client, options, threads):
 def translate_bag(bag, run_dir, *, client=None, threads=None,
                   batch_tokens=DEFAULT_BATCH_TOKENS, too_long="truncate",
                   max_source_tokens=None, **generate_kwargs):
-    """A dask.bag.Bag of sources (str) -> a Bag of records (see the module docstring), the
-    partitions and their order kept, by the run in `run_dir` (a run directory or a loaded
-    Run). client: the distributed Client to ship the model with (None: the default client,
-    if any). threads: fastattn threads in each worker process (None: as the worker set
-    them). batch_tokens, too_long, max_source_tokens and generate_kwargs (method,
-    max_new_tokens, beam_size, ...) as for translate_file."""
+    """Translate a Dask Bag of sources, partition by partition (see the module docstring).
+
+    Args:
+        bag: a dask.bag.Bag of sources (str).
+        run_dir: a run directory or a loaded Run.
+        client: the distributed Client to ship the model with; None (the default): the
+            default client, if any.
+        threads: fastattn threads in each worker process; None (the default): as the worker
+            set them.
+        batch_tokens: as for translate_file (default 4096).
+        too_long: as for translate_file (default "truncate").
+        max_source_tokens: as for translate_file (default None).
+        **generate_kwargs: as for translate_file (method, max_new_tokens, beam_size, ...).
+
+    Returns:
+        A Bag of records, the partitions and their order kept.
+
+    Raises:
+        ValueError: a bad option (before any task runs).
+    """
     _dask()
     import dask.bag as db
 
@@ -159,8 +185,24 @@ def translate_dataframe(df, run_dir, *, column="source", output_column="output",
                         error_column="error", client=None, threads=None,
                         batch_tokens=DEFAULT_BATCH_TOKENS, too_long="truncate",
                         max_source_tokens=None, **generate_kwargs):
-    """A dask DataFrame with a str column `column` -> the same with `output_column` and
-    `error_column` added (object columns), partition by partition; options as translate_bag."""
+    """Translate a Dask DataFrame's column of sources, partition by partition.
+
+    Args:
+        df: a dask DataFrame with a str column `column`.
+        run_dir: a run directory or a loaded Run.
+        column: the sources' column (default "source").
+        output_column: the column added for the outputs (default "output").
+        error_column: the column added for the errors (default "error").
+        client: as for translate_bag.
+        threads: as for translate_bag.
+        batch_tokens: as for translate_file (default 4096).
+        too_long: as for translate_file (default "truncate").
+        max_source_tokens: as for translate_file (default None).
+        **generate_kwargs: as for translate_file.
+
+    Returns:
+        The DataFrame with `output_column` and `error_column` added (object columns).
+    """
     _dask()
     try:
         import dask.dataframe as dd

@@ -1,7 +1,12 @@
 """translate_file: a corpus through a trained run, streamed, batched by a token budget, resumable.
 
-    stats = translate_file("run", "corpus.txt", "out.jsonl", batch_tokens=4096)
-    fastattn translate run --input corpus.txt --output out.jsonl [--resume]
+```python
+stats = translate_file("run", "corpus.txt", "out.jsonl", batch_tokens=4096)
+```
+
+```text
+fastattn translate run --input corpus.txt --output out.jsonl [--resume]
+```
 
 Input (``input_format``; "auto": ``.jsonl`` and ``.ndjson`` files are JSON lines, anything
 else text), read as a stream, a window of lines at a time, never whole:
@@ -87,12 +92,36 @@ def translate_file(run_dir, input_path, output_path, *, batch_tokens=DEFAULT_BAT
                    max_source_tokens=None, method="greedy", resume=True, overwrite=False,
                    compute_type=None, progress=True, **generate_kwargs):
     """Translate every line of `input_path` into `output_path` (JSON lines) with the run in
-    `run_dir` (a run directory, or a loaded fastattn.train.run.Run); see the module
-    docstring for the formats, the error lines, resuming and the stats returned (a dict).
-    compute_type ("float32" / "int8" / "bf16" / "bfloat16") converts the model's weights while the run is
-    loaded (fastattn.io.load); a resume must use the same (the run's hash covers it).
-    generate_kwargs go to model.generate (max_new_tokens (default 64), beam_size,
-    temperature, top_k, top_p, seed, ...)."""
+    `run_dir`; see the module docstring for the formats, the error lines, resuming and the
+    stats returned.
+
+    Args:
+        run_dir: a run directory, a pretrained model directory, or a loaded
+            fastattn.train.run.Run.
+        input_path: the corpus (text or JSON lines).
+        output_path: the JSON-lines output.
+        batch_tokens: the most padded source ids per batch (default 4096).
+        window: input lines sorted and batched together (default 2048).
+        input_format: "auto" (the default: by extension), "text" or "jsonl".
+        too_long: "truncate" (the default) or "skip".
+        max_source_tokens: the longest source; None (the default) for the model's max_len.
+        method: "greedy" (the default), "beam" or "sample".
+        resume: continue an output that was cut short (default True).
+        overwrite: start over on an existing output (default False).
+        compute_type: "float32", "int8", "bf16" or "bfloat16" converts the model's weights
+            while the run is loaded (fastattn.io.load); a resume must use the same (the run's
+            hash covers it). None (the default) keeps the stored one.
+        progress: True (the default), False, or as fastattn.runners.progress takes it.
+        **generate_kwargs: passed to model.generate (max_new_tokens (default 64), beam_size,
+            temperature, top_k, top_p, seed, ...).
+
+    Returns:
+        The stats, a dict (see the module docstring).
+
+    Raises:
+        ValueError: a bad option, an existing output without resume or overwrite, or a
+            resume whose run, input or options differ (which is said).
+    """
     from ..train.run import Run
 
     input_path, output_path = _check_paths(input_path, output_path)

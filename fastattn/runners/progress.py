@@ -35,7 +35,17 @@ def _off(progress):
 
 
 def check_progress(progress):
-    """progress as given, or a ValueError: True, False, None or an int >= 0."""
+    """Check a progress argument.
+
+    Args:
+        progress: the value to check.
+
+    Returns:
+        progress as given.
+
+    Raises:
+        ValueError: not True, False, None or an int >= 0.
+    """
     if _off(progress) or progress is True or (
             isinstance(progress, numbers.Integral) and not isinstance(progress, bool)
             and progress >= 1):
@@ -45,13 +55,29 @@ def check_progress(progress):
 
 
 def progress_enabled(progress):
-    """Whether `progress` asks for any report (checked first)."""
+    """Whether `progress` asks for any report (checked first).
+
+    Args:
+        progress: as `make_progress` takes it.
+
+    Returns:
+        True or False.
+    """
     return not _off(check_progress(progress))
 
 
 def make_progress(progress, total, initial=0, stream=None):
-    """The reporter for `progress` (see the module docstring); total: the input's lines (None
-    if unknown), initial: lines already in the output (a resumed job's)."""
+    """The progress reporter `progress` asks for (see the module docstring).
+
+    Args:
+        progress: True, False, None or an int >= 0, as the module docstring says.
+        total: the input's lines, or None if unknown.
+        initial: lines already in the output, a resumed job's (default 0).
+        stream: where the reports go; None (the default) for stderr.
+
+    Returns:
+        The reporter.
+    """
     check_progress(progress)
     if _off(progress):
         return Silent()

@@ -1,12 +1,14 @@
 """Ray Data: a Dataset's column of sources translated by a pool of actors, each holding the model.
 
-    import ray
-    from fastattn.runners.ray import translate_dataset
+```python
+import ray
+from fastattn.runners.ray import translate_dataset
 
-    ray.init()                          # on a cluster: ray.init(address="HEAD:6379")
-    ds = ray.data.read_text("corpus.txt")                       # a "text" column
-    out = translate_dataset(ds, "run", column="text", concurrency=4, num_cpus_per_worker=2)
-    out.write_json("translated/")
+ray.init()                          # on a cluster: ray.init(address="HEAD:6379")
+ds = ray.data.read_text("corpus.txt")                       # a "text" column
+out = translate_dataset(ds, "run", column="text", concurrency=4, num_cpus_per_worker=2)
+out.write_json("translated/")
+```
 
 Needs Ray (``pip install "fastattn[ray]"``), imported only by these functions.
 
@@ -102,13 +104,30 @@ def translate_dataset(ds, run_dir, *, column="source", output_column="output",
                       error_column="error", concurrency=None, num_cpus_per_worker=1,
                       batch_size=DEFAULT_BATCH_SIZE, batch_tokens=DEFAULT_BATCH_TOKENS,
                       too_long="truncate", max_source_tokens=None, **generate_kwargs):
-    """`ds` (a ray.data.Dataset with a str column `column`) with each row's translation by the
-    run in `run_dir` (a run directory or a loaded Run) -> a Dataset (lazy, as map_batches).
-    See the module docstring. concurrency: actors (an int, or (min, max) to autoscale;
-    None: as many as the cluster's CPUs hold, num_cpus_per_worker each); each actor runs
-    fastattn on max(1, int(num_cpus_per_worker)) threads. batch_tokens, too_long,
-    max_source_tokens and generate_kwargs (method, max_new_tokens, beam_size, ...) as for
-    translate_file."""
+    """Translate a Ray Dataset's column of sources with a pool of actors (see the module docstring).
+
+    Args:
+        ds: a ray.data.Dataset with a str column `column`.
+        run_dir: a run directory or a loaded Run.
+        column: the sources' column (default "source").
+        output_column: the column added for the outputs (default "output").
+        error_column: the column added for the errors (default "error").
+        concurrency: actors, an int or (min, max) to autoscale; None (the default): as many
+            as the cluster's CPUs hold, num_cpus_per_worker each.
+        num_cpus_per_worker: CPUs each actor reserves; it runs fastattn on
+            max(1, int(num_cpus_per_worker)) threads (default 1).
+        batch_size: rows per map_batches call (default 1024).
+        batch_tokens: as for translate_file (default 4096).
+        too_long: as for translate_file (default "truncate").
+        max_source_tokens: as for translate_file (default None).
+        **generate_kwargs: as for translate_file (method, max_new_tokens, beam_size, ...).
+
+    Returns:
+        A Dataset (lazy, as map_batches) with the two columns added.
+
+    Raises:
+        ValueError: a bad option (before any actor starts).
+    """
     from ..train.run import Run
 
     ray = _ray()

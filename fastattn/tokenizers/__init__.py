@@ -1,9 +1,11 @@
 """Tokenizers: text <-> int64 token ids for the models (pure Python + NumPy).
 
-    from fastattn.tokenizers import WordTokenizer, CharTokenizer, BPETokenizer
-    tok = BPETokenizer().train(texts, vocab_size=8000)
-    ids, key_padding_mask = tok.encode_batch(batch, add_start_end=True, max_length=128)
-    tok.save("tok.json"); tok = fastattn.tokenizers.load("tok.json")
+```python
+from fastattn.tokenizers import WordTokenizer, CharTokenizer, BPETokenizer
+tok = BPETokenizer().train(texts, vocab_size=8000)
+ids, key_padding_mask = tok.encode_batch(batch, add_start_end=True, max_length=128)
+tok.save("tok.json"); tok = fastattn.tokenizers.load("tok.json")
+```
 
 Three tokenizers over one ``Vocab`` (token <-> id), one module each (``word``, ``char``,
 ``bpe``; ``vocab`` holds Vocab and the specials, ``base`` the API they share, ``files`` the

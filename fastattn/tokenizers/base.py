@@ -69,13 +69,20 @@ def _check_int(value, name, minimum):
 # ---- the shared tokenizer API -------------------------------------------------------------------
 
 class Tokenizer(_SpecialIds):
-    """Base class: encode/decode/encode_batch/save/load over a Vocab; subclasses split and join.
+    """The tokenizers' shared API: encode, decode, encode_batch, save and load over a `Vocab`.
+
+    Subclasses split and join text. `pad_id`, `unk_id`, `start_id` and `end_id` are the ids
+    of the four special roles, None when absent.
 
     A subclass provides ``_split(text) -> list of token strings``, ``_join(tokens) -> text``,
     ``_config()`` (its constructor arguments) and ``train(texts, vocab_size=None, ...)``,
     which learns the vocabulary and returns self. One that keeps more than its vocabulary
     (BPE's merges) names the fields in ``_STATE_FIELDS`` and writes and checks them in
     ``_state()`` and ``_load_trained()``.
+
+    Args:
+        specials: the special tokens, first in the vocabulary (default
+            `("<pad>", "<unk>", "<start>", "<end>")`; `()` for none).
     """
 
     _STATE_FIELDS = ()
@@ -135,6 +142,7 @@ class Tokenizer(_SpecialIds):
 
     @property
     def specials(self):
+        """The special tokens, in id order."""
         return self._specials
 
 
@@ -148,12 +156,33 @@ class Tokenizer(_SpecialIds):
 
     # -- encode / decode
     def tokenize(self, text):
-        """The token strings of `text` (before the vocabulary lookup)."""
+        """The token strings of a text, before the vocabulary lookup.
+
+        Args:
+            text: a str.
+
+        Returns:
+            A list of str.
+        """
         self._require_fitted("tokenize")
         return self._split(_check_text(text, f"{type(self).__name__}.tokenize"))
 
     def encode(self, text, *, add_start_end=False):
-        """Token ids (list of int) of `text`; with add_start_end, wrapped in <start> ... <end>."""
+        """The token ids of a text.
+
+        Args:
+            text: a str.
+            add_start_end: wrap the ids in `<start>` ... `<end>` (default False).
+
+        Returns:
+            A list of int.
+
+        Raises:
+            TypeError: `text` is not a str.
+            ValueError: a token not in the vocabulary when there is no `<unk>`, or
+                add_start_end without those specials.
+            NotFittedError: the tokenizer is not trained.
+        """
         vocab = self._require_fitted("encode")
         _check_text(text, f"{type(self).__name__}.encode")
         lookup = vocab.lookup
@@ -170,7 +199,18 @@ class Tokenizer(_SpecialIds):
         return self.start_id, self.end_id
 
     def decode(self, ids):
-        """Text of a sequence of ids; special tokens are dropped."""
+        """The text of a sequence of ids; special tokens are dropped.
+
+        Args:
+            ids: a list or 1-D array of int.
+
+        Returns:
+            The text.
+
+        Raises:
+            TypeError: ids that are not integers.
+            ValueError: ids not 1-D, or an id outside the vocabulary (named).
+        """
         vocab = self._require_fitted("decode")
         if isinstance(ids, (str, bytes)):
             raise TypeError(f"decode: ids must be a sequence of int, got {type(ids).__name__}")
@@ -192,18 +232,32 @@ class Tokenizer(_SpecialIds):
         return self._join(tokens)
 
     def decode_batch(self, ids):
-        """One text per row of a (B, L) id array (padding and other specials dropped)."""
+        """One text per row of an id array (padding and other specials dropped).
+
+        Args:
+            ids: (B, L) integer ids.
+
+        Returns:
+            A list of B str.
+        """
         ids = np.asarray(ids)
         if ids.ndim != 2:
             raise ValueError(f"decode_batch: ids must be (B, L), got shape {ids.shape}")
         return [self.decode(row) for row in ids]
 
     def encode_batch(self, texts, add_start_end=False, max_length=None):
-        """(ids int64 (B, L), key_padding_mask bool (B, L), True = padding) for a list of texts.
+        """Encode a list of texts into a padded batch. Needs a `<pad>` token.
 
-        L is the longest encoded text (after truncation). ``max_length`` keeps the first
-        max_length ids; with ``add_start_end`` the <end> token is kept as the last id, so the
-        row is <start>, the first max_length - 2 text ids, <end>. Needs a <pad> token.
+        Args:
+            texts: a list of str.
+            add_start_end: wrap each row in `<start>` ... `<end>` (default False).
+            max_length: keep the first max_length ids of each text; with `add_start_end` the
+                `<end>` token is kept as the last id, so the row is `<start>`, the first
+                max_length - 2 text ids, `<end>`. None (the default) keeps every id.
+
+        Returns:
+            `(ids, key_padding_mask)`: int64 (B, L) padded with pad_id on the right, and bool
+                (B, L) with True = padding; L is the longest encoded text (after truncation).
         """
         where = f"{type(self).__name__}.encode_batch"
         self._require_fitted("encode_batch")
@@ -249,9 +303,19 @@ class Tokenizer(_SpecialIds):
 
     @classmethod
     def from_dict(cls, d, *, where="from_dict"):
-        """Rebuild the tokenizer that to_dict() described. `d` is untrusted (a file's
-        content): anything to_dict() would not have written is a ValueError whose message
-        starts with `where` and says what is wrong; no other exception escapes."""
+        """Rebuild the tokenizer that `to_dict()` described.
+
+        Args:
+            d: the description; untrusted (a file's content).
+            where: how error messages start (default "from_dict").
+
+        Returns:
+            The tokenizer, of the class `d` names.
+
+        Raises:
+            ValueError: anything `to_dict()` would not have written (what is wrong said); no
+                other exception escapes.
+        """
         if not isinstance(d, dict):
             raise ValueError(f"{where}: expected a JSON object, got {kind(d)}")
         fmt = d.get("format")
@@ -314,18 +378,32 @@ class Tokenizer(_SpecialIds):
         raise ValueError(f"{where}: config does not build a {name}: {'; '.join(wrong)}")
 
     def save(self, path):
-        """Write the tokenizer to `path` as JSON (UTF-8, non-ASCII escaped, so any str fits
-        except a surrogate pair: see ``files.write_json``)."""
+        """Write the tokenizer as JSON (UTF-8, non-ASCII escaped).
+
+        Args:
+            path: the file to write (str or path-like).
+
+        Raises:
+            ValueError: a token holding a surrogate pair, which a JSON file cannot hold (see
+                `files.write_json`).
+        """
         path = os.fspath(path)
         write_json(path, self.to_dict(), f"save {path}")
 
     @classmethod
     def load(cls, path):
-        """Read a file written by save(); ``Tokenizer.load`` accepts any tokenizer class.
+        """Read a file written by `save()`; `Tokenizer.load` accepts any tokenizer class.
 
-        The file is untrusted: any problem with it is a ValueError naming the file and what
-        is wrong (see ``from_dict`` and ``files.read_json``). A path that does not exist is
-        FileNotFoundError, as for open().
+        Args:
+            path: the file (str or path-like); untrusted.
+
+        Returns:
+            The tokenizer.
+
+        Raises:
+            FileNotFoundError: `path` does not exist.
+            ValueError: any problem with the file (the file and what is wrong named; see
+                `from_dict` and `files.read_json`), or a file of another class.
         """
         path = os.fspath(path)
         where = f"load {path}"
@@ -367,5 +445,16 @@ class _CasedTokenizer(Tokenizer):
 
 
 def load(path):
-    """Rebuild the tokenizer (of whichever class) that ``save(path)`` wrote."""
+    """Rebuild the tokenizer, of whichever class, that `save(path)` wrote.
+
+    Args:
+        path: the file (str or path-like); untrusted.
+
+    Returns:
+        The tokenizer.
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+        ValueError: any problem with the file (the file and what is wrong named).
+    """
     return Tokenizer.load(path)

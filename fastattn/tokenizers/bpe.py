@@ -60,6 +60,10 @@ class BPETokenizer(Tokenizer):
     Decoding: a token made only of whitespace is that whitespace; a token ending in ``</w>``
     ends a word, and the next word starts after one space unless whitespace tokens come
     between them; specials are dropped.
+
+    Args:
+        specials: the special tokens, first in the vocabulary (default
+            `("<pad>", "<unk>", "<start>", "<end>")`; `()` for none).
     """
 
     def __init__(self, *, specials=SPECIALS):
@@ -73,8 +77,21 @@ class BPETokenizer(Tokenizer):
 
     # -- training
     def train(self, texts, vocab_size=None, num_merges=None):
-        """Learn the merges from `texts` (a str or an iterable of str); returns self. Give
-        exactly one of vocab_size (the whole vocabulary, specials included) and num_merges."""
+        """Learn the merges from texts (see the class docstring for the rules).
+
+        Give exactly one of vocab_size and num_merges.
+
+        Args:
+            texts: a str or an iterable of str.
+            vocab_size: stop when the whole vocabulary, specials included, reaches this size.
+            num_merges: stop after this many merges.
+
+        Returns:
+            self.
+
+        Raises:
+            ValueError: both or neither of vocab_size and num_merges given.
+        """
         texts = _check_texts(texts, "BPETokenizer.train")
         if (vocab_size is None) == (num_merges is None):
             raise ValueError("BPETokenizer.train: give exactly one of vocab_size and num_merges")

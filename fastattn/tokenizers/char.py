@@ -21,7 +21,11 @@ class CharTokenizer(_CasedTokenizer):
     (the seed's sorted [a, c, d, e, ...]). Characters seen fewer than ``min_freq`` times are
     left out. ``vocab_size`` caps the whole vocabulary (specials included), keeping the most
     frequent characters, ties broken by first occurrence.
-    ``lowercase`` (default False) lowercases before splitting.
+
+    Args:
+        lowercase: lowercase the text before splitting it (default False).
+        specials: the special tokens, first in the vocabulary (default
+            `("<pad>", "<unk>", "<start>", "<end>")`; `()` for none).
     """
 
     def __init__(self, lowercase=False, *, specials=SPECIALS):
@@ -34,7 +38,18 @@ class CharTokenizer(_CasedTokenizer):
         return "".join(tokens)
 
     def train(self, texts, vocab_size=None, min_freq=1):
-        """Learn the vocabulary from `texts` (a str or an iterable of str); returns self."""
+        """Learn the vocabulary from texts.
+
+        Args:
+            texts: a str or an iterable of str.
+            vocab_size: the whole vocabulary's size, specials included: the most frequent
+                characters are kept, ties broken by first occurrence. None (the default):
+                every character.
+            min_freq: characters seen fewer times are left out (default 1).
+
+        Returns:
+            self.
+        """
         texts = _check_texts(texts, "CharTokenizer.train")
         counts, first = Counter(), {}
         for text in texts:

@@ -31,19 +31,41 @@ _SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
 
 
 def short(value):
-    """repr(value), cut short for an error message (a file may hold megabytes in one field)."""
+    """repr(value), cut short for an error message (a file may hold megabytes in one field).
+
+    Args:
+        value: any value.
+
+    Returns:
+        The shortened repr.
+    """
     return _REPR.repr(value)
 
 
 def clip(text, size=200):
-    """`text`, its middle cut out when it is longer than `size` characters."""
+    """A text with its middle cut out when it is longer than `size` characters.
+
+    Args:
+        text: a str.
+        size: the most characters kept (default 200).
+
+    Returns:
+        The text, or its first and last size / 2 characters around "...".
+    """
     if len(text) <= size:
         return text
     return f"{text[:size // 2]}...{text[-(size // 2):]}"
 
 
 def kind(value):
-    """The JSON kind of a parsed value, for messages: 'an object', 'a list', 'null', ..."""
+    """The JSON kind of a parsed value, for messages.
+
+    Args:
+        value: a value `json.loads` made.
+
+    Returns:
+        'an object', 'a list', 'a str', 'null', ... (the type's name for anything else).
+    """
     names = {dict: "an object", list: "a list", str: "a str", bool: "a bool", int: "an int",
              float: "a number", type(None): "null"}
     return names.get(type(value), type(value).__name__)
@@ -83,7 +105,20 @@ def read_regular_file(path, where, kind):
 
 
 def read_json(path, where):
-    """The JSON document in the file at `path`; `where` starts every error message."""
+    """Read the JSON document in a file, as untrusted input.
+
+    Args:
+        path: the file (str or path-like).
+        where: how every error message starts.
+
+    Returns:
+        The parsed document.
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+        ValueError: not a regular file or unreadable, not UTF-8 JSON, nested too deeply, or
+            a key given twice.
+    """
     data = read_regular_file(path, where, "a tokenizer file")
     try:
         return json.loads(data.decode("utf-8"), object_pairs_hook=unique_keys)
@@ -107,7 +142,16 @@ def _strings(value):
 
 
 def write_json(path, document, where):
-    """Write `document` to `path` as JSON that reads back equal; `where` starts errors."""
+    """Write a document as JSON that reads back equal.
+
+    Args:
+        path: the file to write (str or path-like).
+        document: JSON-ready data.
+        where: how every error message starts.
+
+    Raises:
+        ValueError: a str holding a surrogate pair, which a JSON file cannot hold.
+    """
     for s in _strings(document):
         if _SURROGATE_PAIR.search(s):
             raise ValueError(f"{where}: {short(s)} holds a surrogate pair, which a JSON file "

@@ -60,11 +60,15 @@ class _SpecialIds:
 
 
 class Vocab(_SpecialIds):
-    """Token <-> id: the specials first (ids 0..k-1, in the order given), then ``tokens``.
+    """Token <-> id: the specials first (ids 0..k-1, in the order given), then `tokens`.
 
-    ``token_to_id`` raises KeyError naming an absent token; ``id_to_token`` raises ValueError
-    naming an id outside 0..len-1; ``lookup`` maps an absent token to ``<unk>`` when there is
-    one, else raises ValueError naming it.
+    `pad_id`, `unk_id`, `start_id` and `end_id` are the ids of the four special roles, None
+    when absent.
+
+    Args:
+        tokens: the non-special tokens, in id order (default none).
+        specials: the special tokens, first in the vocabulary (default
+            `("<pad>", "<unk>", "<start>", "<end>")`; `()` for none).
     """
 
     def __init__(self, tokens=(), specials=SPECIALS):
@@ -82,7 +86,14 @@ class Vocab(_SpecialIds):
         self._special_ids = frozenset(range(len(self._specials)))
 
     def add(self, token):
-        """The id of `token`, appended at the end if it is new."""
+        """The id of a token, appended at the end if it is new.
+
+        Args:
+            token: a str.
+
+        Returns:
+            Its id.
+        """
         if not isinstance(token, str):
             raise TypeError(f"Vocab.add: token must be str, got {type(token).__name__}")
         i = self._stoi.get(token)
@@ -109,10 +120,12 @@ class Vocab(_SpecialIds):
 
     @property
     def specials(self):
+        """The special tokens, in id order (ids 0..k-1)."""
         return self._specials
 
     @property
     def special_ids(self):
+        """The ids of the special tokens."""
         return self._special_ids
 
     @property
@@ -121,6 +134,18 @@ class Vocab(_SpecialIds):
         return self._itos[len(self._specials):]
 
     def token_to_id(self, token):
+        """The id of a token in the vocabulary.
+
+        Args:
+            token: a str.
+
+        Returns:
+            Its id.
+
+        Raises:
+            TypeError: `token` is not a str.
+            KeyError: an absent token (named).
+        """
         if not isinstance(token, str):
             raise TypeError(f"token_to_id: token must be str, got {type(token).__name__}")
         try:
@@ -129,10 +154,32 @@ class Vocab(_SpecialIds):
             raise KeyError(f"token {token!r} is not in the vocabulary") from None
 
     def id_to_token(self, i):
+        """The token of an id.
+
+        Args:
+            i: an id in 0..len-1.
+
+        Returns:
+            The token (a str).
+
+        Raises:
+            TypeError: `i` is not an integer.
+            ValueError: an id outside 0..len-1 (named).
+        """
         return self._itos[self._check_id(i)]
 
     def lookup(self, token):
-        """The id of `token`; an absent token gives <unk>, or ValueError without <unk>."""
+        """The id of a token; an absent token gives `<unk>`'s.
+
+        Args:
+            token: a str.
+
+        Returns:
+            Its id, or `<unk>`'s for an absent token.
+
+        Raises:
+            ValueError: an absent token (named) when the vocabulary has no `<unk>`.
+        """
         i = self._stoi.get(token)
         if i is not None:
             return i

@@ -33,6 +33,11 @@ class WordTokenizer(_CasedTokenizer):
     occurrence in `texts`. Words seen fewer than ``min_freq`` times are left out.
     ``vocab_size`` caps the whole vocabulary (specials included): the most frequent words are
     kept, ties broken by first occurrence. ``decode`` joins the words with single spaces.
+
+    Args:
+        lowercase: lowercase the text before splitting it (default True).
+        specials: the special tokens, first in the vocabulary (default
+            `("<pad>", "<unk>", "<start>", "<end>")`; `()` for none).
     """
 
     def __init__(self, lowercase=True, *, specials=SPECIALS):
@@ -67,7 +72,17 @@ class WordTokenizer(_CasedTokenizer):
         return " ".join(tokens)
 
     def train(self, texts, vocab_size=None, min_freq=1):
-        """Learn the vocabulary from `texts` (a str or an iterable of str); returns self."""
+        """Learn the vocabulary from texts.
+
+        Args:
+            texts: a str or an iterable of str.
+            vocab_size: the whole vocabulary's size, specials included: the most frequent words
+                are kept, ties broken by first occurrence. None (the default): every word.
+            min_freq: words seen fewer times are left out (default 1).
+
+        Returns:
+            self.
+        """
         texts = _check_texts(texts, "WordTokenizer.train")
         counts, first = Counter(), {}
         for text in texts:

@@ -1,11 +1,13 @@
 """Training for fastattn.nn models: fit, data, batching, checkpoints, progress.
 
-    from fastattn.train import fit, read_pairs, load_checkpoint
-    history = fit(model, read_pairs("train.tsv"), src_tokenizer=tok, tgt_tokenizer=tok,
-                  max_steps=10_000, checkpoint_dir="ckpt", checkpoint_every=1000)
-    history.to_jsonl("history.jsonl")
-    fit(model, pairs, src_tokenizer=tok, tgt_tokenizer=tok, max_steps=20_000,
-        checkpoint_dir="ckpt", resume=True)          # continues exactly where it stopped
+```python
+from fastattn.train import fit, read_pairs, load_checkpoint
+history = fit(model, read_pairs("train.tsv"), src_tokenizer=tok, tgt_tokenizer=tok,
+              max_steps=10_000, checkpoint_dir="ckpt", checkpoint_every=1000)
+history.to_jsonl("history.jsonl")
+fit(model, pairs, src_tokenizer=tok, tgt_tokenizer=tok, max_steps=20_000,
+    checkpoint_dir="ckpt", resume=True)          # continues exactly where it stopped
+```
 
 One module per concern: ``data`` (read_pairs, chatterbot_pairs), ``batching`` (token-budget
 batches), ``fit`` (the loop), ``history`` (History), ``checkpoint`` (atomic checkpoints,

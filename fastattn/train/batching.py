@@ -33,7 +33,18 @@ WINDOW_BATCHES = 100        # a shuffling window holds about this many batches' 
 
 
 def check_budget(batch_tokens, where="batch_tokens"):
-    """batch_tokens as an int >= 1, else a ValueError naming it."""
+    """Check a token budget.
+
+    Args:
+        batch_tokens: the value to check.
+        where: how the error names it (default "batch_tokens").
+
+    Returns:
+        batch_tokens, an int >= 1.
+
+    Raises:
+        ValueError: not an int >= 1.
+    """
     if not isinstance(batch_tokens, numbers.Integral) or isinstance(batch_tokens, bool) \
             or batch_tokens < 1:
         raise ValueError(f"{where} must be an int >= 1 (ids per padded batch), got "
@@ -53,7 +64,16 @@ def _lengths(src_lens, tgt_lens):
 
 
 def default_window(src_lens, tgt_lens, batch_tokens):
-    """Pairs per shuffling window: WINDOW_BATCHES batches of pairs of the mean length."""
+    """Pairs per shuffling window: WINDOW_BATCHES batches of pairs of the mean length.
+
+    Args:
+        src_lens: each pair's source length.
+        tgt_lens: each pair's target length.
+        batch_tokens: the padded budget per batch.
+
+    Returns:
+        The window, an int >= 1.
+    """
     s, t = _lengths(src_lens, tgt_lens)
     mean = float(np.maximum(s, t).mean()) if s.size else 1.0
     return max(1, int(WINDOW_BATCHES * batch_tokens / max(mean, 1.0)))
@@ -76,10 +96,23 @@ def _cut(order, longest, batch_tokens):
 
 def epoch_batches(src_lens, tgt_lens, batch_tokens, *, seed=0, epoch=0, window=None,
                   sort=True, shuffle=True):
-    """The batches of one epoch: a list of int64 index arrays into the pairs (see the module
-    docstring). window: pairs per sorting window (None: ``default_window``). sort=False cuts
-    the shuffled order as it is (the unsorted baseline); shuffle=False keeps the given order
-    of the pairs and of the batches (what evaluation uses, with one window over all pairs)."""
+    """The batches of one epoch (see the module docstring).
+
+    Args:
+        src_lens: each pair's source length, in ids.
+        tgt_lens: each pair's target length, in ids.
+        batch_tokens: the padded budget: B * max(Ls, Lt) <= batch_tokens.
+        seed: the run's seed (default 0).
+        epoch: the epoch, 0-based (default 0).
+        window: pairs per sorting window; None (the default) for `default_window`.
+        sort: sort within windows (default True; False cuts the shuffled order as it is,
+            the unsorted baseline).
+        shuffle: shuffle the pairs and the batches (default True; False keeps the given
+            order, what evaluation uses, with one window over all pairs).
+
+    Returns:
+        A list of int64 index arrays into the pairs.
+    """
     s, t = _lengths(src_lens, tgt_lens)
     batch_tokens = check_budget(batch_tokens)
     n = s.size
@@ -104,7 +137,16 @@ def epoch_batches(src_lens, tgt_lens, batch_tokens, *, seed=0, epoch=0, window=N
 
 
 def padding_fraction(batch, src_lens, tgt_lens):
-    """Padded positions / all positions of the batch (int indices), sources and targets."""
+    """Padded positions / all positions of a batch, sources and targets together.
+
+    Args:
+        batch: the batch's pair indices (ints).
+        src_lens: each pair's source length.
+        tgt_lens: each pair's target length.
+
+    Returns:
+        A float in [0, 1).
+    """
     s, t = _lengths(src_lens, tgt_lens)
     b = np.asarray(batch, dtype=np.int64)
     if b.size == 0:
@@ -115,8 +157,16 @@ def padding_fraction(batch, src_lens, tgt_lens):
 
 
 def collate(seqs, batch, pad_id):
-    """(B, L) int64 array of the sequences seqs[i] for i in batch, padded on the right with
-    pad_id (L = the longest of them)."""
+    """The padded array of some sequences.
+
+    Args:
+        seqs: the encoded sequences (lists of ids).
+        batch: the indices of the sequences to take, B of them.
+        pad_id: the id that pads each row on the right.
+
+    Returns:
+        (B, L) int64, L the longest of them.
+    """
     rows = [seqs[i] for i in batch]
     L = max((len(r) for r in rows), default=0)
     out = np.full((len(rows), L), pad_id, dtype=np.int64)

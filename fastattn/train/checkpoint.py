@@ -1,18 +1,20 @@
 """Training checkpoints: everything a run needs to continue exactly, written atomically.
 
-Layout of a checkpoint directory (``fit(..., checkpoint_dir=...)``)::
+Layout of a checkpoint directory (``fit(..., checkpoint_dir=...)``):
 
-    checkpoint_dir/
-      latest                    "step-00000123\\n": the newest complete checkpoint
-      step-00000100/            older ones, up to `keep` in all (default 3)
-      step-00000123/
-        model.safetensors       fastattn.io.save(model): weights + class and config
-        optimizer.safetensors   optimizer.state_dict() (moments, step counts, hyper-parameters)
-        src_tokenizer.json      the tokenizers' own files (Tokenizer.save)
-        tgt_tokenizer.json
-        history.jsonl           the History so far (History.to_jsonl)
-        state.json              format, step, data position, RNG and dropout state, schedule
-                                step, the fit settings and a fingerprint of the training data
+```text
+checkpoint_dir/
+  latest                    "step-00000123\\n": the newest complete checkpoint
+  step-00000100/            older ones, up to `keep` in all (default 3)
+  step-00000123/
+    model.safetensors       fastattn.io.save(model): weights + class and config
+    optimizer.safetensors   optimizer.state_dict() (moments, step counts, hyper-parameters)
+    src_tokenizer.json      the tokenizers' own files (Tokenizer.save)
+    tgt_tokenizer.json
+    history.jsonl           the History so far (History.to_jsonl)
+    state.json              format, step, data position, RNG and dropout state, schedule
+                            step, the fit settings and a fingerprint of the training data
+```
 
 ``state.json`` holds at least ``format`` ("fastattn-checkpoint/1"), ``step``, ``epoch`` and
 ``batch`` (the next batch to run: its index within epoch ``epoch``), ``dropout_seed`` and
@@ -223,9 +225,13 @@ def _remove(checkpoint_dir, name):
 
 
 def remove_temporaries(checkpoint_dir):
-    """Remove what a crashed save or removal left in checkpoint_dir (.tmp-*, .trash-*,
-    .latest-*); nothing when the directory does not exist. fit calls it when a run starts,
-    save_checkpoint before each save."""
+    """Remove what a crashed save or removal left (.tmp-*, .trash-*, .latest-*).
+
+    fit calls it when a run starts, save_checkpoint before each save.
+
+    Args:
+        checkpoint_dir: the checkpoints' directory; nothing happens when it does not exist.
+    """
     try:
         names = os.listdir(checkpoint_dir)
     except FileNotFoundError:
@@ -237,11 +243,24 @@ def remove_temporaries(checkpoint_dir):
 
 def save_checkpoint(checkpoint_dir, *, model, optimizer, src_tokenizer, tgt_tokenizer,
                     state, history=None, keep=3):
-    """Write a checkpoint of step ``state["step"]`` into checkpoint_dir (created if needed),
-    atomically (see the module docstring), point ``latest`` at it and keep the newest `keep`
-    (None: all). `state` is the run's position and settings (JSON-ready); the model's dropout
-    state (``dropout_seed``, ``dropout_calls``), ``schedule_step`` and ``format`` are added
-    here. Returns the checkpoint's path."""
+    """Write a checkpoint of step `state["step"]` atomically, and point `latest` at it.
+
+    See the module docstring for the layout and the atomic write. The model's dropout state
+    (`dropout_seed`, `dropout_calls`), `schedule_step` and `format` are added to `state` here.
+
+    Args:
+        checkpoint_dir: the checkpoints' directory (created if needed).
+        model: the model, saved with `fastattn.io.save`.
+        optimizer: its optimiser (its `state_dict()` is saved).
+        src_tokenizer: the source tokenizer (saved with its own `save`).
+        tgt_tokenizer: the target tokenizer.
+        state: the run's position and settings, JSON-ready.
+        history: the `History` so far, or None (the default).
+        keep: the newest checkpoints kept (default 3; None: all).
+
+    Returns:
+        The checkpoint's path.
+    """
     from .. import io
 
     if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
@@ -323,8 +342,17 @@ def _prune_best(checkpoint_dir):
 
 
 def save_best(checkpoint_dir, model, step, valid_loss):
-    """Write `model`'s weights as the best model of step `step` (validation loss
-    `valid_loss`) into checkpoint_dir/best-step-N/, atomically; returns its path."""
+    """Write a model's weights as the best model, into checkpoint_dir/best-step-N/, atomically.
+
+    Args:
+        checkpoint_dir: the checkpoints' directory.
+        model: the model whose weights are saved.
+        step: the step of the evaluation.
+        valid_loss: its validation loss.
+
+    Returns:
+        The best model's path.
+    """
     from .. import io
 
     checkpoint_dir = os.fspath(checkpoint_dir)
@@ -350,8 +378,16 @@ def save_best(checkpoint_dir, model, step, valid_loss):
 
 
 def load_best(checkpoint_dir, step):
-    """The weights {state_dict key: float32 array} of the best model of step `step` in
-    checkpoint_dir, or None when there is none (e.g. a run that kept no best)."""
+    """The weights of the best model of a step.
+
+    Args:
+        checkpoint_dir: the checkpoints' directory.
+        step: the step of the best model.
+
+    Returns:
+        {state_dict key: float32 array}, or None when there is none (e.g. a run that kept no
+            best).
+    """
     from .. import io
 
     path = os.path.join(os.fspath(checkpoint_dir), "best-" + step_name(step),
@@ -365,8 +401,14 @@ def load_best(checkpoint_dir, step):
 # ---- reading --------------------------------------------------------------------------------
 
 def list_checkpoints(checkpoint_dir):
-    """Paths of the complete checkpoints (step-* directories) in checkpoint_dir, oldest
-    first; [] when the directory does not exist."""
+    """The complete checkpoints (step-* directories) of a checkpoint directory.
+
+    Args:
+        checkpoint_dir: the checkpoints' directory.
+
+    Returns:
+        Their paths, oldest first; [] when the directory does not exist.
+    """
     checkpoint_dir = os.fspath(checkpoint_dir)
     try:
         names = os.listdir(checkpoint_dir)
@@ -378,8 +420,15 @@ def list_checkpoints(checkpoint_dir):
 
 
 def latest_checkpoint(checkpoint_dir):
-    """The path of the checkpoint ``latest`` names in checkpoint_dir; if the pointer is
-    missing or names no checkpoint, the newest step-* directory; None when there is none."""
+    """The path of the checkpoint `latest` names in a checkpoint directory.
+
+    Args:
+        checkpoint_dir: the checkpoints' directory.
+
+    Returns:
+        The path; if the pointer is missing or names no checkpoint, the newest step-*
+            directory; None when there is none.
+    """
     checkpoint_dir = os.fspath(checkpoint_dir)
     try:
         with open(os.path.join(checkpoint_dir, LATEST), encoding="utf-8") as f:
@@ -393,9 +442,17 @@ def latest_checkpoint(checkpoint_dir):
 
 
 class Checkpoint:
-    """A loaded checkpoint: ``path``, ``step``, ``model`` (rebuilt by fastattn.io.load),
-    ``optimizer_state`` (the dict for optimizer.load_state_dict), ``src_tokenizer``,
-    ``tgt_tokenizer``, ``state`` (state.json) and ``history``."""
+    """A loaded checkpoint (made by `load_checkpoint`); its arguments are its attributes.
+
+    Args:
+        path: the checkpoint's directory.
+        model: the model, rebuilt by `fastattn.io.load`.
+        optimizer_state: the dict for `optimizer.load_state_dict`.
+        src_tokenizer: the source tokenizer.
+        tgt_tokenizer: the target tokenizer.
+        state: state.json's content.
+        history: the `History` so far.
+    """
 
     def __init__(self, path, model, optimizer_state, src_tokenizer, tgt_tokenizer, state,
                  history):
@@ -405,11 +462,19 @@ class Checkpoint:
 
     @property
     def step(self):
+        """The step the checkpoint was written after."""
         return self.state["step"]
 
     def restore(self, model, optimizer):
-        """Put the checkpoint's weights, dropout state and optimiser state into `model` and
-        `optimizer` (which must be of the same architecture: ValueError otherwise)."""
+        """Put the weights, dropout state and optimiser state into a model and its optimiser.
+
+        Args:
+            model: a model of the same architecture.
+            optimizer: its optimiser.
+
+        Raises:
+            ValueError: a model of another configuration (the differences named).
+        """
         if model.config != self.model.config:
             diff = sorted(k for k in set(model.config) | set(self.model.config)
                           if model.config.get(k) != self.model.config.get(k))
@@ -428,10 +493,20 @@ class Checkpoint:
 
 
 def load_checkpoint(path, *, backend="fast"):
-    """Load a checkpoint: `path` is a checkpoint (a step-* directory) or a checkpoint_dir,
-    whose latest checkpoint is loaded. Every problem (a missing file, a state.json that does
-    not hold a checkpoint's fields, a file that does not load) is a ValueError naming the
-    file; no checkpoint at all is FileNotFoundError."""
+    """Load a checkpoint, or a checkpoint directory's latest.
+
+    Args:
+        path: a checkpoint (a step-* directory) or a checkpoint_dir.
+        backend: the model's backend, "fast" (the default) or "reference".
+
+    Returns:
+        The `Checkpoint`.
+
+    Raises:
+        FileNotFoundError: no checkpoint at all.
+        ValueError: a missing file, a state.json that does not hold a checkpoint's fields,
+            or a file that does not load (the file named).
+    """
     from .. import io, tokenizers
 
     path = os.fspath(path)

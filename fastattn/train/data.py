@@ -1,7 +1,9 @@
 """Text pairs for training: (source, target) read from a file, or from the ChatterBot corpus.
 
-    pairs = read_pairs("train.tsv")                 # [(source, target), ...]
-    pairs = chatterbot_pairs("english", categories=["greetings", "food"])
+```python
+pairs = read_pairs("train.tsv")                 # [(source, target), ...]
+pairs = chatterbot_pairs("english", categories=["greetings", "food"])
+```
 
 ``read_pairs(path)`` picks the format from the file's extension:
 
@@ -50,8 +52,16 @@ _DEMO = 'pip install "fastattn[demo]"'
 
 
 class Pairs(list):
-    """A list of (source, target) str tuples, with ``skipped``: how many conversations the
-    reader left out (always 0 from read_pairs, which refuses them instead)."""
+    """A list of (source, target) str tuples, with the count of what the reader left out.
+
+    Attributes:
+        skipped: how many conversations the reader left out (always 0 from read_pairs,
+            which refuses them instead).
+
+    Args:
+        pairs: the (source, target) tuples (default none).
+        skipped: the count of conversations left out (default 0).
+    """
 
     def __init__(self, pairs=(), skipped=0):
         super().__init__(pairs)
@@ -247,9 +257,20 @@ _READERS = {".tsv": _tsv, ".jsonl": _jsonl, ".txt": _txt, ".yml": _yaml_pairs,
 
 
 def read_pairs(path):
-    """The (source, target) pairs in the file at `path`, in file order, as a ``Pairs`` list;
-    the format comes from the extension (see the module docstring). Every problem with the
-    file is a ValueError naming it and the line."""
+    """Read the (source, target) pairs of a file, in file order.
+
+    The format comes from the extension (see the module docstring).
+
+    Args:
+        path: a .tsv, .jsonl, .txt, .yml or .yaml file (str or path-like).
+
+    Returns:
+        A `Pairs` list.
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+        ValueError: any problem with the file (the file and the line named).
+    """
     path = os.fspath(path)
     ext = os.path.splitext(path)[1].lower()
     reader = _READERS.get(ext)
@@ -260,11 +281,22 @@ def read_pairs(path):
 
 
 def chatterbot_pairs(language="english", categories=None):
-    """The pairs of the ChatterBot corpus (the ``chatterbot_corpus`` package) in `language`,
-    from every category (the file names, e.g. "greetings") or those listed in `categories`,
-    in sorted category order. Malformed conversations are skipped and counted in the result's
-    ``skipped``. ImportError without the package; ValueError for an unknown language or
-    category (the known ones are listed)."""
+    """The pairs of the ChatterBot corpus (the `chatterbot_corpus` package), category by category.
+
+    Malformed conversations are skipped and counted in the result's `skipped`.
+
+    Args:
+        language: the corpus language (default "english").
+        categories: the categories to read (the file names, e.g. "greetings"); None (the
+            default) for all.
+
+    Returns:
+        A `Pairs` list.
+
+    Raises:
+        ImportError: the package is not installed.
+        ValueError: an unknown language or category (the known ones listed).
+    """
     import importlib.resources
     try:
         import chatterbot_corpus  # noqa: F401

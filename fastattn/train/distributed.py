@@ -102,20 +102,44 @@ def local_cores():
 
 
 def shard(batch, rank, size):
-    """Rank `rank`'s part of a global batch (pair indices, in the batch's order): the
-    `rank`-th of `size` consecutive parts whose sizes differ by at most one (np.array_split);
-    a batch of fewer pairs than ranks leaves the last ranks an empty part."""
+    """A rank's part of a global batch: the rank-th of size consecutive parts (np.array_split).
+
+    The parts' sizes differ by at most one; a batch of fewer pairs than ranks leaves the last
+    ranks an empty part.
+
+    Args:
+        batch: the global batch's pair indices, in order.
+        rank: this rank.
+        size: the number of ranks.
+
+    Returns:
+        The part, pair indices in the batch's order.
+    """
     return np.array_split(np.asarray(batch), size)[rank]
 
 
 def agreed(exc):
-    """Mark `exc` as raised by every rank at the same point (no rank is left waiting), and
-    return it."""
+    """Mark an exception as raised by every rank at the same point (no rank is left waiting).
+
+    Args:
+        exc: the exception.
+
+    Returns:
+        exc.
+    """
     exc.fastattn_all_ranks = True
     return exc
 
 
 def is_agreed(exc):
+    """Whether `agreed` marked an exception.
+
+    Args:
+        exc: the exception.
+
+    Returns:
+        True or False.
+    """
     return bool(getattr(exc, "fastattn_all_ranks", False))
 
 
@@ -124,14 +148,29 @@ _TOLD = {c.__name__: c for c in (ValueError, FileNotFoundError, IsADirectoryErro
 
 
 def told(exc):
-    """What a rank tells the others of an exception: (class name, message)."""
+    """What a rank tells the others of an exception.
+
+    Args:
+        exc: the exception.
+
+    Returns:
+        `(class name, message)`.
+    """
     return type(exc).__name__, str(exc)
 
 
 def raise_told(what, mine=None):
     """Raise, marked agreed, the exception rank 0 told (`what` from ``told``): `mine` itself
     on the rank that raised it, elsewhere one of the same built-in class (RuntimeError for
-    another class) whose message starts with "rank 0: "."""
+    another class) whose message starts with "rank 0: ".
+
+    Args:
+        what: `told`'s pair from rank 0.
+        mine: this rank's own exception, if it raised one (default None).
+
+    Raises:
+        Exception: always, as above.
+    """
     if mine is not None:
         raise agreed(mine)
     kind, text = what
@@ -187,7 +226,15 @@ class _Watchdog:
 
 class Group:
     """The ranks of one data-parallel run: an mpi4py communicator with a deadline on every
-    collective (see the module docstring). ``rank``, ``size``, ``lead`` (rank 0)."""
+    collective (see the module docstring). ``rank``, ``size``, ``lead`` (rank 0).
+
+    Args:
+        comm: the mpi4py communicator.
+        timeout: the longest a rank waits in one collective, in seconds (default 1800).
+
+    Raises:
+        ValueError: a timeout that is not a number of seconds > 0.
+    """
 
     def __init__(self, comm, timeout=COMM_TIMEOUT):
         if timeout is None or not timeout > 0:
@@ -216,25 +263,57 @@ class Group:
     def allreduce(self, array, what):
         """Sum `array` (float32 or float64, C-contiguous) over the ranks, in place. The MPI
         library's algorithm for this size, count and communicator decides the order of the
-        additions, not the arrival of the messages: the same inputs give the same sum."""
+        additions, not the arrival of the messages: the same inputs give the same sum.
+
+        Args:
+            array: float32 or float64, C-contiguous; summed in place.
+            what: what the collective is for, named when its deadline passes.
+
+        Returns:
+            The seconds the all-reduce took.
+        """
         t0 = time.perf_counter()
         self._call(what, self.comm.Allreduce, self.MPI.IN_PLACE, array, self.MPI.SUM)
         return time.perf_counter() - t0
 
     def bcast_array(self, array, what, root=0):
-        """Rank root's `array` into every rank's (same shape and dtype), in place."""
+        """Rank root's array into every rank's (same shape and dtype), in place.
+
+        Args:
+            array: the array, overwritten on every rank but root.
+            what: what the collective is for, named when its deadline passes.
+            root: the sending rank (default 0).
+        """
         self._call(what, self.comm.Bcast, array, root)
 
     def bcast(self, obj, what, root=0):
-        """Rank root's picklable `obj` -> every rank."""
+        """Rank root's picklable object, on every rank.
+
+        Args:
+            obj: the object (read on root only).
+            what: what the collective is for, named when its deadline passes.
+            root: the sending rank (default 0).
+
+        Returns:
+            Root's object.
+        """
         return self._call(what, self.comm.bcast, obj, root)
 
     def allgather(self, obj, what):
-        """[obj of rank 0, obj of rank 1, ...] on every rank."""
+        """Every rank's object, on every rank.
+
+        Args:
+            obj: this rank's picklable object.
+            what: what the collective is for, named when its deadline passes.
+
+        Returns:
+            [obj of rank 0, obj of rank 1, ...].
+        """
         return self._call(what, self.comm.allgather, obj)
 
     def local_size(self):
-        """Ranks of this run on this machine (sharing its memory)."""
+        """Ranks of this run on this machine (sharing its memory).
+        """
         local = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED)
         try:
             return local.Get_size()
@@ -245,7 +324,12 @@ class Group:
         """Print `text` for this rank on standard error, then end every rank: MPI_Abort,
         which some MPI libraries return from once the launcher has been told (it then ends
         the processes), so this process waits for that and leaves without unwinding (the
-        error is printed once)."""
+        error is printed once).
+
+        Args:
+            text: the message.
+            code: the exit code MPI_Abort gets (default 1).
+        """
         try:
             sys.stderr.write(f"fastattn: rank {self.rank} of {self.size}: {text}\n")
             sys.stderr.flush()
@@ -260,7 +344,12 @@ class Group:
                 os._exit(code)
 
     def fail(self, exc, where=""):
-        """End every rank because this one raised `exc` (its traceback on standard error)."""
+        """End every rank because this one raised `exc` (its traceback on standard error).
+
+        Args:
+            exc: the exception.
+            where: what this rank was doing, for the message (default "").
+        """
         if isinstance(exc, KeyboardInterrupt):     # Ctrl-C: mpiexec sends it to every rank
             self.fail_message(f"interrupted{where}; ending every rank (the latest checkpoint "
                               "is what a resume continues from)", 130)
@@ -271,7 +360,16 @@ class Group:
 def together(group, fn, what):
     """fn() on every rank of `group` (None: this process alone) -> its result; when it
     raises on some ranks, every rank raises (agreed): the first failing rank's exception
-    there, elsewhere one naming that rank and its message."""
+    there, elsewhere one naming that rank and its message.
+
+    Args:
+        group: the `Group`, or None for this process alone.
+        fn: the function, called with no arguments.
+        what: what it does, for the messages.
+
+    Returns:
+        fn's result.
+    """
     if group is None:
         return fn()
     result, error = None, None
@@ -437,7 +535,15 @@ def _affinity():
 
 
 def group(comm, timeout=COMM_TIMEOUT):
-    """A Group over `comm`, or None for None or a communicator of one process."""
+    """A Group over a communicator.
+
+    Args:
+        comm: an mpi4py communicator, or None.
+        timeout: the longest a rank waits in one collective, in seconds (default 1800).
+
+    Returns:
+        The `Group`, or None for None or a communicator of one process.
+    """
     if comm is None:
         return None
     if not callable(getattr(comm, "Get_size", None)):

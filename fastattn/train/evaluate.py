@@ -1,7 +1,9 @@
 """Held-out evaluation of a Seq2SeqTransformer on text pairs: loss, perplexity, exact match.
 
-    ev = Evaluator(pairs, src_tokenizer=tok, tgt_tokenizer=tok, max_len=model.max_len)
-    ev(model)    # {"valid_loss": ..., "valid_ppl": ..., "valid_exact": ..., "exact_pairs": n}
+```python
+ev = Evaluator(pairs, src_tokenizer=tok, tgt_tokenizer=tok, max_len=model.max_len)
+ev(model)    # {"valid_loss": ..., "valid_ppl": ..., "valid_exact": ..., "exact_pairs": n}
+```
 
 What fit() runs at every evaluation and ``fastattn evaluate RUN_DIR DATA`` runs once:
 
@@ -38,7 +40,14 @@ def _encode(tok, texts, start_end):
 class EncodedPairs:
     """Encoded (source, target) pairs that fit a model of max_len positions: ``src`` and
     ``tgt`` (lists of int64 id arrays), their lengths ``src_lens`` / ``tgt_lens``, and
-    ``skipped`` (how many pairs were left out)."""
+    ``skipped`` (how many pairs were left out).
+
+    Args:
+        pairs: the (source, target) str pairs.
+        src_tok: encodes the sources.
+        tgt_tok: encodes the targets.
+        max_len: the model's positions.
+    """
 
     def __init__(self, pairs, src_tok, tgt_tok, max_len):
         src_se = src_tok.start_id is not None and src_tok.end_id is not None
@@ -57,7 +66,16 @@ class EncodedPairs:
         return len(self.src)
 
     def batch(self, idx, pad_id):
-        """(src (B, S), tgt (B, T) int64 padded with pad_id, target tokens predicted)."""
+        """A padded batch of some pairs.
+
+        Args:
+            idx: the pairs' indices.
+            pad_id: the padding id.
+
+        Returns:
+            `(src, tgt, tokens)`: (B, S) and (B, T) int64 padded with pad_id, and the number
+                of target tokens predicted.
+        """
         return (batching.collate(self.src, idx, pad_id), batching.collate(self.tgt, idx, pad_id),
                 int(self.tgt_lens[idx].sum() - len(idx)))
 
@@ -65,7 +83,17 @@ class EncodedPairs:
 class Evaluator:
     """Loss, perplexity and greedy exact match of a model on fixed pairs (see the module
     docstring). Calling it returns {"valid_loss", "valid_ppl", "valid_exact", "exact_pairs"}
-    and leaves the model in the mode it found it in."""
+    and leaves the model in the mode it found it in.
+
+    Args:
+        pairs: the (source, target) str pairs.
+        src_tokenizer: encodes the sources.
+        tgt_tokenizer: encodes the targets.
+        max_len: the model's positions (longer pairs are skipped).
+        batch_tokens: the most padded ids per side in a batch (default 4096).
+        exact_sample: pairs decoded for exact match (default 100; None: all; 0: none).
+        seed: the sample's seed (default 0).
+    """
 
     DECODE_ROWS = 64          # sources decoded together
 
@@ -90,10 +118,19 @@ class Evaluator:
 
     @property
     def skipped(self):
+        """How many pairs were left out (too long for the model, or empty).
+    """
         return self.data.skipped
 
     def loss(self, model):
-        """(mean cross-entropy per target token, target tokens) in eval mode."""
+        """The mean cross-entropy per target token, in eval mode.
+
+        Args:
+            model: the `Seq2SeqTransformer`.
+
+        Returns:
+            `(loss, target tokens)`.
+        """
         total, count = 0.0, 0
         for idx in self.plan:
             src, tgt, tokens = self.data.batch(idx, self.pad)
@@ -102,8 +139,14 @@ class Evaluator:
         return (total / count if count else float("nan")), count
 
     def exact(self, model):
-        """Fraction of the sampled pairs whose greedy output equals the target (None when
-        the sample is empty)."""
+        """The fraction of the sampled pairs whose greedy output equals the target.
+
+        Args:
+            model: the `Seq2SeqTransformer`.
+
+        Returns:
+            A float in [0, 1], or None when the sample is empty.
+        """
         idx = self.exact_idx
         if not len(idx):
             return None

@@ -1,9 +1,11 @@
 """fit: train a Seq2SeqTransformer on text pairs, with evaluation, checkpoints and exact resume.
 
-    from fastattn.train import fit, read_pairs
-    history = fit(model, read_pairs("train.tsv"), src_tokenizer=tok, tgt_tokenizer=tok,
-                  valid_pairs=read_pairs("valid.tsv"), max_steps=20_000, batch_tokens=4096,
-                  checkpoint_dir="ckpt", checkpoint_every=1000, eval_every=1000)
+```python
+from fastattn.train import fit, read_pairs
+history = fit(model, read_pairs("train.tsv"), src_tokenizer=tok, tgt_tokenizer=tok,
+              valid_pairs=read_pairs("valid.tsv"), max_steps=20_000, batch_tokens=4096,
+              checkpoint_dir="ckpt", checkpoint_every=1000, eval_every=1000)
+```
 
 One step: a token-budget batch (fastattn.train.batching), ``model.loss(src, tgt,
 label_smoothing=..., backward=True)``, gradient clipping, an AdamW update, the schedule's next
@@ -672,7 +674,7 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
     betas=(0.9, 0.98), eps=1e-9, weight_decay=0.01). Its rate is set before every update by
     the schedule (warmup=None: a tenth of the run, at most 4000 steps; see
     fastattn.train.defaults): "inverse_sqrt" (the paper's: linear warm-up for `warmup` steps, then
-    1/sqrt(step); it peaks at (d_model * warmup) ** -0.5, or at lr when lr is given),
+    1/sqrt(step); it peaks at `(d_model * warmup) ** -0.5`, or at lr when lr is given),
     "cosine" (linear warm-up to lr, then a half cosine to 0 at the last step; warmup capped
     at the run's length), "constant" (lr every step), or a callable 1-based step -> lr (then
     lr must be None). lr defaults to 1e-3 for "cosine" and "constant". Loss: model.loss
@@ -756,15 +758,60 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
     float32 rounding, not bit for bit: each gradient is summed in another order (per part,
     then across the ranks; the key projections' biases, whose exact gradient is zero, follow
     its rounding noise, without effect on the outputs); with dropout, each rank draws its own
-    masks (rank 0's are one process's). Step records gain ``ranks`` and ``allreduce_seconds``. Rank 0 alone reports
-    progress, runs the callbacks (its StopIteration stops every rank), evaluates, keeps the
-    best weights and writes checkpoints; the other ranks return the History of their steps
-    and a model holding the last step's weights. A resume continues exactly on the same
-    number of ranks; on another number, the data order, schedule and optimiser state continue
-    exactly and only the rounding (and dropout masks) differ. An exception on some ranks
-    only ends every rank (MPI_Abort, after printing it); comm_timeout: the longest a rank
-    waits in one collective (rank 0's evaluations and checkpoints included) before it ends
-    the job the same way.
+    masks (rank 0's are one process's). Step records gain ``ranks`` and ``allreduce_seconds``.
+    Rank 0 alone reports progress, runs the callbacks (its StopIteration stops every rank),
+    evaluates, keeps the best weights and writes checkpoints; the other ranks return the
+    History of their steps and a model holding the last step's weights. A resume continues
+    exactly on the same number of ranks; on another number, the data order, schedule and
+    optimiser state continue exactly and only the rounding (and dropout masks) differ. An
+    exception on some ranks only ends every rank (MPI_Abort, after printing it); comm_timeout:
+    the longest a rank waits in one collective (rank 0's evaluations and checkpoints included)
+    before it ends the job the same way.
+
+    Args:
+        model: the `Seq2SeqTransformer` to train (left in training mode).
+        train_pairs: a list of (source, target) str pairs.
+        src_tokenizer: encodes the sources (its pad_id must be the model's).
+        tgt_tokenizer: encodes the targets (its pad_id must be the model's).
+        valid_pairs: validation pairs, or None (the default) for no evaluation.
+        max_steps: the number of updates; not with epochs.
+        epochs: the number of passes over the pairs; not with max_steps (neither: 1 epoch).
+        batch_tokens: the most padded ids per side in a batch (default 4096).
+        optimizer: a fastattn.optim optimiser over `model`; None (the default) for AdamW.
+        lr: the learning rate (see Optimisation); None (the default) for the schedule's.
+        schedule: "inverse_sqrt" (the default), "cosine", "constant" or a callable
+            step -> lr.
+        warmup: warm-up steps (default 4000; None: a tenth of the run, at most 4000).
+        label_smoothing: the loss's label smoothing (default 0.1).
+        clip_norm: the global gradient norm clipped to (default 1.0; None: no clipping).
+        seed: the dropout masks' and data order's seed (default 0).
+        checkpoint_dir: where checkpoints go, or None (the default) for none.
+        checkpoint_every: a checkpoint every this many steps, or None (the default).
+        checkpoint_minutes: a checkpoint after this many minutes, or None (the default).
+        keep_checkpoints: the newest checkpoints kept (default 3).
+        eval_every: evaluate every this many steps (needs valid_pairs); None (the default):
+            at the end of the run only.
+        resume: continue from the latest checkpoint in checkpoint_dir (default False).
+        progress: True (the default), False, "json" or an int k (see Progress).
+        callbacks: callables `cb(step_record, model)`, called after every step (default
+            none).
+        keep_best: keep and restore the weights of the best evaluation (default True).
+        patience: stop after this many evaluations without improvement; None (the default)
+            never stops early.
+        exact_sample: validation pairs decoded for exact match (default 100; None: all; 0:
+            none).
+        comm: an mpi4py communicator for data parallelism, or None (the default).
+        comm_timeout: the longest a rank waits in one collective, in seconds (default 1800).
+        precision: "fp32" (the default) or "bf16" (see Precision).
+
+    Returns:
+        The run's `History`.
+
+    Raises:
+        ValueError: bad arguments, no pair left after skipping, or a resume that does not
+            match the checkpoint.
+        KeyboardInterrupt: re-raised after the checkpoint of the step under way (see
+            Interrupts).
     """
     run = _Run(model, train_pairs, src_tokenizer, tgt_tokenizer, valid_pairs, max_steps,
                epochs, batch_tokens, optimizer, lr, schedule, warmup, label_smoothing,

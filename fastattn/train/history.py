@@ -34,7 +34,12 @@ EVAL_FIELDS = ("step", "valid_loss", "valid_ppl")
 
 
 class History:
-    """The records of a run (see the module docstring)."""
+    """The records of a run (see the module docstring).
+
+    Args:
+        records: records to start with, in order (default none).
+        skipped: `{"train": n, "valid": m}`, the pairs a run left out, or None (the default).
+    """
 
     def __init__(self, records=(), skipped=None):
         self.records = []
@@ -53,13 +58,29 @@ class History:
         self.records.append(record)
 
     def add_step(self, **fields):
-        """Append a step record; returns it."""
+        """Append a step record.
+
+        Args:
+            **fields: the record's fields (`step`, `epoch`, `loss`, ...; see the module
+                docstring).
+
+        Returns:
+            The record (a dict with kind "step").
+        """
         record = {"kind": "step", **fields}
         self._append(record)
         return record
 
     def add_eval(self, **fields):
-        """Append an eval record; returns it."""
+        """Append an eval record.
+
+        Args:
+            **fields: the record's fields (`step`, `valid_loss`, ...; see the module
+                docstring).
+
+        Returns:
+            The record (a dict with kind "eval").
+        """
         record = {"kind": "eval", **fields}
         self._append(record)
         return record
@@ -100,18 +121,36 @@ class History:
         return f"History({len(self.steps)} steps, {len(self.evals)} evals)"
 
     def to_jsonl(self, path):
-        """Write one JSON record per line to `path`."""
+        """Write one JSON record per line.
+
+        Args:
+            path: the file to write (str or path-like).
+        """
         with open(os.fspath(path), "w", encoding="utf-8") as f:
             self.write(f)
 
     def write(self, f):
+        """Write one JSON record per line to an open text file.
+
+        Args:
+            f: a file object open for writing text.
+        """
         for r in self.records:
             f.write(json.dumps(r) + "\n")
 
     @classmethod
     def read_jsonl(cls, path):
-        """The History that to_jsonl wrote; a line that is not a record is a ValueError naming
-        the file and the line."""
+        """Read the History that `to_jsonl` wrote.
+
+        Args:
+            path: the file (str or path-like).
+
+        Returns:
+            The `History`.
+
+        Raises:
+            ValueError: a line that is not a record (the file and the line named).
+        """
         path = os.fspath(path)
         history = cls()
         try:

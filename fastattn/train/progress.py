@@ -41,8 +41,17 @@ def _every(progress):
 
 
 def make_progress(progress, total, initial=0, stream=None):
-    """The reporter for `progress` (see the module docstring); total: the run's last step
-    (None if unknown), initial: the step it starts after (a resumed run's)."""
+    """The reporter `progress` asks for (see the module docstring), picked once.
+
+    Args:
+        progress: False (or 0), True, "json" or an int k >= 1.
+        total: the run's last step, or None if unknown.
+        initial: the step it starts after, a resumed run's (default 0).
+        stream: where the reports go; None (the default) for stderr.
+
+    Returns:
+        A `Silent`, `Bar` or `JsonLines` reporter.
+    """
     if progress is False or progress is None or (
             isinstance(progress, numbers.Integral) and not isinstance(progress, bool)
             and progress == 0):
@@ -69,7 +78,14 @@ def terminal_tqdm(stream):
 
 
 def eval_line(record):
-    """An eval record as one line of text: step, validation loss, perplexity, exact match."""
+    """An eval record as one line of text: step, validation loss, perplexity, exact match.
+
+    Args:
+        record: the History's eval record.
+
+    Returns:
+        The line (a str).
+    """
     text = (f"step {record['step']}: valid_loss {record['valid_loss']:.4f}, "
             f"valid_ppl {record['valid_ppl']:.3f}")
     if record.get("valid_exact") is not None:
@@ -81,15 +97,31 @@ class Silent:
     """progress=False: every report is dropped."""
 
     def step(self, record):
+        """Report one step.
+
+        Args:
+            record: the History's step record.
+        """
         pass
 
     def eval(self, record):
+        """Report one evaluation.
+
+        Args:
+            record: the History's eval record.
+        """
         pass
 
     def info(self, message):
+        """Report a message (pairs skipped, a resume, a checkpoint written on an interrupt).
+
+        Args:
+            message: the text.
+        """
         pass
 
     def close(self):
+        """End the report (a bar is closed)."""
         pass
 
 
@@ -101,7 +133,13 @@ def _finite(value):
 
 
 class JsonLines:
-    """One JSON object per line on `stream`: steps every `every`, evals, messages."""
+    """One JSON object per line on `stream`: steps every `every`, evals, messages.
+
+    Args:
+        stream: a text stream.
+        every: write every this many steps (default 10; the first and last step always).
+        total: the run's last step, or None (the default) if unknown.
+    """
 
     def __init__(self, stream, every=DEFAULT_EVERY, total=None):
         self.stream, self.every, self.total = stream, every, total
@@ -115,6 +153,11 @@ class JsonLines:
         self.stream.flush()
 
     def step(self, record):
+        """Report one step.
+
+        Args:
+            record: the History's step record.
+        """
         step = record["step"]
         if step == 1 or step % self.every == 0 or step == self.total:
             self._write({"kind": "step", **record})
@@ -123,34 +166,68 @@ class JsonLines:
             self._last = record
 
     def eval(self, record):
+        """Report one evaluation.
+
+        Args:
+            record: the History's eval record.
+        """
         self._write({"kind": "eval", **record})
 
     def info(self, message):
+        """Report a message (pairs skipped, a resume, a checkpoint written on an interrupt).
+
+        Args:
+            message: the text.
+        """
         self._write({"kind": "info", "message": str(message)})
 
     def close(self):
+        """End the report (a bar is closed)."""
         if self._last is not None:                  # a run that stopped between reports
             self._write({"kind": "step", **self._last})
             self._last = None
 
 
 class Bar:
-    """A tqdm bar on a terminal: step (of total), loss, lr, tokens/s, ETA."""
+    """A tqdm bar on a terminal: step (of total), loss, lr, tokens/s, ETA.
+
+    Args:
+        tqdm_class: tqdm's bar class.
+        total: the run's last step, or None if unknown.
+        initial: the step it starts after.
+        stream: the terminal's stream.
+    """
 
     def __init__(self, tqdm_class, total, initial, stream):
         self.bar = tqdm_class(total=total, initial=initial, file=stream, unit="step",
                               dynamic_ncols=True, leave=True)
 
     def step(self, record):
+        """Report one step.
+
+        Args:
+            record: the History's step record.
+        """
         self.bar.set_postfix({"loss": f"{record['loss']:.4f}", "lr": f"{record['lr']:.3g}",
                               "tok/s": f"{record['tokens_per_s']:.0f}"}, refresh=False)
         self.bar.update(1)
 
     def eval(self, record):
+        """Report one evaluation.
+
+        Args:
+            record: the History's eval record.
+        """
         self.bar.write(eval_line(record))
 
     def info(self, message):
+        """Report a message (pairs skipped, a resume, a checkpoint written on an interrupt).
+
+        Args:
+            message: the text.
+        """
         self.bar.write(str(message))
 
     def close(self):
+        """End the report (a bar is closed)."""
         self.bar.close()

@@ -138,7 +138,18 @@ def read_config(run_dir):
     each of its type (keys added since the first runs get their value for older runs; other
     keys are kept as they are). Every problem is a ValueError naming the file: not a regular
     file, not UTF-8, not JSON (or nested too deeply), not an object, a key missing or of the
-    wrong type, steps and epochs both given. A missing file is FileNotFoundError."""
+    wrong type, steps and epochs both given. A missing file is FileNotFoundError.
+
+    Args:
+        run_dir: the run directory.
+
+    Returns:
+        The config, a dict.
+
+    Raises:
+        FileNotFoundError: no config.json.
+        ValueError: any problem with it (the file named).
+    """
     path = _path(run_dir, "config")
     data = read_regular_file(path, path, "a run's config.json")
     if not data.strip():
@@ -175,8 +186,15 @@ def read_config(run_dir):
 
 
 class Run:
-    """A loaded run: ``model`` (eval mode), ``src_tokenizer``, ``tgt_tokenizer``, ``config``
-    (config.json as a dict) and ``path``."""
+    """A loaded run; its arguments are its attributes (made by `load_run` and `train_run`).
+
+    Args:
+        path: the run directory.
+        model: the `Seq2SeqTransformer`, in eval mode.
+        src_tokenizer: the source tokenizer.
+        tgt_tokenizer: the target tokenizer.
+        config: config.json, as a dict.
+    """
 
     def __init__(self, path, model, src_tokenizer, tgt_tokenizer, config):
         self.path, self.model, self.config = path, model, config
@@ -184,7 +202,15 @@ class Run:
         self.train_pairs, self.valid_pairs = [], []    # set by train_run
 
     def complete(self, texts, **generate_kwargs):
-        """One completion (text) per input text; see Seq2SeqTransformer.translate."""
+        """One completion (text) per input text, as `Seq2SeqTransformer.translate` makes it.
+
+        Args:
+            texts: a list of strings.
+            **generate_kwargs: passed to `generate`.
+
+        Returns:
+            A list of strings.
+        """
         generate_kwargs.setdefault("max_new_tokens", 64)
         return self.model.translate(list(texts), self.src_tokenizer, self.tgt_tokenizer,
                                     **generate_kwargs)
@@ -192,7 +218,20 @@ class Run:
 
 def build_model(preset, src_vocab_size, tgt_vocab_size, *, pad_id, dropout=0.1,
                 max_len=MAX_LEN, seed=0):
-    """A Seq2SeqTransformer of preset "tiny", "small" or "base" (see PRESETS)."""
+    """A Seq2SeqTransformer of a preset size (see PRESETS).
+
+    Args:
+        preset: "tiny", "small" or "base".
+        src_vocab_size: the source vocabulary size.
+        tgt_vocab_size: the target vocabulary size.
+        pad_id: the padding id.
+        dropout: the dropout probability in training (default 0.1).
+        max_len: the positions the model embeds (default 256).
+        seed: the initialisation's seed (default 0).
+
+    Returns:
+        The `Seq2SeqTransformer`.
+    """
     if preset not in PRESETS:
         raise ValueError(f"model preset must be one of {', '.join(PRESETS)}, got {preset!r}")
     return Seq2SeqTransformer(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
@@ -201,10 +240,20 @@ def build_model(preset, src_vocab_size, tgt_vocab_size, *, pad_id, dropout=0.1,
 
 
 def train_tokenizer(kind, texts, vocab_size=None):
-    """A tokenizer of `kind` ("bpe", "word" or "char") trained on `texts`. vocab_size (all
-    tokens, specials included) defaults to DEFAULT_VOCAB[kind]; the vocabulary is smaller when
-    the texts hold fewer tokens (word, char) or allow fewer merges (BPE stops when no pair is
-    left)."""
+    """A tokenizer of a kind, trained on texts.
+
+    The vocabulary is smaller than vocab_size when the texts hold fewer tokens (word, char) or
+    allow fewer merges (BPE stops when no pair is left).
+
+    Args:
+        kind: "bpe", "word" or "char".
+        texts: the texts to train on.
+        vocab_size: all tokens, specials included; None (the default) for
+            DEFAULT_VOCAB[kind].
+
+    Returns:
+        The trained tokenizer.
+    """
     if kind not in TOKENIZERS:
         raise ValueError(f"tokenizer must be one of {', '.join(TOKENIZERS)}, got {kind!r}")
     size = vocab_size if vocab_size is not None else DEFAULT_VOCAB[kind]
@@ -212,9 +261,20 @@ def train_tokenizer(kind, texts, vocab_size=None):
 
 
 def split_pairs(pairs, valid_fraction, seed=0, keep_in_train=()):
-    """(train, valid): a seeded random `valid_fraction` of the pairs held out (at least one
-    pair when the fraction is positive and there are two or more pairs); pairs listed in
-    keep_in_train always stay in train."""
+    """Hold out a seeded random fraction of the pairs.
+
+    At least one pair is held out when the fraction is positive and there are two or more
+    pairs.
+
+    Args:
+        pairs: the (source, target) pairs.
+        valid_fraction: the share held out, in [0, 1).
+        seed: the split's seed (default 0).
+        keep_in_train: pairs that always stay in train (default none).
+
+    Returns:
+        `(train, valid)` lists of pairs.
+    """
     if not 0.0 <= valid_fraction < 1.0:
         raise ValueError(f"valid fraction must be in [0, 1), got {valid_fraction!r}")
     keep = set(keep_in_train)
@@ -337,9 +397,21 @@ def write_json_atomic(path, obj):
 
 
 def load_run(run_dir, *, backend="fast", compute_type=None):
-    """The run in `run_dir` (see the module docstring) -> Run. A missing or unreadable file is
-    an error naming it and saying what writes it. compute_type: the model's weights as
-    fastattn.io.load converts them ("int8" / "bf16" / "bfloat16" quantize once, for inference)."""
+    """Load the run in a run directory (see the module docstring).
+
+    Args:
+        run_dir: the run directory.
+        backend: "fast" (the default) or "reference".
+        compute_type: the model's weights as fastattn.io.load converts them ("int8" / "bf16"
+            / "bfloat16" quantize once, for inference); None (the default) keeps them.
+
+    Returns:
+        The `Run`.
+
+    Raises:
+        FileNotFoundError: a missing file (named, with what writes it).
+        ValueError: an unreadable file (named).
+    """
     run_dir = os.fspath(run_dir)
     if not os.path.isdir(run_dir):
         raise FileNotFoundError(f"{run_dir}: no such run directory (fastattn train DATA --out "
@@ -434,8 +506,9 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
     continues with its own settings, tokenizers and data split, from the latest checkpoint
     (from step 0 when there is none): a setting given again is applied when it may change
     (ADJUSTABLE: steps or epochs, eval_every, exact_sample, patience, checkpoint_every,
-    checkpoint_minutes, precision ("fp32" or "bf16", fit's); they are written back to config.json) and must equal the run's
-    otherwise (FIXED: ValueError naming each that differs). Without a config.json,
+    checkpoint_minutes, precision ("fp32" or "bf16", fit's); they are written back to
+    config.json) and must equal the run's otherwise (FIXED: ValueError naming each that
+    differs). Without a config.json,
     resume=True starts a new run. A run (new or resumed) starts by removing the temporary
     files and directories that a killed run left in `out` and its checkpoints.
 
@@ -455,7 +528,49 @@ def train_run(pairs, out, *, model=None, tokenizer=None, vocab_size=None, steps=
     (every rank reads the data itself); an error there is raised on every rank. Every rank
     must give the same settings, `out`, `resume` and `overwrite` (a ValueError on every rank
     names the first that differs and each rank's value). The other ranks write nothing and
-    return a Run whose model holds the last step's weights."""
+    return a Run whose model holds the last step's weights.
+
+    Args:
+        pairs: the (source, target) text pairs.
+        out: the run directory to write.
+        model: the preset, "tiny", "small" or "base".
+        tokenizer: the tokenizer kind, "bpe", "word" or "char".
+        vocab_size: the tokenizer's vocabulary size.
+        steps: the number of updates (not with epochs).
+        epochs: the number of passes (not with steps).
+        batch_tokens: fit's.
+        schedule: fit's.
+        lr: the schedule's peak.
+        warmup: fit's.
+        clip_norm: fit's (0 turns clipping off).
+        dropout: the model's dropout.
+        label_smoothing: fit's.
+        valid: the share of the pairs held out.
+        seed: the run's seed (split, initialisation, data order, dropout).
+        resume: continue the run in `out` (default False).
+        overwrite: start a new run in `out` over a previous one (default False).
+        progress: fit's (default True).
+        keep_in_train: pairs that stay in train (default none).
+        data: the data's path, recorded in config.json, or None (the default).
+        eval_every: fit's.
+        exact_sample: fit's.
+        patience: fit's.
+        checkpoint_every: fit's.
+        checkpoint_minutes: fit's.
+        precision: fit's, "fp32" or "bf16".
+        comm: an mpi4py communicator, or None (the default) for one process.
+        **fit_kwargs: passed to fit.
+
+    Each setting left None takes the run's (resume) or the default, as above.
+
+    Returns:
+        `(run, history)`: the `Run` and its `History`.
+
+    Raises:
+        ValueError: a bad setting, or a resume given a FIXED setting that differs.
+        RunDirError: `out` is a file, or holds files without resume or overwrite.
+        DirectoryInUse: another run holds `out`'s lock.
+    """
     out = os.fspath(out)
     given = {k: v for k, v in dict(
         model=model, tokenizer=tokenizer, vocab_size=vocab_size, steps=steps, epochs=epochs,
