@@ -1091,6 +1091,27 @@ static void bwd_probs(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
     }
 }
 
+/* S (n rows x KB, base 2, into kb->ds) of the query rows q_i (row stride qs) against the packed
+ * key block kb, as every pair forms it: on the tiles (a bf16 call's a->tiles), bf16 pairs summed
+ * by TDPBF16PS and scaled after; else bwd_dot against K^T pre-scaled. One function, so that a
+ * row's max (bwd_row_stats) and its pairs' scores agree to the bit: P = 2^(s - max) reads their
+ * difference, which float32 cannot hold to better than an ulp of |s| (2^38 at |s| ~ 1e18). */
+static void bwd_scores(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb, const float *q_i,
+                       int64_t qs, int64_t n)
+{
+#if ATT_BF16_UNITS
+    if (a->tiles) {
+        amx_rows_pairs(kb->qa, kb->D2, q_i, qs, n, R16(n), a->f->D);
+        memset(kb->ds, 0, (size_t)(n * KB) * sizeof(float));
+        a->tiles->pairs_gemm(kb->ds, KB, n, KB, kb->D2, kb->qa, kb->D2, kb->kp, KB);
+        const VF sc = vsplat(a->f->scale * FA_LOG2E);
+        for (int64_t e = 0; e < n * KB; e += FA_VL) vstore(kb->ds + e, vload(kb->ds + e) * sc);
+        return;
+    }
+#endif
+    bwd_dot(kb->ds, kb->kt, q_i, qs, n, a->f->D);
+}
+
 /* The max and sum of query i's scores (base 2, as bwd_probs forms them) over every key block
  * it can see: *pref = max, *pinv = 1 / sum 2^(s - max) (0 for a row that sees no key). For the
  * rows whose lse float32 cannot hold to the digits P needs. */
@@ -1106,8 +1127,8 @@ static void bwd_row_stats(const fa_att_bwd_args *a, int64_t b, int64_t h,
     float m = -INFINITY, l = 0.0f;
     for (kb.jb = 0; kb.jb < jend; kb.jb += KB) {
         kb.nb = f->Lk - kb.jb < KB ? f->Lk - kb.jb : KB;
-        bwd_pack(a, &kb, b, h, 0, 0);
-        bwd_dot(kb.ds, kb.kt, q_i, f->q_st[2], 1, f->D);
+        bwd_pack(a, &kb, b, h, 0, 1);
+        bwd_scores(a, &kb, q_i, f->q_st[2], 1);
         VI hid[NR];
         bwd_mask_row(f, &kb, b, h, i, kb.ds, hid);
         VF mx = vsplat(-INFINITY);
@@ -1189,11 +1210,7 @@ static void bwd_pair_tiles(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb, i
     const int64_t n = ihi - ilo, n16 = R16(n), n2 = R16((n + 1) / 2), D = f->D, Dv = f->Dv;
     const float *q_i = f->q + b * f->q_st[0] + h * f->q_st[1] + ilo * f->q_st[2];
     const float *do_i = g->dout + b * g->dout_st[0] + h * g->dout_st[1] + ilo * g->dout_st[2];
-    amx_rows_pairs(kb->qa, kb->D2, q_i, f->q_st[2], n, n16, D);             /* S */
-    memset(kb->ds, 0, (size_t)(n * KB) * sizeof(float));
-    t->pairs_gemm(kb->ds, KB, n, KB, kb->D2, kb->qa, kb->D2, kb->kp, KB);
-    const VF sc = vsplat(f->scale * FA_LOG2E);
-    for (int64_t e = 0; e < n * KB; e += FA_VL) vstore(kb->ds + e, vload(kb->ds + e) * sc);
+    bwd_scores(a, kb, q_i, f->q_st[2], n);                                    /* S */
     amx_rows_pairs(kb->doa, kb->Dv2, do_i, g->dout_st[2], n, n16, Dv);      /* dP' */
     memset(kb->pt, 0, (size_t)(n * KB) * sizeof(float));
     t->pairs_gemm(kb->pt, KB, n, KB, kb->Dv2, kb->doa, kb->Dv2, kb->vp, KB);
@@ -1236,7 +1253,7 @@ static void bwd_pair(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb, int64_t
     }
     const float *q_i = f->q + b * f->q_st[0] + h * f->q_st[1] + ilo * f->q_st[2];
     const float *do_i = g->dout + b * g->dout_st[0] + h * g->dout_st[1] + ilo * g->dout_st[2];
-    bwd_dot(kb->ds, kb->kt, q_i, f->q_st[2], n, f->D);     /* S */
+    bwd_scores(a, kb, q_i, f->q_st[2], n);                /* S */
     bwd_dot(kb->pt, kb->vt, do_i, g->dout_st[2], n, f->Dv);  /* dP' */
     bwd_probs(a, kb, b, h, ilo, n);                      /* P', dS */
     if (with_dkv) {
