@@ -138,6 +138,7 @@ def extreme_checks(compute_types=("float32", "bfloat16"), backward=True):
             out, cache = ops.attention_forward(q, k, v, compute_type=ct, **kw)
             ref_out, ref_cache = reference.attention_forward(q, k, v, compute_type=ct, **kw)
             tol = OUT_TOL if ct == "float32" else dict(
+                # bf16: absolute only, OUT_ATOL_BF16 of the values' size (see there)
                 rtol=0.0, atol=OUT_ATOL_BF16 * max(1.0, float(np.max(np.abs(v)))))
             assert_close(out, ref_out, name=f"{tag} out", equal_nan=False, **tol)
             assert_close(cache["lse"], ref_cache["lse"], name=f"{tag} lse", equal_nan=False,
