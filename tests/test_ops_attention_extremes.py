@@ -9,6 +9,8 @@ Also softmax on the same values (its kernel works in natural units; checked so i
 """
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import fastattn
 from conftest import SIMD_LEVELS, assert_close, run_checks, run_isa_checks
@@ -129,29 +131,33 @@ def _grads(q, k, v, kw, compute_type):
     return fast, ref, dout
 
 
+def extreme_case_checks(name, q, k, v, kw, ct, backward=True):
+    """One case through ops and the twin: out, lse, weights and (backward) dq, dk, dv; no NaN
+    anywhere the twin has none."""
+    tag = f"{name}/{ct}"
+    out, cache = ops.attention_forward(q, k, v, compute_type=ct, **kw)
+    ref_out, ref_cache = reference.attention_forward(q, k, v, compute_type=ct, **kw)
+    tol = OUT_TOL if ct == "float32" else dict(
+        # bf16: absolute only, OUT_ATOL_BF16 of the values' size (see there)
+        rtol=0.0, atol=OUT_ATOL_BF16 * max(1.0, float(np.max(np.abs(v)))))
+    assert_close(out, ref_out, name=f"{tag} out", equal_nan=False, **tol)
+    assert_close(cache["lse"], ref_cache["lse"], name=f"{tag} lse", **LSE_TOL)
+    _, w = ops.attention(q, k, v, return_weights=True, compute_type=ct, **kw)
+    _, ref_w = reference.attention(q, k, v, return_weights=True, compute_type=ct, **kw)
+    assert_close(w, ref_w, name=f"{tag} weights", equal_nan=False, **W_TOL)
+    if not backward:
+        return
+    fast, ref, dout = _grads(q, k, v, kw, ct)
+    for g, r, gname, other in zip(fast, ref, ("dq", "dk", "dv"), (k, q, None)):
+        assert_close(g, r, rtol=GRAD_RTOL, atol=GRAD_RTOL * grad_scale(r, dout, v, other),
+                     name=f"{tag} {gname}", equal_nan=False)
+
+
 def extreme_checks(compute_types=("float32", "bfloat16"), backward=True):
-    """Every case of cases() through ops and the twin: out, lse, weights and (backward) dq, dk,
-    dv; no NaN anywhere the twin has none."""
+    """Every case of cases() through extreme_case_checks."""
     for name, q, k, v, kw in cases():
         for ct in compute_types:
-            tag = f"{name}/{ct}"
-            out, cache = ops.attention_forward(q, k, v, compute_type=ct, **kw)
-            ref_out, ref_cache = reference.attention_forward(q, k, v, compute_type=ct, **kw)
-            tol = OUT_TOL if ct == "float32" else dict(
-                # bf16: absolute only, OUT_ATOL_BF16 of the values' size (see there)
-                rtol=0.0, atol=OUT_ATOL_BF16 * max(1.0, float(np.max(np.abs(v)))))
-            assert_close(out, ref_out, name=f"{tag} out", equal_nan=False, **tol)
-            assert_close(cache["lse"], ref_cache["lse"], name=f"{tag} lse", equal_nan=False,
-                         **LSE_TOL)
-            _, w = ops.attention(q, k, v, return_weights=True, compute_type=ct, **kw)
-            _, ref_w = reference.attention(q, k, v, return_weights=True, compute_type=ct, **kw)
-            assert_close(w, ref_w, name=f"{tag} weights", equal_nan=False, **W_TOL)
-            if not backward:
-                continue
-            fast, ref, dout = _grads(q, k, v, kw, ct)
-            for g, r, gname, other in zip(fast, ref, ("dq", "dk", "dv"), (k, q, None)):
-                assert_close(g, r, rtol=GRAD_RTOL, atol=GRAD_RTOL * grad_scale(r, dout, v, other),
-                             name=f"{tag} {gname}", equal_nan=False)
+            extreme_case_checks(name, q, k, v, kw, ct, backward)
 
 
 def bf16_path_checks():
@@ -176,6 +182,30 @@ def test_extreme_scores_every_bf16_attention_path(path):
         pytest.skip(f"the {path} attention path is not available here ({available})")
     run_checks("test_ops_attention_extremes", "bf16_path_checks",
                {"FASTATTN_ATTENTION_BF16_PATH": path})
+
+
+# distinct score levels, ~1e37 apart or more, so that the twin's weights are 0, 1 or an even
+# split among equal levels, as float32's are (no two levels round to one float32 score)
+LEVELS = (3.3e38, 3e38, 2.7e38, 2e38, 1.5e38, 1e38, 1.0, 0.0, -1.0, -1e38, -1.5e38, -2e38,
+          -2.7e38, -3e38, -3.3e38)
+
+
+@given(Lq=st.sampled_from([1, 3, 40]), data=st.data(),
+       compute_type=st.sampled_from(["float32", "bfloat16"]), causal=st.booleans())
+def test_extreme_score_levels_match_the_twin(Lq, data, compute_type, causal):
+    """Any mix of the levels over the keys (ties included), per query a sign of q, optionally
+    causal and with padding: out, lse and gradients as the twin's."""
+    Lk = data.draw(st.integers(Lq if causal else 1, 40), label="Lk")
+    levels = np.array(data.draw(st.lists(st.sampled_from(LEVELS), min_size=Lk, max_size=Lk),
+                                label="levels"))
+    signs = np.array(data.draw(st.lists(st.sampled_from([1.0, -1.0]), min_size=Lq,
+                                        max_size=Lq), label="signs"))
+    pad = np.array(data.draw(st.lists(st.booleans(), min_size=Lk, max_size=Lk), label="pad"))
+    q = (signs * BIG).astype(np.float32).reshape(1, 1, Lq, 1)
+    k = (levels / BIG).astype(np.float32).reshape(1, 1, Lk, 1)
+    v = np.stack([np.arange(Lk), -np.arange(Lk) / 2], axis=1).astype(np.float32)[None, None]
+    extreme_case_checks("levels", q, k, v, {"causal": causal, "key_padding_mask": pad[None]},
+                        compute_type)
 
 
 @pytest.mark.parametrize("row", [[3e38, 3e38], [-3e38], [-3e38, -2.9e38], [3e38, -3e38],
