@@ -6,6 +6,8 @@
  * shares. */
 #include <float.h>
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "fa_paths.h"
 
@@ -18,22 +20,74 @@
  * unmasked key, and a row masked that way throughout averages its values).
  *
  * Scores run in base 2 (times log2 e), where a sum of finite values can pass the float32 range
- * (finfo.min * log2 e alone does). A score with |x| > ATT_WIDE is recomputed in double and
- * compressed: x -> sign(x) (2^127 + (|x| - 2^127) / 8), which keeps every sum of a float32 score
+ * (finfo.min * log2 e alone does, and so does q . k * scale alone past FLT_MAX / log2 e ~ 2.4e38,
+ * reachable with a head dim of 1 or 2; q . k or q * scale * log2 e can also overflow on the way
+ * to a finite score). Every stored score with |x| > ATT_WIDE, and every one whose float32
+ * forming gave inf or NaN, is recomputed in double (att_score_exact from q and k, or
+ * att_wide_score from a stored score and the masks) and compressed: x -> sign(x) (2^127 + (|x| - 2^127) / 8), which keeps every sum of a float32 score
  * and two float32 masks finite (|x| < 1.4e39 before, < 3.2e38 after) and in order; the
  * differences that decide a weight there are astronomically larger than exp2's range, so
  * weights keep their meaning (two such sums closer than ~8 float32 ulps may tie). att_lse undoes
  * the compression for the log-sum-exp. */
 
-/* s (base 2) + (kb + mk) log2 e for a key no mask hides, |result| > ATT_WIDE or NaN (the
- * caller's float sum went out of range): the same sum in double, compressed as above. inf or
- * NaN in (NaN, +inf masks or scores) gives inf or NaN, as the float sum does. */
-float att_wide_score(float s, float kb, float mk)
+/* x (base 2, double) compressed as above and rounded to float, clamped to +-FLT_MAX (a sum past
+ * ~1.4e39, from a score beyond the float32 range, keeps its sign and order up to there); inf
+ * and NaN are kept. */
+static float att_compress(double x)
 {
-    const double x = (double)s + ((double)kb + (double)mk) * 1.4426950408889634;
     if (!isfinite(x)) return (float)x;
     const double ax = fabs(x), w = (double)ATT_WIDE;
-    return (float)copysign(ax > w ? w + (ax - w) / 8.0 : ax, x);
+    const double c = ax > w ? w + (ax - w) / 8.0 : ax;
+    return (float)copysign(c < (double)FLT_MAX ? c : (double)FLT_MAX, x);
+}
+
+/* A stored base-2 score back to its value: the inverse of att_compress (inf and NaN kept). */
+static double att_decompress(float s)
+{
+    const double as = fabs((double)s), w = (double)ATT_WIDE;
+    return as > w ? copysign(w + (as - w) * 8.0, (double)s) : (double)s;
+}
+
+/* s (a stored base-2 score, compressed when |s| > ATT_WIDE) + (kb + mk) log2 e for a key no
+ * mask hides, where the float sum went out of range (or s is wide, or NaN): the same sum in
+ * double, compressed as above. inf or NaN in (NaN, +inf masks or scores) gives inf or NaN, as
+ * the float sum does. */
+float att_wide_score(float s, float kb, float mk)
+{
+    return att_compress(att_decompress(s) + ((double)kb + (double)mk) * 1.4426950408889634);
+}
+
+/* bf16 rounding of one value, as the kernels round (att_bf16s, vcvtneps2bf16): nearest, ties to
+ * even; NaN kept (quiet); a subnormal to +-0 */
+static double att_bf16_value(float x)
+{
+    uint32_t b;
+    memcpy(&b, &x, 4);
+    const uint32_t mag = b & 0x7fffffffu;
+    if (mag > 0x7f800000u) b = (b | 0x00400000u) & 0xffff0000u;
+    else if (mag < 0x00800000u) b &= 0x80000000u;
+    else b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &b, 4);
+    return (double)x;
+}
+
+/* Score of query i and key j of head (b, h), base 2, with the key's biases kb and mk (natural
+ * units; neither -inf) added, from q and k in double and compressed as above: for a score the
+ * float32 passes could not form (|q . k scale log2 e| past ATT_WIDE, or an inf or NaN that a
+ * product or sum of finite values overflowed to). q . k of finite values is exact in double
+ * for D = 1 and rounded once per term otherwise; bf16: of the rounded q and k. inf or NaN in q
+ * or k gives inf or NaN, as the twin's float64 scores do. */
+float att_score_exact(const fa_attention_args *a, int64_t b, int64_t h, int64_t i, int64_t j,
+                      float kb, float mk)
+{
+    const float *q_i = a->q + b * a->q_st[0] + h * a->q_st[1] + i * a->q_st[2];
+    const float *k_j = a->k + b * a->k_st[0] + h * a->k_st[1] + j * a->k_st[2];
+    double dot = 0.0;
+    for (int64_t d = 0; d < a->D; d++)
+        dot += a->bf16 ? att_bf16_value(q_i[d]) * att_bf16_value(k_j[d])
+                       : (double)q_i[d] * (double)k_j[d];
+    return att_compress(dot * (double)a->scale * 1.4426950408889634 +
+                        ((double)kb + (double)mk) * 1.4426950408889634);
 }
 
 /* The log-sum-exp of a row (natural units) from its running max m (base 2, compressed as

@@ -68,27 +68,29 @@ static void att_round(float *dst, const float *src, int64_t n, int cvt)
 /* bf16 scores of key block k (nb rows, row stride ksl), masks not yet applied:
  * st[j][:] = (k^_j . q^) * scale * log2 e, mx their lane-wise max. qt holds q^ (transposed, not
  * scaled; in pairs on the dot path); kb receives the block's rounded (or paired) keys. */
-static void bf16_scores(const fa_attention_args *a, const float *k, float *st, VF *mx,
+static void bf16_scores(const fa_attention_args *a, const float *k, float *st, VF *mx, VI *wd,
                         const float *qt, float *kb, int64_t nb, const fa_att_units *u)
 {
     const int64_t D = a->D, ksl = a->k_st[2];
     const float sc = a->scale * FA_LOG2E;
     for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
-    if (ATT_BF16_UNITS && u->tiles) {
-        amx_scores(a, k, st, mx, qt, kb, nb, u->tiles);
-        return;
-    }
-    if (ATT_BF16_UNITS && u->dot) {
-        dot_pack_k((uint32_t *)kb, k, ksl, nb, D);
-        dot_score_tile(st, mx, qt, (const uint32_t *)kb, nb, D, sc);
+    if (ATT_BF16_UNITS && (u->tiles || u->dot)) {
+        if (u->tiles) {
+            amx_scores(a, k, st, mx, qt, kb, nb, u->tiles);
+        } else {
+            dot_pack_k((uint32_t *)kb, k, ksl, nb, D);
+            dot_score_tile(st, mx, qt, (const uint32_t *)kb, nb, D, sc);
+        }
+        for (int64_t j = 0; j < nb; j++) /* wd as score_rows forms it */
+            for (int c = 0; c < NR; c++) wd[c] |= att_wide_lanes(vload(st + j * BQ + c * FA_VL));
         return;
     }
     if (a->bf16 == ATT_BF16_KV_ROUNDED) { /* the keys rounded once (attention_forward) */
-        score_tile(st, mx, qt, k, ksl, nb, D, sc);
+        score_tile(st, mx, wd, qt, k, ksl, nb, D, sc);
         return;
     }
     for (int64_t j = 0; j < nb; j++) att_round(kb + j * D, k + j * ksl, D, u->cvt);
-    score_tile(st, mx, qt, kb, D, nb, D, sc);
+    score_tile(st, mx, wd, qt, kb, D, nb, D, sc);
 }
 /* bf16 P.V of key block [jb, jb+nb) (v: its first value row; st holds P^, rounded), v rounded:
  * ot[e][:] += sum_j P^_j v^_j[e]; a block whose hidden keys hold inf or NaN in v (care) on the

@@ -106,13 +106,21 @@ static int64_t attention_scratch(int64_t D, int64_t Dv, int bf16)
     } while (0)
 _Static_assert(ATT_MR_S <= 8 && ATT_MR_P <= 8, "ATT_TAIL covers at most 7 rows left over");
 
+/* All ones in the lanes where |x| > ATT_WIDE or x is inf or NaN. */
+FA_INLINE VI att_wide_lanes(VF x)
+{
+    return (VI)(((VI)x & ((VI){0} + 0x7fffffff)) > ((VI){0} + ATT_WIDE_BITS));
+}
+
 /* One register tile of the scores: st[r][:] = (k_r . qt[:, :]) * sc for r < ROWS keys (k_r =
  * row r, read in place through the row stride ksl), BQ queries along the lanes; mx takes the
- * lane-wise max. (sc: 1 for float32, whose qt is pre-scaled; bf16 scales the sums.)
+ * lane-wise max, and wd all ones in the lanes where some score passed ATT_WIDE or came out inf
+ * or NaN (att_fix_wide forms those again). (sc: 1 for float32, whose qt is pre-scaled; bf16
+ * scales the sums.)
  *   scalar math:  st[r][i] = (sum_d k[r][d] * qt[d][i]) * sc                              */
-FA_INLINE void score_rows(float *FA_RESTRICT st, VF *FA_RESTRICT mx, const float *FA_RESTRICT qt,
-                          const float *FA_RESTRICT k, int64_t ksl, int64_t D, float sc,
-                          const int ROWS)
+FA_INLINE void score_rows(float *FA_RESTRICT st, VF *FA_RESTRICT mx, VI *FA_RESTRICT wd,
+                          const float *FA_RESTRICT qt, const float *FA_RESTRICT k, int64_t ksl,
+                          int64_t D, float sc, const int ROWS)
 {
     VF acc[MR_S][NR];
     const float *k_r[MR_S];
@@ -134,16 +142,19 @@ FA_INLINE void score_rows(float *FA_RESTRICT st, VF *FA_RESTRICT mx, const float
             const VF x = acc[r][c] * vsplat(sc);
             vstore(st + r * BQ + c * FA_VL, x);
             mx[c] = vmax(mx[c], x);
+            wd[c] |= att_wide_lanes(x);
         }
 }
 
 /* st[j][:] = (k_j . qt[:, :]) * sc for j < nb (k_j = row j of the key block), in register tiles
- * of MR_S keys x BQ queries (the keys left over in smaller tiles); mx = lane-wise max of st. */
-static void score_tile(float *FA_RESTRICT st, VF *FA_RESTRICT mx, const float *FA_RESTRICT qt,
-                       const float *FA_RESTRICT k, int64_t ksl, int64_t nb, int64_t D, float sc)
+ * of MR_S keys x BQ queries (the keys left over in smaller tiles); mx = lane-wise max of st, wd
+ * marks the lanes holding a score att_fix_wide forms again (score_rows). */
+static void score_tile(float *FA_RESTRICT st, VF *FA_RESTRICT mx, VI *FA_RESTRICT wd,
+                       const float *FA_RESTRICT qt, const float *FA_RESTRICT k, int64_t ksl,
+                       int64_t nb, int64_t D, float sc)
 {
     int64_t j = 0;
-#define TILE(rows) score_rows(st + j * BQ, mx, qt, k + j * ksl, ksl, D, sc, rows)
+#define TILE(rows) score_rows(st + j * BQ, mx, wd, qt, k + j * ksl, ksl, D, sc, rows)
     for (; j + MR_S <= nb; j += MR_S) TILE(MR_S);
     ATT_TAIL(j, nb, MR_S, TILE);
 #undef TILE
@@ -184,14 +195,30 @@ static void pv_tile(float *FA_RESTRICT ot, const float *FA_RESTRICT st, const fl
 #undef TILE
 }
 
-/* s[i] += kb2 (kb2 = a key bias kb times log2 e; kb is not -inf), lanes whose sum passes
- * ATT_WIDE (or is NaN) recomputed by att_wide_score. */
+/* st[jj][i] for queries i0 + i (i < nq) and keys jb + jj (jj < nb) whose float32 score passed
+ * ATT_WIDE or came out inf or NaN (|q . k| past the float32 range, or q * scale * log2 e), formed
+ * again in double and compressed (att_score_exact); mx becomes st's lane-wise max again. Rare:
+ * scalar. */
+static void att_fix_wide(const fa_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t nq,
+                         int64_t jb, int64_t nb, float *st, VF *mx)
+{
+    for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
+    for (int64_t jj = 0; jj < nb; jj++) {
+        float *s_j = st + jj * BQ;
+        for (int64_t i = 0; i < nq; i++)
+            if (!(fabsf(s_j[i]) <= ATT_WIDE))
+                s_j[i] = att_score_exact(a, b, h, i0 + i, jb + jj, 0.0f, 0.0f);
+        for (int c = 0; c < NR; c++) mx[c] = vmax(mx[c], vload(s_j + c * FA_VL));
+    }
+}
+
+/* s[i] += kb2 (kb2 = a key bias kb times log2 e; kb is not -inf), lanes whose sum or score
+ * passes ATT_WIDE (or is NaN) recomputed by att_wide_score. */
 FA_INLINE void add_key_bias(float *s, float kb, float kb2)
 {
     for (int c = 0; c < NR; c++) {
         const VF sv = vload(s + c * FA_VL), x = sv + vsplat(kb2);
-        const VF ax = (VF)((VI)x & ((VI){0} + 0x7fffffff));           /* |x| */
-        const VI wide = ~(VI)(ax <= vsplat(ATT_WIDE));                  /* or NaN */
+        const VI wide = att_wide_lanes(sv) | att_wide_lanes(x);        /* or NaN */
         int any = 0;
         for (int i = 0; i < FA_VL; i++) any |= wide[i];
         vstore(s + c * FA_VL, x);
@@ -231,11 +258,19 @@ static int masked_scores(const fa_attention_args *a, int64_t b, int64_t h, int64
 {
     const float *k_bh = a->k + b * a->k_st[0] + h * a->k_st[1];
     const int64_t off = a->Lk - a->Lq;
-    for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
+    VI wd[NR];
+    for (int c = 0; c < NR; c++) {
+        mx[c] = vsplat(-INFINITY);
+        wd[c] = (VI){0};
+    }
     if (a->bf16)
-        bf16_scores(a, k_bh + jb * a->k_st[2], st, mx, qt, kb, nb, u);
+        bf16_scores(a, k_bh + jb * a->k_st[2], st, mx, wd, qt, kb, nb, u);
     else
-        score_tile(st, mx, qt, k_bh + jb * a->k_st[2], a->k_st[2], nb, a->D, 1.0f);
+        score_tile(st, mx, wd, qt, k_bh + jb * a->k_st[2], a->k_st[2], nb, a->D, 1.0f);
+    int wide = 0;
+    for (int c = 0; c < NR; c++)
+        for (int i = 0; i < FA_VL; i++) wide |= wd[c][i];
+    if (wide) att_fix_wide(a, b, h, i0, nq, jb, nb, st, mx);
 
     const int diag = a->causal && jb + nb - 1 > i0 + off;
     if (!diag && !a->mask && !a->key_bias) return 0;
@@ -261,7 +296,7 @@ static int masked_scores(const fa_attention_args *a, int64_t b, int64_t h, int64
                 if (mk == -INFINITY) {
                     x = -INFINITY;
                     hidden = 1;
-                } else if (!(fabsf(x) <= ATT_WIDE)) {
+                } else if (!(fabsf(x) <= ATT_WIDE) || !(fabsf(s_j[i]) <= ATT_WIDE)) {
                     x = att_wide_score(s_j[i], kb, mk);
                 }
                 s_j[i] = x;
@@ -568,6 +603,15 @@ FA_INLINE void rows_pv(float *o_i, const float *s, const float *v, int64_t vsl, 
 #undef VAL
 }
 
+/* A decode row's score of key j with biases kb, mk (not -inf) whose float32 sum, or score sv
+ * (base 2), passed ATT_WIDE or is inf or NaN: from q and k again where sv itself is out of
+ * range (att_score_exact), else from sv and the biases (att_wide_score). */
+static float rows_wide_score(const fa_attention_args *a, int64_t b, int64_t h, int64_t i,
+                             int64_t j, float sv, float kb, float mk)
+{
+    return fabsf(sv) <= ATT_WIDE ? att_wide_score(sv, kb, mk)
+                                 : att_score_exact(a, b, h, i, j, kb, mk);
+}
 
 static void attention_rows(const fa_attention_args *a, const fa_att_units *u,
                            const fa_dropout_t *drop, int64_t b, int64_t h, int64_t i, float *s)
@@ -612,13 +656,12 @@ static void attention_rows(const fa_attention_args *a, const fa_att_units *u,
             const VI hd = (VI)(kbv == vsplat(-INFINITY));
             VF x = sv + kbv * vsplat(FA_LOG2E);
             x = (VF)(((VI)x & ~hd) | ((VI)vsplat(-INFINITY) & hd));
-            const VF ax = (VF)((VI)x & ((VI){0} + 0x7fffffff));       /* |x| */
-            const VI wide = ~(VI)(ax <= vsplat(ATT_WIDE)) & ~hd;        /* or NaN */
+            const VI wide = (att_wide_lanes(x) | att_wide_lanes(sv)) & ~hd;  /* or NaN */
             int any = 0;
             for (int u = 0; u < FA_VL; u++) any |= wide[u];
             if (any)
                 for (int u = 0; u < FA_VL; u++)
-                    if (wide[u]) x[u] = att_wide_score(sv[u], kbv[u], 0.0f);
+                    if (wide[u]) x[u] = rows_wide_score(a, b, h, i, j0 + u, sv[u], kbv[u], 0.0f);
             vstore(s + j0, x);
             mv = vmax(mv, x);
             nan |= (VI)(x != x);
@@ -635,7 +678,8 @@ static void attention_rows(const fa_attention_args *a, const fa_att_units *u,
     }
     if (!a->key_bias && !a->mask) {
         for (int64_t j = 0; j < jend; j++) {
-            const float x = s[j] * qscale;
+            float x = s[j] * qscale;
+            if (!(fabsf(x) <= ATT_WIDE)) x = att_score_exact(a, b, h, i, j, 0.0f, 0.0f);
             s[j] = x;
             m = x > m || x != x ? x : m;              /* NaN wins, as it does in the tiles */
         }
@@ -651,7 +695,8 @@ static void attention_rows(const fa_attention_args *a, const fa_att_units *u,
                 if (!care) care = !att_v_finite(a, v_bh + j * a->v_st[2]);
             } else {
                 x = s[j] * qscale + kb * FA_LOG2E + mk * FA_LOG2E;
-                if (!(fabsf(x) <= ATT_WIDE)) x = att_wide_score(s[j] * qscale, kb, mk);
+                if (!(fabsf(x) <= ATT_WIDE) || !(fabsf(s[j] * qscale) <= ATT_WIDE))
+                    x = rows_wide_score(a, b, h, i, j, s[j] * qscale, kb, mk);
             }
             s[j] = x;
             m = x > m || x != x ? x : m;              /* NaN wins, as it does in the tiles */
@@ -945,8 +990,8 @@ static void bwd_dq(float *FA_RESTRICT dq, int64_t dqs,
 
 /* One row of a pair's scores, s_r (KB lanes, base 2), query i against the packed key block kb:
  * a key hidden from i (past the causal limit or the block, or -inf in a mask) gets -inf and
- * all ones in hid; every other key gets its biases added, a sum past ATT_WIDE (or NaN) formed
- * again by att_wide_score, as in the forward.
+ * all ones in hid; every other key gets its biases added, a score or sum past ATT_WIDE (or inf
+ * or NaN) formed again by rows_wide_score, as in the forward.
  *   scalar math:  x_j = hidden ? -inf : s_j + (key bias_j + mask_ij) log2 e */
 FA_INLINE void bwd_mask_row(const fa_attention_args *f, const fa_att_bwd_blk *kb, int64_t b,
                             int64_t h, int64_t i, float *s_r, VI *hid)
@@ -981,15 +1026,15 @@ FA_INLINE void bwd_mask_row(const fa_attention_args *f, const fa_att_bwd_blk *kb
             x += mkv * vsplat(FA_LOG2E);
         }
         x = (VF)(((VI)x & ~hd) | ((VI)vsplat(-INFINITY) & hd));
-        const VF ax = (VF)((VI)x & ((VI){0} + 0x7fffffff));           /* |x| */
-        const VI wide = ~(VI)(ax <= vsplat(ATT_WIDE)) & ~hd;            /* or NaN */
+        const VI wide = (att_wide_lanes(x) | att_wide_lanes(sv)) & ~hd;  /* or NaN */
         vstore(s_r + j0, x);
         hid[c] = hd;
         int any = 0;
         for (int u = 0; u < FA_VL; u++) any |= wide[u];
         if (any)
             for (int u = 0; u < FA_VL; u++)
-                if (wide[u]) s_r[j0 + u] = att_wide_score(sv[u], kbv[u], mkv[u]);
+                if (wide[u])
+                    s_r[j0 + u] = rows_wide_score(f, b, h, i, jb + j0 + u, sv[u], kbv[u], mkv[u]);
     }
 }
 
@@ -1046,6 +1091,27 @@ static void bwd_probs(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb,
     }
 }
 
+/* S (n rows x KB, base 2, into kb->ds) of the query rows q_i (row stride qs) against the packed
+ * key block kb, as every pair forms it: on the tiles (a bf16 call's a->tiles), bf16 pairs summed
+ * by TDPBF16PS and scaled after; else bwd_dot against K^T pre-scaled. One function, so that a
+ * row's max (bwd_row_stats) and its pairs' scores agree to the bit: P = 2^(s - max) reads their
+ * difference, which float32 cannot hold to better than an ulp of |s| (2^38 at |s| ~ 1e18). */
+static void bwd_scores(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb, const float *q_i,
+                       int64_t qs, int64_t n)
+{
+#if ATT_BF16_UNITS
+    if (a->tiles) {
+        amx_rows_pairs(kb->qa, kb->D2, q_i, qs, n, R16(n), a->f->D);
+        memset(kb->ds, 0, (size_t)(n * KB) * sizeof(float));
+        a->tiles->pairs_gemm(kb->ds, KB, n, KB, kb->D2, kb->qa, kb->D2, kb->kp, KB);
+        const VF sc = vsplat(a->f->scale * FA_LOG2E);
+        for (int64_t e = 0; e < n * KB; e += FA_VL) vstore(kb->ds + e, vload(kb->ds + e) * sc);
+        return;
+    }
+#endif
+    bwd_dot(kb->ds, kb->kt, q_i, qs, n, a->f->D);
+}
+
 /* The max and sum of query i's scores (base 2, as bwd_probs forms them) over every key block
  * it can see: *pref = max, *pinv = 1 / sum 2^(s - max) (0 for a row that sees no key). For the
  * rows whose lse float32 cannot hold to the digits P needs. */
@@ -1061,8 +1127,8 @@ static void bwd_row_stats(const fa_att_bwd_args *a, int64_t b, int64_t h,
     float m = -INFINITY, l = 0.0f;
     for (kb.jb = 0; kb.jb < jend; kb.jb += KB) {
         kb.nb = f->Lk - kb.jb < KB ? f->Lk - kb.jb : KB;
-        bwd_pack(a, &kb, b, h, 0, 0);
-        bwd_dot(kb.ds, kb.kt, q_i, f->q_st[2], 1, f->D);
+        bwd_pack(a, &kb, b, h, 0, 1);
+        bwd_scores(a, &kb, q_i, f->q_st[2], 1);
         VI hid[NR];
         bwd_mask_row(f, &kb, b, h, i, kb.ds, hid);
         VF mx = vsplat(-INFINITY);
@@ -1144,11 +1210,7 @@ static void bwd_pair_tiles(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb, i
     const int64_t n = ihi - ilo, n16 = R16(n), n2 = R16((n + 1) / 2), D = f->D, Dv = f->Dv;
     const float *q_i = f->q + b * f->q_st[0] + h * f->q_st[1] + ilo * f->q_st[2];
     const float *do_i = g->dout + b * g->dout_st[0] + h * g->dout_st[1] + ilo * g->dout_st[2];
-    amx_rows_pairs(kb->qa, kb->D2, q_i, f->q_st[2], n, n16, D);             /* S */
-    memset(kb->ds, 0, (size_t)(n * KB) * sizeof(float));
-    t->pairs_gemm(kb->ds, KB, n, KB, kb->D2, kb->qa, kb->D2, kb->kp, KB);
-    const VF sc = vsplat(f->scale * FA_LOG2E);
-    for (int64_t e = 0; e < n * KB; e += FA_VL) vstore(kb->ds + e, vload(kb->ds + e) * sc);
+    bwd_scores(a, kb, q_i, f->q_st[2], n);                                    /* S */
     amx_rows_pairs(kb->doa, kb->Dv2, do_i, g->dout_st[2], n, n16, Dv);      /* dP' */
     memset(kb->pt, 0, (size_t)(n * KB) * sizeof(float));
     t->pairs_gemm(kb->pt, KB, n, KB, kb->Dv2, kb->doa, kb->Dv2, kb->vp, KB);
@@ -1191,7 +1253,7 @@ static void bwd_pair(const fa_att_bwd_args *a, const fa_att_bwd_blk *kb, int64_t
     }
     const float *q_i = f->q + b * f->q_st[0] + h * f->q_st[1] + ilo * f->q_st[2];
     const float *do_i = g->dout + b * g->dout_st[0] + h * g->dout_st[1] + ilo * g->dout_st[2];
-    bwd_dot(kb->ds, kb->kt, q_i, f->q_st[2], n, f->D);     /* S */
+    bwd_scores(a, kb, q_i, f->q_st[2], n);                /* S */
     bwd_dot(kb->pt, kb->vt, do_i, g->dout_st[2], n, f->Dv);  /* dP' */
     bwd_probs(a, kb, b, h, ilo, n);                      /* P', dS */
     if (with_dkv) {

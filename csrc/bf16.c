@@ -316,6 +316,7 @@ static volatile float g_peak_sink;
 
 double fa_peak(int64_t iters, int nthreads, int kind)
 {
+    nthreads = fa_team_allowed(nthreads);
     if (kind == FA_PEAK_AMX_BF16 || kind == FA_PEAK_AMX_INT8) {
         /* the real tiles only (granted by Linux: asked for here), 4 TDP a step */
         const fa_amx_kernels *tiles = fa_paths_amx_tiles();

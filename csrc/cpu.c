@@ -1,9 +1,27 @@
 /* cpu.c -- what build_info() reports of the build: compiler, OpenMP, build knobs and each
  * level's tile sizes (the runtime choice of level and paths is in paths.c). */
+#include <pthread.h>
+
 #include "fa_kernels.h"
 #include "fa_tiles.h"
 
 int fa_openmp_enabled(void) { return FA_OMP; }
+
+/* fork(): see fa_team_allowed in fa_common.h. The handler runs in the child, inside fork(),
+ * before any Python code (os.register_at_fork's hooks included). */
+int fa_fork_state = 0;
+
+static void fork_child(void)
+{
+    if (fa_fork_state & FA_FORK_TEAM_STARTED) fa_fork_state |= FA_FORK_CHILD_AFTER_TEAM;
+}
+
+__attribute__((constructor)) static void fork_guard_install(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
+}
+
+int fa_forked_after_team(void) { return (fa_fork_state & FA_FORK_CHILD_AFTER_TEAM) != 0; }
 
 int fa_max_threads(void)
 {

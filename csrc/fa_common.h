@@ -32,6 +32,25 @@ FA_INLINE int fa_in_parallel(void) { return 0; }
  * Per-thread scratch sized for the requested count stays in bounds: fa_thread_id() < fa_team()
  * <= requested. */
 
+/* fork(): GNU libgomp keeps the threads of the last team in a pool tied to the thread that
+ * started it; a child forked after that inherits the pool but not its threads, and its next team
+ * of two or more waits for them forever. So the first team a process asks for sets
+ * FA_FORK_TEAM_STARTED, the pthread_atfork child handler (cpu.c) turns that into
+ * FA_FORK_CHILD_AFTER_TEAM in the child, and from then on every team is one thread (no pool
+ * thread is woken; results do not depend on the count). fa_team_allowed(n) is the count a
+ * parallel region may ask for: n, or 1 in such a child. */
+enum { FA_FORK_TEAM_STARTED = 1, FA_FORK_CHILD_AFTER_TEAM = 2 };
+extern int fa_fork_state;
+FA_INLINE int fa_team_allowed(int nthreads)
+{
+    if (nthreads <= 1) return nthreads;
+    const int state = __atomic_load_n(&fa_fork_state, __ATOMIC_RELAXED);
+    if (state & FA_FORK_CHILD_AFTER_TEAM) return 1;
+    if (!(state & FA_FORK_TEAM_STARTED))
+        __atomic_fetch_or(&fa_fork_state, FA_FORK_TEAM_STARTED, __ATOMIC_RELAXED);
+    return nthreads;
+}
+
 /* Threads to use for `work` units of roughly `grain` flops each: 1 below the grain or when
  * already inside a parallel region (no nested teams), else the caller's count. Layer norm and
  * attention forward run a team of one without an OpenMP region: opening one costs a runtime
@@ -41,7 +60,7 @@ FA_INLINE int fa_in_parallel(void) { return 0; }
 FA_INLINE int fa_team_size(int nthreads, double work, double grain)
 {
     if (nthreads < 1 || fa_in_parallel() || work < grain) return 1;
-    return nthreads;
+    return fa_team_allowed(nthreads);
 }
 
 /* [lo, hi) of `n` items for the calling thread of the team actually started: equal slices in

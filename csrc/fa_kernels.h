@@ -54,6 +54,10 @@ typedef struct {
  * -1e4 on every key, or -3e38) have their max and sum recomputed. */
 #define ATT_LSE_MAX 64.0f
 float att_wide_score(float s, float kb, float mk);
+float att_score_exact(const fa_attention_args *a, int64_t b, int64_t h, int64_t i, int64_t j,
+                      float kb, float mk);
+/* |x| <= ATT_WIDE (not inf, not NaN) for the float bits |x| as an int: bits <= ATT_WIDE_BITS */
+#define ATT_WIDE_BITS 0x7f000000
 /* The compiler can build vdpbf16ps code (GCC 10, clang 9 on) */
 #if (defined(__x86_64__) || defined(__i386__)) && \
     ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10))

@@ -28,6 +28,9 @@ int fa_cpu_init(int forced);
 int fa_cpu_supports(int level);     /* 1 if this CPU and this build can run `level` */
 int fa_openmp_enabled(void);        /* 1 if built with OpenMP */
 int fa_max_threads(void);           /* omp_get_max_threads(), 1 without OpenMP */
+/* 1 in a process forked after its parent (or an ancestor) started an OpenMP team: GNU libgomp
+ * cannot start a team there, so every kernel runs on one thread (fa_common.h, fa_team_allowed) */
+int fa_forked_after_team(void);
 const char *fa_build_compiler(void); /* compiler name and version the extension was built with */
 int fa_build_native(void);           /* 1 for a FASTATTN_NATIVE=1 (-march=native) build */
 int fa_build_debug(void);            /* 1 for a FASTATTN_DEBUG=1 (-O0 -g) build */

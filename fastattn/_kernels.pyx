@@ -20,6 +20,7 @@ cdef extern from "fastattn.h" nogil:
     int fa_cpu_level()
     int fa_openmp_enabled()
     int fa_max_threads()
+    int fa_forked_after_team()
     const char *fa_build_compiler()
     int fa_build_native()
     int fa_build_debug()
@@ -173,6 +174,10 @@ def openmp_enabled():
 
 def max_threads():
     return fa_max_threads()
+
+
+def forked_after_team():
+    return fa_forked_after_team()
 
 
 def build_compiler():

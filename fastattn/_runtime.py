@@ -88,6 +88,10 @@ def set_num_threads(n=None):
     fewer threads than asked (`OMP_THREAD_LIMIT`, `OMP_DYNAMIC`): the kernels split their work
     over the threads actually started.
 
+    In a process forked (`os.fork`, multiprocessing's "fork" start method) after the kernels had
+    run on several threads, the kernels run on one thread and a count above 1 is a RuntimeError:
+    GNU OpenMP cannot start threads there. Use the "spawn" or "forkserver" start method.
+
     Args:
         n: a positive count, at most 1024 (or the number of CPUs available, if that is
             larger). None (the default) or -1: all CPUs available; -2: all but one, and so on.
@@ -98,17 +102,38 @@ def set_num_threads(n=None):
     Raises:
         TypeError: `n` is not an int or None.
         ValueError: `n` is 0, above the bound, or leaves no thread.
+        RuntimeError: `n` asks for more than one thread in a child forked after the kernels
+            had run on several threads.
     """
     count = _resolve_threads(n)
+    if count > 1 and _kernels.forked_after_team():
+        raise RuntimeError(
+            f"set_num_threads: n={n} asks for {count} threads, but this process was forked "
+            f"after fastattn's kernels had run on several OpenMP threads, and GNU OpenMP "
+            f"(libgomp) cannot start threads in such a child (it would wait for them forever): "
+            f"its kernels run on one thread. For multi-threaded workers use the 'spawn' or "
+            f"'forkserver' start method (multiprocessing.get_context('spawn')), or fork before "
+            f"the first kernel call")
     _state["threads"] = count
     return count
+
+
+def _after_fork_in_child():
+    """A child forked after the kernels ran a team runs them on one thread (csrc/cpu.c's fork
+    handler already made the C side do so): say so in get_num_threads() and build_info()."""
+    if _kernels.forked_after_team():
+        _state["threads"] = 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def get_num_threads():
     """The number of threads the kernels use.
 
     Returns:
-        What `set_num_threads` set, else `OMP_NUM_THREADS` as read at import, else all CPUs.
+        What `set_num_threads` set, else `OMP_NUM_THREADS` as read at import, else all CPUs;
+        1 in a process forked after the kernels had run on several threads.
     """
     return _state["threads"]
 
