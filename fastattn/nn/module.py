@@ -73,6 +73,10 @@ class Module(metaclass=_Built):
                 note_write()
             elif value is not None and not isinstance(value, ops.QuantizedWeight):
                 value = Parameter(value)
+        elif name == "_saved":
+            # a training forward's record: the settings its backward needs are noted with it
+            object.__setattr__(self, "_saved_settings",
+                               None if value is None else self._settings())
         elif name[0] != "_" and self.__dict__.get("_built"):
             note_write()          # a setting or submodule changed: decode plans are made again
         object.__setattr__(self, name, value)
@@ -475,12 +479,43 @@ class Module(metaclass=_Built):
         return dy if seed is None else self._ops.dropout_backward(dy, p, seed, out)
 
     def _check_saved(self, what="backward"):
+        """The pending training forward's record, taken (a forward is differentiated once);
+        a RuntimeError, with the record kept and nothing touched, when there is none or when
+        the backend, precision or mode of this module or a submodule changed since it."""
         if self._saved is None:
             raise RuntimeError(f"{type(self).__name__}.{what}: no training-mode forward to "
                                "differentiate (call model.train() and run a forward first; "
                                "each forward is differentiated once)")
+        then, now = self._saved_settings, self._settings()
+        if now != then:
+            changed = [f"{name or type(self).__name__}: {_setting_text(a)} -> "
+                       f"{_setting_text(b)}" for (name, _, *a), (_, _, *b) in zip(then, now)
+                       if a != b]
+            if len(changed) > 3:
+                changed[3:] = [f"{len(changed) - 3} submodules more"]
+            if [s[:2] for s in then] != [s[:2] for s in now] or not changed:
+                changed = ["submodules were replaced"]
+            raise RuntimeError(
+                f"{type(self).__name__}.{what}: the backend, precision, mode or submodules "
+                f"changed since the training forward ({'; '.join(changed)}); that forward's "
+                "record is only valid for the settings it ran with, and no gradient was "
+                "touched. Change them back, or run the forward again after the change")
         saved, self._saved = self._saved, None
         return saved
+
+    def _settings(self, prefix=""):
+        """(path, id, backend, precision, training) of this module (path "") and of each
+        submodule, depth first: the modules and settings a training forward's record is valid
+        for."""
+        out = [(prefix.rstrip("."), id(self), self.backend, self.precision, self.training)]
+        for cname in self._children:
+            child = getattr(self, cname)
+            if isinstance(child, list):
+                for i, c in enumerate(child):
+                    out.extend(c._settings(f"{prefix}{cname}.{i}."))
+            elif isinstance(child, Module):
+                out.extend(child._settings(f"{prefix}{cname}."))
+        return tuple(out)
 
     # -- backends ------------------------------------------------------------------------------
     def to_backend(self, backend):
@@ -511,6 +546,11 @@ class Module(metaclass=_Built):
                 m.precision = name
                 m._kinds.clear()              # the other precision's kinds: dropped now
         return self._install_kinds()
+
+
+def _setting_text(setting):
+    backend, precision, training = setting
+    return f"{backend}/{precision}/{'train' if training else 'eval'}"
 
 
 _FRESH = Buffers(reuse=False)     # the buffers of inference and of the reference backend

@@ -279,6 +279,49 @@ def test_backward_without_a_training_forward_is_an_error(rng):
         s2s.train().loss(np.ones((1, 3), np.int64), np.ones((1, 1), np.int64))
 
 
+# A setting the backward depends on, changed between a training forward and its backward, and
+# the change undone: (change, undo).
+SETTING_CHANGES = {
+    "backend": (lambda m: m.to_backend("reference"), lambda m: m.to_backend("fast")),
+    "precision": (lambda m: m.set_precision("fp32"), lambda m: m.set_precision("bf16")),
+    "submodule backend": (lambda m: m.generator.to_backend("reference"),
+                          lambda m: m.generator.to_backend("fast")),
+    "submodule precision": (lambda m: m.transformer.decoder.set_precision("fp32"),
+                            lambda m: m.transformer.decoder.set_precision("bf16")),
+    "submodule mode": (lambda m: m.transformer.encoder.eval(),
+                       lambda m: m.transformer.encoder.train()),
+}
+
+
+@pytest.mark.parametrize("change", list(SETTING_CHANGES))
+def test_backward_refuses_a_forward_made_under_other_settings(rng, change):
+    """A bf16 training forward, then its backend, precision or mode changed (on the model or
+    a submodule): backward() raises, naming the change, before any gradient is made or
+    touched, and keeps the forward; with the change undone, the backward gives the gradients
+    of an uninterrupted forward + backward, bit for bit."""
+    kw = dict(dropout=0.0, pad_id=PAD, seed=3)
+    src = token_batch(rng, V_SRC, [S, 3, 5], S)
+    tgt = token_batch(rng, V_TGT, [T, 3, 4], T)
+    dy = rng.standard_normal((B, T, V_TGT)).astype(np.float32)
+    plain = fnn.Seq2SeqTransformer(1, 1, C, H, V_SRC, V_TGT, F, **kw).set_precision("bf16")
+    plain.train()(src, tgt)
+    plain.backward(dy)
+    m = fnn.Seq2SeqTransformer(1, 1, C, H, V_SRC, V_TGT, F, **kw).set_precision("bf16").train()
+    m(src, tgt)
+    do, undo = SETTING_CHANGES[change]
+    do(m)
+    with pytest.raises(RuntimeError, match="changed since the training forward"):
+        m.backward(dy)
+    assert list(m.named_grads()) == []                  # nothing made, nothing accumulated
+    undo(m)
+    m.backward(dy)
+    want = dict(plain.named_grads())
+    got = dict(m.named_grads())
+    assert list(got) == list(want)
+    for k, g in got.items():
+        assert np.array_equal(g, want[k]), k
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_training_in_lockstep_with_torch(rng, backend):
     """The tutorial's model and ours from the same init, on the same batches, with AdamW and
