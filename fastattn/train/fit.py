@@ -58,6 +58,27 @@ def _real(value, name, lo, hi=None, none=False):
     return float(value)
 
 
+def _precision(model, precision):
+    """The run's precision: the one given, else the model's (set_precision); a ValueError
+    when the two contradict (the model set to bf16, fp32 given) or when none is given and
+    the model's submodules were set apart."""
+    if precision is not None:
+        precision = precision_name(precision, "fit: precision")
+    held = sorted({getattr(m, "precision", "fp32") for m in model.modules()}) \
+        if hasattr(model, "modules") else ["fp32"]
+    if precision is None:
+        if len(held) > 1:
+            raise ValueError("fit: the model's submodules are set to different precisions "
+                             f"({' and '.join(held)}, set_precision on a part): give "
+                             "precision='fp32' or 'bf16' for the whole run")
+        return held[0]
+    if precision == "fp32" and "bf16" in held:
+        raise ValueError("fit: precision='fp32' but the model is set to 'bf16' "
+                         "(model.set_precision): leave precision out (or give 'bf16') to "
+                         "train in bf16, or call model.set_precision('fp32') first")
+    return precision
+
+
 def _check_tokenizer(tok, name, model_vocab, model_pad, need_start_end):
     if not getattr(tok, "is_fitted", False):
         raise ValueError(f"fit: {name} must be a trained fastattn tokenizer, got {tok!r}")
@@ -187,13 +208,13 @@ class _Run:
                  label_smoothing, clip_norm, seed, checkpoint_dir, checkpoint_every,
                  checkpoint_minutes, keep_checkpoints, eval_every, resume, progress, callbacks,
                  keep_best, patience, exact_sample, comm=None, comm_timeout=COMM_TIMEOUT,
-                 precision="fp32"):
+                 precision=None):
         for attr in ("loss", "manual_seed", "train", "eval", "config", "max_len"):
             if not hasattr(model, attr):
                 raise TypeError(f"fit: model must be a fastattn.nn.Seq2SeqTransformer, got "
                                 f"{type(model).__name__}")
         self.model = model
-        self.precision = precision_name(precision, "fit: precision")
+        self.precision = _precision(model, precision)
         cfg = model.config
         _check_tokenizer(src_tokenizer, "src_tokenizer", cfg["src_vocab_size"], model.pad_id,
                          False)
@@ -642,7 +663,7 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
         checkpoint_dir=None, checkpoint_every=None, checkpoint_minutes=None,
         keep_checkpoints=3, eval_every=None,
         resume=False, progress=True, callbacks=(), keep_best=True, patience=None,
-        exact_sample=EXACT_SAMPLE, comm=None, comm_timeout=COMM_TIMEOUT, precision="fp32"):
+        exact_sample=EXACT_SAMPLE, comm=None, comm_timeout=COMM_TIMEOUT, precision=None):
     """Train `model` (a fastattn.nn.Seq2SeqTransformer) on text pairs; returns a History.
 
     Data. train_pairs and valid_pairs are lists of (source, target) str pairs (read_pairs,
@@ -670,15 +691,19 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
     with label_smoothing; gradients clipped to a global norm of clip_norm (None: no
     clipping).
 
-    Precision. "fp32" (the default) or "bf16": mixed precision with torch autocast's
-    meaning (model.set_precision, which fit calls; the model keeps it after): the products of
-    the training forward and backward take bf16-rounded operands and sum in float32; the
+    Precision. "fp32" or "bf16": mixed precision with torch autocast's meaning
+    (model.set_precision, which fit calls; the model keeps it after): the products of the
+    training forward and backward take bf16-rounded operands and sum in float32; the
     weights, gradients, AdamW state and update, layer norm, softmax, the residual stream and
-    the loss stay float32. Evaluations run the float32 weights as inference does. The
-    precision is recorded in checkpoints (state.json's "fit"); a run resumes exactly in the
-    precision it was saved in, and may resume in the other one (weights, optimiser state and
-    data order continue exactly; the steps after are computed in the new precision, so the
-    losses follow that precision's run, not the saved one's; the resume reports the change).
+    the loss stay float32. None (the default): the precision the model is set to ("fp32"
+    unless model.set_precision said otherwise). precision="fp32" for a model set to "bf16"
+    is a ValueError (the two contradict), as is None for a model whose submodules were set
+    to different precisions; both are raised before the model is touched. Evaluations run
+    the float32 weights as inference does. The precision is recorded in checkpoints
+    (state.json's "fit"); a run resumes exactly in the precision it was saved in, and may
+    resume in the other one (weights, optimiser state and data order continue exactly; the
+    steps after are computed in the new precision, so the losses follow that precision's
+    run, not the saved one's; the resume reports the change).
 
     Randomness. A new run calls model.manual_seed(seed) (dropout masks) and draws the data
     order from seed; two runs with one seed, one model initialisation and one data set give
