@@ -659,7 +659,7 @@ class _Run:
 
 def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
         max_steps=None, epochs=None, batch_tokens=4096, optimizer=None, lr=None,
-        schedule="inverse_sqrt", warmup=4000, label_smoothing=0.1, clip_norm=1.0, seed=0,
+        schedule="inverse_sqrt", warmup=None, label_smoothing=0.1, clip_norm=1.0, seed=0,
         checkpoint_dir=None, checkpoint_every=None, checkpoint_minutes=None,
         keep_checkpoints=3, eval_every=None,
         resume=False, progress=True, callbacks=(), keep_best=True, patience=None,
@@ -682,12 +682,13 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
 
     Optimisation. optimizer: a fastattn.optim optimiser over `model` (default AdamW with
     betas=(0.9, 0.98), eps=1e-9, weight_decay=0.01). Its rate is set before every update by
-    the schedule (warmup=None: a tenth of the run, at most 4000 steps; see
-    fastattn.train.defaults): "inverse_sqrt" (the paper's: linear warm-up for `warmup` steps, then
-    1/sqrt(step); it peaks at (d_model * warmup) ** -0.5, or at lr when lr is given),
-    "cosine" (linear warm-up to lr, then a half cosine to 0 at the last step; warmup capped
-    at the run's length), "constant" (lr every step), or a callable 1-based step -> lr (then
-    lr must be None). lr defaults to 1e-3 for "cosine" and "constant". Loss: model.loss
+    the schedule (warmup=None, the default: a tenth of the run's steps, max_steps or the
+    planned batches of its epochs, at least 1 and at most 4000: the rule of ``fastattn
+    train``, fastattn.train.defaults.default_warmup): "inverse_sqrt" (the paper's: linear
+    warm-up for `warmup` steps, then 1/sqrt(step); it peaks at (d_model * warmup) ** -0.5,
+    or at lr when lr is given), "cosine" (linear warm-up to lr, then a half cosine to 0 at
+    the last step; warmup capped at the run's length), "constant" (lr every step), or a
+    callable 1-based step -> lr (then lr must be None). lr defaults to 1e-3 for "cosine" and "constant". Loss: model.loss
     with label_smoothing; gradients clipped to a global norm of clip_norm (None: no
     clipping).
 
