@@ -39,8 +39,12 @@ class Module(metaclass=_Built):
 
     Rebinding a parameter (``layer.linear1.weight = w``) is checked when it happens: the new
     value must have the parameter's shape (ValueError naming the parameter and both shapes)
-    and a numeric dtype (TypeError); it becomes a Parameter over the same memory when it is
-    float32 and C-contiguous, else over a float32 C-contiguous copy. A parameter the module was built without (None)
+    and a numeric dtype (TypeError). A Parameter is taken as it is, so weights tied by
+    assignment (``model.generator.weight = model.tgt_tok_emb.embedding.weight``) are one
+    object, as in torch, and an edit through either name reaches every path of both. Another
+    array becomes a Parameter over the same memory when it is float32 and C-contiguous
+    (counting its writes with the parameter whose memory it views, if any), else over a
+    float32 C-contiguous copy. A parameter the module was built without (None)
     cannot be set, nor can one be set to None: build the module with the parameter you want.
     The kernels read parameters without checking them, so these checks are what keeps a
     wrong-sized array from being read past its end.
@@ -102,7 +106,9 @@ class Module(metaclass=_Built):
                 raise ValueError(f"{where} must keep its shape {tuple(old.shape)}, got "
                                  f"{tuple(value.shape)}")
             return value
-        arr = to_numpy(where, value, "assignment")
+        # a Parameter is kept as it is (weights tied by assignment share one object, as in
+        # torch); Parameter() of an array over a parameter's memory shares its write count
+        arr = value if isinstance(value, Parameter) else to_numpy(where, value, "assignment")
         if arr.shape != old.shape:
             raise ValueError(f"{where} must keep its shape {old.shape}, got {arr.shape}")
         return Parameter(arr)
