@@ -688,9 +688,9 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
     warm-up for `warmup` steps, then 1/sqrt(step); it peaks at (d_model * warmup) ** -0.5,
     or at lr when lr is given), "cosine" (linear warm-up to lr, then a half cosine to 0 at
     the last step; warmup capped at the run's length), "constant" (lr every step), or a
-    callable 1-based step -> lr (then lr must be None). lr defaults to 1e-3 for "cosine" and "constant". Loss: model.loss
-    with label_smoothing; gradients clipped to a global norm of clip_norm (None: no
-    clipping).
+    callable 1-based step -> lr (then lr must be None). lr defaults to 1e-3 for "cosine"
+    and "constant". Loss: model.loss with label_smoothing; gradients clipped to a global
+    norm of clip_norm (None: no clipping).
 
     Precision. "fp32" or "bf16": mixed precision with torch autocast's meaning
     (model.set_precision, which fit calls; the model keeps it after): the products of the
