@@ -41,7 +41,9 @@ class Module(metaclass=_Built):
     value must have the parameter's shape (ValueError naming the parameter and both shapes)
     and a numeric dtype (TypeError). A Parameter is taken as it is, so weights tied by
     assignment (``model.generator.weight = model.tgt_tok_emb.embedding.weight``) are one
-    object, as in torch, and an edit through either name reaches every path of both. Another
+    object, as in torch, and an edit through either name reaches every path of both; it
+    trains as one parameter (one gradient, the sum over its uses; one optimiser update),
+    yielded once by parameters() and named_parameters(remove_duplicate=True). Another
     array becomes a Parameter over the same memory when it is float32 and C-contiguous
     (counting its writes with the parameter whose memory it views, if any), else over a
     float32 C-contiguous copy. A parameter the module was built without (None)
@@ -75,6 +77,10 @@ class Module(metaclass=_Built):
             if self.__dict__.get("_built"):
                 value = self._checked_parameter(name, value)
                 note_write()
+                if value is not self.__dict__[name]:
+                    # the old parameter's gradient is not the new one's (which, for a weight
+                    # tied by assignment, is the one its other name accumulates: _grad)
+                    self._grads.pop(name, None)
             elif value is not None and not isinstance(value, ops.QuantizedWeight):
                 value = Parameter(value)
         elif name == "_saved":
@@ -114,10 +120,35 @@ class Module(metaclass=_Built):
         return Parameter(arr)
 
     # -- parameters and submodules -----------------------------------------------------------
-    def named_parameters(self, prefix=""):
-        """(state_dict key, array) of every parameter, in torch's order."""
+    def named_parameters(self, prefix="", remove_duplicate=False):
+        """(state_dict key, array) of every parameter, in torch's order.
+
+        A parameter held under two names (weights tied by assignment) is yielded under both,
+        as state_dict() keys it; with remove_duplicate=True, once, under its first name, as
+        torch's named_parameters() does by default (what an optimiser steps: parameters()).
+        """
+        if remove_duplicate:
+            for key, slots in self._unique_slots(prefix):
+                m, name = slots[0]
+                yield key, getattr(m, name)
+            return
         for key, m, name in self._named_slots(prefix):
             yield key, getattr(m, name)
+
+    def parameters(self):
+        """Every parameter array once, in torch's order (torch's parameters()): a weight tied
+        by assignment is one parameter."""
+        for _, p in self.named_parameters(remove_duplicate=True):
+            yield p
+
+    def _unique_slots(self, prefix=""):
+        """[(first state_dict key, [(owning module, attribute name), ...])], one entry per
+        parameter object in the order of its first name: the names a tied parameter is held
+        under, together."""
+        groups = {}
+        for key, m, name in self._named_slots(prefix):
+            groups.setdefault(id(getattr(m, name)), (key, []))[1].append((m, name))
+        return list(groups.values())
 
     def _named_slots(self, prefix=""):
         """(state_dict key, owning module, attribute name) of every parameter, in order."""
@@ -142,12 +173,14 @@ class Module(metaclass=_Built):
                     yield from c.modules()
 
     def parameters_nbytes(self):
-        return sum(v.nbytes for _, v in self.named_parameters())
+        """The bytes the parameters hold (a tied parameter counted once)."""
+        return sum(v.nbytes for v in self.parameters())
 
     # -- weights -------------------------------------------------------------------------------
     def state_dict(self):
         """{torch key: float32 array}, in torch's order and layouts: the parameter arrays
-        themselves (an in-place edit changes the model; see invalidate_caches). In a quantized
+        themselves (an in-place edit changes the model; see invalidate_caches); a parameter
+        tied by assignment is there under each of its names, as in torch. In a quantized
         model the converted weights are given dequantized (what the model multiplies by, as
         float32: loadable into torch) in read-only copies, so an edit of one raises instead of
         silently changing nothing; ``named_parameters()`` yields them as they are stored."""
@@ -274,6 +307,8 @@ class Module(metaclass=_Built):
                 note_write()
             m._compute_type = compute_type
             m._grads.clear()
+            for name in m._params:
+                _keep_grad(getattr(m, name), None)
             m._saved, m._buffers = None, None
         return self.invalidate_caches()     # the new weights' kinds, made now
 
@@ -398,9 +433,11 @@ class Module(metaclass=_Built):
 
     def named_grads(self):
         """(state_dict key, gradient) of every parameter that has one, in named_parameters'
-        order; gradients accumulate over backward() calls until zero_grad()."""
-        for key, m, name in self._named_slots():
-            g = m._grads.get(name)
+        order; gradients accumulate over backward() calls until zero_grad(). A parameter tied
+        by assignment has one gradient, the sum over its uses (as torch's .grad), yielded
+        once under its first name, as named_parameters(remove_duplicate=True) yields it."""
+        for key, slots in self._unique_slots():
+            g = next((m._grads[name] for m, name in slots if name in m._grads), None)
             if g is not None:
                 yield key, g
 
@@ -425,31 +462,43 @@ class Module(metaclass=_Built):
             raise RuntimeError(f"flat_grads: the model is quantized ({self.compute_type}), "
                                "which is for inference only")
         flat = self.__dict__.get("_flat_grads")
-        slots = list(self._named_slots())
-        if flat is not None and all(name in m._grads and m._grads[name].base is flat
-                                    for _, m, name in slots):
+        groups = [slots for _, slots in self._unique_slots()]   # a tied parameter: one view
+        if flat is not None and all(
+                name in m._grads and m._grads[name].base is flat and
+                m._grads[name] is slots[0][0]._grads.get(slots[0][1])
+                for slots in groups for m, name in slots):
             return flat
         offsets, size = [], 0
-        for _, m, name in slots:
+        for slots in groups:
             offsets.append(size)
-            n = getattr(m, name).size
+            n = getattr(*slots[0]).size
             size += -(-n // GRAD_ALIGN) * GRAD_ALIGN
         flat = np.zeros(size, np.float32)
-        for (_, m, name), at in zip(slots, offsets):
-            p = getattr(m, name)
+        for slots, at in zip(groups, offsets):
+            p = getattr(*slots[0])
             view = flat[at:at + p.size].reshape(p.shape)
-            old = m._grads.get(name)
-            if old is not None:
-                view[...] = old
-            m._grads[name] = view
+            olds = {id(g): g for g in (m._grads.get(name) for m, name in slots)
+                    if g is not None}
+            for old in olds.values():
+                view += old
+            for m, name in slots:
+                m._grads[name] = view
+            _keep_grad(p, view)
         object.__setattr__(self, "_flat_grads", flat)
         return flat
 
     def _grad(self, name):
-        """The gradient buffer of parameter `name` (zeros, created on first use)."""
+        """The gradient buffer of parameter `name` (zeros, created on first use). It is the
+        Parameter's (as torch's .grad), so a parameter tied by assignment has one buffer,
+        whichever of its modules made it."""
         g = self._grads.get(name)
         if g is None:
-            g = self._grads[name] = np.zeros_like(getattr(self, name))
+            p = getattr(self, name)
+            g = p.__dict__.get("_grad_buffer")
+            if g is None:
+                g = np.zeros_like(p)
+                _keep_grad(p, g)
+            self._grads[name] = g
         return g
 
     def _workspace(self):
@@ -552,6 +601,16 @@ class Module(metaclass=_Built):
                 m.precision = name
                 m._kinds.clear()              # the other precision's kinds: dropped now
         return self._install_kinds()
+
+
+def _keep_grad(param, grad):
+    """Keep `grad` (None: drop it) as the gradient buffer of `param`, which every module
+    holding `param` accumulates into (Module._grad)."""
+    if isinstance(param, Parameter):
+        if grad is None:
+            param.__dict__.pop("_grad_buffer", None)
+        else:
+            param.__dict__["_grad_buffer"] = grad
 
 
 def _setting_text(setting):

@@ -151,13 +151,6 @@ def test_transformer_backward_vs_torch(rng, backend, norm_first, activation):
     assert_grads(fm, tm)
 
 
-def tutorial_masks(torch, src, tgt_in):
-    T = tgt_in.shape[1]
-    return (torch.zeros((src.shape[1], src.shape[1])).bool(),
-            torch.nn.Transformer.generate_square_subsequent_mask(T),
-            torch.tensor(src == PAD), torch.tensor(tgt_in == PAD))
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 def test_seq2seq_loss_and_gradients_vs_tutorial(rng, backend, label_smoothing):
