@@ -84,9 +84,12 @@ class Module(metaclass=_Built):
             elif value is not None and not isinstance(value, ops.QuantizedWeight):
                 value = Parameter(value)
         elif name == "_saved":
-            # a training forward's record: the settings its backward needs are noted with it
+            # a training forward's record: the settings and the parameters (each with its
+            # write count) its backward needs are noted with it
             object.__setattr__(self, "_saved_settings",
                                None if value is None else self._settings())
+            object.__setattr__(self, "_saved_params",
+                               None if value is None else self._param_versions())
         elif name[0] != "_" and self.__dict__.get("_built"):
             note_write()          # a setting or submodule changed: decode plans are made again
         object.__setattr__(self, name, value)
@@ -535,8 +538,10 @@ class Module(metaclass=_Built):
 
     def _check_saved(self, what="backward"):
         """The pending training forward's record, taken (a forward is differentiated once);
-        a RuntimeError, with the record kept and nothing touched, when there is none or when
-        the backend, precision or mode of this module or a submodule changed since it."""
+        a RuntimeError, with the record kept and nothing touched, when there is none, when
+        the backend, precision or mode of this module or a submodule changed since it, or
+        when a parameter was written in place or replaced since it (torch raises there too:
+        the backward would pair the new weights with the old activations)."""
         if self._saved is None:
             raise RuntimeError(f"{type(self).__name__}.{what}: no training-mode forward to "
                                "differentiate (call model.train() and run a forward first; "
@@ -555,8 +560,25 @@ class Module(metaclass=_Built):
                 f"changed since the training forward ({'; '.join(changed)}); that forward's "
                 "record is only valid for the settings it ran with, and no gradient was "
                 "touched. Change them back, or run the forward again after the change")
+        edited = [key for (key, p, version), (_, q, now) in
+                  zip(self._saved_params, self._param_versions()) if p is not q or version != now]
+        if edited:
+            if len(edited) > 3:
+                edited[3:] = [f"{len(edited) - 3} more"]
+            raise RuntimeError(
+                f"{type(self).__name__}.{what}: {', '.join(edited)} "
+                f"{'was' if len(edited) == 1 else 'were'} modified since the training forward "
+                "(written in place, e.g. by an optimizer step, load_state_dict or p[...] = ..., "
+                "or replaced); the backward would use the new weights with the old "
+                "activations. No gradient was touched: run the forward again")
         saved, self._saved = self._saved, None
         return saved
+
+    def _param_versions(self):
+        """(state_dict key, parameter, write count) of every parameter of this module and its
+        submodules: what a training forward's record is valid for."""
+        return tuple((key, p, getattr(p, "version", 0))
+                     for key, p in self.named_parameters())
 
     def _settings(self, prefix=""):
         """(path, id, backend, precision, training) of this module (path "") and of each

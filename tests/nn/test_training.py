@@ -315,6 +315,98 @@ def test_backward_refuses_a_forward_made_under_other_settings(rng, change):
         assert np.array_equal(g, want[k]), k
 
 
+def _set_item(m, opt):
+    m.transformer.encoder.layers[0].linear1.weight[0, 0] += np.float32(1.0)
+
+
+def _scale_in_place(m, opt):
+    m.generator.weight *= np.float32(0.5)
+
+
+def _load_state_dict(m, opt):
+    m.load_state_dict(m.state_dict())        # the same values, written in place
+
+
+def _optimizer_step(m, opt):
+    opt.step()                               # the gradients of the step before
+
+
+def _rebind(m, opt):
+    m.generator.bias = m.generator.bias.copy()
+
+
+# An edit of the weights between a training forward and its backward -> the key it names.
+WEIGHT_EDITS = {
+    "p[...] = ...": (_set_item, "transformer.encoder.layers.0.linear1.weight"),
+    "in place": (_scale_in_place, "generator.weight"),
+    "load_state_dict": (_load_state_dict, "transformer.encoder.layers.0.self_attn.in_proj_weight"),
+    "optimizer step": (_optimizer_step, "transformer.encoder.layers.0.self_attn.in_proj_weight"),
+    "rebinding": (_rebind, "generator.bias"),
+}
+
+
+@pytest.mark.parametrize("edit", list(WEIGHT_EDITS))
+def test_backward_refuses_a_forward_whose_weights_were_edited_since(rng, edit):
+    """A training forward, then a weight written in place or replaced: backward() raises a
+    RuntimeError naming the parameter (torch: "modified by an inplace operation"), before any
+    gradient is touched; a forward run again differentiates as usual."""
+    from fastattn import optim
+
+    m = fnn.Seq2SeqTransformer(1, 1, C, H, V_SRC, V_TGT, F, dropout=0.0, pad_id=PAD,
+                               seed=3).train()
+    opt = optim.AdamW(m, lr=1e-3)
+    src = token_batch(rng, V_SRC, [S, 3, 5], S)
+    tgt = token_batch(rng, V_TGT, [T, 3, 4], T)
+    dy = rng.standard_normal((B, T, V_TGT)).astype(np.float32)
+    m(src, tgt)
+    m.backward(dy)                           # gradients for the optimizer step
+    m(src, tgt)
+    do, key = WEIGHT_EDITS[edit]
+    do(m, opt)
+    before = {k: g.copy() for k, g in m.named_grads()}
+    with pytest.raises(RuntimeError, match="modified since the training forward") as err:
+        m.backward(dy)
+    assert str(err.value).startswith(f"Seq2SeqTransformer.backward: {key}")
+    after = dict(m.named_grads())
+    assert list(after) == list(before)
+    assert all(np.array_equal(after[k], g) for k, g in before.items())   # nothing touched
+    m(src, tgt)
+    m.backward(dy)
+
+
+def test_a_layer_called_alone_refuses_its_edited_weight(rng):
+    lin = fnn.Linear(C, 4).train()
+    x = features(rng, B, T)
+    lin(x)
+    lin.weight[1] = 0.0
+    with pytest.raises(RuntimeError, match=r"Linear.backward: weight was modified"):
+        lin.backward(np.ones((B, T, 4), np.float32))
+    assert list(lin.named_grads()) == []
+
+
+def test_the_training_loop_runs_as_before(rng):
+    """forward, backward, optimizer step, next forward, ...: the step writes the weights after
+    the backward it follows, which is no edit of a pending forward; weights tied by
+    assignment included."""
+    from fastattn import optim
+
+    m = fnn.Seq2SeqTransformer(1, 1, C, H, V_SRC, V_TGT, F, dropout=0.0, pad_id=PAD,
+                               seed=3).train()
+    m.generator.weight = m.tgt_tok_emb.embedding.weight
+    opt = optim.AdamW(m, lr=1e-3)
+    dy = rng.standard_normal((B, T, V_TGT)).astype(np.float32)
+    for _ in range(3):
+        src = token_batch(rng, V_SRC, [S, 3, 5], S)
+        tgt = token_batch(rng, V_TGT, [T, 3, 4], T)
+        opt.zero_grad()
+        m(src, tgt)
+        m.backward(dy)
+        opt.zero_grad()
+        m.loss(src, tgt, backward=True)
+        optim.clip_grad_norm(m, 1.0)
+        opt.step()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_training_in_lockstep_with_torch(rng, backend):
     """The tutorial's model and ours from the same init, on the same batches, with AdamW and
