@@ -20,7 +20,9 @@ What the optimiser needs from the model (fastattn.nn.Module provides it):
 - ``named_parameters()``: (state_dict key, float32 array) pairs, updated in place;
 - ``named_grads()``: (key, gradient array or None) in named_parameters' order; a parameter
   without a gradient (None, or absent) is skipped and its moments and step count stay as they
-  are, as torch skips a parameter whose ``.grad`` is None;
+  are, as torch skips a parameter whose ``.grad`` is None. A parameter held under two names
+  (weights tied by assignment) has one gradient, yielded under its first name only, so it is
+  updated once per step, as in torch;
 - ``zero_grad()`` and ``invalidate_caches()`` (weights changed: derived packed weights dropped).
 
 State is kept per parameter key: ``exp_avg`` and ``exp_avg_sq`` (float32, the parameter's

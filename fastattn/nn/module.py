@@ -37,13 +37,19 @@ class Module(metaclass=_Built):
     decode step alike. Only a write the parameter cannot see (through a plain ndarray view or a
     buffer) needs ``invalidate_caches()``.
 
-    Rebinding a parameter (``layer.linear1.weight = w``) is checked when it happens: the new value
-    must have the parameter's shape (ValueError naming the parameter and both shapes) and a numeric
-    dtype (TypeError); it becomes a Parameter over the same memory when it is float32 and
-    C-contiguous, else over a float32 C-contiguous copy. A parameter the module was built without
-    (None) cannot be set, nor can one be set to None: build the module with the parameter you want.
-    The kernels read parameters without checking them, so these checks are what keeps a wrong-sized
-    array from being read past its end.
+    Rebinding a parameter (``layer.linear1.weight = w``) is checked when it happens: the new
+    value must have the parameter's shape (ValueError naming the parameter and both shapes)
+    and a numeric dtype (TypeError). A Parameter is taken as it is, so weights tied by
+    assignment (``model.generator.weight = model.tgt_tok_emb.embedding.weight``) are one
+    object, as in torch, and an edit through either name reaches every path of both; it
+    trains as one parameter (one gradient, the sum over its uses; one optimiser update),
+    yielded once by parameters() and named_parameters(remove_duplicate=True). Another
+    array becomes a Parameter over the same memory when it is float32 and C-contiguous
+    (counting its writes with the parameter whose memory it views, if any), else over a
+    float32 C-contiguous copy. A parameter the module was built without (None)
+    cannot be set, nor can one be set to None: build the module with the parameter you want.
+    The kernels read parameters without checking them, so these checks are what keeps a
+    wrong-sized array from being read past its end.
 
     ``quantize("int8" | "bf16")`` converts the parameters named in ``_quantizable`` (the linear
     weights) to ``ops.QuantizedWeight`` for inference; ``quantize("float32")`` converts back.
@@ -74,8 +80,19 @@ class Module(metaclass=_Built):
             if self.__dict__.get("_built"):
                 value = self._checked_parameter(name, value)
                 note_write()
+                if value is not self.__dict__[name]:
+                    # the old parameter's gradient is not the new one's (which, for a weight
+                    # tied by assignment, is the one its other name accumulates: _grad)
+                    self._grads.pop(name, None)
             elif value is not None and not isinstance(value, ops.QuantizedWeight):
                 value = Parameter(value)
+        elif name == "_saved":
+            # a training forward's record: the settings and the parameters (each with its
+            # write count) its backward needs are noted with it
+            object.__setattr__(self, "_saved_settings",
+                               None if value is None else self._settings())
+            object.__setattr__(self, "_saved_params",
+                               None if value is None else self._param_versions())
         elif name[0] != "_" and self.__dict__.get("_built"):
             note_write()          # a setting or submodule changed: decode plans are made again
         object.__setattr__(self, name, value)
@@ -101,23 +118,51 @@ class Module(metaclass=_Built):
                 raise ValueError(f"{where} must keep its shape {tuple(old.shape)}, got "
                                  f"{tuple(value.shape)}")
             return value
-        arr = to_numpy(where, value, "assignment")
+        # a Parameter is kept as it is (weights tied by assignment share one object, as in
+        # torch); Parameter() of an array over a parameter's memory shares its write count
+        arr = value if isinstance(value, Parameter) else to_numpy(where, value, "assignment")
         if arr.shape != old.shape:
             raise ValueError(f"{where} must keep its shape {old.shape}, got {arr.shape}")
         return Parameter(arr)
 
     # -- parameters and submodules -----------------------------------------------------------
-    def named_parameters(self, prefix=""):
+    def named_parameters(self, prefix="", remove_duplicate=False):
         """Every parameter with its state_dict key, in torch's order.
+
+        A parameter held under two names (weights tied by assignment) is yielded under both,
+        as state_dict() keys it, unless `remove_duplicate` is true.
 
         Args:
             prefix: put before every key (default "").
+            remove_duplicate: yield a parameter held under several names once, under its first
+                name, as torch's named_parameters() does by default and as an optimiser steps
+                it (default False: every name, as state_dict()).
 
         Yields:
             `(state_dict key, array)` pairs.
         """
+        if remove_duplicate:
+            for key, slots in self._unique_slots(prefix):
+                m, name = slots[0]
+                yield key, getattr(m, name)
+            return
         for key, m, name in self._named_slots(prefix):
             yield key, getattr(m, name)
+
+    def parameters(self):
+        """Every parameter array once, in torch's order (torch's parameters()): a weight tied
+        by assignment is one parameter."""
+        for _, p in self.named_parameters(remove_duplicate=True):
+            yield p
+
+    def _unique_slots(self, prefix=""):
+        """[(first state_dict key, [(owning module, attribute name), ...])], one entry per
+        parameter object in the order of its first name: the names a tied parameter is held
+        under, together."""
+        groups = {}
+        for key, m, name in self._named_slots(prefix):
+            groups.setdefault(id(getattr(m, name)), (key, []))[1].append((m, name))
+        return list(groups.values())
 
     def _named_slots(self, prefix=""):
         """(state_dict key, owning module, attribute name) of every parameter, in order."""
@@ -142,13 +187,15 @@ class Module(metaclass=_Built):
                     yield from c.modules()
 
     def parameters_nbytes(self):
-        """The bytes the parameters take, as stored (quantized weights at their own size)."""
-        return sum(v.nbytes for _, v in self.named_parameters())
+        """The bytes the parameters take, as stored (quantized weights at their own size; a
+        tied parameter counted once)."""
+        return sum(v.nbytes for v in self.parameters())
 
     # -- weights -------------------------------------------------------------------------------
     def state_dict(self):
         """{torch key: float32 array}, in torch's order and layouts: the parameter arrays
-        themselves (an in-place edit changes the model; see invalidate_caches). In a quantized
+        themselves (an in-place edit changes the model; see invalidate_caches); a parameter
+        tied by assignment is there under each of its names, as in torch. In a quantized
         model the converted weights are given dequantized (what the model multiplies by, as
         float32: loadable into torch) in read-only copies, so an edit of one raises instead of
         silently changing nothing; ``named_parameters()`` yields them as they are stored."""
@@ -296,6 +343,8 @@ class Module(metaclass=_Built):
                 note_write()
             m._compute_type = compute_type
             m._grads.clear()
+            for name in m._params:
+                _keep_grad(getattr(m, name), None)
             m._saved, m._buffers = None, None
         return self.invalidate_caches()     # the new weights' kinds, made now
 
@@ -438,9 +487,11 @@ class Module(metaclass=_Built):
 
     def named_grads(self):
         """(state_dict key, gradient) of every parameter that has one, in named_parameters'
-        order; gradients accumulate over backward() calls until zero_grad()."""
-        for key, m, name in self._named_slots():
-            g = m._grads.get(name)
+        order; gradients accumulate over backward() calls until zero_grad(). A parameter tied
+        by assignment has one gradient, the sum over its uses (as torch's .grad), yielded
+        once under its first name, as named_parameters(remove_duplicate=True) yields it."""
+        for key, slots in self._unique_slots():
+            g = next((m._grads[name] for m, name in slots if name in m._grads), None)
             if g is not None:
                 yield key, g
 
@@ -465,31 +516,43 @@ class Module(metaclass=_Built):
             raise RuntimeError(f"flat_grads: the model is quantized ({self.compute_type}), "
                                "which is for inference only")
         flat = self.__dict__.get("_flat_grads")
-        slots = list(self._named_slots())
-        if flat is not None and all(name in m._grads and m._grads[name].base is flat
-                                    for _, m, name in slots):
+        groups = [slots for _, slots in self._unique_slots()]   # a tied parameter: one view
+        if flat is not None and all(
+                name in m._grads and m._grads[name].base is flat and
+                m._grads[name] is slots[0][0]._grads.get(slots[0][1])
+                for slots in groups for m, name in slots):
             return flat
         offsets, size = [], 0
-        for _, m, name in slots:
+        for slots in groups:
             offsets.append(size)
-            n = getattr(m, name).size
+            n = getattr(*slots[0]).size
             size += -(-n // GRAD_ALIGN) * GRAD_ALIGN
         flat = np.zeros(size, np.float32)
-        for (_, m, name), at in zip(slots, offsets):
-            p = getattr(m, name)
+        for slots, at in zip(groups, offsets):
+            p = getattr(*slots[0])
             view = flat[at:at + p.size].reshape(p.shape)
-            old = m._grads.get(name)
-            if old is not None:
-                view[...] = old
-            m._grads[name] = view
+            olds = {id(g): g for g in (m._grads.get(name) for m, name in slots)
+                    if g is not None}
+            for old in olds.values():
+                view += old
+            for m, name in slots:
+                m._grads[name] = view
+            _keep_grad(p, view)
         object.__setattr__(self, "_flat_grads", flat)
         return flat
 
     def _grad(self, name):
-        """The gradient buffer of parameter `name` (zeros, created on first use)."""
+        """The gradient buffer of parameter `name` (zeros, created on first use). It is the
+        Parameter's (as torch's .grad), so a parameter tied by assignment has one buffer,
+        whichever of its modules made it."""
         g = self._grads.get(name)
         if g is None:
-            g = self._grads[name] = np.zeros_like(getattr(self, name))
+            p = getattr(self, name)
+            g = p.__dict__.get("_grad_buffer")
+            if g is None:
+                g = np.zeros_like(p)
+                _keep_grad(p, g)
+            self._grads[name] = g
         return g
 
     def _workspace(self):
@@ -525,12 +588,62 @@ class Module(metaclass=_Built):
         return dy if seed is None else self._ops.dropout_backward(dy, p, seed, out)
 
     def _check_saved(self, what="backward"):
+        """The pending training forward's record, taken (a forward is differentiated once);
+        a RuntimeError, with the record kept and nothing touched, when there is none, when
+        the backend, precision or mode of this module or a submodule changed since it, or
+        when a parameter was written in place or replaced since it (torch raises there too:
+        the backward would pair the new weights with the old activations)."""
         if self._saved is None:
             raise RuntimeError(f"{type(self).__name__}.{what}: no training-mode forward to "
                                "differentiate (call model.train() and run a forward first; "
                                "each forward is differentiated once)")
+        then, now = self._saved_settings, self._settings()
+        if now != then:
+            changed = [f"{name or type(self).__name__}: {_setting_text(a)} -> "
+                       f"{_setting_text(b)}" for (name, _, *a), (_, _, *b) in zip(then, now)
+                       if a != b]
+            if len(changed) > 3:
+                changed[3:] = [f"{len(changed) - 3} submodules more"]
+            if [s[:2] for s in then] != [s[:2] for s in now] or not changed:
+                changed = ["submodules were replaced"]
+            raise RuntimeError(
+                f"{type(self).__name__}.{what}: the backend, precision, mode or submodules "
+                f"changed since the training forward ({'; '.join(changed)}); that forward's "
+                "record is only valid for the settings it ran with, and no gradient was "
+                "touched. Change them back, or run the forward again after the change")
+        edited = [key for (key, p, version), (_, q, now) in
+                  zip(self._saved_params, self._param_versions()) if p is not q or version != now]
+        if edited:
+            if len(edited) > 3:
+                edited[3:] = [f"{len(edited) - 3} more"]
+            raise RuntimeError(
+                f"{type(self).__name__}.{what}: {', '.join(edited)} "
+                f"{'was' if len(edited) == 1 else 'were'} modified since the training forward "
+                "(written in place, e.g. by an optimizer step, load_state_dict or p[...] = ..., "
+                "or replaced); the backward would use the new weights with the old "
+                "activations. No gradient was touched: run the forward again")
         saved, self._saved = self._saved, None
         return saved
+
+    def _param_versions(self):
+        """(state_dict key, parameter, write count) of every parameter of this module and its
+        submodules: what a training forward's record is valid for."""
+        return tuple((key, p, getattr(p, "version", 0))
+                     for key, p in self.named_parameters())
+
+    def _settings(self, prefix=""):
+        """(path, id, backend, precision, training) of this module (path "") and of each
+        submodule, depth first: the modules and settings a training forward's record is valid
+        for."""
+        out = [(prefix.rstrip("."), id(self), self.backend, self.precision, self.training)]
+        for cname in self._children:
+            child = getattr(self, cname)
+            if isinstance(child, list):
+                for i, c in enumerate(child):
+                    out.extend(c._settings(f"{prefix}{cname}.{i}."))
+            elif isinstance(child, Module):
+                out.extend(child._settings(f"{prefix}{cname}."))
+        return tuple(out)
 
     # -- backends ------------------------------------------------------------------------------
     def to_backend(self, backend):
@@ -574,6 +687,21 @@ class Module(metaclass=_Built):
                 m.precision = name
                 m._kinds.clear()              # the other precision's kinds: dropped now
         return self._install_kinds()
+
+
+def _keep_grad(param, grad):
+    """Keep `grad` (None: drop it) as the gradient buffer of `param`, which every module
+    holding `param` accumulates into (Module._grad)."""
+    if isinstance(param, Parameter):
+        if grad is None:
+            param.__dict__.pop("_grad_buffer", None)
+        else:
+            param.__dict__["_grad_buffer"] = grad
+
+
+def _setting_text(setting):
+    backend, precision, training = setting
+    return f"{backend}/{precision}/{'train' if training else 'eval'}"
 
 
 _FRESH = Buffers(reuse=False)     # the buffers of inference and of the reference backend

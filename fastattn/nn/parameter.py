@@ -13,17 +13,25 @@ it), in-place arithmetic and every ufunc with ``out=`` a parameter (``p *= 3``,
 ``np.add(p, 1, out=p)``), ``np.copyto``/``np.put``/``np.place``/``np.putmask``/
 ``np.fill_diagonal`` into it, and the methods ``fill``, ``sort``, ``put``, ``partition``,
 ``itemset``. fastattn's own writers (load_state_dict, the optimisers) bump the versions
-themselves. What cannot be seen: a write through a plain ndarray view (``np.asarray(p)``,
+themselves. Parameters over one memory share one count: a view of a parameter, and a
+Parameter made over a plain view of one (``Parameter(np.asarray(p))``, as assigning
+``np.asarray(p)`` to a module's parameter does), so a write through any of them counts for
+all. What cannot be seen: a write through a plain ndarray view (``np.asarray(p)``,
 ``p.view(np.ndarray)``), a buffer (memoryview, ctypes) or another library's C code; after
 one, call ``model.invalidate_caches()``.
 
 Everything else behaves as an ndarray: results of arithmetic on parameters are plain arrays.
 """
+import weakref
+
 import numpy as np
 
 __all__ = ["Parameter", "writes", "note_write"]
 
 _WRITES = [0]          # parameter writes in this process (any parameter)
+# id(the array owning a parameter's memory) -> the write counter of the parameters over it;
+# an entry lives as long as a parameter holds the counter (and so the owner: no id reuse)
+_BY_OWNER = weakref.WeakValueDictionary()
 
 # NumPy functions that write into their first argument
 _WRITERS = frozenset(f for f in (np.copyto, np.put, np.place, np.putmask, np.fill_diagonal,
@@ -70,9 +78,21 @@ class Parameter(np.ndarray):
         return np.ascontiguousarray(_plain(value), dtype=np.float32).view(cls)
 
     def __array_finalize__(self, obj):
-        # a view shares the version of the parameter it looks into; a new array has its own
+        # a view of a parameter shares its version; so does a Parameter made over a plain
+        # view of a parameter's memory (np.asarray(p): NumPy gives it the memory's owner as
+        # base, not p), found through the owner; a new array has its own
+        if self.base is None:
+            self._box = _Version()
+            return
         box = getattr(obj, "_box", None)
-        self._box = _Version() if box is None or self.base is None else box
+        if box is None:
+            owner = self.base
+            while isinstance(owner, np.ndarray) and owner.base is not None:
+                owner = owner.base
+            box = getattr(owner, "_box", None) or _BY_OWNER.get(id(owner))
+            if box is None:
+                box = _BY_OWNER[id(owner)] = _Version()
+        self._box = box
 
     @property
     def version(self):

@@ -61,6 +61,27 @@ def _real(value, name, lo, hi=None, none=False):
     return float(value)
 
 
+def _precision(model, precision):
+    """The run's precision: the one given, else the model's (set_precision); a ValueError
+    when the two contradict (the model set to bf16, fp32 given) or when none is given and
+    the model's submodules were set apart."""
+    if precision is not None:
+        precision = precision_name(precision, "fit: precision")
+    held = sorted({getattr(m, "precision", "fp32") for m in model.modules()}) \
+        if hasattr(model, "modules") else ["fp32"]
+    if precision is None:
+        if len(held) > 1:
+            raise ValueError("fit: the model's submodules are set to different precisions "
+                             f"({' and '.join(held)}, set_precision on a part): give "
+                             "precision='fp32' or 'bf16' for the whole run")
+        return held[0]
+    if precision == "fp32" and "bf16" in held:
+        raise ValueError("fit: precision='fp32' but the model is set to 'bf16' "
+                         "(model.set_precision): leave precision out (or give 'bf16') to "
+                         "train in bf16, or call model.set_precision('fp32') first")
+    return precision
+
+
 def _check_tokenizer(tok, name, model_vocab, model_pad, need_start_end):
     if not getattr(tok, "is_fitted", False):
         raise ValueError(f"fit: {name} must be a trained fastattn tokenizer, got {tok!r}")
@@ -195,13 +216,13 @@ class _Run:
                  label_smoothing, clip_norm, seed, checkpoint_dir, checkpoint_every,
                  checkpoint_minutes, keep_checkpoints, eval_every, resume, progress, callbacks,
                  keep_best, patience, exact_sample, comm=None, comm_timeout=COMM_TIMEOUT,
-                 precision="fp32"):
+                 precision=None):
         for attr in ("loss", "manual_seed", "train", "eval", "config", "max_len"):
             if not hasattr(model, attr):
                 raise TypeError(f"fit: model must be a fastattn.nn.Seq2SeqTransformer, got "
                                 f"{type(model).__name__}")
         self.model = model
-        self.precision = precision_name(precision, "fit: precision")
+        self.precision = _precision(model, precision)
         cfg = model.config
         _check_tokenizer(src_tokenizer, "src_tokenizer", cfg["src_vocab_size"], model.pad_id,
                          False)
@@ -649,11 +670,11 @@ class _Run:
 
 def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
         max_steps=None, epochs=None, batch_tokens=4096, optimizer=None, lr=None,
-        schedule="inverse_sqrt", warmup=4000, label_smoothing=0.1, clip_norm=1.0, seed=0,
+        schedule="inverse_sqrt", warmup=None, label_smoothing=0.1, clip_norm=1.0, seed=0,
         checkpoint_dir=None, checkpoint_every=None, checkpoint_minutes=None,
         keep_checkpoints=3, eval_every=None,
         resume=False, progress=True, callbacks=(), keep_best=True, patience=None,
-        exact_sample=EXACT_SAMPLE, comm=None, comm_timeout=COMM_TIMEOUT, precision="fp32"):
+        exact_sample=EXACT_SAMPLE, comm=None, comm_timeout=COMM_TIMEOUT, precision=None):
     """Train `model` (a fastattn.nn.Seq2SeqTransformer) on text pairs; returns a History.
 
     Data. train_pairs and valid_pairs are lists of (source, target) str pairs (read_pairs,
@@ -672,24 +693,29 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
 
     Optimisation. optimizer: a fastattn.optim optimiser over `model` (default AdamW with
     betas=(0.9, 0.98), eps=1e-9, weight_decay=0.01). Its rate is set before every update by
-    the schedule (warmup=None: a tenth of the run, at most 4000 steps; see
-    fastattn.train.defaults): "inverse_sqrt" (the paper's: linear warm-up for `warmup` steps, then
-    1/sqrt(step); it peaks at `(d_model * warmup) ** -0.5`, or at lr when lr is given),
-    "cosine" (linear warm-up to lr, then a half cosine to 0 at the last step; warmup capped
-    at the run's length), "constant" (lr every step), or a callable 1-based step -> lr (then
-    lr must be None). lr defaults to 1e-3 for "cosine" and "constant". Loss: model.loss
-    with label_smoothing; gradients clipped to a global norm of clip_norm (None: no
-    clipping).
+    the schedule (warmup=None, the default: a tenth of the run's steps, max_steps or the
+    planned batches of its epochs, at least 1 and at most 4000: the rule of `fastattn
+    train`, fastattn.train.defaults.default_warmup): "inverse_sqrt" (the paper's: linear
+    warm-up for `warmup` steps, then 1/sqrt(step); it peaks at (d_model * warmup) ** -0.5,
+    or at lr when lr is given), "cosine" (linear warm-up to lr, then a half cosine to 0 at
+    the last step; warmup capped at the run's length), "constant" (lr every step), or a
+    callable 1-based step -> lr (then lr must be None). lr defaults to 1e-3 for "cosine"
+    and "constant". Loss: model.loss with label_smoothing; gradients clipped to a global
+    norm of clip_norm (None: no clipping).
 
-    Precision. "fp32" (the default) or "bf16": mixed precision with torch autocast's
-    meaning (model.set_precision, which fit calls; the model keeps it after): the products of
-    the training forward and backward take bf16-rounded operands and sum in float32; the
+    Precision. "fp32" or "bf16": mixed precision with torch autocast's meaning
+    (model.set_precision, which fit calls; the model keeps it after): the products of the
+    training forward and backward take bf16-rounded operands and sum in float32; the
     weights, gradients, AdamW state and update, layer norm, softmax, the residual stream and
-    the loss stay float32. Evaluations run the float32 weights as inference does. The
-    precision is recorded in checkpoints (state.json's "fit"); a run resumes exactly in the
-    precision it was saved in, and may resume in the other one (weights, optimiser state and
-    data order continue exactly; the steps after are computed in the new precision, so the
-    losses follow that precision's run, not the saved one's; the resume reports the change).
+    the loss stay float32. None (the default): the precision the model is set to ("fp32"
+    unless model.set_precision said otherwise). precision="fp32" for a model set to "bf16"
+    is a ValueError (the two contradict), as is None for a model whose submodules were set
+    to different precisions; both are raised before the model is touched. Evaluations run
+    the float32 weights as inference does. The precision is recorded in checkpoints
+    (state.json's "fit"); a run resumes exactly in the precision it was saved in, and may
+    resume in the other one (weights, optimiser state and data order continue exactly; the
+    steps after are computed in the new precision, so the losses follow that precision's
+    run, not the saved one's; the resume reports the change).
 
     Randomness. A new run calls model.manual_seed(seed) (dropout masks) and draws the data
     order from seed; two runs with one seed, one model initialisation and one data set give
@@ -781,7 +807,8 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
         lr: the learning rate (see Optimisation); None (the default) for the schedule's.
         schedule: "inverse_sqrt" (the default), "cosine", "constant" or a callable
             step -> lr.
-        warmup: warm-up steps (default 4000; None: a tenth of the run, at most 4000).
+        warmup: warm-up steps (default None: a tenth of the run, at least 1, at most 4000,
+            as `fastattn train`).
         label_smoothing: the loss's label smoothing (default 0.1).
         clip_norm: the global gradient norm clipped to (default 1.0; None: no clipping).
         seed: the dropout masks' and data order's seed (default 0).
@@ -802,7 +829,7 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
             none).
         comm: an mpi4py communicator for data parallelism, or None (the default).
         comm_timeout: the longest a rank waits in one collective, in seconds (default 1800).
-        precision: "fp32" (the default) or "bf16" (see Precision).
+        precision: "fp32", "bf16", or None (the default: the model's; see Precision).
 
     Returns:
         The run's `History`.

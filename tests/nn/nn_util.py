@@ -238,6 +238,14 @@ def tutorial_model_class(torch):
     return Seq2SeqTransformer
 
 
+def tutorial_masks(torch, src, tgt_in):
+    """The tutorial's masks for a batch: (src_mask, tgt_mask, src and tgt padding masks)."""
+    T = tgt_in.shape[1]
+    return (torch.zeros((src.shape[1], src.shape[1])).bool(),
+            torch.nn.Transformer.generate_square_subsequent_mask(T),
+            torch.tensor(src == PAD), torch.tensor(tgt_in == PAD))
+
+
 def token_batch(rng, vocab, lengths, length):
     """(B, length) ids in [2, vocab) with PAD after each row's length."""
     ids = rng.integers(2, vocab, size=(len(lengths), length))

@@ -151,13 +151,6 @@ def test_transformer_backward_vs_torch(rng, backend, norm_first, activation):
     assert_grads(fm, tm)
 
 
-def tutorial_masks(torch, src, tgt_in):
-    T = tgt_in.shape[1]
-    return (torch.zeros((src.shape[1], src.shape[1])).bool(),
-            torch.nn.Transformer.generate_square_subsequent_mask(T),
-            torch.tensor(src == PAD), torch.tensor(tgt_in == PAD))
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 def test_seq2seq_loss_and_gradients_vs_tutorial(rng, backend, label_smoothing):
@@ -277,6 +270,141 @@ def test_backward_without_a_training_forward_is_an_error(rng):
         s2s.loss(np.ones((1, 3), np.int64), np.ones((1, 3), np.int64), backward=True)
     with pytest.raises(ValueError, match="T >= 2"):
         s2s.train().loss(np.ones((1, 3), np.int64), np.ones((1, 1), np.int64))
+
+
+# A setting the backward depends on, changed between a training forward and its backward, and
+# the change undone: (change, undo).
+SETTING_CHANGES = {
+    "backend": (lambda m: m.to_backend("reference"), lambda m: m.to_backend("fast")),
+    "precision": (lambda m: m.set_precision("fp32"), lambda m: m.set_precision("bf16")),
+    "submodule backend": (lambda m: m.generator.to_backend("reference"),
+                          lambda m: m.generator.to_backend("fast")),
+    "submodule precision": (lambda m: m.transformer.decoder.set_precision("fp32"),
+                            lambda m: m.transformer.decoder.set_precision("bf16")),
+    "submodule mode": (lambda m: m.transformer.encoder.eval(),
+                       lambda m: m.transformer.encoder.train()),
+}
+
+
+@pytest.mark.parametrize("change", list(SETTING_CHANGES))
+def test_backward_refuses_a_forward_made_under_other_settings(rng, change):
+    """A bf16 training forward, then its backend, precision or mode changed (on the model or
+    a submodule): backward() raises, naming the change, before any gradient is made or
+    touched, and keeps the forward; with the change undone, the backward gives the gradients
+    of an uninterrupted forward + backward, bit for bit."""
+    kw = dict(dropout=0.0, pad_id=PAD, seed=3)
+    src = token_batch(rng, V_SRC, [S, 3, 5], S)
+    tgt = token_batch(rng, V_TGT, [T, 3, 4], T)
+    dy = rng.standard_normal((B, T, V_TGT)).astype(np.float32)
+    plain = fnn.Seq2SeqTransformer(1, 1, C, H, V_SRC, V_TGT, F, **kw).set_precision("bf16")
+    plain.train()(src, tgt)
+    plain.backward(dy)
+    m = fnn.Seq2SeqTransformer(1, 1, C, H, V_SRC, V_TGT, F, **kw).set_precision("bf16").train()
+    m(src, tgt)
+    do, undo = SETTING_CHANGES[change]
+    do(m)
+    with pytest.raises(RuntimeError, match="changed since the training forward"):
+        m.backward(dy)
+    assert list(m.named_grads()) == []                  # nothing made, nothing accumulated
+    undo(m)
+    m.backward(dy)
+    want = dict(plain.named_grads())
+    got = dict(m.named_grads())
+    assert list(got) == list(want)
+    for k, g in got.items():
+        assert np.array_equal(g, want[k]), k
+
+
+def _set_item(m, opt):
+    m.transformer.encoder.layers[0].linear1.weight[0, 0] += np.float32(1.0)
+
+
+def _scale_in_place(m, opt):
+    m.generator.weight *= np.float32(0.5)
+
+
+def _load_state_dict(m, opt):
+    m.load_state_dict(m.state_dict())        # the same values, written in place
+
+
+def _optimizer_step(m, opt):
+    opt.step()                               # the gradients of the step before
+
+
+def _rebind(m, opt):
+    m.generator.bias = m.generator.bias.copy()
+
+
+# An edit of the weights between a training forward and its backward -> the key it names.
+WEIGHT_EDITS = {
+    "p[...] = ...": (_set_item, "transformer.encoder.layers.0.linear1.weight"),
+    "in place": (_scale_in_place, "generator.weight"),
+    "load_state_dict": (_load_state_dict, "transformer.encoder.layers.0.self_attn.in_proj_weight"),
+    "optimizer step": (_optimizer_step, "transformer.encoder.layers.0.self_attn.in_proj_weight"),
+    "rebinding": (_rebind, "generator.bias"),
+}
+
+
+@pytest.mark.parametrize("edit", list(WEIGHT_EDITS))
+def test_backward_refuses_a_forward_whose_weights_were_edited_since(rng, edit):
+    """A training forward, then a weight written in place or replaced: backward() raises a
+    RuntimeError naming the parameter (torch: "modified by an inplace operation"), before any
+    gradient is touched; a forward run again differentiates as usual."""
+    from fastattn import optim
+
+    m = fnn.Seq2SeqTransformer(1, 1, C, H, V_SRC, V_TGT, F, dropout=0.0, pad_id=PAD,
+                               seed=3).train()
+    opt = optim.AdamW(m, lr=1e-3)
+    src = token_batch(rng, V_SRC, [S, 3, 5], S)
+    tgt = token_batch(rng, V_TGT, [T, 3, 4], T)
+    dy = rng.standard_normal((B, T, V_TGT)).astype(np.float32)
+    m(src, tgt)
+    m.backward(dy)                           # gradients for the optimizer step
+    m(src, tgt)
+    do, key = WEIGHT_EDITS[edit]
+    do(m, opt)
+    before = {k: g.copy() for k, g in m.named_grads()}
+    with pytest.raises(RuntimeError, match="modified since the training forward") as err:
+        m.backward(dy)
+    assert str(err.value).startswith(f"Seq2SeqTransformer.backward: {key}")
+    after = dict(m.named_grads())
+    assert list(after) == list(before)
+    assert all(np.array_equal(after[k], g) for k, g in before.items())   # nothing touched
+    m(src, tgt)
+    m.backward(dy)
+
+
+def test_a_layer_called_alone_refuses_its_edited_weight(rng):
+    lin = fnn.Linear(C, 4).train()
+    x = features(rng, B, T)
+    lin(x)
+    lin.weight[1] = 0.0
+    with pytest.raises(RuntimeError, match=r"Linear.backward: weight was modified"):
+        lin.backward(np.ones((B, T, 4), np.float32))
+    assert list(lin.named_grads()) == []
+
+
+def test_the_training_loop_runs_as_before(rng):
+    """forward, backward, optimizer step, next forward, ...: the step writes the weights after
+    the backward it follows, which is no edit of a pending forward; weights tied by
+    assignment included."""
+    from fastattn import optim
+
+    m = fnn.Seq2SeqTransformer(1, 1, C, H, V_SRC, V_TGT, F, dropout=0.0, pad_id=PAD,
+                               seed=3).train()
+    m.generator.weight = m.tgt_tok_emb.embedding.weight
+    opt = optim.AdamW(m, lr=1e-3)
+    dy = rng.standard_normal((B, T, V_TGT)).astype(np.float32)
+    for _ in range(3):
+        src = token_batch(rng, V_SRC, [S, 3, 5], S)
+        tgt = token_batch(rng, V_TGT, [T, 3, 4], T)
+        opt.zero_grad()
+        m(src, tgt)
+        m.backward(dy)
+        opt.zero_grad()
+        m.loss(src, tgt, backward=True)
+        optim.clip_grad_norm(m, 1.0)
+        opt.step()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

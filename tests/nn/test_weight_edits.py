@@ -30,8 +30,9 @@ def use(m):
     return cache
 
 
-def outputs(m):
-    m.eval()
+def outputs(m, eval_first=True):
+    if eval_first:                  # eval() makes the derived weights again (a known point)
+        m.eval()
     logits = m(SRC, TGT[:, :-1])
     tokens = m.generate(SRC, max_new_tokens=5, start_id=2, end_id=3)
     beams = m.generate(SRC, max_new_tokens=4, start_id=2, end_id=3, method="beam",
@@ -194,3 +195,44 @@ def test_parameter_counts_its_writes():
     before = p.version
     p.copy()[0] = 9                               # a copy is an array of its own
     assert p.version == before and p[0, 0] == 5
+
+
+def _tie_to_embedding(m):
+    m.generator.weight = m.tgt_tok_emb.embedding.weight          # the same Parameter
+
+
+def _tie_to_generator(m):
+    m.tgt_tok_emb.embedding.weight = m.generator.weight
+
+
+def _tie_through_a_plain_view(m):
+    m.generator.weight = np.asarray(m.tgt_tok_emb.embedding.weight)   # its memory, no copy
+
+
+TIES = {"generator = embedding": _tie_to_embedding, "embedding = generator": _tie_to_generator,
+        "plain view": _tie_through_a_plain_view}
+
+
+@pytest.mark.parametrize("through", ["tgt_tok_emb.embedding.weight", "generator.weight"])
+@pytest.mark.parametrize("tie", list(TIES))
+def test_weights_tied_by_assignment_take_an_edit_through_either_name(tmp_path, tie, through):
+    """Tie the generator to the target embedding by assignment (torch's way), run every
+    path, then edit in place through one name: the next forward, generate and decode steps
+    (with no eval() between, which would remake what is derived) all use the edited
+    weights, through both names: a fresh model given the same weights gives the same
+    outputs bit for bit, and greedy generate picks the forward's argmax."""
+    m = model()
+    TIES[tie](m)
+    assert np.shares_memory(m.generator.weight, m.tgt_tok_emb.embedding.weight)
+    use(m)
+    w = dict(m.named_parameters())[through]
+    w *= np.float32(-3.0)
+    w[0] += np.float32(1.0)
+    assert np.array_equal(m.generator.weight, m.tgt_tok_emb.embedding.weight)
+    tokens = m.generate(SRC[:, :4], max_new_tokens=1, start_id=2)
+    logits = m(SRC[:, :4], tokens[:, :1])
+    np.testing.assert_array_equal(tokens[:, 1], logits[:, -1].argmax(-1))
+    got = outputs(m, eval_first=False)
+    want = outputs(fresh_copy(m, tmp_path))
+    for name, a, b in zip(("forward", "generate", "beam", "decode steps"), got, want):
+        np.testing.assert_array_equal(a, b, err_msg=name)

@@ -87,6 +87,34 @@ def test_precision_is_checked_and_kept():
             precision="half", progress=False)
 
 
+def test_fit_takes_the_models_precision_and_refuses_a_contradiction():
+    """fit() without precision= trains in the precision the model was set to (bit for bit the
+    run with that precision given); precision='fp32' for a model set to bf16 is a ValueError
+    raised before the model is touched, as is a model whose submodules were set apart."""
+    tok = char_tokenizer()
+    pairs = [(w, w[::-1]) for w in words(40)]
+    args = dict(src_tokenizer=tok, tgt_tokenizer=tok, max_steps=3, batch_tokens=96, lr=1e-2,
+                warmup=2, progress=False)
+    given = fit(tiny_model(tok), pairs, precision="bf16", **args)
+    fp32 = fit(tiny_model(tok), pairs, **args)
+    assert given.losses != fp32.losses
+    m = tiny_model(tok).set_precision("bf16")
+    taken = fit(m, pairs, **args)
+    assert taken.losses == given.losses
+    assert m.precision == "bf16"
+    m = tiny_model(tok).set_precision("bf16")
+    before = {k: v.copy() for k, v in m.named_parameters()}
+    with pytest.raises(ValueError, match=r"precision='fp32'.*set to 'bf16'"):
+        fit(m, pairs, precision="fp32", **args)
+    assert m.precision == "bf16" and not m.training
+    assert all(np.array_equal(v, before[k]) for k, v in m.named_parameters())
+    mixed = tiny_model(tok)
+    mixed.transformer.decoder.set_precision("bf16")
+    with pytest.raises(ValueError, match=r"submodules.*give precision="):
+        fit(mixed, pairs, **args)
+    assert fit(mixed, pairs, precision="bf16", **args).losses == given.losses
+
+
 def test_weight_copies_are_made_once_per_version():
     """bf16 training's copies are kinds the module owns: made at set_precision / train(), the
     same object at every use, rounded again into the same array after a write, and dropped by

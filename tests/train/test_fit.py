@@ -100,6 +100,23 @@ def test_inverse_sqrt_with_lr_peaks_at_lr_after_warmup(tok, pairs):
     assert lrs.index(max(lrs)) == 3
 
 
+@pytest.mark.parametrize("length", [dict(max_steps=40), dict(epochs=6)])
+def test_without_warmup_fit_warms_up_as_fastattn_train_does(tok, pairs, length):
+    """No warmup= given: a tenth of the run (defaults.default_warmup), the rule fastattn
+    train settles its warm-up by, not a fixed 4000 steps that a short run never reaches."""
+    from fastattn.train.defaults import default_warmup
+    from fastattn.train.run import _new_settings
+    h = fit(tiny_model(tok), pairs, src_tokenizer=tok, tgt_tokenizer=tok, batch_tokens=128,
+            lr=0.5, progress=False, **length)
+    total = len(h.steps)
+    warmup = default_warmup(total)
+    assert total >= 20 and warmup == round(total / 10)
+    assert _new_settings(dict(steps=total))["warmup"] == warmup   # the command's new run
+    lrs = [r["lr"] for r in h.steps]
+    assert lrs.index(max(lrs)) == warmup - 1
+    assert_close(max(lrs), 0.5, **TOL["float64_figure"], name="peak lr", dtype=None)
+
+
 def test_a_given_optimizer_is_used(tok, pairs):
     model = tiny_model(tok)
     opt = optim.Adam(model, lr=1.0)
