@@ -132,8 +132,8 @@ def get_num_threads():
     """The number of threads the kernels use.
 
     Returns:
-        What `set_num_threads` set, else `OMP_NUM_THREADS` as read at import, else all CPUs;
-        1 in a process forked after the kernels had run on several threads.
+        What `set_num_threads` set, else `OMP_NUM_THREADS` as read at import, else all
+            CPUs (1 in a process forked after the kernels had run on several threads).
     """
     return _state["threads"]
 

@@ -72,8 +72,19 @@ def kind(value):
 
 
 def unique_keys(pairs):
-    """json's object_pairs_hook that refuses an object giving one key twice (ValueError naming
-    the key): the file would say two things at once, and json alone keeps the last."""
+    """json's object_pairs_hook that refuses an object giving one key twice.
+
+    The file would say two things at once, and json alone keeps the last.
+
+    Args:
+        pairs: the object's `(key, value)` pairs, in the file's order.
+
+    Returns:
+        The object as a dict.
+
+    Raises:
+        ValueError: a key given twice (naming it).
+    """
     seen = set()
     for key, _ in pairs:
         if key in seen:

@@ -94,13 +94,18 @@ class DirectoryInUse(RuntimeError):
 
 
 class DirectoryLock:
-    """The lock lock_directory took: ``path`` (the directory); ``release()`` lets it go (also
-    on leaving a ``with`` block)."""
+    """The lock `lock_directory` took; `release()` lets it go, as leaving a `with` block does.
+
+    Args:
+        path: the locked directory.
+        fd: the open lock file whose flock is held, or None when no lock could be taken.
+    """
 
     def __init__(self, path, fd):
         self.path, self._fd = path, fd
 
     def release(self):
+        """Let the lock go (closing its file releases the flock); a second call does nothing."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)                     # closing the file releases its flock
@@ -116,10 +121,22 @@ class DirectoryLock:
 
 
 def lock_directory(directory, what="fastattn run"):
-    """Lock `directory` (which must exist) for this process -> DirectoryLock. Another process
-    holding it: DirectoryInUse naming the directory, `what` and that process's id, at once
-    (no waiting). Where the file system has no flock (Windows, some network file systems) the
-    lock is not taken and the returned DirectoryLock holds nothing."""
+    """Lock `directory` for this process, at once (no waiting).
+
+    Where the file system has no flock (Windows, some network file systems) the lock is not
+    taken and the returned DirectoryLock holds nothing.
+
+    Args:
+        directory: an existing directory.
+        what: what holds it, for the message another process gets (default "fastattn run").
+
+    Returns:
+        The `DirectoryLock`, held until released or the process ends.
+
+    Raises:
+        DirectoryInUse: another process holds it (naming the directory, `what` and that
+            process's id).
+    """
     directory = os.fspath(directory)
     try:
         import fcntl

@@ -407,10 +407,19 @@ def _spans(ranks):
 
 
 def first_difference(dicts, show=repr):
-    """The first key (in rank 0's order, then the other ranks') whose value is not the same
-    in every one of `dicts` (one per rank) -> (key, each rank's value as text), or None when
-    they agree. A key a rank lacks reads "(none)"; ranks with one value are listed together
-    when there are more than two ranks ("ranks 0-4, 6: 32; rank 5: 16")."""
+    """The first key whose value is not the same on every rank.
+
+    Keys are taken in rank 0's order, then the other ranks'. A key a rank lacks reads
+    "(none)"; ranks with one value are listed together when there are more than two ranks
+    ("ranks 0-4, 6: 32; rank 5: 16").
+
+    Args:
+        dicts: one dict per rank.
+        show: writes one value as text (default `repr`).
+
+    Returns:
+        `(key, each rank's value as text)`, or None when they agree.
+    """
     keys = list(dict.fromkeys(k for d in dicts for k in d))
     for key in keys:
         values = [d.get(key, _MISSING) for d in dicts]
@@ -428,10 +437,22 @@ def first_difference(dicts, show=repr):
 
 
 def same_everywhere(group, items, what, hint, show=repr, prefix=""):
-    """Every rank's `items` (a dict of plain values, `what` they are) gathered on every rank;
-    where one key's value differs, every rank raises the same ValueError (agreed) naming the
-    first such key and each rank's value (`show` writes one):
-    "`prefix`the ranks differ in KEY: rank 0: ..., rank 1: ...; `hint`"."""
+    """Gather every rank's `items` on every rank and refuse a difference on all of them.
+
+    The error reads "`prefix`the ranks differ in KEY: rank 0: ..., rank 1: ...; `hint`".
+
+    Args:
+        group: the ranks' group (distributed.group).
+        items: a dict of plain values, this rank's.
+        what: what the items are, for the message.
+        hint: what to do about a difference, for the message.
+        show: writes one value as text (default `repr`).
+        prefix: put before the message (default "").
+
+    Raises:
+        ValueError: on every rank alike, naming the first key that differs and each rank's
+            value.
+    """
     if group is None:
         return
     _refuse(first_difference(group.allgather(items, f"the comparison of {what}"), show),
@@ -456,11 +477,22 @@ def _plain(v):
 
 
 def fit_description(model, settings, schedule, optimizer, total, pairs, fingerprint):
-    """What every rank of one fit must hold alike, in the order a difference is reported:
-    the model (its class, backend, every config entry), its parameters (name, shape, dtype),
-    fit's settings (seed, batch_tokens, label_smoothing, clip_norm, max_steps or epochs,
-    precision, ...), the learning rate the schedule gives at a sample of steps, the
-    optimiser's kind and hyperparameters, and the training pairs (count and sha256)."""
+    """What every rank of one fit must hold alike, in the order a difference is reported.
+
+    Args:
+        model: the model (its class, backend, every config entry; its parameters' names,
+            shapes and dtypes).
+        settings: fit's settings (seed, batch_tokens, label_smoothing, clip_norm, max_steps
+            or epochs, precision, ...).
+        schedule: the learning-rate schedule, compared by its rates at a sample of steps.
+        optimizer: the optimiser (its kind and hyperparameters).
+        total: the run's step count, or None when not known in advance.
+        pairs: the training pairs (their count).
+        fingerprint: the training pairs' sha256.
+
+    Returns:
+        A dict of plain values, for `check_start`.
+    """
     d = {"the model's class": type(model).__name__,
          "the model's backend": str(getattr(model, "backend", None))}
     for k, v in getattr(model, "config", {}).items():
@@ -485,9 +517,16 @@ def fit_description(model, settings, schedule, optimizer, total, pairs, fingerpr
 
 
 def oversubscription(rows):
-    """rows: (machine, CPUs the rank may run on, its threads) of each rank -> a message when
-    the threads of some machine's ranks outnumber the CPUs they may use (or one rank's
-    threads its own CPUs), else None."""
+    """Whether the ranks run more threads than their CPUs.
+
+    Args:
+        rows: `(machine, CPUs the rank may run on, its threads)` of each rank.
+
+    Returns:
+        A message naming the machine, the numbers and the fix when the threads of some
+            machine's ranks outnumber the CPUs they may use (or one rank's threads its own
+            CPUs), else None.
+    """
     machines = {}
     for name, cpus, threads in rows:
         machines.setdefault(name, []).append((frozenset(cpus), int(threads)))
@@ -514,10 +553,20 @@ def oversubscription(rows):
 
 
 def check_start(group, description, threads, hint):
-    """The start of a run on several ranks, in one collective: every rank's `description`
-    (fit_description) compared (the same ValueError on every rank at the first difference,
-    see same_everywhere), and rank 0 warns once (RuntimeWarning) when the ranks of a machine
-    run more threads (`threads`: this rank's) than its CPUs (oversubscription)."""
+    """The start of a run on several ranks, in one collective.
+
+    Every rank's `description` is compared, and rank 0 warns once (RuntimeWarning) when the
+    ranks of a machine run more threads than its CPUs (`oversubscription`).
+
+    Args:
+        group: the ranks' group (distributed.group).
+        description: this rank's `fit_description`.
+        threads: this rank's thread count.
+        hint: what to do about a difference, for the message.
+
+    Raises:
+        ValueError: on every rank alike at the first difference (see `same_everywhere`).
+    """
     mine = (group.MPI.Get_processor_name(), tuple(sorted(_affinity())), int(threads))
     gathered = group.allgather((description, mine), "the check of every rank's model, "
                                "settings and data")

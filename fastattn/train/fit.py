@@ -696,7 +696,7 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
     the schedule (warmup=None, the default: a tenth of the run's steps, max_steps or the
     planned batches of its epochs, at least 1 and at most 4000: the rule of `fastattn
     train`, fastattn.train.defaults.default_warmup): "inverse_sqrt" (the paper's: linear
-    warm-up for `warmup` steps, then 1/sqrt(step); it peaks at (d_model * warmup) ** -0.5,
+    warm-up for `warmup` steps, then 1/sqrt(step); it peaks at `(d_model * warmup) ** -0.5`,
     or at lr when lr is given), "cosine" (linear warm-up to lr, then a half cosine to 0 at
     the last step; warmup capped at the run's length), "constant" (lr every step), or a
     callable 1-based step -> lr (then lr must be None). lr defaults to 1e-3 for "cosine"
