@@ -52,6 +52,7 @@ __all__ = ["Translator", "Result", "DEFAULT_BATCH_TOKENS", "TOO_LONG", "run_stat
 DEFAULT_BATCH_TOKENS = 4096      # padded source ids per generated batch
 TOO_LONG = ("truncate", "skip")
 DEFAULT_MAX_NEW_TOKENS = 64      # as Run.complete and Seq2SeqTransformer.translate
+SKIP_COUNT = 4096                # too_long="skip" counts tokens up to this (or 4x the limit)
 
 
 class Result(NamedTuple):
@@ -173,18 +174,21 @@ class Translator:
             return None, False, None
         if self.pretrained is not None:
             return self._encode_pretrained(text)
-        ids = self.src.encode(text, add_start_end=self.add_start_end)
-        if not ids:                # no token, and no <start> <end> to wrap it: nothing to read
-            return None, False, None
-        limit = self.max_source_tokens
-        if len(ids) <= limit:
-            return ids, False, None
-        if self.too_long == "skip":
-            return None, False, (f"too long: {len(ids)} source tokens, at most {limit} "
+        # only the head of a long text is split into tokens (a line of millions of
+        # characters costs what its first max_source_tokens do); the ids are encode()'s
+        limit, wrap = self.max_source_tokens, 2 if self.add_start_end else 0
+        ids, more = self.src.encode_head(text, limit - wrap)
+        if more and self.too_long == "skip":
+            most = max(SKIP_COUNT, 4 * limit)                  # tokens counted, at most
+            counted, beyond = self.src.encode_head(text, most - wrap)
+            count = f"more than {most}" if beyond else f"{len(counted) + wrap}"
+            return None, False, (f"too long: {count} source tokens, at most {limit} "
                                  f"(too_long='skip')")
         if self.add_start_end:
-            return ids[:limit - 1] + ids[-1:], True, None
-        return ids[:limit], True, None
+            ids = [self.src.start_id] + ids + [self.src.end_id]
+        if not ids:                # no token, and no <start> <end> to wrap it: nothing to read
+            return None, False, None
+        return ids, more, None
 
     def _encode_pretrained(self, text):
         """encode() with a pretrained model's tokenizer, which cuts a source itself (its

@@ -30,6 +30,17 @@ class CharTokenizer(_CasedTokenizer):
     def _split(self, text):
         return list(text.lower() if self.lowercase else text)
 
+    def _split_head(self, text, n):
+        """One token per character: the first n + 1 characters say all (str.lower maps each
+        character on its own, at least one character out, except a capital sigma, whose
+        final form depends on what follows: then the shared rule, windows cut after words)."""
+        head = text[:n + 1]
+        if self.lowercase:
+            if "\u03a3" in head:
+                return super()._split_head(text, n)
+            head = head.lower()
+        return list(head[:n]), len(head) > n
+
     def _join(self, tokens):
         return "".join(tokens)
 

@@ -8,6 +8,7 @@ U+2019. ``decode`` joins words with single spaces.
 """
 from __future__ import annotations
 
+import re
 import string
 import unicodedata
 from collections import Counter
@@ -19,6 +20,7 @@ __all__ = ["WordTokenizer"]
 
 _APOSTROPHES = frozenset("'\u2019")
 _ASCII_PUNCT = frozenset(string.punctuation)
+_CHUNKS = re.compile(r"\S+")       # what str.split() gives: \s is exactly str.isspace
 
 
 def _is_punct(c):
@@ -42,21 +44,31 @@ class WordTokenizer(_CasedTokenizer):
         if self.lowercase:
             text = text.lower()
         words = []
-        for chunk in text.split():
-            cur = []
-            n = len(chunk)
+        for m in _CHUNKS.finditer(text):      # one whitespace-free chunk at a time
+            chunk = m.group()
+            if chunk.isalnum():               # letters and digits only: one word, found fast
+                words.append(chunk)
+                continue
+            n, start = len(chunk), None       # start: where the current word began
             for j, c in enumerate(chunk):
-                if not _is_punct(c):
-                    cur.append(c)
-                elif (c in _APOSTROPHES and cur and j + 1 < n
-                      and not _is_punct(chunk[j + 1])):        # in-word: won't, rock'n'roll
-                    cur.append(c)
-                elif cur:                                      # punctuation separates words
-                    words.append("".join(cur))
-                    cur = []
-            if cur:
-                words.append("".join(cur))
+                if not _is_punct(c) or (c in _APOSTROPHES and start is not None and j + 1 < n
+                                        and not _is_punct(chunk[j + 1])):   # won't, rock'n'roll
+                    if start is None:
+                        start = j
+                elif start is not None:                        # punctuation separates words
+                    words.append(chunk[start:j])
+                    start = None
+            if start is not None:
+                words.append(chunk[start:])
         return words
+
+    def _split_run_head(self, tail, after_word):
+        """Every word of the cut run but the last is whole (a word's end is decided by the
+        character after it, which the window holds) -- unless lowercasing a capital sigma
+        there depends on what follows the window (str.lower's final sigma)."""
+        if self.lowercase and "\u03a3" in tail:
+            return []
+        return self._split(tail)[:-1]
 
     def _makes(self, token):
         if token.isalnum():     # the common case, fast: letters and digits are never split
