@@ -296,6 +296,8 @@ def beam(decoder, B, k, rules, *, start_id, length_penalty=1.0,
          early_stopping=False):
     """Beam search with k beams per source -> B token lists (the best hypothesis of each,
     start token left out). The decoder's rows: k per live source."""
+    from .search import check_slots
+    k = check_slots(k, "beam")
     lp = float(length_penalty)
     live_src = np.arange(B)
     run_seq = [[[start_id] for _ in range(k)] for _ in range(B)]

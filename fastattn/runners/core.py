@@ -204,11 +204,23 @@ class Translator:
                                      max_length=limit)[0][0].tolist(), True, None
 
     # -- batches -------------------------------------------------------------------------------
+    def beams(self):
+        """Decoder rows per source: beam_size with beam search, else 1."""
+        if self.pretrained is not None:
+            return self._search["beam_size"]
+        kw = self.generate_kwargs
+        return kw.get("beam_size", 4) if kw.get("method", "greedy") == "beam" else 1
+
     def plan(self, lengths):
         """Batches (int64 index arrays into `lengths`) of sources sorted by length, each
-        under batch_tokens padded ids, in the order of their first index."""
+        under batch_tokens padded ids, in the order of their first index. A beam of k slots
+        decodes k rows per source, so with beam search a source counts k times (B * k *
+        longest <= batch_tokens): the decoder's state stays what greedy's batches hold,
+        whatever the beam (the outputs do not depend on the batches)."""
         if len(lengths) == 0:
             return []
+        k = self.beams()
+        lengths = np.asarray(lengths, dtype=np.int64) * k
         batches = epoch_batches(lengths, lengths, self.batch_tokens, window=len(lengths),
                                 shuffle=False)
         return sorted(batches, key=lambda b: int(b.min()))
