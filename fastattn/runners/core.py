@@ -83,6 +83,12 @@ class Translator:
             return
         if not isinstance(model, Seq2SeqTransformer):
             raise TypeError(f"model must be a Seq2SeqTransformer, got {type(model).__name__}")
+        for side, tok in (("src", src_tokenizer), ("tgt", tgt_tokenizer)):
+            size = model.config[f"{side}_vocab_size"]
+            if tok.vocab_size != size:
+                raise ValueError(f"{side}_tokenizer does not match the model: it has "
+                                 f"{tok.vocab_size} tokens, the model's {side}_vocab_size is "
+                                 f"{size}")
         self.model, self.src, self.tgt = model, src_tokenizer, tgt_tokenizer
         self.batch_tokens = check_budget(batch_tokens)
         if too_long not in TOO_LONG:
