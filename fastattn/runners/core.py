@@ -10,7 +10,8 @@ How a list of texts is translated (``translate``; the file runner does the same 
    <start> ... <end> when the tokenizer has them (as ``Seq2SeqTransformer.translate`` does);
    an empty text is not run through the model: its output is "" (as ``fastattn complete``);
 2. a source longer than ``max_source_tokens`` (default: the model's max_len positions, which it
-   cannot exceed) is cut (``too_long="truncate"``: <start>, the first ids, <end>, as
+   cannot exceed; only the head of a long text is split: ``Tokenizer.encode_head``) is cut
+   (``too_long="truncate"``: <start>, the first ids, <end>, as
    ``encode_batch(max_length=...)`` cuts; the result says ``truncated``) or not translated
    (``too_long="skip"``: the result has an ``error`` and no output);
 3. the sources are sorted by length and cut into batches of at most ``batch_tokens`` padded
