@@ -206,19 +206,25 @@ class Tokenizer(_SpecialIds):
             window = text[:size + 1]
             m = _WORD_END.search(window[::-1])        # the last whitespace after a non-space
             cut = 0 if m is None else len(window) - 1 - m.start()
-            tokens = self._split(window[:cut]) if cut else []
+            tokens = self._split_upto(window[:cut], n + 1) if cut else []
             if len(tokens) <= n:
-                tokens += self._split_run_head(window[cut:], cut > 0)
+                tokens += self._split_run_head(window[cut:], cut > 0, n + 1 - len(tokens))
             if len(tokens) > n:
                 return tokens[:n], True
             size *= 4
-        tokens = self._split(text)
+        tokens = self._split_upto(text, n + 1)
         return tokens[:n], len(tokens) > n
 
-    def _split_run_head(self, tail, after_word):
-        """The first tokens of `tail` -- whitespace, then a run without whitespace that the
-        window cuts (the text goes on) -- that no character after the window can change
-        (after_word: a word comes before the tail). Here none: a larger window is tried."""
+    def _split_upto(self, text, limit):
+        """_split(text)[:limit]; a subclass may stop splitting there (a window of a few
+        windows' length can hold millions of tokens after a long run)."""
+        return self._split(text)[:limit]
+
+    def _split_run_head(self, tail, after_word, limit):
+        """The first tokens (at most `limit`) of `tail` -- whitespace, then a run without
+        whitespace that the window cuts (the text goes on) -- that no character after the
+        window can change (after_word: a word comes before the tail). Here none: a larger
+        window is tried."""
         return []
 
     def _start_end(self, where):

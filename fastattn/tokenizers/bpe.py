@@ -142,7 +142,10 @@ class BPETokenizer(Tokenizer):
             syms, last = merged, best_rank
         return syms
 
-    def _split_run_head(self, tail, after_word):
+    def _split_upto(self, text, limit):
+        return self._split(text, limit)[:limit]
+
+    def _split_run_head(self, tail, after_word, limit):
         """A whitespace run's characters are tokens (a lone space after a word and before
         the run: none); the cut run's pieces are its characters merged without </w> (the
         word goes on past the window), kept where they end in the run's first half: a merge
@@ -152,20 +155,23 @@ class BPETokenizer(Tokenizer):
         run = tail.lstrip()
         lead = tail[:len(tail) - len(run)]
         if not run:              # whitespace up to the window's end, and maybe on after it
-            return list(lead) if len(lead) > 1 else []
-        tokens = [] if lead == " " and after_word else list(lead)
+            return list(lead[:limit]) if len(lead) > 1 else []
+        tokens = [] if lead == " " and after_word else list(lead[:limit])
         half, at = len(run) // 2, 0
         for piece in self._merge(list(run)):
             at += len(piece)
-            if at > half:
+            if at > half or len(tokens) >= limit:
                 break
             tokens.append(piece)
         return tokens
 
-    def _split(self, text):
+    def _split(self, text, limit=None):
+        """The tokens of `text` (the first `limit` or more of them, when given)."""
         out = []
         n = len(text)
         for m in _RUNS.finditer(text):
+            if limit is not None and len(out) >= limit:
+                break
             run = m.group()
             if run[0].isspace():
                 if run == " " and m.start() > 0 and m.end() < n:

@@ -40,11 +40,14 @@ class WordTokenizer(_CasedTokenizer):
     def __init__(self, lowercase=True, *, specials=SPECIALS):
         super().__init__(lowercase, specials=specials)
 
-    def _split(self, text):
+    def _split(self, text, limit=None):
+        """The words of `text` (the first `limit` or more of them, when given)."""
         if self.lowercase:
             text = text.lower()
         words = []
         for m in _CHUNKS.finditer(text):      # one whitespace-free chunk at a time
+            if limit is not None and len(words) >= limit:
+                break
             chunk = m.group()
             if chunk.isalnum():               # letters and digits only: one word, found fast
                 words.append(chunk)
@@ -58,17 +61,25 @@ class WordTokenizer(_CasedTokenizer):
                 elif start is not None:                        # punctuation separates words
                     words.append(chunk[start:j])
                     start = None
+                    if limit is not None and len(words) >= limit:
+                        return words
             if start is not None:
                 words.append(chunk[start:])
         return words
 
-    def _split_run_head(self, tail, after_word):
+    def _split_upto(self, text, limit):
+        return self._split(text, limit)[:limit]
+
+    def _split_run_head(self, tail, after_word, limit):
         """Every word of the cut run but the last is whole (a word's end is decided by the
-        character after it, which the window holds) -- unless lowercasing a capital sigma
-        there depends on what follows the window (str.lower's final sigma)."""
-        if self.lowercase and "\u03a3" in tail:
+        character after it, which the window holds), unless str.lower gave a capital sigma
+        in one its final form for want of a cased letter after the window: then the words
+        must be the same with a cased letter ("a") after it, else a larger window is tried."""
+        words = self._split(tail, limit + 1)[:limit + 1][:-1]
+        if self.lowercase and "\u03a3" in tail and \
+                self._split(tail + "a", limit + 1)[:len(words)] != words:
             return []
-        return self._split(tail)[:-1]
+        return words
 
     def _makes(self, token):
         if token.isalnum():     # the common case, fast: letters and digits are never split

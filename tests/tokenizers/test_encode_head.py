@@ -4,6 +4,7 @@ the runners' cut sources are what they were when the whole text was split; a tex
 millions of characters costs what its head does (the memory bound is checked end to end in
 tests/runners/test_long_lines.py)."""
 import random
+import sys
 
 import pytest
 from hypothesis import given, strategies as st
@@ -91,3 +92,32 @@ def test_arguments_are_checked():
         tok.encode_head("abc", -1)
     with pytest.raises(TypeError, match="max_tokens must be an int"):
         tok.encode_head("abc", 2.0)
+
+
+LONG_RUNS = {
+    "word-long-word-then-short-ones": ("word", "a" * 300_000 + ".bc" * 300_000),
+    "word-long-word-then-words": ("word", "a" * 300_000 + " bc" * 300_000),
+    "word-sigma-then-punctuation": ("word", "ΑΣ" + ".'" * 300_000 + "b c"),
+    "bpe-long-whitespace": ("bpe", "she " + " " * 600_000 + "sells"),
+    "bpe-long-word-then-words": ("bpe", "sells" * 60_000 + " she" * 150_000),
+    "bpe-words-after-whitespace": ("bpe", "she" + " " * 300_000 + " she" * 300_000),
+    "char-sigma-then-letters": ("char-lower", "Σ" + "a" * 600_000),
+    "char-sigma-then-ignored": ("char-lower", "aΣ" + "'" * 600_000 + "b"),
+}
+
+
+@pytest.mark.parametrize("name, text", LONG_RUNS.values(), ids=LONG_RUNS)
+def test_a_head_after_a_long_run_costs_what_the_head_does(name, text):
+    """Windows grow past a long run, and the window that passes it can hold many tokens:
+    only n + 1 of them are split out."""
+    import tracemalloc
+    tok = TOKENIZERS[name]
+    whole = tok.encode(text)
+    tracemalloc.start()
+    try:
+        ids, more = tok.encode_head(text, 10)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert ids == whole[:10] and more == (len(whole) > 10)
+    assert peak < 12 * sys.getsizeof(text), peak   # copies of the text, not a token per word
