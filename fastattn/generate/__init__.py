@@ -24,7 +24,9 @@ Output: int64 (B, T), each row beginning with start_id, T = 1 + the longest gene
 (at most 1 + max_new_tokens), each row padded with pad_id after its end_id. end_id=None never
 stops early.
 
-Beam search: every source keeps ``beam_size`` slots. At each step, the slots' live hypotheses
+Beam search: every source keeps ``beam_size`` slots, 1 <= beam_size <= min(MAX_BEAM_SIZE,
+the target vocabulary size) (a ValueError otherwise: a wider beam cannot hold distinct
+hypotheses, and each slot is a row of decoder state). At each step, the slots' live hypotheses
 are extended by every token and the ``beam_size`` best continuations (by summed log
 probability; ties to the lower slot, then the lower token id) fill the slots. A continuation
 ending in end_id is finished: it is set aside with the score
@@ -50,9 +52,10 @@ import numpy as np
 from . import sampling, search
 from .search import pad_rows
 
-__all__ = ["generate", "METHODS", "pad_rows"]
+__all__ = ["generate", "METHODS", "MAX_BEAM_SIZE", "pad_rows"]
 
 METHODS = ("greedy", "beam", "sample")
+MAX_BEAM_SIZE = 256      # beam slots per source, at most (and at most the target vocabulary)
 
 
 # ---- argument checks ---------------------------------------------------------------------------
@@ -66,6 +69,16 @@ def _int(name, value, lo, hi=None, allow_none=False):
         upper = "" if hi is None else f" and <= {hi}"
         raise ValueError(f"generate: {name} must be >= {lo}{upper}, got {value}")
     return int(value)
+
+
+def _check_beam(k, V):
+    """A beam of k slots over a target vocabulary of V tokens: 1 <= k <= min(MAX_BEAM_SIZE, V)
+    (a beam wider than the vocabulary cannot hold k distinct hypotheses at the first step,
+    and each slot is a row of decoder state: the bound keeps the work and memory bounded)."""
+    most = min(MAX_BEAM_SIZE, V)
+    if k > most:
+        raise ValueError(f"generate: beam_size must be an int >= 1 and <= {most} (the target "
+                         f"vocabulary's {V} tokens, at most {MAX_BEAM_SIZE}), got {k}")
 
 
 def _real(name, value, positive=True):
@@ -97,6 +110,8 @@ def _check(model, src_ids, max_new_tokens, start_id, end_id, pad_id, src_key_pad
         top_k=_int("top_k", top_k, 1, allow_none=True),
         top_p=None if top_p is None else _real("top_p", top_p),
     )
+    if method == "beam":
+        _check_beam(args["beam_size"], V)
     if args["top_p"] is not None and args["top_p"] > 1:
         raise ValueError(f"generate: top_p must be in (0, 1], got {top_p!r}")
     # positions 0 .. max_new_tokens - 1 are fed to the decoder (the last token never is)

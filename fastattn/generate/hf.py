@@ -371,6 +371,8 @@ def beam(decoder, B, k, rules, *, start_id, length_penalty=1.0,
     Returns:
         B token lists: the best hypothesis of each source (the start token left out).
     """
+    from .search import check_slots
+    k = check_slots(k, "beam")
     lp = float(length_penalty)
     live_src = np.arange(B)
     run_seq = [[[start_id] for _ in range(k)] for _ in range(B)]

@@ -10,6 +10,8 @@ greedy and sampling). Nothing here knows what a layer is: fastattn's models give
 through their decode step (see fastattn.generate.generate), and any other model (a torch one,
 in the benchmarks) can be searched with the same rules by giving these two methods.
 """
+import numbers
+
 import numpy as np
 
 from .sampling import check_logits, log_softmax
@@ -30,6 +32,17 @@ def pad_rows(rows, pad_id):
     for i, r in enumerate(rows):
         out[i, :len(r)] = r
     return out
+
+
+def check_slots(k, where):
+    """k beam slots per source: an int in [1, MAX_BEAM_SIZE], else ValueError (each slot is
+    a row of decoder state; the vocabulary bound is checked at the first step)."""
+    from . import MAX_BEAM_SIZE
+    if not isinstance(k, numbers.Integral) or isinstance(k, bool) or not \
+            1 <= k <= MAX_BEAM_SIZE:
+        raise ValueError(f"{where}: k must be an int >= 1 and <= {MAX_BEAM_SIZE} (beam slots "
+                         f"per source), got {k!r}")
+    return int(k)
 
 
 def single(decoder, B, pick, *, max_new_tokens, start_id, end_id=None, pad_id=0):
@@ -72,6 +85,8 @@ def beam(decoder, B, k, *, max_new_tokens, start_id, end_id=None, pad_id=0,
          length_penalty=1.0):
     """Beam search with k slots per source (rules: fastattn.generate's docstring) ->
     (B, T) int64."""
+    from . import _check_beam
+    check_slots(k, "beam")
     live_src = np.arange(B)                               # sources still decoding
     hyps = [[[start_id] for _ in range(k)] for _ in range(B)]    # per source, per slot
     score = np.full((B, k), -np.inf)
@@ -82,6 +97,8 @@ def beam(decoder, B, k, *, max_new_tokens, start_id, end_id=None, pad_id=0,
         n = len(live_src)
         logp = log_softmax(check_logits(decoder.step(tokens), t)).reshape(n, k, -1)
         V = logp.shape[2]
+        if t == 0:
+            _check_beam(k, V)                                 # the vocabulary, now known
         flat = (score[live_src][:, :, None] + logp).reshape(n, k * V)
         best = _top_k(flat, k)                                          # (n, k)
         parent, tok = best // V, best % V

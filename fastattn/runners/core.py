@@ -10,7 +10,8 @@ How a list of texts is translated (``translate``; the file runner does the same 
    <start> ... <end> when the tokenizer has them (as ``Seq2SeqTransformer.translate`` does);
    an empty text is not run through the model: its output is "" (as ``fastattn complete``);
 2. a source longer than ``max_source_tokens`` (default: the model's max_len positions, which it
-   cannot exceed) is cut (``too_long="truncate"``: <start>, the first ids, <end>, as
+   cannot exceed; only the head of a long text is split: ``Tokenizer.encode_head``) is cut
+   (``too_long="truncate"``: <start>, the first ids, <end>, as
    ``encode_batch(max_length=...)`` cuts; the result says ``truncated``) or not translated
    (``too_long="skip"``: the result has an ``error`` and no output);
 3. the sources are sorted by length and cut into batches of at most ``batch_tokens`` padded
@@ -52,6 +53,7 @@ __all__ = ["Translator", "Result", "DEFAULT_BATCH_TOKENS", "TOO_LONG", "run_stat
 DEFAULT_BATCH_TOKENS = 4096      # padded source ids per generated batch
 TOO_LONG = ("truncate", "skip")
 DEFAULT_MAX_NEW_TOKENS = 64      # as Run.complete and Seq2SeqTransformer.translate
+SKIP_COUNT = 4096                # too_long="skip" counts tokens up to this (or 4x the limit)
 
 
 class Result(NamedTuple):
@@ -101,6 +103,12 @@ class Translator:
             return
         if not isinstance(model, Seq2SeqTransformer):
             raise TypeError(f"model must be a Seq2SeqTransformer, got {type(model).__name__}")
+        for side, tok in (("src", src_tokenizer), ("tgt", tgt_tokenizer)):
+            size = model.config[f"{side}_vocab_size"]
+            if tok.vocab_size != size:
+                raise ValueError(f"{side}_tokenizer does not match the model: it has "
+                                 f"{tok.vocab_size} tokens, the model's {side}_vocab_size is "
+                                 f"{size}")
         self.model, self.src, self.tgt = model, src_tokenizer, tgt_tokenizer
         self.batch_tokens = check_budget(batch_tokens)
         if too_long not in TOO_LONG:
@@ -206,18 +214,21 @@ class Translator:
             return None, False, None
         if self.pretrained is not None:
             return self._encode_pretrained(text)
-        ids = self.src.encode(text, add_start_end=self.add_start_end)
-        if not ids:                # no token, and no <start> <end> to wrap it: nothing to read
-            return None, False, None
-        limit = self.max_source_tokens
-        if len(ids) <= limit:
-            return ids, False, None
-        if self.too_long == "skip":
-            return None, False, (f"too long: {len(ids)} source tokens, at most {limit} "
+        # only the head of a long text is split into tokens (a line of millions of
+        # characters costs what its first max_source_tokens do); the ids are encode()'s
+        limit, wrap = self.max_source_tokens, 2 if self.add_start_end else 0
+        ids, more = self.src.encode_head(text, limit - wrap)
+        if more and self.too_long == "skip":
+            most = max(SKIP_COUNT, 4 * limit)                  # tokens counted, at most
+            counted, beyond = self.src.encode_head(text, most - wrap)
+            count = f"more than {most}" if beyond else f"{len(counted) + wrap}"
+            return None, False, (f"too long: {count} source tokens, at most {limit} "
                                  f"(too_long='skip')")
         if self.add_start_end:
-            return ids[:limit - 1] + ids[-1:], True, None
-        return ids[:limit], True, None
+            ids = [self.src.start_id] + ids + [self.src.end_id]
+        if not ids:                # no token, and no <start> <end> to wrap it: nothing to read
+            return None, False, None
+        return ids, more, None
 
     def _encode_pretrained(self, text):
         """encode() with a pretrained model's tokenizer, which cuts a source itself (its
@@ -233,8 +244,19 @@ class Translator:
                                      max_length=limit)[0][0].tolist(), True, None
 
     # -- batches -------------------------------------------------------------------------------
+    def beams(self):
+        """Decoder rows per source: beam_size with beam search, else 1."""
+        if self.pretrained is not None:
+            return self._search["beam_size"]
+        kw = self.generate_kwargs
+        return kw.get("beam_size", 4) if kw.get("method", "greedy") == "beam" else 1
+
     def plan(self, lengths):
         """Cut sources into batches of similar lengths under the token budget.
+
+        A beam of k slots decodes k rows per source, so with beam search a source counts k
+        times (B * k * longest <= batch_tokens): the decoder's state stays what greedy's
+        batches hold, whatever the beam (the outputs do not depend on the batches).
 
         Args:
             lengths: the sources' lengths, in ids.
@@ -245,6 +267,8 @@ class Translator:
         """
         if len(lengths) == 0:
             return []
+        k = self.beams()
+        lengths = np.asarray(lengths, dtype=np.int64) * k
         batches = epoch_batches(lengths, lengths, self.batch_tokens, window=len(lengths),
                                 shuffle=False)
         return sorted(batches, key=lambda b: int(b.min()))

@@ -35,6 +35,9 @@ these four names (``pad_id``, ``unk_id``, ``start_id``, ``end_id`` are None when
 other name is an extra special without a role. ``decode`` drops every special. A token that is
 not in the vocabulary encodes as ``<unk>`` when there is one, else it is a ValueError naming it.
 
+``encode_head(text, max_tokens)`` gives ``encode(text)``'s first ids and whether there are
+more, splitting only the start of a long text (``encode_batch(max_length=...)`` cuts so).
+
 Batches follow DESIGN's data conventions: ids int64 (B, L) padded with ``pad_id`` on the right,
 ``key_padding_mask`` bool (B, L) with True = padding.
 

@@ -14,11 +14,17 @@ from __future__ import annotations
 
 import numbers
 import os
+import re
 
 import numpy as np
 
 from .files import clip, kind, read_json, short, write_json
 from .vocab import END, PAD, SPECIALS, START, Vocab, _check_specials, _SpecialIds
+
+HEAD_WINDOW = 4096         # characters: encode_head's first window holds at least this many
+# the place after the last word of a window, searched in the reversed window: a whitespace
+# character before (in the text: after) a non-whitespace one; \s is exactly str.isspace
+_WORD_END = re.compile(r"\s(?=\S)")
 
 __all__ = ["FORMAT", "Tokenizer", "NotFittedError", "load"]
 
@@ -192,6 +198,64 @@ class Tokenizer(_SpecialIds):
             ids = [start] + ids + [end]
         return ids
 
+    def encode_head(self, text, max_tokens):
+        """(ids, more): the ids of the first `max_tokens` tokens of `text` (as ``encode(text)``
+        gives them, no <start>/<end>) and whether the text has more tokens than that. Only the
+        start of the text is split, so a long text costs what its head does: the text is read
+        in growing windows that end where a word ends (a whitespace run starts), where every
+        tokenizer splits the head as it splits the whole text (see ``_split_head``)."""
+        vocab = self._require_fitted("encode_head")
+        _check_text(text, f"{type(self).__name__}.encode_head")
+        n = _check_int(max_tokens, "max_tokens", 0)
+        tokens, more = self._split_head(text, n)
+        lookup = vocab.lookup
+        return [lookup(t) for t in tokens], more
+
+    def _head_window(self, n):
+        """The first window (characters) that encode_head splits for n tokens."""
+        return max(HEAD_WINDOW, 4 * (n + 1) * (self._longest_token() + 1))
+
+    def _longest_token(self):
+        """Characters in the longest vocabulary entry (what one token can cover)."""
+        longest = getattr(self, "_longest", None)
+        if longest is None or longest[0] is not self.vocab:
+            longest = self._longest = (self.vocab, max(map(len, self.vocab.tokens), default=1))
+        return longest[1]
+
+    def _split_head(self, text, n):
+        """(tokens, more): _split(text)[:n] and whether _split(text) has more, splitting only
+        a head of the text. Windows grow 4x from _head_window(n). A window is split up to the
+        end of its last word (before a whitespace run that follows a non-whitespace
+        character): what follows a whitespace run never changes the tokens before it, in any
+        tokenizer, so those are the whole text's first tokens. The rest of the window (a
+        whitespace run, then a run without whitespace, cut by the window) goes to
+        _split_run_head, which gives those of its tokens that it can be sure of."""
+        size = self._head_window(n)
+        while size < len(text):
+            window = text[:size + 1]
+            m = _WORD_END.search(window[::-1])        # the last whitespace after a non-space
+            cut = 0 if m is None else len(window) - 1 - m.start()
+            tokens = self._split_upto(window[:cut], n + 1) if cut else []
+            if len(tokens) <= n:
+                tokens += self._split_run_head(window[cut:], cut > 0, n + 1 - len(tokens))
+            if len(tokens) > n:
+                return tokens[:n], True
+            size *= 4
+        tokens = self._split_upto(text, n + 1)
+        return tokens[:n], len(tokens) > n
+
+    def _split_upto(self, text, limit):
+        """_split(text)[:limit]; a subclass may stop splitting there (a window of a few
+        windows' length can hold millions of tokens after a long run)."""
+        return self._split(text)[:limit]
+
+    def _split_run_head(self, tail, after_word, limit):
+        """The first tokens (at most `limit`) of `tail` -- whitespace, then a run without
+        whitespace that the window cuts (the text goes on) -- that no character after the
+        window can change (after_word: a word comes before the tail). Here none: a larger
+        window is tried."""
+        return []
+
     def _start_end(self, where):
         if self.start_id is None or self.end_id is None:
             raise ValueError(f"{type(self).__name__}.{where}: add_start_end needs the {START} "
@@ -277,13 +341,12 @@ class Tokenizer(_SpecialIds):
             max_length = _check_int(max_length, "max_length", 2 if add_start_end else 1)
         rows = []
         for t in texts:
-            ids = self.encode(t)
+            if max_length is None:
+                ids = self.encode(t)
+            else:      # only the head of a long text is split (what is kept is the same)
+                ids = self.encode_head(t, max_length - 2 if add_start_end else max_length)[0]
             if add_start_end:
-                if max_length is not None:
-                    ids = ids[:max_length - 2]
                 ids = [start] + ids + [end]
-            elif max_length is not None:
-                ids = ids[:max_length]
             rows.append(ids)
         L = max((len(r) for r in rows), default=0)
         out = np.full((len(rows), L), pad, dtype=np.int64)

@@ -128,8 +128,14 @@ class BPETokenizer(Tokenizer):
         pieces = self._cache.get(word)
         if pieces is not None:
             return pieces
-        syms = list(word)
-        syms.append(END_OF_WORD)
+        syms = self._merge(list(word) + [END_OF_WORD])
+        if len(self._cache) >= 100_000:
+            self._cache.clear()
+        self._cache[word] = syms
+        return syms
+
+    def _merge(self, syms):
+        """The symbols `syms` with the merges applied in the order they were learned."""
         ranks = self._ranks
         last = -1
         while len(syms) > 1:
@@ -151,15 +157,38 @@ class BPETokenizer(Tokenizer):
                     merged.append(syms[i])
                     i += 1
             syms, last = merged, best_rank
-        if len(self._cache) >= 100_000:
-            self._cache.clear()
-        self._cache[word] = syms
         return syms
 
-    def _split(self, text):
+    def _split_upto(self, text, limit):
+        return self._split(text, limit)[:limit]
+
+    def _split_run_head(self, tail, after_word, limit):
+        """A whitespace run's characters are tokens (a lone space after a word and before
+        the run: none); the cut run's pieces are its characters merged without </w> (the
+        word goes on past the window), kept where they end in the run's first half: a merge
+        decides a pair by its neighbours, so what follows the cut changes the pieces near it
+        only, while the run is merged in windows of bounded size (a run of millions of
+        characters is never merged whole)."""
+        run = tail.lstrip()
+        lead = tail[:len(tail) - len(run)]
+        if not run:              # whitespace up to the window's end, and maybe on after it
+            return list(lead[:limit]) if len(lead) > 1 else []
+        tokens = [] if lead == " " and after_word else list(lead[:limit])
+        half, at = len(run) // 2, 0
+        for piece in self._merge(list(run)):
+            at += len(piece)
+            if at > half or len(tokens) >= limit:
+                break
+            tokens.append(piece)
+        return tokens
+
+    def _split(self, text, limit=None):
+        """The tokens of `text` (the first `limit` or more of them, when given)."""
         out = []
         n = len(text)
         for m in _RUNS.finditer(text):
+            if limit is not None and len(out) >= limit:
+                break
             run = m.group()
             if run[0].isspace():
                 if run == " " and m.start() > 0 and m.end() < n:

@@ -34,6 +34,23 @@ class CharTokenizer(_CasedTokenizer):
     def _split(self, text):
         return list(text.lower() if self.lowercase else text)
 
+    def _split_head(self, text, n):
+        """One token per character, at least one per character once lowercased: the first
+        n + 1 characters say all. str.lower maps each character on its own except a capital
+        sigma, whose final form depends on whether a cased letter follows (past characters
+        that case ignores): the head is taken once its first n lowered characters are the
+        same whether a cased letter ("a") or anything else follows it, else a longer head."""
+        m = n + 1
+        head = text[:m]
+        if not self.lowercase:
+            return list(head[:n]), len(head) > n
+        low = head.lower()
+        while "\u03a3" in head and m < len(text) and (head + "a").lower()[:n] != low[:n]:
+            m *= 2
+            head = text[:m]
+            low = head.lower()
+        return list(low[:n]), len(text) > n
+
     def _join(self, tokens):
         return "".join(tokens)
 

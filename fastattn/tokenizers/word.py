@@ -8,6 +8,7 @@ U+2019. ``decode`` joins words with single spaces.
 """
 from __future__ import annotations
 
+import re
 import string
 import unicodedata
 from collections import Counter
@@ -19,6 +20,7 @@ __all__ = ["WordTokenizer"]
 
 _APOSTROPHES = frozenset("'\u2019")
 _ASCII_PUNCT = frozenset(string.punctuation)
+_CHUNKS = re.compile(r"\S+")       # what str.split() gives: \s is exactly str.isspace
 
 
 def _is_punct(c):
@@ -43,24 +45,45 @@ class WordTokenizer(_CasedTokenizer):
     def __init__(self, lowercase=True, *, specials=SPECIALS):
         super().__init__(lowercase, specials=specials)
 
-    def _split(self, text):
+    def _split(self, text, limit=None):
+        """The words of `text` (the first `limit` or more of them, when given)."""
         if self.lowercase:
             text = text.lower()
         words = []
-        for chunk in text.split():
-            cur = []
-            n = len(chunk)
+        for m in _CHUNKS.finditer(text):      # one whitespace-free chunk at a time
+            if limit is not None and len(words) >= limit:
+                break
+            chunk = m.group()
+            if chunk.isalnum():               # letters and digits only: one word, found fast
+                words.append(chunk)
+                continue
+            n, start = len(chunk), None       # start: where the current word began
             for j, c in enumerate(chunk):
-                if not _is_punct(c):
-                    cur.append(c)
-                elif (c in _APOSTROPHES and cur and j + 1 < n
-                      and not _is_punct(chunk[j + 1])):        # in-word: won't, rock'n'roll
-                    cur.append(c)
-                elif cur:                                      # punctuation separates words
-                    words.append("".join(cur))
-                    cur = []
-            if cur:
-                words.append("".join(cur))
+                if not _is_punct(c) or (c in _APOSTROPHES and start is not None and j + 1 < n
+                                        and not _is_punct(chunk[j + 1])):   # won't, rock'n'roll
+                    if start is None:
+                        start = j
+                elif start is not None:                        # punctuation separates words
+                    words.append(chunk[start:j])
+                    start = None
+                    if limit is not None and len(words) >= limit:
+                        return words
+            if start is not None:
+                words.append(chunk[start:])
+        return words
+
+    def _split_upto(self, text, limit):
+        return self._split(text, limit)[:limit]
+
+    def _split_run_head(self, tail, after_word, limit):
+        """Every word of the cut run but the last is whole (a word's end is decided by the
+        character after it, which the window holds), unless str.lower gave a capital sigma
+        in one its final form for want of a cased letter after the window: then the words
+        must be the same with a cased letter ("a") after it, else a larger window is tried."""
+        words = self._split(tail, limit + 1)[:limit + 1][:-1]
+        if self.lowercase and "\u03a3" in tail and \
+                self._split(tail + "a", limit + 1)[:len(words)] != words:
+            return []
         return words
 
     def _makes(self, token):

@@ -11,7 +11,9 @@
       loss.png               written by ``fastattn plot``
 
 ``train_run`` writes the tokenizers and config.json before the first step, so a run stopped at
-any point resumes with the same vocabulary; ``load_run`` reads a finished run back.
+any point resumes with the same vocabulary; ``load_run`` reads a finished run back and refuses
+tokenizers that are not the model's (``check_tokenizers``: sizes, special ids, and the
+vocabularies that config.json records).
 
 One run per directory: train_run holds a lock on RUN_DIR (``.fastattn.lock``, see
 fastattn.train.checkpoint.lock_directory) from its start to its end, so a second run into the
@@ -21,6 +23,7 @@ unless ``resume`` (continue the run there) or ``overwrite`` (start afresh: the f
 writes, listed above with their temporaries and loss.png, are removed first; files fastattn
 does not write are left as they are).
 """
+import hashlib
 import json
 import math
 import os
@@ -101,6 +104,19 @@ def _optional_text():
     return (lambda v: v is None or isinstance(v, str)), "a string or null"
 
 
+def _tokenizer_records():
+    roles = ("pad_id", "unk_id", "start_id", "end_id")
+
+    def record(r):
+        return (isinstance(r, dict) and set(r) == {"vocab_size", "vocab_sha256", *roles}
+                and _int_at_least(1)[0](r["vocab_size"]) and isinstance(r["vocab_sha256"], str)
+                and all(_int_at_least(0, none=True)[0](r[k]) for k in roles))
+    return ((lambda v: v is None or (isinstance(v, dict) and set(v) == {"src", "tgt"} and
+                                     all(record(r) for r in v.values()))),
+            "null or {src, tgt} records of vocab_size, vocab_sha256, pad_id, unk_id, start_id, "
+            "end_id")
+
+
 _REQUIRED = object()
 # key: ((rule, what it must be), value when the key is absent (_REQUIRED: it must be there));
 # keys added after the first runs were written have a value for the runs without them
@@ -130,6 +146,8 @@ CONFIG_KEYS = {
     "data": (_optional_text(), None),
     "train_pairs": (_int_at_least(0, none=True), None),
     "valid_pairs": (_int_at_least(0, none=True), None),
+    # what the model was trained with, checked when the run is loaded (runs before: null)
+    "tokenizers": (_tokenizer_records(), None),
 }
 
 
@@ -396,6 +414,53 @@ def write_json_atomic(path, obj):
         raise
 
 
+def tokenizer_record(tok):
+    """What config.json keeps of a run's tokenizer: its size, the ids of its special roles
+    and a SHA-256 of its vocabulary (class and tokens in id order: what ties an id to the
+    model's embedding row and output)."""
+    vocab = json.dumps([type(tok).__name__, list(tok.vocab)], ensure_ascii=True)
+    return {"vocab_size": tok.vocab_size,
+            "vocab_sha256": hashlib.sha256(vocab.encode("ascii")).hexdigest(),
+            "pad_id": tok.pad_id, "unk_id": tok.unk_id, "start_id": tok.start_id,
+            "end_id": tok.end_id}
+
+
+def check_tokenizers(run_dir, config, model, src, tgt):
+    """ValueError naming both files when a run's tokenizers are not the ones its model was
+    trained with: a vocabulary size other than the model's (src_vocab_size, tgt_vocab_size),
+    a <pad> id other than the model's pad_id, and, for runs whose config.json records them
+    (``tokenizers``), other special ids or another vocabulary."""
+    model_file, config_file = _path(run_dir, "model"), _path(run_dir, "config")
+    records = config.get("tokenizers") or {}
+    for side, tok in (("src", src), ("tgt", tgt)):
+        tok_file = _path(run_dir, f"{side}_tokenizer")
+        key = f"{side}_vocab_size"
+        size = model.config[key]
+        if tok.vocab_size != size:
+            raise ValueError(f"{tok_file} does not match {model_file}: the tokenizer has "
+                             f"{tok.vocab_size} tokens, the model's {key} is {size} (the "
+                             "files come from different runs)")
+        if model.pad_id is not None and tok.pad_id != model.pad_id:
+            raise ValueError(f"{tok_file} does not match {model_file}: the tokenizer's <pad> "
+                             f"id is {tok.pad_id}, the model was trained with pad_id="
+                             f"{model.pad_id} (the files come from different runs)")
+        record = records.get(side)
+        if record is None:
+            continue
+        have = tokenizer_record(tok)
+        for role in ("pad_id", "unk_id", "start_id", "end_id", "vocab_size"):
+            if have[role] != record[role]:
+                raise ValueError(f"{tok_file} does not match {config_file}: the tokenizer's "
+                                 f"{role} is {have[role]}, the run was trained with "
+                                 f"{record[role]} (the files come from different runs)")
+        if have["vocab_sha256"] != record["vocab_sha256"]:
+            raise ValueError(f"{tok_file} does not match {config_file}: its vocabulary (SHA-256 "
+                             f"{have['vocab_sha256'][:12]}...) is not the one the run was "
+                             f"trained with ({record['vocab_sha256'][:12]}...), though both "
+                             f"hold {tok.vocab_size} tokens (the files come from different "
+                             "runs)")
+
+
 def load_run(run_dir, *, backend="fast", compute_type=None):
     """Load the run in a run directory (see the module docstring).
 
@@ -427,6 +492,7 @@ def load_run(run_dir, *, backend="fast", compute_type=None):
                     compute_type=compute_type).eval()
     src = tokenizers.load(_path(run_dir, "src_tokenizer"))
     tgt = tokenizers.load(_path(run_dir, "tgt_tokenizer"))
+    check_tokenizers(run_dir, config, model, src, tgt)
     return Run(run_dir, model, src, tgt, config)
 
 
@@ -700,7 +766,9 @@ def _prepared(pairs, out, given, resume, keep_in_train, data):
                       vocab_size=src_tok.vocab_size,
                       requested_vocab_size=settings["vocab_size"] or DEFAULT_VOCAB[kind],
                       data=None if data is None else os.fspath(data),
-                      train_pairs=len(train_pairs), valid_pairs=len(valid_pairs))
+                      train_pairs=len(train_pairs), valid_pairs=len(valid_pairs),
+                      tokenizers={"src": tokenizer_record(src_tok),
+                                  "tgt": tokenizer_record(tgt_tok)})
         order = ["model", "model_config", "tokenizer", *CONFIG_KEYS]
         config = {k: config[k] for k in sorted(config, key=order.index)}
         src_tok.save(_path(out, "src_tokenizer"))
