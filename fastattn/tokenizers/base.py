@@ -199,11 +199,20 @@ class Tokenizer(_SpecialIds):
         return ids
 
     def encode_head(self, text, max_tokens):
-        """(ids, more): the ids of the first `max_tokens` tokens of `text` (as ``encode(text)``
-        gives them, no <start>/<end>) and whether the text has more tokens than that. Only the
-        start of the text is split, so a long text costs what its head does: the text is read
-        in growing windows that end where a word ends (a whitespace run starts), where every
-        tokenizer splits the head as it splits the whole text (see ``_split_head``)."""
+        """The ids of the first `max_tokens` tokens of `text`, splitting only its head.
+
+        The ids are those `encode(text)` gives (no <start>/<end>), but a long text costs what
+        its head does: the text is read in growing windows that end where a word ends (a
+        whitespace run starts), where every tokenizer splits the head as it splits the whole
+        text (see `_split_head`).
+
+        Args:
+            text: the text.
+            max_tokens: how many tokens to keep.
+
+        Returns:
+            `(ids, more)`: the first ids, and whether the text has more tokens than that.
+        """
         vocab = self._require_fitted("encode_head")
         _check_text(text, f"{type(self).__name__}.encode_head")
         n = _check_int(max_tokens, "max_tokens", 0)
