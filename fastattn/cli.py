@@ -595,13 +595,31 @@ def _bench(args):
     return 0
 
 
+# fastattn's own exceptions for a user's error that are no ValueError: (module, class name).
+# A command reports each as one line; tests check that every exported exception class is here
+# or a subclass of a class in _user_errors().
+_OWN_ERRORS = (("fastattn.train.checkpoint", "DirectoryInUse"),
+               ("fastattn.train.fit", "Diverged"), ("fastattn.tokenizers.base", "NotFittedError"),
+               ("fastattn.bench.torch_models", "Unavailable"))
+
+
+def _user_errors():
+    """The exception classes a command reports as an error in the user's input: the built-in
+    ones and fastattn's own (_OWN_ERRORS), those of modules not imported left out (nothing
+    can have raised them, and importing them here could fail itself)."""
+    own = (getattr(sys.modules[m], name, None) for m, name in _OWN_ERRORS if m in sys.modules)
+    return (ValueError, FileNotFoundError, IsADirectoryError, ImportError,
+            *(c for c in own if c is not None))
+
+
 def _errors(fn):
-    """Run a command: an error in the user's input (a file, a run directory, a missing extra)
-    is one line on standard error and exit status 1, not a traceback; Ctrl-C exits 130."""
+    """Run a command: an error in the user's input (a file, a run directory in use, a
+    diverging run, a missing extra: _user_errors()) is one line on standard error and exit
+    status 1, not a traceback; Ctrl-C exits 130."""
     def run(args):
         try:
             return fn(args)
-        except (ValueError, FileNotFoundError, IsADirectoryError, ImportError) as exc:
+        except _user_errors() as exc:
             print(f"fastattn {args.command}: {exc}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
