@@ -352,3 +352,41 @@ def test_a_demo_into_a_directory_in_use_is_one_line(tmp_path, capsys):
         f"fastattn demo: {tmp_path / 'run'}: in use by another fastattn train run (process "
         f"{os.getpid()} holds its lock); wait for it to end, or use another directory")
 
+
+# ---- fit's checkpoint_dir: one run's checkpoints --------------------------------------------
+
+def _fit_args():
+    from fastattn.train.run import build_model, train_tokenizer
+
+    tok = train_tokenizer("word", [t for p in PAIRS for t in p])
+    model = build_model("tiny", tok.vocab_size, tok.vocab_size, pad_id=tok.pad_id)
+    return model, dict(src_tokenizer=tok, tgt_tokenizer=tok, batch_tokens=64, progress=False)
+
+
+def test_fit_refuses_a_checkpoint_dir_holding_another_runs_checkpoints(tmp_path):
+    from fastattn.train import fit
+
+    model, kw = _fit_args()
+    ckpt = tmp_path / "ckpt"
+    fit(model, PAIRS, max_steps=3, checkpoint_dir=ckpt, **kw)
+    before = snapshot(ckpt)
+    want = (f"fit: checkpoint_dir {ckpt} already holds the checkpoints of a run "
+            "(step-00000003); resume=True continues it")
+    with pytest.raises(ValueError, match="^" + re.escape(want)):
+        fit(model, PAIRS[:2], max_steps=2, checkpoint_dir=ckpt, **kw)
+    assert snapshot(ckpt) == before                 # nothing mixed in
+    lock_directory(ckpt).release()                  # and the lock let go
+    fit(model, PAIRS, max_steps=5, checkpoint_dir=ckpt, resume=True, **kw)
+    assert [os.path.basename(p) for p in list_checkpoints(ckpt)] == ["step-00000003",
+                                                                      "step-00000005"]
+
+
+def test_fit_takes_a_checkpoint_dir_with_files_that_are_no_checkpoint(tmp_path):
+    from fastattn.train import fit
+
+    model, kw = _fit_args()
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "notes.txt").write_text("mine\n")
+    fit(model, PAIRS, max_steps=2, checkpoint_dir=ckpt, **kw)
+    assert len(list_checkpoints(ckpt)) == 1 and (ckpt / "notes.txt").read_text() == "mine\n"
