@@ -272,7 +272,7 @@ def _source(line, fmt):
     if fmt == "text" or not text.strip():
         return (text if fmt == "text" else ""), None
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, object_pairs_hook=unique_keys)
     except (ValueError, RecursionError) as exc:
         return text, f"not valid JSON: {exc}"
     if not isinstance(obj, dict) or not isinstance(obj.get("source"), str):

@@ -337,3 +337,12 @@ def test_an_output_line_with_a_key_given_twice_is_cut_off_on_resume(run, tmp_pat
     assert out.read_bytes() == data
     assert stats["skipped"] == 41 and stats["lines"] == 49
 
+
+def test_a_jsonl_input_line_with_a_key_given_twice_is_an_error_record(run, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"source": "you win or you die"}\n'
+                   '{"source": "ignored", "source": "you win or you die"}\n')
+    translate(run, src, tmp_path / "out.jsonl")
+    first, second = read_records(tmp_path / "out.jsonl")
+    assert "error" not in first
+    assert second["error"] == "not valid JSON: the key 'source' is given twice in one object"
