@@ -93,15 +93,24 @@ class _Parser(argparse.ArgumentParser):
             if near:
                 message += f"; did you mean '{near[0]}'?"
         m = re.search(r"unrecognized arguments: (-\S+)", message)
-        if m:
-            parsers = [self] + [p for a in self._actions
-                                if isinstance(a, argparse._SubParsersAction)
-                                for p in a.choices.values()]
-            options = sorted({o for p in parsers for a in p._actions for o in a.option_strings})
+        if m:                            # this parser's own options only (parse_args)
+            options = sorted({o for a in self._actions for o in a.option_strings})
             near = difflib.get_close_matches(m.group(1).split("=")[0], options, 1)
             if near:
                 message += f"; did you mean {near[0]}?"
         super().error(message)
+
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, but arguments the command given does not know are that command's
+        usage error, so its usage is shown and a near name comes from its own options."""
+        args, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self
+            for action in self._actions:
+                if isinstance(action, argparse._SubParsersAction):
+                    parser = action.choices.get(getattr(args, action.dest, None), self)
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        return args
 
     def parse_known_args(self, args=None, namespace=None):
         if not self.intermixed or self._inside:   # the intermixed parse calls back into this
