@@ -617,19 +617,27 @@ def _user_errors():
     ones and fastattn's own (_OWN_ERRORS), those of modules not imported left out (nothing
     can have raised them, and importing them here could fail itself)."""
     own = (getattr(sys.modules[m], name, None) for m, name in _OWN_ERRORS if m in sys.modules)
-    return (ValueError, FileNotFoundError, IsADirectoryError, ImportError,
-            *(c for c in own if c is not None))
+    return (ValueError, OSError, ImportError, *(c for c in own if c is not None))
+
+
+def _error_line(exc):
+    """The message of an error _user_errors() takes: an OS error the system raised (it has an
+    errno) as 'PATH: reason', without Python's '[Errno N]'; any other as it is."""
+    if isinstance(exc, OSError) and exc.errno is not None and exc.strerror:
+        paths = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None)
+        return f"{paths}: {exc.strerror}" if paths else exc.strerror
+    return str(exc)
 
 
 def _errors(fn):
     """Run a command: an error in the user's input (a file, a run directory in use, a
-    diverging run, a missing extra: _user_errors()) is one line on standard error and exit
-    status 1, not a traceback; Ctrl-C exits 130."""
+    diverging run, a missing extra, an OS error reading or writing: _user_errors()) is one
+    line on standard error and exit status 1, not a traceback; Ctrl-C exits 130."""
     def run(args):
         try:
             return fn(args)
         except _user_errors() as exc:
-            print(f"fastattn {args.command}: {exc}", file=sys.stderr)
+            print(f"fastattn {args.command}: {_error_line(exc)}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
             extra = {"train": "; the last finished step is checkpointed: rerun with --resume "

@@ -390,3 +390,14 @@ def test_fit_takes_a_checkpoint_dir_with_files_that_are_no_checkpoint(tmp_path):
     (ckpt / "notes.txt").write_text("mine\n")
     fit(model, PAIRS, max_steps=2, checkpoint_dir=ckpt, **kw)
     assert len(list_checkpoints(ckpt)) == 1 and (ckpt / "notes.txt").read_text() == "mine\n"
+
+
+def test_an_os_error_writing_a_commands_output_is_one_line(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "history.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    (tmp_path / "a-file").write_text("")
+    status = cli.main(["plot", str(tmp_path), "--out", str(tmp_path / "a-file" / "loss.png")])
+    err = capsys.readouterr().err
+    assert status == 1, err
+    assert re.fullmatch(rf"fastattn plot: {re.escape(str(tmp_path / 'a-file'))}\S*: "
+                        r"(File exists|Not a directory)\n", err), err
