@@ -93,15 +93,24 @@ class _Parser(argparse.ArgumentParser):
             if near:
                 message += f"; did you mean '{near[0]}'?"
         m = re.search(r"unrecognized arguments: (-\S+)", message)
-        if m:
-            parsers = [self] + [p for a in self._actions
-                                if isinstance(a, argparse._SubParsersAction)
-                                for p in a.choices.values()]
-            options = sorted({o for p in parsers for a in p._actions for o in a.option_strings})
+        if m:                            # this parser's own options only (parse_args)
+            options = sorted({o for a in self._actions for o in a.option_strings})
             near = difflib.get_close_matches(m.group(1).split("=")[0], options, 1)
             if near:
                 message += f"; did you mean {near[0]}?"
         super().error(message)
+
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, but arguments the command given does not know are that command's
+        usage error, so its usage is shown and a near name comes from its own options."""
+        args, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self
+            for action in self._actions:
+                if isinstance(action, argparse._SubParsersAction):
+                    parser = action.choices.get(getattr(args, action.dest, None), self)
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        return args
 
     def parse_known_args(self, args=None, namespace=None):
         if not self.intermixed or self._inside:   # the intermixed parse calls back into this
@@ -595,14 +604,40 @@ def _bench(args):
     return 0
 
 
+# fastattn's own exceptions for a user's error that are no ValueError: (module, class name).
+# A command reports each as one line; tests check that every exported exception class is here
+# or a subclass of a class in _user_errors().
+_OWN_ERRORS = (("fastattn.train.checkpoint", "DirectoryInUse"),
+               ("fastattn.train.fit", "Diverged"), ("fastattn.tokenizers.base", "NotFittedError"),
+               ("fastattn.bench.torch_models", "Unavailable"))
+
+
+def _user_errors():
+    """The exception classes a command reports as an error in the user's input: the built-in
+    ones and fastattn's own (_OWN_ERRORS), those of modules not imported left out (nothing
+    can have raised them, and importing them here could fail itself)."""
+    own = (getattr(sys.modules[m], name, None) for m, name in _OWN_ERRORS if m in sys.modules)
+    return (ValueError, OSError, ImportError, *(c for c in own if c is not None))
+
+
+def _error_line(exc):
+    """The message of an error _user_errors() takes: an OS error the system raised (it has an
+    errno) as 'PATH: reason', without Python's '[Errno N]'; any other as it is."""
+    if isinstance(exc, OSError) and exc.errno is not None and exc.strerror:
+        paths = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None)
+        return f"{paths}: {exc.strerror}" if paths else exc.strerror
+    return str(exc)
+
+
 def _errors(fn):
-    """Run a command: an error in the user's input (a file, a run directory, a missing extra)
-    is one line on standard error and exit status 1, not a traceback; Ctrl-C exits 130."""
+    """Run a command: an error in the user's input (a file, a run directory in use, a
+    diverging run, a missing extra, an OS error reading or writing: _user_errors()) is one
+    line on standard error and exit status 1, not a traceback; Ctrl-C exits 130."""
     def run(args):
         try:
             return fn(args)
-        except (ValueError, FileNotFoundError, IsADirectoryError, ImportError) as exc:
-            print(f"fastattn {args.command}: {exc}", file=sys.stderr)
+        except _user_errors() as exc:
+            print(f"fastattn {args.command}: {_error_line(exc)}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
             extra = {"train": "; the last finished step is checkpointed: rerun with --resume "

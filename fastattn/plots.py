@@ -53,6 +53,8 @@ def _save(fig, path):
 def _read_records(records):
     """records: an iterable of dicts, or the path of a JSON-lines file (one dict per line)."""
     if isinstance(records, (str, os.PathLike)):
+        from .tokenizers.files import unique_keys
+
         out = []
         with open(records, "rb") as f:
             for n, raw in enumerate(f, 1):
@@ -65,10 +67,12 @@ def _read_records(records):
                 if not line.strip():
                     continue
                 try:
-                    rec = json.loads(line)
+                    rec = json.loads(line, object_pairs_hook=unique_keys)
                 except json.JSONDecodeError as e:
                     raise ValueError(f"plot_history: {records}, line {n}: not JSON ({e.msg})") \
                         from None
+                except ValueError as e:          # a key given twice (unique_keys)
+                    raise ValueError(f"plot_history: {records}, line {n}: {e}") from None
                 except RecursionError:
                     raise ValueError(f"plot_history: {records}, line {n}: nested too deeply") \
                         from None

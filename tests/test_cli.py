@@ -488,3 +488,25 @@ def test_version_prints_the_package_version():
     assert res.returncode == 0, res.stderr
     assert res.stdout == f"fastattn {fastattn.__version__}\n"
     assert "--version" in fastattn_cli("--help").stdout
+
+
+@pytest.mark.parametrize("argv, near", [
+    (["demo", "--overwrite"], None),               # an option of train and translate only
+    (["demo", "--overwrit"], None),
+    (["info", "--resum"], None),
+    (["plot", "run", "--exact-sample", "3"], None),    # evaluate's
+    (["demo", "--quik"], "--quick"),
+    (["demo", "--out", "d", "--quiet", "--secnds", "2"], "--seconds"),
+])
+def test_a_suggestion_comes_from_the_commands_own_options(argv, near, capsys):
+    from fastattn import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2, err
+    assert f"fastattn {argv[0]}: error: unrecognized arguments: " in err
+    if near is None:
+        assert "did you mean" not in err, err
+    else:
+        assert err.rstrip().endswith(f"; did you mean {near}?"), err

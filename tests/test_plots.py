@@ -1,6 +1,7 @@
 """fastattn.plots: PNG files that exist, decode, and hold a picture; clear errors on bad input.
 Skipped without matplotlib (the optional ``demo`` extra)."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -232,3 +233,25 @@ def test_history_draws_raw_faint_and_the_ema_on_top(tmp_path, monkeypatch):
     assert "held-out exact match (greedy)" in labels
     with pytest.raises(ValueError, match="smoothing must be a number in"):
         plots.plot_history(recs, tmp_path / "x.png", smoothing=1.0)
+
+
+def test_a_key_given_twice_in_a_history_line_is_refused(tmp_path):
+    bad = tmp_path / "history.jsonl"
+    bad.write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "loss": 9.0, "loss": 0.5}\n')
+    with pytest.raises(ValueError, match=rf"^plot_history: {re.escape(str(bad))}, line 2: the "
+                                         r"key 'loss' is given twice in one object$"):
+        plots.plot_history(bad, tmp_path / "loss.png")
+    assert not (tmp_path / "loss.png").exists()
+
+
+def test_fastattn_plot_of_a_history_with_a_key_given_twice_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "history.jsonl").write_text('{"step": 1, "step": 2, "loss": 1.0}\n')
+    res = subprocess.run([sys.executable, "-m", "fastattn.cli", "plot", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1, res.stderr
+    assert res.stderr == (f"fastattn plot: plot_history: {tmp_path / 'history.jsonl'}, line 1: "
+                          "the key 'step' is given twice in one object\n")
+    assert not (tmp_path / "loss.png").exists()

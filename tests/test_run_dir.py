@@ -4,6 +4,7 @@ files unless --resume or --overwrite, and --overwrite leaves nothing of the old 
 Also the train command's other errors: an --out that is a file, no permission, a full disk,
 a diverging run; each one line on standard error, a nonzero exit and the state left as it
 was. Tiny models and few steps: these check the plumbing."""
+import argparse
 import errno
 import json
 import os
@@ -307,3 +308,96 @@ def test_a_key_given_twice_in_a_jsonl_pair_is_one_line(tmp_path):
     assert res.stderr.strip() == (f"fastattn train: {data}: line 2: not valid JSON: the key "
                                   "'source' is given twice in one object")
     assert not (tmp_path / "run").exists()
+
+
+# ---- every fastattn error a command can meet is one line ----------------------------------
+
+def _public_errors():
+    """The exception classes fastattn's modules export (their __all__)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import fastattn
+
+    found = set()
+    for info in pkgutil.walk_packages(fastattn.__path__, "fastattn."):
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:                  # an optional dependency's module
+            continue
+        for name in getattr(module, "__all__", ()):
+            obj = getattr(module, name, None)
+            if inspect.isclass(obj) and issubclass(obj, Exception):
+                found.add(obj)
+    return sorted(found, key=lambda c: f"{c.__module__}.{c.__name__}")
+
+
+@pytest.mark.parametrize("error", _public_errors(), ids=lambda c: c.__name__)
+def test_every_exported_fastattn_error_is_one_line_in_a_command(error, capsys):
+    def command(args):
+        raise error("what went wrong")
+
+    assert cli._errors(command)(argparse.Namespace(command="plot")) == 1
+    assert capsys.readouterr().err == "fastattn plot: what went wrong\n"
+
+
+def test_a_demo_into_a_directory_in_use_is_one_line(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    with lock_directory(tmp_path / "run", "fastattn train run"):
+        status = cli.main(["demo", "--quick", "--quiet", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert status == 1, err
+    assert err.strip().splitlines()[-1] == (
+        f"fastattn demo: {tmp_path / 'run'}: in use by another fastattn train run (process "
+        f"{os.getpid()} holds its lock); wait for it to end, or use another directory")
+
+
+# ---- fit's checkpoint_dir: one run's checkpoints --------------------------------------------
+
+def _fit_args():
+    from fastattn.train.run import build_model, train_tokenizer
+
+    tok = train_tokenizer("word", [t for p in PAIRS for t in p])
+    model = build_model("tiny", tok.vocab_size, tok.vocab_size, pad_id=tok.pad_id)
+    return model, dict(src_tokenizer=tok, tgt_tokenizer=tok, batch_tokens=64, progress=False)
+
+
+def test_fit_refuses_a_checkpoint_dir_holding_another_runs_checkpoints(tmp_path):
+    from fastattn.train import fit
+
+    model, kw = _fit_args()
+    ckpt = tmp_path / "ckpt"
+    fit(model, PAIRS, max_steps=3, checkpoint_dir=ckpt, **kw)
+    before = snapshot(ckpt)
+    want = (f"fit: checkpoint_dir {ckpt} already holds the checkpoints of a run "
+            "(step-00000003); resume=True continues it")
+    with pytest.raises(ValueError, match="^" + re.escape(want)):
+        fit(model, PAIRS[:2], max_steps=2, checkpoint_dir=ckpt, **kw)
+    assert snapshot(ckpt) == before                 # nothing mixed in
+    lock_directory(ckpt).release()                  # and the lock let go
+    fit(model, PAIRS, max_steps=5, checkpoint_dir=ckpt, resume=True, **kw)
+    assert [os.path.basename(p) for p in list_checkpoints(ckpt)] == ["step-00000003",
+                                                                      "step-00000005"]
+
+
+def test_fit_takes_a_checkpoint_dir_with_files_that_are_no_checkpoint(tmp_path):
+    from fastattn.train import fit
+
+    model, kw = _fit_args()
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "notes.txt").write_text("mine\n")
+    fit(model, PAIRS, max_steps=2, checkpoint_dir=ckpt, **kw)
+    assert len(list_checkpoints(ckpt)) == 1 and (ckpt / "notes.txt").read_text() == "mine\n"
+
+
+def test_an_os_error_writing_a_commands_output_is_one_line(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "history.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    (tmp_path / "a-file").write_text("")
+    status = cli.main(["plot", str(tmp_path), "--out", str(tmp_path / "a-file" / "loss.png")])
+    err = capsys.readouterr().err
+    assert status == 1, err
+    assert re.fullmatch(rf"fastattn plot: {re.escape(str(tmp_path / 'a-file'))}\S*: "
+                        r"(File exists|Not a directory)\n", err), err

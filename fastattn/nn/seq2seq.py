@@ -1,5 +1,7 @@
 """Seq2SeqTransformer: the encoder-decoder of PyTorch's translation tutorial, with token ids in
 and logits out, and its decode step for fastattn.generate."""
+import numbers
+
 import numpy as np
 
 from .backends import Workspace
@@ -15,6 +17,25 @@ INITS = ("xavier", "torch")
 POSITIONS = {"sinusoidal": "interleaved", "sinusoidal_halves": "halves",
              "sinusoidal_padding": "padding", "learned": None}
 LEARNED_OFFSET = 2              # a learned table's row for position p is p + 2 (BART's layout)
+
+
+def _check_pad_id(pad_id, src_vocab_size, tgt_vocab_size):
+    """pad_id as an int (or None): an id of both vocabularies, as their embeddings and the
+    padding masks of both sides use it; a TypeError or ValueError naming it otherwise."""
+    if pad_id is None:
+        return None
+    if isinstance(pad_id, (bool, np.bool_)) or not isinstance(pad_id, numbers.Integral):
+        raise TypeError(f"Seq2SeqTransformer: pad_id must be None or an int, got {pad_id!r}")
+    pad_id = int(pad_id)
+    sizes = (src_vocab_size, tgt_vocab_size)
+    if all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
+           for v in sizes):         # other sizes are refused by the layers
+        V = min(sizes)
+        if not 0 <= pad_id < V:
+            raise ValueError(f"Seq2SeqTransformer: pad_id {pad_id} is outside the vocabulary "
+                             f"(ids 0..{V - 1}: src_vocab_size {src_vocab_size}, "
+                             f"tgt_vocab_size {tgt_vocab_size})")
+    return pad_id
 
 
 class Seq2SeqTransformer(Module):
@@ -117,6 +138,7 @@ class Seq2SeqTransformer(Module):
         if positions not in POSITIONS:
             raise ValueError(f"Seq2SeqTransformer: positions must be one of "
                              f"{', '.join(map(repr, POSITIONS))}, got {positions!r}")
+        pad_id = _check_pad_id(pad_id, src_vocab_size, tgt_vocab_size)
         if positions == "sinusoidal_padding" and pad_id is None:
             raise ValueError("Seq2SeqTransformer: positions='sinusoidal_padding' counts "
                              "positions over the tokens that are not pad_id: give pad_id")

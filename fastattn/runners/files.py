@@ -70,6 +70,7 @@ import json
 import os
 import time
 
+from ..tokenizers.files import unique_keys
 from ..train.batching import check_budget
 from ..train.run import write_json_atomic
 from .core import (DEFAULT_BATCH_TOKENS, PretrainedRun, Result, Translator, load_any, record,
@@ -203,7 +204,7 @@ def _input_print(path):
 def _read_state(path):
     try:
         with open(path, "rb") as f:
-            state = json.loads(f.read())
+            state = json.loads(f.read(), object_pairs_hook=unique_keys)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
@@ -261,8 +262,8 @@ def _repair(path):
             if not line.endswith(b"\n"):
                 break
             try:
-                rec = json.loads(line)
-            except (ValueError, RecursionError):
+                rec = json.loads(line, object_pairs_hook=unique_keys)
+            except (ValueError, RecursionError):     # a key given twice included
                 break
             if not isinstance(rec, dict) or rec.get("id") != count + 1:
                 break
@@ -300,7 +301,7 @@ def _source(line, fmt):
     if fmt == "text" or not text.strip():
         return (text if fmt == "text" else ""), None
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, object_pairs_hook=unique_keys)
     except (ValueError, RecursionError) as exc:
         return text, f"not valid JSON: {exc}"
     if not isinstance(obj, dict) or not isinstance(obj.get("source"), str):

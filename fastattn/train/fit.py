@@ -446,6 +446,19 @@ class _Run:
             os.makedirs(self.checkpoint_dir, exist_ok=True)
             self.lock = lock_directory(self.checkpoint_dir, "fit() writing checkpoints")
             remove_temporaries(self.checkpoint_dir)   # what a killed save or removal left
+            if not self.resume:              # a new run's checkpoints would mix with them
+                from .checkpoint import _BEST, list_checkpoints
+
+                held = sorted([os.path.basename(p) for p in list_checkpoints(
+                    self.checkpoint_dir)] + [n for n in os.listdir(self.checkpoint_dir)
+                                             if _BEST.match(n)])
+                if held:
+                    raise ValueError(
+                        f"fit: checkpoint_dir {self.checkpoint_dir} already holds the "
+                        f"checkpoints of a run ({', '.join(held[:5])}"
+                        f"{', ...' if len(held) > 5 else ''}); resume=True continues it; a "
+                        "new run needs a checkpoint_dir without checkpoints: remove them, or "
+                        "give another checkpoint_dir")
         if self.resume:
             path = latest_checkpoint(self.checkpoint_dir)
             if path is not None:
@@ -742,7 +755,8 @@ def fit(model, train_pairs, *, src_tokenizer, tgt_tokenizer, valid_pairs=None,
     (if given) after the latest checkpoint (or the start), and one at the end; the newest
     keep_checkpoints are kept. fit locks checkpoint_dir while it runs (another run using it
     meanwhile: checkpoint.DirectoryInUse, at once). What a killed save left in checkpoint_dir
-    (.tmp-*, .trash-*) is removed when the run starts. resume=True continues from the latest
+    (.tmp-*, .trash-*) is removed when the run starts. A new run (resume=False) refuses a
+    checkpoint_dir that holds checkpoints (ValueError). resume=True continues from the latest
     checkpoint in checkpoint_dir (a new run when there is none): weights, optimiser state,
     dropout state, data position, schedule step and History are restored, so the per-step
     losses continue exactly as in an uninterrupted run. A resume must use the same pairs,

@@ -1,6 +1,8 @@
 """Seq2SeqTransformer against the translation tutorial's model, fast vs reference, loading.
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -102,3 +104,34 @@ def test_seq2seq_load_ignores_pos_embedding_and_recomputes_table(rng):
     sd["positional_encoding.other"] = np.zeros(1, np.float32)
     with pytest.raises(ValueError, match=r"positional_encoding\.other"):
         m.load_state_dict(sd)
+
+
+# ----------------------------------------------------------------------------------------------
+# pad_id: an id of both vocabularies, checked at construction (as fastattn.io.load checks it)
+
+
+@pytest.mark.parametrize("pad_id", [10, 12, 10**6, -1])
+def test_a_pad_id_outside_the_vocabulary_is_refused_at_construction(pad_id):
+    want = (f"Seq2SeqTransformer: pad_id {pad_id} is outside the vocabulary (ids 0..9: "
+            "src_vocab_size 10, tgt_vocab_size 12)")
+    with pytest.raises(ValueError, match="^" + re.escape(want)):
+        fnn.Seq2SeqTransformer(1, 1, 8, 2, 10, 12, pad_id=pad_id)
+    with pytest.raises(ValueError, match=r"pad_id \S+ is outside .*src_vocab_size 12, "
+                                         r"tgt_vocab_size 10\)"):
+        fnn.Seq2SeqTransformer(1, 1, 8, 2, 12, 10, pad_id=pad_id, padding_idx=True)
+
+
+@pytest.mark.parametrize("pad_id", [True, "0", 1.0, [0]])
+def test_a_pad_id_that_is_no_int_is_refused_at_construction(pad_id):
+    with pytest.raises(TypeError, match=r"^Seq2SeqTransformer: pad_id must be None or an int, "
+                                        rf"got {re.escape(repr(pad_id))}"):
+        fnn.Seq2SeqTransformer(1, 1, 8, 2, 10, 12, pad_id=pad_id)
+
+
+def test_a_numpy_int_pad_id_is_taken_as_an_int_and_saves(tmp_path):
+    from fastattn import io
+
+    m = fnn.Seq2SeqTransformer(1, 1, 8, 2, 10, 12, pad_id=np.int64(9), seed=0)
+    assert type(m.pad_id) is int and type(m.config["pad_id"]) is int and m.pad_id == 9
+    io.save(m, tmp_path / "m.safetensors")
+    assert io.load(tmp_path / "m.safetensors").pad_id == 9

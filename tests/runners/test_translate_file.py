@@ -5,6 +5,7 @@ Translator and a run carried as plain data."""
 import io
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -309,3 +310,39 @@ def test_a_quantized_run_reaches_the_workers_as_it_is(run_dir, kind):
     assert run_hash(worker) == run_hash(run)
     texts = sentences(20, seed=9)
     assert worker.complete(texts) == run.complete(texts)
+
+
+def test_a_key_given_twice_in_the_resume_state_is_refused(run, tmp_path, corpus):
+    src, full = corpus
+    state = tmp_path / ("full.jsonl" + STATE_SUFFIX)
+    text = state.read_text()
+    state.write_text(text.replace('"run":', '"run": "another", "run":', 1))
+    before = full.read_bytes()
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(state))}: cannot read the resume "
+                                         r"state \(the key 'run' is given twice in one object\)"):
+        translate(run, src, full, batch_tokens=64, window=32)
+    assert full.read_bytes() == before
+
+
+def test_an_output_line_with_a_key_given_twice_is_cut_off_on_resume(run, tmp_path, corpus):
+    src, full = corpus
+    data = full.read_bytes()
+    ends = [i + 1 for i, b in enumerate(data) if b == ord("\n")]
+    line = data[ends[40]:ends[41]]
+    assert line.startswith(b'{"id": 42,')
+    out = tmp_path / "out.jsonl"
+    translate(run, src, out, batch_tokens=64, window=32)
+    out.write_bytes(data[:ends[40]] + line.replace(b'{"id": 42,', b'{"id": 7, "id": 42,', 1))
+    stats = translate(run, src, out, batch_tokens=64, window=32)
+    assert out.read_bytes() == data
+    assert stats["skipped"] == 41 and stats["lines"] == 49
+
+
+def test_a_jsonl_input_line_with_a_key_given_twice_is_an_error_record(run, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"source": "you win or you die"}\n'
+                   '{"source": "ignored", "source": "you win or you die"}\n')
+    translate(run, src, tmp_path / "out.jsonl")
+    first, second = read_records(tmp_path / "out.jsonl")
+    assert "error" not in first
+    assert second["error"] == "not valid JSON: the key 'source' is given twice in one object"
