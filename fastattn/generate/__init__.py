@@ -50,12 +50,11 @@ import numbers
 import numpy as np
 
 from . import sampling, search
-from .search import pad_rows
+from .search import MAX_BEAM_SIZE, check_beam, pad_rows
 
 __all__ = ["generate", "METHODS", "MAX_BEAM_SIZE", "pad_rows"]
 
 METHODS = ("greedy", "beam", "sample")
-MAX_BEAM_SIZE = 256      # beam slots per source, at most (and at most the target vocabulary)
 
 
 # ---- argument checks ---------------------------------------------------------------------------
@@ -69,16 +68,6 @@ def _int(name, value, lo, hi=None, allow_none=False):
         upper = "" if hi is None else f" and <= {hi}"
         raise ValueError(f"generate: {name} must be >= {lo}{upper}, got {value}")
     return int(value)
-
-
-def _check_beam(k, V):
-    """A beam of k slots over a target vocabulary of V tokens: 1 <= k <= min(MAX_BEAM_SIZE, V)
-    (a beam wider than the vocabulary cannot hold k distinct hypotheses at the first step,
-    and each slot is a row of decoder state: the bound keeps the work and memory bounded)."""
-    most = min(MAX_BEAM_SIZE, V)
-    if k > most:
-        raise ValueError(f"generate: beam_size must be an int >= 1 and <= {most} (the target "
-                         f"vocabulary's {V} tokens, at most {MAX_BEAM_SIZE}), got {k}")
 
 
 def _real(name, value, positive=True):
@@ -111,7 +100,7 @@ def _check(model, src_ids, max_new_tokens, start_id, end_id, pad_id, src_key_pad
         top_p=None if top_p is None else _real("top_p", top_p),
     )
     if method == "beam":
-        _check_beam(args["beam_size"], V)
+        check_beam(args["beam_size"], V)
     if args["top_p"] is not None and args["top_p"] > 1:
         raise ValueError(f"generate: top_p must be in (0, 1], got {top_p!r}")
     # positions 0 .. max_new_tokens - 1 are fed to the decoder (the last token never is)

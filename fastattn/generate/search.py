@@ -16,6 +16,8 @@ import numpy as np
 
 from .sampling import check_logits, log_softmax
 
+MAX_BEAM_SIZE = 256      # beam slots per source, at most (and at most the target vocabulary)
+
 
 def pad_rows(rows, pad_id):
     """Pad B token lists into one array.
@@ -34,10 +36,19 @@ def pad_rows(rows, pad_id):
     return out
 
 
+def check_beam(k, V):
+    """A beam of k slots over a target vocabulary of V tokens: 1 <= k <= min(MAX_BEAM_SIZE, V)
+    (a beam wider than the vocabulary cannot hold k distinct hypotheses at the first step,
+    and each slot is a row of decoder state: the bound keeps the work and memory bounded)."""
+    most = min(MAX_BEAM_SIZE, V)
+    if k > most:
+        raise ValueError(f"generate: beam_size must be an int >= 1 and <= {most} (the target "
+                         f"vocabulary's {V} tokens, at most {MAX_BEAM_SIZE}), got {k}")
+
+
 def check_slots(k, where):
     """k beam slots per source: an int in [1, MAX_BEAM_SIZE], else ValueError (each slot is
     a row of decoder state; the vocabulary bound is checked at the first step)."""
-    from . import MAX_BEAM_SIZE
     if not isinstance(k, numbers.Integral) or isinstance(k, bool) or not \
             1 <= k <= MAX_BEAM_SIZE:
         raise ValueError(f"{where}: k must be an int >= 1 and <= {MAX_BEAM_SIZE} (beam slots "
@@ -85,7 +96,6 @@ def beam(decoder, B, k, *, max_new_tokens, start_id, end_id=None, pad_id=0,
          length_penalty=1.0):
     """Beam search with k slots per source (rules: fastattn.generate's docstring) ->
     (B, T) int64."""
-    from . import _check_beam
     check_slots(k, "beam")
     live_src = np.arange(B)                               # sources still decoding
     hyps = [[[start_id] for _ in range(k)] for _ in range(B)]    # per source, per slot
@@ -98,7 +108,7 @@ def beam(decoder, B, k, *, max_new_tokens, start_id, end_id=None, pad_id=0,
         logp = log_softmax(check_logits(decoder.step(tokens), t)).reshape(n, k, -1)
         V = logp.shape[2]
         if t == 0:
-            _check_beam(k, V)                                 # the vocabulary, now known
+            check_beam(k, V)                                 # the vocabulary, now known
         flat = (score[live_src][:, :, None] + logp).reshape(n, k * V)
         best = _top_k(flat, k)                                          # (n, k)
         parent, tok = best // V, best % V

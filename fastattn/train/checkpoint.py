@@ -76,6 +76,7 @@ FILES = {"model": "model.safetensors", "optimizer": "optimizer.safetensors",
          "history": "history.jsonl", "state": "state.json"}
 LATEST = "latest"
 LOCK_FILE = ".fastattn.lock"
+"""The file in a locked directory whose flock a run holds (`lock_directory`)."""
 _NAME = re.compile(r"step-(\d{8,})\Z")
 _BEST = re.compile(r"best-step-(\d{8,})\Z")
 _STATE_KEYS = ("format", "step", "epoch", "batch", "dropout_seed", "dropout_calls",

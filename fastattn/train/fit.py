@@ -151,8 +151,11 @@ def _schedule(schedule, lr, warmup, d_model, total):
 
 
 class Diverged(RuntimeError):
-    """The training loss of a step is NaN or infinite (the weights diverged, as a learning
-    rate far too high makes them): fit stops before that step's update."""
+    """The training loss of a step is NaN or infinite.
+
+    The weights diverged, as a learning rate far too high makes them: fit stops before that
+    step's update, naming the step and the learning rate.
+    """
 
 
 # ---- interrupts -----------------------------------------------------------------------------
