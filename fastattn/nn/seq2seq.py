@@ -599,6 +599,8 @@ class Seq2SeqTransformer(Module):
 
         Raises:
             TypeError: `texts` is a single str.
+            ValueError: a text has more ids than `max_len` (only its head is split to find
+                out, so a huge text costs little).
         """
         if isinstance(texts, str):
             raise TypeError("translate: texts must be a list of strings, got a single str")
@@ -613,7 +615,16 @@ class Seq2SeqTransformer(Module):
             raise ValueError("translate: tgt_tokenizer has no <start> token; pass start_id")
         kw.setdefault("max_new_tokens", 64)
         s = src_tokenizer
+        # only a text's head is split: one id past max_len shows a text too long for the model
+        # without splitting the rest of it (a text of hundreds of megabytes costs its head)
         ids, kpm = s.encode_batch(
-            texts, add_start_end=s.start_id is not None and s.end_id is not None)
+            texts, add_start_end=s.start_id is not None and s.end_id is not None,
+            max_length=self.max_len + 1)
+        if ids.shape[1] > self.max_len:
+            longer = [i for i in range(len(texts)) if not kpm[i, self.max_len]][:5]
+            raise ValueError(
+                f"translate: texts {longer} have more than max_len={self.max_len} ids, the "
+                f"positions the model embeds; cut them (fastattn complete and the corpus "
+                f"runners cut long lines)")
         out = self.generate(ids, src_key_padding_mask=kpm, **kw)
         return [tgt_tokenizer.decode(row.tolist()) for row in out]

@@ -135,3 +135,37 @@ def test_a_numpy_int_pad_id_is_taken_as_an_int_and_saves(tmp_path):
     assert type(m.pad_id) is int and type(m.config["pad_id"]) is int and m.pad_id == 9
     io.save(m, tmp_path / "m.safetensors")
     assert io.load(tmp_path / "m.safetensors").pad_id == 9
+
+
+def test_translate_splits_only_the_head_of_a_text_too_long_for_the_model():
+    """A text longer than max_len is refused after splitting its head only: a 20-million-
+    character text costs translate what a short one does (peak memory of a child process,
+    against the same child translating short texts), and short texts translate as before."""
+    import subprocess
+    import sys
+    code = (
+        "import resource, sys\n"
+        "from fastattn.tokenizers import CharTokenizer\n"
+        "from fastattn.nn import Seq2SeqTransformer\n"
+        "tok = CharTokenizer().train(['abcdef ghij'])\n"
+        "m = Seq2SeqTransformer(1, 1, 16, 2, tok.vocab_size, tok.vocab_size, 32, max_len=20,"
+        " pad_id=tok.pad_id).eval()\n"
+        "texts = ['abc', 'abc ' * int(sys.argv[1])]\n"
+        "try:\n"
+        "    print(m.translate(texts, tok, tok, max_new_tokens=3))\n"
+        "except ValueError as e:\n"
+        "    print('ValueError:', e)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+    runs = {}
+    for n in (2, 5_000_000):
+        p = subprocess.run([sys.executable, "-c", code, str(n)], capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        *lines, rss = p.stdout.strip().splitlines()
+        runs[n] = (lines, int(rss))
+    assert runs[2][0][0].startswith("["), runs[2]                   # short texts translate
+    message = runs[5_000_000][0][0]
+    assert message.startswith("ValueError: translate: texts [1] have more than max_len=20"), \
+        message
+    # the 20 MB text's own bytes plus a little: splitting it whole took a token object per char
+    assert runs[5_000_000][1] - runs[2][1] < 100 * 1024, (runs[2][1], runs[5_000_000][1])
