@@ -309,6 +309,8 @@ def _parser():
     t.add_argument("--quiet", action="store_true",
                    help="no progress bar, even on a terminal: JSON lines on standard error "
                         "(every 10th step, each evaluation, each message)")
+    _threads_argument(t, "; under mpiexec without OMP_NUM_THREADS: the machine's CPUs shared "
+                         "out between its ranks")
     t.add_argument("--comm-timeout", type=_positive_float, metavar="S",
                    help="under mpiexec: the longest one rank waits for the others (rank 0's "
                         "evaluations and checkpoints included) before it ends the job "
@@ -327,6 +329,7 @@ def _parser():
     _generation_flags(c)
     c.add_argument("--batch-size", type=_positive_int, default=64, metavar="N",
                    help="lines completed together (default: %(default)s)")
+    _threads_argument(c)
 
     tr = sub.add_parser(
         "translate", help="translate every line of a file with a trained run (resumable)",
@@ -360,8 +363,7 @@ def _parser():
     again.add_argument("--resume", action="store_true",
                        help="continue OUT where a stopped job left it")
     again.add_argument("--overwrite", action="store_true", help="start OUT over")
-    tr.add_argument("--threads", type=_positive_int, metavar="N",
-                    help="fastattn threads (default: OMP_NUM_THREADS or all CPUs)")
+    _threads_argument(tr)
     tr.add_argument("--quiet", action="store_true",
                     help="no progress (a bar on a terminal, else JSON lines on standard error)")
 
@@ -381,6 +383,7 @@ def _parser():
     ev.add_argument("--compute-type", choices=("float32", "int8", "bf16", "bfloat16"),
                     help="convert the model's linear weights for inference (default: as saved)")
     ev.add_argument("--json", action="store_true", help="print one JSON object instead")
+    _threads_argument(ev)
 
     pl = sub.add_parser("plot", help="plot a run's loss curves to RUN_DIR/loss.png",
                         description="Training loss, validation loss, held-out exact match and "
@@ -649,6 +652,19 @@ def _errors(fn):
     return run
 
 
+def _threads_argument(p, more=""):
+    p.add_argument("--threads", type=_positive_int, metavar="N",
+                   help=f"threads fastattn's kernels use (default: OMP_NUM_THREADS, else "
+                        f"all CPUs{more})")
+
+
+def _set_threads(args):
+    """--threads, where given (fastattn.set_num_threads: a count it refuses is one line)."""
+    if getattr(args, "threads", None):
+        import fastattn
+        fastattn.set_num_threads(args.threads)
+
+
 def _train(args):
     """fastattn train; under mpiexec with several processes, one rank of a data-parallel
     run: rank 0 reports and writes, the others stay quiet unless they fail. An error that
@@ -661,11 +677,15 @@ def _train(args):
         print(f"fastattn train: {exc}", file=sys.stderr)
         return 1
     if comm is None:
-        return _errors(lambda a: _train_one(a, None))(args)
+        return _errors(lambda a: (_set_threads(a), _train_one(a, None))[1])(args)
     from .train.defaults import COMM_TIMEOUT
 
     group = distributed.Group(comm, args.comm_timeout or COMM_TIMEOUT)
-    if "OMP_NUM_THREADS" not in os.environ:      # the cores shared out between the ranks
+    if args.threads:
+        status = _errors(_set_threads)(args)
+        if status:
+            return status
+    elif "OMP_NUM_THREADS" not in os.environ:    # the cores shared out between the ranks
         import fastattn
         fastattn.set_num_threads(max(1, distributed.local_cores() // group.local_size()))
     try:
@@ -809,6 +829,7 @@ def _generate_kwargs(args):
 def _complete(args):
     from .runners.core import Translator, load_any
 
+    _set_threads(args)
     run = load_any(_model_dir(args), compute_type=args.compute_type)
     # translate's rule for a source longer than the model takes: cut it, say so, go on
     tr = Translator.from_run(run, too_long="truncate", **_generate_kwargs(args))
@@ -909,11 +930,9 @@ def _generation_bar(given):
 
 @_errors
 def _translate(args):
-    import fastattn
     from .runners import translate_file
 
-    if args.threads:
-        fastattn.set_num_threads(args.threads)
+    _set_threads(args)
     stats = translate_file(_model_dir(args), args.input, args.output, input_format=args.format,
                            batch_tokens=args.batch_tokens, window=args.window,
                            too_long=args.too_long, max_source_tokens=args.max_source_tokens,
@@ -934,6 +953,7 @@ def _evaluate(args):
     from .train.evaluate import Evaluator
     from .train.run import load_run
 
+    _set_threads(args)
     run = load_run(args.run_dir, compute_type=args.compute_type)
     pairs = read_pairs(args.data)
     ev = Evaluator(pairs, src_tokenizer=run.src_tokenizer, tgt_tokenizer=run.tgt_tokenizer,

@@ -376,3 +376,36 @@ def test_complete_flags_input_that_is_not_utf8_as_translate_does(tmp_path):
     err = res.stderr.decode()
     assert res.returncode == 1 and f"fastattn complete: TEXT 2: {reason}" in err, err
     assert res.stdout.decode().split("\n")[1] == ""
+
+
+def test_threads_reach_every_command_that_runs_a_model(tmp_path, monkeypatch, capsys):
+    """--threads N on train, complete, translate and evaluate is fastattn.set_num_threads(N)
+    before the command's work (in process, the calls recorded); a count fastattn refuses is a
+    one-line error."""
+    import fastattn
+    from fastattn import cli as cli_module
+
+    data = write_data(tmp_path / "pairs.tsv", "tsv")
+    run = tmp_path / "run"
+    asked = []
+    real = fastattn.set_num_threads
+    monkeypatch.setattr(fastattn, "set_num_threads", lambda n=None: asked.append(n) or real(n))
+    previous = fastattn.get_num_threads()
+    try:
+        src = tmp_path / "in.txt"
+        src.write_text("one two\n")
+        for argv in (["train", str(data), "--out", str(run), *TRAIN, "--threads", "1"],
+                     ["complete", str(run), "one two", "--threads", "1"],
+                     ["translate", str(run), "--input", str(src), "--output",
+                      str(tmp_path / "out.jsonl"), "--quiet", "--threads", "1"],
+                     ["evaluate", str(run), str(data), "--threads", "1"]):
+            asked.clear()
+            assert cli_module.main(argv) == 0, (argv, capsys.readouterr().err)
+            assert asked == [1], argv
+        capsys.readouterr()
+        assert cli_module.main(["complete", str(run), "x", "--threads", "100000"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("fastattn complete: ") and "100000" in \
+            err[0], err
+    finally:
+        real(previous)
