@@ -541,7 +541,8 @@ def oversubscription(rows):
         t = counts.pop() if len(counts) == 1 else None
         each = "their threads" if t is None else f"{t} thread{'s' if t > 1 else ''} each"
         fix = (f"give each rank at most {cpus // n} thread{'s' if cpus // n > 1 else ''} "
-               f"(OMP_NUM_THREADS, fastattn.set_num_threads) or start fewer ranks"
+               f"(fastattn train --threads, OMP_NUM_THREADS or fastattn.set_num_threads) "
+               f"or start fewer ranks"
                if cpus >= n else
                f"start fewer ranks: at most {cpus} on it, with OMP_NUM_THREADS=1")
         bound = "" if total > cpus else \
