@@ -82,7 +82,7 @@ static void bf16_scores(const fa_attention_args *a, const float *k, float *st, V
             dot_score_tile(st, mx, qt, (const uint32_t *)kb, nb, D, sc);
         }
         for (int64_t j = 0; j < nb; j++) /* wd as score_rows forms it */
-            for (int c = 0; c < NR; c++) wd[c] |= att_wide_lanes(vload(st + j * BQ + c * FA_VL));
+            for (int c = 0; c < NR; c++) *wd = att_wide_acc(*wd, vload(st + j * BQ + c * FA_VL));
         return;
     }
     if (a->bf16 == ATT_BF16_KV_ROUNDED) { /* the keys rounded once (attention_forward) */

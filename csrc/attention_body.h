@@ -112,10 +112,38 @@ FA_INLINE VI att_wide_lanes(VF x)
     return (VI)(((VI)x & ((VI){0} + 0x7fffffff)) > ((VI){0} + ATT_WIDE_BITS));
 }
 
+/* wd and |x|'s bits as an int, their lane-wise max: a lane of the running max passes
+ * ATT_WIDE_BITS iff some x seen there has |x| > ATT_WIDE or is inf or NaN (as int, |x|'s bits
+ * order as |x| does, and inf and NaN sort above every finite value). Two integer ops a vector
+ * (and, max), where att_wide_lanes would add a compare and an or; att_wide_any reads it once
+ * per block.
+ *   scalar math:  wd = max(wd, bits(|x|)) */
+FA_INLINE VI att_wide_acc(VI wd, VF x)
+{
+    const VI ax = (VI)x & ((VI){0} + 0x7fffffff);
+#if FA_VL == 16
+    return (VI)_mm512_max_epi32((__m512i)wd, (__m512i)ax);
+#elif FA_VL == 8
+    return (VI)_mm256_max_epi32((__m256i)wd, (__m256i)ax);
+#else
+    const VI gt = ax > wd;
+    return (ax & gt) | (wd & ~gt);
+#endif
+}
+
+/* 1 when some lane of the running max wd (att_wide_acc) passed ATT_WIDE_BITS */
+FA_INLINE int att_wide_any(VI wd)
+{
+    int wide = 0;
+    for (int i = 0; i < FA_VL; i++) wide |= wd[i] > ATT_WIDE_BITS;
+    return wide;
+}
+
 /* One register tile of the scores: st[r][:] = (k_r . qt[:, :]) * sc for r < ROWS keys (k_r =
  * row r, read in place through the row stride ksl), BQ queries along the lanes; mx takes the
- * lane-wise max, and wd all ones in the lanes where some score passed ATT_WIDE or came out inf
- * or NaN (att_fix_wide forms those again). (sc: 1 for float32, whose qt is pre-scaled; bf16
+ * lane-wise max, and wd (one vector for all NR: the block is checked as a whole) the lane-wise
+ * max of the scores' |x| bits (att_wide_acc: past ATT_WIDE_BITS where some score passed
+ * ATT_WIDE or came out inf or NaN; att_fix_wide forms those again). (sc: 1 for float32, whose qt is pre-scaled; bf16
  * scales the sums.)
  *   scalar math:  st[r][i] = (sum_d k[r][d] * qt[d][i]) * sc                              */
 FA_INLINE void score_rows(float *FA_RESTRICT st, VF *FA_RESTRICT mx, VI *FA_RESTRICT wd,
@@ -142,22 +170,33 @@ FA_INLINE void score_rows(float *FA_RESTRICT st, VF *FA_RESTRICT mx, VI *FA_REST
             const VF x = acc[r][c] * vsplat(sc);
             vstore(st + r * BQ + c * FA_VL, x);
             mx[c] = vmax(mx[c], x);
-            wd[c] |= att_wide_lanes(x);
+            *wd = att_wide_acc(*wd, x);
         }
 }
 
 /* st[j][:] = (k_j . qt[:, :]) * sc for j < nb (k_j = row j of the key block), in register tiles
- * of MR_S keys x BQ queries (the keys left over in smaller tiles); mx = lane-wise max of st, wd
- * marks the lanes holding a score att_fix_wide forms again (score_rows). */
-static void score_tile(float *FA_RESTRICT st, VF *FA_RESTRICT mx, VI *FA_RESTRICT wd,
-                       const float *FA_RESTRICT qt, const float *FA_RESTRICT k, int64_t ksl,
-                       int64_t nb, int64_t D, float sc)
+ * of MR_S keys x BQ queries (the keys left over in smaller tiles); mx = lane-wise max of st, *wd
+ * the lane-wise max of their |x| bits (all NR vectors of st in one) (att_wide_acc; att_fix_wide forms again the scores past
+ * ATT_WIDE_BITS). */
+FA_INLINE void score_tile_sc(float *FA_RESTRICT st, VF *FA_RESTRICT mx, VI *FA_RESTRICT wd,
+                             const float *FA_RESTRICT qt, const float *FA_RESTRICT k, int64_t ksl,
+                             int64_t nb, int64_t D, float sc)
 {
     int64_t j = 0;
 #define TILE(rows) score_rows(st + j * BQ, mx, wd, qt, k + j * ksl, ksl, D, sc, rows)
     for (; j + MR_S <= nb; j += MR_S) TILE(MR_S);
     ATT_TAIL(j, nb, MR_S, TILE);
 #undef TILE
+}
+static void score_tile(float *FA_RESTRICT st, VF *FA_RESTRICT mx, VI *FA_RESTRICT wd,
+                       const float *FA_RESTRICT qt, const float *FA_RESTRICT k, int64_t ksl,
+                       int64_t nb, int64_t D, float sc)
+{
+    /* float32 (sc = 1: qt is pre-scaled) without the tiles' multiply by sc: x * 1 == x */
+    if (sc == 1.0f)
+        score_tile_sc(st, mx, wd, qt, k, ksl, nb, D, 1.0f);
+    else
+        score_tile_sc(st, mx, wd, qt, k, ksl, nb, D, sc);
 }
 
 /* One register tile of the output: ot[r][:] += sum_{j<nb} v_j[r] * st[j][:] for r < ROWS value
@@ -258,19 +297,13 @@ static int masked_scores(const fa_attention_args *a, int64_t b, int64_t h, int64
 {
     const float *k_bh = a->k + b * a->k_st[0] + h * a->k_st[1];
     const int64_t off = a->Lk - a->Lq;
-    VI wd[NR];
-    for (int c = 0; c < NR; c++) {
-        mx[c] = vsplat(-INFINITY);
-        wd[c] = (VI){0};
-    }
+    VI wd = {0};
+    for (int c = 0; c < NR; c++) mx[c] = vsplat(-INFINITY);
     if (a->bf16)
-        bf16_scores(a, k_bh + jb * a->k_st[2], st, mx, wd, qt, kb, nb, u);
+        bf16_scores(a, k_bh + jb * a->k_st[2], st, mx, &wd, qt, kb, nb, u);
     else
-        score_tile(st, mx, wd, qt, k_bh + jb * a->k_st[2], a->k_st[2], nb, a->D, 1.0f);
-    int wide = 0;
-    for (int c = 0; c < NR; c++)
-        for (int i = 0; i < FA_VL; i++) wide |= wd[c][i];
-    if (wide) att_fix_wide(a, b, h, i0, nq, jb, nb, st, mx);
+        score_tile(st, mx, &wd, qt, k_bh + jb * a->k_st[2], a->k_st[2], nb, a->D, 1.0f);
+    if (att_wide_any(wd)) att_fix_wide(a, b, h, i0, nq, jb, nb, st, mx);
 
     const int diag = a->causal && jb + nb - 1 > i0 + off;
     if (!diag && !a->mask && !a->key_bias) return 0;

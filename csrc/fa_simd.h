@@ -41,7 +41,17 @@ typedef float float4_t __attribute__((vector_size(16)));
 /* broadcast: x + (-0.0) == x exactly, so the add folds away (x + 0.0 would not, for x = -0) */
 #define vsplat(s) (-(VF){0} + (float)(s))
 
+/* a > b ? a : b lane-wise (b where either is NaN, and for +-0 against +-0): exactly what
+ * maxps does with its operands in this order, so one instruction where the level has it */
+#if FA_VL == 16
+FA_INLINE VF vmax(VF a, VF b) { return (VF)_mm512_max_ps((__m512)a, (__m512)b); }
+#elif FA_VL == 8
+FA_INLINE VF vmax(VF a, VF b) { return (VF)_mm256_max_ps((__m256)a, (__m256)b); }
+#elif defined(__SSE__)
+FA_INLINE VF vmax(VF a, VF b) { return (VF)_mm_max_ps((__m128)a, (__m128)b); }
+#else
 FA_INLINE VF vmax(VF a, VF b) { return (VF)(((VI)(a > b) & (VI)a) | (~(VI)(a > b) & (VI)b)); }
+#endif
 
 /* Horizontal reductions in a fixed order (deterministic): hsum folds halves, a tree. */
 FA_INLINE float hsum(VF a)

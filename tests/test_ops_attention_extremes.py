@@ -215,3 +215,42 @@ def test_softmax_extreme_values_match_the_twin(row):
     x = np.array([row], np.float32)
     assert_close(ops.softmax(x), reference.softmax(x), name="softmax", equal_nan=False,
                  **W_TOL)
+
+
+# One extreme score alone in a block of ordinary ones, at query lanes across every vector of a
+# query block (64 queries at most, plus a tail block) and keys across the register tiles of two
+# key blocks: the tiled pass notices it whichever lane and tile it sits in. (q_p, k_m) pairs:
+# float32 q . k overflowing to +inf, to -inf, products inf - inf (NaN), and base-2 scores past
+# 2^127 that float32 still holds (+ and -).
+LONE_KINDS = {"pos_inf": ((1.5e19, 1.5e19), (1.5e19, 1.5e19)),
+              "neg_inf": ((1.5e19, 1.5e19), (-1.5e19, -1.5e19)),
+              "nan": ((2e19, 2e19), (2e19, -2e19)),
+              "wide_pos": ((1e19, 1e19), (1e19, 1e19)),
+              "wide_neg": ((1e19, 1e19), (-1e19, -1e19))}
+LONE_LANES = (0, 5, 15, 16, 31, 33, 47, 50, 63, 64, 69)
+
+
+def lone_extreme_checks():
+    """Each kind of LONE_KINDS at each query lane of LONE_LANES (a key for each in another
+    register tile), float32 and bf16, against the twin."""
+    rng = np.random.default_rng(7)
+    Lq, Lk = 70, 197
+    base_q = rng.standard_normal((1, 1, Lq, 2)).astype(np.float32)
+    base_k = rng.standard_normal((1, 1, Lk, 2)).astype(np.float32)
+    v = rng.standard_normal((1, 1, Lk, 3)).astype(np.float32)
+    for kind, (qp, km) in LONE_KINDS.items():
+        for p in LONE_LANES:
+            m = (p * 37 + 11) % Lk
+            q, k = base_q.copy(), base_k.copy()
+            q[0, 0, p], k[0, 0, m] = qp, km
+            for ct in ("float32", "bfloat16"):
+                extreme_case_checks(f"lone_{kind}_q{p}_k{m}", q, k, v, {}, ct, backward=False)
+
+
+def test_lone_extreme_score_in_any_lane():
+    lone_extreme_checks()
+
+
+@pytest.mark.parametrize("isa", SIMD_LEVELS)
+def test_lone_extreme_score_in_any_lane_every_simd_level(isa):
+    run_isa_checks(isa, "test_ops_attention_extremes", "lone_extreme_checks")
