@@ -57,19 +57,6 @@ float att_wide_score(float s, float kb, float mk)
     return att_compress(att_decompress(s) + ((double)kb + (double)mk) * 1.4426950408889634);
 }
 
-/* bf16 rounding of one value, as the kernels round (att_bf16s, vcvtneps2bf16): nearest, ties to
- * even; NaN kept (quiet); a subnormal to +-0 */
-static double att_bf16_value(float x)
-{
-    uint32_t b;
-    memcpy(&b, &x, 4);
-    const uint32_t mag = b & 0x7fffffffu;
-    if (mag > 0x7f800000u) b = (b | 0x00400000u) & 0xffff0000u;
-    else if (mag < 0x00800000u) b &= 0x80000000u;
-    else b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&x, &b, 4);
-    return (double)x;
-}
 
 /* Score of query i and key j of head (b, h), base 2, with the key's biases kb and mk (natural
  * units; neither -inf) added, from q and k in double and compressed as above: for a score the
@@ -84,7 +71,7 @@ float att_score_exact(const fa_attention_args *a, int64_t b, int64_t h, int64_t 
     const float *k_j = a->k + b * a->k_st[0] + h * a->k_st[1] + j * a->k_st[2];
     double dot = 0.0;
     for (int64_t d = 0; d < a->D; d++)
-        dot += a->bf16 ? att_bf16_value(q_i[d]) * att_bf16_value(k_j[d])
+        dot += a->bf16 ? (double)att_bf16s(q_i[d]) * (double)att_bf16s(k_j[d])
                        : (double)q_i[d] * (double)k_j[d];
     return att_compress(dot * (double)a->scale * 1.4426950408889634 +
                         ((double)kb + (double)mk) * 1.4426950408889634);

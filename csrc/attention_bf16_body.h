@@ -29,17 +29,6 @@ FA_INLINE VF att_bf16(VF x)
     return (VF)((r & ~(nan | sub)) | (q & nan) | (b & vsplatu(0x80000000u) & sub));
 }
 
-static float att_bf16s(float x)
-{
-    uint32_t b;
-    memcpy(&b, &x, 4);
-    const uint32_t mag = b & 0x7fffffffu;
-    if (mag > 0x7f800000u) b = (b | 0x00400000u) & 0xffff0000u;
-    else if (mag < 0x00800000u) b &= 0x80000000u;
-    else b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&x, &b, 4);
-    return x;
-}
 
 /* dst[e] = bf16(src[e]) for e < n, widened */
 static void att_bf16_row(float *FA_RESTRICT dst, const float *FA_RESTRICT src, int64_t n)

@@ -13,6 +13,8 @@
 #ifndef FA_KERNELS_H
 #define FA_KERNELS_H
 
+#include <string.h>
+
 #include "fa_rng.h"
 #include "fastattn.h"
 
@@ -56,6 +58,20 @@ typedef struct {
 float att_wide_score(float s, float kb, float mk);
 float att_score_exact(const fa_attention_args *a, int64_t b, int64_t h, int64_t i, int64_t j,
                       float kb, float mk);
+/* bf16 rounding of one value as vcvtneps2bf16 rounds (nearest even; a subnormal to +-0; NaN
+ * kept, quiet): the scalar form of attention_bf16_body.h's att_bf16, shared with attention.c's
+ * exact scores. */
+static inline float att_bf16s(float x)
+{
+    uint32_t b;
+    memcpy(&b, &x, 4);
+    const uint32_t mag = b & 0x7fffffffu;
+    if (mag > 0x7f800000u) b = (b | 0x00400000u) & 0xffff0000u;
+    else if (mag < 0x00800000u) b &= 0x80000000u;
+    else b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &b, 4);
+    return x;
+}
 /* |x| <= ATT_WIDE (not inf, not NaN) for the float bits |x| as an int: bits <= ATT_WIDE_BITS */
 #define ATT_WIDE_BITS 0x7f000000
 /* The compiler can build vdpbf16ps code (GCC 10, clang 9 on) */
