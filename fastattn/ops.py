@@ -162,8 +162,8 @@ def attention(q, k, v, *, mask=None, key_padding_mask=None, causal=False, scale=
             applies it: each weight is kept or zeroed, kept ones are scaled by 1 / (1 - p).
         seed: int in [0,2^64); the dropout's seed; required when dropout_p > 0 (ignored at 0).
             Weight (b, h, i, j) is kept iff dropout_keep(seed, (b*H + h)*Lq + i, j, dropout_p).
-        compute_type: str; "float32" (default) or "bfloat16": bf16 compute for inference (dropout_p
-            must be 0), below.
+        compute_type: str; "float32" (default) or "bfloat16": bf16 products (dropout applied as
+            in float32; the backward is attention_backward's), below.
 
     Returns:
         out: (B, H, Lq, Dv) float32; zeros for a query with no allowed key.
