@@ -717,8 +717,7 @@ def _warning_line(message, category, filename, lineno, file=None, line=None):
 
 def _train_one(args, group):
     from .train import distributed, read_pairs
-    from .train.checkpoint import DirectoryInUse, latest_checkpoint
-    from .train.fit import Diverged
+    from .train.checkpoint import latest_checkpoint
     from .train.run import FILES
 
     lead = group is None or group.lead
@@ -733,8 +732,6 @@ def _train_one(args, group):
                   "over from step 0, with its settings", file=sys.stderr)
     try:
         run, history = _train_run(args, group, pairs)
-    except (DirectoryInUse, Diverged) as exc:       # one line, as a bad option is
-        raise ValueError(str(exc)) from None
     except OSError as exc:
         if isinstance(exc, FileNotFoundError):
             raise
