@@ -39,6 +39,7 @@ finds the 2k best without building the (n, k V) table of them (beam_candidates).
 import numpy as np
 
 from .sampling import check_logits
+from .search import check_slots
 
 __all__ = ["Rules", "greedy", "greedy_pick", "beam", "beam_candidates", "EARLY_STOPPING"]
 
@@ -371,7 +372,6 @@ def beam(decoder, B, k, rules, *, start_id, length_penalty=1.0,
     Returns:
         B token lists: the best hypothesis of each source (the start token left out).
     """
-    from .search import check_slots
     k = check_slots(k, "beam")
     lp = float(length_penalty)
     live_src = np.arange(B)

@@ -24,7 +24,7 @@ import shutil
 import numpy as np
 
 from .. import io as _io
-from ..generate import _Decoding
+from ..generate import MAX_BEAM_SIZE, _Decoding
 from ..generate import hf as _search
 from ..nn import Seq2SeqTransformer
 from .config import Architecture, read_config
@@ -282,7 +282,7 @@ class Translator:
         g, a = self.generation, self.arch
         V = a.decoder_vocab_size
         beam = g.get("num_beams", 1) if beam_size is None else beam_size
-        beam = _check_int("beam_size", beam, 1, min(256, V))
+        beam = _check_int("beam_size", beam, 1, min(MAX_BEAM_SIZE, V))
         if max_new_tokens is None:
             max_length = g["max_new_tokens"] + 1 if "max_new_tokens" in g else \
                 g.get("max_length", a.max_positions)
